@@ -1,0 +1,194 @@
+#include "engine/tape.hpp"
+
+#include <cstring>
+
+namespace tapegrad {
+
+const Tape::ValueRec& Tape::rec(const Var& v) const {
+  if (v.tape_ != this) fail("value #{} belongs to another tape", v.id_);
+  if (v.gen_ != generation_)
+    fail("value #{} is from a cleared tape (recorded in generation {}, the tape is now at {}); "
+         "values do not survive Tape::clear()", v.id_, v.gen_, generation_);
+  if (v.id_ >= values_.size()) fail("value #{} does not exist on this tape", v.id_);
+  return values_[v.id_];
+}
+
+Var Tape::add_value(Tensor value, bool requires_grad) {
+  values_.push_back(ValueRec{std::move(value), Tensor{}, Tensor{}, requires_grad});
+  return Var(this, static_cast<uint32_t>(values_.size() - 1), generation_);
+}
+
+Var Tape::leaf(const Tensor& value, bool requires_grad) {
+  if (!value.defined() && value.numel() != 0) fail("leaf: undefined tensor");
+  if (requires_grad && value.dtype() == DType::i32)
+    fail("leaf: an int32 tensor of shape {} cannot require a gradient", value.shape());
+  return add_value(value, requires_grad && recording_);
+}
+
+Var Tape::param(const Tensor& value, const Tensor& grad) {
+  if (grad.dtype() != value.dtype() || !(grad.shape() == value.shape()))
+    fail("param: gradient {} {} does not match value {} {}", grad.dtype(), grad.shape(), value.dtype(),
+         value.shape());
+  Var v = leaf(value, true);
+  values_[v.id_].grad = grad;
+  return v;
+}
+
+Tensor Tape::empty(DType dtype, Shape shape) {
+  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  return Tensor(dtype, shape, arena_.allocate(bytes));
+}
+
+Tensor Tape::zeros(DType dtype, Shape shape) {
+  Tensor t = empty(dtype, shape);
+  t.fill_zero();
+  return t;
+}
+
+bool Tape::inputs_require_grad(std::span<const Var> inputs, const char* op) const {
+  bool rg = false;
+  for (const Var& v : inputs) {
+    if (v.tape_ != this) fail("{}: its inputs come from different tapes", op);
+    rg = rec(v).requires_grad || rg;
+  }
+  return rg;
+}
+
+std::span<const uint32_t> Tape::store_ids(std::span<const Var> inputs) {
+  auto* ids = static_cast<uint32_t*>(arena_.allocate(sizeof(uint32_t) * inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) ids[i] = inputs[i].id_;
+  return {ids, inputs.size()};
+}
+
+void Tape::ensure_grad(uint32_t id) {
+  ValueRec& r = values_[id];
+  if (!r.grad.defined()) r.grad = zeros(r.value.dtype(), r.value.shape());
+}
+
+void Tape::backward(Var y) {
+  const Tensor& v = value(y);
+  if (v.numel() != 1)
+    fail("backward: the output has shape {}; a non-scalar output needs a seed gradient of that shape",
+         v.shape());
+  Tensor one = Tensor::zeros(v.dtype(), v.shape());
+  dispatch_float("backward", v.dtype(), [&](auto tag) { one.data<decltype(tag)>()[0] = 1; });
+  backward(y, one);
+}
+
+void Tape::backward(Var y, const Tensor& seed) {
+  const ValueRec& out = rec(y);
+  if (backward_done_)
+    fail("backward: called twice on one recording; clear() the tape and record the forward again");
+  if (seed.dtype() != out.value.dtype() || !(seed.shape() == out.value.shape()))
+    fail("backward: seed gradient {} {} does not match the output {} {}", seed.dtype(), seed.shape(),
+         out.value.dtype(), out.value.shape());
+  if (!out.requires_grad) fail("backward: the output {} depends on no value that requires a gradient",
+                               out.value.shape());
+  backward_done_ = true;
+  ensure_grad(y.id_);
+  values_[y.id_].grad.accumulate(seed);
+  for (size_t k = nodes_.size(); k-- > 0;) {
+    const Node& n = *nodes_[k];
+    const ValueRec& o = values_[n.out];
+    if (!o.requires_grad || !o.grad.defined()) continue;
+    scratch_.assign(n.inputs.size(), Tensor{});
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!values_[n.inputs[i]].requires_grad) continue;
+      ensure_grad(n.inputs[i]);
+      scratch_[i] = values_[n.inputs[i]].grad;
+    }
+    n.vjp(o.grad, scratch_);
+  }
+}
+
+void Tape::set_tangent(Var v, const Tensor& t) {
+  const ValueRec& r = rec(v);
+  if (t.dtype() != r.value.dtype() || !(t.shape() == r.value.shape()))
+    fail("set_tangent: tangent {} {} does not match the value {} {}", t.dtype(), t.shape(), r.value.dtype(),
+         r.value.shape());
+  values_[v.id_].tangent = t;
+}
+
+void Tape::propagate_tangents() {
+  for (Node* n : nodes_) {
+    scratch_.assign(n->inputs.size(), Tensor{});
+    bool any = false;
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      scratch_[i] = values_[n->inputs[i]].tangent;
+      any = any || scratch_[i].defined();
+    }
+    if (!any) continue;
+    ValueRec& o = values_[n->out];
+    o.tangent = zeros(o.value.dtype(), o.value.shape());
+    n->jvp(scratch_, o.tangent);
+  }
+}
+
+Tensor Tape::tangent(Var v) const { return rec(v).tangent; }
+
+void Tape::destroy_nodes() {
+  for (size_t k = nodes_.size(); k-- > 0;) nodes_[k]->~Node();
+  nodes_.clear();
+}
+
+void Tape::clear() {
+  destroy_nodes();
+  values_.clear();
+  scratch_.clear();
+  arena_.reset();
+  ++generation_;
+  backward_done_ = false;
+}
+
+// ---- whole-function derivatives ----
+
+namespace {
+std::vector<Var> leaves(Tape& tape, std::span<const Tensor> inputs) {
+  std::vector<Var> xs;
+  for (const Tensor& x : inputs) xs.push_back(tape.leaf(x, x.dtype() != DType::i32));
+  return xs;
+}
+}  // namespace
+
+Tensor evaluate(const Function& f, std::span<const Tensor> inputs) {
+  Tape tape;
+  NoGradGuard no_grad(tape);
+  auto xs = leaves(tape, inputs);
+  return f(tape, xs).value().clone();
+}
+
+std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
+                              std::span<const Tensor> tangents) {
+  if (tangents.size() != inputs.size())
+    fail("jvp: {} tangents given for {} inputs", tangents.size(), inputs.size());
+  Tape tape;
+  auto xs = leaves(tape, inputs);
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (tangents[i].defined()) tape.set_tangent(xs[i], tangents[i]);
+  Var y = f(tape, xs);
+  tape.propagate_tangents();
+  Tensor t = tape.tangent(y);
+  return {y.value().clone(), t.defined() ? t.clone() : Tensor::zeros(y.dtype(), y.shape())};
+}
+
+std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent) {
+  Tape tape;
+  auto xs = leaves(tape, inputs);
+  Var y = f(tape, xs);
+  std::vector<Tensor> grads;
+  if (!y.requires_grad()) {  // y does not depend on the inputs: all gradients are zero
+    for (const Tensor& x : inputs)
+      grads.push_back(x.dtype() == DType::i32 ? Tensor{} : Tensor::zeros(x.dtype(), x.shape()));
+    return grads;
+  }
+  tape.backward(y, cotangent);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    Tensor g = xs[i].requires_grad() ? xs[i].grad() : Tensor{};
+    if (g.defined()) grads.push_back(g.clone());
+    else if (inputs[i].dtype() == DType::i32) grads.emplace_back();
+    else grads.push_back(Tensor::zeros(inputs[i].dtype(), inputs[i].shape()));
+  }
+  return grads;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,193 @@
+// The tape: a Wengert list of nodes, each with the VJP that reverse mode needs and the JVP that forward mode
+// needs, next to the values and gradients it owns.
+//
+//   y = f(x):  forward computes y, records a node {op, inputs, output, vjp, jvp}
+//   backward:  for nodes in reverse,  x̄ += VJP(ȳ)  = J(x)ᵀ ȳ      (adds: a value used twice gets the sum)
+//   jvp:       for nodes in order,    ẏ  = JVP(ẋ) = J(x) ẋ        (the total derivative dF(θ)·θ̃)
+//
+// Values are handles (Var) into the tape. Their memory comes from the tape's arena, which clear() rewinds
+// without freeing, so a training step after the first allocates nothing. A Var carries the tape's generation:
+// using it after clear() throws instead of reading freed memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <new>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "engine/arena.hpp"
+#include "engine/tensor.hpp"
+
+namespace tapegrad {
+
+class Tape;
+
+class Var {
+ public:
+  Var() = default;
+  Tape& tape() const;
+  const Tensor& value() const;
+  const Shape& shape() const { return value().shape(); }
+  DType dtype() const { return value().dtype(); }
+  int rank() const { return shape().rank(); }
+  Tensor grad() const;  // undefined until backward has reached this value
+  bool requires_grad() const;
+  uint32_t id() const { return id_; }
+  bool defined() const { return tape_ != nullptr; }
+
+ private:
+  friend class Tape;
+  Var(Tape* t, uint32_t id, uint32_t gen) : tape_(t), id_(id), gen_(gen) {}
+  Tape* tape_ = nullptr;
+  uint32_t id_ = 0;
+  uint32_t gen_ = 0;
+};
+
+// A recorded node. gin[i] / tin[i] are undefined tensors where input i needs no gradient / has no tangent.
+// Both VJP and JVP add into their outputs (gin and tout), which the tape allocates zeroed.
+class Node {
+ public:
+  Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids)
+      : op(op_name), out(out_id), inputs(input_ids) {}
+  virtual ~Node() = default;
+  virtual void vjp(const Tensor& gout, std::span<const Tensor> gin) const = 0;
+  virtual void jvp(std::span<const Tensor> tin, const Tensor& tout) const = 0;
+  const char* op;
+  uint32_t out;
+  std::span<const uint32_t> inputs;
+};
+
+class Tape {
+ public:
+  explicit Tape(size_t arena_block_bytes = size_t{1} << 20) : arena_(arena_block_bytes) {}
+  ~Tape() { destroy_nodes(); }
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  // Leaves. A leaf's gradient is allocated on the tape when backward reaches it; a parameter's gradient
+  // is the caller's tensor, which backward adds into (and which outlives clear()).
+  Var leaf(const Tensor& value, bool requires_grad = true);
+  Var param(const Tensor& value, const Tensor& grad);
+  Var constant(const Tensor& value) { return leaf(value, false); }
+
+  // Arena memory, valid until clear().
+  Tensor empty(DType dtype, Shape shape);
+  Tensor zeros(DType dtype, Shape shape);
+
+  // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<const Tensor> gin);
+  // jvp: (std::span<const Tensor> tin, const Tensor& tout). The closures hold exactly what they reuse.
+  template <class Vjp, class Jvp>
+  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp);
+  template <class Vjp, class Jvp>
+  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp) {
+    return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out),
+                  std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+  }
+
+  // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
+  void backward(Var y);
+  void backward(Var y, const Tensor& seed);
+
+  // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
+  void set_tangent(Var leaf, const Tensor& tangent);
+  void propagate_tangents();
+  Tensor tangent(Var v) const;  // undefined if v does not depend on a value with a tangent
+
+  // Forgets every node and value; Vars from before become invalid. Keeps the arena's memory.
+  void clear();
+
+  bool recording() const { return recording_; }
+  size_t num_nodes() const { return nodes_.size(); }
+  size_t num_values() const { return values_.size(); }
+  const Node& node(size_t i) const { return *nodes_[i]; }
+  const Arena& arena() const { return arena_; }
+  uint32_t generation() const { return generation_; }
+
+  // Used by Var; throw if v is not a live value of this tape.
+  const Tensor& value(const Var& v) const { return rec(v).value; }
+  Tensor grad(const Var& v) const { return rec(v).grad; }
+  bool requires_grad(const Var& v) const { return rec(v).requires_grad; }
+
+ private:
+  friend class NoGradGuard;
+  struct ValueRec {
+    Tensor value, grad, tangent;
+    bool requires_grad;
+  };
+  template <class Vjp, class Jvp>
+  struct NodeImpl final : Node {
+    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, Vjp v, Jvp j)
+        : Node(op_name, out_id, in), vjp_fn(std::move(v)), jvp_fn(std::move(j)) {}
+    void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
+    void jvp(std::span<const Tensor> tin, const Tensor& tout) const override { jvp_fn(tin, tout); }
+    Vjp vjp_fn;
+    Jvp jvp_fn;
+  };
+
+  const ValueRec& rec(const Var& v) const;
+  Var add_value(Tensor value, bool requires_grad);
+  bool inputs_require_grad(std::span<const Var> inputs, const char* op) const;
+  std::span<const uint32_t> store_ids(std::span<const Var> inputs);
+  void ensure_grad(uint32_t id);
+  void destroy_nodes();
+
+  Arena arena_;
+  std::vector<ValueRec> values_;
+  std::vector<Node*> nodes_;
+  std::vector<Tensor> scratch_;
+  uint32_t generation_ = 1;
+  bool recording_ = true;
+  bool backward_done_ = false;
+};
+
+// Within its scope nothing is recorded: ops compute values only (no gradients, no tangents).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Tape& t) : tape_(t), was_(t.recording_) { t.recording_ = false; }
+  ~NoGradGuard() { tape_.recording_ = was_; }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  Tape& tape_;
+  bool was_;
+};
+
+// A differentiable function of tensors, built from ops on a tape.
+using Function = std::function<Var(Tape&, std::span<const Var>)>;
+
+// y = f(x) and its derivatives at x, on a private tape. Integer inputs are constants.
+Tensor evaluate(const Function& f, std::span<const Tensor> inputs);
+// Total derivative dF(x)·ẋ: one tangent per input (undefined = zero). Returns {y, ẏ}.
+std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
+                              std::span<const Tensor> tangents);
+// Gradients x̄_i = J_iᵀ ȳ for every input (undefined for integer inputs).
+std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent);
+
+// ---- implementation of the template and Var accessors ----
+
+template <class Vjp, class Jvp>
+Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp) {
+  bool rg = inputs_require_grad(inputs, op);
+  Var y = add_value(std::move(out), rg && recording_);
+  if (!recording_) return y;
+  using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>;
+  static_assert(alignof(N) <= 64);
+  auto ids = store_ids(inputs);
+  Node* n = new (arena_.allocate(sizeof(N))) N(op, y.id_, ids, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+  nodes_.push_back(n);
+  return y;
+}
+
+inline Tape& Var::tape() const {
+  if (!tape_) fail("use of an undefined value (a default-constructed Var)");
+  return *tape_;
+}
+inline const Tensor& Var::value() const { return tape().value(*this); }
+inline Tensor Var::grad() const { return tape().grad(*this); }
+inline bool Var::requires_grad() const { return tape().requires_grad(*this); }
+
+}  // namespace tapegrad

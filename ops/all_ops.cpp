@@ -1,0 +1,21 @@
+// The built-in ops, one registration function per file in ops/. A new op file adds its line here.
+#include <mutex>
+
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+void register_arithmetic(Registry&);
+void register_pointwise(Registry&);
+
+Registry& builtin_registry() {
+  static Registry registry;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_arithmetic(registry);
+    register_pointwise(registry);
+  });
+  return registry;
+}
+
+}  // namespace tapegrad

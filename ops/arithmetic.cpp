@@ -1,0 +1,206 @@
+// Element-wise arithmetic with NumPy broadcasting: add, sub, mul, div; and the linear maps neg, scale.
+//
+// For y = a ∘ b (shapes aligned from the right; a size-1 or missing axis repeats):
+//   VJP  ā[i_a] += Σ ȳ[o] · ∂y/∂a   over all outputs o that read a[i_a]   (the sum over broadcast axes)
+//        b̄[i_b] += Σ ȳ[o] · ∂y/∂b
+//   JVP  ẏ[o] = ∂y/∂a · ȧ[i_a] + ∂y/∂b · ḃ[i_b]
+// with the partials
+//   add  ∂a = 1      ∂b = 1
+//   sub  ∂a = 1      ∂b = −1
+//   mul  ∂a = b      ∂b = a
+//   div  ∂a = 1/b    ∂b = −a/b²
+#include <array>
+
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// Output shape and, per output axis, the element stride of a and b (0 where that input is broadcast).
+struct Broadcast {
+  Shape out;
+  std::array<int64_t, Shape::kMaxRank> stride_a{}, stride_b{};
+};
+
+Broadcast broadcast(const char* op, const Shape& a, const Shape& b) {
+  Broadcast bc;
+  const int r = std::max(a.rank(), b.rank());
+  std::array<int64_t, Shape::kMaxRank> dims{};
+  for (int d = 0; d < r; ++d) {
+    int da = d - (r - a.rank()), db = d - (r - b.rank());
+    int64_t sa = da >= 0 ? a[da] : 1, sb = db >= 0 ? b[db] : 1;
+    if (sa != sb && sa != 1 && sb != 1)
+      fail("{}: shapes {} and {} do not broadcast (axis {}: {} vs {})", op, a, b, d, sa, sb);
+    dims[static_cast<size_t>(d)] = std::max(sa, sb);
+    if (sa == 0 || sb == 0) dims[static_cast<size_t>(d)] = 0;
+  }
+  bc.out = Shape(std::span<const int64_t>(dims.data(), static_cast<size_t>(r)));
+  int64_t ca = 1, cb = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    int da = d - (r - a.rank()), db = d - (r - b.rank());
+    int64_t sa = da >= 0 ? a[da] : 1, sb = db >= 0 ? b[db] : 1;
+    bc.stride_a[static_cast<size_t>(d)] = sa == 1 ? 0 : ca;
+    bc.stride_b[static_cast<size_t>(d)] = sb == 1 ? 0 : cb;
+    ca *= sa;
+    cb *= sb;
+  }
+  return bc;
+}
+
+// Calls f(o, ia, ib) for every output element o, in order.
+template <class F>
+void for_each_broadcast(const Broadcast& bc, F&& f) {
+  const int r = bc.out.rank();
+  const int64_t n = bc.out.numel();
+  if (n == 0) return;
+  if (r == 0) return f(int64_t{0}, int64_t{0}, int64_t{0});
+  const int64_t inner = bc.out[r - 1];
+  const int64_t sa = bc.stride_a[static_cast<size_t>(r - 1)], sb = bc.stride_b[static_cast<size_t>(r - 1)];
+  std::array<int64_t, Shape::kMaxRank> idx{};
+  int64_t ia = 0, ib = 0;
+  for (int64_t o = 0; o < n; o += inner) {
+    for (int64_t k = 0; k < inner; ++k) f(o + k, ia + k * sa, ib + k * sb);
+    for (int d = r - 2; d >= 0; --d) {  // advance the outer multi-index
+      auto du = static_cast<size_t>(d);
+      ia += bc.stride_a[du];
+      ib += bc.stride_b[du];
+      if (++idx[du] < bc.out[d]) break;
+      ia -= bc.stride_a[du] * bc.out[d];
+      ib -= bc.stride_b[du] * bc.out[d];
+      idx[du] = 0;
+    }
+  }
+}
+
+struct Add {
+  static constexpr const char* name = "add";
+  template <class T> static T f(T a, T b) { return a + b; }
+  template <class T> static T da(T, T) { return 1; }
+  template <class T> static T db(T, T) { return 1; }
+};
+struct Sub {
+  static constexpr const char* name = "sub";
+  template <class T> static T f(T a, T b) { return a - b; }
+  template <class T> static T da(T, T) { return 1; }
+  template <class T> static T db(T, T) { return -1; }
+};
+struct Mul {
+  static constexpr const char* name = "mul";
+  template <class T> static T f(T a, T b) { return a * b; }
+  template <class T> static T da(T, T b) { return b; }
+  template <class T> static T db(T a, T) { return a; }
+};
+struct Div {
+  static constexpr const char* name = "div";
+  template <class T> static T f(T a, T b) { return a / b; }
+  template <class T> static T da(T, T b) { return 1 / b; }
+  template <class T> static T db(T a, T b) { return -a / (b * b); }
+};
+
+template <class Op>
+Var binary(Var a, Var b) {
+  Tape& tape = tape_of(Op::name, {a, b});
+  expect_float(Op::name, a);
+  expect_float(Op::name, b);
+  expect_same_dtype(Op::name, a, b);
+  const Broadcast bc = broadcast(Op::name, a.shape(), b.shape());
+  const Tensor av = a.value(), bv = b.value();
+  Tensor y = tape.empty(a.dtype(), bc.out);
+  dispatch_float(Op::name, a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T *pa = av.data<T>(), *pb = bv.data<T>();
+    T* py = y.data<T>();
+    for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { py[o] = Op::f(pa[i], pb[j]); });
+  });
+  return tape.record(
+      Op::name, {a, b}, y,
+      [=](const Tensor& g, std::span<const Tensor> gin) {
+        dispatch_float(Op::name, g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
+          if (gin[0].defined()) {
+            T* ga = gin[0].data<T>();
+            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { ga[i] += pg[o] * Op::da(pa[i], pb[j]); });
+          }
+          if (gin[1].defined()) {
+            T* gb = gin[1].data<T>();
+            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { gb[j] += pg[o] * Op::db(pa[i], pb[j]); });
+          }
+        });
+      },
+      [=](std::span<const Tensor> tin, const Tensor& ty) {
+        dispatch_float(Op::name, ty.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          const T *pa = av.data<T>(), *pb = bv.data<T>();
+          T* pt = ty.data<T>();
+          if (tin[0].defined()) {
+            const T* ta = tin[0].data<T>();
+            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::da(pa[i], pb[j]) * ta[i]; });
+          }
+          if (tin[1].defined()) {
+            const T* tb = tin[1].data<T>();
+            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::db(pa[i], pb[j]) * tb[j]; });
+          }
+        });
+      });
+}
+
+// y = s·x:  x̄ += s·ȳ,  ẏ = s·ẋ   (neg is s = −1)
+Var linear_scale(const char* op, Var x, double s) {
+  expect_float(op, x);
+  Tape& tape = x.tape();
+  const Tensor xv = x.value();
+  Tensor y = tape.empty(x.dtype(), x.shape());
+  auto axpy = [s](const char* name, const Tensor& dst, const Tensor& src) {  // dst += s·src
+    dispatch_float(name, dst.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* d = dst.data<T>();
+      const T* p = src.data<T>();
+      for (int64_t i = 0, n = dst.numel(); i < n; ++i) d[i] += static_cast<T>(s) * p[i];
+    });
+  };
+  y.fill_zero();
+  axpy(op, y, xv);
+  return tape.record(
+      op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { axpy(op, gin[0], g); },
+      [=](std::span<const Tensor> tin, const Tensor& ty) { axpy(op, ty, tin[0]); });
+}
+
+}  // namespace
+
+Var add(Var a, Var b) { return binary<Add>(a, b); }
+Var sub(Var a, Var b) { return binary<Sub>(a, b); }
+Var mul(Var a, Var b) { return binary<Mul>(a, b); }
+Var div(Var a, Var b) { return binary<Div>(a, b); }
+Var neg(Var x) { return linear_scale("neg", x, -1.0); }
+Var scale(Var x, double s) { return linear_scale("scale", x, s); }
+
+void register_arithmetic(Registry& r) {
+  auto bin = [](Var (*op)(Var, Var)) {
+    return [op](Tape&, std::span<const Var> x) { return op(x[0], x[1]); };
+  };
+  struct Binary {
+    const char* name;
+    Var (*fn)(Var, Var);
+    Fill b_fill;
+    const char* equation;
+  };
+  for (const Binary& op : {Binary{"add", add, Fill::normal, "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ; ẏ = ȧ + ḃ"},
+                           Binary{"sub", sub, Fill::normal, "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ; ẏ = ȧ − ḃ"},
+                           Binary{"mul", mul, Fill::normal, "ā += Σ_bcast ȳ·b, b̄ += Σ_bcast ȳ·a; ẏ = ȧ·b + a·ḃ"},
+                           Binary{"div", div, Fill::positive, "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²; ẏ = ȧ/b − a·ḃ/b²"}}) {
+    r.add({op.name, "arithmetic", op.equation, {}});
+    r.add_case(op.name, {"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)});
+    r.add_case(op.name, {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)});
+    r.add_case(op.name, {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)});
+    r.add_case(op.name, {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)});
+  }
+  r.add({"neg", "arithmetic", "x̄ −= ȳ; ẏ = −ẋ", {}});
+  r.add_case("neg", {"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }});
+  r.add({"scale", "arithmetic", "x̄ += s·ȳ; ẏ = s·ẋ", {}});
+  r.add_case("scale", {"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }});
+}
+
+}  // namespace tapegrad

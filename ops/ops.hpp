@@ -1,0 +1,71 @@
+// The ops: each records one node on its inputs' tape, with its VJP and JVP.
+// One file per family in ops/; the derivation of each op sits in a comment above its kernels.
+#pragma once
+
+#include <span>
+
+#include "engine/registry.hpp"
+#include "engine/tape.hpp"
+
+namespace tapegrad {
+
+// arithmetic.cpp — element-wise, NumPy broadcasting; the VJP sums over the broadcast axes.
+Var add(Var a, Var b);
+Var sub(Var a, Var b);
+Var mul(Var a, Var b);
+Var div(Var a, Var b);
+Var neg(Var x);
+Var scale(Var x, double s);
+
+// pointwise.cpp — y = f(x) element by element.
+Var exp(Var x);
+Var log(Var x);
+Var tanh(Var x);
+Var relu(Var x);
+Var gelu(Var x);  // tanh form, as GPT-2
+Var elu(Var x, double alpha = 1.0);
+
+// reduce.cpp
+Var sum(Var x);  // over all elements: shape ()
+Var sum(Var x, int axis, bool keepdim = false);
+Var mean(Var x);
+Var mean(Var x, int axis, bool keepdim = false);
+
+// shape.cpp
+Var reshape(Var x, Shape shape);  // same number of elements, same order
+Var permute(Var x, std::span<const int> perm);
+Var transpose(Var x, int axis0 = -2, int axis1 = -1);
+Var slice(Var x, int axis, int64_t start, int64_t stop);  // [start, stop) along axis
+Var concat(std::span<const Var> xs, int axis);
+
+// matmul.cpp — (..., m, k) @ (..., k, n) → (..., m, n), batch dimensions broadcast; cblas for every product.
+Var matmul(Var a, Var b);
+
+// softmax.cpp — over the last axis.
+Var softmax(Var x);
+Var log_softmax(Var x);
+
+// row_normalize.cpp — β(x) = x / (1 + ‖x‖) over the last axis.
+Var row_normalize(Var x);
+
+// layer_norm.cpp — over the last axis, with weight and bias of that axis' size.
+Var layer_norm(Var x, Var weight, Var bias, double eps = 1e-5);
+
+// embedding.cpp — ids int32 (...), table (V, C) → (..., C).
+Var embedding(Var ids, Var table);
+
+// cross_entropy.cpp — mean over rows of −log softmax(logits)[target]; logits (..., V), targets int32 (...).
+Var cross_entropy(Var logits, Var targets);
+
+inline Var operator+(Var a, Var b) { return add(a, b); }
+inline Var operator-(Var a, Var b) { return sub(a, b); }
+inline Var operator*(Var a, Var b) { return mul(a, b); }
+inline Var operator/(Var a, Var b) { return div(a, b); }
+inline Var operator-(Var x) { return neg(x); }
+inline Var operator*(Var x, double s) { return scale(x, s); }
+inline Var operator*(double s, Var x) { return scale(x, s); }
+
+// The registry of every built-in op with its gradcheck cases (filled on first use).
+Registry& builtin_registry();
+
+}  // namespace tapegrad
