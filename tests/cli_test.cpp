@@ -1,0 +1,85 @@
+// The tapegrad program as a user runs it: exit codes, one-line errors, the JSON report.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+// Runs the CLI with the given arguments; stdout and stderr together.
+Run run(const std::string& args, bool merge_stderr = true) {
+  std::string cmd = std::string(TAPEGRAD_CLI) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+}  // namespace
+
+TEST_CASE("tapegrad --help lists the subcommands and exits 0") {
+  Run r = run("--help");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("gradcheck") != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck --help exits 0") {
+  Run r = run("gradcheck --help");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("--op") != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck passes every op and exits 0") {
+  Run r = run("gradcheck");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find(" 0 failed") != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck --list names every op") {
+  Run r = run("gradcheck --list");
+  CHECK(r.code == 0);
+  for (const char* op : {"add", "mul", "exp", "gelu"}) CHECK(r.out.find(op) != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck --json gives one row per op, case, input and check") {
+  Run r = run("gradcheck --op mul --op exp --json", false);
+  REQUIRE(r.code == 0);
+  auto rows = nlohmann::json::parse(r.out);
+  REQUIRE(rows.is_array());
+  CHECK(rows.size() >= 8);
+  for (const auto& row : rows) {
+    for (const char* key : {"op", "case", "input", "check", "max_abs_err", "max_rel_err", "passed"})
+      CHECK(row.contains(key));
+    CHECK(row["passed"] == true);
+    CHECK((row["op"] == "mul" || row["op"] == "exp"));
+  }
+}
+
+TEST_CASE("misuse of the command line: one-line error, exit code 2") {
+  for (const char* args : {"gradcheck --op no_such_op", "gradcheck --bogus-flag", "no-such-command",
+                           "gradcheck --atol -1", "gradcheck --eps abc", ""}) {
+    CAPTURE(args);
+    Run r = run(args);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("error") != std::string::npos);
+  }
+}
+
+TEST_CASE("a gradcheck that fails exits 1") {
+  Run r = run("gradcheck --op exp --atol 1e-30 --rtol 0");  // no finite difference is that exact
+  CHECK(r.code == 1);
+  CHECK(r.out.find("FAIL") != std::string::npos);
+}
