@@ -7,6 +7,7 @@ namespace tapegrad {
 
 void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
+void register_embedding(Registry&);
 
 Registry& builtin_registry() {
   static Registry registry;
@@ -14,6 +15,7 @@ Registry& builtin_registry() {
   std::call_once(once, [] {
     register_arithmetic(registry);
     register_pointwise(registry);
+    register_embedding(registry);
   });
   return registry;
 }
