@@ -8,6 +8,7 @@ namespace tapegrad {
 void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
 void register_embedding(Registry&);
+void register_cross_entropy(Registry&);
 
 Registry& builtin_registry() {
   static Registry registry;
@@ -16,6 +17,7 @@ Registry& builtin_registry() {
     register_arithmetic(registry);
     register_pointwise(registry);
     register_embedding(registry);
+    register_cross_entropy(registry);
   });
   return registry;
 }

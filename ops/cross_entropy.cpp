@@ -1,0 +1,151 @@
+// Cross-entropy of a row softmax against integer class targets, fused with a stable log-softmax.
+//
+// logits X (..., V), flattened to N rows x_r ∈ ℝ^V; targets t (...) int32 with t_r ∈ [0, V) → L of shape ():
+//   p_r = softmax(x_r),   ℓ_r = −log p_r[t_r] = lse(x_r) − x_r[t_r],   L = (1/N)·Σ_r ℓ_r
+// with lse(x) = log Σ_j exp(x_j). Since ∂lse/∂x = p,
+//   ∂L/∂x_r = (p_r − e_{t_r}) / N
+//   VJP  x̄_r += ḡ·(p_r − e_{t_r}) / N                    (ḡ the scalar upstream gradient)
+//   JVP  L̇   = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r])
+// targets are piecewise constant: no derivative.
+//
+// Stability: with m_r = max_j x_r[j] and σ_r = Σ_j exp(x_r[j] − m_r), every exponent is ≤ 0 and the max term is
+// 1, so σ_r ∈ [1, V] and log σ_r ∈ [0, log V] for any finite logits (±1e4 included):
+//   ℓ_r = (m_r − x_r[t_r]) + log σ_r,     p_r[j] = exp((x_r[j] − m_r) − log σ_r)
+// The node keeps m_r and log σ_r (the row log-sum-exp lse = m + log σ, in two parts) instead of p: N values each
+// rather than N·V, and p is rebuilt in the VJP and JVP. Keeping the two parts apart matters in float32: at
+// m = 1e4 the sum m + log σ rounds away ~1e-3 of log σ, which would be a 1e-3 relative error in p.
+#include <cmath>
+#include <string>
+
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// "[i, j, k]": the multi-index of flat element `flat` in a row-major tensor of shape s.
+std::string multi_index(const Shape& s, int64_t flat) {
+  std::string out = "]";
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    out.insert(0, (d > 0 ? ", " : "") + std::to_string(flat % s[d]));
+    flat /= s[d];
+  }
+  return "[" + out;
+}
+
+// X (N, V), t (N) → L = (1/N)·Σ_r ((m_r − x_r[t_r]) + log σ_r); writes m (N) and log σ (N).
+template <class T>
+T cross_entropy_forward(const T* x, const int32_t* targets, int64_t rows, int64_t classes, T* row_max,
+                        T* row_log_sum) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * classes;
+    T m = xr[0];
+    for (int64_t j = 1; j < classes; ++j) m = std::max(m, xr[j]);
+    T sigma = 0;
+    for (int64_t j = 0; j < classes; ++j) sigma += std::exp(xr[j] - m);
+    const T log_sigma = std::log(sigma);
+    row_max[r] = m;
+    row_log_sum[r] = log_sigma;
+    total += static_cast<double>((m - xr[targets[r]]) + log_sigma);
+  }
+  return static_cast<T>(total / static_cast<double>(rows));
+}
+
+// X̄ (N, V) += (ḡ/N)·(p_r − e_{t_r}) row by row, p_r = exp((x_r − m_r) − log σ_r).
+template <class T>
+void cross_entropy_vjp(const T* x, const int32_t* targets, const T* row_max, const T* row_log_sum, int64_t rows,
+                       int64_t classes, T g, T* gx) {
+  const T coef = g / static_cast<T>(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * classes;
+    T* gr = gx + r * classes;
+    const T m = row_max[r], log_sigma = row_log_sum[r];
+    for (int64_t j = 0; j < classes; ++j) gr[j] += coef * std::exp((xr[j] - m) - log_sigma);
+    gr[targets[r]] -= coef;
+  }
+}
+
+// L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r]) with Ẋ (N, V).
+template <class T>
+T cross_entropy_jvp(const T* x, const int32_t* targets, const T* row_max, const T* row_log_sum, int64_t rows,
+                    int64_t classes, const T* tx) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * classes;
+    const T* tr = tx + r * classes;
+    const T m = row_max[r], log_sigma = row_log_sum[r];
+    T p_dot_t = 0;
+    for (int64_t j = 0; j < classes; ++j) p_dot_t += std::exp((xr[j] - m) - log_sigma) * tr[j];
+    total += static_cast<double>(p_dot_t - tr[targets[r]]);
+  }
+  return static_cast<T>(total / static_cast<double>(rows));
+}
+
+}  // namespace
+
+Var cross_entropy(Var logits, Var targets) {
+  constexpr const char* op = "cross_entropy";
+  Tape& tape = tape_of(op, {logits, targets});
+  expect_float(op, logits);
+  if (targets.dtype() != DType::i32)
+    fail("{}: targets must be int32, got {} {}", op, targets.dtype(), targets.shape());
+  expect_min_rank(op, logits, 1, "logits (..., V)");
+  const Shape& ls = logits.shape();
+  const int64_t classes = ls.back();
+  Shape leading(ls.dims().first(static_cast<size_t>(ls.rank() - 1)));
+  if (!(targets.shape() == leading))
+    fail("{}: targets of shape {} do not match logits {}: expected targets of shape {} (the logits' leading axes)",
+         op, targets.shape(), ls, leading);
+  if (classes == 0) fail("{}: logits {} have no classes (V = 0)", op, ls);
+  const int64_t rows = leading.numel();
+  if (rows == 0) fail("{}: logits {} have no rows; the mean over zero rows is undefined", op, ls);
+  const Tensor xv = logits.value(), tv = targets.value();
+  const int32_t* pt = tv.data<int32_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    if (pt[r] < 0 || pt[r] >= classes)
+      fail("{}: target {} at targets{} is out of range for V = {} classes (logits {}, targets {})", op, pt[r],
+           multi_index(tv.shape(), r), classes, ls, tv.shape());
+
+  Tensor loss = tape.empty(xv.dtype(), Shape{});
+  Tensor row_max = tape.empty(xv.dtype(), Shape{rows});
+  Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows});
+  dispatch_float(op, xv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
+                                              row_log_sum.data<T>());
+  });
+  return tape.record(
+      op, {logits, targets}, loss,
+      [xv, tv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<const Tensor> gin) {
+        if (!gin[0].defined()) return;
+        dispatch_float(op, g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          cross_entropy_vjp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(), row_log_sum.data<T>(), rows,
+                            classes, g.data<T>()[0], gin[0].data<T>());
+        });
+      },
+      [xv, tv, row_max, row_log_sum, rows, classes](std::span<const Tensor> tin, const Tensor& ty) {
+        if (!tin[0].defined()) return;
+        dispatch_float(op, ty.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          ty.data<T>()[0] += cross_entropy_jvp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(),
+                                               row_log_sum.data<T>(), rows, classes, tin[0].data<T>());
+        });
+      });
+}
+
+void register_cross_entropy(Registry& r) {
+  r.add({"cross_entropy", "cross_entropy",
+         "x̄_r += ḡ·(p_r − e_{t_r})/N; L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r]), p_r = softmax(x_r); "
+         "targets not differentiable",
+         {}});
+  auto loss = [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); };
+  r.add_case("cross_entropy", {"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss});
+  r.add_case("cross_entropy",
+             {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss});
+  r.add_case("cross_entropy", {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss});
+}
+
+}  // namespace tapegrad
