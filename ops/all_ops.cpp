@@ -9,6 +9,8 @@ void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
 void register_embedding(Registry&);
 void register_cross_entropy(Registry&);
+void register_attention(Registry&);
+void register_beta_attention(Registry&);
 
 Registry& builtin_registry() {
   static Registry registry;
@@ -18,6 +20,8 @@ Registry& builtin_registry() {
     register_pointwise(registry);
     register_embedding(registry);
     register_cross_entropy(registry);
+    register_attention(registry);
+    register_beta_attention(registry);
   });
   return registry;
 }

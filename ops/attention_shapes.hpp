@@ -1,0 +1,57 @@
+// Shape checks shared by the attention nodes: Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv).
+#pragma once
+
+#include <cmath>
+
+#include "ops/attention.hpp"
+#include "ops/common.hpp"
+
+namespace tapegrad {
+
+struct AttentionDims {
+  int64_t B = 0, H = 0, T = 0, Tk = 0, d = 0, dv = 0;
+  double scale = 0;  // s, resolved: opt.scale, or 1/√d when opt.scale == 0
+  bool causal = false;
+  int64_t heads() const { return B * H; }
+  // Keys visible to query i: j < visible(i).
+  int64_t visible(int64_t i) const { return causal ? i + 1 : Tk; }
+};
+
+// Checks ranks, dtypes, and that B, h, d and Tk agree; causal needs T = Tk. Throws naming `op` and the shapes.
+inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, const Var& v,
+                                    const AttentionOptions& opt) {
+  auto rank4 = [op](const Var& x, const char* what, const char* layout) {
+    if (x.rank() != 4) fail("{}: {} must have rank 4 {}, got shape {}", op, what, layout, x.shape());
+  };
+  rank4(q, "Q", "(B, h, T, d)");
+  rank4(k, "K", "(B, h, Tk, d)");
+  rank4(v, "V", "(B, h, Tk, dv)");
+  expect_float(op, q);
+  expect_same_dtype(op, q, k);
+  expect_same_dtype(op, q, v);
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  if (ks[0] != qs[0] || ks[1] != qs[1] || vs[0] != qs[0] || vs[1] != qs[1])
+    fail("{}: batch and head axes differ: Q {}, K {}, V {} (expected the same (B, h) in all three)", op, qs, ks,
+         vs);
+  if (ks[3] != qs[3]) fail("{}: Q {} and K {} differ in d (last axis: {} vs {})", op, qs, ks, qs[3], ks[3]);
+  if (vs[2] != ks[2])
+    fail("{}: K {} and V {} differ in the number of keys Tk (axis 2: {} vs {})", op, ks, vs, ks[2], vs[2]);
+  if (ks[2] < 1) fail("{}: K {} has no keys (Tk = 0)", op, ks);
+  if (qs[3] < 1) fail("{}: Q {} and K {} have an empty feature axis (d = 0)", op, qs, ks);
+  if (vs[3] < 1) fail("{}: V {} has an empty feature axis (dv = 0)", op, vs);
+  if (opt.causal && qs[2] != ks[2])
+    fail("{}: causal attention needs as many queries as keys, got Q {} (T = {}) and K {} (Tk = {})", op, qs, qs[2],
+         ks, ks[2]);
+  AttentionDims dims;
+  dims.B = qs[0];
+  dims.H = qs[1];
+  dims.T = qs[2];
+  dims.Tk = ks[2];
+  dims.d = qs[3];
+  dims.dv = vs[3];
+  dims.scale = opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(qs[3]));
+  dims.causal = opt.causal;
+  return dims;
+}
+
+}  // namespace tapegrad
