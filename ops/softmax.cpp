@@ -1,0 +1,119 @@
+// softmax and log_softmax over the last axis: x (..., n) → (..., n), each row on its own.
+// The row kernels and their derivations (shift by the row max, masked −∞ entries, fully masked rows) are in
+// ops/softmax.hpp; a node keeps only its output, which both its VJP and its JVP are written in.
+#include <limits>
+
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+#include "ops/softmax.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+struct Softmax {
+  static constexpr const char* name = "softmax";
+  template <class T>
+  static void forward(T* y, const T* x, int64_t rows, int64_t cols) {
+    softmax_forward(y, x, rows, cols);
+  }
+  template <class T>
+  static void vjp(T* dx, const T* y, const T* dy, int64_t rows, int64_t cols) {
+    softmax_vjp(dx, y, dy, rows, cols);
+  }
+  template <class T>
+  static void jvp(T* ty, const T* y, const T* tx, int64_t rows, int64_t cols) {
+    softmax_jvp(ty, y, tx, rows, cols);
+  }
+};
+
+struct LogSoftmax {
+  static constexpr const char* name = "log_softmax";
+  template <class T>
+  static void forward(T* z, const T* x, int64_t rows, int64_t cols) {
+    log_softmax_forward(z, x, rows, cols);
+  }
+  template <class T>
+  static void vjp(T* dx, const T* z, const T* dz, int64_t rows, int64_t cols) {
+    log_softmax_vjp(dx, z, dz, rows, cols);
+  }
+  template <class T>
+  static void jvp(T* tz, const T* z, const T* tx, int64_t rows, int64_t cols) {
+    log_softmax_jvp(tz, z, tx, rows, cols);
+  }
+};
+
+// One node per call: y = K(x) row by row; the node keeps y (σ(x) or log σ(x)) and nothing else.
+template <class K>
+Var row_distribution(Var x) {
+  expect_float(K::name, x);
+  expect_min_rank(K::name, x, 1, "its input");
+  Tape& tape = x.tape();
+  const Tensor xv = x.value();
+  Tensor y = tape.empty(x.dtype(), x.shape());
+  const int64_t cols = x.shape().back();
+  const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
+  dispatch_float(K::name, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    K::forward(y.data<T>(), xv.data<T>(), rows, cols);
+  });
+  return tape.record(
+      K::name, {x}, y,
+      [=](const Tensor& g, std::span<const Tensor> gin) {
+        if (!gin[0].defined()) return;
+        dispatch_float(K::name, g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          K::vjp(gin[0].data<T>(), y.data<T>(), g.data<T>(), rows, cols);
+        });
+      },
+      [=](std::span<const Tensor> tin, const Tensor& ty) {
+        if (!tin[0].defined()) return;
+        dispatch_float(K::name, ty.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          K::jvp(ty.data<T>(), y.data<T>(), tin[0].data<T>(), rows, cols);
+        });
+      });
+}
+
+// x + M on the tape, with M a constant of x's shape that is −∞ where (row + column) % 3 == 0 and on every
+// entry of row 1 (a fully masked row), 0 elsewhere: the masked-score path through a gradcheck.
+Var add_mask(Tape& tape, Var x) {
+  Tensor mask = Tensor::zeros(DType::f64, x.shape());
+  const int64_t cols = x.shape().back(), rows = x.shape().numel() / cols;
+  double* m = mask.data<double>();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      if (i == 1 || (i + j) % 3 == 0) m[i * cols + j] = -std::numeric_limits<double>::infinity();
+  return add(x, tape.constant(mask.to(x.dtype())));
+}
+
+}  // namespace
+
+Var softmax(Var x) { return row_distribution<Softmax>(x); }
+Var log_softmax(Var x) { return row_distribution<LogSoftmax>(x); }
+
+void register_softmax(Registry& r) {
+  r.add({"softmax", "softmax", "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)", {}});
+  r.add({"log_softmax", "softmax", "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩", {}});
+  struct RowOp {
+    const char* name;
+    Var (*fn)(Var);
+  };
+  for (const RowOp& op : {RowOp{"softmax", softmax}, RowOp{"log_softmax", log_softmax}}) {
+    auto apply = [fn = op.fn](Tape&, std::span<const Var> x) { return fn(x[0]); };
+    r.add_case(op.name, {"width 5", {{"x", {4, 5}}}, apply});
+    r.add_case(op.name, {"width 13", {{"x", {2, 13}}}, apply});
+    r.add_case(op.name, {"rank 3", {{"x", {2, 3, 4}}}, apply});
+    r.add_case(op.name, {"width 1", {{"x", {3, 1}}}, apply});
+    // Logits near 1e4: the shift by the row max keeps the exponents in range.
+    r.add_case(op.name, {"logits + 1e4", {{"x", {3, 6}}}, [fn = op.fn](Tape& tape, std::span<const Var> x) {
+                           Tensor shift = Tensor::from<double>(Shape{}, {1e4});
+                           return fn(add(x[0], tape.constant(shift.to(x[0].dtype()))));
+                         }});
+  }
+  // Masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
+  r.add_case("softmax", {"masked -inf", {{"x", {4, 6}}},
+                         [](Tape& tape, std::span<const Var> x) { return softmax(add_mask(tape, x[0])); }});
+}
+
+}  // namespace tapegrad
