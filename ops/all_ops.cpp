@@ -8,6 +8,7 @@ namespace tapegrad {
 void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
 void register_softmax(Registry&);
+void register_row_normalize(Registry&);
 void register_embedding(Registry&);
 void register_cross_entropy(Registry&);
 void register_attention(Registry&);
@@ -20,6 +21,7 @@ Registry& builtin_registry() {
     register_arithmetic(registry);
     register_pointwise(registry);
     register_softmax(registry);
+    register_row_normalize(registry);
     register_embedding(registry);
     register_cross_entropy(registry);
     register_attention(registry);
