@@ -1,0 +1,326 @@
+// Tiled attention: the map of attention() (seeds 001, 004; math-notes §2, §3) computed tile by tile with an
+// online softmax, so that the node keeps only O and the row log-sum-exp, never the T×Tk matrix A. This is the
+// memory-lean node seed 004 aims at ("a minimal flash attention with a trainable bias"), with the gradient of
+// the bias that fused kernels usually do not give (math-notes §3).
+//
+// Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), bias broadcast to (T, Tk), s the scale:
+//   S = s·QKᵀ + B + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
+// The scores are visited in tiles I × J of `block` query rows and `block` key columns. Under the causal mask a
+// query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped.
+// Scratch per call: two block×block tiles and a few block-long rows, whatever T.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/blas.hpp"
+#include "ops/attention.hpp"
+#include "ops/attention_bias.hpp"
+#include "ops/attention_shapes.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+constexpr const char* kOp = "tiled_attention";
+
+// One slice's inputs and where the bias of slice (b, head) starts; bias is null without a bias.
+template <class T>
+struct Slice {
+  const T *q, *k, *v, *bias;
+  int64_t b, head;
+};
+
+template <class T>
+struct Workspace {
+  explicit Workspace(int64_t block)
+      : tile(static_cast<size_t>(block * block)), tile2(static_cast<size_t>(block * block)),
+        row(static_cast<size_t>(block)), row2(static_cast<size_t>(block)) {}
+  std::vector<T> tile, tile2, row, row2;
+};
+
+template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// Keys visible to the query tile starting at i0 with r rows: causal tiles end at the tile's last query.
+inline int64_t key_end(const AttentionDims& n, int64_t i0, int64_t r) { return n.causal ? i0 + r : n.Tk; }
+
+// S = s·Q_I K_Jᵀ + B_IJ (r×c, row stride c) for queries [i0, i0 + r) and keys [j0, j0 + c), −∞ where the causal
+// mask hides key j > query i (only tiles that cross the diagonal have such entries).
+template <class T>
+void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t i0, int64_t r,
+                int64_t j0, int64_t c) {
+  gemm(false, true, r, c, n.d, static_cast<T>(n.scale), x.q + i0 * n.d, n.d, x.k + j0 * n.d, n.d, T(0), S, c);
+  if (x.bias) add_bias_block(L, S, c, x.bias, x.b, x.head, i0, r, j0, c);
+  if (n.causal && j0 + c - 1 > i0)
+    for (int64_t a = 0; a < r; ++a)
+      for (int64_t j = std::max<int64_t>(i0 + a + 1 - j0, 0); j < c; ++j) S[a * c + j] = kNegInf<T>;
+}
+
+// A_IJ = exp(S − L_i) in place: the softmax probabilities, recomputed from the saved row log-sum-exp L.
+// A fully masked row (L_i = −∞) has A_i = 0, as in attention().
+template <class T>
+void probability_tile(T* S, const T* lse, int64_t r, int64_t c) {
+  for (int64_t a = 0; a < r; ++a) {
+    T* s_row = S + a * c;
+    if (lse[a] == kNegInf<T>) {
+      std::fill(s_row, s_row + c, T(0));
+      continue;
+    }
+    for (int64_t j = 0; j < c; ++j) s_row[j] = std::exp(s_row[j] - lse[a]);
+  }
+}
+
+// ---- forward ----
+// Online softmax over the key tiles J of a query tile, per row i: after the tiles seen so far
+//   m_i = max_j S_ij,   ℓ_i = Σ_j exp(S_ij − m_i),   acc_i = Σ_j exp(S_ij − m_i) V_j
+// and a new tile J rescales what was summed against the old maximum:
+//   m′ = max(m, max_{j∈J} S_ij),  α = exp(m − m′),  ℓ′ = α·ℓ + Σ_{j∈J} exp(S_ij − m′),  acc′ = α·acc + P_J V_J
+// with P_J = exp(S_iJ − m′) (every exponent ≤ 0, so logits of ±1e4 stay finite). At the end
+//   O_i = acc_i/ℓ_i,   L_i = m_i + log ℓ_i = log Σ_j exp(S_ij)
+// and L is all the backward needs to rebuild A_ij = exp(S_ij − L_i). A row with no visible key (all −∞ through
+// the bias) keeps ℓ = 0: O_i = 0 and L_i = −∞.
+// o (T, dv), lse (T) of one slice.
+template <class T>
+void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n,
+                             int64_t block, Workspace<T>& w) {
+  T *P = w.tile.data(), *m = w.row.data(), *l = w.row2.data();
+  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
+    const int64_t r = std::min(block, n.T - i0);
+    T* oI = o + i0 * n.dv;
+    std::fill(m, m + r, kNegInf<T>);
+    std::fill(l, l + r, T(0));
+    std::fill(oI, oI + r * n.dv, T(0));
+    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+      const int64_t c = std::min(block, j_end - j0);
+      score_tile(P, x, L, n, i0, r, j0, c);
+      for (int64_t a = 0; a < r; ++a) {
+        T* p_row = P + a * c;
+        const T m_new = std::max(m[a], *std::max_element(p_row, p_row + c));
+        if (m_new == kNegInf<T>) {  // nothing visible yet in this row
+          std::fill(p_row, p_row + c, T(0));
+          continue;
+        }
+        const T alpha = std::exp(m[a] - m_new);  // 0 while m = −∞
+        T sum = 0;
+        for (int64_t j = 0; j < c; ++j) {
+          p_row[j] = std::exp(p_row[j] - m_new);
+          sum += p_row[j];
+        }
+        l[a] = alpha * l[a] + sum;
+        m[a] = m_new;
+        if (alpha != T(1))
+          for (int64_t e = 0; e < n.dv; ++e) oI[a * n.dv + e] *= alpha;
+      }
+      gemm(false, false, r, n.dv, c, T(1), P, c, x.v + j0 * n.dv, n.dv, T(1), oI, n.dv);
+    }
+    for (int64_t a = 0; a < r; ++a) {
+      if (l[a] == T(0)) {
+        lse[i0 + a] = kNegInf<T>;
+        continue;
+      }
+      const T inv = 1 / l[a];
+      for (int64_t e = 0; e < n.dv; ++e) oI[a * n.dv + e] *= inv;
+      lse[i0 + a] = m[a] + std::log(l[a]);
+    }
+  }
+}
+
+// ---- VJP ----
+// Math-notes §2 with seed 004's bias (§3), tile by tile, with A_IJ recomputed from L:
+//   D_i = rowsum(A ⊙ GVᵀ)_i = G_i·O_i              (T; needs O only, no T×Tk matrix)
+//   dV_J += A_IJᵀ G_I,   dS_IJ = A_IJ ⊙ (G_I V_Jᵀ − D_I 1ᵀ)
+//   dQ_I += s·dS_IJ K_J,   dK_J += s·dS_IJᵀ Q_I,   dB += dS_IJ summed over the broadcast axes of B
+// Seed 004's prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong (math-notes §3): the first factor is A, and the row term
+// is rowsum(A ⊙ dA), the diagonal of dA·Aᵀ; its dQ = dS·K, dK = dS·Q miss the scale s and the transpose of dS.
+// A is 0 at masked entries, so dS is 0 there. gq, gk, gv, gbias are added into; null ones are not computed.
+template <class T>
+void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, const T* lse, const Slice<T>& x,
+                         const BiasLayout& L, const AttentionDims& n, int64_t block, Workspace<T>& w) {
+  T *A = w.tile.data(), *dS = w.tile2.data(), *D = w.row.data();
+  const T s = static_cast<T>(n.scale);
+  const bool need_ds = gq || gk || gbias;
+  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
+    const int64_t r = std::min(block, n.T - i0);
+    const T* gI = g + i0 * n.dv;
+    for (int64_t a = 0; a < r; ++a) {
+      D[a] = 0;
+      for (int64_t e = 0; e < n.dv; ++e) D[a] += gI[a * n.dv + e] * o[(i0 + a) * n.dv + e];
+    }
+    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+      const int64_t c = std::min(block, j_end - j0);
+      score_tile(A, x, L, n, i0, r, j0, c);
+      probability_tile(A, lse + i0, r, c);
+      if (gv) gemm(true, false, c, n.dv, r, T(1), A, c, gI, n.dv, T(1), gv + j0 * n.dv, n.dv);
+      if (!need_ds) continue;
+      gemm(false, true, r, c, n.dv, T(1), gI, n.dv, x.v + j0 * n.dv, n.dv, T(0), dS, c);
+      for (int64_t a = 0; a < r; ++a)
+        for (int64_t j = 0; j < c; ++j) dS[a * c + j] = A[a * c + j] * (dS[a * c + j] - D[a]);
+      if (gq) gemm(false, false, r, n.d, c, s, dS, c, x.k + j0 * n.d, n.d, T(1), gq + i0 * n.d, n.d);
+      if (gk) gemm(true, false, c, n.d, r, s, dS, c, x.q + i0 * n.d, n.d, T(1), gk + j0 * n.d, n.d);
+      if (gbias) accumulate_bias_grad_block(L, gbias, dS, c, x.b, x.head, i0, r, j0, c);
+    }
+  }
+}
+
+// ---- JVP ----
+// Seed 000's total derivative of attention (math-notes §1, last item), with the scale and the bias:
+//   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ,   Ȯ_i = Σ_j A_ij Ż_ij V_j − (Σ_j A_ij Ż_ij)·O_i + Σ_j A_ij V̇_j
+// summed tile by tile: per tile, Z = A_IJ ⊙ Ż_IJ adds Z V_J and A_IJ V̇_J to Ȯ_I and rowsum(Z) to ι_I; after the
+// last tile Ȯ_i −= ι_i·O_i. (Seed 000 writes the middle term with 1_nᵀ; O is T×dv, so it is 1_dvᵀ.)
+// q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
+template <class T>
+void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_dot, const T* bias_dot, const T* o,
+                         const T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t block,
+                         Workspace<T>& w) {
+  T *A = w.tile.data(), *Z = w.tile2.data(), *iota = w.row.data();
+  const T s = static_cast<T>(n.scale);
+  const bool need_z = q_dot || k_dot || bias_dot;
+  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
+    const int64_t r = std::min(block, n.T - i0);
+    T* odI = o_dot + i0 * n.dv;
+    std::fill(iota, iota + r, T(0));
+    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+      const int64_t c = std::min(block, j_end - j0);
+      score_tile(A, x, L, n, i0, r, j0, c);
+      probability_tile(A, lse + i0, r, c);
+      if (need_z) {
+        if (!q_dot && !k_dot) std::fill(Z, Z + r * c, T(0));
+        if (q_dot) gemm(false, true, r, c, n.d, s, q_dot + i0 * n.d, n.d, x.k + j0 * n.d, n.d, T(0), Z, c);
+        if (k_dot)
+          gemm(false, true, r, c, n.d, s, x.q + i0 * n.d, n.d, k_dot + j0 * n.d, n.d, T(q_dot ? 1 : 0), Z, c);
+        if (bias_dot) add_bias_block(L, Z, c, bias_dot, x.b, x.head, i0, r, j0, c);
+        for (int64_t a = 0; a < r; ++a)
+          for (int64_t j = 0; j < c; ++j) {
+            Z[a * c + j] *= A[a * c + j];
+            iota[a] += Z[a * c + j];
+          }
+        gemm(false, false, r, n.dv, c, T(1), Z, c, x.v + j0 * n.dv, n.dv, T(1), odI, n.dv);
+      }
+      if (v_dot) gemm(false, false, r, n.dv, c, T(1), A, c, v_dot + j0 * n.dv, n.dv, T(1), odI, n.dv);
+    }
+    if (need_z)
+      for (int64_t a = 0; a < r; ++a)
+        for (int64_t e = 0; e < n.dv; ++e) odI[a * n.dv + e] -= iota[a] * o[(i0 + a) * n.dv + e];
+  }
+}
+
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// Calls f(slice, oq, ok, ov, oo, ol) for every (b, head), with the element offsets of its Q, K, V, O and L.
+template <class T, class F>
+void for_each_slice(const AttentionDims& n, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                    F&& f) {
+  for (int64_t b = 0; b < n.B; ++b)
+    for (int64_t head = 0; head < n.H; ++head) {
+      const int64_t bh = b * n.H + head;
+      const int64_t oq = bh * n.T * n.d, ok = bh * n.Tk * n.d, ov = bh * n.Tk * n.dv;
+      const Slice<T> x{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), b, head};
+      f(x, oq, ok, ov, bh * n.T * n.dv, bh * n.T);
+    }
+}
+
+}  // namespace
+
+Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, int64_t block) {
+  Tape& tape = bias.defined() ? tape_of(kOp, {q, k, v, bias}) : tape_of(kOp, {q, k, v});
+  const AttentionDims n = attention_dims(kOp, q, k, v, opt);
+  if (block < 1) fail("{}: block must be at least 1 key column, got {} (q {})", kOp, block, q.shape());
+  BiasLayout layout;
+  Tensor bv;
+  if (bias.defined()) {
+    expect_same_dtype(kOp, q, bias);
+    layout = bias_layout(kOp, bias.shape(), n.B, n.H, n.T, n.Tk);
+    bv = bias.value();
+  }
+  const DType dtype = q.dtype();
+  const Tensor qv = q.value(), kv = k.value(), vv = v.value();
+  // The node's whole saved state: O (B, h, T, dv) and L (B, h, T), next to the inputs' own values.
+  Tensor o = tape.empty(dtype, {n.B, n.H, n.T, n.dv});
+  Tensor lse = tape.empty(dtype, {n.B, n.H, n.T});
+  const int64_t blk = std::min(block, std::max(n.T, n.Tk));
+  dispatch_float(kOp, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Workspace<T> w(blk);
+    for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t, int64_t, int64_t, int64_t oo, int64_t ol) {
+      tiled_attention_forward(o.data<T>() + oo, lse.data<T>() + ol, x, layout, n, blk, w);
+    });
+  });
+  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+    const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
+    dispatch_float(kOp, dtype, [&](auto tag) {
+      using T = decltype(tag);
+      Workspace<T> w(blk);
+      T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
+      for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t oq, int64_t ok, int64_t ov, int64_t oo,
+                                               int64_t ol) {
+        tiled_attention_vjp(gq ? gq + oq : nullptr, gk ? gk + ok : nullptr, gv ? gv + ov : nullptr,
+                            data_or_null<T>(gbias), g.data<T>() + oo, o.data<T>() + oo, lse.data<T>() + ol, x,
+                            layout, n, blk, w);
+      });
+    });
+  };
+  auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
+    const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
+    dispatch_float(kOp, dtype, [&](auto tag) {
+      using T = decltype(tag);
+      Workspace<T> w(blk);
+      const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
+      for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t oq, int64_t ok, int64_t ov, int64_t oo,
+                                               int64_t ol) {
+        tiled_attention_jvp(tout.data<T>() + oo, tq ? tq + oq : nullptr, tk ? tk + ok : nullptr,
+                            tv ? tv + ov : nullptr, data_or_null<T>(tbias), o.data<T>() + oo, lse.data<T>() + ol, x,
+                            layout, n, blk, w);
+      });
+    });
+  };
+  if (bias.defined()) return tape.record(kOp, {q, k, v, bias}, o, vjp, jvp);
+  return tape.record(kOp, {q, k, v}, o, vjp, jvp);
+}
+
+void register_tiled_attention(Registry& r) {
+  r.add({kOp, "tiled_attention",
+         "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); "
+         "dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
+         {}});
+  auto qkv = [](AttentionOptions opt, int64_t block) {
+    return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
+  };
+  auto qkv_bias = [](AttentionOptions opt, int64_t block) {
+    return [opt, block](Tape&, std::span<const Var> x) {
+      return tiled_attention(x[0], x[1], x[2], opt, x[3], block);
+    };
+  };
+  auto qkv_inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
+    return std::vector<InputSpec>{{"q", {B, h, T, d}}, {"k", {B, h, Tk, d}}, {"v", {B, h, Tk, dv}}};
+  };
+  const AttentionOptions plain{}, causal{0, true};
+  r.add_case(kOp, {"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)});
+  r.add_case(kOp, {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)});
+  r.add_case(kOp, {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)});
+  r.add_case(kOp, {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)});
+  r.add_case(kOp, {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)});
+  r.add_case(kOp, {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)});
+  // One case per bias layout; B=2, h=2, T=7, Tk=7 (causal) or 5, block=3.
+  struct BiasCase {
+    const char* name;
+    Shape bias;
+    bool causal;
+  };
+  for (const BiasCase& c : {BiasCase{"bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false},
+                            BiasCase{"bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true},
+                            BiasCase{"bias (h,T,Tk) causal block=3", {2, 7, 7}, true},
+                            BiasCase{"bias (T,Tk) block=3", {7, 5}, false},
+                            BiasCase{"bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true},
+                            BiasCase{"bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false}}) {
+    const int64_t tk = c.causal ? 7 : 5;
+    std::vector<InputSpec> inputs = qkv_inputs(2, 2, 7, tk, 3, 2);
+    inputs.push_back({"bias", c.bias});
+    r.add_case(kOp, {c.name, inputs, qkv_bias(AttentionOptions{0, c.causal}, 3)});
+  }
+}
+
+}  // namespace tapegrad
