@@ -7,6 +7,9 @@ namespace tapegrad {
 
 void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
+void register_softmax(Registry&);
+void register_row_normalize(Registry&);
+void register_layer_norm(Registry&);
 void register_embedding(Registry&);
 void register_cross_entropy(Registry&);
 void register_attention(Registry&);
@@ -20,6 +23,9 @@ Registry& builtin_registry() {
   std::call_once(once, [] {
     register_arithmetic(registry);
     register_pointwise(registry);
+    register_softmax(registry);
+    register_row_normalize(registry);
+    register_layer_norm(registry);
     register_embedding(registry);
     register_cross_entropy(registry);
     register_attention(registry);
