@@ -198,3 +198,18 @@ TEST_CASE("tiled_attention keeps O(T) state for backward; attention keeps the TÃ
   CHECK(full_1024 >= size_t(1024 * 1024 * 8));
   CHECK(static_cast<double>(full_1024) >= 15.0 * static_cast<double>(full_256));
 }
+
+TEST_CASE("tiled_attention: shape errors name the op and the shapes") {
+  Tape tape;
+  auto make = [&](Shape s) { return tape.leaf(Tensor::zeros(DType::f64, s)); };
+  Var q = make({2, 3, 4, 5}), k = make({2, 3, 4, 5}), v = make({2, 3, 4, 2});
+  CHECK_THROWS_WITH_AS(tiled_attention(make({3, 4, 5}), k, v), doctest::Contains("tiled_attention"), Error);
+  CHECK_THROWS_WITH_AS(tiled_attention(q, make({2, 3, 4, 6}), v), doctest::Contains("(2, 3, 4, 6)"), Error);
+  CHECK_THROWS_WITH_AS(tiled_attention(q, make({2, 3, 6, 5}), make({2, 3, 6, 2}), {0, true}),
+                       doctest::Contains("causal"), Error);
+  CHECK_THROWS_WITH_AS(tiled_attention(q, k, v, {}, make({3, 4, 3})), doctest::Contains("(3, 4, 3)"), Error);
+  CHECK_THROWS_WITH_AS(tiled_attention(q, k, v, {}, make({2, 2, 4, 4})), doctest::Contains("bias"), Error);
+  CHECK_THROWS_WITH_AS(tiled_attention(q, k, v, {}, {}, 0), doctest::Contains("block"), Error);
+  Var bias32 = tape.leaf(Tensor::zeros(DType::f32, {4, 4}));
+  CHECK_THROWS_WITH_AS(tiled_attention(q, k, v, {}, bias32), doctest::Contains("tiled_attention"), Error);
+}
