@@ -7,6 +7,7 @@ namespace tapegrad {
 
 void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
+void register_reduce(Registry&);
 void register_softmax(Registry&);
 void register_row_normalize(Registry&);
 void register_layer_norm(Registry&);
@@ -23,6 +24,7 @@ Registry& builtin_registry() {
   std::call_once(once, [] {
     register_arithmetic(registry);
     register_pointwise(registry);
+    register_reduce(registry);
     register_softmax(registry);
     register_row_normalize(registry);
     register_layer_norm(registry);

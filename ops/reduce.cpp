@@ -1,0 +1,158 @@
+// Reductions: sum and mean, over all elements or along one axis.
+//
+// Around the reduced axis x is read as (outer, n, inner); the all-elements form is outer = inner = 1,
+// n = numel. With c = 1 for sum and c = 1/n for mean:
+//   y[o, i] = c · Σ_j x[o, j, i]                          y: (outer, inner), shaped as x without the axis
+// The map is linear, so its derivatives are the map's transpose and the map itself:
+//   VJP  x̄[o, j, i] += c · ȳ[o, i]                        (ȳ repeated along the reduced axis)
+//   JVP  ẏ[o, i]    += c · Σ_j ẋ[o, j, i]
+// keepdim only puts a 1 in place of the axis in the shape of y; the elements are the same.
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// x read as (outer, n, inner) around the reduced axis, and the shape of y.
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+  Shape out;
+};
+
+AxisSplit split_all(const Shape& s) {
+  AxisSplit sp;
+  sp.n = s.numel();
+  return sp;  // out = ()
+}
+
+AxisSplit split_axis(const char* op, const Shape& s, int axis, bool keepdim) {
+  const int r = s.rank();
+  if (axis < -r || axis >= r)
+    fail("{}: axis {} is out of range for x of shape {} (valid axes: {}..{})", op, axis, s, -r, r - 1);
+  const int a = normalize_axis(op, axis, r);
+  AxisSplit sp;
+  for (int d = 0; d < r; ++d) {
+    if (d < a) sp.outer *= s[d];
+    if (d > a) sp.inner *= s[d];
+    if (d != a) sp.out.push_back(s[d]);
+    else if (keepdim) sp.out.push_back(1);
+  }
+  sp.n = s[a];
+  return sp;
+}
+
+// y[o, i] += c · Σ_j x[o, j, i]                   x: (outer, n, inner), y: (outer, inner)
+// A contiguous reduced axis (inner = 1, which includes the all-elements sum) is summed in double: a float32
+// sum of 10⁶ terms then keeps about 7 significant digits instead of about 4. Otherwise whole rows x[o, j, :]
+// are added into y[o, :], a unit-stride inner loop.
+template <class T>
+void reduce_axis_add(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, double c) {
+  if (inner == 1) {
+    for (int64_t o = 0; o < outer; ++o) {
+      const T* row = x + o * n;
+      double acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += static_cast<double>(row[j]);
+      y[o] += static_cast<T>(c * acc);
+    }
+    return;
+  }
+  const T ct = static_cast<T>(c);
+  for (int64_t o = 0; o < outer; ++o) {
+    T* yo = y + o * inner;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* xj = x + (o * n + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) yo[i] += ct * xj[i];
+    }
+  }
+}
+
+// x̄[o, j, i] += c · ȳ[o, i]                       ȳ: (outer, inner), x̄: (outer, n, inner)
+template <class T>
+void reduce_vjp(const T* gy, T* gx, int64_t outer, int64_t n, int64_t inner, double c) {
+  const T ct = static_cast<T>(c);
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* go = gy + o * inner;
+    for (int64_t j = 0; j < n; ++j) {
+      T* gxj = gx + (o * n + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) gxj[i] += ct * go[i];
+    }
+  }
+}
+
+// The node y = c · Σ_j x[o, j, i]: the forward kernel is also the JVP (ẏ += c · Σ_j ẋ), the map being linear.
+Var reduce(const char* op, Var x, const AxisSplit& sp, bool is_mean) {
+  if (is_mean && sp.n == 0)
+    fail("{}: the mean over zero elements is undefined (x of shape {}, reduced extent 0)", op, x.shape());
+  Tape& tape = x.tape();
+  const double c = is_mean ? 1.0 / static_cast<double>(sp.n) : 1.0;
+  const int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
+  const Tensor xv = x.value();
+  Tensor y = tape.zeros(x.dtype(), sp.out);
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    reduce_axis_add(xv.data<T>(), y.data<T>(), outer, n, inner, c);
+  });
+  return tape.record(
+      op, {x}, y,
+      [=](const Tensor& g, std::span<const Tensor> gin) {
+        if (!gin[0].defined()) return;
+        dispatch_float(op, g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          reduce_vjp(g.data<T>(), gin[0].data<T>(), outer, n, inner, c);
+        });
+      },
+      [=](std::span<const Tensor> tin, const Tensor& ty) {
+        if (!tin[0].defined()) return;
+        dispatch_float(op, ty.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          reduce_axis_add(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c);
+        });
+      });
+}
+
+}  // namespace
+
+Var sum(Var x) {
+  expect_float("sum", x);
+  return reduce("sum", x, split_all(x.shape()), false);
+}
+Var sum(Var x, int axis, bool keepdim) {
+  expect_float("sum", x);
+  return reduce("sum", x, split_axis("sum", x.shape(), axis, keepdim), false);
+}
+Var mean(Var x) {
+  expect_float("mean", x);
+  return reduce("mean", x, split_all(x.shape()), true);
+}
+Var mean(Var x, int axis, bool keepdim) {
+  expect_float("mean", x);
+  return reduce("mean", x, split_axis("mean", x.shape(), axis, keepdim), true);
+}
+
+void register_reduce(Registry& r) {
+  struct Reduction {
+    const char* name;
+    Var (*all)(Var);
+    Var (*along)(Var, int, bool);
+    const char* equation;
+  };
+  for (const Reduction& f :
+       {Reduction{"sum", sum, sum, "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
+        Reduction{"mean", mean, mean, "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
+    r.add({f.name, "reduce", f.equation, {}});
+    auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
+    auto along = [fn = f.along](int axis, bool keepdim) {
+      return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };
+    };
+    r.add_case(f.name, {"all elements", {{"x", {3, 4}}}, whole});
+    r.add_case(f.name, {"all elements of a scalar", {{"x", {}}}, whole});
+    r.add_case(f.name, {"axis 0", {{"x", {3, 4, 2}}}, along(0, false)});
+    r.add_case(f.name, {"last axis", {{"x", {2, 3, 5}}}, along(2, false)});
+    r.add_case(f.name, {"axis -2", {{"x", {2, 4, 3}}}, along(-2, false)});
+    r.add_case(f.name, {"axis 1, keepdim", {{"x", {2, 3, 4}}}, along(1, true)});
+    r.add_case(f.name, {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)});
+  }
+}
+
+}  // namespace tapegrad
