@@ -41,6 +41,9 @@ Var concat(std::span<const Var> xs, int axis);
 // matmul.cpp — (..., m, k) @ (..., k, n) → (..., m, n), batch dimensions broadcast; cblas for every product.
 Var matmul(Var a, Var b);
 
+// linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).
+Var linear(Var x, Var weight, Var bias = {});
+
 // softmax.cpp — over the last axis.
 Var softmax(Var x);
 Var log_softmax(Var x);

@@ -1,0 +1,89 @@
+// The affine layer as one node, in PyTorch's weight layout so checkpoints carry over unchanged:
+//   y = x·Wᵀ + b        x (N, in) (any leading axes), W (out, in), b (out) or none  →  y (N, out)
+//   VJP  x̄ += ȳ·W        W̄ += ȳᵀ·x        b̄ += Σ_rows ȳ
+//   JVP  ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ
+// Three gemm calls each way; the transposes are cblas flags, never copies.
+#include "engine/blas.hpp"
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// out (N, m) += 1_N · bᵀ: the bias on every row.
+template <class T>
+void add_rows(T* out, const T* b, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) out[i * m + j] += b[j];
+}
+
+// db (m) += Σ_i g[i, :]
+template <class T>
+void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
+}
+
+}  // namespace
+
+Var linear(Var x, Var w, Var b) {
+  const char* op = "linear";
+  expect_float(op, x);
+  expect_same_dtype(op, x, w);
+  expect_min_rank(op, x, 1, "the input");
+  if (w.rank() != 2 || w.shape()[1] != x.shape().back())
+    fail("{}: weight must be (out, {}) for an input of shape {}, got {}", op, x.shape().back(), x.shape(),
+         w.shape());
+  const bool has_bias = b.defined();
+  if (has_bias) {
+    expect_same_dtype(op, x, b);
+    if (b.rank() != 1 || b.shape()[0] != w.shape()[0])
+      fail("{}: bias must be ({}) for a weight of shape {}, got {}", op, w.shape()[0], w.shape(), b.shape());
+  }
+  Tape& tape = has_bias ? tape_of(op, {x, w, b}) : tape_of(op, {x, w});
+  const int64_t n = x.shape().rows(), in = w.shape()[1], out = w.shape()[0];
+  Shape yshape = x.shape();
+  yshape[yshape.rank() - 1] = out;
+  const Tensor xv = x.value(), wv = w.value(), bv = has_bias ? b.value() : Tensor{};
+  Tensor y = tape.empty(x.dtype(), yshape);
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    gemm(false, true, n, out, in, T(1), xv.data<T>(), in, wv.data<T>(), in, T(0), y.data<T>(), out);
+    if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
+  });
+  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+    dispatch_float(op, g.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* pg = g.data<T>();
+      if (gin[0].defined())
+        gemm(false, false, n, in, out, T(1), pg, out, wv.data<T>(), in, T(1), gin[0].data<T>(), in);
+      if (gin[1].defined())
+        gemm(true, false, out, in, n, T(1), pg, out, xv.data<T>(), in, T(1), gin[1].data<T>(), in);
+      if (gin.size() > 2 && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
+    });
+  };
+  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+    dispatch_float(op, ty.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* pt = ty.data<T>();
+      if (tin[0].defined())
+        gemm(false, true, n, out, in, T(1), tin[0].data<T>(), in, wv.data<T>(), in, T(1), pt, out);
+      if (tin[1].defined())
+        gemm(false, true, n, out, in, T(1), xv.data<T>(), in, tin[1].data<T>(), in, T(1), pt, out);
+      if (tin.size() > 2 && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
+    });
+  };
+  if (has_bias) return tape.record(op, {x, w, b}, y, vjp, jvp);
+  return tape.record(op, {x, w}, y, vjp, jvp);
+}
+
+void register_linear(Registry& r) {
+  r.add({"linear", "linear", "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ; ẏ = ẋWᵀ + xẆᵀ + ḃ", {}});
+  r.add_case("linear", {"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
+                        [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }});
+  r.add_case("linear", {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
+                        [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }});
+}
+
+}  // namespace tapegrad
