@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Set-up, build and test in one place, for a fresh Debian machine (root, or a user with sudo).
+#   bash tools/dev.sh demo       install what is missing, build, run the main job
+#   bash tools/dev.sh test       install what is missing, build, run every test (ctest)
+#   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   bash tools/dev.sh deps | build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev doctest-dev)
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}" "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+build() {  # build DIR [cmake options...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  ninja -C "$dir" -j "$JOBS"
+}
+
+case "${1:-}" in
+  deps) deps ;;
+  build) deps; build build ;;
+  demo)
+    deps; build build
+    ./build/tapegrad gradcheck ;;
+  test)
+    deps; build build
+    (cd build && ctest --output-on-failure -j "$JOBS") ;;
+  sanitize)
+    deps; build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_SANITIZE=ON
+    (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$JOBS") ;;
+  *) sed -n '2,7p' "$0"; exit 2 ;;
+esac
