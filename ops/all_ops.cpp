@@ -9,6 +9,7 @@ void register_arithmetic(Registry&);
 void register_pointwise(Registry&);
 void register_reduce(Registry&);
 void register_shape(Registry&);
+void register_matmul(Registry&);
 void register_linear(Registry&);
 void register_softmax(Registry&);
 void register_row_normalize(Registry&);
@@ -28,6 +29,7 @@ Registry& builtin_registry() {
     register_pointwise(registry);
     register_reduce(registry);
     register_shape(registry);
+    register_matmul(registry);
     register_linear(registry);
     register_softmax(registry);
     register_row_normalize(registry);
