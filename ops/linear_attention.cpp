@@ -30,7 +30,7 @@ namespace tapegrad {
 namespace {
 
 constexpr const char* kOp = "linear_attention";
-constexpr int64_t kChunk = 64;  // C: rows per chunk of the causal sweeps
+constexpr int64_t kChunk = 64;  // C: rows per chunk of every sweep
 
 // One (b, h) slice: queries tq×d, keys tk×d, values tk×dv.
 struct HeadDims {
@@ -62,10 +62,10 @@ struct Workspace {
       : c(std::min(kChunk, std::max(n.tq, n.tk))),
         S(size(n.d * n.dv)), z(size(n.d)), S_dot(size(n.d * n.dv)), z_dot(size(n.d)),
         P(size(c * c)), W(size(c * c)), rows_d(size(c * n.d)), rows_d2(size(c * n.d)),
-        rows_dv(size(c * n.dv)), col(size(c)), col2(size(c)) {}
+        rows_dv(size(c * n.dv)), col(size(c)) {}
   static size_t size(int64_t n) { return static_cast<size_t>(n); }
   int64_t c;
-  std::vector<T> S, z, S_dot, z_dot, P, W, rows_d, rows_d2, rows_dv, col, col2;
+  std::vector<T> S, z, S_dot, z_dot, P, W, rows_d, rows_d2, rows_dv, col;
 };
 
 // S += kᵀv (d×dv), z += kᵀ1 (d), over `rows` rows of k (rows×d) and v (rows×dv).
