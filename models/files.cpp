@@ -1,0 +1,134 @@
+#include "models/files.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <system_error>
+
+#include "engine/tensor.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// The temporary of write_file_atomic: closed, and removed unless it was renamed into place.
+struct TemporaryFile {
+  std::string path;
+  int fd = -1;
+  bool renamed = false;
+  ~TemporaryFile() {
+    if (fd >= 0) ::close(fd);
+    if (!renamed && !path.empty()) ::unlink(path.c_str());
+  }
+};
+
+// Writes all of `bytes` to fd, through short writes and interrupted calls; false with errno set on failure.
+bool write_all(int fd, std::string_view bytes) {
+  const char* p = bytes.data();
+  size_t left = bytes.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  if (!target.has_filename()) fail("cannot write '{}': the path names a directory, not a file", path);
+  std::string dir = target.has_parent_path() ? target.parent_path().string() : std::string(".");
+
+  TemporaryFile tmp;
+  std::string name = (fs::path(dir) / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  tmp.fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (tmp.fd < 0) {
+    int err = errno;
+    fail("cannot write '{}': cannot create a temporary file in '{}': {}", path, dir, errno_text(err));
+  }
+  tmp.path = name;
+
+  struct stat old {};
+  mode_t mode = (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ? (old.st_mode & 07777) : 0644;
+  if (::fchmod(tmp.fd, mode) != 0 || !write_all(tmp.fd, bytes) || ::fsync(tmp.fd) != 0) {
+    int err = errno;
+    fail("cannot write '{}': {}", path, errno_text(err));
+  }
+  int fd = tmp.fd;
+  tmp.fd = -1;
+  if (::close(fd) != 0) {
+    int err = errno;
+    fail("cannot write '{}': closing the temporary file failed: {}", path, errno_text(err));
+  }
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    fail("cannot write '{}': renaming the temporary file over it failed: {}", path, errno_text(err));
+  }
+  tmp.renamed = true;
+
+  // The rename is durable once the directory entry is: sync the directory. A file system that cannot sync a
+  // directory says EINVAL; there the rename is as durable as that file system makes it.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    int err = errno;
+    fail("wrote '{}' but cannot open its directory to sync it: {}", path, errno_text(err));
+  }
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL) fail("wrote '{}' but syncing its directory failed: {}", path, errno_text(err));
+}
+
+std::string read_file(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) fail("cannot read '{}': no such file", path);
+    fail("cannot read '{}': {}", path, errno_text(err));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    fail("cannot read '{}': {}", path, errno_text(err));
+  }
+  if (S_ISDIR(st.st_mode)) fail("cannot read '{}': it is a directory, not a file", path);
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
+    fail("cannot read '{}': it holds {} bytes, above the limit of {} bytes", path, st.st_size, max_bytes);
+
+  // A regular file is read to its size; a pipe or device until end of file, within the same limit.
+  std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      fail("cannot read '{}': {}", path, errno_text(err));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<size_t>(n) > max_bytes)
+      fail("cannot read '{}': it holds more than the limit of {} bytes", path, max_bytes);
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,21 @@
+// Whole-file reads and crash-safe whole-file writes, for checkpoints, logs and plots.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace tapegrad {
+
+// Replaces the file at `path` by `bytes` so that a reader (or a crash at any moment) sees either the old
+// content or the new one, never a mix: the bytes go to a temporary file in the same directory, which is
+// fsynced, renamed over the target, and then the directory is fsynced so that the rename itself is durable.
+// A new file gets mode 0644; an existing one keeps its mode. On any failure the temporary is removed and an
+// Error names the path and the system's reason.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, cannot
+// be read, or holds more than max_bytes.
+std::string read_file(const std::string& path, size_t max_bytes);
+
+}  // namespace tapegrad
