@@ -1,0 +1,249 @@
+#include "models/checkpoint.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "models/files.hpp"
+
+namespace tapegrad {
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint data is copied as is: safetensors is little-endian, and so must the host be");
+
+namespace {
+
+// Files larger than this are refused before being read.
+constexpr size_t kMaxCheckpointBytes = size_t{1} << 34;
+
+std::string_view safetensors_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+  }
+  return "?";
+}
+
+bool parse_safetensors_dtype(std::string_view s, DType& d) {
+  if (s == "F32") d = DType::f32;
+  else if (s == "F64") d = DType::f64;
+  else if (s == "I32") d = DType::i32;
+  else return false;
+  return true;
+}
+
+[[noreturn]] void refuse(const std::string& path, std::string_view why) {
+  fail("checkpoint '{}': {}", path, why);
+}
+
+std::string checksum_hex(uint64_t h) { return fmt::format("{:016x}", h); }
+
+// One tensor as the header describes it, checked against the data section of `data_bytes` bytes.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+HeaderEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                        uint64_t data_bytes) {
+  auto bad = [&](std::string_view why) { refuse(path, fmt::format("tensor '{}': {}", name, why)); };
+  if (!v.is_object()) bad(fmt::format("expected an object with dtype, shape and data_offsets, got {}", v.dump()));
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(key)) bad(fmt::format("the entry has no \"{}\"", key));
+
+  HeaderEntry e{name, DType::f32, Shape{}, 0, 0};
+  const auto& dt = v["dtype"];
+  if (!dt.is_string() || !parse_safetensors_dtype(dt.get_ref<const std::string&>(), e.dtype))
+    bad(fmt::format("unsupported dtype {} (supported: F32, F64, I32)", dt.dump()));
+
+  // The element count is bounded by the data section, which keeps every product below from overflowing.
+  const auto& sh = v["shape"];
+  if (!sh.is_array()) bad(fmt::format("shape must be an array of integers, got {}", sh.dump()));
+  if (sh.size() > static_cast<size_t>(Shape::kMaxRank))
+    bad(fmt::format("shape {} has rank {}, above the supported {}", sh.dump(), sh.size(), Shape::kMaxRank));
+  uint64_t count = 1;
+  bool empty = false;
+  std::vector<uint64_t> dims;
+  for (const auto& d : sh) {
+    if (!d.is_number_integer()) bad(fmt::format("shape {} holds a non-integer", sh.dump()));
+    if (!d.is_number_unsigned()) bad(fmt::format("shape {} holds a negative dimension", sh.dump()));
+    dims.push_back(d.get<uint64_t>());
+    if (dims.back() == 0) empty = true;
+  }
+  if (!empty) {
+    for (uint64_t d : dims)
+      if (d > data_bytes || __builtin_mul_overflow(count, d, &count) || count > data_bytes)
+        bad(fmt::format("shape {} is larger than the whole data section ({} bytes)", sh.dump(), data_bytes));
+  } else {
+    count = 0;
+    for (uint64_t d : dims)
+      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        bad(fmt::format("shape {} has a dimension out of range", sh.dump()));
+  }
+  for (uint64_t d : dims) e.shape.push_back(static_cast<int64_t>(d));
+
+  const auto& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    bad(fmt::format("data_offsets must be two non-negative integers [begin, end], got {}", off.dump()));
+  e.begin = off[0].get<uint64_t>();
+  e.end = off[1].get<uint64_t>();
+  if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
+  if (e.end > data_bytes)
+    bad(fmt::format("data_offsets [{}, {}] leave the data section of {} bytes (the file is truncated or corrupt)",
+                    e.begin, e.end, data_bytes));
+  uint64_t nbytes = count * dtype_size(e.dtype);
+  if (e.end - e.begin != nbytes)
+    bad(fmt::format("data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {} bytes", e.begin, e.end,
+                    e.end - e.begin, sh.dump(), safetensors_dtype(e.dtype), nbytes));
+  return e;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(std::string_view bytes, uint64_t h) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+const Tensor* Checkpoint::find(std::string_view name) const {
+  for (const auto& nt : tensors)
+    if (nt.name == name) return &nt.tensor;
+  return nullptr;
+}
+
+const Tensor& Checkpoint::at(std::string_view name) const {
+  if (const Tensor* t = find(name)) return *t;
+  std::string names;
+  for (size_t i = 0; i < tensors.size() && i < 12; ++i) names += (i ? ", " : "") + tensors[i].name;
+  if (tensors.size() > 12) names += ", ...";
+  fail("checkpoint has no tensor '{}' (it holds {} tensors: {})", name, tensors.size(), names);
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& ck) {
+  std::set<std::string_view> seen;
+  uint64_t data_bytes = 0;
+  uint64_t checksum = fnv1a64({});
+  for (const auto& nt : ck.tensors) {
+    if (nt.name == "__metadata__") fail("save_checkpoint '{}': the tensor name '__metadata__' is reserved", path);
+    if (!seen.insert(nt.name).second) fail("save_checkpoint '{}': two tensors are named '{}'", path, nt.name);
+    if (!nt.tensor.defined()) fail("save_checkpoint '{}': tensor '{}' is undefined", path, nt.name);
+    checksum = fnv1a64({static_cast<const char*>(nt.tensor.raw()), nt.tensor.nbytes()}, checksum);
+    data_bytes += nt.tensor.nbytes();
+  }
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : ck.metadata)
+    if (k != kChecksumKey) meta[k] = v;
+  meta[std::string(kChecksumKey)] = checksum_hex(checksum);
+  header["__metadata__"] = std::move(meta);
+  uint64_t offset = 0;
+  for (const auto& nt : ck.tensors) {
+    auto dims = nt.tensor.shape().dims();
+    uint64_t end = offset + nt.tensor.nbytes();
+    header[nt.name] = {{"dtype", safetensors_dtype(nt.tensor.dtype())},
+                       {"shape", std::vector<int64_t>(dims.begin(), dims.end())},
+                       {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    fail("save_checkpoint '{}': a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N, and so the data section, aligned to 8 bytes
+
+  std::string bytes;
+  bytes.reserve(8 + text.size() + data_bytes);
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  bytes += text;
+  for (const auto& nt : ck.tensors) bytes.append(static_cast<const char*>(nt.tensor.raw()), nt.tensor.nbytes());
+  write_file_atomic(path, bytes);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::string file = read_file(path, kMaxCheckpointBytes);
+  if (file.size() < 8)
+    refuse(path, fmt::format("truncated: {} bytes, too short for the 8-byte header length", file.size()));
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(file[static_cast<size_t>(i)])} << (8 * i);
+  if (n > kMaxHeaderBytes)
+    refuse(path, fmt::format("header length {} is above the limit of {} bytes: not a safetensors file, or a "
+                             "corrupt one", n, kMaxHeaderBytes));
+  if (n > file.size() - 8)
+    refuse(path, fmt::format("truncated: the header length is {} bytes but only {} bytes follow it", n,
+                             file.size() - 8));
+  std::string_view text = std::string_view(file).substr(8, n);
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    refuse(path, fmt::format("the header is not valid JSON (not a safetensors file?): {}", e.what()));
+  }
+  if (!header.is_object()) refuse(path, fmt::format("the header is a JSON {}, not an object (not a safetensors file?)",
+                             header.type_name()));
+
+  std::string_view data = std::string_view(file).substr(8 + n);
+  Checkpoint ck;
+  std::vector<HeaderEntry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) refuse(path, "__metadata__ must be an object of strings");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string()) refuse(path, fmt::format("__metadata__ entry '{}' is {}, not a string", mk, mv.dump()));
+        ck.metadata[mk] = mv.get<std::string>();
+      }
+    } else {
+      entries.push_back(parse_entry(path, key, value, data.size()));
+    }
+  }
+
+  // The tensors must tile the data section: in order of their offsets, each begins where the previous ended.
+  std::sort(entries.begin(), entries.end(),
+            [](const HeaderEntry& a, const HeaderEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const HeaderEntry& e = entries[i];
+    if (e.begin < covered)
+      refuse(path, fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", entries[i - 1].name,
+                               entries[i - 1].begin, entries[i - 1].end, e.name, e.begin, e.end));
+    if (e.begin > covered)
+      refuse(path, fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, e.begin));
+    covered = e.end;
+  }
+  if (covered != data.size())
+    refuse(path, fmt::format("the data section holds {} bytes but its tensors use {}", data.size(), covered));
+
+  if (auto it = ck.metadata.find(std::string(kChecksumKey)); it != ck.metadata.end()) {
+    std::string actual = checksum_hex(fnv1a64(data));
+    if (it->second != actual)
+      refuse(path, fmt::format("checksum mismatch: the data hashes to {} but the header records {} (the file is "
+                               "corrupt)", actual, it->second));
+    ck.metadata.erase(it);
+  }
+
+  ck.tensors.reserve(entries.size());
+  for (const HeaderEntry& e : entries) {
+    Tensor t = Tensor::empty(e.dtype, e.shape);
+    if (e.end > e.begin) std::memcpy(t.raw(), data.data() + e.begin, e.end - e.begin);
+    ck.tensors.push_back({e.name, std::move(t)});
+  }
+  return ck;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,56 @@
+// Checkpoints in the safetensors format, readable by other safetensors tools:
+//
+//   bytes [0, 8)        N, the header length, unsigned 64-bit little-endian
+//   bytes [8, 8 + N)    the header: a JSON object, padded with spaces so that 8 + N is a multiple of 8
+//                         { "__metadata__": {string: string, ...},
+//                           "<name>": {"dtype": "F32" | "F64" | "I32", "shape": [d0, d1, ...],
+//                                      "data_offsets": [begin, end]}, ... }
+//   bytes [8 + N, end)  the data section: each tensor's elements, row-major, little-endian, at
+//                       [begin, end) relative to the start of the data section
+//
+// The writer lays the tensors out in the order given, back to back, and records an FNV-1a 64 checksum of the
+// whole data section in the metadata under "tapegrad.checksum" (16 lowercase hex digits). The loader verifies
+// it when present and hands back the other metadata.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/tensor.hpp"
+
+namespace tapegrad {
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
+struct Checkpoint {
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, std::string> metadata;
+
+  // The tensor called `name`; throws an Error naming it (and the names there are) if there is none.
+  const Tensor& at(std::string_view name) const;
+  // The tensor called `name`, or nullptr.
+  const Tensor* find(std::string_view name) const;
+};
+
+// The metadata key under which the writer records the data section's checksum.
+inline constexpr std::string_view kChecksumKey = "tapegrad.checksum";
+// The largest header the loader accepts.
+inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// Writes `ck` to `path` atomically (the old file, if any, stays whole until the new one is complete).
+// Throws an Error for duplicate or reserved names, undefined tensors, or a failed write.
+void save_checkpoint(const std::string& path, const Checkpoint& ck);
+
+// Reads a checkpoint into owning tensors, in the order of their data. Throws an Error naming the file for
+// anything that is not a well-formed safetensors file of F32/F64/I32 tensors, or whose checksum disagrees.
+Checkpoint load_checkpoint(const std::string& path);
+
+// FNV-1a 64 of a byte string, as the writer records it.
+uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ULL);
+
+}  // namespace tapegrad
