@@ -6,6 +6,13 @@
 namespace tapegrad::cli {
 
 void add_gradcheck_command(CLI::App& app);
+void add_training_commands(CLI::App& app);  // train, sample
+void add_compare_command(CLI::App& app);
+}  // namespace tapegrad::cli
+namespace tapegrad { struct TrainConfig; }
+namespace tapegrad::cli {
+// The options train and compare share (every field of TrainConfig has a flag).
+void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
 
 // The exit code the subcommand that ran asks for (0 when all went well).
 int exit_code();

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
   tapegrad::cli::add_gradcheck_command(app);
+  tapegrad::cli::add_training_commands(app);
+  tapegrad::cli::add_compare_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,395 @@
+#include "models/trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/rng.hpp"
+#include "models/checkpoint.hpp"
+#include "models/data.hpp"
+#include "models/optim.hpp"
+#include "models/plot.hpp"
+
+#ifndef TAPEGRAD_SOURCE_DIR
+#define TAPEGRAD_SOURCE_DIR "."
+#endif
+
+namespace tapegrad {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+json model_json(const GPTConfig& m) {
+  return {{"vocab_size", m.vocab_size}, {"block_size", m.block_size}, {"n_layer", m.n_layer},
+          {"n_head", m.n_head},         {"n_embd", m.n_embd},         {"dropout", m.dropout},
+          {"bias", m.bias},             {"attention", m.attention}};
+}
+
+GPTConfig model_from_json(const json& j) {
+  GPTConfig m;
+  m.vocab_size = j.at("vocab_size").get<int64_t>();
+  m.block_size = j.at("block_size").get<int64_t>();
+  m.n_layer = j.at("n_layer").get<int64_t>();
+  m.n_head = j.at("n_head").get<int64_t>();
+  m.n_embd = j.at("n_embd").get<int64_t>();
+  m.dropout = j.at("dropout").get<double>();
+  m.bias = j.at("bias").get<bool>();
+  m.attention = j.at("attention").get<std::string>();
+  m.validate();
+  return m;
+}
+
+std::string utf8_of(const std::vector<char32_t>& vocab) {
+  std::string s;
+  for (char32_t c : vocab) {
+    if (c < 0x80) s += static_cast<char>(c);
+    else if (c < 0x800) s += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+    else if (c < 0x10000)
+      s += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)),
+            static_cast<char>(0x80 | (c & 0x3F))};
+    else
+      s += {static_cast<char>(0xF0 | (c >> 18)), static_cast<char>(0x80 | ((c >> 12) & 0x3F)),
+            static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  return s;
+}
+
+// What a run's checkpoint holds: the model under nanoGPT's names, AdamW's moments, and in the metadata the
+// configuration, vocabulary, step, batch generator state and the log so far.
+struct RunState {
+  int64_t step = 0;
+  uint64_t rng_state = 0;
+  std::vector<EvalPoint> evals;
+  std::vector<LossRow> rows;
+};
+
+Checkpoint make_checkpoint(const GPT& model, AdamW& opt, const TrainConfig& cfg, const TextData& data,
+                           const RunState& st) {
+  Checkpoint ck;
+  const auto& ps = model.parameters();
+  for (const auto& p : ps) ck.tensors.push_back({p.name, p.value});
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ck.tensors.push_back({"optimizer.exp_avg." + ps[k].name, opt.first_moments()[k]});
+    ck.tensors.push_back({"optimizer.exp_avg_sq." + ps[k].name, opt.second_moments()[k]});
+  }
+  json evals = json::array(), rows = json::array();
+  for (const auto& e : st.evals) evals.push_back({e.step, e.train_loss, e.val_loss});
+  for (const auto& r : st.rows)
+    rows.push_back({r.step, r.lr, r.train_loss, r.val_loss ? json(*r.val_loss) : json(nullptr), r.ms_per_step});
+  ck.metadata["format"] = "tapegrad-gpt";
+  ck.metadata["tapegrad.model"] = model_json(model.config()).dump();
+  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters}}.dump();
+  ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
+  ck.metadata["tapegrad.step"] = std::to_string(st.step);
+  ck.metadata["tapegrad.adam_steps"] = std::to_string(opt.steps());
+  ck.metadata["tapegrad.rng"] = std::to_string(st.rng_state);
+  ck.metadata["tapegrad.evals"] = evals.dump();
+  ck.metadata["tapegrad.log"] = rows.dump();
+  return ck;
+}
+
+const std::string& meta(const Checkpoint& ck, const std::string& key, const std::string& path) {
+  auto it = ck.metadata.find(key);
+  if (it == ck.metadata.end()) fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
+  return it->second;
+}
+
+}  // namespace
+
+GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
+  GPT model(model_from_json(json::parse(meta(ck, "tapegrad.model", path))), 0);
+  for (auto& p : model.parameters()) {
+    const Tensor& t = ck.at(p.name);
+    if (t.dtype() != DType::f32 || !(t.shape() == p.value.shape()))
+      fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, p.name, t.dtype(), t.shape(),
+           p.value.shape());
+    p.value.copy_from(t);
+  }
+  return model;
+}
+
+namespace {
+
+// Mean loss over fixed batches, without recording anything.
+double evaluate(const GPT& model, Tape& tape, const std::vector<std::pair<Tensor, Tensor>>& batches) {
+  double total = 0;
+  for (const auto& [x, y] : batches) {
+    NoGradGuard no_grad(tape);
+    total += model.loss(tape, x, y).value().item();
+    tape.clear();
+  }
+  return total / static_cast<double>(batches.size());
+}
+
+std::string duration(double s) {
+  if (s >= 3600) return fmt::format("{}h{:02}m", static_cast<int>(s / 3600), static_cast<int>(std::fmod(s, 3600) / 60));
+  if (s >= 60) return fmt::format("{}m{:02}s", static_cast<int>(s / 60), static_cast<int>(std::fmod(s, 60)));
+  return fmt::format("{:.1f}s", s);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, int64_t n, double temperature,
+                                   int64_t top_k, Rng& rng) {
+  const int64_t T = model.config().block_size, V = model.config().vocab_size;
+  Tape tape;
+  std::vector<double> probs(static_cast<size_t>(V));
+  for (int64_t step = 0; step < n; ++step) {
+    const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(ids.size()));
+    Tensor x = Tensor::from<int32_t>({1, len}, std::span<const int32_t>(ids.data() + ids.size() - len, len));
+    NoGradGuard no_grad(tape);
+    Tensor logits = model.logits(tape, x).value();
+    const float* last = logits.data<float>() + (len - 1) * V;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(last[j]));
+    double cut = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+      std::vector<float> sorted(last, last + V);
+      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
+      cut = sorted[static_cast<size_t>(top_k - 1)];
+    }
+    double z = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      double p = last[j] < cut ? 0.0 : std::exp((last[j] - mx) / temperature);
+      probs[static_cast<size_t>(j)] = p;
+      z += p;
+    }
+    double u = rng.uniform() * z, acc = 0;
+    int32_t next = static_cast<int32_t>(V - 1);
+    for (int64_t j = 0; j < V; ++j) {
+      acc += probs[static_cast<size_t>(j)];
+      if (u < acc) {
+        next = static_cast<int32_t>(j);
+        break;
+      }
+    }
+    ids.push_back(next);
+    tape.clear();
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::string default_data_path() {
+  if (std::filesystem::exists("data/tinyshakespeare.txt")) return "data/tinyshakespeare.txt";
+  return std::string(TAPEGRAD_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+}
+
+void TrainConfig::validate() const {
+  model.validate();
+  if (batch_size <= 0) fail("batch_size must be positive, got {}", batch_size);
+  if (max_iters < 0) fail("max_iters must not be negative, got {}", max_iters);
+  if (eval_interval <= 0 || eval_iters <= 0) fail("eval_interval and eval_iters must be positive");
+  if (!(learning_rate > 0) || !(min_lr >= 0)) fail("learning rates must be positive");
+  if (!(grad_clip >= 0)) fail("grad_clip must not be negative");
+  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
+}
+
+std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() ? model.attention : name); }
+
+TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
+  TrainConfig cfg = cfg_in;
+  const std::string dir = cfg.run_dir();
+  const std::string ck_path = dir + "/checkpoint.safetensors";
+  TextData data = TextData::load(cfg.data.empty() ? default_data_path() : cfg.data);
+  cfg.model.vocab_size = static_cast<int64_t>(data.vocab.size());
+  if (cfg.lr_decay_iters == 0) cfg.lr_decay_iters = cfg.max_iters;
+
+  RunState st;
+  std::optional<Checkpoint> resume_ck;
+  if (cfg.resume) {
+    resume_ck = load_checkpoint(ck_path);
+    GPTConfig saved = model_from_json(json::parse(meta(*resume_ck, "tapegrad.model", ck_path)));
+    if (saved.attention != cfg.model.attention || saved.n_embd != cfg.model.n_embd || saved.n_layer != cfg.model.n_layer ||
+        saved.n_head != cfg.model.n_head || saved.block_size != cfg.model.block_size || saved.vocab_size != cfg.model.vocab_size)
+      fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
+           ck_path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
+  }
+  cfg.validate();
+  const int64_t B = cfg.batch_size, T = cfg.model.block_size;
+  if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
+    fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
+         "of {} tokens", data.train.size(), data.val.size(), T);
+
+  GPT model(cfg.model, cfg.seed);
+  AdamW opt(model.parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);
+  if (resume_ck) {
+    const Checkpoint& ck = *resume_ck;
+    auto& ps = model.parameters();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      ps[k].value.copy_from(ck.at(ps[k].name));
+      opt.first_moments()[k].copy_from(ck.at("optimizer.exp_avg." + ps[k].name));
+      opt.second_moments()[k].copy_from(ck.at("optimizer.exp_avg_sq." + ps[k].name));
+    }
+    st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
+    opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
+    batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
+    for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({e[0].get<int64_t>(), e[1].get<double>(), e[2].get<double>()});
+    for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
+      st.rows.push_back({r[0].get<int64_t>(), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
+                         r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
+                         r[4].is_null() ? NAN : r[4].get<double>()});
+  }
+
+  // Fixed evaluation batches, the same for every run with this seed.
+  Rng eval_rng(cfg.seed + 0x5eed);
+  std::vector<std::pair<Tensor, Tensor>> eval_train, eval_val;
+  for (auto* split : {&eval_train, &eval_val})
+    for (int64_t i = 0; i < cfg.eval_iters; ++i) {
+      Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
+      sample_batch(split == &eval_train ? data.train : data.val, B, T, eval_rng, x.data<int32_t>(), y.data<int32_t>());
+      split->emplace_back(x, y);
+    }
+
+  TrainResult res;
+  res.parameters = model.num_parameters();
+  res.run_dir = dir;
+  std::filesystem::create_directories(dir);
+  const bool tty = isatty(fileno(out)) != 0;
+  if (!cfg.quiet) {
+    fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, vocab {}, batch {}\n",
+               cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T, cfg.model.vocab_size, B);
+    for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
+    fmt::print(out, "  {:<24} {:>9} parameters\n", "total", res.parameters);
+    fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n",
+               cfg.data.empty() ? default_data_path() : cfg.data, data.train.size(), data.val.size(), dir);
+    if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, st.step);
+    std::fflush(out);
+  }
+
+  auto save = [&] {
+    st.rng_state = batch_rng.state();
+    save_checkpoint(ck_path, make_checkpoint(model, opt, cfg, data, st));
+  };
+  auto run_eval = [&](int64_t step) {
+    if (!st.evals.empty() && st.evals.back().step == step) return;
+    EvalPoint e{step, evaluate(model, *std::make_unique<Tape>(), eval_train), 0};
+    Tape tape;
+    e.val_loss = evaluate(model, tape, eval_val);
+    st.evals.push_back(e);
+    if (!st.rows.empty() && st.rows.back().step == step) st.rows.back().val_loss = e.val_loss;
+    if (!cfg.quiet) {
+      fmt::print(out, "{}step {:>5}: train loss {:.4f}, val loss {:.4f}\n", tty ? "\r\033[K" : "", step, e.train_loss,
+                 e.val_loss);
+      std::fflush(out);
+    }
+  };
+
+  Tape tape;
+  Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
+  std::vector<double> ms;
+  const auto t_start = Clock::now();
+  auto last_print = t_start;
+  const int64_t first = st.step;
+  const int64_t last = cfg.stop_after > 0 ? std::min(cfg.max_iters, first + cfg.stop_after) : cfg.max_iters;
+  for (int64_t it = first; it < last; ++it) {
+    if (it % cfg.eval_interval == 0) {
+      run_eval(it);
+      st.step = it;
+      save();
+    }
+    const double lr = learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters);
+    const auto t0 = Clock::now();
+    sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
+    Var loss = model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
+    const double lv = loss.value().item();
+    if (!std::isfinite(lv))
+      fail("the training loss became {} at step {}; stopped, the last good checkpoint {} is kept", lv, it, ck_path);
+    tape.backward(loss);
+    tape.clear();
+    if (cfg.grad_clip > 0) clip_grad_norm(model.parameters(), cfg.grad_clip);
+    opt.step(model.parameters(), lr);
+    model.zero_grad();
+    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    ms.push_back(step_ms);
+    res.step_losses.push_back(lv);
+    st.rows.push_back({it, lr, lv, std::nullopt, step_ms});
+    st.step = it + 1;
+
+    if (!cfg.quiet) {
+      const double med = median(std::vector<double>(ms.end() - std::min<std::ptrdiff_t>(50, static_cast<std::ptrdiff_t>(ms.size())), ms.end()));
+      const double eta = med * static_cast<double>(cfg.max_iters - it - 1) / 1000;
+      const double tok_s = static_cast<double>(B * T) / (med / 1000);
+      if (tty && std::chrono::duration<double>(Clock::now() - last_print).count() > 0.1) {
+        fmt::print(out, "\r\033[Kstep {:>5}/{} | loss {:.4f} | {:.1f} ms/step | {:.1f}k tok/s | ETA {}", it + 1,
+                   cfg.max_iters, lv, med, tok_s / 1000, duration(eta));
+        std::fflush(out);
+        last_print = Clock::now();
+      } else if (!tty && ((it + 1) % cfg.log_interval == 0 || it + 1 == cfg.max_iters)) {
+        fmt::print(out, "step {:>5}/{}: loss {:.4f}, lr {:.2e}, {:.1f} ms/step, {:.0f} tok/s, ETA {}\n", it + 1,
+                   cfg.max_iters, lv, lr, med, tok_s, duration(eta));
+        std::fflush(out);
+      }
+    }
+  }
+  res.ms_per_step = median(ms);
+  if (last < cfg.max_iters) {  // stopped early: a checkpoint to resume from, no final evaluation
+    save();
+    if (!cfg.quiet) fmt::print(out, "{}stopped after step {}; wrote {}\n", tty ? "\r\033[K" : "", last, ck_path);
+    res.evals = st.evals;
+    return res;
+  }
+  run_eval(cfg.max_iters);
+  st.step = cfg.max_iters;
+  if (st.rows.empty() || st.rows.back().step != cfg.max_iters)
+    st.rows.push_back({cfg.max_iters, learning_rate(cfg.max_iters, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters),
+                       NAN, st.evals.back().val_loss, NAN});
+  save();
+  res.evals = st.evals;
+  res.wall_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+
+  write_loss_csv(dir + "/losses.csv", st.rows);
+  std::vector<PlotSeries> series(3);
+  series[0].label = "train (batch)";
+  series[1].label = "train (eval)";
+  series[2].label = "validation (eval)";
+  for (const auto& r : st.rows)
+    if (std::isfinite(r.train_loss)) series[0].points.emplace_back(static_cast<double>(r.step), r.train_loss);
+  for (const auto& e : st.evals) {
+    series[1].points.emplace_back(static_cast<double>(e.step), e.train_loss);
+    series[2].points.emplace_back(static_cast<double>(e.step), e.val_loss);
+  }
+  write_loss_svg(dir + "/losses.svg", fmt::format("{} attention on {}", cfg.model.attention,
+                                                  std::filesystem::path(cfg.data.empty() ? default_data_path() : cfg.data).filename().string()),
+                 series);
+
+  if (cfg.sample_tokens > 0) {
+    Rng rng(cfg.seed);
+    auto ids = sample_tokens(model, data.encode("\n"), cfg.sample_tokens, 0.8, 0, rng);
+    res.sample = data.decode(ids);
+  }
+  if (!cfg.quiet) {
+    const EvalPoint& last = st.evals.back();
+    fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall\n",
+               cfg.max_iters, last.train_loss, last.val_loss, res.ms_per_step, duration(res.wall_seconds));
+    fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
+    if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
+  }
+  return res;
+}
+
+std::string sample_from_checkpoint(const std::string& path, const SampleConfig& sc) {
+  Checkpoint ck = load_checkpoint(path);
+  GPT model = model_from_checkpoint(ck, path);
+  TextData vocab = TextData::from_text(meta(ck, "tapegrad.vocab", path), 1.0);
+  if (!(sc.temperature > 0)) fail("temperature must be positive, got {}", sc.temperature);
+  if (sc.tokens < 0 || sc.top_k < 0) fail("tokens and top-k must not be negative");
+  Rng rng(sc.seed);
+  std::vector<int32_t> ids = vocab.encode(sc.prompt.empty() ? std::string("\n") : sc.prompt);
+  return vocab.decode(sample_tokens(model, ids, sc.tokens, sc.temperature, sc.top_k, rng));
+}
+
+}  // namespace tapegrad

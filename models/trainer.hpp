@@ -1,0 +1,74 @@
+// Training a GPT on a text file: batches, AdamW, evaluation on fixed batches, progress, checkpoints, logs.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "models/gpt.hpp"
+
+namespace tapegrad {
+
+struct TrainConfig {
+  GPTConfig model;
+  std::string data;  // a UTF-8 text file; empty: the bundled Tiny Shakespeare
+  int64_t batch_size = 12;
+  int64_t max_iters = 2000;
+  int64_t warmup_iters = 100;
+  int64_t lr_decay_iters = 0;  // 0: max_iters
+  double learning_rate = 1e-3;
+  double min_lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.99;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  int64_t eval_interval = 250;
+  int64_t eval_iters = 20;  // fixed batches per split
+  int64_t log_interval = 100;  // plain log lines when the output is not a terminal
+  int64_t sample_tokens = 300;
+  uint64_t seed = 1337;
+  std::string out_dir = "runs";
+  std::string name;  // run directory runs/NAME; empty: the attention kind
+  bool resume = false;
+  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this call; 0: run to max_iters
+  bool quiet = false;
+
+  void validate() const;
+  std::string run_dir() const;
+};
+
+struct EvalPoint {
+  int64_t step;
+  double train_loss, val_loss;
+};
+
+struct TrainResult {
+  int64_t parameters = 0;
+  std::vector<EvalPoint> evals;
+  std::vector<double> step_losses;  // training loss of every step run by this call
+  double ms_per_step = 0;           // median over the steps of this call
+  double wall_seconds = 0;
+  std::string run_dir, sample;
+};
+
+// The text file to train on by default: data/tinyshakespeare.txt of the source tree.
+std::string default_data_path();
+
+// Trains as configured, printing progress to `out`; writes checkpoint, CSV and SVG into the run directory.
+TrainResult train(const TrainConfig& cfg, std::FILE* out);
+
+struct SampleConfig {
+  std::string prompt = "\n";
+  int64_t tokens = 300;
+  double temperature = 0.8;
+  int64_t top_k = 0;  // 0: all
+  uint64_t seed = 1337;
+};
+
+struct Checkpoint;
+// The model a checkpoint written by train() holds: configuration from "tapegrad.model", float32 weights by name.
+GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path);
+
+// Generates text from a checkpoint written by train().
+std::string sample_from_checkpoint(const std::string& path, const SampleConfig& sc);
+
+}  // namespace tapegrad
