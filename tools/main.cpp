@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tapegrad::cli::add_gradcheck_command(app);
   tapegrad::cli::add_training_commands(app);
   tapegrad::cli::add_compare_command(app);
+  tapegrad::cli::add_evaluate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,74 @@
+// tapegrad evaluate: the mean next-token loss of a text under a checkpoint, and the logits of its last position.
+//
+// The text's token ids t_0 … t_n (n ≤ block_size, ids from the checkpoint's vocabulary) form one batch row:
+//   x = (t_0 … t_{n−1}),   logits = GPT(x)   (1, n, V),
+//   loss = (1/n)·Σ_{i<n} −log softmax(logits_i)[t_{i+1}]       (the loss `tapegrad train` reports)
+// --json also gives the ids and logits_{n−1}, the prediction of the character after the text, so that another
+// implementation of the same model can be compared on the same checkpoint (tools/torch_checkpoint.py).
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include "models/checkpoint.hpp"
+#include "models/data.hpp"
+#include "models/gpt.hpp"
+#include "models/trainer.hpp"
+#include "ops/ops.hpp"
+#include "tools/commands.hpp"
+
+namespace tapegrad::cli {
+
+namespace {
+
+struct EvaluateArgs {
+  std::string checkpoint, text;
+  bool json = false;
+};
+
+void run_evaluate(const EvaluateArgs& a) {
+  const Checkpoint ck = load_checkpoint(a.checkpoint);
+  const GPT model = model_from_checkpoint(ck, a.checkpoint);
+  auto vocab_text = ck.metadata.find("tapegrad.vocab");
+  if (vocab_text == ck.metadata.end())
+    fail("checkpoint {}: no vocabulary ('tapegrad.vocab' in its metadata)", a.checkpoint);
+  const TextData vocab = TextData::from_text(vocab_text->second, 1.0);
+  const std::vector<int32_t> ids = vocab.encode(a.text);
+  const auto n = static_cast<int64_t>(ids.size()) - 1;
+  const int64_t context = model.config().block_size;
+  if (n < 1) fail("evaluate: the text must have at least 2 characters (one prediction), got {}", ids.size());
+  if (n > context)
+    fail("evaluate: the text has {} characters, more than the model's context of {} plus one", ids.size(), context);
+
+  const Tensor x = Tensor::from<int32_t>({1, n}, std::span<const int32_t>(ids.data(), static_cast<size_t>(n)));
+  const Tensor y = Tensor::from<int32_t>({1, n}, std::span<const int32_t>(ids.data() + 1, static_cast<size_t>(n)));
+  Tape tape;
+  NoGradGuard no_grad(tape);
+  Var logits = model.logits(tape, x);
+  const double loss = cross_entropy(logits, tape.constant(y)).value().item();
+
+  if (!a.json) {
+    fmt::print("loss {:.7f} (mean of {} next-token predictions; {} attention, {})\n", loss, n,
+               model.config().attention, a.checkpoint);
+    return;
+  }
+  const int64_t V = model.config().vocab_size;
+  const float* last = logits.value().data<float>() + (n - 1) * V;
+  nlohmann::json out = {{"checkpoint", a.checkpoint}, {"attention", model.config().attention},
+                        {"tokens", ids},           {"predictions", n},
+                        {"loss", loss},             {"logits", std::vector<double>(last, last + V)}};
+  fmt::print("{}\n", out.dump());
+}
+
+}  // namespace
+
+void add_evaluate_command(CLI::App& app) {
+  auto args = std::make_shared<EvaluateArgs>();
+  CLI::App* cmd = app.add_subcommand("evaluate", "Mean next-token loss of a text under a checkpoint (with --json: "
+                                                 "also the logits of the last position)");
+  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--text", args->text, "Text in the checkpoint's vocabulary, 2 to block_size + 1 characters")->required();
+  cmd->add_flag("--json", args->json, "One JSON object: tokens, loss, logits of the last position");
+  cmd->callback([args] { run_evaluate(*args); });
+}
+
+}  // namespace tapegrad::cli
