@@ -372,9 +372,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     res.sample = data.decode(ids);
   }
   if (!cfg.quiet) {
-    const EvalPoint& last = st.evals.back();
+    const EvalPoint& final_eval = st.evals.back();
     fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall\n",
-               cfg.max_iters, last.train_loss, last.val_loss, res.ms_per_step, duration(res.wall_seconds));
+               cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step, duration(res.wall_seconds));
     fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
     if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
   }
