@@ -92,7 +92,8 @@ void for_each_batch(const MatmulGeometry& g, F&& f) {
   }
 }
 
-// y_β = a_α · b_γ   (the fast path: Y (Π…a·m, n) = A (Π…a·m, k) · b (k, n))
+// y_β = a_α · b_γ        a: (matrices of a, m, k), b: (matrices of b, k, n), y: (g.batches, m, n)
+// Fast path: Y (Π…a·m, n) = A (Π…a·m, k) · b (k, n).
 template <class T>
 void matmul_forward(const MatmulGeometry& g, const T* a, const T* b, T* y) {
   const int64_t m = g.m, k = g.k, n = g.n;
@@ -102,7 +103,8 @@ void matmul_forward(const MatmulGeometry& g, const T* a, const T* b, T* y) {
   });
 }
 
-// ā_α += ȳ_β · b_γᵀ,  b̄_γ += a_αᵀ · ȳ_β   (ga or gb null when that input needs no gradient)
+// ā_α += ȳ_β · b_γᵀ,  b̄_γ += a_αᵀ · ȳ_β      ga like a, gb like b, gy like y; ga or gb null when that input
+// needs no gradient.
 // Fast path: Ā += Ȳ·bᵀ (Π…a·m, k) and b̄ += Aᵀ·Ȳ (k, n), the sum over batches being the gemm's inner sum.
 template <class T>
 void matmul_vjp(const MatmulGeometry& g, const T* a, const T* b, const T* gy, T* ga, T* gb) {
@@ -120,7 +122,8 @@ void matmul_vjp(const MatmulGeometry& g, const T* a, const T* b, const T* gy, T*
   });
 }
 
-// ẏ_β += ȧ_α · b_γ + a_α · ḃ_γ   (ta or tb null when that input has no tangent)
+// ẏ_β += ȧ_α · b_γ + a_α · ḃ_γ                ta like a, tb like b, ty like y; ta or tb null when that input
+// has no tangent.
 template <class T>
 void matmul_jvp(const MatmulGeometry& g, const T* a, const T* b, const T* ta, const T* tb, T* ty) {
   const int64_t m = g.m, k = g.k, n = g.n;
