@@ -51,9 +51,12 @@ void reduce_forward(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, d
   if (inner == 1) {
     for (int64_t o = 0; o < outer; ++o) {
       const T* row = x + o * n;
-      double acc = 0;
-      for (int64_t j = 0; j < n; ++j) acc += static_cast<double>(row[j]);
-      y[o] += static_cast<T>(c * acc);
+      double acc[4] = {0, 0, 0, 0};  // four independent chains of additions
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4)
+        for (int u = 0; u < 4; ++u) acc[u] += static_cast<double>(row[j + u]);
+      for (; j < n; ++j) acc[0] += static_cast<double>(row[j]);
+      y[o] += static_cast<T>(c * ((acc[0] + acc[1]) + (acc[2] + acc[3])));
     }
     return;
   }

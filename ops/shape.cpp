@@ -6,6 +6,7 @@
 //
 // The forward copies work for every dtype (int32 ids can be reshaped, sliced, joined); the derivatives exist
 // for float32 and float64 only, as elsewhere.
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <vector>
@@ -104,6 +105,7 @@ PermuteWalk permute_walk(const Shape& xs, std::span<const int> perm) {
 }
 
 // Calls run(o, i, len, stride) for each run of y along the walk's last axis: y[o + k] ↔ x[i + k·stride], k < len.
+// The kernels take unit-stride runs (the last axis kept in place) as contiguous copies and adds.
 template <class F>
 void for_each_run(const PermuteWalk& w, F&& run) {
   const auto last = static_cast<size_t>(w.rank - 1);
@@ -128,6 +130,10 @@ void for_each_run(const PermuteWalk& w, F&& run) {
 template <class T>
 void permute_forward(const PermuteWalk& w, const T* x, T* y) {
   for_each_run(w, [&](int64_t o, int64_t i, int64_t len, int64_t stride) {
+    if (stride == 1) {
+      std::copy_n(x + i, len, y + o);
+      return;
+    }
     for (int64_t k = 0; k < len; ++k) y[o + k] = x[i + k * stride];
   });
 }
@@ -135,6 +141,7 @@ void permute_forward(const PermuteWalk& w, const T* x, T* y) {
 template <class T>
 void permute_vjp(const PermuteWalk& w, const T* gy, T* gx) {
   for_each_run(w, [&](int64_t o, int64_t i, int64_t len, int64_t stride) {
+    if (stride == 1) return add_into(gx + i, gy + o, len);
     for (int64_t k = 0; k < len; ++k) gx[i + k * stride] += gy[o + k];
   });
 }
@@ -142,6 +149,7 @@ void permute_vjp(const PermuteWalk& w, const T* gy, T* gx) {
 template <class T>
 void permute_jvp(const PermuteWalk& w, const T* tx, T* ty) {
   for_each_run(w, [&](int64_t o, int64_t i, int64_t len, int64_t stride) {
+    if (stride == 1) return add_into(ty + o, tx + i, len);
     for (int64_t k = 0; k < len; ++k) ty[o + k] += tx[i + k * stride];
   });
 }
