@@ -68,9 +68,10 @@ void attention_forward(const AttentionDims& D, const T* q, const T* k, const T* 
 //   dQ += s·dS·K,   dK += s·dSᵀ·Q,   dB += dS summed over the broadcast axes of B (math-notes §3)
 // A is 0 at masked entries, so dS is 0 there with no extra mask (−∞ masking, math-notes §6).
 // Where this departs from seed 004: its prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong twice, the first factor must
-// be A, and the row term must be rowsum(A ⊙ dA), the DIAGONAL of dA·Aᵀ, not the row sums of dA·Aᵀ (its code
-// line dS = dA·A − rowsum(A·dA)·A is the form used here). Its prose dQ = dS·K and dK = dS·Q omit the scale s
-// and the transpose of dS. Seed 001's Ω is this dS (with s = 1); its per-row loop is replaced by gemm.
+// be A, and the row term must be rowsum(A ⊙ dA), the DIAGONAL of dA·Aᵀ, not the row sums of dA·Aᵀ. Its code
+// line `dS = dA * A - (A * dA).sum(dim=-1, keepdim=True) * A` (`*` element-wise), i.e. A ⊙ (dA − D·1ᵀ), is the
+// form used here. Its prose dQ = dS·K and dK = dS·Q omit the scale s and the transpose of dS. Seed 001's Ω is
+// this dS (with s = 1); its per-row loop is replaced by gemm.
 // dq, dk, dv, dbias may be null (no gradient wanted); ds is a (T, Tk) scratch.
 template <class T>
 void attention_vjp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* a, const T* o, const T* g,

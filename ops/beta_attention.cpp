@@ -15,7 +15,8 @@
 //   dβ(x)·h = f(x, h)·β(x) + (I − xxᵀ/r²)·h/(1 + r),
 // so the claimed form drops the second term (it is right only for h ∥ x; for h ⟂ x the true derivative is
 // h/(1 + r) and the claim gives 0). Hence the seed's "simpler total derivative"
-// dAtt_β·Θ̃ = (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ) is wrong, and the full row map below is needed.
+// dAtt_β·Θ̃ = (f̃ ⊗ 1_nᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ) (where 1_nᵀ would also have to be 1_dᵀ) is wrong, and the
+// full row map below is needed.
 #include <algorithm>
 #include <cmath>
 

@@ -6,7 +6,8 @@
 // Per (b, h), rows are tokens: q = φ(Q) (T×d), k = φ(K) (Tk×d), V (Tk×dv), O (T×dv).
 //   non-causal  S = kᵀV (d×dv),  z = kᵀ1 (d),             O_i = q_iᵀS / q_iᵀz
 //   causal      S_i = Σ_{j≤i} k_j v_jᵀ,  z_i = Σ_{j≤i} k_j,  O_i = q_iᵀS_i / q_iᵀz_i     (T = Tk)
-// This is the seed's eq. (4). Its "vectorized" φ(Q)(φ(K)ᵀV) is the numerator only: without the division
+// The non-causal line is the seed's eq. (4); the seed has no causal form, the causal line restricts its sums to
+// keys j ≤ i. Its "vectorized" φ(Q)(φ(K)ᵀV) is the numerator only: without the division
 // by den_i = q_iᵀz_i it is not attention (math-notes §4). No 1/√d inside φ, and no eps: den_i > 0 as φ > 0.
 //
 // Chunked streaming. The causal prefix sums are never stored per row: the rows are taken in chunks

@@ -1,6 +1,6 @@
 // Tiled attention: the map of attention() (seeds 001, 004; math-notes §2, §3) computed tile by tile with an
 // online softmax, so that the node keeps only O and the row log-sum-exp, never the T×Tk matrix A. This is the
-// memory-lean node seed 004 aims at ("a minimal flash attention with a trainable bias"), with the gradient of
+// memory-lean node seed 004 aims at (its "minimal flashattn with trainable bias term"), with the gradient of
 // the bias that fused kernels usually do not give (math-notes §3).
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), bias broadcast to (T, Tk), s the scale:
