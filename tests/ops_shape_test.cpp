@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <string>
 #include <vector>
 
 #include "ops/ops.hpp"
@@ -17,6 +18,17 @@ Tensor ramp(Shape shape) {
   std::vector<T> v(static_cast<size_t>(shape.numel()));
   for (size_t l = 0; l < v.size(); ++l) v[l] = static_cast<T>(static_cast<int64_t>(l) - 5);
   return Tensor::from<T>(shape, std::span<const T>(v));
+}
+
+// The message of the Error that f throws ("" if it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Row-major flat index of a multi-index.
@@ -245,5 +257,7 @@ TEST_CASE("shape errors name the op and the shapes") {
   CHECK_THROWS_WITH_AS(concat(ok, 2), doctest::Contains("concat: axis 2 is out of range for x of shape (2, 3)"), Error);
   Tape other;
   const std::array<Var, 2> tapes_differ{x, other.leaf(Tensor::zeros(DType::f64, {2, 3}))};
-  CHECK_THROWS_WITH_AS(concat(tapes_differ, 0), doctest::Contains("concat: input 1 comes from another tape"), Error);
+  const std::string tapes_error = error_of([&] { concat(tapes_differ, 0); });
+  CHECK(tapes_error.rfind("concat: ", 0) == 0);
+  CHECK(tapes_error.find("tape") != std::string::npos);
 }
