@@ -1,24 +1,72 @@
 // Every matrix product in tapegrad goes through cblas (OpenBLAS): C = α·op(A)·op(B) + β·C, row-major.
+//
+// OpenBLAS runs single-threaded and the engine's pool splits large products (engine/parallel.hpp gives the
+// policy): C (m, n) is cut into row blocks [r0, r1) and each thread runs one gemm on its block,
+//   C[r0:r1, :] = α·op(A)[r0:r1, :]·op(B) + β·C[r0:r1, :]      (op(A) row r is A's row r, or A's column r if Aᵀ)
+// Every element of C is still one dot product over all of k inside one gemm. It is not always bit-identical to
+// the whole product (OpenBLAS picks its kernels and blocking by the block's size), but the blocks depend on
+// (m, n, k) and the thread count only, so a product gives the same bits in every run.
+// Inside a parallel loop (or for small products) the product runs whole on the calling thread.
 #pragma once
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "engine/parallel.hpp"
 
 namespace tapegrad {
 
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace blas_detail {
+
+inline void gemm_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+inline void gemm_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                      int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Below this many multiply-adds a product is not split: handing half of it to another thread costs more than
+// it saves (a wake-up is ~1 µs when the worker is polling, tens of µs when it sleeps).
+constexpr int64_t kSplitMacs = int64_t{1} << 18;
+// Blocks are whole multiples of this many rows (columns): the sgemm micro-kernels' tile height.
+constexpr int64_t kSplitUnit = 16;
+
+template <class T>
+void gemm_split(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const int64_t units = (m + kSplitUnit - 1) / kSplitUnit;
+  const int64_t macs_per_unit = kSplitUnit * n * k;
+  const int64_t grain = std::max<int64_t>(1, (kSplitMacs / 2 + macs_per_unit - 1) / macs_per_unit);
+  parallel_for(units, grain, [&](int64_t u0, int64_t u1) {
+    const int64_t r0 = u0 * kSplitUnit, r1 = std::min(u1 * kSplitUnit, m);
+    gemm_call(trans_a, trans_b, r1 - r0, n, k, alpha, trans_a ? a + r0 : a + r0 * lda, lda, b, ldb, beta,
+              c + r0 * ldc, ldc);
+  });
+}
+
+}  // namespace blas_detail
+
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
+    return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
+    return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace tapegrad
