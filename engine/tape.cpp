@@ -1,16 +1,82 @@
 #include "engine/tape.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <string>
 
 namespace tapegrad {
 
-const Tape::ValueRec& Tape::rec(const Var& v) const {
-  if (v.tape_ != this) fail("value #{} belongs to another tape", v.id_);
+const Tape::ValueRec& Tape::rec(const Var& v, std::string_view op) const {
+  const std::string who = op.empty() ? std::string() : fmt::format("{}: ", op);
+  if (v.tape_ != this) fail("{}value #{} belongs to another tape", who, v.id_);
   if (v.gen_ != generation_)
-    fail("value #{} is from a cleared tape (recorded in generation {}, the tape is now at {}); "
-         "values do not survive Tape::clear()", v.id_, v.gen_, generation_);
-  if (v.id_ >= values_.size()) fail("value #{} does not exist on this tape", v.id_);
+    fail("{}value #{} is from a cleared tape (recorded in generation {}, the tape is now at {}); "
+         "values do not survive Tape::clear()", who, v.id_, v.gen_, generation_);
+  if (v.id_ >= values_.size()) fail("{}value #{} does not exist on this tape", who, v.id_);
   return values_[v.id_];
+}
+
+// ---- anomaly detection ----
+
+namespace {
+
+// Index of the first NaN or ±∞ of a float tensor, or −1.
+int64_t first_non_finite(const Tensor& t) {
+  if (!t.defined() || t.dtype() == DType::i32) return -1;
+  return dispatch_float("anomaly detection", t.dtype(), [&](auto tag) -> int64_t {
+    using T = decltype(tag);
+    const T* p = t.data<T>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      if (!std::isfinite(p[i])) return i;
+    return -1;
+  });
+}
+
+// "(i, j, k)": the multi-index of flat element `flat` of a row-major tensor of shape s.
+std::string element_index(const Shape& s, int64_t flat) {
+  std::vector<int64_t> idx(static_cast<size_t>(s.rank()));
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    idx[static_cast<size_t>(d)] = s[d] == 0 ? 0 : flat % s[d];
+    flat = s[d] == 0 ? 0 : flat / s[d];
+  }
+  return Shape(std::span<const int64_t>(idx)).str();
+}
+
+std::string shapes_of(const std::vector<Shape>& shapes) {
+  std::string s;
+  for (size_t i = 0; i < shapes.size(); ++i) s += (i ? ", " : "") + shapes[i].str();
+  return s;
+}
+
+}  // namespace
+
+void Tape::check_output(const char* op, std::span<const Var> inputs, const Tensor& out) const {
+  const int64_t bad = first_non_finite(out);
+  if (bad < 0) return;
+  std::vector<Shape> in;
+  for (const Var& v : inputs) in.push_back(rec(v, op).value.shape());
+  fail("non-finite value from {}: its output {} {} holds {} at {} (inputs {})", op, out.dtype(), out.shape(),
+       out.item(bad), element_index(out.shape(), bad), shapes_of(in));
+}
+
+void Tape::check_vjp(const Node& n, std::span<const Tensor> gin) const {
+  for (size_t i = 0; i < gin.size(); ++i) {
+    const int64_t bad = first_non_finite(gin[i]);
+    if (bad < 0) continue;
+    const Tensor& gout = values_[n.out].grad;
+    fail("non-finite value from {} (backward): after its VJP the gradient of its input {} {} {} holds {} at {} "
+         "(output {})", n.op, i, gin[i].dtype(), gin[i].shape(), gin[i].item(bad), element_index(gin[i].shape(), bad),
+         gout.shape());
+  }
+}
+
+void Tape::check_jvp(const Node& n, const Tensor& tout) const {
+  const int64_t bad = first_non_finite(tout);
+  if (bad < 0) return;
+  std::vector<Shape> in;
+  for (uint32_t id : n.inputs) in.push_back(values_[id].value.shape());
+  fail("non-finite value from {} (forward mode): the tangent of its output {} holds {} at {} (inputs {})", n.op,
+       tout.shape(), tout.item(bad), element_index(tout.shape(), bad), shapes_of(in));
 }
 
 Var Tape::add_value(Tensor value, bool requires_grad) {
@@ -22,6 +88,11 @@ Var Tape::leaf(const Tensor& value, bool requires_grad) {
   if (!value.defined() && value.numel() != 0) fail("leaf: undefined tensor");
   if (requires_grad && value.dtype() == DType::i32)
     fail("leaf: an int32 tensor of shape {} cannot require a gradient", value.shape());
+  if (detect_anomaly_) [[unlikely]] {
+    if (const int64_t bad = first_non_finite(value); bad >= 0)
+      fail("non-finite value in a leaf (an input, constant or parameter): {} {} holds {} at {}", value.dtype(),
+           value.shape(), value.item(bad), element_index(value.shape(), bad));
+  }
   return add_value(value, requires_grad && recording_);
 }
 
@@ -66,7 +137,7 @@ void Tape::ensure_grad(uint32_t id) {
 }
 
 void Tape::backward(Var y) {
-  const Tensor& v = value(y);
+  const Tensor& v = rec(y, "backward").value;
   if (v.numel() != 1)
     fail("backward: the output has shape {}; a non-scalar output needs a seed gradient of that shape",
          v.shape());
@@ -76,14 +147,20 @@ void Tape::backward(Var y) {
 }
 
 void Tape::backward(Var y, const Tensor& seed) {
-  const ValueRec& out = rec(y);
+  const ValueRec& out = rec(y, "backward");
   if (backward_done_)
-    fail("backward: called twice on one recording; clear() the tape and record the forward again");
+    fail("backward: called twice on one recording (output {} {}); clear() the tape and record the forward again",
+         out.value.dtype(), out.value.shape());
   if (seed.dtype() != out.value.dtype() || !(seed.shape() == out.value.shape()))
     fail("backward: seed gradient {} {} does not match the output {} {}", seed.dtype(), seed.shape(),
          out.value.dtype(), out.value.shape());
   if (!out.requires_grad) fail("backward: the output {} depends on no value that requires a gradient",
                                out.value.shape());
+  if (detect_anomaly_) [[unlikely]] {
+    if (const int64_t bad = first_non_finite(seed); bad >= 0)
+      fail("backward: the seed gradient {} {} holds {} at {}", seed.dtype(), seed.shape(), seed.item(bad),
+           element_index(seed.shape(), bad));
+  }
   backward_done_ = true;
   ensure_grad(y.id_);
   values_[y.id_].grad.accumulate(seed);
@@ -98,11 +175,13 @@ void Tape::backward(Var y, const Tensor& seed) {
       scratch_[i] = values_[n.inputs[i]].grad;
     }
     n.vjp(o.grad, scratch_);
+    if (detect_anomaly_) [[unlikely]]
+      check_vjp(n, scratch_);
   }
 }
 
 void Tape::set_tangent(Var v, const Tensor& t) {
-  const ValueRec& r = rec(v);
+  const ValueRec& r = rec(v, "set_tangent");
   if (t.dtype() != r.value.dtype() || !(t.shape() == r.value.shape()))
     fail("set_tangent: tangent {} {} does not match the value {} {}", t.dtype(), t.shape(), r.value.dtype(),
          r.value.shape());
@@ -121,6 +200,8 @@ void Tape::propagate_tangents() {
     ValueRec& o = values_[n->out];
     o.tangent = zeros(o.value.dtype(), o.value.shape());
     n->jvp(scratch_, o.tangent);
+    if (detect_anomaly_) [[unlikely]]
+      check_jvp(*n, o.tangent);
   }
 }
 

@@ -8,6 +8,11 @@
 // Values are handles (Var) into the tape. Their memory comes from the tape's arena, which clear() rewinds
 // without freeing, so a training step after the first allocates nothing. A Var carries the tape's generation:
 // using it after clear() throws instead of reading freed memory.
+//
+// Anomaly detection (off by default): every recorded output, every leaf, every gradient a VJP adds into and
+// every tangent a JVP produces is checked for NaN and ±∞; the first one found throws an Error
+// "non-finite value from <op> ...", naming the node's op and the shapes. A log_softmax of a −∞-masked row
+// legitimately holds −∞; anomaly detection reports it too.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +20,7 @@
 #include <initializer_list>
 #include <new>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -37,6 +43,8 @@ class Var {
   bool requires_grad() const;
   uint32_t id() const { return id_; }
   bool defined() const { return tape_ != nullptr; }
+  // Defined, and recorded since the tape's last clear(): its value can be read.
+  bool live() const;
 
  private:
   friend class Tape;
@@ -99,6 +107,10 @@ class Tape {
   // Forgets every node and value; Vars from before become invalid. Keeps the arena's memory.
   void clear();
 
+  // Anomaly detection: off by default; see the top of this file.
+  void set_detect_anomaly(bool on) { detect_anomaly_ = on; }
+  bool detect_anomaly() const { return detect_anomaly_; }
+
   bool recording() const { return recording_; }
   size_t num_nodes() const { return nodes_.size(); }
   size_t num_values() const { return values_.size(); }
@@ -127,7 +139,13 @@ class Tape {
     Jvp jvp_fn;
   };
 
-  const ValueRec& rec(const Var& v) const;
+  // The record of v; throws naming `op` (when given) if v is not a live value of this tape.
+  const ValueRec& rec(const Var& v, std::string_view op = {}) const;
+  // Anomaly detection: throws if `out`, the output of `op` on `inputs` (or a leaf), holds a NaN or ±∞.
+  void check_output(const char* op, std::span<const Var> inputs, const Tensor& out) const;
+  // Anomaly detection after node n's VJP (gin = the gradients it added into) or JVP (tout).
+  void check_vjp(const Node& n, std::span<const Tensor> gin) const;
+  void check_jvp(const Node& n, const Tensor& tout) const;
   Var add_value(Tensor value, bool requires_grad);
   bool inputs_require_grad(std::span<const Var> inputs, const char* op) const;
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
@@ -141,6 +159,7 @@ class Tape {
   uint32_t generation_ = 1;
   bool recording_ = true;
   bool backward_done_ = false;
+  bool detect_anomaly_ = false;
 };
 
 // Within its scope nothing is recorded: ops compute values only (no gradients, no tangents).
@@ -172,6 +191,8 @@ std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const
 template <class Vjp, class Jvp>
 Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp) {
   bool rg = inputs_require_grad(inputs, op);
+  if (detect_anomaly_) [[unlikely]]
+    check_output(op, inputs, out);
   Var y = add_value(std::move(out), rg && recording_);
   if (!recording_) return y;
   using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>;
@@ -182,6 +203,7 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
   return y;
 }
 
+inline bool Var::live() const { return tape_ != nullptr && gen_ == tape_->generation() && id_ < tape_->num_values(); }
 inline Tape& Var::tape() const {
   if (!tape_) fail("use of an undefined value (a default-constructed Var)");
   return *tape_;

@@ -1,30 +1,51 @@
 // Shape and dtype checks shared by the op files: each throws an Error naming the op and the shapes.
 #pragma once
 
+#include <initializer_list>
+#include <string>
+
 #include "engine/tape.hpp"
 
 namespace tapegrad {
 
+// The tape of the inputs, after checking that each is defined, recorded since the tape's last clear(), and on
+// the same tape as the others; the message lists every input's shape (or why it has none).
+inline Tape& tape_of(const char* op, std::initializer_list<Var> xs) {
+  auto refuse = [&](const char* why) {
+    std::string shapes;
+    for (const Var& x : xs) {
+      if (!shapes.empty()) shapes += ", ";
+      shapes += !x.defined() ? std::string("undefined")
+                : !x.live()  ? fmt::format("value #{} from before Tape::clear()", x.id())
+                             : x.shape().str();
+    }
+    fail("{}: {} (inputs: {})", op, why, shapes);
+  };
+  for (const Var& x : xs)
+    if (!x.defined()) refuse("an input is undefined (a default-constructed Var)");
+  for (const Var& x : xs)
+    if (!x.live()) refuse("an input is from a cleared tape; values do not survive Tape::clear()");
+  Tape& t = xs.begin()->tape();
+  for (const Var& x : xs)
+    if (&x.tape() != &t) refuse("its inputs come from different tapes");
+  return t;
+}
+
 inline void expect_float(const char* op, const Var& x) {
+  (void)tape_of(op, {x});
   if (x.dtype() == DType::i32) fail("{}: expected a float32 or float64 tensor, got int32 {}", op, x.shape());
 }
 
 inline void expect_same_dtype(const char* op, const Var& a, const Var& b) {
+  (void)tape_of(op, {a, b});
   if (a.dtype() != b.dtype())
     fail("{}: dtypes differ: {} {} and {} {} (mixing dtypes is an error, not a conversion)", op, a.dtype(),
          a.shape(), b.dtype(), b.shape());
 }
 
 inline void expect_min_rank(const char* op, const Var& x, int rank, const char* what) {
+  (void)tape_of(op, {x});
   if (x.rank() < rank) fail("{}: {} must have rank ≥ {}, got shape {}", op, what, rank, x.shape());
-}
-
-// The tape of the first input, after checking that every input lives on it.
-inline Tape& tape_of(const char* op, std::initializer_list<Var> xs) {
-  Tape& t = xs.begin()->tape();
-  for (const Var& x : xs)
-    if (&x.tape() != &t) fail("{}: its inputs come from different tapes", op);
-  return t;
 }
 
 }  // namespace tapegrad

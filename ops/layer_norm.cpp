@@ -133,7 +133,8 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   expect_same_dtype(kOp, x, bias);
   expect_affine_shape("weight", weight, x);
   expect_affine_shape("bias", bias, x);
-  if (!(eps > 0) || !std::isfinite(eps)) fail("{}: eps must be positive and finite, got {}", kOp, eps);
+  if (!(eps > 0) || !std::isfinite(eps))
+    fail("{}: eps must be positive and finite, got {} (x {})", kOp, eps, x.shape());
 
   const Tensor xv = x.value(), wv = weight.value(), bv = bias.value();
   const int64_t C = x.shape().back();

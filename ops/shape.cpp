@@ -233,6 +233,7 @@ void concat_jvp(const ConcatGeometry& c, std::span<const Tensor> tin, T* ty) {
 }  // namespace
 
 Var reshape(Var x, Shape shape) {
+  (void)tape_of("reshape", {x});
   if (shape.numel() != x.shape().numel())
     fail("reshape: cannot reshape x of shape {} ({} elements) to {} ({} elements)", x.shape(), x.shape().numel(), shape,
          shape.numel());
@@ -257,6 +258,7 @@ Var reshape(Var x, Shape shape) {
 }
 
 Var permute(Var x, std::span<const int> perm) {
+  (void)tape_of("permute", {x});
   const Shape& xs = x.shape();
   const int r = xs.rank();
   std::array<int, Shape::kMaxRank> p{};
@@ -301,6 +303,7 @@ Var permute(Var x, std::span<const int> perm) {
 
 // transpose(x, a, b) = permute(x, p) with p the identity but for p[a] = b, p[b] = a; it records "permute".
 Var transpose(Var x, int axis0, int axis1) {
+  (void)tape_of("transpose", {x});
   const int a = resolve_axis("transpose", axis0, x.shape());
   const int b = resolve_axis("transpose", axis1, x.shape());
   std::array<int, Shape::kMaxRank> p{};
@@ -310,6 +313,7 @@ Var transpose(Var x, int axis0, int axis1) {
 }
 
 Var slice(Var x, int axis, int64_t start, int64_t stop) {
+  (void)tape_of("slice", {x});
   const Shape& xs = x.shape();
   const int a = resolve_axis("slice", axis, xs);
   if (start < 0 || start > stop || stop > xs[a])
@@ -346,6 +350,7 @@ Var slice(Var x, int axis, int64_t start, int64_t stop) {
 
 Var concat(std::span<const Var> xs, int axis) {
   if (xs.empty()) fail("concat: needs at least one input, got none (axis {})", axis);
+  for (const Var& x : xs) (void)tape_of("concat", {xs[0], x});
   const Var& first = xs[0];
   Tape& tape = first.tape();
   const Shape& s0 = first.shape();
