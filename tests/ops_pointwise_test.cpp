@@ -1,0 +1,73 @@
+// gelu in float32: the branch-free tanh against float64, over the whole range and on the pool's threads.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/parallel.hpp"
+#include "ops/ops.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+// x spread over [−lo, lo] plus the edges of the tanh formula (|u| = 0.625 at x ≈ 0.76, |u| = 9 at x ≈ 4.3).
+std::vector<float> gelu_inputs(int64_t n, float lo) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = -lo + 2 * lo * static_cast<float>(i) / static_cast<float>(n - 1);
+  for (float e : {0.0f, 1e-30f, -1e-7f, 0.76f, -0.76f, 4.3f, -4.3f, 40.0f, -40.0f, 1e15f, -1e15f}) x.push_back(e);
+  return x;
+}
+
+// gelu(x) and x̄ = gelu′(x)·ȳ for ȳ = 1, in the given dtype, as doubles.
+std::pair<std::vector<double>, std::vector<double>> gelu_and_gradient(const std::vector<float>& x, DType dtype) {
+  Tensor xt = Tensor::from<float>({static_cast<int64_t>(x.size())}, x).to(dtype);
+  Tape tape;
+  Var xv = tape.leaf(xt);
+  Var y = gelu(xv);
+  Tensor seed = Tensor::zeros(DType::f64, y.shape());
+  for (int64_t i = 0; i < seed.numel(); ++i) seed.data<double>()[i] = 1;
+  tape.backward(y, seed.to(dtype));
+  return {y.value().to_vector(), xv.grad().to_vector()};
+}
+
+}  // namespace
+
+TEST_CASE("gelu float32 agrees with float64 to a few ulp, on one thread and on two") {
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    const auto x = gelu_inputs(200001, 12.0f);  // above the parallel grain: split across the pool
+    auto [y32, g32] = gelu_and_gradient(x, DType::f32);
+    auto [y64, g64] = gelu_and_gradient(x, DType::f64);
+    double worst_y = 0, worst_g = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      // y = ½x(1 + t) loses the relative accuracy of 1 + t where t → −1 (in any float32 gelu), so errors are
+      // measured against |y| + |x|; f′ likewise against 1 + |x|.
+      const double scale = std::fabs(x[i]);
+      worst_y = std::max(worst_y, std::fabs(y32[i] - y64[i]) / (std::fabs(y64[i]) + scale + 1e-30));
+      worst_g = std::max(worst_g, std::fabs(g32[i] - g64[i]) / (1 + scale));
+    }
+    CAPTURE(threads);
+    MESSAGE("gelu float32 vs float64: ", worst_y, " (y), ", worst_g, " (gradient)");
+    CHECK(worst_y < 3e-7);
+    CHECK(worst_g < 1e-6);
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE("gelu float32 at the ends of the range and NaN") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto [y, g] = gelu_and_gradient({inf, -inf, 0.0f, nan, 10.0f, -10.0f}, DType::f32);
+  CHECK(y[0] == inf);
+  CHECK(std::isnan(y[1]));  // ½·(−∞)·(1 − 1): as in float64, −∞·0
+  CHECK(y[2] == 0.0);
+  CHECK(g[2] == doctest::Approx(0.5));
+  CHECK(std::isnan(y[3]));
+  CHECK(std::isnan(g[3]));
+  CHECK(y[4] == doctest::Approx(10.0));
+  CHECK(g[4] == doctest::Approx(1.0));
+  CHECK(std::fabs(y[5]) < 1e-20);
+  CHECK(std::fabs(g[5]) < 1e-20);
+}
