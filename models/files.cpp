@@ -52,7 +52,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   std::string dir = target.has_parent_path() ? target.parent_path().string() : std::string(".");
 
   TemporaryFile tmp;
-  std::string name = (fs::path(dir) / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  std::string base = target.filename().string();
+  base.insert(0, 1, '.');
+  base += ".tmp-XXXXXX";
+  std::string name = (fs::path(dir) / base).string();
   tmp.fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (tmp.fd < 0) {
     int err = errno;

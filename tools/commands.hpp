@@ -12,8 +12,20 @@ void add_evaluate_command(CLI::App& app);
 }  // namespace tapegrad::cli
 namespace tapegrad { struct TrainConfig; }
 namespace tapegrad::cli {
+// Checks with one-line messages: "--lr: must be positive, got -1".
+const CLI::Validator& positive();
+const CLI::Validator& non_negative();
+
 // The options train and compare share (every field of TrainConfig has a flag).
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
+// The train subcommand, its options and its --config file reader, parsing into `cfg`; no action attached
+// (the config-file fuzz target parses with it too).
+CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg);
+
+// The command line with the options of a `--config FILE` spliced in after the subcommand's name.
+std::vector<std::string> arguments_with_config_file(int argc, char** argv);
+// The `--key=value` arguments of a config file's `key = value` lines (CLI11's INI reader).
+std::vector<std::string> config_file_arguments(const std::string& path, std::istream& in);
 
 // The exit code the subcommand that ran asks for (0 when all went well).
 int exit_code();

@@ -2,32 +2,50 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "engine/tensor.hpp"
 #include "tools/commands.hpp"
+
+namespace {
+
+// Errors are reported on one line: line breaks inside a message (a parser's, the system's) become spaces.
+void report(const char* what, const char* hint = "") {
+  std::string line = what;
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  fmt::print(stderr, "tapegrad: error: {}{}\n", line, hint);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tapegrad: a small reverse-mode autodiff engine for attention, with hand-derived VJPs and JVPs"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
   tapegrad::cli::add_gradcheck_command(app);
   tapegrad::cli::add_training_commands(app);
   tapegrad::cli::add_compare_command(app);
   tapegrad::cli::add_evaluate_command(app);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = tapegrad::cli::arguments_with_config_file(argc, argv);
+    std::reverse(args.begin(), args.end());  // CLI11 takes a vector of arguments last first
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "tapegrad: error: {}\n", e.what());
-    fmt::print(stderr, "Run 'tapegrad --help' for usage.\n");
+    report(e.what(), " (tapegrad --help for usage)");
     return 2;
   } catch (const tapegrad::Error& e) {
-    fmt::print(stderr, "tapegrad: error: {}\n", e.what());
+    report(e.what());
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "tapegrad: error: {}\n", e.what());
+    report(e.what());
     return 2;
   }
   return tapegrad::cli::exit_code();

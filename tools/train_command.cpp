@@ -1,11 +1,40 @@
 // tapegrad train: a GPT on a text file (Tiny Shakespeare by default); tapegrad sample: text from a checkpoint.
 #include <fmt/core.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
+
+namespace {
+
+// A number check with a one-line message ("--batch-size: must be positive, got 0"), in place of CLI11's
+// PositiveNumber, whose message spells out the range up to DBL_MAX.
+CLI::Validator number_check(bool (*ok)(double), const char* must) {
+  return CLI::Validator(
+      [ok, must](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size()) return fmt::format("expected a number, got '{}'", s);
+        return ok(v) ? std::string() : fmt::format("must be {}, got {}", must, s);
+      },
+      must, "");
+}
+
+}  // namespace
+
+const CLI::Validator& positive() {
+  static const CLI::Validator v = number_check([](double x) { return x > 0; }, "positive");
+  return v;
+}
+const CLI::Validator& non_negative() {
+  static const CLI::Validator v = number_check([](double x) { return x >= 0; }, "non-negative");
+  return v;
+}
 
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   auto& m = c.model;
@@ -13,44 +42,52 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
     cmd->add_option("--attention", m.attention, "Attention kind: softmax, tiled, beta, linear, optimised, efficient, super")
         ->capture_default_str()
         ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--n-head", m.n_head, "Attention heads per block")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--block-size", m.block_size, "Context length T")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str()->check(positive());
+  cmd->add_option("--n-head", m.n_head, "Attention heads per block")->capture_default_str()->check(positive());
+  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str()->check(positive());
+  cmd->add_option("--block-size", m.block_size, "Context length T")->capture_default_str()->check(positive());
   cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
   cmd->add_flag("--bias,!--no-bias", m.bias, "Biases in Linear and LayerNorm layers")->capture_default_str();
   cmd->add_option("--data", c.data, "UTF-8 text file to train on (default: the bundled Tiny Shakespeare)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--max-iters", c.max_iters, "Training steps")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lr", c.learning_rate, "Peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Steps of the cosine decay (0: max-iters)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
+  cmd->add_option("--max-iters", c.max_iters, "Training steps")->capture_default_str()->check(non_negative());
+  cmd->add_option("--lr", c.learning_rate, "Peak learning rate")->capture_default_str()->check(positive());
+  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str()->check(non_negative());
+  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warm-up steps")->capture_default_str()->check(non_negative());
+  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Steps of the cosine decay (0: max-iters)")->capture_default_str()->check(non_negative());
   cmd->add_option("--beta1", c.beta1, "AdamW β₁")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--beta2", c.beta2, "AdamW β₂")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
-  cmd->add_option("--weight-decay", c.weight_decay, "Decoupled weight decay on matrices")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--eval-interval", c.eval_interval, "Evaluate every this many steps")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--eval-iters", c.eval_iters, "Fixed batches per split for evaluation")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--log-interval", c.log_interval, "Steps between log lines when the output is not a terminal")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str();
+  cmd->add_option("--weight-decay", c.weight_decay, "Decoupled weight decay on matrices")->capture_default_str()->check(non_negative());
+  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str()->check(non_negative());
+  cmd->add_option("--eval-interval", c.eval_interval, "Evaluate every this many steps")->capture_default_str()->check(positive());
+  cmd->add_option("--eval-iters", c.eval_iters, "Fixed batches per split for evaluation")->capture_default_str()->check(positive());
+  cmd->add_option("--log-interval", c.log_interval, "Steps between log lines when the output is not a terminal")->capture_default_str()->check(positive());
+  cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")->capture_default_str()->check(non_negative());
+  cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str()->check(non_negative());
   cmd->add_option("--out", c.out_dir, "Directory of run directories")->capture_default_str();
   cmd->add_option("--name", c.name, "Run name: files go to OUT/NAME (default: the attention kind)");
   cmd->add_flag("-q,--quiet", c.quiet, "No progress output");
+  cmd->add_option("--config", "Read options from a file of key = value lines (keys are the long option names; the "
+                  "command line overrides them)");
+  cmd->add_flag("--detect-anomaly", c.detect_anomaly,
+                "Stop at the first NaN or infinity a node produces (forward or backward), naming its op and the step");
+}
+
+CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
+  add_train_options(cmd, cfg, true);
+  cmd->add_flag("--resume", cfg.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
+  cmd->add_option("--stop-after", cfg.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
+      ->check(non_negative());
+  return cmd;
 }
 
 namespace {
 
 void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
-  add_train_options(cmd, *cfg, true);
-  cmd->add_flag("--resume", cfg->resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
-  cmd->add_option("--stop-after", cfg->stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
-      ->check(CLI::NonNegativeNumber);
-  cmd->set_config("--config", "", "Read options from a file of key = value lines (keys are the long option names)");
+  CLI::App* cmd = add_train_subcommand(app, *cfg);
   cmd->callback([cfg] { train(*cfg, stdout); });
 }
 
@@ -60,10 +97,10 @@ void add_sample_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint written by tapegrad train");
   cmd->add_option("--checkpoint", *path, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
   cmd->add_option("--prompt", sc->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--tokens", sc->tokens, "Characters to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", sc->temperature, "Softmax temperature")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--top-k", sc->top_k, "Sample among the k likeliest characters (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", sc->seed, "Seed of the sampler")->capture_default_str();
+  cmd->add_option("--tokens", sc->tokens, "Characters to generate")->capture_default_str()->check(non_negative());
+  cmd->add_option("--temperature", sc->temperature, "Softmax temperature")->capture_default_str()->check(positive());
+  cmd->add_option("--top-k", sc->top_k, "Sample among the k likeliest characters (0: all)")->capture_default_str()->check(non_negative());
+  cmd->add_option("--seed", sc->seed, "Seed of the sampler")->capture_default_str()->check(non_negative());
   cmd->callback([sc, path] { fmt::print("{}\n", sample_from_checkpoint(*path, *sc)); });
 }
 

@@ -1,0 +1,58 @@
+// `--config FILE` for any subcommand: the file's `key = value` lines (CLI11's INI reader; keys are the long option
+// names without dashes, `#` starts a comment) become `--key=value` arguments placed before the command line's
+// own, so that a flag given on the command line overrides the file.
+#include <fstream>
+#include <sstream>
+
+#include "engine/tensor.hpp"
+#include "tools/commands.hpp"
+
+namespace tapegrad::cli {
+
+std::vector<std::string> config_file_arguments(const std::string& path, std::istream& in) {
+  std::vector<std::string> out;
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigINI().from_config(in);
+  } catch (const CLI::Error& e) {
+    fail("config file {}: {}", path, e.what());
+  }
+  for (const auto& item : items) {
+    if (item.name.empty() || item.name == "++" || item.name == "--") continue;  // section markers
+    if (item.name == "config") fail("config file {}: a config file cannot name another config file", path);
+    std::string value;
+    for (size_t i = 0; i < item.inputs.size(); ++i) value += (i ? "," : "") + item.inputs[i];
+    out.push_back("--" + item.name + "=" + value);
+  }
+  return out;
+}
+
+std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string path;
+    size_t used = 0;
+    if (args[i] == "--config" && i + 1 < args.size()) {
+      path = args[i + 1];
+      used = 2;
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      path = args[i].substr(9);
+      used = 1;
+    } else {
+      continue;
+    }
+    std::ifstream in(path);
+    if (!in) fail("config file {}: cannot be read", path);
+    std::vector<std::string> from_file = config_file_arguments(path, in);
+    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + used));
+    // After the subcommand's name (the first argument that is not an option), before everything else.
+    size_t at = 0;
+    while (at < args.size() && args[at].rfind("-", 0) == 0) ++at;
+    at = std::min(at + 1, args.size());
+    args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), from_file.begin(), from_file.end());
+    break;
+  }
+  return args;
+}
+
+}  // namespace tapegrad::cli
