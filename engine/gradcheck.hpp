@@ -5,9 +5,18 @@
 //   adjoint    ⟨J_i t, u⟩ = ⟨t, J_iᵀu⟩  (two analytic results; exact up to rounding)
 //   accumulate backward adds J_iᵀu into a gradient that already holds r (it must not overwrite r)
 // An element passes when |analytic − numeric| ≤ atol + rtol·|numeric|.
+//
+// When a check fails, the report also says what the error looks like (a Diagnosis per finding): the analytic
+// Jacobian A against the numeric N as a whole (A = c·N: a scale or a sign; A = N with axes swapped: a
+// transpose), where the failing elements sit (one input, masked positions N = 0, the diagonal, one row, a rank-one
+// error per row: a per-row term), and which rule is at fault (VJP or JVP alone, the adjoint identity, linearity in
+// the cotangent or tangent, the direction ẋ = x, one-sided differences at a kink). docs/gradchecking.md shows each.
 #pragma once
 
+#include <initializer_list>
+#include <iosfwd>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/registry.hpp"
@@ -21,30 +30,86 @@ struct GradcheckOptions {
   int64_t full_jacobian_limit = 40000;  // m·n_i at most this: full Jacobian; above: projections
   int projections = 4;
   uint64_t seed = 20240809;
+  bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
 };
 
 struct CheckResult {
   std::string input;  // the input's name
   std::string check;  // vjp, jvp, adjoint, accumulate
-  std::string mode;   // full, fast (projections), exact
+  std::string mode;   // full, fast (projections), exact; none when skipped
   double max_abs_err = 0;
   double max_rel_err = 0;
   std::string worst;  // where the worst element is: y[j] / x[k] index, or the projection
   double analytic = 0, numeric = 0;  // at the worst element
   bool passed = true;
+  bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
 };
+
+// What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.
+enum class Finding {
+  not_finite,          // the analytic derivative holds NaN or ±∞
+  zero,                // the analytic derivative is 0 everywhere: nothing written
+  nonlinear,           // the VJP is not linear in ȳ (or the JVP in ẋ)
+  sign,                // A = −N
+  scale,               // A = c·N, c ≠ 1: a missing or wrong factor
+  transposed_jacobian, // A = Nᵀ: J applied where Jᵀ belongs (or the reverse)
+  transposed_input,    // A = N with two equal-size axes of x swapped: x̄ (or its use) transposed
+  transposed_output,   // A = N with two equal-size axes of y swapped
+  masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
+  diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
+  one_row,             // all errors in one row (last axis) of y or of x
+  per_row_term,        // in each row the error is one outer product: a per-row term (normalizer, mean) wrong
+  radial,              // the JVP is right along ẋ = x and wrong across it
+  kink,                // one-sided differences disagree: the point is not differentiable
+  one_input,           // only one input's derivatives fail
+  jvp_only,            // the VJP passes, the JVP fails
+  vjp_only,            // the JVP passes, the VJP fails
+  adjoint,             // VJP and JVP each pass but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩
+  consistent,          // VJP and JVP fail but agree with each other: one derivation shared by both is wrong
+  overwrites,          // backward assigns into the gradient instead of adding to it
+  no_jvp,              // the op was recorded without a JVP: forward mode not checked (a note, not a failure)
+};
+std::string_view finding_name(Finding f);
+
+struct Diagnosis {
+  Finding kind;
+  std::string input;    // the input it concerns; empty for the whole case
+  std::string check;    // vjp, jvp, adjoint, accumulate; empty for the whole case
+  std::string message;  // one line, with the numbers that back it
+};
+
+// Whether every check passed. Converts to bool, and is callable (report.passed()). Streamed, it prints the whole
+// report with its diagnosis, which is what a test framework shows for a failed CHECK(report.passed).
+struct Verdict {
+  bool ok = true;
+  std::string report;
+  operator bool() const { return ok; }
+  bool operator()() const { return ok; }
+};
+std::ostream& operator<<(std::ostream& os, const Verdict& v);
 
 struct GradcheckReport {
   std::string op, case_name;
   std::vector<CheckResult> checks;
-  bool passed() const;
-  std::string str() const;  // a readable table, one row per check
-};
+  std::vector<Diagnosis> diagnoses;
+  Verdict passed;
 
-// Checks f at the given float64 inputs; names label the inputs in the report.
-GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
+  // Recomputes `passed` from the checks (gradcheck() calls it; call it after editing checks or diagnoses).
+  void conclude();
+  bool has(Finding f, std::string_view input = "") const;  // a diagnosis of that kind (for that input)
+  const Diagnosis* find(Finding f, std::string_view input = "") const;
+  std::string str() const;  // a table, one row per check, then the diagnosis
+};
+std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
+
+// Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent).
+GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names = {},
                           const GradcheckOptions& opt = {});
+GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,
+                          std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
 // Checks a registered case, with its inputs drawn from opt.seed.
 GradcheckReport gradcheck(const GradcheckCase& c, const GradcheckOptions& opt = {}, std::string_view op = "");
+// Checks every case of a registered op.
+std::vector<GradcheckReport> gradcheck(const OpInfo& op, const GradcheckOptions& opt = {});
 
 }  // namespace tapegrad

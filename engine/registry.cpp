@@ -4,6 +4,35 @@
 
 namespace tapegrad {
 
+NoJvp::NoJvp(std::string op_name)
+    : Error(fmt::format("forward mode: op '{}' has no JVP (it was recorded with no_jvp)", op_name)),
+      op(std::move(op_name)) {}
+
+// The claim's node: y = forward(x) evaluated off the tape; the claimed VJP and JVP (or the forward's own, taken
+// from a private tape) at the point (x, y).
+Function claimed(Claim claim) {
+  if (claim.name.empty()) fail("claimed: a claim needs a name");
+  if (!claim.forward) fail("claimed: claim '{}' has no forward", claim.name);
+  auto c = std::make_shared<const Claim>(std::move(claim));
+  return [c](Tape& tape, std::span<const Var> x) -> Var {
+    std::vector<Tensor> xs;
+    for (const Var& v : x) xs.push_back(v.value());
+    Tensor y = evaluate(c->forward, xs);
+    return tape.record(
+        c->name.c_str(), x, y,
+        [c, xs, y](const Tensor& g, std::span<const Tensor> gin) {
+          if (c->vjp) return c->vjp(ClaimPoint{xs, y}, g, gin);
+          std::vector<Tensor> own = vjp(c->forward, xs, g);
+          for (size_t i = 0; i < gin.size(); ++i)
+            if (gin[i].defined()) gin[i].accumulate(own[i]);
+        },
+        [c, xs, y](std::span<const Tensor> tin, const Tensor& tout) {
+          if (c->jvp) return c->jvp(ClaimPoint{xs, y}, tin, tout);
+          tout.accumulate(jvp(c->forward, xs, tin).second);
+        });
+  };
+}
+
 void Registry::add(OpInfo op) {
   if (op.name.empty()) fail("registry: an op needs a name");
   if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);

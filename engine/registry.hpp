@@ -1,7 +1,22 @@
 // The op registry: every op registers its name, the equation its derivatives implement, and one or more
 // gradcheck cases. `tapegrad gradcheck` and the test suite iterate it; a test fails for an op without a case.
+//
+// The same API serves ops defined outside tapegrad, in a user's own file (examples/custom-op/ is one):
+//   node       y = tape.empty(...) + forward; tape.record(name, inputs, y, vjp, jvp)      (engine/tape.hpp)
+//              vjp: (const Tensor& ȳ, std::span<const Tensor> x̄) adds J_iᵀȳ into each defined x̄_i;
+//              jvp: (std::span<const Tensor> ẋ, const Tensor& ẏ) adds Σ_i J_i ẋ_i into ẏ (skip undefined ẋ_i).
+//              An op without a forward-mode rule passes no_jvp(name) as its jvp: forward mode then throws NoJvp,
+//              and the gradchecker reports "no JVP" for it instead of failing its checks.
+//   register   registry.add({name, family, equation, {}}); registry.add_case(name, {case, inputs, build}).
+//   claim      claimed({name, forward, vjp, jvp}) is a Function whose value is an existing forward's and whose
+//              derivatives are the ones a paper claims: register it like an op and gradcheck the formula before
+//              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own.
+//   check      gradcheck(f, inputs) (engine/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
+//              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck_cli.hpp).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,6 +25,37 @@
 #include "engine/tape.hpp"
 
 namespace tapegrad {
+
+// Thrown by forward mode on a node recorded with no_jvp(op).
+struct NoJvp : Error {
+  explicit NoJvp(std::string op_name);
+  std::string op;
+};
+
+// The jvp argument of Tape::record for an op that has no forward-mode rule.
+inline auto no_jvp(const char* op) {
+  return [op](std::span<const Tensor>, const Tensor&) { throw NoJvp(op); };
+}
+
+// Where a claimed derivative is evaluated: the forward's inputs and its output (float64 in a gradcheck).
+struct ClaimPoint {
+  std::span<const Tensor> inputs;
+  const Tensor& output;
+};
+// x̄_i += (claimed J_iᵀ) ȳ for each defined x̄_i.
+using ClaimedVjp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<const Tensor> gin)>;
+// ẏ += Σ_i (claimed J_i) ẋ_i over the defined ẋ_i.
+using ClaimedJvp = std::function<void(const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout)>;
+
+struct Claim {
+  std::string name;  // the node's name on the tape, and the op name to register it under
+  Function forward;  // an existing forward, e.g. [](Tape&, std::span<const Var> x) { return softmax(x[0]); }
+  ClaimedVjp vjp;    // empty: the forward's own VJP
+  ClaimedJvp jvp;    // empty: the forward's own JVP
+};
+
+// A Function computing claim.forward's value as one node named claim.name, with the claimed derivatives.
+Function claimed(Claim claim);
 
 // How a gradcheck input is filled: values that keep an op away from its kinks and its domain's edges.
 enum class Fill {

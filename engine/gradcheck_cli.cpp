@@ -1,0 +1,153 @@
+#include "engine/gradcheck_cli.hpp"
+
+#include <charconv>
+#include <chrono>
+#include <string_view>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+namespace tapegrad {
+
+namespace {
+
+void list_ops(const Registry& reg, std::FILE* out) {
+  for (const OpInfo& op : reg.ops())
+    fmt::print(out, "{:<16} {:<14} {} case{}   {}\n", op.name, op.family, op.cases.size(),
+               op.cases.size() == 1 ? " " : "s", op.equation);
+}
+
+void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
+  for (const auto& d : r.diagnoses) {
+    std::string where = d.input.empty() ? "" : d.check.empty() ? d.input + ": " : d.input + ", " + d.check + ": ";
+    fmt::print(out, "    [{}] {}{}\n", finding_name(d.kind), where, d.message);
+  }
+}
+
+constexpr const char* kUsage =
+    "usage: {} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X] [--eps X] [--seed N]\n"
+    "          [--full-jacobian-limit N]\n"
+    "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
+    "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
+    "  --op NAME                only this op (repeatable)\n"
+    "  --list                   list the ops, their families, case counts and equations\n"
+    "  --json                   a JSON list of {{op, case, input, check, max_abs_err, max_rel_err, passed}}\n"
+    "  -v, --verbose            one row per input and check instead of one per case\n"
+    "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
+    "  --eps X                  finite-difference step (default 1e-6)\n"
+    "  --seed N                 seed of the random inputs and projections\n"
+    "  --full-jacobian-limit N  full Jacobian when output size × input size ≤ N (default 40000), else projections\n";
+
+template <class T>
+T parse_number(std::string_view flag, std::string_view text) {
+  T value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size()) fail("{}: '{}' is not a number", flag, text);
+  return value;
+}
+
+}  // namespace
+
+int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
+  if (a.list) {
+    list_ops(reg, out);
+    return 0;
+  }
+  std::vector<const OpInfo*> selected;
+  for (const auto& name : a.ops) {
+    const OpInfo* op = reg.find(name);
+    if (!op) fail("gradcheck: no op named '{}' (gradcheck --list shows them)", name);
+    selected.push_back(op);
+  }
+  if (selected.empty())
+    for (const auto& op : reg.ops()) selected.push_back(&op);
+
+  auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json rows = nlohmann::json::array();
+  int cases = 0, failed = 0;
+  if (!a.json)
+    fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11} {:>11}  {}\n", "op", "case", "input", "check", "max_abs_err",
+               "max_rel_err", "result");
+  for (const OpInfo* op : selected) {
+    for (const auto& c : op->cases) {
+      GradcheckReport r = gradcheck(c, a.options, op->name);
+      ++cases;
+      failed += !r.passed;
+      bool skipped = false;
+      for (const auto& ch : r.checks) {
+        skipped = skipped || ch.skipped;
+        if (a.json) {
+          if (ch.skipped) continue;
+          rows.push_back({{"op", op->name}, {"case", c.name}, {"input", ch.input}, {"check", ch.check},
+                          {"max_abs_err", ch.max_abs_err}, {"max_rel_err", ch.max_rel_err}, {"passed", ch.passed}});
+        } else if (ch.skipped && a.verbose) {
+          fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11} {:>11}  skipped (no JVP)\n", op->name, c.name, ch.input,
+                     ch.check, "", "");
+        } else if (!ch.skipped && (a.verbose || !ch.passed)) {
+          fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11.2e} {:>11.2e}  {}{}\n", op->name, c.name, ch.input,
+                     ch.check, ch.max_abs_err, ch.max_rel_err, ch.passed ? "ok" : "FAIL at ", ch.passed ? "" : ch.worst);
+        }
+      }
+      if (a.json) continue;
+      if (!a.verbose && r.passed) {
+        double worst = 0;
+        for (const auto& ch : r.checks)
+          if (!ch.skipped && (ch.check == "vjp" || ch.check == "jvp")) worst = std::max(worst, ch.max_abs_err);
+        fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11.2e} {:>11}  ok{}\n", op->name, c.name, "all", "all", worst,
+                   "", skipped ? " (no JVP)" : "");
+      }
+      if (!r.passed || a.verbose) print_diagnosis(r, out);
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (a.json) fmt::print(out, "{}\n", rows.dump(2));
+  else
+    fmt::print(out, "\n{} ops, {} cases: {} passed, {} failed ({:.2f} s)\n", selected.size(), cases, cases - failed,
+               failed, secs);
+  return failed ? 1 : 0;
+}
+
+int gradcheck_main(const Registry& registry, int argc, const char* const* argv) {
+  const std::string program = argc > 0 && argv[0] ? argv[0] : "gradcheck";
+  GradcheckRun run;
+  try {
+    int i = 1;
+    if (i < argc && std::string_view(argv[i]) == "gradcheck") ++i;
+    for (; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      auto value = [&]() -> std::string_view {
+        if (i + 1 >= argc) fail("{} needs a value", arg);
+        return argv[++i];
+      };
+      if (arg == "--help" || arg == "-h") {
+        fmt::print(kUsage, program);
+        return 0;
+      } else if (arg == "--op") {
+        run.ops.emplace_back(value());
+      } else if (arg == "--list") {
+        run.list = true;
+      } else if (arg == "--json") {
+        run.json = true;
+      } else if (arg == "-v" || arg == "--verbose") {
+        run.verbose = true;
+      } else if (arg == "--atol" || arg == "--rtol" || arg == "--eps") {
+        const double x = parse_number<double>(arg, value());
+        if (!(x >= 0) || (arg != "--rtol" && x == 0)) fail("{} must be {}, got {}", arg, arg == "--rtol" ? "≥ 0" : "> 0", x);
+        (arg == "--atol" ? run.options.atol : arg == "--rtol" ? run.options.rtol : run.options.eps) = x;
+      } else if (arg == "--seed") {
+        run.options.seed = parse_number<uint64_t>(arg, value());
+      } else if (arg == "--full-jacobian-limit") {
+        run.options.full_jacobian_limit = parse_number<int64_t>(arg, value());
+      } else {
+        fail("unknown argument '{}' (--help lists the options)", arg);
+      }
+    }
+    return run_gradcheck(registry, run);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return 2;
+  }
+}
+
+}  // namespace tapegrad
