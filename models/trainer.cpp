@@ -276,9 +276,19 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   };
   auto run_eval = [&](int64_t step) {
     if (!st.evals.empty() && st.evals.back().step == step) return;
-    EvalPoint e{step, evaluate(model, *std::make_unique<Tape>(), eval_train), 0};
-    Tape tape;
-    e.val_loss = evaluate(model, tape, eval_val);
+    Tape train_tape, val_tape;
+    train_tape.set_detect_anomaly(cfg.detect_anomaly);
+    val_tape.set_detect_anomaly(cfg.detect_anomaly);
+    EvalPoint e{step, 0, 0};
+    try {
+      e.train_loss = evaluate(model, train_tape, eval_train);
+      e.val_loss = evaluate(model, val_tape, eval_val);
+    } catch (const Error& err) {
+      fail("evaluation at step {}: {}; stopped, the last good checkpoint {} is kept", step, err.what(), ck_path);
+    }
+    if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
+      fail("the evaluation loss became {} (train) / {} (val) at step {}; stopped, the last good checkpoint {} is kept",
+           e.train_loss, e.val_loss, step, ck_path);
     st.evals.push_back(e);
     if (!st.rows.empty() && st.rows.back().step == step) st.rows.back().val_loss = e.val_loss;
     if (!cfg.quiet) {
@@ -289,6 +299,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   };
 
   Tape tape;
+  tape.set_detect_anomaly(cfg.detect_anomaly);
   Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
   std::vector<double> ms;
   const auto t_start = Clock::now();
@@ -304,11 +315,22 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     const double lr = learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters);
     const auto t0 = Clock::now();
     sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
-    Var loss = model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
+    Var loss;
+    try {  // with detect_anomaly, the first non-finite value throws here, naming its op: add the step
+      loss = model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
+    } catch (const Error& err) {
+      if (!cfg.detect_anomaly) throw;
+      fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
+    }
     const double lv = loss.value().item();
     if (!std::isfinite(lv))
       fail("the training loss became {} at step {}; stopped, the last good checkpoint {} is kept", lv, it, ck_path);
-    tape.backward(loss);
+    try {
+      tape.backward(loss);
+    } catch (const Error& err) {
+      if (!cfg.detect_anomaly) throw;
+      fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
+    }
     tape.clear();
     if (cfg.grad_clip > 0) clip_grad_norm(model.parameters(), cfg.grad_clip);
     opt.step(model.parameters(), lr);

@@ -31,6 +31,7 @@ struct TrainConfig {
   bool resume = false;
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this call; 0: run to max_iters
   bool quiet = false;
+  bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
 
   void validate() const;
   std::string run_dir() const;

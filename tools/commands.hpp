@@ -18,8 +18,8 @@ const CLI::Validator& non_negative();
 
 // The options train and compare share (every field of TrainConfig has a flag).
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
-// The train subcommand, its options and its --config file reader, parsing into `cfg`; no action attached
-// (the config-file fuzz target parses with it too).
+// The train subcommand and its options, parsing into `cfg`; no action attached (the config-file fuzz target
+// parses with it too).
 CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg);
 
 // The command line with the options of a `--config FILE` spliced in after the subcommand's name.

@@ -56,7 +56,7 @@ void add_compare_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--iters", args->base.max_iters, "Training steps per kind")->capture_default_str();
+  cmd->add_option("--iters", args->base.max_iters, "Training steps per kind")->capture_default_str()->check(non_negative());
   cmd->callback([args] { run(*args); });
 }
 
