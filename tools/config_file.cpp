@@ -1,18 +1,29 @@
 // `--config FILE` for any subcommand: the file's `key = value` lines (CLI11's INI reader; keys are the long option
 // names without dashes, `#` starts a comment) become `--key=value` arguments placed before the command line's
 // own, so that a flag given on the command line overrides the file.
-#include <fstream>
 #include <sstream>
 
+#include <utf8cpp/utf8.h>
+
 #include "engine/tensor.hpp"
+#include "models/files.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
 
-std::vector<std::string> config_file_arguments(const std::string& path, std::istream& in) {
+namespace {
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;  // a file of options, not a data set
+}  // namespace
+
+std::vector<std::string> config_file_arguments(const std::string& path, std::string_view text) {
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos)
+    fail("config file {}: a NUL byte at byte offset {}: not a text file", path, nul);
+  if (auto bad = utf8::find_invalid(text.begin(), text.end()); bad != text.end())
+    fail("config file {}: invalid UTF-8 at byte offset {}", path, bad - text.begin());
   std::vector<std::string> out;
   std::vector<CLI::ConfigItem> items;
   try {
+    std::istringstream in{std::string(text)};
     items = CLI::ConfigINI().from_config(in);
   } catch (const CLI::Error& e) {
     fail("config file {}: {}", path, e.what());
@@ -41,9 +52,13 @@ std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
     } else {
       continue;
     }
-    std::ifstream in(path);
-    if (!in) fail("config file {}: cannot be read", path);
-    std::vector<std::string> from_file = config_file_arguments(path, in);
+    std::string text;
+    try {
+      text = read_file(path, kMaxConfigBytes);
+    } catch (const Error& e) {
+      fail("config file: {}", e.what());
+    }
+    std::vector<std::string> from_file = config_file_arguments(path, text);
     args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + used));
     // After the subcommand's name (the first argument that is not an option), before everything else.
     size_t at = 0;

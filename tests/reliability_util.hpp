@@ -1,0 +1,76 @@
+// Running the tapegrad program from the reliability tests, and what a run leaves on the file system.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tapegrad::testing {
+
+struct CliRun {
+  int code = -1;    // exit code; -1 if the program died of a signal
+  int signal = 0;   // the signal that killed it, or 0
+  std::string out;  // stdout and stderr, interleaved
+};
+
+// Runs the tapegrad program with `args` (no shell: every byte of an argument is passed as is) in directory `cwd`,
+// killed by SIGALRM after `timeout_s` seconds.
+inline CliRun run_cli(const std::string& cwd, const std::vector<std::string>& args, unsigned timeout_s = 300) {
+  // Everything the child needs is made before fork: between fork and exec it only makes system calls.
+  std::string program = TAPEGRAD_CLI;
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv{program.data()};
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    if (chdir(cwd.c_str()) != 0) _exit(126);
+    alarm(timeout_s);  // survives exec: a hung run dies of SIGALRM
+    execv(program.c_str(), argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  CliRun r;
+  std::array<char, 4096> buf{};
+  ssize_t n;
+  while ((n = read(fds[0], buf.data(), buf.size())) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0) r.out.append(buf.data(), static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+// Every file and directory under `root` with its size and modification time: equal snapshots mean nothing was
+// created, removed or rewritten.
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0) continue;
+    files[std::filesystem::relative(e.path(), root).string()] =
+        std::to_string(st.st_size) + "@" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) +
+        (S_ISDIR(st.st_mode) ? "/" : "");
+  }
+  return files;
+}
+
+}  // namespace tapegrad::testing
