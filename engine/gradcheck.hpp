@@ -61,6 +61,7 @@ enum class Finding {
   per_row_term,        // in each row the error is one outer product: a per-row term (normalizer, mean) wrong
   radial,              // the JVP is right along ẋ = x and wrong across it
   kink,                // one-sided differences disagree: the point is not differentiable
+  tolerance,           // the errors are the finite differences' own: the tolerance is tighter than they resolve
   one_input,           // only one input's derivatives fail
   jvp_only,            // the VJP passes, the JVP fails
   vjp_only,            // the JVP passes, the VJP fails

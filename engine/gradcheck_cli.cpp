@@ -1,5 +1,6 @@
 #include "engine/gradcheck_cli.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <string_view>
@@ -62,12 +63,22 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
   if (selected.empty())
     for (const auto& op : reg.ops()) selected.push_back(&op);
 
+  // Columns as wide as the longest op and case name: at least 16 and 22, at most 24 and 32 (longer names overflow).
+  size_t wo = 16, wc = 22;
+  for (const OpInfo* op : selected) {
+    wo = std::clamp(op->name.size(), wo, size_t{24});
+    for (const auto& c : op->cases) wc = std::clamp(c.name.size(), wc, size_t{32});
+  }
+  auto row = [&](std::string_view op, std::string_view c, std::string_view input, std::string_view check) {
+    return fmt::format("{:<{}} {:<{}} {:<8} {:<10}", op, wo, c, wc, input, check);
+  };
+
   auto t0 = std::chrono::steady_clock::now();
   nlohmann::json rows = nlohmann::json::array();
   int cases = 0, failed = 0;
   if (!a.json)
-    fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11} {:>11}  {}\n", "op", "case", "input", "check", "max_abs_err",
-               "max_rel_err", "result");
+    fmt::print(out, "{} {:>11} {:>11}  {}\n", row("op", "case", "input", "check"), "max_abs_err", "max_rel_err",
+               "result");
   for (const OpInfo* op : selected) {
     for (const auto& c : op->cases) {
       GradcheckReport r = gradcheck(c, a.options, op->name);
@@ -81,11 +92,10 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
           rows.push_back({{"op", op->name}, {"case", c.name}, {"input", ch.input}, {"check", ch.check},
                           {"max_abs_err", ch.max_abs_err}, {"max_rel_err", ch.max_rel_err}, {"passed", ch.passed}});
         } else if (ch.skipped && a.verbose) {
-          fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11} {:>11}  skipped (no JVP)\n", op->name, c.name, ch.input,
-                     ch.check, "", "");
+          fmt::print(out, "{} {:>11} {:>11}  skipped (no JVP)\n", row(op->name, c.name, ch.input, ch.check), "", "");
         } else if (!ch.skipped && (a.verbose || !ch.passed)) {
-          fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11.2e} {:>11.2e}  {}{}\n", op->name, c.name, ch.input,
-                     ch.check, ch.max_abs_err, ch.max_rel_err, ch.passed ? "ok" : "FAIL at ", ch.passed ? "" : ch.worst);
+          fmt::print(out, "{} {:>11.2e} {:>11.2e}  {}{}\n", row(op->name, c.name, ch.input, ch.check), ch.max_abs_err,
+                     ch.max_rel_err, ch.passed ? "ok" : "FAIL at ", ch.passed ? "" : ch.worst);
         }
       }
       if (a.json) continue;
@@ -93,8 +103,8 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
         double worst = 0;
         for (const auto& ch : r.checks)
           if (!ch.skipped && (ch.check == "vjp" || ch.check == "jvp")) worst = std::max(worst, ch.max_abs_err);
-        fmt::print(out, "{:<16} {:<22} {:<8} {:<10} {:>11.2e} {:>11}  ok{}\n", op->name, c.name, "all", "all", worst,
-                   "", skipped ? " (no JVP)" : "");
+        fmt::print(out, "{} {:>11.2e} {:>11}  ok{}\n", row(op->name, c.name, "all", "all"), worst, "",
+                   skipped ? " (no JVP)" : "");
       }
       if (!r.passed || a.verbose) print_diagnosis(r, out);
     }

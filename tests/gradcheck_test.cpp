@@ -560,6 +560,18 @@ TEST_CASE("diagnosis: a kink at the check point is named as such, not blamed on 
   CHECK(gradcheck(away).passed);
 }
 
+TEST_CASE("diagnosis: a tolerance tighter than finite differences resolve is named, not blamed on the rule") {
+  GradcheckOptions strict;
+  strict.atol = 1e-30;
+  strict.rtol = 0;
+  GradcheckReport r = gradcheck([](Tape&, std::span<const Var> x) { return exp(x[0]); }, {random_tensor({2, 3}, 6)},
+                                {"x"}, strict);
+  INFO(r.str());
+  CHECK_FALSE(r.passed);
+  CHECK(r.has(Finding::tolerance, "x"));
+  CHECK_FALSE(r.has(Finding::consistent));
+}
+
 // ---- ops without a JVP, and claims ----
 
 TEST_CASE("an op recorded with no_jvp gets a 'no JVP' note, not a failure") {

@@ -1,0 +1,144 @@
+// RMS normalization over the last axis, with a weight of that axis' size. Per row of C elements:
+//   ρ = √(⟨x, x⟩/C + ε),   x̂ = x/ρ,   y = w ⊙ x̂                              x, x̂, y: (rows, C); w: (C); ρ: (rows)
+// dρ = ⟨x, dx⟩/(Cρ) = ⟨x̂, dx⟩/C, so dx̂ = (dx − x̂·⟨x̂, dx⟩/C)/ρ, and
+//   JVP  ẏ = w ⊙ (ẋ − x̂·⟨x̂, ẋ⟩/C)/ρ + ẇ ⊙ x̂
+//   VJP  x̄ += (g − x̂·⟨x̂, g⟩/C)/ρ  with g = w ⊙ ȳ   (the x-Jacobian (I − x̂x̂ᵀ/C)/ρ is symmetric),   w̄ += Σ_rows ȳ ⊙ x̂
+// The node keeps x̂ and 1/ρ: both derivatives are written in them.
+//
+// A claim, checked against this forward: "x̄ = w ⊙ ȳ/ρ" treats ρ as a constant and drops −x̂·⟨x̂, g⟩/(Cρ), a term
+// of each row; the gradchecker rejects it and names a per-row term.
+#include <cmath>
+
+#include "my_ops.hpp"
+#include "ops/common.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+// x̂ = x/ρ and 1/ρ per row; y = w ⊙ x̂.                           y, xhat, x: (rows, C); inv_rho: (rows); w: (C)
+template <class T>
+void rms_norm_forward(T* y, T* xhat, T* inv_rho, const T* x, const T* w, int64_t rows, int64_t C, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * C;
+    T ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const T inv = T(1) / std::sqrt(ss / T(C) + T(eps));
+    inv_rho[r] = inv;
+    for (int64_t c = 0; c < C; ++c) {
+      xhat[r * C + c] = xr[c] * inv;
+      y[r * C + c] = w[c] * xhat[r * C + c];
+    }
+  }
+}
+
+// x̄ += (g − x̂·⟨x̂, g⟩/C)/ρ, g = w ⊙ ȳ;  w̄ += Σ_rows ȳ ⊙ x̂      dx, dy, xhat: (rows, C); dw, w: (C); either may be null
+template <class T>
+void rms_norm_vjp(T* dx, T* dw, const T* dy, const T* xhat, const T* inv_rho, const T* w, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = dy + r * C;
+    const T* h = xhat + r * C;
+    if (dw)
+      for (int64_t c = 0; c < C; ++c) dw[c] += g[c] * h[c];
+    if (!dx) continue;
+    T hg = 0;
+    for (int64_t c = 0; c < C; ++c) hg += h[c] * w[c] * g[c];
+    for (int64_t c = 0; c < C; ++c) dx[r * C + c] += (w[c] * g[c] - h[c] * hg / T(C)) * inv_rho[r];
+  }
+}
+
+// ẏ += w ⊙ (ẋ − x̂·⟨x̂, ẋ⟩/C)/ρ + ẇ ⊙ x̂                          ty, tx, xhat: (rows, C); tw, w: (C); tx or tw may be null
+template <class T>
+void rms_norm_jvp(T* ty, const T* tx, const T* tw, const T* xhat, const T* inv_rho, const T* w, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* h = xhat + r * C;
+    T* t = ty + r * C;
+    if (tx) {
+      const T* d = tx + r * C;
+      T hd = 0;
+      for (int64_t c = 0; c < C; ++c) hd += h[c] * d[c];
+      for (int64_t c = 0; c < C; ++c) t[c] += w[c] * (d[c] - h[c] * hd / T(C)) * inv_rho[r];
+    }
+    if (tw)
+      for (int64_t c = 0; c < C; ++c) t[c] += tw[c] * h[c];
+  }
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+}  // namespace
+
+Var rms_norm(Var x, Var w, double eps) {
+  static constexpr const char* op = "rms_norm";
+  expect_float(op, x);
+  expect_same_dtype(op, x, w);
+  expect_min_rank(op, x, 1, "x");
+  if (w.rank() != 1 || w.shape()[0] != x.shape().back())
+    fail("{}: the weight must have shape ({}) to match x {}, got {}", op, x.shape().back(), x.shape(), w.shape());
+  if (!(eps > 0)) fail("{}: eps must be positive, got {}", op, eps);
+  Tape& tape = tape_of(op, {x, w});
+  const int64_t C = x.shape().back(), rows = x.shape().rows();
+  const Tensor xv = x.value(), wv = w.value();
+  Tensor y = tape.empty(x.dtype(), x.shape());
+  Tensor xhat = tape.empty(x.dtype(), x.shape());
+  Tensor inv_rho = tape.empty(x.dtype(), Shape{rows});
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_forward(y.data<T>(), xhat.data<T>(), inv_rho.data<T>(), xv.data<T>(), wv.data<T>(), rows, C, eps);
+  });
+  return tape.record(
+      op, {x, w}, y,
+      [=](const Tensor& g, std::span<const Tensor> gin) {
+        dispatch_float(op, g.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          rms_norm_vjp(ptr<T>(gin[0]), ptr<T>(gin[1]), g.data<T>(), xhat.data<T>(), inv_rho.data<T>(), wv.data<T>(),
+                       rows, C);
+        });
+      },
+      [=](std::span<const Tensor> tin, const Tensor& ty) {
+        dispatch_float(op, ty.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          rms_norm_jvp(ty.data<T>(), ptr<T>(tin[0]), ptr<T>(tin[1]), xhat.data<T>(), inv_rho.data<T>(), wv.data<T>(),
+                       rows, C);
+        });
+      });
+}
+
+namespace {
+
+Var apply_rms_norm(Tape&, std::span<const Var> x) { return rms_norm(x[0], x[1]); }
+
+// The claim: x̄ = w ⊙ ȳ/ρ (ρ held constant), w̄ = Σ_rows ȳ ⊙ x̂, in float64 at the forward's point.
+void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  const Tensor &x = at.inputs[0], &w = at.inputs[1];
+  const int64_t C = x.shape().back(), rows = x.shape().rows();
+  const double *px = x.data<double>(), *pw = w.data<double>(), *pg = g.data<double>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += px[r * C + c] * px[r * C + c];
+    const double inv = 1 / std::sqrt(ss / static_cast<double>(C) + 1e-6);
+    for (int64_t c = 0; c < C; ++c) {
+      if (gin[0].defined()) gin[0].data<double>()[r * C + c] += pw[c] * pg[r * C + c] * inv;
+      if (gin[1].defined()) gin[1].data<double>()[c] += pg[r * C + c] * px[r * C + c] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void register_rms_norm(Registry& r) {
+  r.add({"rms_norm", "my_ops",
+         "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
+         {}});
+  r.add_case("rms_norm", {"rows", {{"x", {4, 6}}, {"w", {6}}}, apply_rms_norm});
+  r.add_case("rms_norm", {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm});
+}
+
+void register_rms_norm_claims(Registry& r) {
+  r.add({"rms_norm_constant_rms", "claims", "x̄ = w⊙ȳ/ρ (ρ held constant), w̄ = Σ ȳ⊙x̂", {}});
+  r.add_case("rms_norm_constant_rms",
+             {"rows", {{"x", {4, 6}}, {"w", {6}}}, claimed({"rms_norm_constant_rms", apply_rms_norm, constant_rms_vjp, {}})});
+}
