@@ -3,7 +3,7 @@
 #   bash tools/dev.sh demo       install what is missing, build, run the main job
 #   bash tools/dev.sh test       install what is missing, build, run every test (ctest)
 #   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
-#   bash tools/dev.sh deps | build
+#   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ build() {  # build DIR [cmake options...]
 }
 
 case "${1:-}" in
-  deps) deps ;;
+  deps) shift; deps "$@" ;;  # extra packages may follow
   build) deps; build build ;;
   demo)
     deps; build build
