@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up, build and test in one place, for a fresh Debian machine (root, or a user with sudo).
-#   bash tools/dev.sh demo       install what is missing, build, run the main job
+#   bash tools/dev.sh demo       install what is missing, build, train the default model on Tiny Shakespeare
 #   bash tools/dev.sh test       install what is missing, build, run every test (ctest)
 #   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   bash tools/dev.sh deps [PACKAGE...] | build
@@ -35,7 +35,7 @@ case "${1:-}" in
   build) deps; build build ;;
   demo)
     deps; build build
-    ./build/tapegrad gradcheck ;;
+    ./build/tapegrad train ;;
   test)
     deps; build build
     (cd build && ctest --output-on-failure -j "$JOBS") ;;
