@@ -44,6 +44,29 @@ bool parse_safetensors_dtype(std::string_view s, DType& d) {
 
 std::string checksum_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 
+// A header fragment for a message, cut to 80 bytes at a character boundary (a lying header can hold megabytes).
+std::string cut(std::string_view s) {
+  if (s.size() <= 80) return std::string(s);
+  size_t n = 77;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n)) + "...";
+}
+std::string brief(const nlohmann::json& v) {
+  return cut(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+// The header as its checksum covers it: keys sorted, compact, without the header checksum itself.
+uint64_t header_checksum(nlohmann::json header) {
+  if (auto meta = header.find("__metadata__"); meta != header.end() && meta->is_object())
+    meta->erase(std::string(kHeaderChecksumKey));
+  return fnv1a64(header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+// Bounds on the parsed header beyond its length: a header of nested or many tiny values would take many times its
+// size in memory. A tapegrad header nests 3 deep and holds about 6 values per tensor.
+constexpr int kMaxHeaderDepth = 32;
+constexpr size_t kMaxHeaderValues = 4'000'000;
+
 // One tensor as the header describes it, checked against the data section of `data_bytes` bytes.
 struct HeaderEntry {
   std::string name;
@@ -54,45 +77,45 @@ struct HeaderEntry {
 
 HeaderEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
                         uint64_t data_bytes) {
-  auto bad = [&](std::string_view why) { refuse(path, fmt::format("tensor '{}': {}", name, why)); };
-  if (!v.is_object()) bad(fmt::format("expected an object with dtype, shape and data_offsets, got {}", v.dump()));
+  auto bad = [&](std::string_view why) { refuse(path, fmt::format("tensor '{}': {}", cut(name), why)); };
+  if (!v.is_object()) bad(fmt::format("expected an object with dtype, shape and data_offsets, got {}", brief(v)));
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!v.contains(key)) bad(fmt::format("the entry has no \"{}\"", key));
 
   HeaderEntry e{name, DType::f32, Shape{}, 0, 0};
   const auto& dt = v["dtype"];
   if (!dt.is_string() || !parse_safetensors_dtype(dt.get_ref<const std::string&>(), e.dtype))
-    bad(fmt::format("unsupported dtype {} (supported: F32, F64, I32)", dt.dump()));
+    bad(fmt::format("unsupported dtype {} (supported: F32, F64, I32)", brief(dt)));
 
   // The element count is bounded by the data section, which keeps every product below from overflowing.
   const auto& sh = v["shape"];
-  if (!sh.is_array()) bad(fmt::format("shape must be an array of integers, got {}", sh.dump()));
+  if (!sh.is_array()) bad(fmt::format("shape must be an array of integers, got {}", brief(sh)));
   if (sh.size() > static_cast<size_t>(Shape::kMaxRank))
-    bad(fmt::format("shape {} has rank {}, above the supported {}", sh.dump(), sh.size(), Shape::kMaxRank));
+    bad(fmt::format("shape {} has rank {}, above the supported {}", brief(sh), sh.size(), Shape::kMaxRank));
   uint64_t count = 1;
   bool empty = false;
   std::vector<uint64_t> dims;
   for (const auto& d : sh) {
-    if (!d.is_number_integer()) bad(fmt::format("shape {} holds a non-integer", sh.dump()));
-    if (!d.is_number_unsigned()) bad(fmt::format("shape {} holds a negative dimension", sh.dump()));
+    if (!d.is_number_integer()) bad(fmt::format("shape {} holds a non-integer", brief(sh)));
+    if (!d.is_number_unsigned()) bad(fmt::format("shape {} holds a negative dimension", brief(sh)));
     dims.push_back(d.get<uint64_t>());
     if (dims.back() == 0) empty = true;
   }
   if (!empty) {
     for (uint64_t d : dims)
       if (d > data_bytes || __builtin_mul_overflow(count, d, &count) || count > data_bytes)
-        bad(fmt::format("shape {} is larger than the whole data section ({} bytes)", sh.dump(), data_bytes));
+        bad(fmt::format("shape {} is larger than the whole data section ({} bytes)", brief(sh), data_bytes));
   } else {
     count = 0;
     for (uint64_t d : dims)
       if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        bad(fmt::format("shape {} has a dimension out of range", sh.dump()));
+        bad(fmt::format("shape {} has a dimension out of range", brief(sh)));
   }
   for (uint64_t d : dims) e.shape.push_back(static_cast<int64_t>(d));
 
   const auto& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-    bad(fmt::format("data_offsets must be two non-negative integers [begin, end], got {}", off.dump()));
+    bad(fmt::format("data_offsets must be two non-negative integers [begin, end], got {}", brief(off)));
   e.begin = off[0].get<uint64_t>();
   e.end = off[1].get<uint64_t>();
   if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
@@ -102,7 +125,7 @@ HeaderEntry parse_entry(const std::string& path, const std::string& name, const 
   uint64_t nbytes = count * dtype_size(e.dtype);
   if (e.end - e.begin != nbytes)
     bad(fmt::format("data_offsets [{}, {}] span {} bytes, but shape {} of {} needs {} bytes", e.begin, e.end,
-                    e.end - e.begin, sh.dump(), safetensors_dtype(e.dtype), nbytes));
+                    e.end - e.begin, brief(sh), safetensors_dtype(e.dtype), nbytes));
   return e;
 }
 
@@ -161,6 +184,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   std::string text;
   try {
     text = header.dump();
+    header["__metadata__"][std::string(kHeaderChecksumKey)] =
+        checksum_hex(header_checksum(nlohmann::json::parse(text)));
+    text = header.dump();
   } catch (const nlohmann::json::exception& e) {
     fail("save_checkpoint '{}': a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
   }
@@ -190,13 +216,33 @@ Checkpoint load_checkpoint(const std::string& path) {
   std::string_view text = std::string_view(file).substr(8, n);
 
   nlohmann::json header;
+  size_t values = 0;
+  struct TooBig {
+    std::string why;
+  };
+  auto bounded = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxHeaderDepth) throw TooBig{fmt::format("nests deeper than {} levels", kMaxHeaderDepth)};
+    if (++values > kMaxHeaderValues) throw TooBig{fmt::format("holds more than {} JSON values", kMaxHeaderValues)};
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(text, bounded);
   } catch (const nlohmann::json::parse_error& e) {
     refuse(path, fmt::format("the header is not valid JSON (not a safetensors file?): {}", e.what()));
+  } catch (const TooBig& e) {
+    refuse(path, fmt::format("the header {}: not a safetensors file, or a corrupt one", e.why));
   }
   if (!header.is_object()) refuse(path, fmt::format("the header is a JSON {}, not an object (not a safetensors file?)",
                              header.type_name()));
+
+  if (const auto meta = header.find("__metadata__"); meta != header.end() && meta->is_object()) {
+    if (const auto sum = meta->find(std::string(kHeaderChecksumKey)); sum != meta->end()) {
+      const std::string actual = checksum_hex(header_checksum(header));
+      if (!sum->is_string() || sum->get_ref<const std::string&>() != actual)
+        refuse(path, fmt::format("header checksum mismatch: the header hashes to {} but records {} (the file is "
+                                 "corrupt, or its header was edited)", actual, brief(*sum)));
+    }
+  }
 
   std::string_view data = std::string_view(file).substr(8 + n);
   Checkpoint ck;
@@ -205,7 +251,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     if (key == "__metadata__") {
       if (!value.is_object()) refuse(path, "__metadata__ must be an object of strings");
       for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string()) refuse(path, fmt::format("__metadata__ entry '{}' is {}, not a string", mk, mv.dump()));
+        if (!mv.is_string())
+          refuse(path, fmt::format("__metadata__ entry '{}' is {}, not a string", cut(mk), brief(mv)));
         ck.metadata[mk] = mv.get<std::string>();
       }
     } else {
@@ -220,8 +267,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   for (size_t i = 0; i < entries.size(); ++i) {
     const HeaderEntry& e = entries[i];
     if (e.begin < covered)
-      refuse(path, fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", entries[i - 1].name,
-                               entries[i - 1].begin, entries[i - 1].end, e.name, e.begin, e.end));
+      refuse(path, fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", cut(entries[i - 1].name),
+                               entries[i - 1].begin, entries[i - 1].end, cut(e.name), e.begin, e.end));
     if (e.begin > covered)
       refuse(path, fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, e.begin));
     covered = e.end;
@@ -236,6 +283,7 @@ Checkpoint load_checkpoint(const std::string& path) {
                                "corrupt)", actual, it->second));
     ck.metadata.erase(it);
   }
+  ck.metadata.erase(std::string(kHeaderChecksumKey));
 
   ck.tensors.reserve(entries.size());
   for (const HeaderEntry& e : entries) {

@@ -9,8 +9,12 @@
 //                       [begin, end) relative to the start of the data section
 //
 // The writer lays the tensors out in the order given, back to back, and records an FNV-1a 64 checksum of the
-// whole data section in the metadata under "tapegrad.checksum" (16 lowercase hex digits). The loader verifies
-// it when present and hands back the other metadata.
+// whole data section in the metadata under "tapegrad.checksum" (16 lowercase hex digits), and one of the header
+// under "tapegrad.header_checksum": FNV-1a 64 of the header's JSON with keys sorted, no spaces, and this key left
+// out — so that a header lying about offsets or shapes in a way the layout checks cannot see (two tensors of one
+// size swapped, a shape of the same size) or about the metadata is refused too. The loader verifies each checksum
+// when present and hands back the other metadata. The header is bounded: kMaxHeaderBytes, 32 levels of nesting,
+// 4 million JSON values.
 #pragma once
 
 #include <map>
@@ -37,8 +41,9 @@ struct Checkpoint {
   const Tensor* find(std::string_view name) const;
 };
 
-// The metadata key under which the writer records the data section's checksum.
+// The metadata keys under which the writer records the data section's and the header's checksums.
 inline constexpr std::string_view kChecksumKey = "tapegrad.checksum";
+inline constexpr std::string_view kHeaderChecksumKey = "tapegrad.header_checksum";
 // The largest header the loader accepts.
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 

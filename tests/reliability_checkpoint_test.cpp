@@ -1,0 +1,365 @@
+// Checkpoint safety: a real training checkpoint damaged in every way we can think of (cut short, a byte flipped,
+// a header that lies, a header of 100 MB, files of other formats) is refused by the loader and by
+// `tapegrad sample --checkpoint` with one clear line; and a writer killed with SIGKILL at random points never
+// leaves the previous checkpoint damaged.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/rng.hpp"
+#include "models/checkpoint.hpp"
+#include "reliability_util.hpp"
+#include "training_test_util.hpp"
+
+using namespace tapegrad;
+using tapegrad::testing::CliRun;
+using tapegrad::testing::run_cli;
+using tapegrad::testing::ScratchDir;
+using tapegrad::testing::slurp;
+using tapegrad::testing::spit;
+
+namespace {
+
+const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
+                                        "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string text_of_length(size_t n) {
+  const std::string line = "the quick brown fox jumps over the lazy dog, then rests.\n";
+  std::string s;
+  while (s.size() < n) s += line;
+  s.resize(n);
+  return s;
+}
+
+std::string le64(uint64_t n) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  return s;
+}
+
+// A checkpoint file taken apart: the header's JSON and the data section.
+struct Parts {
+  nlohmann::ordered_json header;
+  std::string data;
+};
+Parts split(const std::string& file) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<size_t>(i)]);
+  return {nlohmann::ordered_json::parse(file.substr(8, n)), file.substr(8 + n)};
+}
+std::string join(const nlohmann::ordered_json& header, const std::string& data) {
+  std::string text = header.dump();
+  return le64(text.size()) + text + data;
+}
+
+struct Corruption {
+  std::string what;
+  std::string bytes;
+};
+
+// Every damaged version of `file` (a checkpoint written by tapegrad train) that the loader must refuse.
+std::vector<Corruption> corruptions_of(const std::string& file, const std::string& program) {
+  std::vector<Corruption> out;
+  const Parts good = split(file);
+  const size_t header_end = file.size() - good.data.size();
+
+  // Cut short: at every 32nd of the file and around the header's boundaries.
+  std::vector<size_t> cuts = {0, 1, 7, 8, 9, 100, header_end - 1, header_end, header_end + 1, file.size() - 1};
+  for (size_t i = 1; i < 32; ++i) cuts.push_back(file.size() * i / 32);
+  for (size_t len : cuts) out.push_back({fmt::format("truncated to {} of {} bytes", len, file.size()), file.substr(0, len)});
+
+  // One bit flipped: in the length, all through the header, all through the data.
+  std::vector<size_t> flips = {0, 1, 3, 7};
+  for (size_t i = 0; i < 24; ++i) flips.push_back(8 + (header_end - 8) * i / 24);
+  for (size_t i = 0; i < 32; ++i) flips.push_back(header_end + good.data.size() * i / 32);
+  flips.push_back(file.size() - 1);
+  for (size_t at : flips)
+    for (int bit : {0x01, 0x40}) {
+      std::string f = file;
+      f[at] = static_cast<char>(static_cast<unsigned char>(f[at]) ^ bit);
+      out.push_back({fmt::format("byte {} xor {:#04x}", at, bit), f});
+    }
+
+  // Headers that lie. With the checksums as written (now stale for the header), then with them removed, as a
+  // writer that records none would leave them: the layout checks and the model's shapes must still refuse.
+  std::vector<std::string> names;
+  for (const auto& [k, v] : good.header.items())
+    if (k != "__metadata__") names.push_back(k);
+  auto lie = [&](const std::string& what, auto&& edit, bool also_without_checksums) {
+    nlohmann::ordered_json h = good.header;
+    edit(h);
+    out.push_back({"header lie: " + what, join(h, good.data)});
+    if (also_without_checksums) {
+      h["__metadata__"].erase(std::string(kChecksumKey));
+      h["__metadata__"].erase(std::string(kHeaderChecksumKey));
+      out.push_back({"header lie without checksums: " + what, join(h, good.data)});
+    }
+  };
+  const std::string w = "transformer.h.0.mlp.c_fc.weight", w2 = "transformer.h.0.mlp.c_proj.weight";
+  lie("two tensors of one size swap offsets", [&](auto& h) { std::swap(h[w]["data_offsets"], h[w2]["data_offsets"]); }, false);
+  lie("a shape of the same size, transposed", [&](auto& h) { h[w]["shape"] = {16, 64}; }, true);
+  lie("offsets shifted by 4 bytes", [&](auto& h) {
+    h[w]["data_offsets"][0] = h[w]["data_offsets"][0].template get<uint64_t>() + 4;
+    h[w]["data_offsets"][1] = h[w]["data_offsets"][1].template get<uint64_t>() + 4;
+  }, true);
+  lie("offsets past the end", [&](auto& h) { h[w]["data_offsets"][1] = 1ull << 40; }, true);
+  lie("a shape larger than the data", [&](auto& h) { h[w]["shape"] = {64, 1ull << 40}; }, true);
+  lie("a negative dimension", [&](auto& h) { h[w]["shape"] = {-64, -16}; }, true);
+  lie("a tensor dropped", [&](auto& h) { h.erase(w); }, true);
+  lie("the step in the metadata", [&](auto& h) { h["__metadata__"]["tapegrad.step"] = "9999"; }, false);
+  lie("the model's context in the metadata", [&](auto& h) {
+    auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
+    m["block_size"] = 16;
+    h["__metadata__"]["tapegrad.model"] = m.dump();
+  }, true);
+  lie("the dtype", [&](auto& h) { h[w]["dtype"] = "I32"; }, true);
+  lie("the data checksum", [&](auto& h) { h["__metadata__"][std::string(kChecksumKey)] = "0123456789abcdef"; }, false);
+  lie("the header checksum", [&](auto& h) { h["__metadata__"][std::string(kHeaderChecksumKey)] = "0123456789abcdef"; },
+      false);
+
+  // Headers too large to be one: 100 MiB as the length says and as the file holds; a length of 2^63; nesting and
+  // many tiny values under the limit, which would take gigabytes parsed.
+  {
+    std::string pad = R"({"__metadata__":{"pad":")";
+    const size_t n = size_t{100} << 20;
+    std::string h = pad + std::string(n - pad.size() - 3, 'x') + R"("}})";
+    out.push_back({"a JSON header of 100 MiB", le64(h.size()) + h});
+  }
+  out.push_back({"a header length of 2^63", le64(1ull << 63) + "{}"});
+  out.push_back({"a header nested 10 million deep", [] {
+                   std::string h = std::string(10'000'000, '[') + std::string(10'000'000, ']');
+                   return le64(h.size()) + h;
+                 }()});
+  out.push_back({"a header of 20 million zeros", [] {
+                   std::string h = "[0";
+                   h.reserve(40'000'002);
+                   for (int i = 1; i < 20'000'000; ++i) h += ",0";
+                   h += "]";
+                   return le64(h.size()) + h;
+                 }()});
+
+  // Files of other formats.
+  out.push_back({"an empty file", ""});
+  out.push_back({"a text file", text_of_length(500)});
+  out.push_back({"a JSON file", R"({"step": 1, "loss": 2.5, "weights": [1, 2, 3]})"});
+  out.push_back({"a PNG image", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10", 20)});
+  out.push_back({"a zip archive (a PyTorch .pt)", std::string("PK\x03\x04\x14\0\0\0\0\0", 10) + text_of_length(200)});
+  out.push_back({"a pickle", std::string("\x80\x02}q\0(X\x05\0\0\0model", 18)});
+  out.push_back({"a GGUF file", std::string("GGUF\x03\0\0\0\x05\0\0\0\0\0\0\0", 16) + std::string(64, '\0')});
+  out.push_back({"a NumPy array", std::string("\x93NUMPY\x01\0v\0{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 64)});
+  out.push_back({"a gzip stream", std::string("\x1f\x8b\x08\0\0\0\0\0\0\x03", 10) + std::string(40, '\x55')});
+  out.push_back({"an executable (the tapegrad program)", slurp(program)});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("damaged checkpoints are refused by the loader and by tapegrad sample, with one clear line") {
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval",
+                                                 "2", "--out", "made"}, kTiny));
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string good = slurp(dir.file("made/softmax/checkpoint.safetensors"));
+  REQUIRE(good.size() > 1000);
+  // The good file loads, and samples.
+  spit(dir.file("good.safetensors"), good);
+  CHECK_NOTHROW(load_checkpoint(dir.file("good.safetensors")));
+  CliRun ok = run_cli(dir.path.string(), {"sample", "--checkpoint", "good.safetensors", "--tokens", "5"});
+  REQUIRE_MESSAGE(ok.code == 0, ok.out);
+
+  const auto cases = corruptions_of(good, TAPEGRAD_CLI);
+  CHECK(cases.size() >= 100);
+  int refused = 0;
+  for (const Corruption& c : cases) {
+    CAPTURE(c.what);
+    const std::string path = dir.file("damaged.safetensors");
+    spit(path, c.bytes);
+    // The loader, and then the model's checks, as tapegrad sample and evaluate apply them.
+    std::string message;
+    try {
+      Checkpoint ck = load_checkpoint(path);
+      (void)ck;
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    CliRun r = run_cli(dir.path.string(), {"sample", "--checkpoint", "damaged.safetensors", "--tokens", "5"});
+    CAPTURE(message);
+    CAPTURE(r.out);
+    CHECK(r.signal == 0);
+    CHECK(r.code == 2);
+    const bool one_line = r.out.rfind("tapegrad: error: ", 0) == 0 && r.out.find('\n') == r.out.size() - 1;
+    CHECK_MESSAGE(one_line, "expected one line 'tapegrad: error: ...'");
+    CHECK(r.out.size() < 600);
+    CHECK(r.out.find("damaged.safetensors") != std::string::npos);
+    // Every damage to the bytes is caught by the loader itself; only the lies of a header without checksums are
+    // left to the model's checks (a shape or a context the model does not have).
+    if (c.what.rfind("header lie without checksums", 0) != 0) {
+      CHECK_MESSAGE(!message.empty(), "the loader accepted it");
+      CHECK(message.find("damaged.safetensors") != std::string::npos);
+      CHECK(message.find('\n') == std::string::npos);
+    }
+    refused += r.signal == 0 && r.code == 2 && one_line;
+  }
+  MESSAGE(refused, " of ", cases.size(), " damaged checkpoints refused");
+}
+
+namespace {
+
+// A checkpoint of about 5 MB whose every element is `version`, which its metadata records too.
+Checkpoint versioned(const std::vector<Tensor>& tensors, int64_t version) {
+  Checkpoint ck;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    float* p = tensors[i].data<float>();
+    for (int64_t j = 0; j < tensors[i].numel(); ++j) p[j] = static_cast<float>(version);
+    ck.tensors.push_back({fmt::format("layer.{}.weight", i), tensors[i]});
+  }
+  ck.metadata["version"] = std::to_string(version);
+  return ck;
+}
+
+// The version a checkpoint holds, after checking that it is whole: every element and the metadata agree.
+int64_t version_of(const std::string& path) {
+  Checkpoint ck = load_checkpoint(path);
+  const int64_t v = std::stoll(ck.metadata.at("version"));
+  for (const auto& nt : ck.tensors) {
+    const float* p = nt.tensor.data<float>();
+    for (int64_t j = 0; j < nt.tensor.numel(); ++j)
+      if (p[j] != static_cast<float>(v)) fail("{}: element {} of {} is {}, not version {}", path, j, nt.name, p[j], v);
+  }
+  return v;
+}
+
+size_t temporaries_in(const std::filesystem::path& dir) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp-") != std::string::npos) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("SIGKILL at 50 random points of a checkpoint-writing loop never damages the previous checkpoint") {
+  ScratchDir dir;
+  const std::string path = dir.file("ck.safetensors");
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 5; ++i) tensors.push_back(Tensor::zeros(DType::f32, {256, 1024}));  // 5 × 1 MiB
+  save_checkpoint(path, versioned(tensors, 0));
+  const auto t0 = std::chrono::steady_clock::now();
+  save_checkpoint(path, versioned(tensors, 0));
+  const double save_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+
+  Rng rng(20260522);
+  int64_t last = 0;
+  size_t mid_write = 0;
+  const int kKills = 50;
+  for (int kill_point = 0; kill_point < kKills; ++kill_point) {
+    CAPTURE(kill_point);
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // writes version last+1, last+2, ... until killed
+      close(ready[0]);
+      try {
+        for (int64_t v = last + 1;; ++v) {
+          if (v == last + 1) (void)!write(ready[1], "w", 1);
+          save_checkpoint(path, versioned(tensors, v));
+        }
+      } catch (...) {
+      }
+      _exit(3);
+    }
+    close(ready[1]);
+    char c = 0;
+    const bool started = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    if (!started) kill(child, SIGKILL);
+    REQUIRE(started);
+    // Anywhere in the first three saves: serializing, writing, syncing, renaming, syncing the directory.
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng.uniform() * 3 * save_us)));
+    REQUIRE(kill(child, SIGKILL) == 0);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+
+    int64_t v = -1;
+    std::string error;
+    try {
+      v = version_of(path);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    REQUIRE_MESSAGE(error.empty(), "the checkpoint is damaged after a kill");
+    CHECK(v >= last);  // the newest complete save, never an older one
+    last = v;
+    // A kill between creating the temporary and renaming it leaves the temporary behind, never the target.
+    const size_t temporaries = temporaries_in(dir.path);
+    mid_write += temporaries > 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) std::filesystem::remove(e.path());
+  }
+  MESSAGE(kKills, " kills (", mid_write, " of them during a write, leaving a temporary), ", last,
+          " checkpoints written, 0 lost; one save of ", tensors.size(), " MiB takes ", save_us / 1000, " ms");
+  CHECK(mid_write > 0);
+}
+
+TEST_CASE("SIGKILL during tapegrad train with a checkpoint at every step leaves a checkpoint that loads and resumes") {
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  const auto args = with({"train", "--data", "text.txt", "--max-iters", "100000", "--eval-interval", "1", "--eval-iters",
+                          "1", "--out", "runs"}, kTiny);
+  const std::string ck = dir.file("runs/softmax/checkpoint.safetensors");
+  Rng rng(7);
+  const int kKills = 8;
+  for (int k = 0; k < kKills; ++k) {
+    CAPTURE(k);
+    std::vector<std::string> argv = with(args, k == 0 ? std::vector<std::string>{} : std::vector<std::string>{"--resume"});
+    std::string program = TAPEGRAD_CLI;
+    std::vector<char*> cargv{program.data()};
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      if (chdir(dir.path.c_str()) != 0) _exit(126);
+      execv(program.c_str(), cargv.data());
+      _exit(127);
+    }
+    // Once the first checkpoint of this run exists, somewhere in the next 300 ms.
+    const auto start = std::filesystem::exists(ck) ? std::filesystem::last_write_time(ck)
+                                                   : std::filesystem::file_time_type::min();
+    for (int i = 0; i < 3000 && (!std::filesystem::exists(ck) || std::filesystem::last_write_time(ck) == start); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng.uniform() * 300'000)));
+    REQUIRE(kill(child, SIGKILL) == 0);
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFSIGNALED(status));
+    Checkpoint loaded;
+    CHECK_NOTHROW(loaded = load_checkpoint(ck));
+    CHECK(std::stoll(loaded.metadata.at("tapegrad.step")) >= 0);
+  }
+  // After the last kill, the run resumes and finishes.
+  CliRun r = run_cli(dir.path.string(), with(args, {"--resume", "--stop-after", "2"}));
+  CHECK_MESSAGE(r.code == 0, r.out);
+  for (const auto& e : std::filesystem::directory_iterator(dir.path / "runs" / "softmax"))
+    if (e.path().filename().string().find(".tmp-") != std::string::npos) std::filesystem::remove(e.path());
+}
