@@ -5,58 +5,81 @@
 //   S = s·QKᵀ + B + M        M_ij = 0 where key j is visible to query i, −∞ where it is masked (causal: j > i)
 //   A = softmax_row(S)        (T, Tk), exactly 0 at masked entries
 //   O = A·V                   (T, dv)
-// The node keeps A and O; the backward needs no other n×n tensor than one (T, Tk) scratch per slice.
+// The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) scratch per thread.
+//
+// Work. The slices (b, h) are independent and run on the engine's threads, each slice on one thread. Within a
+// slice, the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees
+// keys j < i1 only, so every product of the block stops at column i1 (A is 0 beyond it) and the causal forward,
+// VJP and JVP do about half the multiply-adds of the full T × Tk products. Without the mask a block is all T rows.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "engine/blas.hpp"
+#include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_bias.hpp"
 #include "ops/attention_shapes.hpp"
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
 
 namespace {
 
+constexpr int64_t kQueryBlock = 64;
+
+// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
+template <class F>
+void for_each_query_block(const AttentionDims& D, F&& f) {
+  const int64_t block = D.causal ? kQueryBlock : D.T;
+  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
+    const int64_t r = std::min(block, D.T - i0);
+    f(i0, r, D.causal ? i0 + r : D.Tk);
+  }
+}
+
 // a[0..n) ← softmax(a[0..visible)) padded with zeros: a_j = exp(a_j − max) / Σ exp(a_k − max) for j < visible.
 // Subtracting the row maximum keeps exp ≤ 1 (logits of ±1e4 stay finite). A row whose visible scores are all
 // −∞ (fully masked by the bias) is defined as A_i = 0, so O_i = 0 and it passes no gradient.
+// float32 takes exp from ops/fast_math.hpp (vectorized, ≤ 1.4 ulp); max and sum run in eight lanes.
 template <class T>
 void masked_softmax_row(T* a, int64_t visible, int64_t n) {
-  T max = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < visible; ++j) max = std::max(max, a[j]);
+  const T max = lane_max(a, visible, -std::numeric_limits<T>::infinity());
   if (max == -std::numeric_limits<T>::infinity()) {
     std::fill(a, a + n, T(0));
     return;
   }
-  T sum = 0;
-  for (int64_t j = 0; j < visible; ++j) {
-    a[j] = std::exp(a[j] - max);
-    sum += a[j];
-  }
-  const T inv = 1 / sum;
+  for (int64_t j = 0; j < visible; ++j) a[j] = fast_exp(a[j] - max);
+  const T inv = 1 / lane_sum(a, visible);
   for (int64_t j = 0; j < visible; ++j) a[j] *= inv;
   std::fill(a + visible, a + n, T(0));
 }
 
-// Forward over all (b, h):  S = s·QKᵀ (gemm) + B (broadcast),  A = softmax_row(S + M),  O = A·V (gemm).
-// q (B,h,T,d), k (B,h,Tk,d), v (B,h,Tk,dv), bias broadcast to (B,h,T,Tk) or null → a (B,h,T,Tk), o (B,h,T,dv).
+// One (b, h) slice's inputs and outputs; bias is null without a bias.
 template <class T>
-void attention_forward(const AttentionDims& D, const T* q, const T* k, const T* v, const T* bias,
-                       const BiasLayout& L, T* a, T* o) {
+struct SliceData {
+  const T *q, *k, *v, *bias;
+  int64_t b, h;
+};
+
+template <class T>
+SliceData<T> slice_data(const AttentionDims& D, int64_t bh, const T* q, const T* k, const T* v, const T* bias) {
+  return {q + bh * D.T * D.d, k + bh * D.Tk * D.d, v + bh * D.Tk * D.dv, bias, bh / D.H, bh % D.H};
+}
+
+// Forward of one slice, block by block:  S_I = s·Q_I Kᵀ (gemm) + B_I (broadcast),  A_I = softmax_row(S_I + M_I),
+// O_I = A_I·V (gemm).                                                       a (T, Tk), o (T, dv) of the slice
+template <class T>
+void attention_forward(const AttentionDims& D, const SliceData<T>& x, const BiasLayout& L, T* a, T* o) {
   const T s = static_cast<T>(D.scale);
-  for (int64_t b = 0; b < D.B; ++b)
-    for (int64_t h = 0; h < D.H; ++h) {
-      const int64_t bh = b * D.H + h;
-      T* a_bh = a + bh * D.T * D.Tk;
-      gemm(false, true, D.T, D.Tk, D.d, s, q + bh * D.T * D.d, D.d, k + bh * D.Tk * D.d, D.d, T(0), a_bh, D.Tk);
-      if (bias) add_bias_block(L, a_bh, D.Tk, bias, b, h, 0, D.T, 0, D.Tk);
-      for (int64_t i = 0; i < D.T; ++i) masked_softmax_row(a_bh + i * D.Tk, D.visible(i), D.Tk);
-      gemm(false, false, D.T, D.dv, D.Tk, T(1), a_bh, D.Tk, v + bh * D.Tk * D.dv, D.dv, T(0), o + bh * D.T * D.dv,
-           D.dv);
-    }
+  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
+    T* a_blk = a + i0 * D.Tk;
+    gemm(false, true, r, key_end, D.d, s, x.q + i0 * D.d, D.d, x.k, D.d, T(0), a_blk, D.Tk);
+    if (x.bias) add_bias_block(L, a_blk, D.Tk, x.bias, x.b, x.h, i0, r, 0, key_end);
+    for (int64_t i = 0; i < r; ++i) masked_softmax_row(a_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
+    gemm(false, false, r, D.dv, key_end, T(1), a_blk, D.Tk, x.v, D.dv, T(0), o + i0 * D.dv, D.dv);
+  });
 }
 
 // VJP (seed 001's gradient in the vectorized form of math-notes §2, with seed 004's bias):
@@ -72,73 +95,65 @@ void attention_forward(const AttentionDims& D, const T* q, const T* k, const T* 
 // line `dS = dA * A - (A * dA).sum(dim=-1, keepdim=True) * A` (`*` element-wise), i.e. A ⊙ (dA − D·1ᵀ), is the
 // form used here. Its prose dQ = dS·K and dK = dS·Q omit the scale s and the transpose of dS. Seed 001's Ω is
 // this dS (with s = 1); its per-row loop is replaced by gemm.
-// dq, dk, dv, dbias may be null (no gradient wanted); ds is a (T, Tk) scratch.
+// Block by block, every product above splits over the query rows I: dV[0:e] += A_Iᵀ G_I, dA_I = G_I V[0:e]ᵀ,
+// dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
+// One slice; dq, dk, dv, dbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
 template <class T>
-void attention_vjp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* a, const T* o, const T* g,
+void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, const T* o, const T* g,
                    const BiasLayout& L, T* dq, T* dk, T* dv, T* dbias, T* ds) {
   const T s = static_cast<T>(D.scale);
   const bool need_ds = dq || dk || dbias;
-  for (int64_t b = 0; b < D.B; ++b)
-    for (int64_t h = 0; h < D.H; ++h) {
-      const int64_t bh = b * D.H + h;
-      const T* a_bh = a + bh * D.T * D.Tk;
-      const T* g_bh = g + bh * D.T * D.dv;
-      const T* v_bh = v + bh * D.Tk * D.dv;
-      if (dv) gemm(true, false, D.Tk, D.dv, D.T, T(1), a_bh, D.Tk, g_bh, D.dv, T(1), dv + bh * D.Tk * D.dv, D.dv);
-      if (!need_ds) continue;
-      gemm(false, true, D.T, D.Tk, D.dv, T(1), g_bh, D.dv, v_bh, D.dv, T(0), ds, D.Tk);
-      const T* o_bh = o + bh * D.T * D.dv;
-      for (int64_t i = 0; i < D.T; ++i) {
-        T row_term = 0;  // D_i = G_i·O_i
-        for (int64_t c = 0; c < D.dv; ++c) row_term += g_bh[i * D.dv + c] * o_bh[i * D.dv + c];
-        const T* a_i = a_bh + i * D.Tk;
-        T* ds_i = ds + i * D.Tk;
-        for (int64_t j = 0; j < D.Tk; ++j) ds_i[j] = a_i[j] * (ds_i[j] - row_term);
-      }
-      if (dq) gemm(false, false, D.T, D.d, D.Tk, s, ds, D.Tk, k + bh * D.Tk * D.d, D.d, T(1), dq + bh * D.T * D.d, D.d);
-      if (dk) gemm(true, false, D.Tk, D.d, D.T, s, ds, D.Tk, q + bh * D.T * D.d, D.d, T(1), dk + bh * D.Tk * D.d, D.d);
-      if (dbias) accumulate_bias_grad_block(L, dbias, ds, D.Tk, b, h, 0, D.T, 0, D.Tk);
+  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
+    const T* a_blk = a + i0 * D.Tk;
+    const T* g_blk = g + i0 * D.dv;
+    if (dv) gemm(true, false, key_end, D.dv, r, T(1), a_blk, D.Tk, g_blk, D.dv, T(1), dv, D.dv);
+    if (!need_ds) return;
+    gemm(false, true, r, key_end, D.dv, T(1), g_blk, D.dv, x.v, D.dv, T(0), ds, key_end);
+    for (int64_t i = 0; i < r; ++i) {
+      const T row_term = lane_dot(g_blk + i * D.dv, o + (i0 + i) * D.dv, D.dv);  // D_i = G_i·O_i
+      const T* a_i = a_blk + i * D.Tk;
+      T* ds_i = ds + i * key_end;
+      for (int64_t j = 0; j < key_end; ++j) ds_i[j] = a_i[j] * (ds_i[j] - row_term);
     }
+    if (dq) gemm(false, false, r, D.d, key_end, s, ds, key_end, x.k, D.d, T(1), dq + i0 * D.d, D.d);
+    if (dk) gemm(true, false, key_end, D.d, r, s, ds, key_end, x.q + i0 * D.d, D.d, T(1), dk, D.d);
+    if (dbias) accumulate_bias_grad_block(L, dbias, ds, key_end, x.b, x.h, i0, r, 0, key_end);
+  });
 }
 
 // JVP (seed 000's total derivative of Att, with s and the bias):
 //   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ                       (T, Tk)   seed 000's z̃_i = q̃_i + k̃_i, row i of Ż
 //   Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + A·V̇     (T, dv)   rowsum(A ⊙ Ż)_i = ⟨σ(p_i), z̃_i⟩ = seed 000's ι̃_i
 // Seed 000 writes the middle term as (ι̃ ⊗ 1_nᵀ) ⊙ Att; Att is (n, d), so the factor must be 1_dᵀ: each row
-// of O is scaled by its ι̃_i. Masked entries have A = 0 and contribute nothing. tq, tk, tv, tbias may be null
-// (no tangent); z is a (T, Tk) scratch; the result is added into tout.
+// of O is scaled by its ι̃_i. Masked entries have A = 0 and contribute nothing. Block by block, as the forward.
+// One slice; tq, tk, tv, tbias may be null (no tangent); z is a (block, Tk) scratch; the result is added into
+// tout.
 template <class T>
-void attention_jvp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* a, const T* o, const T* tq,
+void attention_jvp(const AttentionDims& D, const SliceData<T>& x, const T* a, const T* o, const T* tq,
                    const T* tk, const T* tv, const T* tbias, const BiasLayout& L, T* tout, T* z) {
   const T s = static_cast<T>(D.scale);
   const bool need_z = tq || tk || tbias;
-  for (int64_t b = 0; b < D.B; ++b)
-    for (int64_t h = 0; h < D.H; ++h) {
-      const int64_t bh = b * D.H + h;
-      const T* a_bh = a + bh * D.T * D.Tk;
-      T* t_bh = tout + bh * D.T * D.dv;
-      if (need_z) {
-        if (!tq && !tk) std::fill(z, z + D.T * D.Tk, T(0));
-        if (tq) gemm(false, true, D.T, D.Tk, D.d, s, tq + bh * D.T * D.d, D.d, k + bh * D.Tk * D.d, D.d, T(0), z, D.Tk);
-        if (tk)
-          gemm(false, true, D.T, D.Tk, D.d, s, q + bh * D.T * D.d, D.d, tk + bh * D.Tk * D.d, D.d, T(tq ? 1 : 0), z,
-               D.Tk);
-        if (tbias) add_bias_block(L, z, D.Tk, tbias, b, h, 0, D.T, 0, D.Tk);
-        const T* o_bh = o + bh * D.T * D.dv;
-        for (int64_t i = 0; i < D.T; ++i) {
-          const T* a_i = a_bh + i * D.Tk;
-          T* z_i = z + i * D.Tk;
-          T row_term = 0;  // ι̃_i = ⟨A_i, Ż_i⟩
-          for (int64_t j = 0; j < D.Tk; ++j) {
-            z_i[j] *= a_i[j];
-            row_term += z_i[j];
-          }
-          for (int64_t c = 0; c < D.dv; ++c) t_bh[i * D.dv + c] -= row_term * o_bh[i * D.dv + c];
-        }
-        gemm(false, false, D.T, D.dv, D.Tk, T(1), z, D.Tk, v + bh * D.Tk * D.dv, D.dv, T(1), t_bh, D.dv);
+  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
+    const T* a_blk = a + i0 * D.Tk;
+    T* t_blk = tout + i0 * D.dv;
+    if (need_z) {
+      if (!tq && !tk) std::fill(z, z + r * key_end, T(0));
+      if (tq) gemm(false, true, r, key_end, D.d, s, tq + i0 * D.d, D.d, x.k, D.d, T(0), z, key_end);
+      if (tk)
+        gemm(false, true, r, key_end, D.d, s, x.q + i0 * D.d, D.d, tk, D.d, T(tq ? 1 : 0), z, key_end);
+      if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.h, i0, r, 0, key_end);
+      for (int64_t i = 0; i < r; ++i) {
+        const T* a_i = a_blk + i * D.Tk;
+        T* z_i = z + i * key_end;
+        for (int64_t j = 0; j < key_end; ++j) z_i[j] *= a_i[j];
+        const T row_term = lane_sum(z_i, key_end);  // ι̃_i = ⟨A_i, Ż_i⟩
+        const T* o_i = o + (i0 + i) * D.dv;
+        for (int64_t c = 0; c < D.dv; ++c) t_blk[i * D.dv + c] -= row_term * o_i[c];
       }
-      if (tv) gemm(false, false, D.T, D.dv, D.Tk, T(1), a_bh, D.Tk, tv + bh * D.Tk * D.dv, D.dv, T(1), t_bh, D.dv);
+      gemm(false, false, r, D.dv, key_end, T(1), z, key_end, x.v, D.dv, T(1), t_blk, D.dv);
     }
+    if (tv) gemm(false, false, r, D.dv, key_end, T(1), a_blk, D.Tk, tv, D.dv, T(1), t_blk, D.dv);
+  });
 }
 
 template <class T>
@@ -149,6 +164,9 @@ template <class T>
 T* mutable_data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
+
+// Slices handed to the pool as a whole: each is at least a few small products.
+constexpr int64_t kSliceGrain = 1;
 
 }  // namespace
 
@@ -167,30 +185,67 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk});
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
+  const int64_t heads = dims.heads();
   dispatch_float(op, dtype, [&](auto tag) {
     using T = decltype(tag);
-    attention_forward<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv), layout, a.data<T>(),
-                         o.data<T>());
+    const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
+    T *pa = a.data<T>(), *po = o.data<T>();
+    parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh)
+        attention_forward<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), layout, pa + bh * dims.T * dims.Tk,
+                             po + bh * dims.T * dims.dv);
+    });
   });
   Tape* tp = &tape;
+  const int64_t scratch = std::min(dims.T, dims.causal ? kQueryBlock : dims.T) * dims.Tk;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
-    Tensor ds = tp->empty(dtype, {dims.T, dims.Tk});
+    const int64_t chunks = parallel_chunks(heads, kSliceGrain);
+    Tensor ds = tp->empty(dtype, {chunks, scratch});
+    // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
+    // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
+    const bool shared_dbias = dbias.defined() && chunks > 1 &&
+                              ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
+    Tensor dbias_parts = shared_dbias ? tp->zeros(dtype, {chunks - 1, dbias.numel()}) : Tensor{};
     dispatch_float(op, dtype, [&](auto tag) {
       using T = decltype(tag);
-      attention_vjp<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), a.data<T>(), o.data<T>(), g.data<T>(), layout,
-                       mutable_data_or_null<T>(gin[0]), mutable_data_or_null<T>(gin[1]),
-                       mutable_data_or_null<T>(gin[2]), mutable_data_or_null<T>(dbias), ds.data<T>());
+      const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
+      T *dq = mutable_data_or_null<T>(gin[0]), *dk = mutable_data_or_null<T>(gin[1]);
+      T *dv = mutable_data_or_null<T>(gin[2]), *db = mutable_data_or_null<T>(dbias);
+      parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        T* db_chunk = shared_dbias && chunk > 0 ? dbias_parts.data<T>() + (chunk - 1) * dbias.numel() : db;
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
+          attention_vjp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
+                           o.data<T>() + bh * dims.T * dims.dv, g.data<T>() + bh * dims.T * dims.dv, layout,
+                           dq ? dq + oq : nullptr, dk ? dk + ok : nullptr, dv ? dv + ov : nullptr, db_chunk,
+                           ds.data<T>() + chunk * scratch);
+        }
+      });
+      if (shared_dbias)
+        for (int64_t c = 0; c + 1 < chunks; ++c) {
+          const T* part = dbias_parts.data<T>() + c * dbias.numel();
+          for (int64_t e = 0; e < dbias.numel(); ++e) db[e] += part[e];
+        }
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    Tensor z = tp->empty(dtype, {dims.T, dims.Tk});
+    const int64_t chunks = parallel_chunks(heads, kSliceGrain);
+    Tensor z = tp->empty(dtype, {chunks, scratch});
     dispatch_float(op, dtype, [&](auto tag) {
       using T = decltype(tag);
-      attention_jvp<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), a.data<T>(), o.data<T>(),
-                       data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]),
-                       data_or_null<T>(tbias), layout, tout.data<T>(), z.data<T>());
+      const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
+      const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
+      parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
+          attention_jvp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
+                           o.data<T>() + bh * dims.T * dims.dv, tq ? tq + oq : nullptr, tk ? tk + ok : nullptr,
+                           tv ? tv + ov : nullptr, data_or_null<T>(tbias), layout,
+                           tout.data<T>() + bh * dims.T * dims.dv, z.data<T>() + chunk * scratch);
+        }
+      });
     });
   };
   if (bias.defined()) return tape.record(op, {q, k, v, bias}, o, vjp, jvp);
@@ -218,6 +273,11 @@ void register_attention(Registry& r) {
   r.add_case("attention", {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
   r.add_case("attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
                            qkv(causal)});
+  // Causal with T above kQueryBlock: two query blocks, the second one's products cut at its last key; the bias
+  // shared by both heads sums into dB from two threads' partial copies.
+  r.add_case("attention", {"causal T=70 bias (T,Tk)",
+                           {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}, {"bias", {70, 70}}},
+                           qkv_bias(causal)});
   // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
   struct BiasCase {
     const char* name;
