@@ -251,7 +251,7 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const std::vector<s
   for (auto [j, k] : bad)
     if (j / yc != k / xc) return std::nullopt;  // errors across rows: not a per-row term
   struct Candidate {
-    const char* name;
+    std::string name;
     std::vector<double> vec;
   };
   // The candidate vectors of row r for u (over y's row) or v (over x's row).
@@ -315,19 +315,45 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const std::vector<s
         if (!v.tol.ok(v.a[e], v.n[e] + sigma * u[static_cast<size_t>(a)] * w[static_cast<size_t>(b)]))
           return std::nullopt;
       }
-    auto fitting = [](const std::vector<Candidate>& cs, const std::vector<double>& unit) {
+    // The candidates parallel to the unit vector; else the combinations c₂ + ρ·c₁ of two of them (as y_r − 1),
+    // which join the candidates under that name.
+    auto fitting = [](std::vector<Candidate>& cs, const std::vector<double>& unit) {
       std::vector<std::string> names;
       for (const auto& c : cs) {
         const double cn = std::sqrt(dot(c.vec, c.vec));
         if (cn > 0 && std::abs(dot(c.vec, unit)) / cn >= 0.999) names.push_back(c.name);
       }
+      if (!names.empty()) return names;
+      const size_t singles = cs.size();
+      for (size_t p = 0; p < singles; ++p)
+        for (size_t q = p + 1; q < singles; ++q) {
+          const auto &c1 = cs[p].vec, &c2 = cs[q].vec;
+          const double g11 = dot(c1, c1), g12 = dot(c1, c2), g22 = dot(c2, c2), det = g11 * g22 - g12 * g12;
+          if (!(det > 1e-9 * g11 * g22)) continue;  // parallel: nothing a single one would not say
+          const double b1 = dot(c1, unit), b2 = dot(c2, unit);
+          const double a1 = (g22 * b1 - g12 * b2) / det, a2 = (g11 * b2 - g12 * b1) / det;
+          std::vector<double> fit(unit.size());
+          for (size_t e = 0; e < fit.size(); ++e) fit[e] = a1 * c1[e] + a2 * c2[e];
+          double res = 0;
+          for (size_t e = 0; e < fit.size(); ++e) res += (unit[e] - fit[e]) * (unit[e] - fit[e]);
+          if (res > 0.002 || std::abs(a2) < 1e-9 || std::abs(a1) < 1e-9) continue;
+          const double rho = a1 / a2;
+          std::string name = fmt::format("({} {} {}{})", cs[q].name, rho < 0 ? "−" : "+",
+                                         std::abs(std::abs(rho) - 1) < 1e-4 ? "" : fmt::format("{:.4g}·", std::abs(rho)),
+                                         cs[p].name);
+          std::vector<double> vec(c2);
+          for (size_t e = 0; e < vec.size(); ++e) vec[e] += rho * c1[e];
+          cs.push_back({"", std::move(vec)});
+          cs.back().name = name;
+          names.push_back(std::move(name));
+        }
       return names;
     };
     auto keep = [&](std::vector<std::string>& acc, const std::vector<std::string>& now) {
       if (first) acc = now;
       else std::erase_if(acc, [&](const std::string& s) { return std::find(now.begin(), now.end(), s) == now.end(); });
     };
-    const auto cu = candidates(r, yc), cv = candidates(r, xc);
+    auto cu = candidates(r, yc), cv = candidates(r, xc);
     keep(u_names, fitting(cu, u));
     keep(v_names, fitting(cv, w));
     // α_r against the first named pair of this row: E_r = α_r·cu cvᵀ.
@@ -542,7 +568,7 @@ std::string_view finding_name(Finding f) {
 }
 
 std::ostream& operator<<(std::ostream& os, const Verdict& v) {
-  return os << (v.ok ? "passed" : "FAILED") << "\n" << v.report;
+  return v.report.empty() ? os << (v.ok ? "passed" : "FAILED") : os << "\n" << v.report;
 }
 
 void GradcheckReport::conclude() {
@@ -875,7 +901,8 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
     else if (o.vjp_ok && o.jvp_ok && !o.adjoint_ok)
       summary.push_back({Finding::adjoint, o.name, "adjoint",
                          "VJP and JVP each pass their checks, but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩: they are not transposes of "
-                         "each other (an error below the finite-difference tolerance, or one the projections miss)"});
+                         "each other (an error below the finite-difference tolerance, one the projections miss, or a rule that "
+                         "is not linear and passes on one-hot cotangents)"});
     else if (!o.vjp_ok && !o.jvp_ok && o.adjoint_ok)
       summary.push_back({Finding::consistent, o.name, "",
                          "VJP and JVP both disagree with the finite differences but agree with each other (the "

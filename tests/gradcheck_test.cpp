@@ -83,7 +83,7 @@ GradcheckCase square_case(SquareSlip s) {
 Var softmax_of(Tape&, std::span<const Var> x) { return softmax(x[0]); }
 
 // The softmax VJP x̄_r = p_r ⊙ (ȳ_r − D_r), D_r = ⟨p_r, ȳ_r⟩, with one of its terms planted wrong.
-enum class SoftmaxSlip { none, no_normalizer, no_diagonal, wrong_row };
+enum class SoftmaxSlip { none, no_normalizer, no_diagonal, wrong_row, row_term_without_p };
 
 ClaimedVjp softmax_vjp(SoftmaxSlip slip) {
   return [slip](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
@@ -100,6 +100,7 @@ ClaimedVjp softmax_vjp(SoftmaxSlip slip) {
         double v = pi * (gi - dr);
         if (slip == SoftmaxSlip::no_normalizer) v = pi * gi;  // drops −p·D
         if (slip == SoftmaxSlip::no_diagonal) v = -pi * dr;   // drops p ⊙ ȳ
+        if (slip == SoftmaxSlip::row_term_without_p) v = pi * gi - dr;  // −D where −p·D belongs
         data(gin[0])[r * cols + c] += v;
       }
     }
@@ -538,6 +539,12 @@ TEST_CASE("diagnosis: a per-row term missing (softmax without −⟨p, ȳ⟩·p;
   REQUIRE(d);
   CHECK(d->message.find("α_r·y_r·y_rᵀ with α = 1 in every row") != std::string::npos);
   CHECK(d->message.find("⟨y_r, ȳ_r⟩·y_r") != std::string::npos);
+
+  GradcheckReport no_p = check_softmax(SoftmaxSlip::row_term_without_p);
+  INFO(no_p.str());
+  const Diagnosis* dp = no_p.find(Finding::per_row_term, "x");
+  REQUIRE(dp);
+  CHECK(dp->message.find("x̄_r is off by α_r·⟨y_r, ȳ_r⟩·(y_r − 1)") != std::string::npos);
 
   GradcheckReport beta = check_row_normalize_without_normalizer_term();
   INFO(beta.str());
