@@ -22,7 +22,7 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   int64_t eval_interval = 250;
-  int64_t eval_iters = 20;  // fixed batches per split
+  int64_t eval_iters = 50;  // fixed batches per split (38,400 tokens each at the defaults)
   int64_t log_interval = 100;  // plain log lines when the output is not a terminal
   int64_t sample_tokens = 300;
   uint64_t seed = 1337;
