@@ -126,7 +126,7 @@ std::optional<double> common_factor(std::span<const double> a, std::span<const d
   return c;
 }
 
-// Index map (j, k) → (j, k with x's axes p and q swapped), or with y's, or (k, j).
+// Index map (j, k) → (j, k with x's axes p and q swapped), or (j with y's axes swapped, k).
 std::vector<int64_t> swap_map(const JacobianView& v, bool on_x, int p, int q) {
   std::vector<int64_t> map(static_cast<size_t>(v.m * v.cols));
   const Shape& s = on_x ? v.xshape : v.yshape;
@@ -148,7 +148,7 @@ std::string times(double c) {
   return std::abs(c - 1) <= 1e-6 ? "" : fmt::format(" (and a factor {})", describe_factor(c));
 }
 
-// A = c·N, A = ±Nᵀ, A = N with axes swapped: one pattern that explains every element.
+// A = c·N, A = c·Nᵀ, A = c·N with two axes of x or of y swapped: one pattern that explains every element.
 std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v) {
   const std::string& x = v.input;
   const bool is_vjp = v.check == "vjp";
@@ -567,6 +567,11 @@ std::string_view finding_name(Finding f) {
   return "?";
 }
 
+std::string Diagnosis::str() const {
+  std::string where = input.empty() ? "" : check.empty() ? input + ": " : input + ", " + check + ": ";
+  return fmt::format("[{}] {}{}", finding_name(kind), where, message);
+}
+
 std::ostream& operator<<(std::ostream& os, const Verdict& v) {
   return v.report.empty() ? os << (v.ok ? "passed" : "FAILED") : os << "\n" << v.report;
 }
@@ -604,10 +609,7 @@ std::string GradcheckReport::str() const {
   }
   if (!diagnoses.empty()) {
     s += "  diagnosis:\n";
-    for (const auto& d : diagnoses) {
-      std::string where = d.input.empty() ? "" : d.check.empty() ? d.input + ": " : d.input + ", " + d.check + ": ";
-      s += fmt::format("    [{}] {}{}\n", finding_name(d.kind), where, d.message);
-    }
+    for (const auto& d : diagnoses) s += fmt::format("    {}\n", d.str());
   }
   return s;
 }

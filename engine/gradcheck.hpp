@@ -77,6 +77,7 @@ struct Diagnosis {
   std::string input;    // the input it concerns; empty for the whole case
   std::string check;    // vjp, jvp, adjoint, accumulate; empty for the whole case
   std::string message;  // one line, with the numbers that back it
+  std::string str() const;  // "[kind] input, check: message"
 };
 
 // Whether every check passed. Converts to bool, and is callable (report.passed()). Streamed, it prints the whole

@@ -19,10 +19,7 @@ void list_ops(const Registry& reg, std::FILE* out) {
 }
 
 void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
-  for (const auto& d : r.diagnoses) {
-    std::string where = d.input.empty() ? "" : d.check.empty() ? d.input + ": " : d.input + ", " + d.check + ": ";
-    fmt::print(out, "    [{}] {}{}\n", finding_name(d.kind), where, d.message);
-  }
+  for (const auto& d : r.diagnoses) fmt::print(out, "    {}\n", d.str());
 }
 
 constexpr const char* kUsage =
