@@ -13,11 +13,10 @@ namespace tapegrad {
 
 void write_loss_csv(const std::string& path, std::span<const LossRow> rows) {
   std::string csv = "step,lr,train_loss,val_loss,ms_per_step\n";
-  for (const LossRow& r : rows) {
-    csv += fmt::format("{},{},{},", r.step, r.lr, r.train_loss);
-    if (r.val_loss) csv += fmt::format("{}", *r.val_loss);
-    csv += fmt::format(",{}\n", r.ms_per_step);
-  }
+  auto number = [](double v) { return std::isfinite(v) ? fmt::format("{}", v) : std::string(); };  // empty: none
+  for (const LossRow& r : rows)
+    csv += fmt::format("{},{},{},{},{}\n", r.step, number(r.lr), number(r.train_loss),
+                       r.val_loss ? number(*r.val_loss) : std::string(), number(r.ms_per_step));
   write_file_atomic(path, csv);
 }
 

@@ -339,6 +339,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     ms.push_back(step_ms);
     res.step_losses.push_back(lv);
     st.rows.push_back({it, lr, lv, std::nullopt, step_ms});
+    if (!st.evals.empty() && st.evals.back().step == it) st.rows.back().val_loss = st.evals.back().val_loss;
     st.step = it + 1;
 
     if (!cfg.quiet) {
