@@ -8,6 +8,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/parallel.hpp"
+
 namespace tapegrad {
 
 namespace {
@@ -47,6 +49,13 @@ T parse_number(std::string_view flag, std::string_view text) {
 }  // namespace
 
 int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
+  // Gradcheck problems are a few dozen elements: the engine's threads would only add hand-offs (and, on a busy
+  // machine, waits for descheduled workers), so the command runs serially and restores the count after.
+  struct SerialEngine {
+    int saved = num_threads();
+    SerialEngine() { set_num_threads(1); }
+    ~SerialEngine() { set_num_threads(saved); }
+  } serial;
   if (a.list) {
     list_ops(reg, out);
     return 0;

@@ -11,6 +11,7 @@
 
 #include "engine/gradcheck.hpp"
 #include "engine/gradcheck_cli.hpp"
+#include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
@@ -45,6 +46,13 @@ Tensor random_tensor(Shape shape, uint64_t seed, double scale = 1.0) {
 }
 
 double* data(const Tensor& t) { return t.data<double>(); }
+
+// The engine single-threaded within a scope, as the gradcheck command runs: the problems are tiny.
+struct SerialEngine {
+  int saved = num_threads();
+  SerialEngine() { set_num_threads(1); }
+  ~SerialEngine() { set_num_threads(saved); }
+};
 
 // ---- y = x², recorded with planted VJP and JVP ----
 
@@ -335,6 +343,7 @@ TEST_CASE("every registered op has a gradcheck case, and each case records that 
 }
 
 TEST_CASE("every registered case passes the VJP, JVP, adjoint and accumulation checks in float64") {
+  SerialEngine serial;
   int cases = 0;
   double worst_vjp = 0, worst_jvp = 0;
   for (const OpInfo& op : builtin_registry().ops())
