@@ -34,9 +34,10 @@ inline void gemm_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-// Below this many multiply-adds a product is not split: handing half of it to another thread costs more than
-// it saves (a wake-up is ~1 µs when the worker is polling, tens of µs when it sleeps).
-constexpr int64_t kSplitMacs = int64_t{1} << 18;
+// Below this many multiply-adds (2M: ~40 µs on one core) a product is not split: the hand-off to another thread
+// costs ~1 µs when the worker is polling, tens of µs when it sleeps, and a scheduler time slice when other
+// processes hold the cores; smaller products are better parallelized by the loops around them.
+constexpr int64_t kSplitMacs = int64_t{1} << 21;
 // Blocks are whole multiples of this many rows (columns): the sgemm micro-kernels' tile height.
 constexpr int64_t kSplitUnit = 16;
 

@@ -41,11 +41,40 @@ int default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-// Workers 1..n−1 wait for a new epoch, run their range of the current job (if it has one for them) and count
-// down `pending`; the caller returns, and may publish the next job, only when every worker has counted down.
+// A parallel_for in progress. It lives on the caller's stack; the caller does not return before every chunk is
+// done and no worker is looking at it.
+struct Job {
+  int64_t n = 0, chunks = 0;
+  parallel_detail::RangeFn fn = nullptr;
+  void* ctx = nullptr;
+  std::atomic<int64_t> done{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+
+  void run_chunk(int64_t c) {
+    try {
+      fn(ctx, chunk_begin(n, chunks, c), chunk_begin(n, chunks, c + 1), c);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+    done.fetch_add(1, std::memory_order_release);
+  }
+};
+
+// Chunk c of a job belongs to worker c (chunk 0 to the caller), but whoever claims it first runs it: after its
+// own chunk the caller claims the chunks no worker has started, so a worker that the OS has not scheduled yet
+// (other processes on the cores) delays nothing. A chunk computes the same thing whichever thread runs it, so the
+// results do not depend on who ran what.
+//
+// Publication: the caller resets the claims, stores the job pointer, bumps the epoch (waking sleeping workers);
+// a worker announces itself in `active_` before it reads the pointer. Before returning, the caller clears the
+// pointer and waits for `active_` to drain: a worker either was counted (and is waited for) or reads the cleared
+// pointer or a later job.
 class Pool {
  public:
-  explicit Pool(int threads) : threads_(threads) {
+  explicit Pool(int threads) : threads_(threads), claims_(new std::atomic<bool>[static_cast<size_t>(threads)]) {
+    for (int c = 0; c < threads_; ++c) claims_[static_cast<size_t>(c)].store(true);
     for (int w = 1; w < threads_; ++w) workers_.emplace_back([this, w] { work(w); });
   }
   ~Pool() {
@@ -62,28 +91,27 @@ class Pool {
   // Runs the job on the calling thread and the workers; false (nothing run) if another thread holds the pool.
   bool run(int64_t n, int64_t chunks, parallel_detail::RangeFn fn, void* ctx) {
     if (chunks > threads_ || busy_.test_and_set(std::memory_order_acquire)) return false;
-    n_ = n;
-    chunks_ = chunks;
-    fn_ = fn;
-    ctx_ = ctx;
-    error_ = nullptr;
-    pending_.store(threads_ - 1, std::memory_order_relaxed);  // every worker acknowledges every job
+    Job job;
+    job.n = n;
+    job.chunks = chunks;
+    job.fn = fn;
+    job.ctx = ctx;
+    for (int64_t c = 1; c < chunks; ++c) claims_[static_cast<size_t>(c)].store(false, std::memory_order_relaxed);
+    job_.store(&job, std::memory_order_seq_cst);
     epoch_.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) epoch_.notify_all();
     t_in_region = true;
-    try {
-      fn(ctx, 0, chunk_begin(n, chunks, 1), 0);
-    } catch (...) {
-      record_error();
-    }
+    job.run_chunk(0);
+    for (int64_t c = 1; c < chunks; ++c)
+      if (!claims_[static_cast<size_t>(c)].exchange(true, std::memory_order_acq_rel)) job.run_chunk(c);
     t_in_region = false;
-    for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) {
+    job_.store(nullptr, std::memory_order_seq_cst);
+    for (int spins = 0; job.done.load(std::memory_order_acquire) < chunks || active_.load() > 0; ++spins) {
       cpu_relax();
-      if (spins > 4096) std::this_thread::yield();  // the worker may have been descheduled
+      if (spins > 4096) std::this_thread::yield();  // a worker was descheduled inside its chunk
     }
-    std::exception_ptr error = error_;
     busy_.clear(std::memory_order_release);
-    if (error) std::rethrow_exception(error);
+    if (job.error) std::rethrow_exception(job.error);
     return true;
   }
 
@@ -103,35 +131,23 @@ class Pool {
       }
       seen = epoch_.load(std::memory_order_acquire);
       if (stop_.load()) return;
-      if (w < chunks_) {
-        try {
-          fn_(ctx_, chunk_begin(n_, chunks_, w), chunk_begin(n_, chunks_, w + 1), w);
-        } catch (...) {
-          record_error();
-        }
-      }
-      pending_.fetch_sub(1, std::memory_order_release);  // after this the caller may publish the next job
+      active_.fetch_add(1, std::memory_order_seq_cst);
+      Job* job = job_.load(std::memory_order_seq_cst);
+      if (job && w < job->chunks && !claims_[static_cast<size_t>(w)].exchange(true, std::memory_order_acq_rel))
+        job->run_chunk(w);
+      active_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
-  void record_error() {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (!error_) error_ = std::current_exception();
-  }
-
   const int threads_;
+  std::unique_ptr<std::atomic<bool>[]> claims_;  // claims_[c]: chunk c of the current job has been taken
   std::vector<std::thread> workers_;
+  std::atomic<Job*> job_{nullptr};
   std::atomic<uint64_t> epoch_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> active_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
   std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
-  // The current job, written by run() before the epoch is published.
-  int64_t n_ = 0, chunks_ = 0;
-  parallel_detail::RangeFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  std::exception_ptr error_;
-  std::mutex error_mutex_;
 };
 
 std::mutex g_pool_mutex;

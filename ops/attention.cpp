@@ -165,9 +165,6 @@ T* mutable_data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-// Slices handed to the pool as a whole: each is at least a few small products.
-constexpr int64_t kSliceGrain = 1;
-
 }  // namespace
 
 Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
@@ -185,12 +182,12 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk});
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
-  const int64_t heads = dims.heads();
+  const int64_t heads = dims.heads(), grain = dims.slice_grain();
   dispatch_float(op, dtype, [&](auto tag) {
     using T = decltype(tag);
     const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
     T *pa = a.data<T>(), *po = o.data<T>();
-    parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end) {
+    parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
       for (int64_t bh = begin; bh < end; ++bh)
         attention_forward<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), layout, pa + bh * dims.T * dims.Tk,
                              po + bh * dims.T * dims.dv);
@@ -200,7 +197,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   const int64_t scratch = std::min(dims.T, dims.causal ? kQueryBlock : dims.T) * dims.Tk;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
-    const int64_t chunks = parallel_chunks(heads, kSliceGrain);
+    const int64_t chunks = parallel_chunks(heads, grain);
     Tensor ds = tp->empty(dtype, {chunks, scratch});
     // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
     // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
@@ -212,7 +209,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = mutable_data_or_null<T>(gin[0]), *dk = mutable_data_or_null<T>(gin[1]);
       T *dv = mutable_data_or_null<T>(gin[2]), *db = mutable_data_or_null<T>(dbias);
-      parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         T* db_chunk = shared_dbias && chunk > 0 ? dbias_parts.data<T>() + (chunk - 1) * dbias.numel() : db;
         for (int64_t bh = begin; bh < end; ++bh) {
           const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
@@ -231,13 +228,13 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    const int64_t chunks = parallel_chunks(heads, kSliceGrain);
+    const int64_t chunks = parallel_chunks(heads, grain);
     Tensor z = tp->empty(dtype, {chunks, scratch});
     dispatch_float(op, dtype, [&](auto tag) {
       using T = decltype(tag);
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-      parallel_for(heads, kSliceGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         for (int64_t bh = begin; bh < end; ++bh) {
           const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
           attention_jvp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
@@ -274,9 +271,9 @@ void register_attention(Registry& r) {
   r.add_case("attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
                            qkv(causal)});
   // Causal with T above kQueryBlock: two query blocks, the second one's products cut at its last key; the bias
-  // shared by both heads sums into dB from two threads' partial copies.
+  // shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
   r.add_case("attention", {"causal T=70 bias (T,Tk)",
-                           {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}, {"bias", {70, 70}}},
+                           {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
                            qkv_bias(causal)});
   // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
   struct BiasCase {

@@ -1,6 +1,7 @@
 // Shape checks shared by the attention nodes: Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/attention.hpp"
@@ -15,6 +16,13 @@ struct AttentionDims {
   int64_t heads() const { return B * H; }
   // Keys visible to query i: j < visible(i).
   int64_t visible(int64_t i) const { return causal ? i + 1 : Tk; }
+  // Slices (b, h) per range when a loop over slices runs on the engine's threads: a range holds at least ~2¹⁶
+  // multiply-adds of the score products, so that handing it to another thread (a microsecond or more) costs
+  // little; gradcheck-sized slices stay on the calling thread.
+  int64_t slice_grain() const {
+    const int64_t work = std::max<int64_t>(T * Tk * (d + dv), 1);
+    return std::max<int64_t>(1, (int64_t{1} << 16) / work);
+  }
 };
 
 // Checks ranks, dtypes, and that B, h, d and Tk agree; causal needs T = Tk. Throws naming `op` and the shapes.

@@ -17,25 +17,41 @@
 // h/(1 + r) and the claim gives 0). Hence the seed's "simpler total derivative"
 // dAtt_β·Θ̃ = (f̃ ⊗ 1_nᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ) (where 1_nᵀ would also have to be 1_dᵀ) is wrong, and the
 // full row map below is needed.
+//
+// Work, as in attention.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
+// the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees keys
+// j < i1 only (Bβ and dP are 0 beyond), so its products stop at column i1.
 #include <algorithm>
 #include <cmath>
 
 #include "engine/blas.hpp"
+#include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_shapes.hpp"
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
 
 namespace {
 
+constexpr int64_t kQueryBlock = 64;
+
+// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
+template <class F>
+void for_each_query_block(const AttentionDims& D, F&& f) {
+  const int64_t block = D.causal ? kQueryBlock : D.T;
+  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
+    const int64_t r = std::min(block, D.T - i0);
+    f(i0, r, D.causal ? i0 + r : D.Tk);
+  }
+}
+
 // p[0..n) ← β(p[0..visible)) padded with zeros; returns r = ‖p[0..visible)‖ (the masked entries are 0).
 template <class T>
 T beta_row_forward(T* p, int64_t visible, int64_t n) {
   std::fill(p + visible, p + n, T(0));
-  T sq = 0;
-  for (int64_t j = 0; j < visible; ++j) sq += p[j] * p[j];
-  const T r = std::sqrt(sq);
+  const T r = std::sqrt(lane_dot(p, p, visible));
   const T c = 1 / (1 + r);
   for (int64_t j = 0; j < visible; ++j) p[j] *= c;
   return r;
@@ -47,27 +63,22 @@ T beta_row_forward(T* p, int64_t visible, int64_t n) {
 template <class T>
 void beta_row_derivative(T* u, const T* beta, T r, int64_t visible, int64_t n) {
   const T c = 1 / (1 + r);
-  T along = 0;
-  if (r > 0) {
-    for (int64_t j = 0; j < visible; ++j) along += beta[j] * u[j];
-    along /= r;
-  }
+  const T along = r > 0 ? lane_dot(beta, u, visible) / r : T(0);
   for (int64_t j = 0; j < visible; ++j) u[j] = c * u[j] - along * beta[j];
   std::fill(u + visible, u + n, T(0));
 }
 
-// Forward over all (b, h): P = s·QKᵀ (gemm), masked to 0; Bβ = β(P) row-wise; O = Bβ·V (gemm).
-// q (B,h,T,d), k (B,h,Tk,d), v (B,h,Tk,dv) → bb (B,h,T,Tk), r (B,h,T), o (B,h,T,dv).
+// Forward of one slice, block by block: P_I = s·Q_I Kᵀ (gemm), masked to 0; Bβ_I = β(P_I) row-wise;
+// O_I = Bβ_I·V (gemm).       q (T,d), k (Tk,d), v (Tk,dv) → bb (T,Tk), r (T), o (T,dv) of the slice
 template <class T>
 void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, const T* v, T* bb, T* r, T* o) {
   const T s = static_cast<T>(D.scale);
-  for (int64_t bh = 0; bh < D.heads(); ++bh) {
-    T* b_bh = bb + bh * D.T * D.Tk;
-    gemm(false, true, D.T, D.Tk, D.d, s, q + bh * D.T * D.d, D.d, k + bh * D.Tk * D.d, D.d, T(0), b_bh, D.Tk);
-    for (int64_t i = 0; i < D.T; ++i) r[bh * D.T + i] = beta_row_forward(b_bh + i * D.Tk, D.visible(i), D.Tk);
-    gemm(false, false, D.T, D.dv, D.Tk, T(1), b_bh, D.Tk, v + bh * D.Tk * D.dv, D.dv, T(0), o + bh * D.T * D.dv,
-         D.dv);
-  }
+  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    T* b_blk = bb + i0 * D.Tk;
+    gemm(false, true, rows, key_end, D.d, s, q + i0 * D.d, D.d, k, D.d, T(0), b_blk, D.Tk);
+    for (int64_t i = 0; i < rows; ++i) r[i0 + i] = beta_row_forward(b_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
+    gemm(false, false, rows, D.dv, key_end, T(1), b_blk, D.Tk, v, D.dv, T(0), o + i0 * D.dv, D.dv);
+  });
 }
 
 // VJP (math-notes §1):
@@ -76,50 +87,64 @@ void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, cons
 //   dP_i = c_i·dBβ_i − c_i²(⟨p_i, dBβ_i⟩/r_i)·p_i,  then dP ← M ⊙ dP   (T, Tk)
 //   dQ += s·dP·K,   dK += s·dPᵀ·Q
 // The mask on dP is required: P_ij = M_ij·s·q_i·k_j, so ∂L/∂(s·QKᵀ) = M ⊙ dP; without it dQ and dK pick up
-// the masked entries' c·dBβ_ij. dq, dk, dv may be null; dp is a (T, Tk) scratch.
+// the masked entries' c·dBβ_ij. Block by block: dV[0:e] += Bβ_Iᵀ G_I, dBβ_I = G_I V[0:e]ᵀ, dQ_I += s·dP_I K[0:e],
+// dK[0:e] += s·dP_Iᵀ Q_I with e = key_end(I). One slice; dq, dk, dv may be null; dp is a (block, Tk) scratch.
 template <class T>
 void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* bb, const T* r,
                         const T* g, T* dq, T* dk, T* dv, T* dp) {
   const T s = static_cast<T>(D.scale);
-  for (int64_t bh = 0; bh < D.heads(); ++bh) {
-    const T* b_bh = bb + bh * D.T * D.Tk;
-    const T* g_bh = g + bh * D.T * D.dv;
-    if (dv) gemm(true, false, D.Tk, D.dv, D.T, T(1), b_bh, D.Tk, g_bh, D.dv, T(1), dv + bh * D.Tk * D.dv, D.dv);
-    if (!dq && !dk) continue;
-    gemm(false, true, D.T, D.Tk, D.dv, T(1), g_bh, D.dv, v + bh * D.Tk * D.dv, D.dv, T(0), dp, D.Tk);
-    for (int64_t i = 0; i < D.T; ++i)
-      beta_row_derivative(dp + i * D.Tk, b_bh + i * D.Tk, r[bh * D.T + i], D.visible(i), D.Tk);
-    if (dq) gemm(false, false, D.T, D.d, D.Tk, s, dp, D.Tk, k + bh * D.Tk * D.d, D.d, T(1), dq + bh * D.T * D.d, D.d);
-    if (dk) gemm(true, false, D.Tk, D.d, D.T, s, dp, D.Tk, q + bh * D.T * D.d, D.d, T(1), dk + bh * D.Tk * D.d, D.d);
-  }
+  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* b_blk = bb + i0 * D.Tk;
+    const T* g_blk = g + i0 * D.dv;
+    if (dv) gemm(true, false, key_end, D.dv, rows, T(1), b_blk, D.Tk, g_blk, D.dv, T(1), dv, D.dv);
+    if (!dq && !dk) return;
+    gemm(false, true, rows, key_end, D.dv, T(1), g_blk, D.dv, v, D.dv, T(0), dp, key_end);
+    for (int64_t i = 0; i < rows; ++i)
+      beta_row_derivative(dp + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+    if (dq) gemm(false, false, rows, D.d, key_end, s, dp, key_end, k, D.d, T(1), dq + i0 * D.d, D.d);
+    if (dk) gemm(true, false, key_end, D.d, rows, s, dp, key_end, q + i0 * D.d, D.d, T(1), dk, D.d);
+  });
 }
 
 // JVP (seed 000's Leibniz rule, with the full dβ):
 //   Ṗ = (s(Q̇Kᵀ + QK̇ᵀ)) ⊙ M,   Ḃβ_i = dβ(p_i)·ṗ_i = c_i·ṗ_i − c_i²(⟨p_i, ṗ_i⟩/r_i)·p_i,   Ȯ = Ḃβ·V + Bβ·V̇
-// tq, tk, tv may be null; pdot is a (T, Tk) scratch; the result is added into tout.
+// Block by block, as the forward. One slice; tq, tk, tv may be null; pdot is a (block, Tk) scratch; the result
+// is added into tout.
 template <class T>
 void beta_attention_jvp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* bb, const T* r,
                         const T* tq, const T* tk, const T* tv, T* tout, T* pdot) {
   const T s = static_cast<T>(D.scale);
-  for (int64_t bh = 0; bh < D.heads(); ++bh) {
-    const T* b_bh = bb + bh * D.T * D.Tk;
-    T* t_bh = tout + bh * D.T * D.dv;
+  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* b_blk = bb + i0 * D.Tk;
+    T* t_blk = tout + i0 * D.dv;
     if (tq || tk) {
-      if (tq) gemm(false, true, D.T, D.Tk, D.d, s, tq + bh * D.T * D.d, D.d, k + bh * D.Tk * D.d, D.d, T(0), pdot, D.Tk);
+      if (tq) gemm(false, true, rows, key_end, D.d, s, tq + i0 * D.d, D.d, k, D.d, T(0), pdot, key_end);
       if (tk)
-        gemm(false, true, D.T, D.Tk, D.d, s, q + bh * D.T * D.d, D.d, tk + bh * D.Tk * D.d, D.d, T(tq ? 1 : 0), pdot,
-             D.Tk);
-      for (int64_t i = 0; i < D.T; ++i)
-        beta_row_derivative(pdot + i * D.Tk, b_bh + i * D.Tk, r[bh * D.T + i], D.visible(i), D.Tk);
-      gemm(false, false, D.T, D.dv, D.Tk, T(1), pdot, D.Tk, v + bh * D.Tk * D.dv, D.dv, T(1), t_bh, D.dv);
+        gemm(false, true, rows, key_end, D.d, s, q + i0 * D.d, D.d, tk, D.d, T(tq ? 1 : 0), pdot, key_end);
+      for (int64_t i = 0; i < rows; ++i)
+        beta_row_derivative(pdot + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+      gemm(false, false, rows, D.dv, key_end, T(1), pdot, key_end, v, D.dv, T(1), t_blk, D.dv);
     }
-    if (tv) gemm(false, false, D.T, D.dv, D.Tk, T(1), b_bh, D.Tk, tv + bh * D.Tk * D.dv, D.dv, T(1), t_bh, D.dv);
-  }
+    if (tv) gemm(false, false, rows, D.dv, key_end, T(1), b_blk, D.Tk, tv, D.dv, T(1), t_blk, D.dv);
+  });
 }
 
 template <class T>
 T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
+}
+
+// Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
+struct SliceOffsets {
+  int64_t q, k, v, o, scores, rows;
+  SliceOffsets(const AttentionDims& D, int64_t bh)
+      : q(bh * D.T * D.d), k(bh * D.Tk * D.d), v(bh * D.Tk * D.dv), o(bh * D.T * D.dv), scores(bh * D.T * D.Tk),
+        rows(bh * D.T) {}
+};
+
+template <class T>
+T* offset_or_null(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;
 }
 
 }  // namespace
@@ -133,29 +158,51 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   Tensor bb = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk});
   Tensor r = tape.empty(dtype, {dims.B, dims.H, dims.T});
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
+  const int64_t heads = dims.heads(), grain = dims.slice_grain();
   dispatch_float(op, dtype, [&](auto tag) {
     using T = decltype(tag);
-    beta_attention_forward<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), bb.data<T>(), r.data<T>(), o.data<T>());
+    parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const SliceOffsets at(dims, bh);
+        beta_attention_forward<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
+                                  bb.data<T>() + at.scores, r.data<T>() + at.rows, o.data<T>() + at.o);
+      }
+    });
   });
   Tape* tp = &tape;
+  const int64_t scratch = std::min(dims.T, dims.causal ? kQueryBlock : dims.T) * dims.Tk;
   return tape.record(
       op, {q, k, v}, o,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        Tensor dp = tp->empty(dtype, {dims.T, dims.Tk});
+        Tensor dp = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
         dispatch_float(op, dtype, [&](auto tag) {
           using T = decltype(tag);
-          beta_attention_vjp<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), bb.data<T>(), r.data<T>(), g.data<T>(),
-                                data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(gin[2]),
-                                dp.data<T>());
+          T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
+          parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            for (int64_t bh = begin; bh < end; ++bh) {
+              const SliceOffsets at(dims, bh);
+              beta_attention_vjp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
+                                    bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
+                                    offset_or_null(dq, at.q), offset_or_null(dk, at.k), offset_or_null(dv, at.v),
+                                    dp.data<T>() + chunk * scratch);
+            }
+          });
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
-        Tensor pdot = tp->empty(dtype, {dims.T, dims.Tk});
+        Tensor pdot = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
         dispatch_float(op, dtype, [&](auto tag) {
           using T = decltype(tag);
-          beta_attention_jvp<T>(dims, qv.data<T>(), kv.data<T>(), vv.data<T>(), bb.data<T>(), r.data<T>(),
-                                data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]),
-                                tout.data<T>(), pdot.data<T>());
+          const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
+          parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            for (int64_t bh = begin; bh < end; ++bh) {
+              const SliceOffsets at(dims, bh);
+              beta_attention_jvp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
+                                    bb.data<T>() + at.scores, r.data<T>() + at.rows, offset_or_null(tq, at.q),
+                                    offset_or_null(tk, at.k), offset_or_null(tv, at.v), tout.data<T>() + at.o,
+                                    pdot.data<T>() + chunk * scratch);
+            }
+          });
         });
       });
 }
@@ -178,6 +225,9 @@ void register_beta_attention(Registry& r) {
   r.add_case("beta_attention", {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
   r.add_case("beta_attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
                                 qkv(causal)});
+  // Causal with T above kQueryBlock: two query blocks, the second one's products cut at its last key.
+  r.add_case("beta_attention", {"causal T=70 (two blocks)",
+                                {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}}, qkv(causal)});
   // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
   r.add_case("beta_attention", {"Q = 0 (β at 0)",
                                 {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},

@@ -102,7 +102,7 @@ TEST_CASE("a split product equals the unsplit one to rounding, for every transpo
   struct Dims {
     int64_t m, n, k;
   };
-  for (Dims dims : {Dims{200, 150, 96}, Dims{197, 33, 301}, Dims{768, 512, 128}, Dims{40, 300, 96}})
+  for (Dims dims : {Dims{200, 150, 96}, Dims{197, 130, 301}, Dims{768, 512, 128}, Dims{48, 300, 200}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const int64_t m = dims.m, n = dims.n, k = dims.k;
@@ -132,4 +132,19 @@ TEST_CASE("a large split product is the same in every run") {
     gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, again.data(), n);
     CHECK(again == first);
   }
+}
+
+TEST_CASE("many short parallel_for calls in a row: every chunk runs once, whoever takes it") {
+  ThreadCount threads(2);
+  std::vector<int64_t> per_chunk(2);
+  int64_t total = 0;
+  for (int call = 0; call < 20000; ++call) {
+    per_chunk.assign(2, 0);
+    parallel_for(64, 1, [&](int64_t b, int64_t e, int64_t chunk) {
+      for (int64_t i = b; i < e; ++i) per_chunk[static_cast<size_t>(chunk)] += i;
+    });
+    total += per_chunk[0] + per_chunk[1];
+    REQUIRE(per_chunk[0] == 31 * 32 / 2);
+  }
+  CHECK(total == 20000 * (63 * 64 / 2));
 }
