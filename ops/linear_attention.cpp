@@ -15,15 +15,17 @@
 // scores P = tril(q_I k_Iᵀ) (c×c, key j ≤ query i),
 //   num_I = q_I S + P v_I,   den_I = q_I z + P1,   then  S += k_Iᵀ v_I,  z += k_Iᵀ1,
 // so every product is a gemm and the state is O(d·dv + C²) per head. Non-causal: S, z are the full sums
-// and there is no in-chunk term.
+// and there is no in-chunk term. The slices (b, h) run on the engine's threads, each range with its workspace.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "engine/blas.hpp"
+#include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_shapes.hpp"
 #include "ops/common.hpp"
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
@@ -45,15 +47,20 @@ HeadDims check_shapes(const Var& q, const Var& k, const Var& v, bool causal) {
   return {a.heads(), a.T, a.Tk, a.d, a.dv, causal};
 }
 
-template <class T> T phi(T x) { return x > 0 ? x + 1 : std::exp(x); }
+// Slices per range of the loops over slices on the engine's threads: ~2¹⁶ multiply-adds per range at least
+// (the state updates d·dv per row and the in-chunk scores C·(d + dv) per row).
+int64_t slice_grain(const HeadDims& n) {
+  const int64_t work = std::max<int64_t>((n.tq + n.tk) * (n.d * n.dv + std::min(kChunk, n.tk) * (n.d + n.dv)), 1);
+  return std::max<int64_t>(1, (int64_t{1} << 16) / work);
+}
+
+template <class T> T phi(T x) { return x > 0 ? x + 1 : fast_exp(x); }  // float32: ops/fast_math.hpp's exp
 // φ′ read off the saved φ: φ > 1 exactly where x > 0.
 template <class T> T phi_prime_of_phi(T p) { return p < 1 ? p : T(1); }
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return lane_dot(a, b, n);
 }
 
 // Scratch for one call, sized once and reused by every (b, h) slice.
@@ -332,42 +339,52 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   Tensor phi_q = tape.empty(dtype, q.shape()), phi_k = tape.empty(dtype, k.shape());
   Tensor out = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq, n.dv});
   Tensor den = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq});
+  const int64_t grain = slice_grain(n);
+  // The slices (b, h) run on the engine's threads, each with its own workspace.
   dispatch_float(kOp, dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T *Q = Qv.data<T>(), *K = Kv.data<T>();
-    T *pq = phi_q.data<T>(), *pk = phi_k.data<T>();
-    for (int64_t i = 0, m = phi_q.numel(); i < m; ++i) pq[i] = phi(Q[i]);
-    for (int64_t i = 0, m = phi_k.numel(); i < m; ++i) pk[i] = phi(K[i]);
-    Workspace<T> w(n);
-    for (int64_t s = 0; s < n.heads; ++s)
-      linear_attention_forward(out.data<T>() + s * n.tq * n.dv, den.data<T>() + s * n.tq, pq + s * n.tq * n.d,
-                               pk + s * n.tk * n.d, Vv.data<T>() + s * n.tk * n.dv, n, w);
+    parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
+      Workspace<T> w(n);
+      for (int64_t s = begin; s < end; ++s) {
+        const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d;
+        const T *Q = Qv.data<T>() + oq, *K = Kv.data<T>() + ok;
+        T *pq = phi_q.data<T>() + oq, *pk = phi_k.data<T>() + ok;
+        for (int64_t i = 0; i < n.tq * n.d; ++i) pq[i] = phi(Q[i]);
+        for (int64_t i = 0; i < n.tk * n.d; ++i) pk[i] = phi(K[i]);
+        linear_attention_forward(out.data<T>() + s * n.tq * n.dv, den.data<T>() + s * n.tq, pq, pk,
+                                 Vv.data<T>() + s * n.tk * n.dv, n, w);
+      }
+    });
   });
   return tape.record(
       kOp, {q, k, v}, out,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         dispatch_float(kOp, g.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          Workspace<T> w(n);
-          for (int64_t s = 0; s < n.heads; ++s) {
-            const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-            linear_attention_vjp(slice_or_null<T>(gin[0], oq), slice_or_null<T>(gin[1], ok),
-                                 slice_or_null<T>(gin[2], ov), g.data<T>() + oo, phi_q.data<T>() + oq,
-                                 phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
-                                 den.data<T>() + s * n.tq, n, w);
-          }
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
+            Workspace<T> w(n);
+            for (int64_t s = begin; s < end; ++s) {
+              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
+              linear_attention_vjp(slice_or_null<T>(gin[0], oq), slice_or_null<T>(gin[1], ok),
+                                   slice_or_null<T>(gin[2], ov), g.data<T>() + oo, phi_q.data<T>() + oq,
+                                   phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
+                                   den.data<T>() + s * n.tq, n, w);
+            }
+          });
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
         dispatch_float(kOp, tout.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          Workspace<T> w(n);
-          for (int64_t s = 0; s < n.heads; ++s) {
-            const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-            linear_attention_jvp(tout.data<T>() + oo, slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                 slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
-                                 Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n, w);
-          }
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
+            Workspace<T> w(n);
+            for (int64_t s = begin; s < end; ++s) {
+              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
+              linear_attention_jvp(tout.data<T>() + oo, slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
+                                   slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
+                                   Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n, w);
+            }
+          });
         });
       });
 }

@@ -7,16 +7,19 @@
 //   S = s·QKᵀ + B + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
 // The scores are visited in tiles I × J of `block` query rows and `block` key columns. Under the causal mask a
 // query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped.
-// Scratch per call: two block×block tiles and a few block-long rows, whatever T.
+// Scratch per thread: two block×block tiles and a few block-long rows, whatever T. The slices (b, h) run on the
+// engine's threads; float32 takes exp from ops/fast_math.hpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "engine/blas.hpp"
+#include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_bias.hpp"
 #include "ops/attention_shapes.hpp"
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
@@ -67,7 +70,7 @@ void probability_tile(T* S, const T* lse, int64_t r, int64_t c) {
       std::fill(s_row, s_row + c, T(0));
       continue;
     }
-    for (int64_t j = 0; j < c; ++j) s_row[j] = std::exp(s_row[j] - lse[a]);
+    for (int64_t j = 0; j < c; ++j) s_row[j] = fast_exp(s_row[j] - lse[a]);
   }
 }
 
@@ -96,18 +99,14 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
       score_tile(P, x, L, n, i0, r, j0, c);
       for (int64_t a = 0; a < r; ++a) {
         T* p_row = P + a * c;
-        const T m_new = std::max(m[a], *std::max_element(p_row, p_row + c));
+        const T m_new = lane_max(p_row, c, m[a]);
         if (m_new == kNegInf<T>) {  // nothing visible yet in this row
           std::fill(p_row, p_row + c, T(0));
           continue;
         }
-        const T alpha = std::exp(m[a] - m_new);  // 0 while m = −∞
-        T sum = 0;
-        for (int64_t j = 0; j < c; ++j) {
-          p_row[j] = std::exp(p_row[j] - m_new);
-          sum += p_row[j];
-        }
-        l[a] = alpha * l[a] + sum;
+        const T alpha = fast_exp(m[a] - m_new);  // 0 while m = −∞
+        for (int64_t j = 0; j < c; ++j) p_row[j] = fast_exp(p_row[j] - m_new);
+        l[a] = alpha * l[a] + lane_sum(p_row, c);
         m[a] = m_new;
         if (alpha != T(1))
           for (int64_t e = 0; e < n.dv; ++e) oI[a * n.dv + e] *= alpha;
@@ -143,10 +142,7 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
   for (int64_t i0 = 0; i0 < n.T; i0 += block) {
     const int64_t r = std::min(block, n.T - i0);
     const T* gI = g + i0 * n.dv;
-    for (int64_t a = 0; a < r; ++a) {
-      D[a] = 0;
-      for (int64_t e = 0; e < n.dv; ++e) D[a] += gI[a * n.dv + e] * o[(i0 + a) * n.dv + e];
-    }
+    for (int64_t a = 0; a < r; ++a) D[a] = lane_dot(gI + a * n.dv, o + (i0 + a) * n.dv, n.dv);
     for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
       score_tile(A, x, L, n, i0, r, j0, c);
@@ -210,17 +206,23 @@ T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-// Calls f(slice, oq, ok, ov, oo, ol) for every (b, head), with the element offsets of its Q, K, V, O and L.
-template <class T, class F>
-void for_each_slice(const AttentionDims& n, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                    F&& f) {
-  for (int64_t b = 0; b < n.B; ++b)
-    for (int64_t head = 0; head < n.H; ++head) {
-      const int64_t bh = b * n.H + head;
-      const int64_t oq = bh * n.T * n.d, ok = bh * n.Tk * n.d, ov = bh * n.Tk * n.dv;
-      const Slice<T> x{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), b, head};
-      f(x, oq, ok, ov, bh * n.T * n.dv, bh * n.T);
-    }
+// Slice bh = b·H + head: its inputs and the element offsets of its Q, K, V, O and L.
+template <class T>
+struct SliceAt {
+  Slice<T> x;
+  int64_t oq, ok, ov, oo, ol;
+};
+template <class T>
+SliceAt<T> slice_at(const AttentionDims& n, int64_t bh, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& bias) {
+  const int64_t oq = bh * n.T * n.d, ok = bh * n.Tk * n.d, ov = bh * n.Tk * n.dv;
+  return {{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), bh / n.H, bh % n.H},
+          oq, ok, ov, bh * n.T * n.dv, bh * n.T};
+}
+
+template <class T>
+T* offset_or_null(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;
 }
 
 }  // namespace
@@ -242,38 +244,60 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   Tensor o = tape.empty(dtype, {n.B, n.H, n.T, n.dv});
   Tensor lse = tape.empty(dtype, {n.B, n.H, n.T});
   const int64_t blk = std::min(block, std::max(n.T, n.Tk));
+  const int64_t heads = n.heads(), grain = n.slice_grain();
   dispatch_float(kOp, dtype, [&](auto tag) {
     using T = decltype(tag);
-    Workspace<T> w(blk);
-    for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t, int64_t, int64_t, int64_t oo, int64_t ol) {
-      tiled_attention_forward(o.data<T>() + oo, lse.data<T>() + ol, x, layout, n, blk, w);
+    parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
+      Workspace<T> w(blk);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
+        tiled_attention_forward(o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x, layout, n, blk, w);
+      }
     });
   });
+  Tape* tp = &tape;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
+    const int64_t chunks = parallel_chunks(heads, grain);
+    // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
+    // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
+    const bool shared_gbias = gbias.defined() && chunks > 1 &&
+                              ((layout.stride_b == 0 && n.B > 1) || (layout.stride_h == 0 && n.H > 1));
+    Tensor gbias_parts = shared_gbias ? tp->zeros(dtype, {chunks - 1, gbias.numel()}) : Tensor{};
     dispatch_float(kOp, dtype, [&](auto tag) {
       using T = decltype(tag);
-      Workspace<T> w(blk);
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
-      for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t oq, int64_t ok, int64_t ov, int64_t oo,
-                                               int64_t ol) {
-        tiled_attention_vjp(gq ? gq + oq : nullptr, gk ? gk + ok : nullptr, gv ? gv + ov : nullptr,
-                            data_or_null<T>(gbias), g.data<T>() + oo, o.data<T>() + oo, lse.data<T>() + ol, x,
-                            layout, n, blk, w);
+      T* gb = data_or_null<T>(gbias);
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        Workspace<T> w(blk);
+        T* gb_chunk = shared_gbias && chunk > 0 ? gbias_parts.data<T>() + (chunk - 1) * gbias.numel() : gb;
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
+          tiled_attention_vjp(offset_or_null(gq, at.oq), offset_or_null(gk, at.ok), offset_or_null(gv, at.ov),
+                              gb_chunk, g.data<T>() + at.oo, o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x,
+                              layout, n, blk, w);
+        }
       });
+      if (shared_gbias)
+        for (int64_t c = 0; c + 1 < chunks; ++c) {
+          const T* part = gbias_parts.data<T>() + c * gbias.numel();
+          for (int64_t e = 0; e < gbias.numel(); ++e) gb[e] += part[e];
+        }
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     dispatch_float(kOp, dtype, [&](auto tag) {
       using T = decltype(tag);
-      Workspace<T> w(blk);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-      for_each_slice<T>(n, qv, kv, vv, bv, [&](const Slice<T>& x, int64_t oq, int64_t ok, int64_t ov, int64_t oo,
-                                               int64_t ol) {
-        tiled_attention_jvp(tout.data<T>() + oo, tq ? tq + oq : nullptr, tk ? tk + ok : nullptr,
-                            tv ? tv + ov : nullptr, data_or_null<T>(tbias), o.data<T>() + oo, lse.data<T>() + ol, x,
-                            layout, n, blk, w);
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
+        Workspace<T> w(blk);
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
+          tiled_attention_jvp(tout.data<T>() + at.oo, offset_or_null(tq, at.oq), offset_or_null(tk, at.ok),
+                              offset_or_null(tv, at.ov), data_or_null<T>(tbias), o.data<T>() + at.oo,
+                              lse.data<T>() + at.ol, at.x, layout, n, blk, w);
+        }
       });
     });
   };
