@@ -62,6 +62,15 @@ uint64_t header_checksum(nlohmann::json header) {
   return fnv1a64(header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+// Whether `key` is `name` with one byte changed: a checksum's key damaged by a flipped bit, which would
+// otherwise turn the check off (both checksums are optional, for files of other writers).
+bool one_byte_from(std::string_view key, std::string_view name) {
+  if (key.size() != name.size()) return false;
+  size_t differ = 0;
+  for (size_t i = 0; i < key.size(); ++i) differ += key[i] != name[i];
+  return differ == 1;
+}
+
 // Bounds on the parsed header beyond its length: a header of nested or many tiny values would take many times its
 // size in memory. A tapegrad header nests 3 deep and holds about 6 values per tensor.
 constexpr int kMaxHeaderDepth = 32;
@@ -201,8 +210,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   write_file_atomic(path, bytes);
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
-  std::string file = read_file(path, kMaxCheckpointBytes);
+Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, kMaxCheckpointBytes), path); }
+
+Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   if (file.size() < 8)
     refuse(path, fmt::format("truncated: {} bytes, too short for the 8-byte header length", file.size()));
   uint64_t n = 0;
@@ -213,7 +223,10 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (n > file.size() - 8)
     refuse(path, fmt::format("truncated: the header length is {} bytes but only {} bytes follow it", n,
                              file.size() - 8));
-  std::string_view text = std::string_view(file).substr(8, n);
+  std::string_view text = file.substr(8, n);
+  // JSON has no NUL, but the JSON reader takes one for the end of its input: what follows would go unread.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    refuse(path, fmt::format("a NUL byte at offset {} of the header: not a safetensors file, or a corrupt one", 8 + nul));
 
   nlohmann::json header;
   size_t values = 0;
@@ -244,13 +257,17 @@ Checkpoint load_checkpoint(const std::string& path) {
     }
   }
 
-  std::string_view data = std::string_view(file).substr(8 + n);
+  std::string_view data = file.substr(8 + n);
   Checkpoint ck;
   std::vector<HeaderEntry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) refuse(path, "__metadata__ must be an object of strings");
       for (const auto& [mk, mv] : value.items()) {
+        for (std::string_view name : {kChecksumKey, kHeaderChecksumKey})
+          if (one_byte_from(mk, name))
+            refuse(path, fmt::format("__metadata__ key '{}' is '{}' with one byte changed (the file is corrupt)",
+                                     cut(mk), name));
         if (!mv.is_string())
           refuse(path, fmt::format("__metadata__ entry '{}' is {}, not a string", cut(mk), brief(mv)));
         ck.metadata[mk] = mv.get<std::string>();

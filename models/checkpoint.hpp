@@ -54,6 +54,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck);
 // Reads a checkpoint into owning tensors, in the order of their data. Throws an Error naming the file for
 // anything that is not a well-formed safetensors file of F32/F64/I32 tensors, or whose checksum disagrees.
 Checkpoint load_checkpoint(const std::string& path);
+// The same from the bytes of a file; errors name `path`.
+Checkpoint parse_checkpoint(std::string_view bytes, const std::string& path);
 
 // FNV-1a 64 of a byte string, as the writer records it.
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ULL);

@@ -32,17 +32,25 @@ json model_json(const GPTConfig& m) {
           {"bias", m.bias},             {"attention", m.attention}};
 }
 
-GPTConfig model_from_json(const json& j) {
+// The configuration in a checkpoint's "tapegrad.model"; errors name the checkpoint.
+GPTConfig model_from_json(const std::string& text, const std::string& path) {
   GPTConfig m;
-  m.vocab_size = j.at("vocab_size").get<int64_t>();
-  m.block_size = j.at("block_size").get<int64_t>();
-  m.n_layer = j.at("n_layer").get<int64_t>();
-  m.n_head = j.at("n_head").get<int64_t>();
-  m.n_embd = j.at("n_embd").get<int64_t>();
-  m.dropout = j.at("dropout").get<double>();
-  m.bias = j.at("bias").get<bool>();
-  m.attention = j.at("attention").get<std::string>();
-  m.validate();
+  try {
+    const json j = json::parse(text);
+    m.vocab_size = j.at("vocab_size").get<int64_t>();
+    m.block_size = j.at("block_size").get<int64_t>();
+    m.n_layer = j.at("n_layer").get<int64_t>();
+    m.n_head = j.at("n_head").get<int64_t>();
+    m.n_embd = j.at("n_embd").get<int64_t>();
+    m.dropout = j.at("dropout").get<double>();
+    m.bias = j.at("bias").get<bool>();
+    m.attention = j.at("attention").get<std::string>();
+    m.validate();
+  } catch (const json::exception& e) {
+    fail("checkpoint {}: 'tapegrad.model' is not a model configuration ({})", path, e.what());
+  } catch (const Error& e) {
+    fail("checkpoint {}: {}", path, e.what());
+  }
   return m;
 }
 
@@ -104,7 +112,22 @@ const std::string& meta(const Checkpoint& ck, const std::string& key, const std:
 }  // namespace
 
 GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
-  GPT model(model_from_json(json::parse(meta(ck, "tapegrad.model", path))), 0);
+  const GPTConfig cfg = model_from_json(meta(ck, "tapegrad.model", path), path);
+  // Before a model of the configuration's size is allocated, the file must hold its largest tensors: a
+  // configuration that lies (n_embd 10⁶, n_layer 10⁹) is refused instead of exhausting memory.
+  auto expect = [&](const std::string& name, const Shape& shape) {
+    const Tensor* t = ck.find(name);
+    if (!t) fail("checkpoint {}: no tensor {} of shape {} for the model its metadata describes", path, name, shape);
+    if (t->dtype() != DType::f32 || !(t->shape() == shape))
+      fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, name, t->dtype(), t->shape(), shape);
+  };
+  expect("transformer.wte.weight", {cfg.vocab_size, cfg.n_embd});
+  expect("transformer.wpe.weight", {cfg.block_size, cfg.n_embd});
+  if (cfg.n_layer > static_cast<int64_t>(ck.tensors.size()))
+    fail("checkpoint {}: {} layers in its metadata, but it holds {} tensors", path, cfg.n_layer, ck.tensors.size());
+  for (int64_t l = 0; l < cfg.n_layer; ++l)
+    expect(fmt::format("transformer.h.{}.mlp.c_fc.weight", l), {4 * cfg.n_embd, cfg.n_embd});
+  GPT model(cfg, 0);
   for (auto& p : model.parameters()) {
     const Tensor& t = ck.at(p.name);
     if (t.dtype() != DType::f32 || !(t.shape() == p.value.shape()))
@@ -211,7 +234,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   std::optional<Checkpoint> resume_ck;
   if (cfg.resume) {
     resume_ck = load_checkpoint(ck_path);
-    GPTConfig saved = model_from_json(json::parse(meta(*resume_ck, "tapegrad.model", ck_path)));
+    GPTConfig saved = model_from_json(meta(*resume_ck, "tapegrad.model", ck_path), ck_path);
     if (saved.attention != cfg.model.attention || saved.n_embd != cfg.model.n_embd || saved.n_layer != cfg.model.n_layer ||
         saved.n_head != cfg.model.n_head || saved.block_size != cfg.model.block_size || saved.vocab_size != cfg.model.vocab_size)
       fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
@@ -234,14 +257,20 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
       opt.first_moments()[k].copy_from(ck.at("optimizer.exp_avg." + ps[k].name));
       opt.second_moments()[k].copy_from(ck.at("optimizer.exp_avg_sq." + ps[k].name));
     }
-    st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
-    opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
-    batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
-    for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({e[0].get<int64_t>(), e[1].get<double>(), e[2].get<double>()});
-    for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
-      st.rows.push_back({r[0].get<int64_t>(), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
-                         r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
-                         r[4].is_null() ? NAN : r[4].get<double>()});
+    try {
+      st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
+      opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
+      batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
+      for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({e[0].get<int64_t>(), e[1].get<double>(), e[2].get<double>()});
+      for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
+        st.rows.push_back({r[0].get<int64_t>(), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
+                           r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
+                           r[4].is_null() ? NAN : r[4].get<double>()});
+    } catch (const json::exception& e) {
+      fail("--resume: {}: its training state (evaluations, log) cannot be read: {}", ck_path, e.what());
+    } catch (const std::logic_error& e) {  // std::stoll's invalid_argument and out_of_range
+      fail("--resume: {}: its training state (step, optimizer, batches) cannot be read: {}", ck_path, e.what());
+    }
   }
 
   // Fixed evaluation batches, the same for every run with this seed.

@@ -129,6 +129,22 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
     h["__metadata__"]["tapegrad.model"] = m.dump();
   }, true);
   lie("the dtype", [&](auto& h) { h[w]["dtype"] = "I32"; }, true);
+  auto model_lie = [&](const std::string& what, auto&& edit) {
+    lie(what, [&](auto& h) {
+      auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
+      edit(m);
+      h["__metadata__"]["tapegrad.model"] = m.dump();
+    }, true);
+  };
+  model_lie("a model of 10^6 wide and 10^9 layers in the metadata", [](auto& m) {
+    m["n_embd"] = 1'000'000;
+    m["n_layer"] = 1'000'000'000;
+  });
+  model_lie("a model of 10^18 layers in the metadata", [](auto& m) { m["n_layer"] = 1'000'000'000'000'000'000; });
+  model_lie("a string for the number of layers", [](auto& m) { m["n_layer"] = "four"; });
+  model_lie("an attention kind that does not exist", [](auto& m) { m["attention"] = "quadratic"; });
+  model_lie("no block size", [](auto& m) { m.erase("block_size"); });
+  lie("a model configuration that is not JSON", [&](auto& h) { h["__metadata__"]["tapegrad.model"] = "{n_layer: 4"; }, true);
   lie("the data checksum", [&](auto& h) { h["__metadata__"][std::string(kChecksumKey)] = "0123456789abcdef"; }, false);
   lie("the header checksum", [&](auto& h) { h["__metadata__"][std::string(kHeaderChecksumKey)] = "0123456789abcdef"; },
       false);
@@ -218,6 +234,33 @@ TEST_CASE("damaged checkpoints are refused by the loader and by tapegrad sample,
     refused += r.signal == 0 && r.code == 2 && one_line;
   }
   MESSAGE(refused, " of ", cases.size(), " damaged checkpoints refused");
+}
+
+TEST_CASE("every single-bit flip in the header, and in every 64th byte of the data, is refused by the loader") {
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval",
+                                                 "2", "--out", "made"}, kTiny));
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string good = slurp(dir.file("made/softmax/checkpoint.safetensors"));
+  const size_t header_end = good.size() - split(good).data.size();
+  size_t tried = 0, refused = 0;
+  for (size_t at = 0; at < good.size(); at += at < header_end ? 1 : 64)
+    for (int bit : {0x01, 0x02, 0x20, 0x80}) {
+      if (at >= header_end && (bit == 0x02 || bit == 0x20)) continue;
+      std::string f = good;
+      f[at] = static_cast<char>(static_cast<unsigned char>(f[at]) ^ bit);
+      ++tried;
+      try {
+        (void)parse_checkpoint(f, "flipped.safetensors");
+        FAIL_CHECK("byte ", at, " xor ", bit, " (", at < header_end ? "header" : "data", ") was accepted");
+      } catch (const Error& e) {
+        ++refused;
+        CHECK(std::string(e.what()).find("flipped.safetensors") != std::string::npos);
+      }
+    }
+  MESSAGE(refused, " of ", tried, " single-bit flips refused (", header_end, " header bytes, 4 bits each; every 64th of ",
+          good.size() - header_end, " data bytes, 2 bits each)");
 }
 
 namespace {
@@ -362,4 +405,36 @@ TEST_CASE("SIGKILL during tapegrad train with a checkpoint at every step leaves 
   CHECK_MESSAGE(r.code == 0, r.out);
   for (const auto& e : std::filesystem::directory_iterator(dir.path / "runs" / "softmax"))
     if (e.path().filename().string().find(".tmp-") != std::string::npos) std::filesystem::remove(e.path());
+}
+
+TEST_CASE("--resume from a checkpoint whose training state cannot be read is refused with one line") {
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  const auto args = with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "runs"}, kTiny);
+  CliRun made = run_cli(dir.path.string(), with(args, {"--stop-after", "2"}));
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string path = dir.file("runs/softmax/checkpoint.safetensors");
+  const std::string good = slurp(path);
+  struct Bad {
+    const char* key;
+    const char* value;
+    const char* expect;
+  };
+  for (const Bad& b : {Bad{"tapegrad.step", "two", "cannot be read"}, Bad{"tapegrad.rng", "-", "cannot be read"},
+                       Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "cannot be read"},
+                       Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"}}) {
+    CAPTURE(b.key);
+    CAPTURE(b.value);
+    Parts p = split(good);
+    p.header["__metadata__"][b.key] = b.value;
+    p.header["__metadata__"].erase(std::string(kChecksumKey));
+    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+    spit(path, join(p.header, p.data));
+    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.rfind("tapegrad: error: --resume: ", 0) == 0);
+    CHECK(r.out.find(b.expect) != std::string::npos);
+    CHECK(r.out.find('\n') == r.out.size() - 1);
+  }
 }
