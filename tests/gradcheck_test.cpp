@@ -155,6 +155,22 @@ GradcheckReport check_matmul_transposed_weight_gradient() {
                    {"x", "w"});
 }
 
+// y = x·W with square y; the planted VJP reads ȳ transposed: X̄ = ȲᵀWᵀ.                  x, w, y (4, 4)
+GradcheckReport check_matmul_cotangent_read_transposed() {
+  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+    const Tensor &x = at.inputs[0], &w = at.inputs[1];
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t k = 0; k < 4; ++k)
+        for (int64_t j = 0; j < 4; ++j) {
+          data(gin[0])[i * 4 + k] += data(g)[j * 4 + i] * data(w)[k * 4 + j];  // Ȳᵀ where Ȳ belongs
+          data(gin[1])[k * 4 + j] += data(x)[i * 4 + k] * data(g)[i * 4 + j];  // W̄ = XᵀȲ
+        }
+  };
+  Function forward = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
+  return gradcheck(claimed({"matmul_claimed", forward, vjp, {}}), {random_tensor({4, 4}, 16), random_tensor({4, 4}, 17)},
+                   {"x", "w"});
+}
+
 // y = M·x with a fixed non-symmetric M; the planted VJP applies M where Mᵀ belongs.     M (4, 4), x (4, 1)
 GradcheckReport check_jacobian_applied_untransposed() {
   Tensor m = random_tensor({4, 4}, 11);
@@ -486,6 +502,15 @@ TEST_CASE("diagnosis: a transpose slip in one input's gradient, confined to that
   REQUIRE(d);
   CHECK(d->message.find("axes 0 and 1 of w (4, 4) swapped") != std::string::npos);
   CHECK(r.has(Finding::one_input, "w"));
+}
+
+TEST_CASE("diagnosis: a VJP that reads the cotangent transposed (an output's axes swapped)") {
+  GradcheckReport r = check_matmul_cotangent_read_transposed();
+  INFO(r.str());
+  const Diagnosis* d = r.find(Finding::transposed_output, "x");
+  REQUIRE(d);
+  CHECK(d->message.find("axes 0 and 1 of y (4, 4) swapped") != std::string::npos);
+  CHECK(r.has(Finding::one_input, "x"));
 }
 
 TEST_CASE("diagnosis: J applied where Jᵀ belongs (the transposed Jacobian)") {
