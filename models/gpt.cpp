@@ -112,11 +112,11 @@ Var GPT::dropout(Tape& tape, Var x, uint64_t& seed) const {
 
 Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk, Var x) const {
   const Shape s = x.shape();
-  const int64_t B = s[0], T = s[1], C = cfg_.n_embd, H = cfg_.n_head, d = C / H;
+  const int64_t T = s[1], C = cfg_.n_embd, H = cfg_.n_head;
   const std::string& kind = cfg_.attention;
   auto opt = [&](size_t i) { return i == kNone ? Var{} : p[i]; };
-  static constexpr int kToHeads[] = {0, 2, 1, 3};
-  auto heads = [&](Var t) { return permute(reshape(t, {B, T, H, d}), kToHeads); };  // (B,T,C) → (B,h,T,d)
+  // Columns [offset, offset + C) of a (B, T, ·) tensor as H heads (B, h, T, d), one copy (ops/heads.cpp).
+  auto heads = [&](Var t, int64_t offset) { return split_heads(t, H, offset, C); };
 
   // Seed 002 (math-notes §5), per head i, X the block input (T, C), X_i its columns i·d … (i+1)·d − 1, W^Q and
   // W^K the q and k rows of c_attn.weight transposed (linear computes X·Wᵀ), s = 1/√d:
@@ -125,14 +125,14 @@ Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk
   // The seed writes the efficient score as Q W_i^Q W_i^K K; it is Q W_i^Q (W_i^K)ᵀ Kᵀ before the slice K_i replaces
   // K W_i^K. The derivatives are those of the primitive nodes below and of attention().
   Var a = linear(x, p[blk.c_attn_w], opt(blk.c_attn_b));
-  Var q = heads(slice(a, -1, 0, C)), k, v;
+  Var q = heads(a, 0), k, v;
   if (kind == "optimised") {
-    k = heads(slice(a, -1, C, 2 * C));
-    v = heads(x);
+    k = heads(a, C);
+    v = heads(x, 0);
   } else if (kind == "efficient") {
-    k = v = heads(x);
+    k = v = heads(x, 0);
   } else if (kind == "super") {
-    k = heads(x);
+    k = heads(x, 0);
     // W^A = tril(Θ), cut to the first T rows and columns: causal because row i mixes only inputs j ≤ i. Seed 002
     // asks for an upper-triangular W^A, which is causal only in the transposed layout VᵀW^A; with tokens as rows
     // an upper W^A lets token i read the values of tokens j > i.
@@ -140,10 +140,10 @@ Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j) mask.data<float>()[i * T + j] = j <= i ? 1.0f : 0.0f;
     Var w_a = slice(slice(p[blk.w_a], 0, 0, T), 1, 0, T) * tape.constant(mask);
-    v = heads(matmul(w_a, x));
+    v = heads(matmul(w_a, x), 0);
   } else {
-    k = heads(slice(a, -1, C, 2 * C));
-    v = heads(slice(a, -1, 2 * C, 3 * C));
+    k = heads(a, C);
+    v = heads(a, 2 * C);
   }
   AttentionOptions ao;
   ao.causal = true;
@@ -151,7 +151,7 @@ Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk
           : kind == "beta"   ? beta_attention(q, k, v, ao)
           : kind == "linear" ? linear_attention(q, k, v, true)
                              : attention(q, k, v, ao);
-  y = reshape(permute(y, kToHeads), {B, T, C});
+  y = merge_heads(y);  // (B, h, T, d) → (B, T, C)
   return linear(y, p[blk.attn_proj_w], opt(blk.attn_proj_b));
 }
 

@@ -20,6 +20,7 @@ void register_attention(Registry&);
 void register_beta_attention(Registry&);
 void register_linear_attention(Registry&);
 void register_tiled_attention(Registry&);
+void register_heads(Registry&);
 
 Registry& builtin_registry() {
   static Registry registry;
@@ -40,6 +41,7 @@ Registry& builtin_registry() {
     register_beta_attention(registry);
     register_linear_attention(registry);
     register_tiled_attention(registry);
+    register_heads(registry);
   });
   return registry;
 }

@@ -60,6 +60,12 @@ Var embedding(Var ids, Var table);
 // cross_entropy.cpp — mean over rows of −log softmax(logits)[target]; logits (..., V), targets int32 (...).
 Var cross_entropy(Var logits, Var targets);
 
+// heads.cpp — the attention block's head split and merge, one copy each.
+// split_heads: x (B, T, W), columns [offset, offset + width) as `heads` heads → (B, heads, T, width/heads).
+Var split_heads(Var x, int64_t heads, int64_t offset, int64_t width);
+// merge_heads: y (B, h, T, d) → (B, T, h·d).
+Var merge_heads(Var y);
+
 inline Var operator+(Var a, Var b) { return add(a, b); }
 inline Var operator-(Var a, Var b) { return sub(a, b); }
 inline Var operator*(Var a, Var b) { return mul(a, b); }
