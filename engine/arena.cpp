@@ -1,7 +1,8 @@
 #include "engine/arena.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <new>
 
 namespace tapegrad {
@@ -11,11 +12,19 @@ constexpr size_t kAlign = 64;
 size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
+Arena::~Arena() { release_blocks(); }
+
 void Arena::add_block(size_t bytes) {
   bytes = round_up(std::max(bytes, block_bytes_));
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (!p) throw std::bad_alloc();
-  blocks_.push_back(Block{{static_cast<std::byte*>(p), std::free}, bytes});
+  blocks_.reserve(blocks_.size() + 1);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // page-aligned
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  blocks_.push_back(Block{static_cast<std::byte*>(p), bytes});
+}
+
+void Arena::release_blocks() {
+  for (const Block& b : blocks_) munmap(b.data, b.size);
+  blocks_.clear();
 }
 
 void* Arena::allocate(size_t bytes) {
@@ -25,7 +34,7 @@ void* Arena::allocate(size_t bytes) {
     offset_ = 0;
   }
   if (current_ == blocks_.size()) add_block(bytes);
-  void* p = blocks_[current_].data.get() + offset_;
+  void* p = blocks_[current_].data + offset_;
   offset_ += bytes;
   high_water_ = std::max(high_water_, bytes_in_use());
   return p;
@@ -46,7 +55,7 @@ size_t Arena::bytes_reserved() const {
 void Arena::reset() {
   if (blocks_.size() > 1) {  // one block big enough for the whole of the last step
     size_t total = bytes_reserved();
-    blocks_.clear();
+    release_blocks();
     add_block(total);
   }
   current_ = 0;

@@ -1,9 +1,12 @@
 // A bump allocator that a tape rewinds between steps: after the first step a training loop allocates
 // nothing (the blocks of a step that outgrew the arena are merged into one at the next reset).
+// Blocks are mapped from the kernel (mmap), not taken from malloc: unmapping a block gives its pages back at
+// once, so the blocks a merge replaces and the arena of a destroyed tape leave the resident set (glibc keeps
+// freed heap blocks it cannot trim, and after a large free serves even megabyte blocks from that heap).
+// Pages are resident only once touched: the unused tail of a block costs address space, not memory.
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <vector>
 
 namespace tapegrad {
@@ -11,6 +14,7 @@ namespace tapegrad {
 class Arena {
  public:
   explicit Arena(size_t block_bytes = size_t{16} << 20) : block_bytes_(block_bytes) {}
+  ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
@@ -24,7 +28,7 @@ class Arena {
 
  private:
   struct Block {
-    std::unique_ptr<std::byte, void (*)(void*)> data;
+    std::byte* data;
     size_t size;
   };
   std::vector<Block> blocks_;
@@ -33,6 +37,7 @@ class Arena {
   size_t block_bytes_;
   size_t high_water_ = 0;
   void add_block(size_t bytes);
+  void release_blocks();
 };
 
 }  // namespace tapegrad
