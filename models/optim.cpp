@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/parallel.hpp"
+
 namespace tapegrad {
 
 AdamW::AdamW(const std::vector<Parameter>& params, AdamWConfig cfg) : cfg_(cfg) {
@@ -11,6 +13,15 @@ AdamW::AdamW(const std::vector<Parameter>& params, AdamWConfig cfg) : cfg_(cfg) 
   }
 }
 
+namespace {
+
+// Elements per range of the parallel loops over a parameter: ~16k (small parameters run on one thread).
+constexpr int64_t kGrain = 16384;
+
+}  // namespace
+
+// The update is element-wise: each parameter's elements are split across the engine's threads, and the loop
+// vectorizes (sqrt and division included: the library builds without math errno).
 void AdamW::step(std::vector<Parameter>& params, double lr) {
   ++t_;
   const double c1 = 1 - std::pow(cfg_.beta1, static_cast<double>(t_));
@@ -24,12 +35,14 @@ void AdamW::step(std::vector<Parameter>& params, double lr) {
     float* m = m_[k].data<float>();
     float* v = v_[k].data<float>();
     const float decay = params[k].decay ? static_cast<float>(1 - lr * cfg_.weight_decay) : 1.0f;
-    for (int64_t i = 0, n = params[k].value.numel(); i < n; ++i) {
-      p[i] *= decay;
-      m[i] = b1 * m[i] + (1 - b1) * g[i];
-      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
-    }
+    parallel_for(params[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        p[i] *= decay;
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
+      }
+    });
   }
 }
 
@@ -40,18 +53,33 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
   return min_lr + 0.5 * (1 + std::cos(M_PI * ratio)) * (lr - min_lr);
 }
 
+// ‖g‖² in double: per parameter, each range of elements sums in eight lanes and the ranges are added in order,
+// so the norm is the same in every run for a given thread count.
 double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {
   double sq = 0;
   for (const auto& p : params) {
     const float* g = p.grad.data<float>();
-    for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) sq += static_cast<double>(g[i]) * g[i];
+    const int64_t n = p.grad.numel();
+    double partial[256] = {};  // one per range: at most 256 threads (set_num_threads' limit)
+    parallel_for(n, kGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
+      double acc[8] = {};
+      int64_t i = begin;
+      for (; i + 8 <= end; i += 8)
+        for (int u = 0; u < 8; ++u) acc[u] += static_cast<double>(g[i + u]) * g[i + u];
+      for (int u = 0; i < end; ++i, ++u) acc[u] += static_cast<double>(g[i]) * g[i];
+      partial[chunk] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    });
+    for (int64_t c = 0, chunks = parallel_chunks(n, kGrain); c < chunks; ++c) sq += partial[c];
   }
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
     for (auto& p : params) {
       float* g = p.grad.data<float>();
-      for (int64_t i = 0, n = p.grad.numel(); i < n; ++i) g[i] *= static_cast<float>(coef);
+      const float scale = static_cast<float>(coef);
+      parallel_for(p.grad.numel(), kGrain, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) g[i] *= scale;
+      });
     }
   return norm;
 }

@@ -11,6 +11,7 @@
 //   div  ∂a = 1/b    ∂b = −a/b²
 #include <array>
 
+#include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -22,6 +23,7 @@ namespace {
 struct Broadcast {
   Shape out;
   std::array<int64_t, Shape::kMaxRank> stride_a{}, stride_b{};
+  bool same_shapes = false;  // a, b and the output have one shape
 };
 
 Broadcast broadcast(const char* op, const Shape& a, const Shape& b) {
@@ -37,6 +39,7 @@ Broadcast broadcast(const char* op, const Shape& a, const Shape& b) {
     if (sa == 0 || sb == 0) dims[static_cast<size_t>(d)] = 0;
   }
   bc.out = Shape(std::span<const int64_t>(dims.data(), static_cast<size_t>(r)));
+  bc.same_shapes = a == b;
   int64_t ca = 1, cb = 1;
   for (int d = r - 1; d >= 0; --d) {
     int da = d - (r - a.rank()), db = d - (r - b.rank());
@@ -49,13 +52,20 @@ Broadcast broadcast(const char* op, const Shape& a, const Shape& b) {
   return bc;
 }
 
-// Calls f(o, ia, ib) for every output element o, in order.
+// Calls f(o, ia, ib) for every output element o, in order. When a and b have the output's shape (no broadcast:
+// o ↦ o is a bijection, nothing is summed), the elements are split across the engine's threads instead.
 template <class F>
 void for_each_broadcast(const Broadcast& bc, F&& f) {
   const int r = bc.out.rank();
   const int64_t n = bc.out.numel();
   if (n == 0) return;
   if (r == 0) return f(int64_t{0}, int64_t{0}, int64_t{0});
+  if (bc.same_shapes) {
+    parallel_for(n, 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) f(o, o, o);
+    });
+    return;
+  }
   const int64_t inner = bc.out[r - 1];
   const int64_t sa = bc.stride_a[static_cast<size_t>(r - 1)], sb = bc.stride_b[static_cast<size_t>(r - 1)];
   std::array<int64_t, Shape::kMaxRank> idx{};

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -26,31 +27,44 @@ std::string multi_index(const Shape& s, int64_t flat) {
   return "[" + out;
 }
 
+// Work: the gather and its tangent split the positions across the engine's threads. The scatter-add cannot (two
+// positions with one id would add into one row at once): it splits the table's rows instead, each thread adding
+// the positions whose id falls in its rows, in position order.
+constexpr int64_t kGrain = 16384;  // elements per range, at least
+
 // Y (n, C) = E[ids] for n = numel(ids) positions; E (V, C).
 template <class T>
 void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t channels, T* y) {
-  for (int64_t p = 0; p < n; ++p)
-    std::copy_n(table + static_cast<int64_t>(ids[p]) * channels, channels, y + p * channels);
+  parallel_for(n, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels, 1)), [=](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      std::copy_n(table + static_cast<int64_t>(ids[p]) * channels, channels, y + p * channels);
+  });
 }
 
 // Ē (V, C) += scatter of Ȳ (n, C) by ids: Ē[ids[p]] += Ȳ[p].
 template <class T>
-void embedding_vjp(const int32_t* ids, int64_t n, const T* gy, int64_t channels, T* gtable) {
-  for (int64_t p = 0; p < n; ++p) {
-    T* row = gtable + static_cast<int64_t>(ids[p]) * channels;
-    const T* g = gy + p * channels;
-    for (int64_t c = 0; c < channels; ++c) row[c] += g[c];
-  }
+void embedding_vjp(const int32_t* ids, int64_t n, const T* gy, int64_t channels, int64_t vocab, T* gtable) {
+  const int64_t grain = n * channels >= 2 * kGrain ? 1 : vocab;
+  parallel_for(vocab, grain, [=](int64_t v0, int64_t v1) {
+    for (int64_t p = 0; p < n; ++p) {
+      if (ids[p] < v0 || ids[p] >= v1) continue;
+      T* row = gtable + static_cast<int64_t>(ids[p]) * channels;
+      const T* g = gy + p * channels;
+      for (int64_t c = 0; c < channels; ++c) row[c] += g[c];
+    }
+  });
 }
 
 // Ẏ (n, C) += Ė[ids] with Ė (V, C).
 template <class T>
 void embedding_jvp(const int32_t* ids, int64_t n, const T* ttable, int64_t channels, T* ty) {
-  for (int64_t p = 0; p < n; ++p) {
-    const T* row = ttable + static_cast<int64_t>(ids[p]) * channels;
-    T* t = ty + p * channels;
-    for (int64_t c = 0; c < channels; ++c) t[c] += row[c];
-  }
+  parallel_for(n, std::max<int64_t>(1, kGrain / std::max<int64_t>(channels, 1)), [=](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T* row = ttable + static_cast<int64_t>(ids[p]) * channels;
+      T* t = ty + p * channels;
+      for (int64_t c = 0; c < channels; ++c) t[c] += row[c];
+    }
+  });
 }
 
 }  // namespace
@@ -83,11 +97,11 @@ Var embedding(Var ids, Var table) {
   });
   return tape.record(
       op, {ids, table}, y,
-      [idv, n, channels](const Tensor& g, std::span<const Tensor> gin) {
+      [idv, n, channels, vocab](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[1].defined()) return;
         dispatch_float(op, g.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          embedding_vjp(idv.data<int32_t>(), n, g.data<T>(), channels, gin[1].data<T>());
+          embedding_vjp(idv.data<int32_t>(), n, g.data<T>(), channels, vocab, gin[1].data<T>());
         });
       },
       [idv, n, channels](std::span<const Tensor> tin, const Tensor& ty) {

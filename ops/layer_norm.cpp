@@ -10,10 +10,18 @@
 //
 //   VJP   ĝ = w ⊙ ȳ;  x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ));  w̄ += Σ_rows ȳ ⊙ x̂;  b̄ += Σ_rows ȳ
 //   JVP   ẏ = w ⊙ ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)) + ẇ ⊙ x̂ + ḃ
-// The node keeps x̂ (..., C), ρ (one per row) and w: all that either direction reads.
+// The node keeps μ and ρ (one each per row) and reads x, the input's own value, to rebuild x̂ = (x − μ)·ρ where
+// a direction needs it: two numbers per row instead of a copy of x̂.
+//
+// Work: rows run on the engine's threads; each row's sums run in eight lanes (ops/fast_math.hpp), so they
+// vectorize and their order is fixed. w̄ and b̄ (sums over rows) go to one partial pair per thread, added in
+// thread order afterwards.
+#include <algorithm>
 #include <cmath>
 
+#include "engine/parallel.hpp"
 #include "ops/common.hpp"
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
@@ -22,91 +30,124 @@ namespace {
 
 constexpr const char* kOp = "layer_norm";
 
-// Forward, per row: x̂ and ρ saved, y = w ⊙ x̂ + b.        y, xhat, x: (rows, C); rstd: (rows); w, b: (C)
-// Mean and variance in two passes (no E[x²] − μ² cancellation).
+// Rows per range of the parallel loops: ~16k elements at least.
+int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)); }
+
+// Σ_j a_j and Σ_j a_j·h_j over a row, in eight lanes, with a_j = w_j·g_j and h_j = (x_j − μ)·ρ: the two means of
+// the VJP (and, with w = 1, of the JVP).
 template <class T>
-void layer_norm_forward(T* y, T* xhat, T* rstd, const T* x, const T* w, const T* b, T eps, int64_t rows,
-                        int64_t C) {
-  const T inv_c = T(1) / static_cast<T>(C);
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* xi = x + i * C;
-    T* hi = xhat + i * C;
-    T* yi = y + i * C;
-    T mu = 0;
-    for (int64_t j = 0; j < C; ++j) mu += xi[j];
-    mu *= inv_c;
-    T var = 0;
-    for (int64_t j = 0; j < C; ++j) var += (xi[j] - mu) * (xi[j] - mu);
-    var *= inv_c;
-    const T rho = 1 / std::sqrt(var + eps);
-    rstd[i] = rho;
-    for (int64_t j = 0; j < C; ++j) {
-      hi[j] = (xi[j] - mu) * rho;
-      yi[j] = w[j] * hi[j] + b[j];
+void affine_row_sums(const T* w, const T* g, const T* x, T mu, T rho, int64_t C, T& sum_a, T& sum_ah) {
+  T s[8] = {}, sh[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= C; j += 8)
+    for (int u = 0; u < 8; ++u) {
+      const T a = (w ? w[j + u] : T(1)) * g[j + u];
+      s[u] += a;
+      sh[u] += a * ((x[j + u] - mu) * rho);
     }
+  for (int u = 0; j < C; ++j, ++u) {
+    const T a = (w ? w[j] : T(1)) * g[j];
+    s[u] += a;
+    sh[u] += a * ((x[j] - mu) * rho);
   }
+  sum_a = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  sum_ah = ((sh[0] + sh[1]) + (sh[2] + sh[3])) + ((sh[4] + sh[5]) + (sh[6] + sh[7]));
 }
 
-// x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ)) with ĝ = w ⊙ ȳ.           dx, xhat, dy: (rows, C); rstd: (rows); w: (C)
+// Forward, per row: μ and ρ saved, y = w ⊙ x̂ + b.            y, x: (rows, C); mean, rstd: (rows); w, b: (C)
+// Mean and variance in two passes (no E[x²] − μ² cancellation); y holds x − μ between them.
 template <class T>
-void layer_norm_vjp_x(T* dx, const T* xhat, const T* rstd, const T* w, const T* dy, int64_t rows, int64_t C) {
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, T eps, int64_t rows, int64_t C) {
   const T inv_c = T(1) / static_cast<T>(C);
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* hi = xhat + i * C;
-    const T* gi = dy + i * C;
-    T* di = dx + i * C;
-    T g_mean = 0, hg_mean = 0;
-    for (int64_t j = 0; j < C; ++j) {
-      const T g = w[j] * gi[j];
-      g_mean += g;
-      hg_mean += hi[j] * g;
+  parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = x + i * C;
+      T* yi = y + i * C;
+      const T mu = lane_sum(xi, C) * inv_c;
+      for (int64_t j = 0; j < C; ++j) yi[j] = xi[j] - mu;
+      const T var = lane_dot(yi, yi, C) * inv_c;
+      const T rho = 1 / std::sqrt(var + eps);
+      mean[i] = mu;
+      rstd[i] = rho;
+      for (int64_t j = 0; j < C; ++j) yi[j] = w[j] * (yi[j] * rho) + b[j];
     }
-    g_mean *= inv_c;
-    hg_mean *= inv_c;
-    const T rho = rstd[i];
-    for (int64_t j = 0; j < C; ++j) di[j] += rho * (w[j] * gi[j] - g_mean - hi[j] * hg_mean);
-  }
+  });
 }
 
-// w̄ += Σ_rows ȳ ⊙ x̂,  b̄ += Σ_rows ȳ; either may be null.             dw, db: (C); xhat, dy: (rows, C)
+// x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ)) with ĝ = w ⊙ ȳ.     dx, x, dy: (rows, C); mean, rstd: (rows); w: (C)
 template <class T>
-void layer_norm_vjp_affine(T* dw, T* db, const T* xhat, const T* dy, int64_t rows, int64_t C) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* hi = xhat + i * C;
-    const T* gi = dy + i * C;
+void layer_norm_vjp_x(T* dx, const T* x, const T* mean, const T* rstd, const T* w, const T* dy, int64_t rows,
+                      int64_t C) {
+  const T inv_c = T(1) / static_cast<T>(C);
+  parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = x + i * C;
+      const T* gi = dy + i * C;
+      T* di = dx + i * C;
+      const T mu = mean[i], rho = rstd[i];
+      T g_mean, hg_mean;
+      affine_row_sums(w, gi, xi, mu, rho, C, g_mean, hg_mean);
+      g_mean *= inv_c;
+      hg_mean *= inv_c;
+      for (int64_t j = 0; j < C; ++j) di[j] += rho * (w[j] * gi[j] - g_mean - ((xi[j] - mu) * rho) * hg_mean);
+    }
+  });
+}
+
+// w̄ += Σ_rows ȳ ⊙ x̂,  b̄ += Σ_rows ȳ; either may be null. Each range of rows sums into its own (2, C) slot of
+// `partials` (chunks × 2C, zeroed), added into w̄ and b̄ in range order.     x, dy: (rows, C); mean, rstd: (rows)
+template <class T>
+void layer_norm_vjp_affine(T* dw, T* db, const T* x, const T* mean, const T* rstd, const T* dy, int64_t rows,
+                           int64_t C, T* partials) {
+  const int64_t grain = row_grain(C), chunks = parallel_chunks(rows, grain);
+  parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
+    T* pw = partials + chunk * 2 * C;
+    T* pb = pw + C;
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = x + i * C;
+      const T* gi = dy + i * C;
+      const T mu = mean[i], rho = rstd[i];
+      for (int64_t j = 0; j < C; ++j) {
+        pw[j] += gi[j] * ((xi[j] - mu) * rho);
+        pb[j] += gi[j];
+      }
+    }
+  });
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T* pw = partials + c * 2 * C;
+    const T* pb = pw + C;
     if (dw)
-      for (int64_t j = 0; j < C; ++j) dw[j] += gi[j] * hi[j];
+      for (int64_t j = 0; j < C; ++j) dw[j] += pw[j];
     if (db)
-      for (int64_t j = 0; j < C; ++j) db[j] += gi[j];
+      for (int64_t j = 0; j < C; ++j) db[j] += pb[j];
   }
 }
 
 // ẏ += w ⊙ ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)) + ẇ ⊙ x̂ + ḃ; a null tangent contributes nothing.
-//                                                   ty, xhat, tx: (rows, C); rstd: (rows); w, tw, tb: (C)
+//                                          ty, x, tx: (rows, C); mean, rstd: (rows); w, tw, tb: (C)
 template <class T>
-void layer_norm_jvp(T* ty, const T* xhat, const T* rstd, const T* w, const T* tx, const T* tw, const T* tb,
-                    int64_t rows, int64_t C) {
+void layer_norm_jvp(T* ty, const T* x, const T* mean, const T* rstd, const T* w, const T* tx, const T* tw,
+                    const T* tb, int64_t rows, int64_t C) {
   const T inv_c = T(1) / static_cast<T>(C);
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* hi = xhat + i * C;
-    T* oi = ty + i * C;
-    if (tx) {
-      const T* ti = tx + i * C;
-      T t_mean = 0, ht_mean = 0;
-      for (int64_t j = 0; j < C; ++j) {
-        t_mean += ti[j];
-        ht_mean += hi[j] * ti[j];
+  parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = x + i * C;
+      T* oi = ty + i * C;
+      const T mu = mean[i], rho = rstd[i];
+      if (tx) {
+        const T* ti = tx + i * C;
+        T t_mean, ht_mean;
+        affine_row_sums(static_cast<const T*>(nullptr), ti, xi, mu, rho, C, t_mean, ht_mean);
+        t_mean *= inv_c;
+        ht_mean *= inv_c;
+        for (int64_t j = 0; j < C; ++j) oi[j] += w[j] * rho * (ti[j] - t_mean - ((xi[j] - mu) * rho) * ht_mean);
       }
-      t_mean *= inv_c;
-      ht_mean *= inv_c;
-      const T rho = rstd[i];
-      for (int64_t j = 0; j < C; ++j) oi[j] += w[j] * rho * (ti[j] - t_mean - hi[j] * ht_mean);
+      if (tw)
+        for (int64_t j = 0; j < C; ++j) oi[j] += tw[j] * ((xi[j] - mu) * rho);
+      if (tb)
+        for (int64_t j = 0; j < C; ++j) oi[j] += tb[j];
     }
-    if (tw)
-      for (int64_t j = 0; j < C; ++j) oi[j] += tw[j] * hi[j];
-    if (tb)
-      for (int64_t j = 0; j < C; ++j) oi[j] += tb[j];
-  }
+  });
 }
 
 template <class T>
@@ -140,30 +181,34 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   const int64_t C = x.shape().back();
   const int64_t rows = C == 0 ? 0 : xv.numel() / C;
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor xhat = tape.empty(x.dtype(), x.shape());
+  Tensor mean = tape.empty(x.dtype(), {rows});
   Tensor rstd = tape.empty(x.dtype(), {rows});
   dispatch_float(kOp, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    layer_norm_forward(y.data<T>(), xhat.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),
+    layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),
                        static_cast<T>(eps), rows, C);
   });
+  Tape* tp = &tape;
   return tape.record(
       kOp, {x, weight, bias}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         dispatch_float(kOp, g.dtype(), [&](auto tag) {
           using T = decltype(tag);
           if (gin[0].defined())
-            layer_norm_vjp_x(gin[0].data<T>(), xhat.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), rows, C);
-          if (gin[1].defined() || gin[2].defined())
-            layer_norm_vjp_affine(data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xhat.data<T>(), g.data<T>(),
-                                  rows, C);
+            layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
+                             g.data<T>(), rows, C);
+          if (gin[1].defined() || gin[2].defined()) {
+            Tensor partials = tp->zeros(g.dtype(), {parallel_chunks(rows, row_grain(C)), 2 * C});
+            layer_norm_vjp_affine(data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xv.data<T>(), mean.data<T>(),
+                                  rstd.data<T>(), g.data<T>(), rows, C, partials.data<T>());
+          }
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         dispatch_float(kOp, ty.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          layer_norm_jvp(ty.data<T>(), xhat.data<T>(), rstd.data<T>(), wv.data<T>(), data_or_null<T>(tin[0]),
-                         data_or_null<T>(tin[1]), data_or_null<T>(tin[2]), rows, C);
+          layer_norm_jvp(ty.data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
+                         data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]), rows, C);
         });
       });
 }
