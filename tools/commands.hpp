@@ -9,6 +9,7 @@ void add_gradcheck_command(CLI::App& app);
 void add_training_commands(CLI::App& app);  // train, sample
 void add_compare_command(CLI::App& app);
 void add_evaluate_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 }  // namespace tapegrad::cli
 namespace tapegrad { struct TrainConfig; }
 namespace tapegrad::cli {

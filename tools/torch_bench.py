@@ -1,0 +1,242 @@
+#!/usr/bin/python3
+"""The PyTorch side of `tapegrad bench --vs-torch`: the same workloads in PyTorch eager, float32.
+
+  serve       what tapegrad bench runs: JSON commands on stdin, one per line, one JSON answer per line on stdout;
+              tapegrad alternates short blocks of its own runs with blocks of these, so both see the same machine
+  train-rss   train the default model for --steps steps and print {"vmhwm_kb": ...} (run as a child by serve)
+
+Workloads (the names tapegrad bench sends):
+  matmul M K N               torch.mm of (M, K) by (K, N)
+  attention_fwd NODE B H T D   the node's map as a composite of matmul, masking and softmax (nanoGPT's manual
+  attention_bwd NODE B H T D   causal attention path), forward alone or forward + backward with a random
+                               cotangent; NODE attention and tiled_attention share the softmax composite
+  train_step                 one step of the default model (models/gpt.cpp as mirrored in torch_checkpoint.py:
+                             4 layers, 4 heads, 128 wide, context 64, batch 12, vocabulary 65): forward, backward,
+                             clipping at 1.0, AdamW (betas 0.9, 0.99, weight decay 0.1 on matrices), zero_grad
+
+Threads and BLAS (../shared/docs/bench-notes.md): PyTorch takes its matrix products from the system's libblas.so.3.
+The script re-runs itself, before importing torch, with OMP_NUM_THREADS set to the thread count and, when
+Debian's libopenblas0-openmp is installed, LD_LIBRARY_PATH pointing at it: OpenBLAS' OpenMP build shares PyTorch's
+OpenMP threads, where the pthread build would start its own and oversubscribe the cores. `info` reports which
+library was loaded.
+
+Exit code 77 when PyTorch is not importable.
+"""
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+SKIP = 77
+OPENMP_BLAS_DIR = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+ENV_MARK = "TAPEGRAD_TORCH_BENCH_ENV"
+
+
+def threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+    return os.cpu_count() or 1
+
+
+if os.environ.get(ENV_MARK) != "1":  # set the environment the libraries read when they load, then start again
+    env = dict(os.environ)
+    env[ENV_MARK] = "1"
+    env["OMP_NUM_THREADS"] = str(threads_from_argv())
+    if os.path.isdir(OPENMP_BLAS_DIR):
+        env["LD_LIBRARY_PATH"] = OPENMP_BLAS_DIR + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    else:
+        env["OPENBLAS_NUM_THREADS"] = str(threads_from_argv())
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as err:
+    print(json.dumps({"error": f"PyTorch is not importable by {sys.executable} ({err})"}), flush=True)
+    sys.exit(SKIP)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_checkpoint import GPT  # noqa: E402  (the PyTorch mirror of models/gpt.cpp)
+
+DEFAULT_MODEL = {"vocab_size": 65, "block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0,
+                 "bias": False, "attention": "softmax"}
+BATCH = 12
+
+
+def loaded_blas():
+    """The BLAS shared object this process mapped (libblas.so.3 resolves to one OpenBLAS build or another)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if ("blas" in path or "openblas" in path) and path not in found:
+                found.append(os.path.realpath(path))
+    return sorted(set(found))
+
+
+# ---- workloads ---------------------------------------------------------------------------------------------------
+
+def causal_keep(T):
+    return torch.ones(T, T).tril()
+
+
+def composite(node, q, k, v, keep):
+    """The node's map from primitive PyTorch ops, causal (key j <= query i), as nanoGPT's manual attention path."""
+    if node == "linear_attention":
+        w = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-2, -1) * keep
+        return (w @ v) / w.sum(dim=-1, keepdim=True)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    if node == "beta_attention":
+        p = att * keep
+        return (p / (1 + p.norm(dim=-1, keepdim=True))) @ v
+    att = att.masked_fill(keep == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
+class Matmul:
+    def __init__(self, m, k, n):
+        gen = torch.Generator().manual_seed(1)
+        self.a = torch.randn(m, k, generator=gen)
+        self.b = torch.randn(k, n, generator=gen)
+
+    def run(self):
+        torch.mm(self.a, self.b)
+
+
+class AttentionNode:
+    def __init__(self, node, backward, B, H, T, D):
+        gen = torch.Generator().manual_seed(2)
+        self.node, self.backward = node, backward
+        self.q, self.k, self.v = (torch.randn(B, H, T, D, generator=gen).requires_grad_(backward) for _ in range(3))
+        self.g = torch.randn(B, H, T, D, generator=gen)
+        self.keep = causal_keep(T)
+
+    def run(self):
+        if not self.backward:
+            with torch.no_grad():
+                composite(self.node, self.q, self.k, self.v, self.keep)
+            return
+        out = composite(self.node, self.q, self.k, self.v, self.keep)
+        out.backward(self.g)
+        self.q.grad = self.k.grad = self.v.grad = None
+
+
+class TrainStep:
+    def __init__(self, cfg=DEFAULT_MODEL, batch=BATCH, seed=1337):
+        torch.manual_seed(seed)
+        self.model = GPT(cfg)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99))
+        gen = torch.Generator().manual_seed(seed)
+        T = cfg["block_size"]
+        self.batches = [(torch.randint(cfg["vocab_size"], (batch, T), generator=gen),
+                         torch.randint(cfg["vocab_size"], (batch, T), generator=gen)) for _ in range(8)]
+        self.i = 0
+
+    def run(self):
+        x, y = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        _, loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def make(workload, args):
+    if workload == "matmul":
+        return Matmul(*args)
+    if workload in ("attention_fwd", "attention_bwd"):
+        return AttentionNode(args[0], workload == "attention_bwd", *[int(a) for a in args[1:]])
+    if workload == "train_step":
+        return TrainStep()
+    raise ValueError(f"unknown workload {workload}")
+
+
+# ---- modes -------------------------------------------------------------------------------------------------------
+
+def vmhwm_kb():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def train_rss(steps, data_path):
+    """A training run as nanoGPT's loop on the text file (characters as tokens); prints the peak RSS."""
+    with open(data_path, encoding="utf-8") as f:
+        text = f.read()
+    vocab = sorted(set(text))
+    cfg = dict(DEFAULT_MODEL, vocab_size=len(vocab))
+    index = {c: i for i, c in enumerate(vocab)}
+    data = torch.tensor([index[c] for c in text], dtype=torch.long)
+    step = TrainStep(cfg)
+    gen = torch.Generator().manual_seed(1337)
+    T = cfg["block_size"]
+    for _ in range(steps):
+        ix = torch.randint(len(data) - T - 1, (BATCH,), generator=gen)
+        step.batches = [(torch.stack([data[i:i + T] for i in ix]), torch.stack([data[i + 1:i + 1 + T] for i in ix]))]
+        step.run()
+    print(json.dumps({"vmhwm_kb": vmhwm_kb()}), flush=True)
+
+
+def serve(threads):
+    torch.set_num_threads(threads)
+    prepared = {}
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        cmd = json.loads(line)
+        try:
+            if cmd["cmd"] == "info":
+                answer = {"torch": torch.__version__, "threads": torch.get_num_threads(), "blas": loaded_blas(),
+                          "openmp_blas": os.path.isdir(OPENMP_BLAS_DIR)}
+            elif cmd["cmd"] == "prepare":
+                prepared[cmd["id"]] = make(cmd["workload"], cmd["args"])
+                answer = {"ok": True}
+            elif cmd["cmd"] == "run":
+                work = prepared[cmd["id"]]
+                t0 = time.perf_counter()
+                for _ in range(cmd["reps"]):
+                    work.run()
+                answer = {"ms": (time.perf_counter() - t0) * 1000 / cmd["reps"]}
+            elif cmd["cmd"] == "release":
+                prepared.pop(cmd["id"], None)
+                answer = {"ok": True}
+            elif cmd["cmd"] == "quit":
+                print(json.dumps({"ok": True}), flush=True)
+                return
+            else:
+                answer = {"error": f"unknown command {cmd['cmd']}"}
+        except Exception as err:  # reported to tapegrad, which prints it and leaves the torch column empty
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps(answer), flush=True)
+
+
+def main():
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["serve", "train-rss"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--data", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                                       "tinyshakespeare.txt"))
+    args = parser.parse_args()
+    if args.mode == "serve":
+        serve(args.threads)
+    else:
+        torch.set_num_threads(args.threads)
+        train_rss(args.steps, args.data)
+
+
+if __name__ == "__main__":
+    main()
