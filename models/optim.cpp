@@ -53,7 +53,7 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
   return min_lr + 0.5 * (1 + std::cos(M_PI * ratio)) * (lr - min_lr);
 }
 
-// ‖g‖² in double: per parameter, each range of elements sums in eight lanes and the ranges are added in order,
+// ‖g‖² in double: per parameter, each range of elements sums in four lanes and the ranges are added in order,
 // so the norm is the same in every run for a given thread count.
 double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {
   double sq = 0;
@@ -62,12 +62,16 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {
     const int64_t n = p.grad.numel();
     double partial[256] = {};  // one per range: at most 256 threads (set_num_threads' limit)
     parallel_for(n, kGrain, [&](int64_t begin, int64_t end, int64_t chunk) {
-      double acc[8] = {};
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four lanes: element i to lane (i − begin) mod 4, the tail to lane 0
       int64_t i = begin;
-      for (; i + 8 <= end; i += 8)
-        for (int u = 0; u < 8; ++u) acc[u] += static_cast<double>(g[i + u]) * g[i + u];
-      for (int u = 0; i < end; ++i, ++u) acc[u] += static_cast<double>(g[i]) * g[i];
-      partial[chunk] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      for (; i + 4 <= end; i += 4) {
+        s0 += static_cast<double>(g[i]) * g[i];
+        s1 += static_cast<double>(g[i + 1]) * g[i + 1];
+        s2 += static_cast<double>(g[i + 2]) * g[i + 2];
+        s3 += static_cast<double>(g[i + 3]) * g[i + 3];
+      }
+      for (; i < end; ++i) s0 += static_cast<double>(g[i]) * g[i];
+      partial[chunk] = (s0 + s1) + (s2 + s3);
     });
     for (int64_t c = 0, chunks = parallel_chunks(n, kGrain); c < chunks; ++c) sq += partial[c];
   }

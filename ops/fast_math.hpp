@@ -17,9 +17,10 @@
 //   Error at most 1.6 ulp over every positive float (checked exhaustively against double tanh); tanh(±∞) = ±1,
 //   NaN stays NaN.
 //
-// Row reductions Σ_j a_j, Σ_j a_j·b_j and max_j a_j, in eight independent lanes: element j goes to lane j mod 8
-// and the lanes are combined pairwise at the end. The additions of a row no longer wait on each other (the loop
-// vectorizes), and the order of the sum is fixed by n alone, so the result is the same in every run.
+// Row reductions Σ_j a_j, Σ_j a_j·b_j and max_j a_j, in eight independent lanes: element j < 8⌊n/8⌋ goes to lane
+// j mod 8, the rest to lane 0, and the lanes are combined pairwise at the end. The additions of a row no longer
+// wait on each other (the loop vectorizes), and the order of the sum is fixed by n alone, so the result is the
+// same in every run.
 #pragma once
 
 #include <bit>
@@ -65,43 +66,62 @@ inline float fast_tanh(float u) {
 }
 inline double fast_tanh(double u) { return std::tanh(u); }
 
-namespace fast_math_detail {
-template <class T>
-inline T combine_lanes(const T* acc) {
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-}  // namespace fast_math_detail
-
+// The lanes are eight named accumulators rather than an array: GCC keeps them in vector registers in every
+// context it inlines them into (an array with a variable index went to the stack in some).
 template <class T>
 inline T lane_sum(const T* a, int64_t n) {
-  T acc[8] = {};
+  T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += a[j + u];
-  for (int u = 0; j < n; ++j, ++u) acc[u] += a[j];
-  return fast_math_detail::combine_lanes(acc);
+  for (; j + 8 <= n; j += 8) {
+    s0 += a[j];
+    s1 += a[j + 1];
+    s2 += a[j + 2];
+    s3 += a[j + 3];
+    s4 += a[j + 4];
+    s5 += a[j + 5];
+    s6 += a[j + 6];
+    s7 += a[j + 7];
+  }
+  for (; j < n; ++j) s0 += a[j];
+  return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
 template <class T>
 inline T lane_dot(const T* a, const T* b, int64_t n) {
-  T acc[8] = {};
+  T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += a[j + u] * b[j + u];
-  for (int u = 0; j < n; ++j, ++u) acc[u] += a[j] * b[j];
-  return fast_math_detail::combine_lanes(acc);
+  for (; j + 8 <= n; j += 8) {
+    s0 += a[j] * b[j];
+    s1 += a[j + 1] * b[j + 1];
+    s2 += a[j + 2] * b[j + 2];
+    s3 += a[j + 3] * b[j + 3];
+    s4 += a[j + 4] * b[j + 4];
+    s5 += a[j + 5] * b[j + 5];
+    s6 += a[j + 6] * b[j + 6];
+    s7 += a[j + 7] * b[j + 7];
+  }
+  for (; j < n; ++j) s0 += a[j] * b[j];
+  return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
 // max(init, max_j a_j); a NaN entry is skipped (as by a > m ? a : m).
 template <class T>
 inline T lane_max(const T* a, int64_t n, T init) {
-  T acc[8] = {init, init, init, init, init, init, init, init};
+  T s0 = init, s1 = init, s2 = init, s3 = init, s4 = init, s5 = init, s6 = init, s7 = init;
+  auto keep = [](T x, T m) { return x > m ? x : m; };
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] = a[j + u] > acc[u] ? a[j + u] : acc[u];
-  for (int u = 0; j < n; ++j, ++u) acc[u] = a[j] > acc[u] ? a[j] : acc[u];
-  for (int u = 1; u < 8; ++u) acc[0] = acc[u] > acc[0] ? acc[u] : acc[0];
-  return acc[0];
+  for (; j + 8 <= n; j += 8) {
+    s0 = keep(a[j], s0);
+    s1 = keep(a[j + 1], s1);
+    s2 = keep(a[j + 2], s2);
+    s3 = keep(a[j + 3], s3);
+    s4 = keep(a[j + 4], s4);
+    s5 = keep(a[j + 5], s5);
+    s6 = keep(a[j + 6], s6);
+    s7 = keep(a[j + 7], s7);
+  }
+  for (; j < n; ++j) s0 = keep(a[j], s0);
+  return keep(keep(keep(s1, s0), keep(s3, s2)), keep(keep(s5, s4), keep(s7, s6)));
 }
 
 }  // namespace tapegrad

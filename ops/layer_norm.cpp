@@ -13,7 +13,7 @@
 // The node keeps μ and ρ (one each per row) and reads x, the input's own value, to rebuild x̂ = (x − μ)·ρ where
 // a direction needs it: two numbers per row instead of a copy of x̂.
 //
-// Work: rows run on the engine's threads; each row's sums run in eight lanes (ops/fast_math.hpp), so they
+// Work: rows run on the engine's threads; each row's sums run in independent lanes (ops/fast_math.hpp), so they
 // vectorize and their order is fixed. w̄ and b̄ (sums over rows) go to one partial pair per thread, added in
 // thread order afterwards.
 #include <algorithm>
@@ -33,25 +33,31 @@ constexpr const char* kOp = "layer_norm";
 // Rows per range of the parallel loops: ~16k elements at least.
 int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)); }
 
-// Σ_j a_j and Σ_j a_j·h_j over a row, in eight lanes, with a_j = w_j·g_j and h_j = (x_j − μ)·ρ: the two means of
-// the VJP (and, with w = 1, of the JVP).
+// Σ_j a_j and Σ_j a_j·h_j over a row, with a_j = w_j·g_j (w null: a_j = g_j) and h_j = (x_j − μ)·ρ: the two
+// means of the VJP (and, without w, of the JVP). Four lanes each, in named accumulators (see ops/fast_math.hpp).
 template <class T>
 void affine_row_sums(const T* w, const T* g, const T* x, T mu, T rho, int64_t C, T& sum_a, T& sum_ah) {
-  T s[8] = {}, sh[8] = {};
+  T s0 = 0, s1 = 0, s2 = 0, s3 = 0, h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+  auto a_at = [&](int64_t j) { return w ? w[j] * g[j] : g[j]; };
+  auto h_at = [&](int64_t j) { return (x[j] - mu) * rho; };
   int64_t j = 0;
-  for (; j + 8 <= C; j += 8)
-    for (int u = 0; u < 8; ++u) {
-      const T a = (w ? w[j + u] : T(1)) * g[j + u];
-      s[u] += a;
-      sh[u] += a * ((x[j + u] - mu) * rho);
-    }
-  for (int u = 0; j < C; ++j, ++u) {
-    const T a = (w ? w[j] : T(1)) * g[j];
-    s[u] += a;
-    sh[u] += a * ((x[j] - mu) * rho);
+  for (; j + 4 <= C; j += 4) {
+    const T a0 = a_at(j), a1 = a_at(j + 1), a2 = a_at(j + 2), a3 = a_at(j + 3);
+    s0 += a0;
+    s1 += a1;
+    s2 += a2;
+    s3 += a3;
+    h0 += a0 * h_at(j);
+    h1 += a1 * h_at(j + 1);
+    h2 += a2 * h_at(j + 2);
+    h3 += a3 * h_at(j + 3);
   }
-  sum_a = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  sum_ah = ((sh[0] + sh[1]) + (sh[2] + sh[3])) + ((sh[4] + sh[5]) + (sh[6] + sh[7]));
+  for (; j < C; ++j) {
+    s0 += a_at(j);
+    h0 += a_at(j) * h_at(j);
+  }
+  sum_a = (s0 + s1) + (s2 + s3);
+  sum_ah = (h0 + h1) + (h2 + h3);
 }
 
 // Forward, per row: μ and ρ saved, y = w ⊙ x̂ + b.            y, x: (rows, C); mean, rstd: (rows); w, b: (C)
