@@ -240,7 +240,7 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   };
   try {
     header = nlohmann::json::parse(text, bounded);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e400)
     refuse(path, fmt::format("the header is not valid JSON (not a safetensors file?): {}", e.what()));
   } catch (const TooBig& e) {
     refuse(path, fmt::format("the header {}: not a safetensors file, or a corrupt one", e.why));

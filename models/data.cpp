@@ -52,13 +52,15 @@ TextData TextData::from_text(std::string_view utf8, double train_fraction) {
   std::vector<int32_t> ids;
   ids.reserve(utf8.size());
   std::vector<bool> present(kCodePointEnd);
+  uint32_t last = 0;  // the largest code point: the scan for the vocabulary stops there
   for (auto it = utf8.begin(); it != utf8.end();) {
     uint32_t c = utf8::unchecked::next(it);
     present[c] = true;
+    last = std::max(last, c);
     ids.push_back(static_cast<int32_t>(c));
   }
   TextData d;
-  for (char32_t c = 0; c < kCodePointEnd; ++c)
+  for (char32_t c = 0; c <= last; ++c)
     if (present[c]) d.vocab.push_back(c);
   std::vector<int32_t> id_of(static_cast<size_t>(d.vocab.back()) + 1, -1);
   for (size_t v = 0; v < d.vocab.size(); ++v) id_of[d.vocab[v]] = static_cast<int32_t>(v);

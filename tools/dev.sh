@@ -3,6 +3,8 @@
 #   bash tools/dev.sh demo       install what is missing, build, train the default model on Tiny Shakespeare
 #   bash tools/dev.sh test       install what is missing, build, run every test (ctest)
 #   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   bash tools/dev.sh fuzz [S]   installs clang, runs each libFuzzer target for S seconds (60) (tools/fuzz.sh)
+#   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +44,11 @@ case "${1:-}" in
   sanitize)
     deps; build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_SANITIZE=ON
     (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$JOBS") ;;
-  *) sed -n '2,7p' "$0"; exit 2 ;;
+  fuzz)  # only this step needs clang and its fuzzer runtime
+    deps clang libclang-rt-14-dev
+    shift; bash tools/fuzz.sh "$@" ;;
+  valgrind)
+    deps valgrind; build build
+    bash tools/valgrind.sh ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
 esac
