@@ -1,7 +1,10 @@
 #include "engine/tensor.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+
+#include "engine/parallel.hpp"
 
 namespace tapegrad {
 
@@ -120,8 +123,17 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+// Large fills (the tape zeroes every gradient it allocates) are split across the engine's threads: one memset
+// per range of 64 KiB pages.
 void Tensor::fill_zero() const {
-  if (numel()) std::memset(data_, 0, nbytes());
+  const size_t bytes = nbytes();
+  if (bytes == 0) return;
+  constexpr size_t kPiece = size_t{64} << 10;
+  auto* p = static_cast<std::byte*>(data_);
+  parallel_for(static_cast<int64_t>((bytes + kPiece - 1) / kPiece), 4, [=](int64_t begin, int64_t end) {
+    const size_t from = static_cast<size_t>(begin) * kPiece, to = std::min(bytes, static_cast<size_t>(end) * kPiece);
+    std::memset(p + from, 0, to - from);
+  });
 }
 
 void Tensor::copy_from(const Tensor& src) const {
