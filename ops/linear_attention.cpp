@@ -16,6 +16,9 @@
 //   num_I = q_I S + P v_I,   den_I = q_I z + P1,   then  S += k_Iᵀ v_I,  z += k_Iᵀ1,
 // so every product is a gemm and the state is O(d·dv + C²) per head. Non-causal: S, z are the full sums
 // and there is no in-chunk term. The slices (b, h) run on the engine's threads, each range with its workspace.
+// Causal sweeps skip the products with a state that is still zero (S, z before the first chunk; R, r after the
+// last) and the state update after the last chunk, and the VJP's two sweeps share Gn, γ and W of the chunk
+// where they meet: at T ≤ C a causal slice is a handful of products.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -119,15 +122,21 @@ void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, 
     const T* qI = q + a * d;
     T* OI = O + a * dv;
     T* denI = den + a;
-    gemm(false, false, c, dv, d, T(1), qI, d, S, dv, T(0), OI, dv);
-    for (int64_t i = 0; i < c; ++i) denI[i] = dot(qI + i * d, z, d);
+    const bool empty_state = n.causal && a == 0;  // S = 0, z = 0 before the first chunk
+    if (empty_state) {
+      std::fill(OI, OI + c * dv, T(0));
+      std::fill(denI, denI + c, T(0));
+    } else {
+      gemm(false, false, c, dv, d, T(1), qI, d, S, dv, T(0), OI, dv);
+      for (int64_t i = 0; i < c; ++i) denI[i] = dot(qI + i * d, z, d);
+    }
     if (n.causal) {
       const T *kI = k + a * d, *vI = v + a * dv;
       chunk_scores(P, qI, kI, c, d);
       gemm(false, false, c, dv, c, T(1), P, c, vI, dv, T(1), OI, dv);
       for (int64_t i = 0; i < c; ++i)
         for (int64_t j = 0; j <= i; ++j) denI[i] += P[i * c + j];
-      add_key_sums(S, z, kI, vI, c, d, dv);
+      if (a + c < n.tq) add_key_sums(S, z, kI, vI, c, d, dv);  // the last chunk's sums are read by no one
     }
     for (int64_t i = 0; i < c; ++i)
       for (int64_t x = 0; x < dv; ++x) OI[i * dv + x] /= denI[i];
@@ -180,6 +189,8 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
   const int64_t d = n.d, dv = n.dv;
   T *S = w.S.data(), *z = w.z.data(), *P = w.P.data(), *W = w.W.data();
   T *Gn = w.rows_dv.data(), *gamma = w.col.data(), *dx = w.rows_d.data();
+  // Gn, γ and W of a chunk are the same in both sweeps: the chunk whose values the workspace holds is not redone.
+  int64_t cotangent_chunk = -1, w_chunk = -1;
 
   if (gq) {  // forward sweep: dq
     zero(w.S);
@@ -188,14 +199,20 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
     for (int64_t a = 0; a < n.tq; a += kChunk) {
       const int64_t c = std::min(kChunk, n.tq - a);
       normalized_cotangent(Gn, gamma, G + a * dv, O + a * dv, den + a, c, dv);
-      gemm(false, true, c, d, dv, T(1), Gn, dv, S, dv, T(0), dx, d);
-      for (int64_t i = 0; i < c; ++i)
-        for (int64_t x = 0; x < d; ++x) dx[i * d + x] += gamma[i] * z[x];
+      cotangent_chunk = a;
+      if (n.causal && a == 0) {  // S = 0, z = 0
+        std::fill(dx, dx + c * d, T(0));
+      } else {
+        gemm(false, true, c, d, dv, T(1), Gn, dv, S, dv, T(0), dx, d);
+        for (int64_t i = 0; i < c; ++i)
+          for (int64_t x = 0; x < d; ++x) dx[i * d + x] += gamma[i] * z[x];
+      }
       if (n.causal) {
         const T *kI = k + a * d, *vI = v + a * dv;
         chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);
+        w_chunk = a;
         gemm(false, false, c, d, c, T(1), W, c, kI, d, T(1), dx, d);
-        add_key_sums(S, z, kI, vI, c, d, dv);
+        if (a + c < n.tq) add_key_sums(S, z, kI, vI, c, d, dv);
       }
       add_through_phi(gq + a * d, dx, q + a * d, c * d);
     }
@@ -216,6 +233,7 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
     for (int64_t a = 0; a < n.tq; a += kChunk) {
       const int64_t c = std::min(kChunk, n.tq - a);
       normalized_cotangent(Gn, gamma, G + a * dv, O + a * dv, den + a, c, dv);
+      cotangent_chunk = a;
       add_query_sums(a, c);
     }
   const int64_t chunks = (n.tk + kChunk - 1) / kChunk;
@@ -223,25 +241,34 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
     const int64_t a = ci * kChunk, c = std::min(kChunk, n.tk - a);
     const T *kI = k + a * d, *vI = v + a * dv;
     const T* qI = n.causal ? q + a * d : nullptr;  // causal: query and key chunks coincide (T = Tk)
-    if (n.causal) normalized_cotangent(Gn, gamma, G + a * dv, O + a * dv, den + a, c, dv);
+    if (n.causal && cotangent_chunk != a) {
+      normalized_cotangent(Gn, gamma, G + a * dv, O + a * dv, den + a, c, dv);
+      cotangent_chunk = a;
+    }
+    const bool empty_state = n.causal && ci == chunks - 1;  // R = 0, r = 0 after the last chunk
     if (gk) {
-      gemm(false, true, c, d, dv, T(1), vI, dv, R, dv, T(0), dx, d);
-      for (int64_t j = 0; j < c; ++j)
-        for (int64_t x = 0; x < d; ++x) dx[j * d + x] += r[x];
+      if (empty_state) {
+        std::fill(dx, dx + c * d, T(0));
+      } else {
+        gemm(false, true, c, d, dv, T(1), vI, dv, R, dv, T(0), dx, d);
+        for (int64_t j = 0; j < c; ++j)
+          for (int64_t x = 0; x < d; ++x) dx[j * d + x] += r[x];
+      }
       if (n.causal) {
-        chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);
+        if (w_chunk != a) chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);
+        w_chunk = a;
         gemm(true, false, c, d, c, T(1), W, c, qI, d, T(1), dx, d);
       }
       add_through_phi(gk + a * d, dx, kI, c * d);
     }
     if (gv) {
-      gemm(false, false, c, dv, d, T(1), kI, d, R, dv, T(1), gv + a * dv, dv);
+      if (!empty_state) gemm(false, false, c, dv, d, T(1), kI, d, R, dv, T(1), gv + a * dv, dv);
       if (n.causal) {
         chunk_scores(P, qI, kI, c, d);
         gemm(true, false, c, dv, c, T(1), P, c, Gn, dv, T(1), gv + a * dv, dv);
       }
     }
-    if (n.causal) add_query_sums(a, c);
+    if (n.causal && ci > 0) add_query_sums(a, c);  // the first chunk's sums are read by no one
   }
 }
 
@@ -415,6 +442,7 @@ void register_linear_attention(Registry& r) {
                    }});
   r.add_case(kOp, {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)});
   r.add_case(kOp, {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)});
+  r.add_case(kOp, {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)});
 }
 
 }  // namespace tapegrad
