@@ -66,11 +66,12 @@ template <class T>
 void probability_tile(T* S, const T* lse, int64_t r, int64_t c) {
   for (int64_t a = 0; a < r; ++a) {
     T* s_row = S + a * c;
-    if (lse[a] == kNegInf<T>) {
+    const T l = lse[a];
+    if (l == kNegInf<T>) {
       std::fill(s_row, s_row + c, T(0));
       continue;
     }
-    for (int64_t j = 0; j < c; ++j) s_row[j] = fast_exp(s_row[j] - lse[a]);
+    for (int64_t j = 0; j < c; ++j) s_row[j] = fast_exp(s_row[j] - l);
   }
 }
 
