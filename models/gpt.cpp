@@ -175,9 +175,10 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
   x = dropout(tape, x, dropout_seed);
   for (const Block& blk : blocks_) {
     x = x + dropout(tape, attention_block(tape, p, blk, norm(x, blk.ln_1_w, blk.ln_1_b)), dropout_seed);
-    Var hdn = gelu(linear(norm(x, blk.ln_2_w, blk.ln_2_b), p[blk.c_fc_w], blk.c_fc_b == kNone ? Var{} : p[blk.c_fc_b]));
-    x = x + dropout(tape, linear(hdn, p[blk.mlp_proj_w], blk.mlp_proj_b == kNone ? Var{} : p[blk.mlp_proj_b]),
-                    dropout_seed);
+    // c_proj(gelu(c_fc(ln_2(x)))) as one node (ops/mlp.cpp)
+    Var hdn = mlp(norm(x, blk.ln_2_w, blk.ln_2_b), p[blk.c_fc_w], blk.c_fc_b == kNone ? Var{} : p[blk.c_fc_b],
+                  p[blk.mlp_proj_w], blk.mlp_proj_b == kNone ? Var{} : p[blk.mlp_proj_b]);
+    x = x + dropout(tape, hdn, dropout_seed);
   }
   x = norm(x, ln_f_w_, ln_f_b_);
   return linear(x, p[wte_]);  // tied head: logits = x·wteᵀ  (B, T, V)

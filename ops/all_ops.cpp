@@ -21,6 +21,7 @@ void register_beta_attention(Registry&);
 void register_linear_attention(Registry&);
 void register_tiled_attention(Registry&);
 void register_heads(Registry&);
+void register_mlp(Registry&);
 
 Registry& builtin_registry() {
   static Registry registry;
@@ -42,6 +43,7 @@ Registry& builtin_registry() {
     register_linear_attention(registry);
     register_tiled_attention(registry);
     register_heads(registry);
+    register_mlp(registry);
   });
   return registry;
 }

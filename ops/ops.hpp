@@ -44,6 +44,9 @@ Var matmul(Var a, Var b);
 // linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).
 Var linear(Var x, Var weight, Var bias = {});
 
+// mlp.cpp — linear, gelu, linear as one node (the GPT block's MLP): y = gelu(x·W₁ᵀ + b₁)·W₂ᵀ + b₂, biases optional.
+Var mlp(Var x, Var w1, Var b1, Var w2, Var b2);
+
 // softmax.cpp — over the last axis.
 Var softmax(Var x);
 Var log_softmax(Var x);

@@ -8,9 +8,8 @@
 // gelu has its own node below: it keeps tanh u instead of y, so that its derivative needs no second tanh.
 #include <cmath>
 
-#include "engine/parallel.hpp"
 #include "ops/common.hpp"
-#include "ops/fast_math.hpp"
+#include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
@@ -71,45 +70,10 @@ Var pointwise(Var x, Fn fn) {
       [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); });
 }
 
-// ---- gelu ----
-// GPT-2's tanh form, per element (notation of the header):
-//   y = ½x(1 + t),   t = tanh u,   u = √(2/π)(x + 0.044715x³)
-//   f′(x) = ½(1 + t) + ½x(1 − t²)·√(2/π)(1 + 3·0.044715x²)          (dt/du = 1 − t², du/dx = √(2/π)(1 + 3·0.044715x²))
-// The node keeps x and t; VJP x̄ += f′(x)·ȳ and JVP ẏ = f′(x)·ẋ read t instead of evaluating tanh again.
-// float32 takes tanh from ops/fast_math.hpp (≤ 1.6 ulp, vectorized), float64 from libm.
-constexpr double kGeluC = 0.7978845608028654;  // √(2/π)
-constexpr double kGeluA = 0.044715;
-
-// Elements per thread worth a hand-off to the pool (a few microseconds of work).
-constexpr int64_t kGeluGrain = 16384;
-
-// y = ½x(1 + t), t = tanh u                                                   y, t, x: (n)
-template <class T>
-void gelu_forward(T* y, T* t, const T* x, int64_t n) {
-  parallel_for(n, kGeluGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T xi = x[i];
-      const T ti = fast_tanh(T(kGeluC) * (xi + T(kGeluA) * xi * xi * xi));
-      t[i] = ti;
-      y[i] = T(0.5) * xi * (1 + ti);
-    }
-  });
-}
-
-// out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).      out, x, t, in: (n)
-template <class T>
-void gelu_derivative(T* out, const T* x, const T* t, const T* in, int64_t n) {
-  parallel_for(n, kGeluGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T xi = x[i], ti = t[i];
-      const T du_dx = T(kGeluC) * (1 + 3 * T(kGeluA) * xi * xi);
-      out[i] += (T(0.5) * (1 + ti) + T(0.5) * xi * (1 - ti * ti) * du_dx) * in[i];
-    }
-  });
-}
-
 }  // namespace
 
+// gelu keeps x and t = tanh u (ops/gelu.hpp has the derivation): its VJP x̄ += f′(x)·ȳ and JVP ẏ = f′(x)·ẋ read t
+// instead of evaluating tanh again.
 Var gelu(Var x) {
   constexpr const char* op = "gelu";
   expect_float(op, x);

@@ -1,0 +1,193 @@
+// The transformer block's MLP as one node: linear, gelu, linear (models/gpt.cpp), in PyTorch's weight layout.
+//
+// x (N, C) (any leading axes), W₁ (H, C), b₁ (H) or none, W₂ (C′, H), b₂ (C′) or none:
+//   u = x·W₁ᵀ + b₁          (N, H)
+//   h = gelu(u)             (N, H)    the tanh form of ops/gelu.hpp: h = ½u(1 + t), t = tanh(√(2/π)(u + 0.044715u³))
+//   y = h·W₂ᵀ + b₂          (N, C′)
+// The chain rule through the three maps (linear.cpp's derivatives, gelu′ of ops/gelu.hpp):
+//   VJP  W̄₂ += ȳᵀ·h,  b̄₂ += Σ_rows ȳ,  h̄ = ȳ·W₂,  ū = gelu′(u) ⊙ h̄,  W̄₁ += ūᵀ·x,  b̄₁ += Σ_rows ū,  x̄ += ū·W₁
+//   JVP  u̇ = ẋ·W₁ᵀ + x·Ẇ₁ᵀ + ḃ₁,  ḣ = gelu′(u) ⊙ u̇,  ẏ = ḣ·W₂ᵀ + h·Ẇ₂ᵀ + ḃ₂
+// What the fusion saves against linear → gelu → linear: the node keeps u and t (N·H each) and not h, which the
+// VJP and JVP rebuild as ½u(1 + t); and the tape allocates no gradient for u and h (h̄, ū live in one scratch
+// that the node reuses from call to call). For the default GPT that is 4.7 MB less per block and step.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "engine/blas.hpp"
+#include "ops/common.hpp"
+#include "ops/gelu.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+constexpr const char* kOp = "mlp";
+
+// out (n, m) += 1_n·bᵀ
+template <class T>
+void add_rows(T* out, const T* b, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) out[i * m + j] += b[j];
+}
+
+// db (m) += Σ_i g[i, :]
+template <class T>
+void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
+}
+
+// Two (n, H) buffers that every call on this thread reuses: h rebuilt from u and t, and h̄ / ū (or ḣ).
+template <class T>
+std::pair<T*, T*> scratch(int64_t elements) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < static_cast<size_t>(2 * elements)) buffer.resize(static_cast<size_t>(2 * elements));
+  return {buffer.data(), buffer.data() + elements};
+}
+
+struct MlpDims {
+  int64_t n, c, h, c_out;  // rows, input width, hidden width, output width
+};
+
+// u = x·W₁ᵀ + b₁, t and h = gelu(u) (h into `h`), y = h·W₂ᵀ + b₂.
+template <class T>
+void mlp_forward(const MlpDims& d, const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* u, T* t, T* h,
+                 T* y) {
+  gemm(false, true, d.n, d.h, d.c, T(1), x, d.c, w1, d.c, T(0), u, d.h);
+  if (b1) add_rows(u, b1, d.n, d.h);
+  gelu_forward(h, t, u, d.n * d.h);
+  gemm(false, true, d.n, d.c_out, d.h, T(1), h, d.h, w2, d.h, T(0), y, d.c_out);
+  if (b2) add_rows(y, b2, d.n, d.c_out);
+}
+
+// The VJP of the header; gradients that are null are not computed. h and hbar are (n, H) scratch.
+template <class T>
+void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* t, const T* g, T* dx,
+             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar) {
+  if (dw2) {
+    gelu_from_tanh(h, u, t, d.n * d.h);
+    gemm(true, false, d.c_out, d.h, d.n, T(1), g, d.c_out, h, d.h, T(1), dw2, d.h);
+  }
+  if (db2) sum_rows(db2, g, d.n, d.c_out);
+  if (!dx && !dw1 && !db1) return;
+  gemm(false, false, d.n, d.h, d.c_out, T(1), g, d.c_out, w2, d.h, T(0), hbar, d.h);
+  gelu_derivative_in_place(hbar, u, t, d.n * d.h);  // ū
+  if (dw1) gemm(true, false, d.h, d.c, d.n, T(1), hbar, d.h, x, d.c, T(1), dw1, d.c);
+  if (db1) sum_rows(db1, hbar, d.n, d.h);
+  if (dx) gemm(false, false, d.n, d.c, d.h, T(1), hbar, d.h, w1, d.c, T(1), dx, d.c);
+}
+
+// The JVP of the header, added into ty; null tangents contribute nothing. h and hdot are (n, H) scratch.
+template <class T>
+void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* t, const T* tx,
+             const T* tw1, const T* tb1, const T* tw2, const T* tb2, T* ty, T* h, T* hdot) {
+  if (tx || tw1 || tb1) {
+    std::fill(hdot, hdot + d.n * d.h, T(0));
+    if (tx) gemm(false, true, d.n, d.h, d.c, T(1), tx, d.c, w1, d.c, T(1), hdot, d.h);
+    if (tw1) gemm(false, true, d.n, d.h, d.c, T(1), x, d.c, tw1, d.c, T(1), hdot, d.h);
+    if (tb1) add_rows(hdot, tb1, d.n, d.h);
+    gelu_derivative_in_place(hdot, u, t, d.n * d.h);  // ḣ
+    gemm(false, true, d.n, d.c_out, d.h, T(1), hdot, d.h, w2, d.h, T(1), ty, d.c_out);
+  }
+  if (tw2) {
+    gelu_from_tanh(h, u, t, d.n * d.h);
+    gemm(false, true, d.n, d.c_out, d.h, T(1), h, d.h, tw2, d.h, T(1), ty, d.c_out);
+  }
+  if (tb2) add_rows(ty, tb2, d.n, d.c_out);
+}
+
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+void expect_weight(const Var& w, int64_t rows, int64_t cols, const char* what, const Shape& x) {
+  if (w.rank() != 2 || w.shape()[1] != cols || (rows >= 0 && w.shape()[0] != rows))
+    fail("{}: {} must be ({}, {}) for an input of shape {}, got {}", kOp, what, rows >= 0 ? std::to_string(rows) : "H",
+         cols, x, w.shape());
+}
+
+void expect_bias(const Var& b, int64_t n, const char* what, const Var& w) {
+  if (b.defined() && (b.rank() != 1 || b.shape()[0] != n))
+    fail("{}: {} must be ({}) for a weight of shape {}, got {}", kOp, what, n, w.shape(), b.shape());
+}
+
+}  // namespace
+
+Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
+  std::vector<Var> inputs{x, w1, w2};
+  if (b1.defined()) inputs.push_back(b1);
+  if (b2.defined()) inputs.push_back(b2);
+  Tape& tape = x.tape();
+  for (const Var& v : inputs) {
+    (void)tape_of(kOp, {x, v});
+    expect_float(kOp, v);
+    expect_same_dtype(kOp, x, v);
+  }
+  expect_min_rank(kOp, x, 1, "the input");
+  const int64_t c = x.shape().back();
+  expect_weight(w1, -1, c, "the first weight", x.shape());
+  const int64_t hidden = w1.shape()[0];
+  expect_weight(w2, -1, hidden, "the second weight", x.shape());
+  expect_bias(b1, hidden, "the first bias", w1);
+  expect_bias(b2, w2.shape()[0], "the second bias", w2);
+  const MlpDims d{x.shape().rows(), c, hidden, w2.shape()[0]};
+  Shape y_shape = x.shape();
+  y_shape[y_shape.rank() - 1] = d.c_out;
+  const Tensor xv = x.value(), w1v = w1.value(), w2v = w2.value();
+  const Tensor b1v = b1.defined() ? b1.value() : Tensor{}, b2v = b2.defined() ? b2.value() : Tensor{};
+  const DType dtype = x.dtype();
+  Tensor u = tape.empty(dtype, {d.n, d.h}), t = tape.empty(dtype, {d.n, d.h});
+  Tensor y = tape.empty(dtype, y_shape);
+  dispatch_float(kOp, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto [h, unused] = scratch<T>(d.n * d.h);
+    (void)unused;
+    mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v),
+                u.data<T>(), t.data<T>(), h, y.data<T>());
+  });
+  // gin / tin follow `inputs`: x, W₁, W₂, then b₁ and b₂ where given.
+  const bool has_b1 = b1.defined(), has_b2 = b2.defined();
+  auto bias_slot = [has_b1, has_b2](std::span<const Tensor> s, int which) {
+    const size_t i1 = 3, i2 = has_b1 ? 4 : 3;
+    if (which == 1) return has_b1 ? s[i1] : Tensor{};
+    return has_b2 ? s[i2] : Tensor{};
+  };
+  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+    dispatch_float(kOp, dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto [h, hbar] = scratch<T>(d.n * d.h);
+      mlp_vjp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), t.data<T>(), g.data<T>(),
+              data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(bias_slot(gin, 1)),
+              data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar);
+    });
+  };
+  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+    dispatch_float(kOp, dtype, [&](auto tag) {
+      using T = decltype(tag);
+      auto [h, hdot] = scratch<T>(d.n * d.h);
+      mlp_jvp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), t.data<T>(), data_or_null<T>(tin[0]),
+              data_or_null<T>(tin[1]), data_or_null<T>(bias_slot(tin, 1)), data_or_null<T>(tin[2]),
+              data_or_null<T>(bias_slot(tin, 2)), ty.data<T>(), h, hdot);
+    });
+  };
+  return tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp);
+}
+
+void register_mlp(Registry& r) {
+  r.add({kOp, "mlp",
+         "h = gelu(xW₁ᵀ + b₁): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, x̄ += ūW₁; "
+         "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
+         {}});
+  r.add_case(kOp, {"biases, x (5, 4), H = 6, out 3",
+                   {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
+                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4]); }});
+  r.add_case(kOp, {"no biases, x (2, 3, 4), H = 8", {{"x", {2, 3, 4}}, {"w1", {8, 4}}, {"w2", {4, 8}}},
+                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}); }});
+  r.add_case(kOp, {"first bias only, x (3, 5), H = 7", {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
+                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}); }});
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,67 @@
+// The fused MLP against linear → gelu → linear: values, gradients and tangents; float32 and float64; errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+double max_relative_difference(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector(), y = b.to_vector();
+  REQUIRE(x.size() == y.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
+  return worst;
+}
+
+void check_against_composition(bool biases, DType dtype, double tolerance) {
+  std::vector<InputSpec> spec{{"x", {3, 20, 16}}, {"w1", {64, 16}}, {"w2", {16, 64}}};
+  if (biases) {
+    spec.push_back({"b1", {64}});
+    spec.push_back({"b2", {16}});
+  }
+  Function fused = [biases](Tape&, std::span<const Var> v) {
+    return mlp(v[0], v[1], biases ? v[3] : Var{}, v[2], biases ? v[4] : Var{});
+  };
+  Function composed = [biases](Tape&, std::span<const Var> v) {
+    return linear(gelu(linear(v[0], v[1], biases ? v[3] : Var{})), v[2], biases ? v[4] : Var{});
+  };
+  auto x = make_inputs(spec, dtype, 11);
+  CHECK(max_relative_difference(evaluate(fused, x), evaluate(composed, x)) < tolerance);
+  Tensor g = make_inputs(std::vector<InputSpec>{{"g", {3, 20, 16}}}, dtype, 12)[0];
+  auto gf = vjp(fused, x, g), gc = vjp(composed, x, g);
+  for (size_t i = 0; i < gf.size(); ++i) {
+    CAPTURE(spec[i].name);
+    CHECK(max_relative_difference(gf[i], gc[i]) < tolerance);
+  }
+  auto t = make_inputs(spec, dtype, 13);
+  CHECK(max_relative_difference(jvp(fused, x, t).second, jvp(composed, x, t).second) < tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("mlp equals linear, gelu, linear: forward, VJP and JVP") {
+  for (bool biases : {true, false}) {
+    CAPTURE(biases);
+    check_against_composition(biases, DType::f64, 1e-12);
+    check_against_composition(biases, DType::f32, 2e-5);
+  }
+}
+
+TEST_CASE("mlp: shape errors name the op and the shapes") {
+  Tape tape;
+  Var x = tape.leaf(Tensor::zeros(DType::f32, {4, 8}));
+  Var w1 = tape.leaf(Tensor::zeros(DType::f32, {32, 8})), w2 = tape.leaf(Tensor::zeros(DType::f32, {8, 32}));
+  CHECK_THROWS_WITH(mlp(x, tape.leaf(Tensor::zeros(DType::f32, {32, 7})), {}, w2, {}),
+                    doctest::Contains("mlp: the first weight must be (H, 8) for an input of shape (4, 8), got (32, 7)"));
+  CHECK_THROWS_WITH(mlp(x, w1, {}, tape.leaf(Tensor::zeros(DType::f32, {8, 31})), {}),
+                    doctest::Contains("mlp: the second weight must be (H, 32)"));
+  CHECK_THROWS_WITH(mlp(x, w1, tape.leaf(Tensor::zeros(DType::f32, {31})), w2, {}),
+                    doctest::Contains("mlp: the first bias must be (32) for a weight of shape (32, 8), got (31)"));
+  CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8}))), doctest::Contains("mlp"));
+}
