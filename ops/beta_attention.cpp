@@ -35,7 +35,7 @@ namespace tapegrad {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kQueryBlock = 32;
 
 // The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
 template <class F>
@@ -225,8 +225,8 @@ void register_beta_attention(Registry& r) {
   r.add_case("beta_attention", {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
   r.add_case("beta_attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
                                 qkv(causal)});
-  // Causal with T above kQueryBlock: two query blocks, the second one's products cut at its last key.
-  r.add_case("beta_attention", {"causal T=70 (two blocks)",
+  // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.
+  r.add_case("beta_attention", {"causal T=70 (three blocks)",
                                 {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}}, qkv(causal)});
   // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
   r.add_case("beta_attention", {"Q = 0 (β at 0)",
