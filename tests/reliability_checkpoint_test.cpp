@@ -68,6 +68,12 @@ std::string join(const nlohmann::ordered_json& header, const std::string& data) 
   return le64(text.size()) + text + data;
 }
 
+// The bytes of a string literal, embedded NULs included.
+template <size_t N>
+std::string literal(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
 struct Corruption {
   std::string what;
   std::string bytes;
@@ -174,12 +180,12 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
   out.push_back({"an empty file", ""});
   out.push_back({"a text file", text_of_length(500)});
   out.push_back({"a JSON file", R"({"step": 1, "loss": 2.5, "weights": [1, 2, 3]})"});
-  out.push_back({"a PNG image", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10", 20)});
-  out.push_back({"a zip archive (a PyTorch .pt)", std::string("PK\x03\x04\x14\0\0\0\0\0", 10) + text_of_length(200)});
-  out.push_back({"a pickle", std::string("\x80\x02}q\0(X\x05\0\0\0model", 18)});
-  out.push_back({"a GGUF file", std::string("GGUF\x03\0\0\0\x05\0\0\0\0\0\0\0", 16) + std::string(64, '\0')});
-  out.push_back({"a NumPy array", std::string("\x93NUMPY\x01\0v\0{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 64)});
-  out.push_back({"a gzip stream", std::string("\x1f\x8b\x08\0\0\0\0\0\0\x03", 10) + std::string(40, '\x55')});
+  out.push_back({"a PNG image", literal("\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x10")});
+  out.push_back({"a zip archive (a PyTorch .pt)", literal("PK\x03\x04\x14\0\0\0\0\0") + text_of_length(200)});
+  out.push_back({"a pickle", literal("\x80\x02}q\0(X\x05\0\0\0model")});
+  out.push_back({"a GGUF file", literal("GGUF\x03\0\0\0\x05\0\0\0\0\0\0\0") + std::string(64, '\0')});
+  out.push_back({"a NumPy array", literal("\x93NUMPY\x01\0v\0{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }")});
+  out.push_back({"a gzip stream", literal("\x1f\x8b\x08\0\0\0\0\0\0\x03") + std::string(40, '\x55')});
   out.push_back({"an executable (the tapegrad program)", slurp(program)});
   return out;
 }
