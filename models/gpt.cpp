@@ -160,7 +160,8 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
     fail("gpt: token ids must be int32 of shape (B, T), got {} {}", idx.dtype(), idx.shape());
   const int64_t T = idx.shape()[1];
   if (T > cfg_.block_size || T < 1)
-    fail("gpt: a context of {} tokens does not fit the model's block_size {}", T, cfg_.block_size);
+    fail("gpt: ids of shape {}: a context of {} tokens does not fit the model's block_size {}", idx.shape(), T,
+         cfg_.block_size);
   std::vector<Var> p;
   p.reserve(params_.size());
   for (const auto& prm : params_) p.push_back(tape.param(prm.value, prm.grad));

@@ -276,7 +276,7 @@ const std::vector<Misuse>& misuses() {
          GPT model(c, 1);
          (void)model.logits(t, Tensor::zeros(DType::i32, {1, 9}));
        },
-       {"gpt", "9", "block_size 8"}},
+       {"gpt", "(1, 9)", "9 tokens", "block_size 8"}},
       {"gpt (super attention): T larger than the model's context",
        [](Tape& t) {
          GPTConfig c;
@@ -289,7 +289,7 @@ const std::vector<Misuse>& misuses() {
          GPT model(c, 1);
          (void)model.loss(t, Tensor::zeros(DType::i32, {2, 6}), Tensor::zeros(DType::i32, {2, 6}));
        },
-       {"gpt", "6", "block_size 4"}},
+       {"gpt", "(2, 6)", "6 tokens", "block_size 4"}},
       {"gpt: targets of another shape",
        [](Tape& t) {
          GPTConfig c;
