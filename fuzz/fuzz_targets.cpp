@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,6 +72,7 @@ int config_input(const uint8_t* data, size_t size) {
     cfg.validate();
   } catch (const CLI::ParseError&) {
   } catch (const Error&) {
+  } catch (const std::out_of_range&) {  // CLI11 2.1's std::stoll on a negated flag's value; main reports it
   }
   return 0;
 }

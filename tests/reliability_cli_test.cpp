@@ -94,6 +94,7 @@ std::vector<Case> cli_cases() {
       {{"train", "--eval-iters", "0"}, "--eval-iters: must be positive"},
       {{"train", "--warmup-iters", "-1"}, "--warmup-iters"},
       {{"train", "--stop-after", "-3"}, "--stop-after"},
+      {{"train", "--no-bias=99999999999999999999999"}, "out of range"},  // found by fuzz_config
       {{"train", "--batch-size"}, "--batch-size"},
       // data files
       {{"train", "--data", "missing.txt"}, "missing.txt"},

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const tapegrad::Error& e) {
     report(e.what());
+    return 2;
+  } catch (const std::out_of_range& e) {  // CLI11 2.1 lets std::stoll's escape: --no-bias=99999999999999999999
+    report(fmt::format("a number in the arguments or the config file is out of range ({})", e.what()).c_str(),
+           " (tapegrad --help for usage)");
     return 2;
   } catch (const std::exception& e) {
     report(e.what());
