@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -35,13 +37,20 @@ json model_json(const GPTConfig& m) {
 // The configuration in a checkpoint's "tapegrad.model"; errors name the checkpoint.
 GPTConfig model_from_json(const std::string& text, const std::string& path) {
   GPTConfig m;
+  // An integer field: a JSON integer within int64 (a float such as 1e20 would not convert).
+  auto integer = [&](const json& j, const char* key) {
+    const json& v = j.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}))
+      fail("checkpoint {}: 'tapegrad.model' has {} = {}, not an integer", path, key, v.dump().substr(0, 40));
+    return v.get<int64_t>();
+  };
   try {
     const json j = json::parse(text);
-    m.vocab_size = j.at("vocab_size").get<int64_t>();
-    m.block_size = j.at("block_size").get<int64_t>();
-    m.n_layer = j.at("n_layer").get<int64_t>();
-    m.n_head = j.at("n_head").get<int64_t>();
-    m.n_embd = j.at("n_embd").get<int64_t>();
+    m.vocab_size = integer(j, "vocab_size");
+    m.block_size = integer(j, "block_size");
+    m.n_layer = integer(j, "n_layer");
+    m.n_head = integer(j, "n_head");
+    m.n_embd = integer(j, "n_embd");
     m.dropout = j.at("dropout").get<double>();
     m.bias = j.at("bias").get<bool>();
     m.attention = j.at("attention").get<std::string>();
@@ -49,6 +58,7 @@ GPTConfig model_from_json(const std::string& text, const std::string& path) {
   } catch (const json::exception& e) {
     fail("checkpoint {}: 'tapegrad.model' is not a model configuration ({})", path, e.what());
   } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with("checkpoint ")) throw;
     fail("checkpoint {}: {}", path, e.what());
   }
   return m;

@@ -148,6 +148,8 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
   });
   model_lie("a model of 10^18 layers in the metadata", [](auto& m) { m["n_layer"] = 1'000'000'000'000'000'000; });
   model_lie("a string for the number of layers", [](auto& m) { m["n_layer"] = "four"; });
+  model_lie("a float beyond int64 for the context (found by fuzz_checkpoint)", [](auto& m) { m["block_size"] = 1.8e20; });
+  model_lie("an integer beyond int64 for the width", [](auto& m) { m["n_embd"] = 18'446'744'073'709'551'615ull; });
   model_lie("an attention kind that does not exist", [](auto& m) { m["attention"] = "quadratic"; });
   model_lie("no block size", [](auto& m) { m.erase("block_size"); });
   lie("a model configuration that is not JSON", [&](auto& h) { h["__metadata__"]["tapegrad.model"] = "{n_layer: 4"; }, true);
