@@ -271,9 +271,13 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
       st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
       opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
       batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
-      for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({e[0].get<int64_t>(), e[1].get<double>(), e[2].get<double>()});
+      auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
+        if (!v.is_number_integer()) fail("--resume: {}: a step in its log is {}, not an integer", ck_path, v.dump());
+        return v.get<int64_t>();
+      };
+      for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
       for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
-        st.rows.push_back({r[0].get<int64_t>(), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
+        st.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
                            r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
                            r[4].is_null() ? NAN : r[4].get<double>()});
     } catch (const json::exception& e) {

@@ -429,10 +429,12 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
     const char* expect;
   };
   for (const Bad& b : {Bad{"tapegrad.step", "two", "cannot be read"}, Bad{"tapegrad.rng", "-", "cannot be read"},
-                       Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "cannot be read"},
-                       Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"}}) {
-    CAPTURE(b.key);
-    CAPTURE(b.value);
+                       Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "not an integer"},
+                       Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"},
+                       Bad{"tapegrad.log", "[[1.8e20, 0.001, 4.2, null, 1.0]]", "not an integer"}}) {
+    const std::string key = b.key, value = b.value;
+    CAPTURE(key);
+    CAPTURE(value);
     Parts p = split(good);
     p.header["__metadata__"][b.key] = b.value;
     p.header["__metadata__"].erase(std::string(kChecksumKey));
