@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The PyTorch side of `tapegrad bench --vs-torch`: the same workloads in PyTorch eager, float32.
 
-  serve       what tapegrad bench runs: JSON commands on stdin, one per line, one JSON answer per line on stdout;
+  serve       what tapegrad bench runs: JSON commands on stdin, one per line, one JSON answer per line on stdout
+              ("run" does "warmup" untimed runs, then "reps" timed ones, and answers the ms per timed run);
               tapegrad alternates short blocks of its own runs with blocks of these, so both see the same machine
   train-rss   train the default model for --steps steps and print {"vmhwm_kb": ...} (run as a child by serve)
 
@@ -205,6 +206,8 @@ def serve(threads):
                 answer = {"ok": True}
             elif cmd["cmd"] == "run":
                 work = prepared[cmd["id"]]
+                for _ in range(cmd.get("warmup", 0)):
+                    work.run()
                 t0 = time.perf_counter()
                 for _ in range(cmd["reps"]):
                     work.run()
