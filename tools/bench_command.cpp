@@ -35,6 +35,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/blas.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "models/gpt.hpp"
@@ -272,44 +273,74 @@ struct Timing {
 };
 
 double g_block_ms = 40;  // a block's length: long against timer and wake-up noise, short against drift
-constexpr int kSettleMs = 30;  // the pause before each block of an alternating run
 
-Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch = nullptr, const std::string& id = "") {
+// Something timed block by block in turn with the engine: `warmup` untimed runs, then `reps` timed ones; returns
+// the ms per timed run (nothing if it failed). `settle_ms`: how long its threads keep polling after a block.
+struct Peer {
+  std::function<std::optional<double>(int reps, int warmup)> run;
+  int settle_ms = 30;
+};
+
+struct PeerTimings {
+  double ms = NAN;                                   // the engine, per run
+  std::vector<std::optional<double>> peer_ms, ratio;  // per peer: ms per run, median of the per-block ratios
+};
+
+PeerTimings measure_with(const std::function<void()>& run, int rounds, const std::vector<Peer>& peers) {
   auto t0 = Clock::now();
   run();
   const double first = ms_since(t0);
   const int reps = std::clamp(static_cast<int>(g_block_ms / std::max(first, 1e-3)), 1, 2000);
   for (int i = 0; i < std::min(reps, 3); ++i) run();
-  const bool with_torch = torch && torch->ok() && !id.empty();
-  if (with_torch) torch->run(id, std::min(reps, 3));  // its warm-up
-  std::vector<double> ours, theirs, ratios;
-  // Each side starts its block on an idle machine: the other side's threads keep polling for a while after their
-  // last job (PyTorch's OpenMP threads for milliseconds, the engine's pool for 300 µs) and would take the cores
-  // from the first runs of the block.
-  const auto settle = [&] {
-    if (with_torch) std::this_thread::sleep_for(std::chrono::milliseconds(kSettleMs));
-  };
-  // In an alternating run each block starts with one untimed run on both sides: the first run after the pause
-  // pays for waking threads and refilling caches.
-  const int block_warmup = with_torch ? 1 : 0;
+  for (const Peer& p : peers) p.run(std::min(reps, 3), 0);  // their warm-up
+  // Each side starts its block on an idle machine: the others' threads keep polling for a while after their last
+  // job (PyTorch's OpenMP threads for milliseconds, OpenBLAS' own threads for ~0.1 s, the engine's pool for
+  // 300 µs) and would take the cores from the first runs of the block. Then ~10 ms of untimed runs (one at
+  // least): the first runs after the pause pay for waking threads (and the virtual CPUs under them) and refilling
+  // caches.
+  const int block_warmup = peers.empty() ? 0 : std::clamp(static_cast<int>(10 / std::max(first, 1e-3)), 1, reps);
+  std::vector<double> ours;
+  std::vector<std::vector<double>> theirs(peers.size()), ratios(peers.size());
+  int settle_ms = 0;
   for (int round = 0; round < rounds; ++round) {
-    settle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
     for (int i = 0; i < block_warmup; ++i) run();
     t0 = Clock::now();
     for (int i = 0; i < reps; ++i) run();
     ours.push_back(ms_since(t0) / reps);
-    settle();
-    if (with_torch)
-      if (auto t = torch->run(id, reps, block_warmup)) {
-        theirs.push_back(*t);
-        ratios.push_back(ours.back() / *t);
+    settle_ms = peers.empty() ? 0 : 30;
+    for (size_t p = 0; p < peers.size(); ++p) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+      if (auto t = peers[p].run(reps, block_warmup)) {
+        theirs[p].push_back(*t);
+        ratios[p].push_back(ours.back() / *t);
       }
+      settle_ms = peers[p].settle_ms;
+    }
   }
-  Timing t;
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  PeerTimings t;
   t.ms = median(ours);
-  if (!theirs.empty()) {
-    t.torch_ms = median(theirs);
-    t.ratio = median(ratios);
+  for (size_t p = 0; p < peers.size(); ++p) {
+    t.peer_ms.push_back(theirs[p].empty() ? std::nullopt : std::optional<double>(median(theirs[p])));
+    t.ratio.push_back(ratios[p].empty() ? std::nullopt : std::optional<double>(median(ratios[p])));
+  }
+  return t;
+}
+
+Peer torch_peer(TorchSide* torch, const std::string& id) {
+  return {[torch, id](int reps, int warmup) { return torch->run(id, reps, warmup); }, 30};
+}
+
+// The engine's timing, alternating with PyTorch's when `torch` is given.
+Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch = nullptr, const std::string& id = "") {
+  const bool with_torch = torch && torch->ok() && !id.empty();
+  PeerTimings p = measure_with(run, rounds, with_torch ? std::vector<Peer>{torch_peer(torch, id)} : std::vector<Peer>{});
+  Timing t;
+  t.ms = p.ms;
+  if (with_torch) {
+    t.torch_ms = p.peer_ms[0];
+    t.ratio = p.ratio[0];
   }
   return t;
 }
@@ -482,10 +513,19 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
     }
   }
   out.print("method    median over {} blocks of ~{:.0f} ms after a warm-up{}\n", a.rounds, g_block_ms,
-            torch && torch->ok() ? "; tapegrad and PyTorch alternate block by block, ratio = median of the per-block "
-                                   "ratios tapegrad / PyTorch"
+            torch && torch->ok() ? "; tapegrad and PyTorch alternate block by block, each block after a 30 ms pause "
+                                   "and ~10 ms of untimed runs; ratio = median of the per-block ratios tapegrad / "
+                                   "PyTorch"
                                  : "");
   if (!a.json) out.print("\n");
+}
+
+// Keeps every engine thread busy with products for `ms` ms: the first measurement of a process otherwise runs on
+// cores (virtual CPUs) that were idle and on pages not yet touched.
+void warm_up_cores(double ms) {
+  Tensor x = random_tensor({512, 512}, 23), c = Tensor::empty(DType::f32, {512, 512});
+  for (const auto t0 = Clock::now(); ms_since(t0) < ms;)
+    gemm(false, false, 512, 512, 512, 1.0f, x.data<float>(), 512, x.data<float>(), 512, 0.0f, c.data<float>(), 512);
 }
 
 // Returns the sgemm ceiling: the best raw GFLOP/s measured.
@@ -499,7 +539,8 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
                          {2048, 2048, 2048, "2048³"}};
   if (a.quick) shapes.pop_back();
   const bool vs = torch != nullptr;
-  out.print("matmul: engine (tape + matmul node, pool of {} threads) vs raw cblas_sgemm (OpenBLAS' own {} threads)\n",
+  out.print("matmul: engine (tape + matmul node, pool of {} threads) vs raw cblas_sgemm (OpenBLAS' own {} threads), "
+            "alternating; overhead = median of the per-block ratios − 1\n",
             num_threads(), num_threads());
   out.print("  {:<12} {:<16} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "engine ms", "GFLOP/s", "sgemm ms",
             "GFLOP/s", "overhead", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
@@ -511,32 +552,49 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     Tape tape;
     const std::string tid = fmt::format("mm{}", id++);
     const bool torch_ready = vs && torch->ok() && torch->prepare(tid, "matmul", {s.m, s.k, s.n});
-    Timing engine = measure(
+    // The raw product with OpenBLAS' own threads, only in its blocks; they poll for ~0.1 s after a call.
+    Peer raw{[&](int reps, int warmup) -> std::optional<double> {
+               openblas_set_num_threads(num_threads());
+               const auto sgemm = [&] {
+                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.m), static_cast<int>(s.n),
+                             static_cast<int>(s.k), 1.0f, x.data<float>(), static_cast<int>(s.k), w.data<float>(),
+                             static_cast<int>(s.n), 0.0f, c.data<float>(), static_cast<int>(s.n));
+               };
+               for (int i = 0; i < warmup; ++i) sgemm();
+               const auto t0 = Clock::now();
+               for (int i = 0; i < reps; ++i) sgemm();
+               const double ms = ms_since(t0) / reps;
+               openblas_set_num_threads(1);
+               return ms;
+             },
+             200};
+    std::vector<Peer> peers{raw};
+    if (torch_ready) peers.push_back(torch_peer(torch, tid));
+    const PeerTimings p = measure_with(
         [&] {
           tape.clear();
           matmul(tape.constant(x), tape.constant(w));
         },
-        a.rounds, torch_ready ? torch : nullptr, tid);
+        a.rounds, peers);
     if (torch_ready) torch->release(tid);
-    // OpenBLAS' own threads, only for this measurement; they poll for a while after it, so the engine's
-    // measurement above comes first.
-    openblas_set_num_threads(num_threads());
-    Timing raw = measure(
-        [&] {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.m), static_cast<int>(s.n),
-                      static_cast<int>(s.k), 1.0f, x.data<float>(), static_cast<int>(s.k), w.data<float>(),
-                      static_cast<int>(s.n), 0.0f, c.data<float>(), static_cast<int>(s.n));
-        },
-        a.rounds);
-    openblas_set_num_threads(1);
+    Timing engine;
+    engine.ms = p.ms;
+    if (torch_ready) {
+      engine.torch_ms = p.peer_ms[1];
+      engine.ratio = p.ratio[1];
+    }
+    Timing raw_t;
+    raw_t.ms = p.peer_ms[0].value_or(NAN);
+    const double overhead = p.ratio[0].value_or(NAN);
     const double flops = 2.0 * static_cast<double>(s.m * s.k * s.n);
-    const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw.ms / 1e6;
+    const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_t.ms / 1e6;
     ceiling = std::max(ceiling, gf_raw);
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
     out.print("  {:<12} {:<16} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>+8.1f}%{}\n", s.what, shape, engine.ms, gf_engine,
-              raw.ms, gf_raw, 100 * (engine.ms / raw.ms - 1), torch_cells(engine, vs));
-    out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine)["sgemm_ms"] = raw.ms;
-    usleep(200000);  // let OpenBLAS' threads go back to sleep before the next engine measurement
+              raw_t.ms, gf_raw, 100 * (overhead - 1), torch_cells(engine, vs));
+    json& r = out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine);
+    r["sgemm_ms"] = raw_t.ms;
+    r["overhead"] = overhead - 1;
   }
   out.print("  sgemm ceiling (best raw GFLOP/s above): {:.1f}\n\n", ceiling);
   return ceiling;
@@ -705,6 +763,7 @@ void run_bench(BenchArgs a) {
   std::unique_ptr<TorchSide> torch;
   if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
   header(out, a, torch.get());
+  warm_up_cores(a.quick ? 20 : 500);
   auto wanted = [&](const char* section) {
     return a.only.empty() || std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
