@@ -133,7 +133,32 @@ std::span<const uint32_t> Tape::store_ids(std::span<const Var> inputs) {
 
 void Tape::ensure_grad(uint32_t id) {
   ValueRec& r = values_[id];
-  if (!r.grad.defined()) r.grad = zeros(r.value.dtype(), r.value.shape());
+  if (r.grad.defined()) return;
+  const size_t bytes = r.value.nbytes();
+  size_t best = spare_grads_.size();  // the smallest spare buffer that fits
+  for (size_t i = 0; i < spare_grads_.size(); ++i)
+    if (spare_grads_[i].bytes >= bytes && (best == spare_grads_.size() || spare_grads_[i].bytes < spare_grads_[best].bytes))
+      best = i;
+  if (best == spare_grads_.size()) {
+    r.grad = zeros(r.value.dtype(), r.value.shape());
+    return;
+  }
+  r.grad = Tensor(r.value.dtype(), r.value.shape(), spare_grads_[best].data);
+  r.grad.fill_zero();
+  spare_grads_[best] = spare_grads_.back();
+  spare_grads_.pop_back();
+}
+
+void Tape::release_grad(uint32_t id) {
+  ValueRec& r = values_[id];
+  if (r.leaf || r.retain_grad || !r.grad.defined()) return;
+  spare_grads_.push_back({r.grad.raw(), r.grad.nbytes()});
+  r.grad = Tensor{};
+}
+
+void Tape::retain_grad(Var v) {
+  rec(v, "retain_grad");
+  values_[v.id_].retain_grad = true;
 }
 
 void Tape::backward(Var y) {
@@ -177,6 +202,7 @@ void Tape::backward(Var y, const Tensor& seed) {
     n.vjp(o.grad, scratch_);
     if (detect_anomaly_) [[unlikely]]
       check_vjp(n, scratch_);
+    release_grad(n.out);
   }
 }
 
@@ -216,6 +242,7 @@ void Tape::clear() {
   destroy_nodes();
   values_.clear();
   scratch_.clear();
+  spare_grads_.clear();
   arena_.reset();
   ++generation_;
   backward_done_ = false;

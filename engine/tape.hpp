@@ -9,6 +9,11 @@
 // without freeing, so a training step after the first allocates nothing. A Var carries the tape's generation:
 // using it after clear() throws instead of reading freed memory.
 //
+// Gradients of intermediate values (outputs of nodes) live only while backward needs them: once the node that
+// produced a value has run its VJP, the value's gradient buffer goes back to the tape, and a later gradient of
+// the same size or smaller reuses it, so backward holds a few gradients at a time instead of one per value.
+// retain_grad(v) keeps v's gradient readable after backward. Leaves (inputs, parameters) always keep theirs.
+//
 // Anomaly detection (off by default): every recorded output, every leaf, every gradient a VJP adds into and
 // every tangent a JVP produces is checked for NaN and ±∞; the first one found throws an Error
 // "non-finite value from <op> ...", naming the node's op and the shapes. A log_softmax of a −∞-masked row
@@ -39,7 +44,7 @@ class Var {
   const Shape& shape() const { return value().shape(); }
   DType dtype() const { return value().dtype(); }
   int rank() const { return shape().rank(); }
-  Tensor grad() const;  // undefined until backward has reached this value
+  Tensor grad() const;  // undefined until backward has reached this value (and after, unless kept: see above)
   bool requires_grad() const;
   uint32_t id() const { return id_; }
   bool defined() const { return tape_ != nullptr; }
@@ -98,6 +103,8 @@ class Tape {
   // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
   void backward(Var y);
   void backward(Var y, const Tensor& seed);
+  // Keeps the gradient of v, an intermediate value, readable through v.grad() after backward.
+  void retain_grad(Var v);
 
   // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
   void set_tangent(Var leaf, const Tensor& tangent);
@@ -128,6 +135,12 @@ class Tape {
   struct ValueRec {
     Tensor value, grad, tangent;
     bool requires_grad;
+    bool leaf = true;          // not the output of a recorded node
+    bool retain_grad = false;  // an intermediate whose gradient outlives backward
+  };
+  struct SpareGrad {  // an arena buffer of a released gradient
+    void* data;
+    size_t bytes;
   };
   template <class Vjp, class Jvp>
   struct NodeImpl final : Node {
@@ -150,12 +163,14 @@ class Tape {
   bool inputs_require_grad(std::span<const Var> inputs, const char* op) const;
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
   void ensure_grad(uint32_t id);
+  void release_grad(uint32_t id);
   void destroy_nodes();
 
   Arena arena_;
   std::vector<ValueRec> values_;
   std::vector<Node*> nodes_;
   std::vector<Tensor> scratch_;
+  std::vector<SpareGrad> spare_grads_;
   uint32_t generation_ = 1;
   bool recording_ = true;
   bool backward_done_ = false;
@@ -195,6 +210,7 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
     check_output(op, inputs, out);
   Var y = add_value(std::move(out), rg && recording_);
   if (!recording_) return y;
+  values_.back().leaf = false;
   using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>;
   static_assert(alignof(N) <= 64);
   auto ids = store_ids(inputs);

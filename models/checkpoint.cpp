@@ -164,14 +164,12 @@ const Tensor& Checkpoint::at(std::string_view name) const {
 
 void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   std::set<std::string_view> seen;
-  uint64_t data_bytes = 0;
   uint64_t checksum = fnv1a64({});
   for (const auto& nt : ck.tensors) {
     if (nt.name == "__metadata__") fail("save_checkpoint '{}': the tensor name '__metadata__' is reserved", path);
     if (!seen.insert(nt.name).second) fail("save_checkpoint '{}': two tensors are named '{}'", path, nt.name);
     if (!nt.tensor.defined()) fail("save_checkpoint '{}': tensor '{}' is undefined", path, nt.name);
     checksum = fnv1a64({static_cast<const char*>(nt.tensor.raw()), nt.tensor.nbytes()}, checksum);
-    data_bytes += nt.tensor.nbytes();
   }
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -201,13 +199,14 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N, and so the data section, aligned to 8 bytes
 
-  std::string bytes;
-  bytes.reserve(8 + text.size() + data_bytes);
-  uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  bytes += text;
-  for (const auto& nt : ck.tensors) bytes.append(static_cast<const char*>(nt.tensor.raw()), nt.tensor.nbytes());
-  write_file_atomic(path, bytes);
+  std::string head;
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) head.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  head += text;
+  // The tensors' bytes go to the file from where they are: no copy of the model in memory.
+  std::vector<std::string_view> pieces{head};
+  for (const auto& nt : ck.tensors) pieces.emplace_back(static_cast<const char*>(nt.tensor.raw()), nt.tensor.nbytes());
+  write_file_atomic(path, pieces);
 }
 
 Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, kMaxCheckpointBytes), path); }

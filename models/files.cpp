@@ -46,6 +46,10 @@ bool write_all(int fd, std::string_view bytes) {
 }  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, std::span<const std::string_view>(&bytes, 1));
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
   namespace fs = std::filesystem;
   fs::path target(path);
   if (!target.has_filename()) fail("cannot write '{}': the path names a directory, not a file", path);
@@ -65,7 +69,9 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 
   struct stat old {};
   mode_t mode = (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ? (old.st_mode & 07777) : 0644;
-  if (::fchmod(tmp.fd, mode) != 0 || !write_all(tmp.fd, bytes) || ::fsync(tmp.fd) != 0) {
+  bool written = ::fchmod(tmp.fd, mode) == 0;
+  for (size_t i = 0; written && i < pieces.size(); ++i) written = write_all(tmp.fd, pieces[i]);
+  if (!written || ::fsync(tmp.fd) != 0) {
     int err = errno;
     fail("cannot write '{}': {}", path, errno_text(err));
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -13,6 +14,8 @@ namespace tapegrad {
 // A new file gets mode 0644; an existing one keeps its mode. On any failure the temporary is removed and an
 // Error names the path and the system's reason.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+// The same for a file made of `pieces` one after the other (no copy of them is made).
+void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces);
 
 // The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, cannot
 // be read, or holds more than max_bytes.
