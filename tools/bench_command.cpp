@@ -332,17 +332,22 @@ Peer torch_peer(TorchSide* torch, const std::string& id) {
   return {[torch, id](int reps, int warmup) { return torch->run(id, reps, warmup); }, 30};
 }
 
+// The engine's figures, with PyTorch's from peer `torch_index` (negative: none).
+Timing engine_timing(const PeerTimings& p, int torch_index) {
+  Timing t;
+  t.ms = p.ms;
+  if (torch_index >= 0) {
+    t.torch_ms = p.peer_ms[static_cast<size_t>(torch_index)];
+    t.ratio = p.ratio[static_cast<size_t>(torch_index)];
+  }
+  return t;
+}
+
 // The engine's timing, alternating with PyTorch's when `torch` is given.
 Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch = nullptr, const std::string& id = "") {
   const bool with_torch = torch && torch->ok() && !id.empty();
   PeerTimings p = measure_with(run, rounds, with_torch ? std::vector<Peer>{torch_peer(torch, id)} : std::vector<Peer>{});
-  Timing t;
-  t.ms = p.ms;
-  if (with_torch) {
-    t.torch_ms = p.peer_ms[0];
-    t.ratio = p.ratio[0];
-  }
-  return t;
+  return engine_timing(p, with_torch ? 0 : -1);
 }
 
 // ---- output ---------------------------------------------------------------------------------------------------
@@ -577,12 +582,7 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
         },
         a.rounds, peers);
     if (torch_ready) torch->release(tid);
-    Timing engine;
-    engine.ms = p.ms;
-    if (torch_ready) {
-      engine.torch_ms = p.peer_ms[1];
-      engine.ratio = p.ratio[1];
-    }
+    const Timing engine = engine_timing(p, torch_ready ? 1 : -1);
     Timing raw_t;
     raw_t.ms = p.peer_ms[0].value_or(NAN);
     const double overhead = p.ratio[0].value_or(NAN);
