@@ -8,8 +8,10 @@
 #include "engine/registry.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
@@ -23,11 +25,6 @@ std::vector<Tensor> draw_inputs(const Setup& s, DType dtype, uint64_t seed) {
                                {"k", {s.B, s.h, s.Tk, s.d}, Fill::away_from_zero},
                                {"v", {s.B, s.h, s.Tk, s.dv}}};
   return make_inputs(specs, dtype, seed);
-}
-
-Tensor draw_like(const Shape& shape, DType dtype, uint64_t seed) {
-  std::vector<InputSpec> spec{{"x", shape}};
-  return make_inputs(spec, dtype, seed)[0];
 }
 
 // φ(X) = elu(X) + 1
@@ -54,19 +51,6 @@ Function primitive_map(bool causal) {
 
 Function node(bool causal) {
   return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i) - b.item(i)));
-  return m;
-}
-
-double max_abs(const Tensor& a) {
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i)));
-  return m;
 }
 
 // Output, gradients of Q, K, V and the tangent agree to 1e-10 (relative to the larger of 1 and the largest entry).

@@ -11,26 +11,22 @@
 #include "engine/parallel.hpp"
 #include "engine/registry.hpp"
 #include "ops/attention.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
-struct Case {
-  std::string name;
-  std::vector<InputSpec> inputs;
-  Function f;
-};
-
 // Every node, with shapes big enough that the slices split across two threads (B·h = 6 slices of 40 × 40).
-std::vector<Case> cases() {
+std::vector<FunctionCase> cases() {
   const int64_t B = 2, H = 3, T = 40, d = 8;
   auto qkv = [&](int64_t tk) {
     return std::vector<InputSpec>{{"q", {B, H, T, d}}, {"k", {B, H, tk, d}}, {"v", {B, H, tk, d}}};
   };
   AttentionOptions causal;
   causal.causal = true;
-  std::vector<Case> cs;
+  std::vector<FunctionCase> cs;
   cs.push_back({"attention causal", qkv(T), [=](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], causal); }});
   cs.push_back({"beta_attention causal", qkv(T),
                 [=](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], causal); }});
@@ -52,38 +48,13 @@ std::vector<Case> cases() {
   return cs;
 }
 
-double max_relative_difference(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
-  return worst;
-}
-
-struct Results {
-  Tensor out, tangent;
-  std::vector<Tensor> grads;
-};
-
-Results evaluate_all(const Case& c, int threads) {
-  set_num_threads(threads);
-  auto inputs = make_inputs(c.inputs, DType::f64, 7);
-  Results r;
-  r.out = evaluate(c.f, inputs);
-  Tensor cotangent = make_inputs(std::vector<InputSpec>{{"g", r.out.shape()}}, DType::f64, 8)[0];
-  r.grads = vjp(c.f, inputs, cotangent);
-  auto tangents = make_inputs(c.inputs, DType::f64, 9);
-  r.tangent = jvp(c.f, inputs, tangents).second;
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("attention nodes: two threads agree with one") {
   const int saved = num_threads();
-  for (const Case& c : cases()) {
+  for (const FunctionCase& c : cases()) {
     CAPTURE(c.name);
-    const Results one = evaluate_all(c, 1), two = evaluate_all(c, 2);
+    const Derivatives one = derivatives_on_threads(c, 1, 7), two = derivatives_on_threads(c, 2, 7);
     CHECK(max_relative_difference(two.out, one.out) < 1e-13);
     CHECK(max_relative_difference(two.tangent, one.tangent) < 1e-13);
     for (size_t i = 0; i < one.grads.size(); ++i) {
@@ -96,9 +67,9 @@ TEST_CASE("attention nodes: two threads agree with one") {
 
 TEST_CASE("attention nodes on two threads give the same bits in every run") {
   const int saved = num_threads();
-  for (const Case& c : cases()) {
+  for (const FunctionCase& c : cases()) {
     CAPTURE(c.name);
-    const Results first = evaluate_all(c, 2), again = evaluate_all(c, 2);
+    const Derivatives first = derivatives_on_threads(c, 2, 7), again = derivatives_on_threads(c, 2, 7);
     CHECK(first.out.to_vector() == again.out.to_vector());
     for (size_t i = 0; i < first.grads.size(); ++i) CHECK(first.grads[i].to_vector() == again.grads[i].to_vector());
   }

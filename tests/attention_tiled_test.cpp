@@ -9,8 +9,10 @@
 #include "engine/registry.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
@@ -29,11 +31,6 @@ std::vector<Tensor> draw_inputs(const Setup& s, DType dtype, uint64_t seed) {
   return make_inputs(specs, dtype, seed);
 }
 
-Tensor draw_like(const Shape& shape, DType dtype, uint64_t seed) {
-  std::vector<InputSpec> spec{{"x", shape}};
-  return make_inputs(spec, dtype, seed)[0];
-}
-
 Function reference(const Setup& s) {
   return [s](Tape&, std::span<const Var> x) {
     return attention(x[0], x[1], x[2], s.options(), s.has_bias() ? x[3] : Var{});
@@ -44,25 +41,6 @@ Function tiled(const Setup& s, int64_t block) {
   return [s, block](Tape&, std::span<const Var> x) {
     return tiled_attention(x[0], x[1], x[2], s.options(), s.has_bias() ? x[3] : Var{}, block);
   };
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i) - b.item(i)));
-  return m;
-}
-
-double max_abs(const Tensor& a) {
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i)));
-  return m;
-}
-
-bool all_finite(const Tensor& a) {
-  for (int64_t i = 0; i < a.numel(); ++i)
-    if (!std::isfinite(a.item(i))) return false;
-  return true;
 }
 
 // Output, every input's gradient and the output's tangent agree with attention() to `tol` in float64.

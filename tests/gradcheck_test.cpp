@@ -12,11 +12,12 @@
 #include "engine/gradcheck.hpp"
 #include "engine/gradcheck_cli.hpp"
 #include "engine/parallel.hpp"
-#include "engine/rng.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
@@ -36,13 +37,6 @@ const CheckResult* find_check(const GradcheckReport& r, std::string_view check, 
   for (const auto& c : r.checks)
     if (c.check == check && !c.passed && (input.empty() || c.input == input)) return &c;
   return nullptr;
-}
-
-Tensor random_tensor(Shape shape, uint64_t seed, double scale = 1.0) {
-  Rng rng(seed);
-  Tensor t = Tensor::empty(DType::f64, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = scale * rng.normal();
-  return t;
 }
 
 double* data(const Tensor& t) { return t.data<double>(); }

@@ -7,20 +7,12 @@
 #include <vector>
 
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<double> smooth_logits(size_t n) {
   std::vector<double> v(n);

@@ -5,21 +5,12 @@
 #include <vector>
 
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
-
-// The message of the Error that f throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 template <class T>
 Tensor table_values(int64_t vocab, int64_t channels) {

@@ -6,23 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/rng.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
-
-Tensor tensor_of(Shape shape, const std::vector<double>& values, DType dtype) {
-  return Tensor::from<double>(shape, std::span<const double>(values)).to(dtype);
-}
-
-Tensor random_tensor(Shape shape, DType dtype, uint64_t seed, double scale = 1.0, double offset = 0.0) {
-  Rng rng(seed);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (double& e : v) e = offset + scale * rng.normal();
-  return tensor_of(shape, v, dtype);
-}
 
 Var layer_norm_of(Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); }
 
@@ -41,22 +31,6 @@ std::vector<double> naive_layer_norm(const Tensor& x, const Tensor& w, const Ten
           static_cast<double>(w.item(j) * (x.item(i * C + j) - mu) / std::sqrt(var + eps) + b.item(j));
   }
   return y;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i) - b.item(i)));
-  return m;
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 bool mentions(const std::string& msg, std::initializer_list<const char*> parts) {

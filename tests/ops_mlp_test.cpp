@@ -6,18 +6,12 @@
 #include <vector>
 
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
-
-double max_relative_difference(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
-  return worst;
-}
 
 void check_against_composition(bool biases, DType dtype, double tolerance) {
   std::vector<InputSpec> spec{{"x", {3, 20, 16}}, {"w1", {64, 16}}, {"w2", {16, 64}}};

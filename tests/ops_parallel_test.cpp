@@ -9,20 +9,16 @@
 
 #include "engine/parallel.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
-struct Case {
-  std::string name;
-  std::vector<InputSpec> inputs;
-  Function f;
-};
-
 // Sizes above each op's grain, so that two threads each take a range.
-std::vector<Case> cases() {
-  std::vector<Case> cs;
+std::vector<FunctionCase> cases() {
+  std::vector<FunctionCase> cs;
   cs.push_back({"layer_norm (300, 128)", {{"x", {300, 128}}, {"w", {128}}, {"b", {128}}},
                 [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); }});
   cs.push_back({"cross_entropy (600, 65)", {{"logits", {600, 65}}, {"targets", {600}, Fill::indices, 65}},
@@ -43,41 +39,14 @@ std::vector<Case> cases() {
   return cs;
 }
 
-struct Results {
-  Tensor out, tangent;
-  std::vector<Tensor> grads;
-};
-
-Results evaluate_all(const Case& c, int threads) {
-  set_num_threads(threads);
-  auto inputs = make_inputs(c.inputs, DType::f64, 3);
-  Results r;
-  r.out = evaluate(c.f, inputs);
-  Tensor cotangent = make_inputs(std::vector<InputSpec>{{"g", r.out.shape()}}, DType::f64, 4)[0];
-  r.grads = vjp(c.f, inputs, cotangent);
-  auto tangents = make_inputs(c.inputs, DType::f64, 5);
-  for (size_t i = 0; i < tangents.size(); ++i)
-    if (!c.inputs[i].differentiable()) tangents[i] = Tensor{};
-  r.tangent = jvp(c.f, inputs, tangents).second;
-  return r;
-}
-
-double max_relative_difference(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined() ? 0 : 1;
-  const auto x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
-  return worst;
-}
-
 }  // namespace
 
 TEST_CASE("ops on two threads agree with one, and repeat bit for bit") {
   const int saved = num_threads();
-  for (const Case& c : cases()) {
+  for (const FunctionCase& c : cases()) {
     CAPTURE(c.name);
-    const Results one = evaluate_all(c, 1), two = evaluate_all(c, 2), again = evaluate_all(c, 2);
+    const Derivatives one = derivatives_on_threads(c, 1, 3), two = derivatives_on_threads(c, 2, 3),
+                      again = derivatives_on_threads(c, 2, 3);
     CHECK(max_relative_difference(two.out, one.out) < 1e-13);
     CHECK(max_relative_difference(two.tangent, one.tangent) < 1e-13);
     CHECK(two.out.to_vector() == again.out.to_vector());

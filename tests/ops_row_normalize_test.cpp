@@ -7,42 +7,16 @@
 #include <vector>
 
 #include "engine/gradcheck.hpp"
-#include "engine/rng.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_normalize.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
-Tensor tensor_of(Shape shape, const std::vector<double>& values, DType dtype) {
-  return Tensor::from<double>(shape, std::span<const double>(values)).to(dtype);
-}
-
-Tensor random_tensor(Shape shape, DType dtype, uint64_t seed, double scale = 1.0) {
-  Rng rng(seed);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (double& e : v) e = scale * rng.normal();
-  return tensor_of(shape, v, dtype);
-}
-
 Var row_normalize_of(Tape&, std::span<const Var> x) { return row_normalize(x[0]); }
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i) - b.item(i)));
-  return m;
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 const CheckResult* find_check(const GradcheckReport& r, std::string_view input, std::string_view check) {
   for (const auto& c : r.checks)

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
@@ -18,17 +20,6 @@ Tensor ramp(Shape shape) {
   std::vector<T> v(static_cast<size_t>(shape.numel()));
   for (size_t l = 0; l < v.size(); ++l) v[l] = static_cast<T>(static_cast<int64_t>(l) - 5);
   return Tensor::from<T>(shape, std::span<const T>(v));
-}
-
-// The message of the Error that f throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Row-major flat index of a multi-index.

@@ -7,26 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/rng.hpp"
 #include "ops/ops.hpp"
 #include "ops/softmax.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-Tensor tensor_of(Shape shape, const std::vector<double>& values, DType dtype) {
-  return Tensor::from<double>(shape, std::span<const double>(values)).to(dtype);
-}
-
-Tensor random_tensor(Shape shape, DType dtype, uint64_t seed, double scale = 1.0) {
-  Rng rng(seed);
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (double& e : v) e = scale * rng.normal();
-  return tensor_of(shape, v, dtype);
-}
 
 Var softmax_of(Tape&, std::span<const Var> x) { return softmax(x[0]); }
 Var log_softmax_of(Tape&, std::span<const Var> x) { return log_softmax(x[0]); }
@@ -47,28 +37,6 @@ std::vector<double> naive_softmax(const std::vector<double>& x, int64_t cols) {
           static_cast<double>(std::exp(static_cast<long double>(x[i + static_cast<size_t>(j)])) / s);
   }
   return y;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.item(i) - b.item(i)));
-  return m;
-}
-
-bool all_finite(const Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(t.item(i))) return false;
-  return true;
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

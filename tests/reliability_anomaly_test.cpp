@@ -17,28 +17,15 @@
 #include "engine/tape.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
+#include "test_util.hpp"
 
 using namespace tapegrad;
+using namespace tapegrad::testing;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 Tensor filled(DType dtype, Shape s, std::initializer_list<double> v) {
   return Tensor::from<double>(s, std::span<const double>(v.begin(), v.size())).to(dtype);
-}
-
-bool all_finite(const Tensor& t) {
-  for (double v : t.to_vector())
-    if (!std::isfinite(v)) return false;
-  return true;
 }
 
 }  // namespace

@@ -23,35 +23,9 @@
 #include "training_test_util.hpp"
 
 using namespace tapegrad;
-using tapegrad::testing::CliRun;
-using tapegrad::testing::run_cli;
-using tapegrad::testing::ScratchDir;
-using tapegrad::testing::slurp;
-using tapegrad::testing::spit;
+using namespace tapegrad::testing;
 
 namespace {
-
-const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
-                                        "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::string text_of_length(size_t n) {
-  const std::string line = "the quick brown fox jumps over the lazy dog, then rests.\n";
-  std::string s;
-  while (s.size() < n) s += line;
-  s.resize(n);
-  return s;
-}
-
-std::string le64(uint64_t n) {
-  std::string s;
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  return s;
-}
 
 // A checkpoint file taken apart: the header's JSON and the data section.
 struct Parts {

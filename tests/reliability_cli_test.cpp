@@ -15,30 +15,9 @@
 #include "training_test_util.hpp"
 
 using namespace tapegrad;
-using tapegrad::testing::CliRun;
-using tapegrad::testing::run_cli;
-using tapegrad::testing::ScratchDir;
-using tapegrad::testing::snapshot;
-using tapegrad::testing::spit;
+using namespace tapegrad::testing;
 
 namespace {
-
-// A model that trains in a fraction of a second.
-const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
-                                        "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::string text_of_length(size_t n) {
-  const std::string line = "the quick brown fox jumps over the lazy dog, then rests.\n";
-  std::string s;
-  while (s.size() < n) s += line;
-  s.resize(n);
-  return s;
-}
 
 // The input files of the misuse cases, and a run of a `super` model with a context of 8 (made/super/, its
 // checkpoint also as super.safetensors).

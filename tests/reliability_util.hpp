@@ -16,6 +16,25 @@
 
 namespace tapegrad::testing {
 
+// Options of a model that trains in a fraction of a second.
+inline const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
+                                               "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
+
+// a followed by b.
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// n bytes of English text, a sentence repeated.
+inline std::string text_of_length(size_t n) {
+  const std::string line = "the quick brown fox jumps over the lazy dog, then rests.\n";
+  std::string s;
+  while (s.size() < n) s += line;
+  s.resize(n);
+  return s;
+}
+
 struct CliRun {
   int code = -1;    // exit code; -1 if the program died of a signal
   int signal = 0;   // the signal that killed it, or 0

@@ -13,17 +13,9 @@
 #include "training_test_util.hpp"
 
 using namespace tapegrad;
-using tapegrad::testing::ScratchDir;
-using tapegrad::testing::slurp;
-using tapegrad::testing::spit;
+using namespace tapegrad::testing;
 
 namespace {
-
-std::string le64(uint64_t n) {
-  std::string s;
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  return s;
-}
 
 // A safetensors file made by hand: length, header as given (no padding), data.
 std::string raw_file(const std::string& header, const std::string& data) { return le64(header.size()) + header + data; }

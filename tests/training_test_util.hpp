@@ -4,15 +4,16 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "engine/tensor.hpp"
+#include "test_util.hpp"
 
 namespace tapegrad::testing {
 
@@ -50,26 +51,11 @@ inline void spit(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// The message of the tapegrad::Error that f throws, or kNoError.
-inline constexpr const char* kNoError = "<no error was thrown>";
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const tapegrad::Error& e) {
-    return e.what();
-  }
-  return kNoError;
+// n as 8 little-endian bytes: the header length that opens a safetensors file.
+inline std::string le64(uint64_t n) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  return s;
 }
 
 }  // namespace tapegrad::testing
-
-// Checks that `expr` throws a tapegrad::Error whose message contains every one of the given strings.
-#define CHECK_ERROR_HAS(expr, ...)                                                                  \
-  do {                                                                                              \
-    std::string error_message_ = ::tapegrad::testing::error_of([&] { (void)(expr); });             \
-    INFO("message: ", error_message_);                                                              \
-    CHECK(error_message_ != ::tapegrad::testing::kNoError);                                         \
-    for (std::string_view part_ : std::initializer_list<std::string_view>{__VA_ARGS__})             \
-      CHECK_MESSAGE(error_message_.find(part_) != std::string::npos, "expected: ", std::string(part_)); \
-  } while (false)
