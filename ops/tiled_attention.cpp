@@ -6,12 +6,15 @@
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), bias broadcast to (T, Tk), s the scale:
 //   S = s·QKᵀ + B + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
 // The scores are visited in tiles I × J of `block` query rows and `block` key columns. Under the causal mask a
-// query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped.
+// query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped,
+// and a tile that crosses the diagonal goes in sub-blocks of kSubRows query rows, each multiplied against the
+// keys it sees only (at block = 64 this skips a quarter of a diagonal tile's products).
 // Scratch per thread: two block×block tiles and a few block-long rows, whatever T. The slices (b, h) run on the
 // engine's threads; float32 takes exp from ops/fast_math.hpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "engine/blas.hpp"
@@ -35,18 +38,40 @@ struct Slice {
   int64_t b, head;
 };
 
+// Uninitialized: every entry is written before it is read.
 template <class T>
 struct Workspace {
   explicit Workspace(int64_t block)
-      : tile(static_cast<size_t>(block * block)), tile2(static_cast<size_t>(block * block)),
-        row(static_cast<size_t>(block)), row2(static_cast<size_t>(block)) {}
-  std::vector<T> tile, tile2, row, row2;
+      : buffer(std::make_unique_for_overwrite<T[]>(static_cast<size_t>(2 * block * block + 2 * block))),
+        tile(buffer.get()), tile2(tile + block * block), row(tile2 + block * block), row2(row + block) {}
+  std::unique_ptr<T[]> buffer;
+  T *tile, *tile2, *row, *row2;
 };
 
 template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 // Keys visible to the query tile starting at i0 with r rows: causal tiles end at the tile's last query.
 inline int64_t key_end(const AttentionDims& n, int64_t i0, int64_t r) { return n.causal ? i0 + r : n.Tk; }
+
+// Columns of the key tile [j0, j0 + c) that query i sees: all c, or under the causal mask the keys j ≤ i.
+inline int64_t visible_cols(const AttentionDims& n, int64_t i, int64_t j0, int64_t c) {
+  return n.causal ? std::clamp<int64_t>(i + 1 - j0, 0, c) : c;
+}
+
+constexpr int64_t kSubRows = 32;
+
+// The parts of tile I × J (queries [i0, i0 + r), keys [j0, j0 + c)) that hold visible scores, as f(a0, rs, cs):
+// rows [i0 + a0, i0 + a0 + rs) against keys [j0, j0 + cs). A tile below the diagonal (or without the mask) is
+// one part; a tile that crosses it is cut into sub-blocks of kSubRows rows, and a sub-block's last row
+// i0 + a0 + rs − 1 sees keys up to it, so cs = min(c, i0 + a0 + rs − j0). Entries outside the parts are masked.
+template <class F>
+void for_each_visible_part(const AttentionDims& n, int64_t i0, int64_t r, int64_t j0, int64_t c, F&& f) {
+  if (!n.causal || j0 + c - 1 <= i0) return f(int64_t{0}, r, c);
+  for (int64_t a0 = 0; a0 < r; a0 += kSubRows) {
+    const int64_t rs = std::min(kSubRows, r - a0), cs = std::min(c, i0 + a0 + rs - j0);
+    if (cs > 0) f(a0, rs, cs);
+  }
+}
 
 // S = s·Q_I K_Jᵀ + B_IJ (r×c, row stride c) for queries [i0, i0 + r) and keys [j0, j0 + c), −∞ where the causal
 // mask hides key j > query i (only tiles that cross the diagonal have such entries).
@@ -60,18 +85,17 @@ void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDim
       for (int64_t j = std::max<int64_t>(i0 + a + 1 - j0, 0); j < c; ++j) S[a * c + j] = kNegInf<T>;
 }
 
-// A_IJ = exp(S − L_i) in place: the softmax probabilities, recomputed from the saved row log-sum-exp L.
-// A fully masked row (L_i = −∞) has A_i = 0, as in attention().
+// A_IJ = exp(S − L_i) in place (r×c, queries [i0, i0 + r), keys [j0, j0 + c)): the softmax probabilities,
+// recomputed from the saved row log-sum-exp L (lse, r). exp runs on the visible columns only; the masked ones
+// are exp(−∞) = 0. A fully masked row (L_i = −∞) has A_i = 0, as in attention().
 template <class T>
-void probability_tile(T* S, const T* lse, int64_t r, int64_t c) {
+void probability_tile(T* S, const T* lse, const AttentionDims& n, int64_t i0, int64_t r, int64_t j0, int64_t c) {
   for (int64_t a = 0; a < r; ++a) {
     T* s_row = S + a * c;
     const T l = lse[a];
-    if (l == kNegInf<T>) {
-      std::fill(s_row, s_row + c, T(0));
-      continue;
-    }
-    for (int64_t j = 0; j < c; ++j) s_row[j] = fast_exp(s_row[j] - l);
+    const int64_t vis = l == kNegInf<T> ? 0 : visible_cols(n, i0 + a, j0, c);
+    for (int64_t j = 0; j < vis; ++j) s_row[j] = fast_exp(s_row[j] - l);
+    std::fill(s_row + vis, s_row + c, T(0));
   }
 }
 
@@ -84,11 +108,34 @@ void probability_tile(T* S, const T* lse, int64_t r, int64_t c) {
 //   O_i = acc_i/ℓ_i,   L_i = m_i + log ℓ_i = log Σ_j exp(S_ij)
 // and L is all the backward needs to rebuild A_ij = exp(S_ij − L_i). A row with no visible key (all −∞ through
 // the bias) keeps ℓ = 0: O_i = 0 and L_i = −∞.
+// One step for rows [i, i + r) against keys [j0, j0 + c): P (r×c) holds their scores S on entry and P_J on exit;
+// m, l (r) and acc (r, dv) are the rows' state. exp runs on the visible columns; masked ones are set to 0.
+template <class T>
+void online_softmax_step(T* P, T* m, T* l, T* acc, const AttentionDims& n, int64_t i, int64_t r, int64_t j0,
+                         int64_t c) {
+  for (int64_t a = 0; a < r; ++a) {
+    T* p_row = P + a * c;
+    const int64_t vis = visible_cols(n, i + a, j0, c);
+    const T m_new = lane_max(p_row, vis, m[a]);
+    if (m_new == kNegInf<T>) {  // nothing visible yet in this row
+      std::fill(p_row, p_row + c, T(0));
+      continue;
+    }
+    for (int64_t j = 0; j < vis; ++j) p_row[j] = fast_exp(p_row[j] - m_new);
+    std::fill(p_row + vis, p_row + c, T(0));
+    const T alpha = fast_exp(m[a] - m_new);  // 0 while m = −∞
+    l[a] = alpha * l[a] + lane_sum(p_row, vis);
+    if (m[a] != kNegInf<T> && alpha != T(1))  // acc is still 0 while m = −∞
+      for (int64_t e = 0; e < n.dv; ++e) acc[a * n.dv + e] *= alpha;
+    m[a] = m_new;
+  }
+}
+
 // o (T, dv), lse (T) of one slice.
 template <class T>
 void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n,
                              int64_t block, Workspace<T>& w) {
-  T *P = w.tile.data(), *m = w.row.data(), *l = w.row2.data();
+  T *P = w.tile, *m = w.row, *l = w.row2;
   for (int64_t i0 = 0; i0 < n.T; i0 += block) {
     const int64_t r = std::min(block, n.T - i0);
     T* oI = o + i0 * n.dv;
@@ -97,22 +144,12 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
     std::fill(oI, oI + r * n.dv, T(0));
     for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      score_tile(P, x, L, n, i0, r, j0, c);
-      for (int64_t a = 0; a < r; ++a) {
-        T* p_row = P + a * c;
-        const T m_new = lane_max(p_row, c, m[a]);
-        if (m_new == kNegInf<T>) {  // nothing visible yet in this row
-          std::fill(p_row, p_row + c, T(0));
-          continue;
-        }
-        const T alpha = fast_exp(m[a] - m_new);  // 0 while m = −∞
-        for (int64_t j = 0; j < c; ++j) p_row[j] = fast_exp(p_row[j] - m_new);
-        l[a] = alpha * l[a] + lane_sum(p_row, c);
-        m[a] = m_new;
-        if (alpha != T(1))
-          for (int64_t e = 0; e < n.dv; ++e) oI[a * n.dv + e] *= alpha;
-      }
-      gemm(false, false, r, n.dv, c, T(1), P, c, x.v + j0 * n.dv, n.dv, T(1), oI, n.dv);
+      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+        T* acc = oI + a0 * n.dv;
+        score_tile(P, x, L, n, i0 + a0, rs, j0, cs);
+        online_softmax_step(P, m + a0, l + a0, acc, n, i0 + a0, rs, j0, cs);
+        gemm(false, false, rs, n.dv, cs, T(1), P, cs, x.v + j0 * n.dv, n.dv, T(1), acc, n.dv);
+      });
     }
     for (int64_t a = 0; a < r; ++a) {
       if (l[a] == T(0)) {
@@ -133,29 +170,38 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
 //   dQ_I += s·dS_IJ K_J,   dK_J += s·dS_IJᵀ Q_I,   dB += dS_IJ summed over the broadcast axes of B
 // Seed 004's prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong (math-notes §3): the first factor is A, and the row term
 // is rowsum(A ⊙ dA), the diagonal of dA·Aᵀ; its dQ = dS·K, dK = dS·Q miss the scale s and the transpose of dS.
-// A is 0 at masked entries, so dS is 0 there. gq, gk, gv, gbias are added into; null ones are not computed.
+// A is 0 at masked entries, so dS is 0 there. Each product runs on the visible parts of the tile (rows
+// I′ ⊆ I, keys J′ ⊆ J, for_each_visible_part): the masked rest of A and dS is 0 and adds nothing.
+// gq, gk, gv, gbias are added into; null ones are not computed.
 template <class T>
 void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, const T* lse, const Slice<T>& x,
                          const BiasLayout& L, const AttentionDims& n, int64_t block, Workspace<T>& w) {
-  T *A = w.tile.data(), *dS = w.tile2.data(), *D = w.row.data();
+  T *A = w.tile, *dS = w.tile2, *D = w.row;
   const T s = static_cast<T>(n.scale);
   const bool need_ds = gq || gk || gbias;
   for (int64_t i0 = 0; i0 < n.T; i0 += block) {
     const int64_t r = std::min(block, n.T - i0);
-    const T* gI = g + i0 * n.dv;
-    for (int64_t a = 0; a < r; ++a) D[a] = lane_dot(gI + a * n.dv, o + (i0 + a) * n.dv, n.dv);
+    for (int64_t a = 0; a < r; ++a) D[a] = lane_dot(g + (i0 + a) * n.dv, o + (i0 + a) * n.dv, n.dv);
     for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      score_tile(A, x, L, n, i0, r, j0, c);
-      probability_tile(A, lse + i0, r, c);
-      if (gv) gemm(true, false, c, n.dv, r, T(1), A, c, gI, n.dv, T(1), gv + j0 * n.dv, n.dv);
-      if (!need_ds) continue;
-      gemm(false, true, r, c, n.dv, T(1), gI, n.dv, x.v + j0 * n.dv, n.dv, T(0), dS, c);
-      for (int64_t a = 0; a < r; ++a)
-        for (int64_t j = 0; j < c; ++j) dS[a * c + j] = A[a * c + j] * (dS[a * c + j] - D[a]);
-      if (gq) gemm(false, false, r, n.d, c, s, dS, c, x.k + j0 * n.d, n.d, T(1), gq + i0 * n.d, n.d);
-      if (gk) gemm(true, false, c, n.d, r, s, dS, c, x.q + i0 * n.d, n.d, T(1), gk + j0 * n.d, n.d);
-      if (gbias) accumulate_bias_grad_block(L, gbias, dS, c, x.b, x.head, i0, r, j0, c);
+      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+        const int64_t i = i0 + a0;  // rows [i, i + rs), keys [j0, j0 + cs)
+        const T* gi = g + i * n.dv;
+        score_tile(A, x, L, n, i, rs, j0, cs);
+        probability_tile(A, lse + i, n, i, rs, j0, cs);
+        if (gv) gemm(true, false, cs, n.dv, rs, T(1), A, cs, gi, n.dv, T(1), gv + j0 * n.dv, n.dv);
+        if (!need_ds) return;
+        gemm(false, true, rs, cs, n.dv, T(1), gi, n.dv, x.v + j0 * n.dv, n.dv, T(0), dS, cs);
+        for (int64_t a = 0; a < rs; ++a) {  // dS = A ⊙ (GVᵀ − D1ᵀ) on the visible columns, 0 on the rest
+          T *ds_row = dS + a * cs, *a_row = A + a * cs;
+          const int64_t vis = visible_cols(n, i + a, j0, cs);
+          for (int64_t j = 0; j < vis; ++j) ds_row[j] = a_row[j] * (ds_row[j] - D[a0 + a]);
+          std::fill(ds_row + vis, ds_row + cs, T(0));
+        }
+        if (gq) gemm(false, false, rs, n.d, cs, s, dS, cs, x.k + j0 * n.d, n.d, T(1), gq + i * n.d, n.d);
+        if (gk) gemm(true, false, cs, n.d, rs, s, dS, cs, x.q + i * n.d, n.d, T(1), gk + j0 * n.d, n.d);
+        if (gbias) accumulate_bias_grad_block(L, gbias, dS, cs, x.b, x.head, i, rs, j0, cs);
+      });
     }
   }
 }
@@ -163,14 +209,15 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
 // ---- JVP ----
 // Seed 000's total derivative of attention (math-notes §1, last item), with the scale and the bias:
 //   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ,   Ȯ_i = Σ_j A_ij Ż_ij V_j − (Σ_j A_ij Ż_ij)·O_i + Σ_j A_ij V̇_j
-// summed tile by tile: per tile, Z = A_IJ ⊙ Ż_IJ adds Z V_J and A_IJ V̇_J to Ȯ_I and rowsum(Z) to ι_I; after the
-// last tile Ȯ_i −= ι_i·O_i. (Seed 000 writes the middle term with 1_nᵀ; O is T×dv, so it is 1_dvᵀ.)
+// summed tile by tile (on the visible parts of each tile, as the VJP): per part, Z = A_IJ ⊙ Ż_IJ adds Z V_J and
+// A_IJ V̇_J to Ȯ_I and rowsum(Z) to ι_I; after the last tile Ȯ_i −= ι_i·O_i. (Seed 000 writes the middle term
+// with 1_nᵀ; O is T×dv, so it is 1_dvᵀ.)
 // q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
 template <class T>
 void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_dot, const T* bias_dot, const T* o,
                          const T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t block,
                          Workspace<T>& w) {
-  T *A = w.tile.data(), *Z = w.tile2.data(), *iota = w.row.data();
+  T *A = w.tile, *Z = w.tile2, *iota = w.row;
   const T s = static_cast<T>(n.scale);
   const bool need_z = q_dot || k_dot || bias_dot;
   for (int64_t i0 = 0; i0 < n.T; i0 += block) {
@@ -179,22 +226,26 @@ void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_do
     std::fill(iota, iota + r, T(0));
     for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      score_tile(A, x, L, n, i0, r, j0, c);
-      probability_tile(A, lse + i0, r, c);
-      if (need_z) {
-        if (!q_dot && !k_dot) std::fill(Z, Z + r * c, T(0));
-        if (q_dot) gemm(false, true, r, c, n.d, s, q_dot + i0 * n.d, n.d, x.k + j0 * n.d, n.d, T(0), Z, c);
-        if (k_dot)
-          gemm(false, true, r, c, n.d, s, x.q + i0 * n.d, n.d, k_dot + j0 * n.d, n.d, T(q_dot ? 1 : 0), Z, c);
-        if (bias_dot) add_bias_block(L, Z, c, bias_dot, x.b, x.head, i0, r, j0, c);
-        for (int64_t a = 0; a < r; ++a)
-          for (int64_t j = 0; j < c; ++j) {
-            Z[a * c + j] *= A[a * c + j];
-            iota[a] += Z[a * c + j];
-          }
-        gemm(false, false, r, n.dv, c, T(1), Z, c, x.v + j0 * n.dv, n.dv, T(1), odI, n.dv);
-      }
-      if (v_dot) gemm(false, false, r, n.dv, c, T(1), A, c, v_dot + j0 * n.dv, n.dv, T(1), odI, n.dv);
+      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+        const int64_t i = i0 + a0;  // rows [i, i + rs), keys [j0, j0 + cs)
+        T* od = odI + a0 * n.dv;
+        score_tile(A, x, L, n, i, rs, j0, cs);
+        probability_tile(A, lse + i, n, i, rs, j0, cs);
+        if (need_z) {
+          if (!q_dot && !k_dot) std::fill(Z, Z + rs * cs, T(0));
+          if (q_dot) gemm(false, true, rs, cs, n.d, s, q_dot + i * n.d, n.d, x.k + j0 * n.d, n.d, T(0), Z, cs);
+          if (k_dot)
+            gemm(false, true, rs, cs, n.d, s, x.q + i * n.d, n.d, k_dot + j0 * n.d, n.d, T(q_dot ? 1 : 0), Z, cs);
+          if (bias_dot) add_bias_block(L, Z, cs, bias_dot, x.b, x.head, i, rs, j0, cs);
+          for (int64_t a = 0; a < rs; ++a)
+            for (int64_t j = 0; j < cs; ++j) {
+              Z[a * cs + j] *= A[a * cs + j];
+              iota[a0 + a] += Z[a * cs + j];
+            }
+          gemm(false, false, rs, n.dv, cs, T(1), Z, cs, x.v + j0 * n.dv, n.dv, T(1), od, n.dv);
+        }
+        if (v_dot) gemm(false, false, rs, n.dv, cs, T(1), A, cs, v_dot + j0 * n.dv, n.dv, T(1), od, n.dv);
+      });
     }
     if (need_z)
       for (int64_t a = 0; a < r; ++a)
@@ -329,6 +380,10 @@ void register_tiled_attention(Registry& r) {
   r.add_case(kOp, {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)});
   r.add_case(kOp, {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)});
   r.add_case(kOp, {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)});
+  // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70 the
+  // second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
+  r.add_case(kOp, {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)});
+  r.add_case(kOp, {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)});
   // One case per bias layout; B=2, h=2, T=7, Tk=7 (causal) or 5, block=3.
   struct BiasCase {
     const char* name;
@@ -346,6 +401,9 @@ void register_tiled_attention(Registry& r) {
     inputs.push_back({"bias", c.bias});
     r.add_case(kOp, {c.name, inputs, qkv_bias(AttentionOptions{0, c.causal}, 3)});
   }
+  std::vector<InputSpec> sub_inputs = qkv_inputs(1, 1, 40, 40, 3, 2);
+  sub_inputs.push_back({"bias", {40, 40}});
+  r.add_case(kOp, {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", sub_inputs, qkv_bias(causal, 40)});
 }
 
 }  // namespace tapegrad
