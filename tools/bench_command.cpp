@@ -10,7 +10,6 @@
 // so both see the same state of the machine; the ratio is the median of the per-block ratios tapegrad / PyTorch.
 // Peak RSS figures come from child processes (their VmHWM), one per measurement, since a process' peak never
 // goes down.
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <spawn.h>
 #include <unistd.h>
@@ -65,6 +64,8 @@ struct BenchArgs {
   std::string python = "/usr/bin/python3";
   std::string torch_script = std::string(TAPEGRAD_SOURCE_DIR) + "/tools/torch_bench.py";
   std::string child_memory;  // internal: one forward + backward in a fresh process, for its peak RSS
+  int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
+  std::string child_dir;      // its run directory
   std::vector<std::string> only;  // sections to run; empty: all
 };
 
@@ -125,8 +126,7 @@ std::string load_average() {
 
 struct ChildResult {
   int status = -1;
-  std::string out;
-  int64_t maxrss_kb = 0;  // the child's peak resident set (ru_maxrss = its VmHWM at exit)
+  std::string out;  // its standard output; children that report a peak RSS read their own VmHWM (see peak_rss_section)
 };
 
 ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {}) {
@@ -157,11 +157,9 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
   char buf[4096];
   for (ssize_t n; (n = read(pipe_fd[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
   close(pipe_fd[0]);
-  struct rusage usage {};
   int status = 0;
-  wait4(pid, &status, 0, &usage);
+  waitpid(pid, &status, 0);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.maxrss_kb = usage.ru_maxrss;
   return r;
 }
 
@@ -673,10 +671,15 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad-bench-{}", getpid());
   fs::create_directories(dir);
-  ChildResult ours = run_child({"/proc/self/exe", "train", "--max-iters", std::to_string(steps), "--eval-interval",
-                                std::to_string(steps), "--eval-iters", "2", "--sample-tokens", "0", "-q", "--out",
-                                dir.string()},
-                               {fmt::format("TAPEGRAD_NUM_THREADS={}", num_threads())});
+  // The child reads its own VmHWM: a spawned child's ru_maxrss also counts the parent's peak (posix_spawn shares
+  // the parent's memory until exec, and exec folds that memory's high-water mark into the child's).
+  ChildResult ours = run_child({"/proc/self/exe", "bench", "--child-train", std::to_string(steps), "--child-dir",
+                                dir.string(), "--threads", std::to_string(num_threads())});
+  int64_t ours_kb = -1;
+  try {
+    if (ours.status == 0) ours_kb = json::parse(ours.out)["vmhwm_kb"].get<int64_t>();
+  } catch (const std::exception&) {
+  }
   std::error_code ec;
   fs::remove_all(dir, ec);
   std::optional<int64_t> theirs;
@@ -688,9 +691,9 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     } catch (const std::exception&) {
     }
   }
-  const int64_t ours_bytes = ours.maxrss_kb * 1024;
+  const int64_t ours_bytes = ours_kb * 1024;
   out.print("peak RSS of a {}-step training run (a child process, its VmHWM): tapegrad {}{}\n", steps, mib(ours_bytes),
-            ours.status == 0 ? "" : fmt::format(" (tapegrad train exited with {})", ours.status));
+            ours_kb >= 0 ? "" : fmt::format(" (the training child failed: exit {})", ours.status));
   if (torch) {
     if (theirs)
       out.print("  PyTorch {}; ratio tapegrad / PyTorch {:.2f}×\n", mib(*theirs),
@@ -754,9 +757,24 @@ void child_memory(const std::string& spec) {
   fmt::print("{}\n", json{{"bytes_kept", kept}, {"vmhwm_kb", proc_status_kb("VmHWM")}, {"vmrss_start_kb", start}}.dump());
 }
 
+// The --child-train process: what `tapegrad train --max-iters N --eval-interval N --eval-iters 2 --sample-tokens 0
+// -q` runs, then its peak RSS printed as JSON.
+void child_train(int64_t steps, const std::string& dir) {
+  TrainConfig c;
+  c.max_iters = steps;
+  c.eval_interval = steps;
+  c.eval_iters = 2;
+  c.sample_tokens = 0;
+  c.quiet = true;
+  c.out_dir = dir;
+  train(c, stderr);
+  fmt::print("{}\n", json{{"vmhwm_kb", proc_status_kb("VmHWM")}}.dump());
+}
+
 void run_bench(BenchArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
   if (!a.child_memory.empty()) return child_memory(a.child_memory);
+  if (a.child_train > 0) return child_train(a.child_train, a.child_dir);
   if (a.rounds <= 0) a.rounds = a.quick ? 2 : 10;
   if (a.quick) g_block_ms = 5;
   Output out{a.json};
@@ -797,6 +815,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--torch-script", args->torch_script, "The PyTorch side of --vs-torch")->capture_default_str();
   cmd->add_option("--child-memory", args->child_memory, "Internal: one attention forward + backward, NODE,B,H,T,D")
       ->group("");
+  cmd->add_option("--child-train", args->child_train, "Internal: a training run of N steps")->group("");
+  cmd->add_option("--child-dir", args->child_dir, "Internal: its run directory")->group("");
   cmd->callback([args] { run_bench(*args); });
 }
 
