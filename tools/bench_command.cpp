@@ -271,12 +271,14 @@ struct Timing {
 };
 
 double g_block_ms = 40;  // a block's length: long against timer and wake-up noise, short against drift
+// The pause before a block that follows the engine's or PyTorch's: their threads poll for up to milliseconds.
+constexpr int kSettleMs = 30;
 
 // Something timed block by block in turn with the engine: `warmup` untimed runs, then `reps` timed ones; returns
 // the ms per timed run (nothing if it failed). `settle_ms`: how long its threads keep polling after a block.
 struct Peer {
   std::function<std::optional<double>(int reps, int warmup)> run;
-  int settle_ms = 30;
+  int settle_ms = kSettleMs;
 };
 
 struct PeerTimings {
@@ -306,7 +308,7 @@ PeerTimings measure_with(const std::function<void()>& run, int rounds, const std
     t0 = Clock::now();
     for (int i = 0; i < reps; ++i) run();
     ours.push_back(ms_since(t0) / reps);
-    settle_ms = peers.empty() ? 0 : 30;
+    settle_ms = peers.empty() ? 0 : kSettleMs;
     for (size_t p = 0; p < peers.size(); ++p) {
       std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
       if (auto t = peers[p].run(reps, block_warmup)) {
@@ -327,7 +329,7 @@ PeerTimings measure_with(const std::function<void()>& run, int rounds, const std
 }
 
 Peer torch_peer(TorchSide* torch, const std::string& id) {
-  return {[torch, id](int reps, int warmup) { return torch->run(id, reps, warmup); }, 30};
+  return {[torch, id](int reps, int warmup) { return torch->run(id, reps, warmup); }};
 }
 
 // The engine's figures, with PyTorch's from peer `torch_index` (negative: none).
@@ -516,9 +518,10 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
     }
   }
   out.print("method    median over {} blocks of ~{:.0f} ms after a warm-up{}\n", a.rounds, g_block_ms,
-            torch && torch->ok() ? "; tapegrad and PyTorch alternate block by block, each block after a 30 ms pause "
-                                   "and ~10 ms of untimed runs; ratio = median of the per-block ratios tapegrad / "
-                                   "PyTorch"
+            torch && torch->ok() ? fmt::format("; tapegrad and PyTorch alternate block by block, each block after a "
+                                               "{} ms pause and ~10 ms of untimed runs; ratio = median of the "
+                                               "per-block ratios tapegrad / PyTorch",
+                                               kSettleMs)
                                  : "");
   if (!a.json) out.print("\n");
 }
@@ -581,17 +584,15 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
         a.rounds, peers);
     if (torch_ready) torch->release(tid);
     const Timing engine = engine_timing(p, torch_ready ? 1 : -1);
-    Timing raw_t;
-    raw_t.ms = p.peer_ms[0].value_or(NAN);
-    const double overhead = p.ratio[0].value_or(NAN);
+    const double raw_ms = p.peer_ms[0].value_or(NAN), overhead = p.ratio[0].value_or(NAN);
     const double flops = 2.0 * static_cast<double>(s.m * s.k * s.n);
-    const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_t.ms / 1e6;
+    const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_ms / 1e6;
     ceiling = std::max(ceiling, gf_raw);
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
     out.print("  {:<12} {:<16} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>+8.1f}%{}\n", s.what, shape, engine.ms, gf_engine,
-              raw_t.ms, gf_raw, 100 * (overhead - 1), torch_cells(engine, vs));
+              raw_ms, gf_raw, 100 * (overhead - 1), torch_cells(engine, vs));
     json& r = out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine);
-    r["sgemm_ms"] = raw_t.ms;
+    r["sgemm_ms"] = raw_ms;
     r["overhead"] = overhead - 1;
   }
   out.print("  sgemm ceiling (best raw GFLOP/s above): {:.1f}\n\n", ceiling);
@@ -781,10 +782,10 @@ void run_bench(BenchArgs a) {
   std::unique_ptr<TorchSide> torch;
   if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
   header(out, a, torch.get());
-  warm_up_cores(a.quick ? 20 : 500);
   auto wanted = [&](const char* section) {
     return a.only.empty() || std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
+  if (wanted("matmul") || wanted("attention") || wanted("training")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
   if (wanted("attention")) attention_section(out, a, torch.get());
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
