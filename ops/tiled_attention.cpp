@@ -73,16 +73,14 @@ void for_each_visible_part(const AttentionDims& n, int64_t i0, int64_t r, int64_
   }
 }
 
-// S = s·Q_I K_Jᵀ + B_IJ (r×c, row stride c) for queries [i0, i0 + r) and keys [j0, j0 + c), −∞ where the causal
-// mask hides key j > query i (only tiles that cross the diagonal have such entries).
+// S = s·Q_I K_Jᵀ + B_IJ (r×c, row stride c) for queries [i0, i0 + r) and keys [j0, j0 + c). The causal mask M is
+// not written here: the entries of keys j > query i are left as computed, and the softmax steps below read only
+// each row's visible_cols and set the rest of the row to exp(−∞) = 0.
 template <class T>
 void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t i0, int64_t r,
                 int64_t j0, int64_t c) {
   gemm(false, true, r, c, n.d, static_cast<T>(n.scale), x.q + i0 * n.d, n.d, x.k + j0 * n.d, n.d, T(0), S, c);
   if (x.bias) add_bias_block(L, S, c, x.bias, x.b, x.head, i0, r, j0, c);
-  if (n.causal && j0 + c - 1 > i0)
-    for (int64_t a = 0; a < r; ++a)
-      for (int64_t j = std::max<int64_t>(i0 + a + 1 - j0, 0); j < c; ++j) S[a * c + j] = kNegInf<T>;
 }
 
 // A_IJ = exp(S − L_i) in place (r×c, queries [i0, i0 + r), keys [j0, j0 + c)): the softmax probabilities,
