@@ -2,29 +2,16 @@
 //
 // Sections: matmul through the engine next to a raw cblas_sgemm; each attention node forward and forward +
 // backward with the bytes it keeps; one training step of the default model; the peak RSS of a 200-step training
-// run; issue 3's memory table (bytes kept and peak RSS of one forward + backward at long contexts).
-//
-// Timing. Each workload runs once to warm up and to size a block (enough runs for ~40 ms, 5 with --quick), then
-// `rounds` blocks; a figure is the median over the blocks of the block's time per run. With --vs-torch, tools/torch_bench.py
-// runs in a child process and each tapegrad block is followed by a PyTorch block of the same workload and size,
-// so both see the same state of the machine; the ratio is the median of the per-block ratios tapegrad / PyTorch.
-// Peak RSS figures come from child processes (their VmHWM), one per measurement, since a process' peak never
-// goes down.
-#include <sys/wait.h>
-#include <spawn.h>
+// run; issue 3's memory table (bytes kept and peak RSS of one forward + backward at long contexts). How each is
+// timed: tools/bench_harness.hpp. Peak RSS figures come from child processes (their VmHWM), one per measurement,
+// since a process' peak never goes down.
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,7 +19,6 @@
 
 #include <cblas.h>
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/blas.hpp"
 #include "engine/parallel.hpp"
@@ -42,356 +28,14 @@
 #include "models/trainer.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
+#include "tools/bench_harness.hpp"
 #include "tools/commands.hpp"
-
-extern char** environ;
-
-#ifndef TAPEGRAD_SOURCE_DIR
-#define TAPEGRAD_SOURCE_DIR "."
-#endif
 
 namespace tapegrad::cli {
 
 namespace {
 
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-struct BenchArgs {
-  bool quick = false, json = false, vs_torch = false;
-  int threads = 0;  // 0: the engine's default
-  int rounds = 0;   // 0: 10 (3 with --quick)
-  std::string python = "/usr/bin/python3";
-  std::string torch_script = std::string(TAPEGRAD_SOURCE_DIR) + "/tools/torch_bench.py";
-  std::string child_memory;  // internal: one forward + backward in a fresh process, for its peak RSS
-  int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
-  std::string child_dir;      // its run directory
-  std::vector<std::string> only;  // sections to run; empty: all
-};
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// "VmHWM", "VmRSS", ... of /proc/self/status in kB; 0 if absent.
-int64_t proc_status_kb(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1));
-  return 0;
-}
-
-std::string first_line_with(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) {
-      auto colon = line.find(':');
-      std::string v = colon == std::string::npos ? line : line.substr(colon + 1);
-      v.erase(0, v.find_first_not_of(" \t"));
-      return v;
-    }
-  return "?";
-}
-
-// The shared objects of this process whose path contains `part`.
-std::vector<std::string> mapped_libraries(const std::string& part) {
-  std::ifstream in("/proc/self/maps");
-  std::string line;
-  std::vector<std::string> found;
-  while (std::getline(in, line)) {
-    auto slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    std::string path = line.substr(slash);
-    if (path.find(part) != std::string::npos && std::find(found.begin(), found.end(), path) == found.end())
-      found.push_back(path);
-  }
-  return found;
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  double a = 0, b = 0, c = 0;
-  in >> a >> b >> c;
-  return fmt::format("{:.2f} {:.2f} {:.2f}", a, b, c);
-}
-
-// ---- child processes ------------------------------------------------------------------------------------------
-
-struct ChildResult {
-  int status = -1;
-  std::string out;  // its standard output; children that report a peak RSS read their own VmHWM (see peak_rss_section)
-};
-
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {}) {
-  ChildResult r;
-  int pipe_fd[2];
-  if (pipe(pipe_fd) != 0) fail("bench: cannot create a pipe for {}", argv[0]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fd[1], 1);
-  posix_spawn_file_actions_addclose(&actions, pipe_fd[0]);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-  for (const auto& e : extra_env) env_strings.push_back(e);
-  std::vector<char*> env;
-  for (auto& e : env_strings) env.push_back(e.data());
-  env.push_back(nullptr);
-  pid_t pid = 0;
-  const int err = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fd[1]);
-  if (err != 0) {
-    close(pipe_fd[0]);
-    fail("bench: cannot start {}: {}", argv[0], std::strerror(err));
-  }
-  char buf[4096];
-  for (ssize_t n; (n = read(pipe_fd[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
-  close(pipe_fd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// ---- the PyTorch side -----------------------------------------------------------------------------------------
-
-// tools/torch_bench.py serve, spoken to in JSON lines through two pipes.
-class TorchSide {
- public:
-  TorchSide(const BenchArgs& a, int threads) {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&actions, to_child[1]);
-    posix_spawn_file_actions_addclose(&actions, from_child[0]);
-    const std::string threads_arg = std::to_string(threads);
-    std::vector<std::string> argv{a.python, a.torch_script, "serve", "--threads", threads_arg};
-    std::vector<char*> args;
-    for (auto& s : argv) args.push_back(s.data());
-    args.push_back(nullptr);
-    const int err = posix_spawn(&pid_, a.python.c_str(), &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
-    if (err != 0) {
-      close(to_child[1]);
-      close(from_child[0]);
-      why_ = fmt::format("cannot start {}: {}", a.python, std::strerror(err));
-      pid_ = 0;
-      return;
-    }
-    to_ = fdopen(to_child[1], "w");
-    from_ = fdopen(from_child[0], "r");
-    json answer = ask({{"cmd", "info"}});
-    if (answer.contains("error") || !answer.contains("torch")) {
-      why_ = answer.value("error", std::string("tools/torch_bench.py did not answer"));
-      return;
-    }
-    info_ = answer;
-    ok_ = true;
-  }
-  ~TorchSide() {
-    if (to_) {
-      if (ok_) ask({{"cmd", "quit"}});
-      std::fclose(to_);
-    }
-    if (from_) std::fclose(from_);
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
-  TorchSide(const TorchSide&) = delete;
-  TorchSide& operator=(const TorchSide&) = delete;
-
-  bool ok() const { return ok_; }
-  const std::string& why() const { return why_; }
-  const json& info() const { return info_; }
-
-  bool prepare(const std::string& id, const std::string& workload, const json& args) {
-    json a = ask({{"cmd", "prepare"}, {"id", id}, {"workload", workload}, {"args", args}});
-    return report(a) && a.value("ok", false);
-  }
-  // `warmup` untimed runs, then `reps` timed ones; the time per timed run.
-  std::optional<double> run(const std::string& id, int reps, int warmup = 0) {
-    json a = ask({{"cmd", "run"}, {"id", id}, {"reps", reps}, {"warmup", warmup}});
-    if (!report(a) || !a.contains("ms")) return std::nullopt;
-    return a["ms"].get<double>();
-  }
-  void release(const std::string& id) { ask({{"cmd", "release"}, {"id", id}}); }
-
- private:
-  json ask(const json& cmd) {
-    if (!to_ || !from_) return json{{"error", "no PyTorch process"}};
-    const std::string line = cmd.dump() + "\n";
-    std::fputs(line.c_str(), to_);
-    std::fflush(to_);
-    std::string reply;
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, from_)) {
-      reply += buf;
-      if (!reply.empty() && reply.back() == '\n') break;
-    }
-    if (reply.empty()) return json{{"error", "the PyTorch process ended"}};
-    try {
-      return json::parse(reply);
-    } catch (const std::exception&) {
-      return json{{"error", "unreadable answer from tools/torch_bench.py: " + reply}};
-    }
-  }
-  bool report(const json& a) {
-    if (!a.contains("error")) return true;
-    fmt::print(stderr, "tapegrad bench: PyTorch: {}\n", a["error"].get<std::string>());
-    return false;
-  }
-
-  pid_t pid_ = 0;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-  bool ok_ = false;
-  std::string why_;
-  json info_;
-};
-
-// ---- timing ---------------------------------------------------------------------------------------------------
-
-struct Timing {
-  double ms = NAN;                          // tapegrad, per run
-  std::optional<double> torch_ms, ratio;    // PyTorch per run; median of the per-block ratios
-};
-
-double g_block_ms = 40;  // a block's length: long against timer and wake-up noise, short against drift
-// The pause before a block that follows the engine's or PyTorch's: their threads poll for up to milliseconds.
-constexpr int kSettleMs = 30;
-
-// Something timed block by block in turn with the engine: `warmup` untimed runs, then `reps` timed ones; returns
-// the ms per timed run (nothing if it failed). `settle_ms`: how long its threads keep polling after a block.
-struct Peer {
-  std::function<std::optional<double>(int reps, int warmup)> run;
-  int settle_ms = kSettleMs;
-};
-
-struct PeerTimings {
-  double ms = NAN;                                   // the engine, per run
-  std::vector<std::optional<double>> peer_ms, ratio;  // per peer: ms per run, median of the per-block ratios
-};
-
-PeerTimings measure_with(const std::function<void()>& run, int rounds, const std::vector<Peer>& peers) {
-  auto t0 = Clock::now();
-  run();
-  const double first = ms_since(t0);
-  const int reps = std::clamp(static_cast<int>(g_block_ms / std::max(first, 1e-3)), 1, 2000);
-  for (int i = 0; i < std::min(reps, 3); ++i) run();
-  for (const Peer& p : peers) p.run(std::min(reps, 3), 0);  // their warm-up
-  // Each side starts its block on an idle machine: the others' threads keep polling for a while after their last
-  // job (PyTorch's OpenMP threads for milliseconds, OpenBLAS' own threads for ~0.1 s, the engine's pool for
-  // 300 µs) and would take the cores from the first runs of the block. Then ~10 ms of untimed runs (one at
-  // least): the first runs after the pause pay for waking threads (and the virtual CPUs under them) and refilling
-  // caches.
-  const int block_warmup = peers.empty() ? 0 : std::clamp(static_cast<int>(10 / std::max(first, 1e-3)), 1, reps);
-  std::vector<double> ours;
-  std::vector<std::vector<double>> theirs(peers.size()), ratios(peers.size());
-  int settle_ms = 0;
-  for (int round = 0; round < rounds; ++round) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
-    for (int i = 0; i < block_warmup; ++i) run();
-    t0 = Clock::now();
-    for (int i = 0; i < reps; ++i) run();
-    ours.push_back(ms_since(t0) / reps);
-    settle_ms = peers.empty() ? 0 : kSettleMs;
-    for (size_t p = 0; p < peers.size(); ++p) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
-      if (auto t = peers[p].run(reps, block_warmup)) {
-        theirs[p].push_back(*t);
-        ratios[p].push_back(ours.back() / *t);
-      }
-      settle_ms = peers[p].settle_ms;
-    }
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
-  PeerTimings t;
-  t.ms = median(ours);
-  for (size_t p = 0; p < peers.size(); ++p) {
-    t.peer_ms.push_back(theirs[p].empty() ? std::nullopt : std::optional<double>(median(theirs[p])));
-    t.ratio.push_back(ratios[p].empty() ? std::nullopt : std::optional<double>(median(ratios[p])));
-  }
-  return t;
-}
-
-Peer torch_peer(TorchSide* torch, const std::string& id) {
-  return {[torch, id](int reps, int warmup) { return torch->run(id, reps, warmup); }};
-}
-
-// The engine's figures, with PyTorch's from peer `torch_index` (negative: none).
-Timing engine_timing(const PeerTimings& p, int torch_index) {
-  Timing t;
-  t.ms = p.ms;
-  if (torch_index >= 0) {
-    t.torch_ms = p.peer_ms[static_cast<size_t>(torch_index)];
-    t.ratio = p.ratio[static_cast<size_t>(torch_index)];
-  }
-  return t;
-}
-
-// The engine's timing, alternating with PyTorch's when `torch` is given.
-Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch = nullptr, const std::string& id = "") {
-  const bool with_torch = torch && torch->ok() && !id.empty();
-  PeerTimings p = measure_with(run, rounds, with_torch ? std::vector<Peer>{torch_peer(torch, id)} : std::vector<Peer>{});
-  return engine_timing(p, with_torch ? 0 : -1);
-}
-
-// ---- output ---------------------------------------------------------------------------------------------------
-
-struct Output {
-  bool json_mode;
-  json rows = json::array();
-
-  template <class... Args>
-  void print(fmt::format_string<Args...> f, Args&&... args) {
-    if (!json_mode) {
-      fmt::print(f, std::forward<Args>(args)...);
-      std::fflush(stdout);
-    }
-  }
-  json& row(const std::string& workload, const std::string& shape, double tapegrad_ms, const Timing* t,
-            std::optional<int64_t> bytes_saved, std::optional<double> gflops) {
-    json r{{"workload", workload},
-           {"shape", shape},
-           {"tapegrad_ms", std::isfinite(tapegrad_ms) ? json(tapegrad_ms) : json(nullptr)},
-           {"torch_ms", t && t->torch_ms ? json(*t->torch_ms) : json(nullptr)},
-           {"ratio", t && t->ratio ? json(*t->ratio) : json(nullptr)},
-           {"bytes_saved", bytes_saved ? json(*bytes_saved) : json(nullptr)},
-           {"gflops", gflops ? json(*gflops) : json(nullptr)}};
-    rows.push_back(r);
-    return rows.back();
-  }
-};
-
-std::string torch_cells(const Timing& t, bool vs_torch) {
-  if (!vs_torch) return "";
-  if (!t.torch_ms) return fmt::format("  {:>9} {:>7}", "—", "—");
-  return fmt::format("  {:>9.3f} {:>6.2f}×", *t.torch_ms, *t.ratio);
-}
-
-std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
-
-Tensor random_tensor(Shape shape, uint64_t seed, double scale = 1.0) {
-  Tensor t = Tensor::empty(DType::f32, shape);
-  Rng rng(seed);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(scale * rng.normal());
-  return t;
-}
+using namespace bench;
 
 // ---- workloads ------------------------------------------------------------------------------------------------
 
@@ -557,7 +201,8 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     Tensor c = Tensor::empty(DType::f32, {s.m, s.n});
     Tape tape;
     const std::string tid = fmt::format("mm{}", id++);
-    const bool torch_ready = vs && torch->ok() && torch->prepare(tid, "matmul", {s.m, s.k, s.n});
+    const auto torch_peer_name = vs && torch->ok() ? torch->prepare(tid, "matmul", {s.m, s.k, s.n}) : std::nullopt;
+    const bool torch_ready = torch_peer_name.has_value();
     // The raw product with OpenBLAS' own threads, only in its blocks; they poll for ~0.1 s after a call.
     Peer raw{[&](int reps, int warmup) -> std::optional<double> {
                openblas_set_num_threads(num_threads());
@@ -583,7 +228,8 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
         },
         a.rounds, peers);
     if (torch_ready) torch->release(tid);
-    const Timing engine = engine_timing(p, torch_ready ? 1 : -1);
+    Timing engine = engine_timing(p, torch_ready ? 1 : -1);
+    engine.peer = torch_peer_name.value_or("");
     const double raw_ms = p.peer_ms[0].value_or(NAN), overhead = p.ratio[0].value_or(NAN);
     const double flops = 2.0 * static_cast<double>(s.m * s.k * s.n);
     const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_ms / 1e6;
@@ -604,9 +250,9 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   if (a.quick) shapes = {{12, 4, 64, 32}};
   const bool vs = torch != nullptr;
   out.print("attention nodes: causal, float32; forward alone and forward + backward; bytes the node keeps (O included)\n");
-  out.print("  {:<17} {:<16} {:>9}{} {:>9}{} {:>11}\n", "node", "(B, h, T, d)", "fwd ms",
+  out.print("  {:<17} {:<16} {:>9}{} {:>9}{} {:>11}{}\n", "node", "(B, h, T, d)", "fwd ms",
             vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "fwd+bwd ms",
-            vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "kept");
+            vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "kept", vs ? "  PyTorch peer" : "");
   int id = 0;
   for (const AttentionShape& s : shapes) {
     double fused_ms = NAN, tiled_ms = NAN;
@@ -616,18 +262,21 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
       const json args = {node, s.B, s.H, s.T, s.d};
       const std::string fid = fmt::format("af{}", id), bid = fmt::format("ab{}", id);
       ++id;
-      const bool torch_ready = vs && torch->ok() && torch->prepare(fid, "attention_fwd", args) &&
-                               torch->prepare(bid, "attention_bwd", args);
+      const auto fwd_peer = vs && torch->ok() ? torch->prepare(fid, "attention_fwd", args) : std::nullopt;
+      const auto bwd_peer = fwd_peer ? torch->prepare(bid, "attention_bwd", args) : std::nullopt;
+      const bool torch_ready = fwd_peer && bwd_peer;
       Timing fwd = measure([&] { run.forward(); }, a.rounds, torch_ready ? torch : nullptr, fid);
       Timing both = measure([&] { run.forward_backward(); }, a.rounds, torch_ready ? torch : nullptr, bid);
+      fwd.peer = torch_ready ? *fwd_peer : "";
+      both.peer = torch_ready ? *bwd_peer : "";
       if (torch_ready) {
         torch->release(fid);
         torch->release(bid);
       }
       if (node == "attention") fused_ms = both.ms;
       if (node == "tiled_attention") tiled_ms = both.ms;
-      out.print("  {:<17} {:<16} {:>9.3f}{} {:>9.3f}{} {:>11}\n", node, s.str(), fwd.ms, torch_cells(fwd, vs), both.ms,
-                torch_cells(both, vs), mib(kept));
+      out.print("  {:<17} {:<16} {:>9.3f}{} {:>9.3f}{} {:>11}{}\n", node, s.str(), fwd.ms, torch_cells(fwd, vs), both.ms,
+                torch_cells(both, vs), mib(kept), vs ? "  " + both.peer : "");
       out.row("attention_fwd " + node, s.str(), fwd.ms, &fwd, kept, std::nullopt);
       out.row("attention_fwd_bwd " + node, s.str(), both.ms, &both, kept, std::nullopt);
     }
@@ -638,10 +287,25 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
 
 void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double ceiling) {
   TrainStep step;
-  const bool vs = torch != nullptr;
-  const bool torch_ready = vs && torch->ok() && torch->prepare("train", "train_step", json::array());
-  Timing t = measure([&] { step.run(); }, a.rounds, torch_ready ? torch : nullptr, "train");
-  if (torch_ready) torch->release("train");
+  const bool vs = torch != nullptr && torch->ok();
+  // PyTorch eager, and with --torch-compile the same step with the model under torch.compile, each a peer.
+  std::vector<Peer> peers;
+  std::vector<std::string> peer_names;
+  for (const auto& [id, workload] : {std::pair{"train", "train_step"}, std::pair{"train_compiled", "train_step_compiled"}}) {
+    if (!vs || (std::string(id) == "train_compiled" && !a.torch_compile)) continue;
+    if (auto name = torch->prepare(id, workload, json::array())) {
+      peers.push_back(torch_peer(torch, id));
+      peer_names.push_back(*name);
+    }
+  }
+  const PeerTimings p = measure_with([&] { step.run(); }, a.rounds, peers);
+  for (const char* id : {"train", "train_compiled"}) if (vs) torch->release(id);
+  std::vector<Timing> ts;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ts.push_back(engine_timing(p, static_cast<int>(i)));
+    ts.back().peer = peer_names[i];
+  }
+  const Timing t = ts.empty() ? engine_timing(p, -1) : ts.front();
   const double tokens = static_cast<double>(step.batch * step.cfg.block_size);
   const double gflops = step.nominal_flops() / t.ms / 1e6;
   out.print("training step: default model ({} parameters, {} layers, {} heads, {} wide, context {}, batch {}), "
@@ -652,19 +316,23 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
             tokens / t.ms * 1000, step.nominal_flops() / 1e9, gflops,
             std::isnan(ceiling) ? std::string(" (no sgemm ceiling: the matmul section did not run)")
                                 : fmt::format(" = {:.0f}% of the sgemm ceiling {:.1f}", 100 * gflops / ceiling, ceiling));
-  if (vs) {
-    if (t.torch_ms)
-      out.print("  PyTorch {:.2f} ms/step, {:.0f} tokens/s; ratio tapegrad / PyTorch {:.2f}×\n", *t.torch_ms,
-                tokens / *t.torch_ms * 1000, *t.ratio);
+  if (torch != nullptr && ts.empty()) out.print("  PyTorch —\n");
+  for (const Timing& pt : ts) {
+    if (pt.torch_ms)
+      out.print("  PyTorch ({}) {:.2f} ms/step, {:.0f} tokens/s; ratio tapegrad / PyTorch {:.2f}×\n", pt.peer,
+                *pt.torch_ms, tokens / *pt.torch_ms * 1000, *pt.ratio);
     else
-      out.print("  PyTorch —\n");
+      out.print("  PyTorch ({}) —\n", pt.peer);
   }
   out.print("\n");
-  json& r = out.row("train_step", fmt::format("B={} T={} C={} L={}", step.batch, step.cfg.block_size, step.cfg.n_embd,
-                                               step.cfg.n_layer),
-                    t.ms, &t, std::nullopt, gflops);
-  r["tokens_per_s"] = tokens / t.ms * 1000;
-  r["sgemm_ceiling_gflops"] = ceiling;
+  const std::string shape =
+      fmt::format("B={} T={} C={} L={}", step.batch, step.cfg.block_size, step.cfg.n_embd, step.cfg.n_layer);
+  for (size_t i = 0; i < std::max<size_t>(ts.size(), 1); ++i) {
+    json& r = out.row(i == 0 ? "train_step" : "train_step " + ts[i].peer, shape, t.ms, ts.empty() ? &t : &ts[i],
+                      std::nullopt, gflops);
+    r["tokens_per_s"] = tokens / t.ms * 1000;
+    r["sgemm_ceiling_gflops"] = ceiling;
+  }
 }
 
 void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
@@ -812,7 +480,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
       ->check(CLI::IsMember({"matmul", "attention", "training", "rss", "memory"}))
       ->delimiter(',');
-  cmd->add_option("--python", args->python, "Python with PyTorch for --vs-torch")->capture_default_str();
+  cmd->add_flag("--torch-compile", args->torch_compile,
+                "With --vs-torch: time PyTorch's training step under torch.compile too (PyTorch 2.0 and later)");
+  cmd->add_option("--python", args->python, "Python with PyTorch for --vs-torch: a path, or a name found on PATH")
+      ->capture_default_str();
   cmd->add_option("--torch-script", args->torch_script, "The PyTorch side of --vs-torch")->capture_default_str();
   cmd->add_option("--child-memory", args->child_memory, "Internal: one attention forward + backward, NODE,B,H,T,D")
       ->group("");
