@@ -81,11 +81,19 @@ struct GradcheckCase {
   std::optional<double> atol{}, rtol{};  // only where an op needs other tolerances than the checker's
 };
 
+// Floating-point operations of one node: 2 per multiply-add of its matrix products.
+struct OpCost {
+  double forward = 0, backward = 0;
+};
+// A node's cost from its inputs' and output's shapes (engine/profile.hpp charges it to the op's row).
+using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const Shape& output)>;
+
 struct OpInfo {
   std::string name;      // as recorded on the tape
   std::string family;    // the file in ops/ that holds it
   std::string equation;  // the derivative it implements, in one line
   std::vector<GradcheckCase> cases;
+  CostFunction cost{};   // ops with matrix products; empty for the others
 };
 
 class Registry {

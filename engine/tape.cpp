@@ -1,5 +1,7 @@
 #include "engine/tape.hpp"
 
+#include "engine/profile.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -79,6 +81,22 @@ void Tape::check_jvp(const Node& n, const Tensor& tout) const {
        tout.shape(), tout.item(bad), element_index(tout.shape(), bad), shapes_of(in));
 }
 
+// ---- profiling (engine/profile.hpp) ----
+
+namespace {
+constexpr const char* kLeavesAndGlue = "tape: leaves and glue";
+constexpr const char* kGradientBuffers = "tape: gradient buffers";
+constexpr const char* kBackwardOther = "tape: backward (other)";
+constexpr const char* kClear = "tape: clear";
+}  // namespace
+
+void Tape::profile_recorded(const char* op, std::span<const Var> inputs, const Tensor& out) const {
+  std::vector<Shape> shapes;
+  shapes.reserve(inputs.size());
+  for (const Var& v : inputs) shapes.push_back(rec(v, op).value.shape());
+  profile_->op_recorded(op, shapes, out.shape());
+}
+
 Var Tape::add_value(Tensor value, bool requires_grad) {
   values_.push_back(ValueRec{std::move(value), Tensor{}, Tensor{}, requires_grad});
   return Var(this, static_cast<uint32_t>(values_.size() - 1), generation_);
@@ -93,6 +111,8 @@ Var Tape::leaf(const Tensor& value, bool requires_grad) {
       fail("non-finite value in a leaf (an input, constant or parameter): {} {} holds {} at {}", value.dtype(),
            value.shape(), value.item(bad), element_index(value.shape(), bad));
   }
+  if (profile_) [[unlikely]]
+    profile_->mark(kLeavesAndGlue);
   return add_value(value, requires_grad && recording_);
 }
 
@@ -187,6 +207,8 @@ void Tape::backward(Var y, const Tensor& seed) {
            element_index(seed.shape(), bad));
   }
   backward_done_ = true;
+  if (profile_) [[unlikely]]
+    profile_->mark(kLeavesAndGlue);
   ensure_grad(y.id_);
   values_[y.id_].grad.accumulate(seed);
   for (size_t k = nodes_.size(); k-- > 0;) {
@@ -199,11 +221,17 @@ void Tape::backward(Var y, const Tensor& seed) {
       ensure_grad(n.inputs[i]);
       scratch_[i] = values_[n.inputs[i]].grad;
     }
+    if (profile_) [[unlikely]]
+      profile_->vjp_starting(kGradientBuffers);
     n.vjp(o.grad, scratch_);
+    if (profile_) [[unlikely]]
+      profile_->vjp_done(n.op);
     if (detect_anomaly_) [[unlikely]]
       check_vjp(n, scratch_);
     release_grad(n.out);
   }
+  if (profile_) [[unlikely]]
+    profile_->mark(kBackwardOther);
 }
 
 void Tape::set_tangent(Var v, const Tensor& t) {
@@ -246,6 +274,8 @@ void Tape::clear() {
   arena_.reset();
   ++generation_;
   backward_done_ = false;
+  if (profile_) [[unlikely]]
+    profile_->mark(kClear);
 }
 
 // ---- whole-function derivatives ----

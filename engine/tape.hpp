@@ -35,6 +35,7 @@
 namespace tapegrad {
 
 class Tape;
+class Profile;
 
 class Var {
  public:
@@ -118,6 +119,10 @@ class Tape {
   void set_detect_anomaly(bool on) { detect_anomaly_ = on; }
   bool detect_anomaly() const { return detect_anomaly_; }
 
+  // Charges the time of what this tape records and differentiates to `p` (engine/profile.hpp); nullptr: off.
+  void set_profile(Profile* p) { profile_ = p; }
+  Profile* profile() const { return profile_; }
+
   bool recording() const { return recording_; }
   size_t num_nodes() const { return nodes_.size(); }
   size_t num_values() const { return values_.size(); }
@@ -159,6 +164,7 @@ class Tape {
   // Anomaly detection after node n's VJP (gin = the gradients it added into) or JVP (tout).
   void check_vjp(const Node& n, std::span<const Tensor> gin) const;
   void check_jvp(const Node& n, const Tensor& tout) const;
+  void profile_recorded(const char* op, std::span<const Var> inputs, const Tensor& out) const;
   Var add_value(Tensor value, bool requires_grad);
   bool inputs_require_grad(std::span<const Var> inputs, const char* op) const;
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
@@ -175,6 +181,7 @@ class Tape {
   bool recording_ = true;
   bool backward_done_ = false;
   bool detect_anomaly_ = false;
+  Profile* profile_ = nullptr;
 };
 
 // Within its scope nothing is recorded: ops compute values only (no gradients, no tangents).
@@ -208,6 +215,8 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
   bool rg = inputs_require_grad(inputs, op);
   if (detect_anomaly_) [[unlikely]]
     check_output(op, inputs, out);
+  if (profile_) [[unlikely]]
+    profile_recorded(op, inputs, out);
   Var y = add_value(std::move(out), rg && recording_);
   if (!recording_) return y;
   values_.back().leaf = false;

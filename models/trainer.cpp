@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <numeric>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -14,8 +15,10 @@
 #include "engine/rng.hpp"
 #include "models/checkpoint.hpp"
 #include "models/data.hpp"
+#include "models/files.hpp"
 #include "models/optim.hpp"
 #include "models/plot.hpp"
+#include "ops/ops.hpp"
 
 #ifndef TAPEGRAD_SOURCE_DIR
 #define TAPEGRAD_SOURCE_DIR "."
@@ -343,6 +346,11 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
 
   Tape tape;
   tape.set_detect_anomaly(cfg.detect_anomaly);
+  if (cfg.profile) {
+    res.profile.emplace(&builtin_registry());
+    tape.set_profile(&*res.profile);
+  }
+  Profile* prof = cfg.profile ? &*res.profile : nullptr;
   Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
   std::vector<double> ms;
   const auto t_start = Clock::now();
@@ -357,7 +365,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     }
     const double lr = learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters);
     const auto t0 = Clock::now();
+    if (prof) prof->start();
     sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
+    if (prof) prof->mark("data: batch");
     Var loss;
     try {  // with detect_anomaly, the first non-finite value throws here, naming its op: add the step
       loss = model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
@@ -376,8 +386,15 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     }
     tape.clear();
     if (cfg.grad_clip > 0) clip_grad_norm(model.parameters(), cfg.grad_clip);
+    if (prof) prof->mark("optimizer: clip grad norm");
     opt.step(model.parameters(), lr);
+    if (prof) prof->mark("optimizer: AdamW");
     model.zero_grad();
+    if (prof) {
+      prof->mark("optimizer: zero grad");
+      prof->end_step();
+      prof->pause();
+    }
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     ms.push_back(step_ms);
     res.step_losses.push_back(lv);
@@ -402,9 +419,20 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     }
   }
   res.ms_per_step = median(ms);
+  // The profile against the mean step time of the same steps (the rows add up to the mean, not the median).
+  const double mean_ms = ms.empty() ? 0.0 : std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
+  auto report_profile = [&] {
+    if (!prof) return;
+    tape.set_profile(nullptr);
+    write_file_atomic(dir + "/profile.json", profile_json(*prof, mean_ms).dump(2) + "\n");
+    if (!cfg.quiet)
+      fmt::print(out, "\n{}wrote {}/profile.json\n",
+                 format_profile(*prof, mean_ms, "profile (training steps, evaluation excluded)"), dir);
+  };
   if (last < cfg.max_iters) {  // stopped early: a checkpoint to resume from, no final evaluation
     save();
     if (!cfg.quiet) fmt::print(out, "{}stopped after step {}; wrote {}\n", tty ? "\r\033[K" : "", last, ck_path);
+    report_profile();
     res.evals = st.evals;
     return res;
   }
@@ -444,6 +472,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
     if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
   }
+  report_profile();
   return res;
 }
 

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/profile.hpp"
 #include "models/gpt.hpp"
 
 namespace tapegrad {
@@ -32,6 +34,7 @@ struct TrainConfig {
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this call; 0: run to max_iters
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
+  bool profile = false;  // time every op and what lies between them (engine/profile.hpp); report at the end
 
   void validate() const;
   std::string run_dir() const;
@@ -49,6 +52,7 @@ struct TrainResult {
   double ms_per_step = 0;           // median over the steps of this call
   double wall_seconds = 0;
   std::string run_dir, sample;
+  std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)
 };
 
 // The text file to train on by default: data/tinyshakespeare.txt of the source tree.

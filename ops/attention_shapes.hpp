@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/attention.hpp"
+#include "engine/registry.hpp"
 #include "ops/common.hpp"
 
 namespace tapegrad {
@@ -60,6 +61,16 @@ inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, 
   dims.scale = opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(qs[3]));
   dims.causal = opt.causal;
   return dims;
+}
+
+// The cost of a softmax-family attention node, counted as the full products S = QKᵀ (T×Tk×d) and O = AV
+// (T×Tk×dv) per slice, as PyTorch's path computes them (causal nodes skip the tiles above the diagonal, so they
+// run fewer); backward's four products (dV, dA, dQ, dK) twice that.
+inline OpCost attention_cost(std::span<const Shape> in, const Shape&) {
+  const Shape &q = in[0], &k = in[1], &v = in[2];
+  const double slices = static_cast<double>(q[0] * q[1]), T = static_cast<double>(q[2]), Tk = static_cast<double>(k[2]);
+  const double forward = 2 * slices * T * Tk * static_cast<double>(q[3] + v[3]);
+  return {forward, 2 * forward};
 }
 
 }  // namespace tapegrad

@@ -359,7 +359,7 @@ void register_tiled_attention(Registry& r) {
   r.add({kOp, "tiled_attention",
          "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); "
          "dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
-         {}});
+         {}, attention_cost});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };

@@ -80,6 +80,9 @@ CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
   cmd->add_flag("--resume", cfg.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
   cmd->add_option("--stop-after", cfg.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
       ->check(non_negative());
+  cmd->add_flag("--profile", cfg.profile,
+                "Time every op (forward, backward) and the work between them; print the table per step at the end "
+                "and write it to OUT/NAME/profile.json");
   return cmd;
 }
 
