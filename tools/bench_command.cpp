@@ -29,6 +29,7 @@
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
 #include "tools/bench_harness.hpp"
+#include "tools/bench_workloads.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
@@ -36,103 +37,6 @@ namespace tapegrad::cli {
 namespace {
 
 using namespace bench;
-
-// ---- workloads ------------------------------------------------------------------------------------------------
-
-struct AttentionShape {
-  int64_t B, H, T, d;
-  std::string str() const { return fmt::format("({},{},{},{})", B, H, T, d); }
-};
-
-const std::vector<std::string>& attention_nodes() {
-  static const std::vector<std::string> nodes{"attention", "beta_attention", "linear_attention", "tiled_attention"};
-  return nodes;
-}
-
-Var apply_node(const std::string& node, Var q, Var k, Var v) {
-  AttentionOptions opt;
-  opt.causal = true;
-  if (node == "attention") return attention(q, k, v, opt);
-  if (node == "beta_attention") return beta_attention(q, k, v, opt);
-  if (node == "linear_attention") return linear_attention(q, k, v, true);
-  if (node == "tiled_attention") return tiled_attention(q, k, v, opt);
-  fail("bench: unknown attention node '{}'", node);
-}
-
-// Inputs of one attention workload and the tape it records on.
-struct AttentionRun {
-  std::string node;
-  Tensor q, k, v, g;
-  Tape tape;
-  AttentionRun(std::string n, const AttentionShape& s) : node(std::move(n)) {
-    const Shape shape{s.B, s.H, s.T, s.d};
-    q = random_tensor(shape, 11);
-    k = random_tensor(shape, 12);
-    v = random_tensor(shape, 13);
-    g = random_tensor(shape, 14);
-  }
-  void forward() {
-    tape.clear();
-    NoGradGuard no_grad(tape);
-    apply_node(node, tape.constant(q), tape.constant(k), tape.constant(v));
-  }
-  void forward_backward() {
-    tape.clear();
-    Var y = apply_node(node, tape.leaf(q), tape.leaf(k), tape.leaf(v));
-    tape.backward(y, g);
-  }
-  // Arena bytes the node's forward allocates when recording: everything it keeps for backward, O included.
-  int64_t bytes_kept() {
-    tape.clear();
-    Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
-    const size_t before = tape.arena().bytes_in_use();
-    apply_node(node, qv, kv, vv);
-    const auto kept = static_cast<int64_t>(tape.arena().bytes_in_use() - before);
-    tape.clear();
-    return kept;
-  }
-};
-
-// One training step of the default model, as tapegrad train runs it (without the logging).
-struct TrainStep {
-  GPTConfig cfg;
-  int64_t batch = 12;
-  GPT model;
-  AdamW opt;
-  Tape tape;
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  size_t next = 0;
-  TrainStep() : model(cfg, 1337), opt(model.parameters(), {0.9, 0.99, 1e-8, 0.1}) {
-    Rng rng(7);
-    for (int i = 0; i < 8; ++i) {
-      Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});
-      for (int64_t j = 0; j < x.numel(); ++j) {
-        x.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
-        y.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
-      }
-      batches.emplace_back(x, y);
-    }
-  }
-  void run() {
-    const auto& [x, y] = batches[next++ % batches.size()];
-    Var loss = model.loss(tape, x, y);
-    tape.backward(loss);
-    tape.clear();
-    clip_grad_norm(model.parameters(), 1.0);
-    opt.step(model.parameters(), 1e-3);
-    model.zero_grad();
-  }
-  // Multiply-adds ×2 of the step's matrix products, counted as PyTorch's path computes them (full T×T attention
-  // products): forward 2·(Σ weights of the linear layers and the head + n_layer·2·T·C) per token, backward twice.
-  double nominal_flops() const {
-    const double C = static_cast<double>(cfg.n_embd), T = static_cast<double>(cfg.block_size);
-    const double per_layer_weights = 3 * C * C + C * C + 4 * C * C + 4 * C * C;
-    const double weights = static_cast<double>(cfg.n_layer) * per_layer_weights + C * static_cast<double>(cfg.vocab_size);
-    const double attention = static_cast<double>(cfg.n_layer) * 2 * T * C;
-    const double forward_per_token = 2 * (weights + attention);
-    return 3 * forward_per_token * static_cast<double>(batch) * T;
-  }
-};
 
 // ---- sections -------------------------------------------------------------------------------------------------
 
@@ -450,15 +354,19 @@ void run_bench(BenchArgs a) {
   std::unique_ptr<TorchSide> torch;
   if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
   header(out, a, torch.get());
-  auto wanted = [&](const char* section) {
-    return a.only.empty() || std::find(a.only.begin(), a.only.end(), section) != a.only.end();
+  // --profile runs the profile alone, or with the sections --only names; the profile is not among the defaults.
+  if (a.profile && std::find(a.only.begin(), a.only.end(), "profile") == a.only.end()) a.only.push_back("profile");
+  auto wanted = [&](const std::string& section) {
+    if (a.only.empty()) return section != "profile";
+    return std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
-  if (wanted("matmul") || wanted("attention") || wanted("training")) warm_up_cores(a.quick ? 20 : 500);
+  if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
   if (wanted("attention")) attention_section(out, a, torch.get());
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
   if (wanted("rss")) peak_rss_section(out, a, torch.get());
   if (wanted("memory")) memory_section(out, a);
+  if (wanted("profile")) profile_section(out, a);
   if (a.json) fmt::print("{}\n", out.rows.dump(2));
 }
 
@@ -478,8 +386,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--rounds", args->rounds, "Timed blocks per workload (default 10, 2 with --quick)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
-      ->check(CLI::IsMember({"matmul", "attention", "training", "rss", "memory"}))
+      ->check(CLI::IsMember({"matmul", "attention", "training", "rss", "memory", "profile"}))
       ->delimiter(',');
+  cmd->add_flag("--profile", args->profile,
+                "Profile the training step op by op on 1 thread and on --threads (alone, or with the --only sections)");
   cmd->add_flag("--torch-compile", args->torch_compile,
                 "With --vs-torch: time PyTorch's training step under torch.compile too (PyTorch 2.0 and later)");
   cmd->add_option("--python", args->python, "Python with PyTorch for --vs-torch: a path, or a name found on PATH")

@@ -1,0 +1,130 @@
+// The workloads tapegrad bench times: an attention node on random inputs, and one training step of the default
+// model as tapegrad train runs it (without the logging).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "engine/profile.hpp"
+#include "engine/rng.hpp"
+#include "models/gpt.hpp"
+#include "models/optim.hpp"
+#include "ops/attention.hpp"
+#include "ops/ops.hpp"
+#include "tools/bench_harness.hpp"
+
+namespace tapegrad::cli::bench {
+
+struct AttentionShape {
+  int64_t B, H, T, d;
+  std::string str() const { return fmt::format("({},{},{},{})", B, H, T, d); }
+};
+
+inline const std::vector<std::string>& attention_nodes() {
+  static const std::vector<std::string> nodes{"attention", "beta_attention", "linear_attention", "tiled_attention"};
+  return nodes;
+}
+
+inline Var apply_node(const std::string& node, Var q, Var k, Var v) {
+  AttentionOptions opt;
+  opt.causal = true;
+  if (node == "attention") return attention(q, k, v, opt);
+  if (node == "beta_attention") return beta_attention(q, k, v, opt);
+  if (node == "linear_attention") return linear_attention(q, k, v, true);
+  if (node == "tiled_attention") return tiled_attention(q, k, v, opt);
+  fail("bench: unknown attention node '{}'", node);
+}
+
+// Inputs of one attention workload and the tape it records on.
+struct AttentionRun {
+  std::string node;
+  Tensor q, k, v, g;
+  Tape tape;
+  AttentionRun(std::string n, const AttentionShape& s) : node(std::move(n)) {
+    const Shape shape{s.B, s.H, s.T, s.d};
+    q = random_tensor(shape, 11);
+    k = random_tensor(shape, 12);
+    v = random_tensor(shape, 13);
+    g = random_tensor(shape, 14);
+  }
+  void forward() {
+    tape.clear();
+    NoGradGuard no_grad(tape);
+    apply_node(node, tape.constant(q), tape.constant(k), tape.constant(v));
+  }
+  void forward_backward() {
+    tape.clear();
+    Var y = apply_node(node, tape.leaf(q), tape.leaf(k), tape.leaf(v));
+    tape.backward(y, g);
+  }
+  // Arena bytes the node's forward allocates when recording: everything it keeps for backward, O included.
+  int64_t bytes_kept() {
+    tape.clear();
+    Var qv = tape.leaf(q), kv = tape.leaf(k), vv = tape.leaf(v);
+    const size_t before = tape.arena().bytes_in_use();
+    apply_node(node, qv, kv, vv);
+    const auto kept = static_cast<int64_t>(tape.arena().bytes_in_use() - before);
+    tape.clear();
+    return kept;
+  }
+};
+
+// One training step of the default model, as tapegrad train runs it (without the logging).
+struct TrainStep {
+  GPTConfig cfg;
+  int64_t batch = 12;
+  GPT model;
+  AdamW opt;
+  Tape tape;
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  size_t next = 0;
+  Profile* profile = nullptr;  // when set, the tape's events and the optimizer's sections are charged to it
+  TrainStep() : model(cfg, 1337), opt(model.parameters(), {0.9, 0.99, 1e-8, 0.1}) {
+    Rng rng(7);
+    for (int i = 0; i < 8; ++i) {
+      Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});
+      for (int64_t j = 0; j < x.numel(); ++j) {
+        x.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+        y.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+      }
+      batches.emplace_back(x, y);
+    }
+  }
+  void run() {
+    const auto& [x, y] = batches[next++ % batches.size()];
+    tape.set_profile(profile);
+    if (profile) profile->start();
+    Var loss = model.loss(tape, x, y);
+    tape.backward(loss);
+    tape.clear();
+    clip_grad_norm(model.parameters(), 1.0);
+    if (profile) profile->mark("optimizer: clip grad norm");
+    opt.step(model.parameters(), 1e-3);
+    if (profile) profile->mark("optimizer: AdamW");
+    model.zero_grad();
+    if (profile) {
+      profile->mark("optimizer: zero grad");
+      profile->end_step();
+      profile->pause();
+    }
+  }
+  // Multiply-adds ×2 of the step's matrix products, counted as PyTorch's path computes them (full T×T attention
+  // products): forward 2·(Σ weights of the linear layers and the head + n_layer·2·T·C) per token, backward twice.
+  double nominal_flops() const {
+    const double C = static_cast<double>(cfg.n_embd), T = static_cast<double>(cfg.block_size);
+    const double per_layer_weights = 3 * C * C + C * C + 4 * C * C + 4 * C * C;
+    const double weights = static_cast<double>(cfg.n_layer) * per_layer_weights + C * static_cast<double>(cfg.vocab_size);
+    const double attention = static_cast<double>(cfg.n_layer) * 2 * T * C;
+    const double forward_per_token = 2 * (weights + attention);
+    return 3 * forward_per_token * static_cast<double>(batch) * T;
+  }
+};
+
+// The training step profiled op by op (engine/profile.hpp) on one thread and on the engine's threads: where the
+// time goes, and which parts do not speed up with more threads.
+void profile_section(Output& out, const BenchArgs& a);
+
+}  // namespace tapegrad::cli::bench
