@@ -1,25 +1,47 @@
 #!/usr/bin/python3
-"""The PyTorch side of `tapegrad bench --vs-torch`: the same workloads in PyTorch eager, float32.
+"""The PyTorch side of `tapegrad bench --vs-torch`: the same workloads in PyTorch, float32, each timed on the
+strongest path the installed PyTorch offers for it.
 
   serve       what tapegrad bench runs: JSON commands on stdin, one per line, one JSON answer per line on stdout
               ("run" does "warmup" untimed runs, then "reps" timed ones, and answers the ms per timed run);
               tapegrad alternates short blocks of its own runs with blocks of these, so both see the same machine
   train-rss   train the default model for --steps steps and print {"vmhwm_kb": ...} (run as a child by serve)
 
-Workloads (the names tapegrad bench sends):
-  matmul M K N               torch.mm of (M, K) by (K, N)
-  attention_fwd NODE B H T D   the node's map as a composite of matmul, masking and softmax (nanoGPT's manual
-  attention_bwd NODE B H T D   causal attention path), forward alone or forward + backward with a random
-                               cotangent; NODE attention and tiled_attention share the softmax composite
-  train_step                 one step of the default model (models/gpt.cpp as mirrored in torch_checkpoint.py:
-                             4 layers, 4 heads, 128 wide, context 64, batch 12, vocabulary 65): forward, backward,
-                             clipping at 1.0, AdamW (betas 0.9, 0.99, weight decay 0.1 on matrices), zero_grad
+Commands and answers in serve:
+  info                      {"torch", "threads", "blas", "openmp_blas", "python", "sdpa", "compile", "blas_backend"}:
+                            PyTorch's version, its thread count, the BLAS libraries loaded, whether Debian's
+                            OpenBLAS-openmp is installed, the interpreter, whether scaled_dot_product_attention
+                            and torch.compile exist, and the BLAS behind matrix products (the build's BLAS_INFO,
+                            MKL or not, the library loaded)
+  prepare id workload args  {"ok": true, "peer": "..."}, the peer naming what is timed; {"error": "..."} when the
+                            workload cannot run here (tapegrad prints the reason and leaves the column empty)
+  run id reps warmup        {"ms": ...}
+  release id, quit          {"ok": true}
 
-Threads and BLAS (../shared/docs/bench-notes.md): PyTorch takes its matrix products from the system's libblas.so.3.
-The script re-runs itself, before importing torch, with OMP_NUM_THREADS set to the thread count and, when
-Debian's libopenblas0-openmp is installed, LD_LIBRARY_PATH pointing at it: OpenBLAS' OpenMP build shares PyTorch's
-OpenMP threads, where the pthread build would start its own and oversubscribe the cores. `info` reports which
-library was loaded.
+Workloads (the names tapegrad bench sends), each with its peer (the string prepare answers):
+  matmul M K N                 torch.mm of (M, K) by (K, N); peer "torch.mm"
+  attention_fwd NODE B H T D   the node's causal map, forward alone (under torch.no_grad) or forward + backward
+  attention_bwd NODE B H T D   with a random cotangent; scale 1/sqrt(D), SDPA's default. By NODE:
+    attention, tiled_attention   F.scaled_dot_product_attention(is_causal=True) when PyTorch has it (2.0 and
+                                 later), peer "scaled_dot_product_attention(is_causal=True)"; otherwise
+                                 nanoGPT's manual path, peer "composite: matmul, causal mask, softmax, matmul"
+    beta_attention               peer "composite: matmul, mask, β row-normalize, matmul"
+    linear_attention             peer "composite: elu+1 feature maps, masked matmul, row sums"
+                                 (PyTorch has no fused kernel for these two)
+  train_step                   one step of the default model (models/gpt.cpp as mirrored in torch_checkpoint.py:
+                               4 layers, 4 heads, 128 wide, context 64, batch 12, vocabulary 65): forward,
+                               backward, clipping at 1.0, AdamW (betas 0.9, 0.99, weight decay 0.1 on matrices),
+                               zero_grad; peer "eager"
+  train_step_compiled          the same step with the model's forward under torch.compile (backward, clipping
+                               and AdamW unchanged); prepare compiles it and runs it once, and answers an error
+                               when torch.compile is missing (before PyTorch 2.0) or fails; peer "torch.compile"
+
+Threads and BLAS: Debian's PyTorch takes its matrix products from the system's
+libblas.so.3 (PyTorch's own wheels bring MKL). The script re-runs itself, before importing torch, with
+OMP_NUM_THREADS set to the thread count and, when Debian's libopenblas0-openmp is installed, LD_LIBRARY_PATH
+pointing at it: OpenBLAS' OpenMP build shares PyTorch's OpenMP threads, where the pthread build would start its
+own and oversubscribe the cores. `info` reports which library was loaded ("blas") and what PyTorch was built
+with ("blas_backend"). While serving, whatever the libraries print goes to stderr: stdout carries the answers.
 
 Exit code 77 when PyTorch is not importable.
 """
@@ -27,6 +49,7 @@ Exit code 77 when PyTorch is not importable.
 import json
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -79,10 +102,44 @@ def loaded_blas():
     return sorted(set(found))
 
 
+def has_sdpa():
+    """Whether this PyTorch has the fused attention F.scaled_dot_product_attention (2.0 and later)."""
+    return hasattr(F, "scaled_dot_product_attention")
+
+
+def has_compile():
+    """Whether this PyTorch has torch.compile (2.0 and later)."""
+    return hasattr(torch, "compile")
+
+
+def blas_backend():
+    """What PyTorch's matrix products run on: the build's BLAS_INFO, whether it has MKL, and the BLAS loaded."""
+    found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    parts = ["BLAS_INFO=" + (found.group(1) if found else "?"),
+             "MKL" if torch.backends.mkl.is_available() else "no MKL"]
+    loaded = loaded_blas()
+    parts.append("loaded " + ", ".join(loaded) if loaded else "no BLAS library loaded")
+    return "; ".join(parts)
+
+
+class Unavailable(Exception):
+    """A workload this PyTorch cannot run; the message is the whole answer."""
+
+
 # ---- workloads ---------------------------------------------------------------------------------------------------
 
 def causal_keep(T):
     return torch.ones(T, T).tril()
+
+
+SDPA_PEER = "scaled_dot_product_attention(is_causal=True)"
+COMPOSITE_PEERS = {
+    "attention": "composite: matmul, causal mask, softmax, matmul",
+    "tiled_attention": "composite: matmul, causal mask, softmax, matmul",
+    "beta_attention": "composite: matmul, mask, β row-normalize, matmul",
+    "linear_attention": "composite: elu+1 feature maps, masked matmul, row sums",
+}
+SOFTMAX_NODES = ("attention", "tiled_attention")
 
 
 def composite(node, q, k, v, keep):
@@ -98,7 +155,14 @@ def composite(node, q, k, v, keep):
     return F.softmax(att, dim=-1) @ v
 
 
+def sdpa(q, k, v):
+    """Causal softmax attention by PyTorch's fused kernel; its default scale is the composite's 1/sqrt(d)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Matmul:
+    peer = "torch.mm"
+
     def __init__(self, m, k, n):
         gen = torch.Generator().manual_seed(1)
         self.a = torch.randn(m, k, generator=gen)
@@ -110,26 +174,37 @@ class Matmul:
 
 class AttentionNode:
     def __init__(self, node, backward, B, H, T, D):
+        if node not in COMPOSITE_PEERS:
+            raise ValueError(f"unknown attention node {node}")
         gen = torch.Generator().manual_seed(2)
         self.node, self.backward = node, backward
         self.q, self.k, self.v = (torch.randn(B, H, T, D, generator=gen).requires_grad_(backward) for _ in range(3))
         self.g = torch.randn(B, H, T, D, generator=gen)
         self.keep = causal_keep(T)
+        self.fused = node in SOFTMAX_NODES and has_sdpa()
+        self.peer = SDPA_PEER if self.fused else COMPOSITE_PEERS[node]
+
+    def forward(self):
+        if self.fused:
+            return sdpa(self.q, self.k, self.v)
+        return composite(self.node, self.q, self.k, self.v, self.keep)
 
     def run(self):
         if not self.backward:
             with torch.no_grad():
-                composite(self.node, self.q, self.k, self.v, self.keep)
+                self.forward()
             return
-        out = composite(self.node, self.q, self.k, self.v, self.keep)
-        out.backward(self.g)
+        self.forward().backward(self.g)
         self.q.grad = self.k.grad = self.v.grad = None
 
 
 class TrainStep:
+    peer = "eager"
+
     def __init__(self, cfg=DEFAULT_MODEL, batch=BATCH, seed=1337):
         torch.manual_seed(seed)
         self.model = GPT(cfg)
+        self.forward = self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -143,12 +218,29 @@ class TrainStep:
     def run(self):
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
-        _, loss = self.model(x, y)
+        _, loss = self.forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return loss.item()
+
+
+class CompiledTrainStep(TrainStep):
+    """TrainStep with the model's forward under torch.compile; compiled here, by a first step, so that a failure
+    shows at prepare and the compilation is not timed."""
+    peer = "torch.compile"
+
+    def __init__(self):
+        if not has_compile():
+            raise Unavailable(f"torch.compile is not available in PyTorch {torch.__version__} (it needs 2.0 or later)")
+        super().__init__()
+        try:
+            self.forward = torch.compile(self.model)
+            self.run()
+        except Exception as err:
+            lines = str(err).strip().splitlines()
+            raise Unavailable(f"torch.compile failed: {type(err).__name__}: {lines[0] if lines else ''}")
 
 
 def make(workload, args):
@@ -158,6 +250,8 @@ def make(workload, args):
         return AttentionNode(args[0], workload == "attention_bwd", *[int(a) for a in args[1:]])
     if workload == "train_step":
         return TrainStep()
+    if workload == "train_step_compiled":
+        return CompiledTrainStep()
     raise ValueError(f"unknown workload {workload}")
 
 
@@ -191,6 +285,7 @@ def train_rss(steps, data_path):
 
 def serve(threads):
     torch.set_num_threads(threads)
+    answers, sys.stdout = sys.stdout, sys.stderr  # what the libraries print (torch.compile's notes) goes to stderr
     prepared = {}
     for line in sys.stdin:
         line = line.strip()
@@ -200,10 +295,12 @@ def serve(threads):
         try:
             if cmd["cmd"] == "info":
                 answer = {"torch": torch.__version__, "threads": torch.get_num_threads(), "blas": loaded_blas(),
-                          "openmp_blas": os.path.isdir(OPENMP_BLAS_DIR)}
+                          "openmp_blas": os.path.isdir(OPENMP_BLAS_DIR), "python": sys.executable,
+                          "sdpa": has_sdpa(), "compile": has_compile(), "blas_backend": blas_backend()}
             elif cmd["cmd"] == "prepare":
-                prepared[cmd["id"]] = make(cmd["workload"], cmd["args"])
-                answer = {"ok": True}
+                work = make(cmd["workload"], cmd["args"])
+                prepared[cmd["id"]] = work
+                answer = {"ok": True, "peer": work.peer}
             elif cmd["cmd"] == "run":
                 work = prepared[cmd["id"]]
                 for _ in range(cmd.get("warmup", 0)):
@@ -216,13 +313,15 @@ def serve(threads):
                 prepared.pop(cmd["id"], None)
                 answer = {"ok": True}
             elif cmd["cmd"] == "quit":
-                print(json.dumps({"ok": True}), flush=True)
+                print(json.dumps({"ok": True}), file=answers, flush=True)
                 return
             else:
                 answer = {"error": f"unknown command {cmd['cmd']}"}
-        except Exception as err:  # reported to tapegrad, which prints it and leaves the torch column empty
+        except Unavailable as err:  # reported to tapegrad, which prints it and leaves the torch column empty
+            answer = {"error": str(err)}
+        except Exception as err:  # likewise
             answer = {"error": f"{type(err).__name__}: {err}"}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
 
 
 def main():
