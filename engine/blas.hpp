@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "engine/blas_info.hpp"
 #include "engine/parallel.hpp"
 
 namespace tapegrad {
@@ -54,10 +55,16 @@ void gemm_split(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T a
   });
 }
 
+// The first product checks which OpenBLAS kernels run (engine/blas_info.hpp); later ones pay one relaxed load.
+inline void check_core() {
+  if (!core_checked.load(std::memory_order_relaxed)) warn_if_weak_blas_core();
+}
+
 }  // namespace blas_detail
 
 inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  blas_detail::check_core();
   if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
     return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -65,6 +72,7 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
 
 inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  blas_detail::check_core();
   if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
     return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

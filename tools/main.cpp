@@ -2,11 +2,18 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "engine/blas_info.hpp"
 #include "engine/tensor.hpp"
 #include "tools/commands.hpp"
 
@@ -20,11 +27,33 @@ void report(const char* what, const char* hint = "") {
   fmt::print(stderr, "tapegrad: error: {}{}\n", line, hint);
 }
 
+// OpenBLAS chose its kernels when it loaded; where it chose weaker ones than this CPU runs (an Intel model it does
+// not know gets Prescott's: sgemm 3-5x slower), run again with OPENBLAS_CORETYPE set. A value the user set is
+// kept, and TAPEGRAD_BLAS_REEXEC marks the second run: in both cases a weak core is only warned about.
+void use_best_blas_core(const tapegrad::BlasInfo& blas, char** argv) {
+  if (blas.better_core && !blas.coretype_env && !std::getenv("TAPEGRAD_BLAS_REEXEC")) {
+    fmt::print(stderr, "tapegrad: OpenBLAS picked {} kernels for this CPU ({}); running again with "
+               "OPENBLAS_CORETYPE={}\n", blas.core, blas.cpu, *blas.better_core);
+    std::fflush(stdout);
+    if (setenv("OPENBLAS_CORETYPE", blas.better_core->c_str(), 1) == 0 && setenv("TAPEGRAD_BLAS_REEXEC", "1", 1) == 0)
+      execv("/proc/self/exe", argv);
+    const int error = errno;
+    unsetenv("OPENBLAS_CORETYPE");  // not in effect: OpenBLAS has loaded
+    unsetenv("TAPEGRAD_BLAS_REEXEC");
+    fmt::print(stderr, "tapegrad: warning: could not run again: {}\n", std::strerror(error));
+  }
+  if (blas.better_core) tapegrad::warn_if_weak_blas_core();
+  tapegrad::blas_core_warning_given();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const tapegrad::BlasInfo blas = tapegrad::blas_info();
+  use_best_blas_core(blas, argv);
   CLI::App app{"tapegrad: a small reverse-mode autodiff engine for attention, with hand-derived VJPs and JVPs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", fmt::format("tapegrad {}\n{}", TAPEGRAD_VERSION, tapegrad::blas_summary(blas)));
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
   tapegrad::cli::add_gradcheck_command(app);
@@ -39,6 +68,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     report(e.what(), " (tapegrad --help for usage)");
