@@ -21,6 +21,7 @@
 #include <fmt/core.h>
 
 #include "engine/blas.hpp"
+#include "engine/blas_info.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "models/gpt.hpp"
@@ -47,20 +48,37 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
   const std::string cpu = first_line_with("/proc/cpuinfo", "model name");
   const std::string mem = first_line_with("/proc/meminfo", "MemTotal");
   auto blas_libs = mapped_libraries("blas");
-  std::string blas = openblas_get_config();
+  const BlasInfo blas = blas_info();
   out.print("tapegrad bench, {}{}\n", date, a.quick ? " (--quick: fewer rounds, smaller shapes)" : "");
-  out.print("machine   {}, {} CPUs available, {} memory, load average {}\n", cpu, std::thread::hardware_concurrency(),
+  out.print("machine   {}, {} CPUs available, {} memory, load average {}\n", blas.cpu, std::thread::hardware_concurrency(),
             mem, load_average());
-  out.print("tapegrad  {} threads (the engine's pool); OpenBLAS single-threaded under it: {} ({} kernels), {}\n",
-            num_threads(), blas, openblas_get_corename(), blas_libs.empty() ? "?" : blas_libs.front());
+  out.print("tapegrad  {} threads (the engine's pool); OpenBLAS single-threaded under it: {} kernels ({}), {}\n",
+            num_threads(), blas.core, blas_summary(blas), blas_libs.empty() ? "?" : blas_libs.front());
+  out.header = {{"date", date},
+                {"machine", {{"cpu", cpu}, {"cpus", std::thread::hardware_concurrency()}, {"memory", mem},
+                             {"load_average", load_average()}}},
+                {"threads", num_threads()},
+                {"blas", blas_json(blas)},
+                {"blas_library", blas_libs.empty() ? json(nullptr) : json(blas_libs.front())},
+                {"rounds", a.rounds},
+                {"block_ms", g_block_ms},
+                {"quick", a.quick}};
+  if (torch) out.header["torch"] = torch->ok() ? torch->info() : json{{"error", torch->why()}};
   if (torch) {
     if (torch->ok()) {
       const json& i = torch->info();
       std::string libs;
       for (const auto& l : i["blas"]) libs += (libs.empty() ? "" : ", ") + l.get<std::string>();
-      out.print("pytorch   {} eager float32, {} threads, BLAS {}{}\n", i["torch"].get<std::string>(),
-                i["threads"].get<int>(), libs,
+      out.print("pytorch   {} ({}), {} threads, float32; BLAS {}{}\n", i["torch"].get<std::string>(),
+                i.value("python", std::string("?")), i["threads"].get<int>(), libs,
                 i["openmp_blas"].get<bool>() ? "" : " (OpenBLAS-pthread: install libopenblas0-openmp for a fair figure)");
+      out.print("          peers: softmax attention {}; β and linear attention the composite (no fused kernel in "
+                "PyTorch); training step eager{}\n",
+                i.value("sdpa", false) ? "scaled_dot_product_attention(is_causal=True)"
+                                       : "the composite (this PyTorch has no scaled_dot_product_attention)",
+                !a.torch_compile              ? " (--torch-compile adds torch.compile)"
+                : i.value("compile", false) ? " and torch.compile"
+                                            : " (this PyTorch has no torch.compile)");
     } else {
       out.print("pytorch   not available: {}\n", torch->why());
     }
@@ -367,7 +385,7 @@ void run_bench(BenchArgs a) {
   if (wanted("rss")) peak_rss_section(out, a, torch.get());
   if (wanted("memory")) memory_section(out, a);
   if (wanted("profile")) profile_section(out, a);
-  if (a.json) fmt::print("{}\n", out.rows.dump(2));
+  if (a.json) fmt::print("{}\n", json{{"header", out.header}, {"rows", out.rows}}.dump(2));
 }
 
 }  // namespace
@@ -378,7 +396,8 @@ void add_bench_command(CLI::App& app) {
       "bench", "Measure matmul, the attention nodes, a training step and peak memory; --vs-torch runs PyTorch alongside");
   cmd->add_flag("--quick", args->quick, "Fewer rounds and smaller shapes: checks that the bench runs, in seconds");
   cmd->add_flag("--json", args->json,
-                "Print a JSON list of {workload, shape, tapegrad_ms, torch_ms, ratio, bytes_saved, gflops}");
+                "Print JSON: {header: {machine, threads, blas (the core in use), torch}, rows: [{workload, shape, "
+                "tapegrad_ms, torch_ms, ratio, torch_peer, bytes_saved, gflops}, ...]}");
   cmd->add_flag("--vs-torch", args->vs_torch,
                 "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch");
   cmd->add_option("--threads", args->threads, "Threads for tapegrad and PyTorch (default: the CPUs available)")

@@ -131,8 +131,11 @@ Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch = 
 
 // ---- output ---------------------------------------------------------------------------------------------------
 
+// The table on stdout, or with --json one object {"header": {...}, "rows": [...]} at the end: the header holds the
+// machine, the threads, the BLAS core in use (blas_json) and PyTorch's side.
 struct Output {
   bool json_mode;
+  json header = json::object();
   json rows = json::array();
 
   template <class... Args>

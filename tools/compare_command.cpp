@@ -1,6 +1,8 @@
 // tapegrad compare: the same model, seed and data trained with several attention kinds, side by side.
 #include <fmt/core.h>
 
+#include "engine/blas_info.hpp"
+#include "engine/parallel.hpp"
 #include "models/gpt.hpp"
 #include "models/plot.hpp"
 #include "models/trainer.hpp"
@@ -22,6 +24,7 @@ void run(const CompareArgs& a) {
   };
   std::vector<Row> rows;
   std::vector<PlotSeries> curves;
+  fmt::print("compare: {} threads; BLAS {}\n", num_threads(), blas_summary(blas_info()));
   for (const auto& kind : a.kinds) {
     TrainConfig c = a.base;
     c.model.attention = kind;
