@@ -33,8 +33,9 @@ Function claimed(Claim claim) {
   };
 }
 
-void Registry::add(OpInfo op) {
+void Registry::add(OpInfo op, std::source_location where) {
   if (op.name.empty()) fail("registry: an op needs a name");
+  op.registered_at = where;
   if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);
   ops_.push_back(std::move(op));
 }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,11 +95,12 @@ struct OpInfo {
   std::string equation;  // the derivative it implements, in one line
   std::vector<GradcheckCase> cases;
   CostFunction cost{};   // ops with matrix products; empty for the others
+  std::source_location registered_at{};  // where Registry::add was called: the op's file
 };
 
 class Registry {
  public:
-  void add(OpInfo op);
+  void add(OpInfo op, std::source_location where = std::source_location::current());
   void add_case(std::string_view op, GradcheckCase c);
   const std::vector<OpInfo>& ops() const { return ops_; }
   const OpInfo* find(std::string_view name) const;

@@ -113,6 +113,7 @@ Var Tape::leaf(const Tensor& value, bool requires_grad) {
   }
   if (profile_) [[unlikely]]
     profile_->mark(kLeavesAndGlue);
+  arena_mark_ = arena_.bytes_in_use();
   return add_value(value, requires_grad && recording_);
 }
 
@@ -272,6 +273,7 @@ void Tape::clear() {
   scratch_.clear();
   spare_grads_.clear();
   arena_.reset();
+  arena_mark_ = 0;
   ++generation_;
   backward_done_ = false;
   if (profile_) [[unlikely]]

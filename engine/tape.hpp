@@ -24,6 +24,7 @@
 #include <functional>
 #include <initializer_list>
 #include <new>
+#include <source_location>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -64,14 +65,18 @@ class Var {
 // Both VJP and JVP add into their outputs (gin and tout), which the tape allocates zeroed.
 class Node {
  public:
-  Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids)
-      : op(op_name), out(out_id), inputs(input_ids) {}
+  Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept,
+       std::source_location at)
+      : op(op_name), out(out_id), inputs(input_ids), bytes_kept(kept), where(at) {}
   virtual ~Node() = default;
   virtual void vjp(const Tensor& gout, std::span<const Tensor> gin) const = 0;
   virtual void jvp(std::span<const Tensor> tin, const Tensor& tout) const = 0;
   const char* op;
   uint32_t out;
   std::span<const uint32_t> inputs;
+  // Arena bytes the op allocated since the tape's previous node or leaf: its output and what its VJP and JVP keep.
+  size_t bytes_kept;
+  std::source_location where;  // the op's tape.record call: its forward, with the VJP and JVP it passes
 };
 
 class Tape {
@@ -94,11 +99,13 @@ class Tape {
   // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<const Tensor> gin);
   // jvp: (std::span<const Tensor> tin, const Tensor& tout). The closures hold exactly what they reuse.
   template <class Vjp, class Jvp>
-  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp);
+  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
+             std::source_location where = std::source_location::current());
   template <class Vjp, class Jvp>
-  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp) {
+  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
+             std::source_location where = std::source_location::current()) {
     return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out),
-                  std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+                  std::forward<Vjp>(vjp), std::forward<Jvp>(jvp), where);
   }
 
   // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
@@ -149,8 +156,9 @@ class Tape {
   };
   template <class Vjp, class Jvp>
   struct NodeImpl final : Node {
-    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, Vjp v, Jvp j)
-        : Node(op_name, out_id, in), vjp_fn(std::move(v)), jvp_fn(std::move(j)) {}
+    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, size_t kept, std::source_location at,
+             Vjp v, Jvp j)
+        : Node(op_name, out_id, in, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)) {}
     void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
     void jvp(std::span<const Tensor> tin, const Tensor& tout) const override { jvp_fn(tin, tout); }
     Vjp vjp_fn;
@@ -177,6 +185,7 @@ class Tape {
   std::vector<Node*> nodes_;
   std::vector<Tensor> scratch_;
   std::vector<SpareGrad> spare_grads_;
+  size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
   uint32_t generation_ = 1;
   bool recording_ = true;
   bool backward_done_ = false;
@@ -211,7 +220,8 @@ std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const
 // ---- implementation of the template and Var accessors ----
 
 template <class Vjp, class Jvp>
-Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp) {
+Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
+                 std::source_location where) {
   bool rg = inputs_require_grad(inputs, op);
   if (detect_anomaly_) [[unlikely]]
     check_output(op, inputs, out);
@@ -222,9 +232,12 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
   values_.back().leaf = false;
   using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>;
   static_assert(alignof(N) <= 64);
+  const size_t kept = arena_.bytes_in_use() - arena_mark_;
   auto ids = store_ids(inputs);
-  Node* n = new (arena_.allocate(sizeof(N))) N(op, y.id_, ids, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+  Node* n = new (arena_.allocate(sizeof(N)))
+      N(op, y.id_, ids, kept, where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
   nodes_.push_back(n);
+  arena_mark_ = arena_.bytes_in_use();
   return y;
 }
 
