@@ -84,17 +84,21 @@ struct GradcheckCase {
 
 // Floating-point operations of one node: 2 per multiply-add of its matrix products.
 struct OpCost {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, jvp = 0;
 };
 // A node's cost from its inputs' and output's shapes (engine/profile.hpp charges it to the op's row).
 using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const Shape& output)>;
 
+// An op's entry. Aggregate-initialized, positionally ({name, family, equation, {}}) or with designators
+// ({.name = ..., .family = ..., .equation = ..., .forward = ...}) in this order.
 struct OpInfo {
   std::string name;      // as recorded on the tape
   std::string family;    // the file in ops/ that holds it
-  std::string equation;  // the derivative it implements, in one line
-  std::vector<GradcheckCase> cases;
-  CostFunction cost{};   // ops with matrix products; empty for the others
+  std::string equation;  // the derivatives it implements, in one line: the VJP, then "; " and the JVP (ẏ = ...)
+  std::vector<GradcheckCase> cases{};
+  CostFunction cost{};     // ops with matrix products (and a few row maps); empty: not counted
+  std::string forward{};     // the forward map, in one line
+  std::string derivation{};  // the heading of docs/derivations.md that derives it; empty: a textbook rule
   std::source_location registered_at{};  // where Registry::add was called: the op's file
 };
 

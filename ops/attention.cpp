@@ -252,10 +252,13 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
 }
 
 void register_attention(Registry& r) {
-  r.add({"attention", "attention",
-         "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS; "
-         "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
-         {}, attention_cost});
+  r.add({.name = "attention",
+         .family = "attention",
+         .equation = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS; "
+                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
+         .cost = attention_cost,
+         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
+         .derivation = "2.1, 1.1, 5.3, 5.4"});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
   };

@@ -65,12 +65,13 @@ inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, 
 
 // The cost of a softmax-family attention node, counted as the full products S = QKᵀ (T×Tk×d) and O = AV
 // (T×Tk×dv) per slice, as PyTorch's path computes them (causal nodes skip the tiles above the diagonal, so they
-// run fewer); backward's four products (dV, dA, dQ, dK) twice that.
+// run fewer); backward's four products (dV, dA, dQ, dK) twice that, and forward mode's four (Q̇Kᵀ, QK̇ᵀ,
+// (A ⊙ Ż)V, AV̇) too.
 inline OpCost attention_cost(std::span<const Shape> in, const Shape&) {
   const Shape &q = in[0], &k = in[1], &v = in[2];
   const double slices = static_cast<double>(q[0] * q[1]), T = static_cast<double>(q[2]), Tk = static_cast<double>(k[2]);
   const double forward = 2 * slices * T * Tk * static_cast<double>(q[3] + v[3]);
-  return {forward, 2 * forward};
+  return {forward, 2 * forward, 2 * forward};
 }
 
 }  // namespace tapegrad

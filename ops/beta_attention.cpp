@@ -208,10 +208,13 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
 }
 
 void register_beta_attention(Registry& r) {
-  r.add({"beta_attention", "beta_attention",
-         "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; dK += s·dPᵀ·Q; "
-         "Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
-         {}, attention_cost});
+  r.add({.name = "beta_attention",
+         .family = "beta_attention",
+         .equation = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; "
+                     "dK += s·dPᵀ·Q; Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
+         .cost = attention_cost,
+         .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
+         .derivation = "1.4, 1.2"});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
   };

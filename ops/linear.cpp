@@ -79,12 +79,15 @@ Var linear(Var x, Var w, Var b) {
 }
 
 void register_linear(Registry& r) {
-  r.add({"linear", "linear", "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ; ẏ = ẋWᵀ + xẆᵀ + ḃ", {},
-         // y = xWᵀ: numel(y)·in multiply-adds; backward two products of the same size
-         [](std::span<const Shape> in, const Shape& y) {
+  r.add({.name = "linear",
+         .family = "linear",
+         .equation = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ; ẏ = ẋWᵀ + xẆᵀ + ḃ",
+         // y = xWᵀ: numel(y)·in multiply-adds; backward and forward mode two products of the same size
+         .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
-           return OpCost{forward, 2 * forward};
-         }});
+           return OpCost{forward, 2 * forward, 2 * forward};
+         },
+         .forward = "y = xWᵀ + b over the rows of x"});
   r.add_case("linear", {"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                         [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }});
   r.add_case("linear", {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},

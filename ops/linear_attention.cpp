@@ -417,10 +417,13 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
 }
 
 void register_linear_attention(Registry& r) {
-  r.add({kOp, "linear_attention",
-         "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
-         "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
-         {}});
+  r.add({.name = kOp,
+         .family = "linear_attention",
+         .equation = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
+                     "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
+         .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "
+                    "φ = elu + 1",
+         .derivation = "4.1, 4.2"});
   auto build = [](bool causal) {
     return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
   };

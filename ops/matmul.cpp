@@ -178,13 +178,16 @@ Var matmul(Var a, Var b) {
 }
 
 void register_matmul(Registry& r) {
-  r.add({"matmul", "matmul",
-         "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches); ẏ = ȧ·b + a·ḃ", {},
-         // y (…, m, n) = a (…, m, k) · b (…, k, n): numel(y)·k multiply-adds; backward ā and b̄ the same each
-         [](std::span<const Shape> in, const Shape& y) {
+  r.add({.name = "matmul",
+         .family = "matmul",
+         .equation = "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches); ẏ = ȧ·b + a·ḃ",
+         // y (…, m, n) = a (…, m, k) · b (…, k, n): numel(y)·k multiply-adds; ā and b̄ (or ȧ·b and a·ḃ) the same
+         // each
+         .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
-           return OpCost{forward, 2 * forward};
-         }});
+           return OpCost{forward, 2 * forward, 2 * forward};
+         },
+         .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes"});
   auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add_case("matmul", {"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product});
   r.add_case("matmul", {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product});

@@ -177,17 +177,19 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
 }
 
 void register_mlp(Registry& r) {
-  r.add({kOp, "mlp",
-         "h = gelu(xW₁ᵀ + b₁): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, x̄ += ūW₁; "
-         "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
-         {},
-         // rows × (C·H + H·out) multiply-adds forward; backward twice that (x̄ and W̄ of each product)
-         [](std::span<const Shape> in, const Shape& y) {
+  r.add({.name = kOp,
+         .family = "mlp",
+         .equation = "h = gelu(xW₁ᵀ + b₁): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
+                     "x̄ += ūW₁; ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
+         // rows × (C·H + H·out) multiply-adds forward; backward and forward mode twice that (two products for
+         // each: x̄ and W̄, or ẋWᵀ and xẆᵀ)
+         .cost = [](std::span<const Shape> in, const Shape& y) {
            const double H = static_cast<double>(in[1][0]), C = static_cast<double>(in[1][1]);
-           const double rows = static_cast<double>(y.numel() / y[y.rank() - 1]), out = static_cast<double>(y[y.rank() - 1]);
+           const double out = static_cast<double>(y[y.rank() - 1]), rows = static_cast<double>(y.numel()) / out;
            const double forward = 2 * rows * (C * H + H * out);
-           return OpCost{forward, 2 * forward};
-         }});
+           return OpCost{forward, 2 * forward, 2 * forward};
+         },
+         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu of the tanh form)"});
   r.add_case(kOp, {"biases, x (5, 4), H = 6, out 3",
                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4]); }});

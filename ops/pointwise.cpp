@@ -104,16 +104,20 @@ Var relu(Var x) { return pointwise(x, Relu{}); }
 Var elu(Var x, double alpha) { return pointwise(x, Elu{alpha}); }
 
 void register_pointwise(Registry& r) {
-  auto unary = [&r](const char* name, const char* equation, Fill fill, Var (*fn)(Var)) {
-    r.add({name, "pointwise", equation, {}});
+  auto unary = [&r](const char* name, const char* forward, const char* equation, Fill fill, Var (*fn)(Var)) {
+    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward});
     r.add_case(name, {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }});
   };
-  unary("exp", "x̄ += y·ȳ; ẏ = y·ẋ", Fill::normal, exp);
-  unary("log", "x̄ += ȳ/x; ẏ = ẋ/x", Fill::positive, log);
-  unary("tanh", "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ", Fill::normal, tanh);
-  unary("relu", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", Fill::away_from_zero, relu);
-  unary("gelu", "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ", Fill::normal, gelu);
-  r.add({"elu", "pointwise", "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise", {}});
+  unary("exp", "y = exp x", "x̄ += y·ȳ; ẏ = y·ẋ", Fill::normal, exp);
+  unary("log", "y = log x", "x̄ += ȳ/x; ẏ = ẋ/x", Fill::positive, log);
+  unary("tanh", "y = tanh x", "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ", Fill::normal, tanh);
+  unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", Fill::away_from_zero, relu);
+  unary("gelu", "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
+        "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ", Fill::normal, gelu);
+  r.add({.name = "elu",
+         .family = "pointwise",
+         .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",
+         .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)"});
   r.add_case("elu", {"alpha = 1", {{"x", {4, 5}, Fill::away_from_zero}},
                      [](Tape&, std::span<const Var> x) { return elu(x[0]); }});
   r.add_case("elu", {"alpha = 0.5", {{"x", {3, 3}, Fill::away_from_zero}},

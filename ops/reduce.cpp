@@ -145,12 +145,15 @@ void register_reduce(Registry& r) {
     const char* name;
     Var (*all)(Var);
     Var (*along)(Var, int, bool);
+    const char* forward;
     const char* equation;
   };
   for (const Reduction& f :
-       {Reduction{"sum", sum, sum, "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
-        Reduction{"mean", mean, mean, "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
-    r.add({f.name, "reduce", f.equation, {}});
+       {Reduction{"sum", sum, sum, "y[o,i] = Σ_j x[o,j,i] (over one axis, or all of x)",
+                  "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
+        Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
+                  "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
+    r.add({.name = f.name, .family = "reduce", .equation = f.equation, .forward = f.forward});
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };

@@ -40,9 +40,18 @@ Var row_normalize(Var x) {
 }
 
 void register_row_normalize(Registry& r) {
-  r.add({"row_normalize", "row_normalize",
-         "per row, c = 1/(1+‖x‖): x̄ += c·ȳ − c²(⟨x,ȳ⟩/‖x‖)·x; ẏ = c·ẋ − c²(⟨x,ẋ⟩/‖x‖)·x; identity at x = 0",
-         {}});
+  r.add({.name = "row_normalize",
+         .family = "row_normalize",
+         .equation =
+             "per row, c = 1/(1+‖x‖): x̄ += c·ȳ − c²(⟨x,ȳ⟩/‖x‖)·x; ẏ = c·ẋ − c²(⟨x,ẋ⟩/‖x‖)·x; identity at x = 0",
+         // Per element, one flop per operation: forward square, sum, scale; VJP and JVP a dot product (2) and
+         // c·u − k·x (3); √ and the divisions once per row.
+         .cost = [](std::span<const Shape> in, const Shape&) {
+           const double n = static_cast<double>(in[0].numel());
+           return OpCost{3 * n, 5 * n, 5 * n};
+         },
+         .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
+         .derivation = "1.2, 1.3"});
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
   r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});

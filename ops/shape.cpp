@@ -398,13 +398,19 @@ Var concat(std::span<const Var> xs, int axis) {
 }
 
 void register_shape(Registry& r) {
-  r.add({"reshape", "shape", "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)", {}});
+  r.add({.name = "reshape",
+         .family = "shape",
+         .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
+         .forward = "y[l] = x[l] in the new shape (the same row-major order)"});
   auto reshaped = [](Shape s) { return [s](Tape&, std::span<const Var> x) { return reshape(x[0], s); }; };
   r.add_case("reshape", {"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})});
   r.add_case("reshape", {"(4, 6) → (2, 2, 6)", {{"x", {4, 6}}}, reshaped({2, 2, 6})});
   r.add_case("reshape", {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})});
 
-  r.add({"permute", "shape", "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]", {}});
+  r.add({.name = "permute",
+         .family = "shape",
+         .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
+         .forward = "y[o] = x[off(o)]: the axes of x in the order p"});
   auto permuted = [](std::vector<int> p) {
     return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
   };
@@ -419,7 +425,10 @@ void register_shape(Registry& r) {
                            return permute(reshape(x[0], {2, 3, 2, 4}), p);
                          }});
 
-  r.add({"slice", "shape", "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]", {}});
+  r.add({.name = "slice",
+         .family = "shape",
+         .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
+         .forward = "y[o, j, i] = x[o, start + j, i], 0 ≤ j < stop − start"});
   auto sliced = [](int axis, int64_t start, int64_t stop) {
     return [=](Tape&, std::span<const Var> x) { return slice(x[0], axis, start, stop); };
   };
@@ -428,7 +437,10 @@ void register_shape(Registry& r) {
   r.add_case("slice", {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)});
   r.add_case("slice", {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)});
 
-  r.add({"concat", "shape", "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]", {}});
+  r.add({.name = "concat",
+         .family = "shape",
+         .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
+         .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis"});
   auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
   r.add_case("concat", {"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)});
   r.add_case("concat", {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}},

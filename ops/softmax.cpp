@@ -93,8 +93,23 @@ Var softmax(Var x) { return row_distribution<Softmax>(x); }
 Var log_softmax(Var x) { return row_distribution<LogSoftmax>(x); }
 
 void register_softmax(Registry& r) {
-  r.add({"softmax", "softmax", "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)", {}});
-  r.add({"log_softmax", "softmax", "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩", {}});
+  // Per element, one flop per operation (exp as one): forward max, subtract, exp, sum, divide; VJP and JVP a
+  // product, a sum, a subtraction and a product.
+  auto row_map_cost = [](std::span<const Shape> in, const Shape&) {
+    const double n = static_cast<double>(in[0].numel());
+    return OpCost{5 * n, 4 * n, 4 * n};
+  };
+  r.add({.name = "softmax",
+         .family = "softmax",
+         .equation = "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
+         .cost = row_map_cost,
+         .forward = "per row: y = exp(x − max x) / Σ exp(x − max x)",
+         .derivation = "2.1"});
+  r.add({.name = "log_softmax",
+         .family = "softmax",
+         .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
+         .cost = row_map_cost,
+         .forward = "per row: z = x − max x − log Σ exp(x − max x)"});
   struct RowOp {
     const char* name;
     Var (*fn)(Var);

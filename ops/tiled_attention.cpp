@@ -356,10 +356,14 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
 }
 
 void register_tiled_attention(Registry& r) {
-  r.add({kOp, "tiled_attention",
-         "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); "
-         "dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
-         {}, attention_cost});
+  r.add({.name = kOp,
+         .family = "tiled_attention",
+         .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
+                     "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
+                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
+         .cost = attention_cost,
+         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
+         .derivation = "5.6, 2.1"});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };

@@ -130,9 +130,11 @@ void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<const Ten
 }  // namespace
 
 void register_rms_norm(Registry& r) {
-  r.add({"rms_norm", "my_ops",
-         "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
-         {}});
+  r.add({.name = "rms_norm",
+         .family = "my_ops",
+         .equation = "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; "
+                     "ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
+         .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)"});
   r.add_case("rms_norm", {"rows", {{"x", {4, 6}}, {"w", {6}}}, apply_rms_norm});
   r.add_case("rms_norm", {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm});
 }
