@@ -237,6 +237,15 @@ void TrainConfig::validate() const {
 
 std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() ? model.attention : name); }
 
+void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile) {
+  if (grad_clip > 0) clip_grad_norm(model.parameters(), grad_clip);
+  if (profile) profile->mark("optimizer: clip grad norm");
+  opt.step(model.parameters(), lr);
+  if (profile) profile->mark("optimizer: AdamW");
+  model.zero_grad();
+  if (profile) profile->mark("optimizer: zero grad");
+}
+
 TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   TrainConfig cfg = cfg_in;
   const std::string dir = cfg.run_dir();
@@ -388,13 +397,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
       fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
     }
     tape.clear();
-    if (cfg.grad_clip > 0) clip_grad_norm(model.parameters(), cfg.grad_clip);
-    if (prof) prof->mark("optimizer: clip grad norm");
-    opt.step(model.parameters(), lr);
-    if (prof) prof->mark("optimizer: AdamW");
-    model.zero_grad();
+    optimizer_step(model, opt, lr, cfg.grad_clip, prof);
     if (prof) {
-      prof->mark("optimizer: zero grad");
       prof->end_step();
       prof->pause();
     }

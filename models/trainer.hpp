@@ -8,6 +8,7 @@
 
 #include "engine/profile.hpp"
 #include "models/gpt.hpp"
+#include "models/optim.hpp"
 
 namespace tapegrad {
 
@@ -54,6 +55,10 @@ struct TrainResult {
   std::string run_dir, sample;
   std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)
 };
+
+// The end of a training step, after backward: clip the gradients' global norm to `grad_clip` (0: no clipping), an
+// AdamW step at `lr`, zero the gradients; each charged to `profile` as a section when given.
+void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile);
 
 // The text file to train on by default: data/tinyshakespeare.txt of the source tree.
 std::string default_data_path();

@@ -50,7 +50,8 @@ TEST_CASE("profile: each op's forward and backward, and its FLOPs from the regis
   const Profile::Row* mm = find_row(prof, "matmul", true);
   CHECK(mm->forward_flops == doctest::Approx(2.0 * 6 * 5 * 7));
   CHECK(mm->backward_flops == doctest::Approx(4.0 * 6 * 5 * 7));
-  CHECK(find_row(prof, "softmax", true)->forward_flops == 0);  // no products, no cost function
+  CHECK(find_row(prof, "softmax", true)->forward_flops == doctest::Approx(5.0 * 6 * 7));  // its element work
+  CHECK(find_row(prof, "sum", true)->forward_flops == 0);  // no cost function: not counted
   CHECK(find_row(prof, "tape: leaves and glue", false) != nullptr);
   CHECK(find_row(prof, "tape: clear", false) != nullptr);
   CHECK(prof.steps() == 1);

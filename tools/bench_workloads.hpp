@@ -12,6 +12,7 @@
 #include "engine/rng.hpp"
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
+#include "models/trainer.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"
 #include "tools/bench_harness.hpp"
@@ -100,13 +101,8 @@ struct TrainStep {
     Var loss = model.loss(tape, x, y);
     tape.backward(loss);
     tape.clear();
-    clip_grad_norm(model.parameters(), 1.0);
-    if (profile) profile->mark("optimizer: clip grad norm");
-    opt.step(model.parameters(), 1e-3);
-    if (profile) profile->mark("optimizer: AdamW");
-    model.zero_grad();
+    optimizer_step(model, opt, 1e-3, 1.0, profile);
     if (profile) {
-      profile->mark("optimizer: zero grad");
       profile->end_step();
       profile->pause();
     }
