@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/explain.hpp"
 #include "engine/parallel.hpp"
 
 namespace tapegrad {
@@ -25,7 +26,7 @@ void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
 }
 
 constexpr const char* kUsage =
-    "usage: {} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X] [--eps X] [--seed N]\n"
+    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X] [--eps X] [--seed N]\n"
     "          [--full-jacobian-limit N]\n"
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
@@ -36,7 +37,51 @@ constexpr const char* kUsage =
     "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
     "  --eps X                  finite-difference step (default 1e-6)\n"
     "  --seed N                 seed of the random inputs and projections\n"
-    "  --full-jacobian-limit N  full Jacobian when output size × input size ≤ N (default 40000), else projections\n";
+    "  --full-jacobian-limit N  full Jacobian when output size × input size ≤ N (default 40000), else projections\n"
+    "       {0} explain OP [--case NAME] [--shape NAME=D,D,...]... [--json]\n"
+    "One op on one screen: its forward, VJP and JVP, where they are written, what it keeps and costs at a shape,\n"
+    "and its gradcheck there and then (exit 1 if that fails).\n";
+
+// The value after option argv[i]; i moves onto it.
+std::string_view option_value(int& i, int argc, const char* const* argv) {
+  if (i + 1 >= argc) fail("{} needs a value", argv[i]);
+  return argv[++i];
+}
+
+// `explain OP [--case NAME] [--shape NAME=D,D,...]... [--json]` (argv[0] is "explain").
+int explain_main(const Registry& registry, const std::string& program, int argc, const char* const* argv) {
+  try {
+    std::string op;
+    bool json = false;
+    ExplainOptions options;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      auto value = [&] { return option_value(i, argc, argv); };
+      if (arg == "--help" || arg == "-h") {
+        fmt::print(kUsage, program);
+        return 0;
+      } else if (arg == "--case") {
+        options.case_name = value();
+      } else if (arg == "--shape") {
+        options.shapes.push_back(parse_named_shape("--shape", value()));
+      } else if (arg == "--json") {
+        json = true;
+      } else if (!arg.starts_with("-") && op.empty()) {
+        op = arg;
+      } else {
+        fail("explain: unknown argument '{}' (--help lists the options)", arg);
+      }
+    }
+    if (op.empty()) fail("explain needs an op (gradcheck --list names them)");
+    const Explanation e = explain(registry, op, options);
+    fmt::print("{}", json ? explanation_json(e).dump(2) + "\n" : format_explanation(e));
+    return e.check.passed ? 0 : 1;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return 2;
+  }
+}
 
 template <class T>
 T parse_number(std::string_view flag, std::string_view text) {
@@ -128,13 +173,11 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
   GradcheckRun run;
   try {
     int i = 1;
+    if (i < argc && std::string_view(argv[i]) == "explain") return explain_main(registry, program, argc - 1, argv + 1);
     if (i < argc && std::string_view(argv[i]) == "gradcheck") ++i;
     for (; i < argc; ++i) {
       const std::string_view arg = argv[i];
-      auto value = [&]() -> std::string_view {
-        if (i + 1 >= argc) fail("{} needs a value", arg);
-        return argv[++i];
-      };
+      auto value = [&] { return option_value(i, argc, argv); };
       if (arg == "--help" || arg == "-h") {
         fmt::print(kUsage, program);
         return 0;

@@ -1,5 +1,11 @@
 #include "engine/registry.hpp"
 
+#include <algorithm>
+
+#ifndef TAPEGRAD_SOURCE_DIR
+#define TAPEGRAD_SOURCE_DIR "."
+#endif
+
 #include "engine/rng.hpp"
 
 namespace tapegrad {
@@ -47,6 +53,25 @@ void Registry::add_case(std::string_view op, GradcheckCase c) {
       return;
     }
   fail("registry: gradcheck case '{}' names op '{}', which is not registered", c.name, op);
+}
+
+std::string source_text(const std::source_location& where) {
+  if (where.line() == 0) return "?";
+  std::string_view file = where.file_name();
+  constexpr std::string_view root = TAPEGRAD_SOURCE_DIR "/";
+  if (file.starts_with(root)) {
+    file.remove_prefix(root.size());
+  } else {  // a file of another project: from its innermost folder named as one of ours, if any
+    size_t at = 0;
+    bool found = false;
+    for (std::string_view top : {"/engine/", "/ops/", "/models/", "/tools/", "/tests/", "/examples/", "/fuzz/"})
+      if (const size_t p = file.rfind(top); p != std::string_view::npos && (!found || p > at)) {
+        at = p;
+        found = true;
+      }
+    if (found) file.remove_prefix(at + 1);
+  }
+  return fmt::format("{}:{}", file, where.line());
 }
 
 const OpInfo* Registry::find(std::string_view name) const {

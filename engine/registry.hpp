@@ -82,6 +82,10 @@ struct GradcheckCase {
   std::optional<double> atol{}, rtol{};  // only where an op needs other tolerances than the checker's
 };
 
+// "ops/softmax.cpp:96": a source location from the repository's top folder on (engine/, ops/, models/, tools/,
+// tests/, examples/, fuzz/) where its path has one; "?" for an unknown location.
+std::string source_text(const std::source_location& where);
+
 // Floating-point operations of one node: 2 per multiply-add of its matrix products.
 struct OpCost {
   double forward = 0, backward = 0, jvp = 0;

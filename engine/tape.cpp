@@ -18,6 +18,35 @@ const Tape::ValueRec& Tape::rec(const Var& v, std::string_view op) const {
   return values_[v.id_];
 }
 
+const Tape::ValueRec& Tape::at(uint32_t id) const {
+  if (id >= values_.size()) fail("tape: value #{} does not exist (the tape holds {} values)", id, values_.size());
+  return values_[id];
+}
+
+std::string_view Tape::scope_of(uint32_t id) const {
+  const uint32_t s = at(id).scope;
+  return s == 0 ? std::string_view() : std::string_view(scopes_[s - 1].name);
+}
+
+std::optional<uint32_t> Tape::backward_output() const {
+  return backward_done_ ? std::optional<uint32_t>(backward_output_) : std::nullopt;
+}
+
+TapeScope::TapeScope(Tape& t, std::string_view name) : tape_(t), previous_(t.scope_) {
+  if (name.empty()) fail("TapeScope: a scope needs a name");
+  auto& scopes = t.scopes_;
+  for (size_t i = 0; i < scopes.size(); ++i)
+    if (scopes[i].parent == previous_ && std::string_view(scopes[i].name).substr(scopes[i].last) == name) {
+      t.scope_ = static_cast<uint32_t>(i + 1);
+      return;
+    }
+  std::string full = previous_ == 0 ? std::string() : scopes[previous_ - 1].name + '.';
+  const size_t last = full.size();
+  full += name;
+  scopes.push_back({std::move(full), previous_, last});
+  t.scope_ = static_cast<uint32_t>(scopes.size());
+}
+
 // ---- anomaly detection ----
 
 namespace {
@@ -98,7 +127,7 @@ void Tape::profile_recorded(const char* op, std::span<const Var> inputs, const T
 }
 
 Var Tape::add_value(Tensor value, bool requires_grad) {
-  values_.push_back(ValueRec{std::move(value), Tensor{}, Tensor{}, requires_grad});
+  values_.push_back(ValueRec{std::move(value), Tensor{}, Tensor{}, requires_grad, true, false, false, scope_});
   return Var(this, static_cast<uint32_t>(values_.size() - 1), generation_);
 }
 
@@ -123,6 +152,7 @@ Var Tape::param(const Tensor& value, const Tensor& grad) {
          value.shape());
   Var v = leaf(value, true);
   values_[v.id_].grad = grad;
+  values_[v.id_].param = true;
   return v;
 }
 
@@ -172,7 +202,7 @@ void Tape::ensure_grad(uint32_t id) {
 
 void Tape::release_grad(uint32_t id) {
   ValueRec& r = values_[id];
-  if (r.leaf || r.retain_grad || !r.grad.defined()) return;
+  if (r.leaf || r.retain_grad || retain_grads_ || !r.grad.defined()) return;
   spare_grads_.push_back({r.grad.raw(), r.grad.nbytes()});
   r.grad = Tensor{};
 }
@@ -208,6 +238,7 @@ void Tape::backward(Var y, const Tensor& seed) {
            element_index(seed.shape(), bad));
   }
   backward_done_ = true;
+  backward_output_ = y.id_;
   if (profile_) [[unlikely]]
     profile_->mark(kLeavesAndGlue);
   ensure_grad(y.id_);
@@ -274,6 +305,7 @@ void Tape::clear() {
   spare_grads_.clear();
   arena_.reset();
   arena_mark_ = 0;
+  if (scope_ == 0) scopes_.clear();  // an open scope's name must outlive it
   ++generation_;
   backward_done_ = false;
   if (profile_) [[unlikely]]

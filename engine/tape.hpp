@@ -12,7 +12,8 @@
 // Gradients of intermediate values (outputs of nodes) live only while backward needs them: once the node that
 // produced a value has run its VJP, the value's gradient buffer goes back to the tape, and a later gradient of
 // the same size or smaller reuses it, so backward holds a few gradients at a time instead of one per value.
-// retain_grad(v) keeps v's gradient readable after backward. Leaves (inputs, parameters) always keep theirs.
+// retain_grad(v) keeps v's gradient readable after backward, set_retain_grads(true) every value's (at the cost of
+// one gradient per value). Leaves (inputs, parameters) always keep theirs.
 //
 // Anomaly detection (off by default): every recorded output, every leaf, every gradient a VJP adds into and
 // every tangent a JVP produces is checked for NaN and ±∞; the first one found throws an Error
@@ -24,8 +25,10 @@
 #include <functional>
 #include <initializer_list>
 #include <new>
+#include <optional>
 #include <source_location>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -36,6 +39,7 @@
 namespace tapegrad {
 
 class Tape;
+class TapeScope;
 class Profile;
 
 class Var {
@@ -113,6 +117,9 @@ class Tape {
   void backward(Var y, const Tensor& seed);
   // Keeps the gradient of v, an intermediate value, readable through v.grad() after backward.
   void retain_grad(Var v);
+  // Keeps the gradients of all intermediate values (as retain_grad does for one), from the next backward on.
+  void set_retain_grads(bool on) { retain_grads_ = on; }
+  bool retain_grads() const { return retain_grads_; }
 
   // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
   void set_tangent(Var leaf, const Tensor& tangent);
@@ -142,13 +149,33 @@ class Tape {
   Tensor grad(const Var& v) const { return rec(v).grad; }
   bool requires_grad(const Var& v) const { return rec(v).requires_grad; }
 
+  // The recording read by value id (0 ≤ id < num_values(), in the order made; Node::out and Node::inputs are
+  // ids), for tools that inspect or draw a tape (engine/tape_dot.hpp). Each throws for an id out of range.
+  const Tensor& value_at(uint32_t id) const { return at(id).value; }
+  Tensor grad_at(uint32_t id) const { return at(id).grad; }  // undefined where none is held (see the top)
+  bool requires_grad_at(uint32_t id) const { return at(id).requires_grad; }
+  bool is_leaf(uint32_t id) const { return at(id).leaf; }    // made by leaf(), param() or constant()
+  bool is_param(uint32_t id) const { return at(id).param; }  // made by param(): its gradient is the caller's
+  // The name of the TapeScope open when the value was made ("" outside every scope).
+  std::string_view scope_of(uint32_t id) const;
+  // The value backward was called on, once it has been in this recording.
+  std::optional<uint32_t> backward_output() const;
+
  private:
   friend class NoGradGuard;
+  friend class TapeScope;
   struct ValueRec {
     Tensor value, grad, tangent;
     bool requires_grad;
     bool leaf = true;          // not the output of a recorded node
     bool retain_grad = false;  // an intermediate whose gradient outlives backward
+    bool param = false;        // made by param()
+    uint32_t scope = 0;        // 1 + its index in scopes_; 0: outside every scope
+  };
+  struct ScopeRec {
+    std::string name;  // the full name, "transformer.h.0.attn"
+    uint32_t parent;   // as ValueRec::scope
+    size_t last;       // where its last component starts in name
   };
   struct SpareGrad {  // an arena buffer of a released gradient
     void* data;
@@ -167,6 +194,7 @@ class Tape {
 
   // The record of v; throws naming `op` (when given) if v is not a live value of this tape.
   const ValueRec& rec(const Var& v, std::string_view op = {}) const;
+  const ValueRec& at(uint32_t id) const;
   // Anomaly detection: throws if `out`, the output of `op` on `inputs` (or a leaf), holds a NaN or ±∞.
   void check_output(const char* op, std::span<const Var> inputs, const Tensor& out) const;
   // Anomaly detection after node n's VJP (gin = the gradients it added into) or JVP (tout).
@@ -185,10 +213,14 @@ class Tape {
   std::vector<Node*> nodes_;
   std::vector<Tensor> scratch_;
   std::vector<SpareGrad> spare_grads_;
+  std::vector<ScopeRec> scopes_;  // every scope opened since clear(), each name once
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
   uint32_t generation_ = 1;
+  uint32_t scope_ = 0;     // the open scope, as ValueRec::scope
+  uint32_t backward_output_ = 0;  // the value backward was called on, once backward_done_
   bool recording_ = true;
   bool backward_done_ = false;
+  bool retain_grads_ = false;
   bool detect_anomaly_ = false;
   Profile* profile_ = nullptr;
 };
@@ -204,6 +236,22 @@ class NoGradGuard {
  private:
   Tape& tape_;
   bool was_;
+};
+
+// Names what is recorded while it lives: each value made within it records the scope's name, nested scopes
+// joined with '.' (TapeScope(tape, "transformer.h.0") around TapeScope(tape, "attn"): "transformer.h.0.attn"),
+// for the drawing to group by (engine/tape_dot.hpp). Values and numbers are otherwise unchanged. A name is stored
+// once per recording, so a value costs a 4-byte index; clear() forgets the names unless a scope is open across it.
+class TapeScope {
+ public:
+  TapeScope(Tape& t, std::string_view name);
+  ~TapeScope() { tape_.scope_ = previous_; }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  Tape& tape_;
+  uint32_t previous_;
 };
 
 // A differentiable function of tensors, built from ops on a tape.

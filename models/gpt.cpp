@@ -172,16 +172,50 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
   Tensor positions = tape.empty(DType::i32, {T});
   for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t);
 
-  Var x = embedding(tape.constant(idx), p[wte_]) + embedding(tape.constant(positions), p[wpe_]);  // (B,T,C)
-  x = dropout(tape, x, dropout_seed);
-  for (const Block& blk : blocks_) {
-    x = x + dropout(tape, attention_block(tape, p, blk, norm(x, blk.ln_1_w, blk.ln_1_b)), dropout_seed);
-    // c_proj(gelu(c_fc(ln_2(x)))) as one node (ops/mlp.cpp)
-    Var hdn = mlp(norm(x, blk.ln_2_w, blk.ln_2_b), p[blk.c_fc_w], blk.c_fc_b == kNone ? Var{} : p[blk.c_fc_b],
-                  p[blk.mlp_proj_w], blk.mlp_proj_b == kNone ? Var{} : p[blk.mlp_proj_b]);
-    x = x + dropout(tape, hdn, dropout_seed);
+  // Scopes name the nodes after nanoGPT's modules (for tape_to_dot's grouping); they change no number.
+  Var tok, pos;
+  {
+    TapeScope scope(tape, "transformer.wte");
+    tok = embedding(tape.constant(idx), p[wte_]);
   }
-  x = norm(x, ln_f_w_, ln_f_b_);
+  {
+    TapeScope scope(tape, "transformer.wpe");
+    pos = embedding(tape.constant(positions), p[wpe_]);
+  }
+  Var x = tok + pos;  // (B,T,C)
+  x = dropout(tape, x, dropout_seed);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& blk = blocks_[l];
+    TapeScope block(tape, fmt::format("transformer.h.{}", l));
+    Var a;
+    {
+      TapeScope scope(tape, "ln_1");
+      a = norm(x, blk.ln_1_w, blk.ln_1_b);
+    }
+    {
+      TapeScope scope(tape, "attn");
+      a = dropout(tape, attention_block(tape, p, blk, a), dropout_seed);
+    }
+    x = x + a;
+    {
+      TapeScope scope(tape, "ln_2");
+      a = norm(x, blk.ln_2_w, blk.ln_2_b);
+    }
+    {
+      TapeScope scope(tape, "mlp");
+      // c_proj(gelu(c_fc(ln_2(x)))) as one node (ops/mlp.cpp)
+      a = dropout(tape,
+                  mlp(a, p[blk.c_fc_w], blk.c_fc_b == kNone ? Var{} : p[blk.c_fc_b], p[blk.mlp_proj_w],
+                      blk.mlp_proj_b == kNone ? Var{} : p[blk.mlp_proj_b]),
+                  dropout_seed);
+    }
+    x = x + a;
+  }
+  {
+    TapeScope scope(tape, "transformer.ln_f");
+    x = norm(x, ln_f_w_, ln_f_b_);
+  }
+  TapeScope scope(tape, "lm_head");
   return linear(x, p[wte_]);  // tied head: logits = x·wteᵀ  (B, T, V)
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "engine/graphviz.hpp"
 #include "engine/rng.hpp"
 
 extern char** environ;
@@ -69,22 +70,6 @@ std::string load_average() {
   return fmt::format("{:.2f} {:.2f} {:.2f}", a, b, c);
 }
 
-std::string find_program(const std::string& name) {
-  if (name.empty()) return "";
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  for (size_t start = 0; start <= dirs.size();) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string dir = dirs.substr(start, end - start);
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
 // ---- child processes ------------------------------------------------------------------------------------------
 
 ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
@@ -124,7 +109,7 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
 // ---- the PyTorch side -----------------------------------------------------------------------------------------
 
 TorchSide::TorchSide(const BenchArgs& a, int threads) {
-  const std::string python = find_program(a.python);
+  const std::string python = find_program(a.python).value_or("");
   if (python.empty()) {
     why_ = fmt::format("cannot start {}: no such program (give a path, or a name on PATH)", a.python);
     return;

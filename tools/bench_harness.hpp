@@ -53,8 +53,6 @@ std::string first_line_with(const std::string& path, const std::string& key);  /
 std::vector<std::string> mapped_libraries(const std::string& part);  // shared objects mapped whose path has `part`
 std::string load_average();
 
-// An executable's path: NAME itself if it holds a '/', else the first NAME on PATH that can be run; empty if none.
-std::string find_program(const std::string& name);
 
 // ---- child processes ------------------------------------------------------------------------------------------
 

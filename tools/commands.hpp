@@ -6,10 +6,12 @@
 namespace tapegrad::cli {
 
 void add_gradcheck_command(CLI::App& app);
+void add_explain_command(CLI::App& app);
 void add_training_commands(CLI::App& app);  // train, sample
 void add_compare_command(CLI::App& app);
 void add_evaluate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_graph_command(CLI::App& app);
 }  // namespace tapegrad::cli
 namespace tapegrad { struct TrainConfig; }
 namespace tapegrad::cli {

@@ -57,10 +57,12 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
   tapegrad::cli::add_gradcheck_command(app);
+  tapegrad::cli::add_explain_command(app);
   tapegrad::cli::add_training_commands(app);
   tapegrad::cli::add_compare_command(app);
   tapegrad::cli::add_evaluate_command(app);
   tapegrad::cli::add_bench_command(app);
+  tapegrad::cli::add_graph_command(app);
   try {
     std::vector<std::string> args = tapegrad::cli::arguments_with_config_file(argc, argv);
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector of arguments last first

@@ -1,0 +1,244 @@
+#include "engine/explain.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+namespace tapegrad {
+
+namespace {
+
+// Letters with a dot above, as UTF-8: the tangents a JVP's left-hand side names.
+constexpr std::string_view kDotted[] = {"ẏ", "Ẏ", "ż", "Ż", "ȧ", "Ȧ", "ḃ", "Ḃ", "ẋ", "Ẋ", "ȯ", "Ȯ", "ṡ", "Ṡ",
+                                         "ẇ", "Ẇ", "ṗ", "Ṗ", "ṙ", "Ṙ", "ġ", "Ġ", "ḋ", "Ḋ", "ċ", "Ċ", "ė", "Ė"};
+constexpr std::string_view kCombiningDot = "\xcc\x87";  // U+0307, after a base letter: L̇
+
+bool starts_with_tangent(std::string_view s) {
+  for (std::string_view d : kDotted)
+    if (s.starts_with(d)) return true;
+  // A base letter (one byte, or a two-byte sequence) followed by the combining dot.
+  return s.size() >= 3 && (s.substr(1, 2) == kCombiningDot || (s.size() >= 4 && s.substr(2, 2) == kCombiningDot));
+}
+
+// "2.1, 1.1" → the headings "### 2.1 ..." of the derivations file, or the numbers where it cannot be read.
+std::vector<std::string> derivation_sections(const std::string& numbers, const std::string& path) {
+  std::vector<std::string> wanted, found;
+  for (size_t start = 0; start < numbers.size();) {
+    size_t end = numbers.find(',', start);
+    if (end == std::string::npos) end = numbers.size();
+    std::string n = numbers.substr(start, end - start);
+    n.erase(0, n.find_first_not_of(' '));
+    n.erase(n.find_last_not_of(' ') + 1);
+    if (!n.empty()) wanted.push_back(n);
+    start = end + 1;
+  }
+  std::vector<std::string> headings;
+  if (!path.empty()) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);)
+      if (line.starts_with("### ")) headings.push_back(line.substr(4));
+  }
+  for (const std::string& n : wanted) {
+    auto h = std::find_if(headings.begin(), headings.end(), [&](const std::string& t) { return t.starts_with(n + " "); });
+    found.push_back(h == headings.end() ? n : *h);
+  }
+  return found;
+}
+
+std::string names_of(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
+std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text) {
+  const auto eq = text.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    fail("{}: expected NAME=D,D,... (an input's name and its dimensions), got '{}'", option, text);
+  std::vector<int64_t> dims;
+  std::string_view rest = text.substr(eq + 1);
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view d = rest.substr(0, comma);
+    int64_t v = 0;
+    if (d.empty() || d.size() > 9 || d.find_first_not_of("0123456789") != std::string_view::npos)
+      fail("{}: '{}' in '{}' is not a dimension (a whole number below 10⁹)", option, d, text);
+    for (char ch : d) v = v * 10 + (ch - '0');
+    dims.push_back(v);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (comma != std::string_view::npos && rest.empty()) fail("{}: '{}' ends with a comma", option, text);
+  }
+  if (dims.size() > static_cast<size_t>(Shape::kMaxRank))
+    fail("{}: '{}' has {} dimensions; at most {}", option, text, dims.size(), Shape::kMaxRank);
+  double elements = 1;
+  for (int64_t d : dims) elements *= static_cast<double>(d);
+  if (elements > 1e12) fail("{}: '{}' has {:.3g} elements", option, text, elements);
+  return {std::string(text.substr(0, eq)), Shape(std::span<const int64_t>(dims))};
+}
+
+std::pair<std::string, std::string> split_equation(std::string_view equation) {
+  for (size_t at = equation.find("; "); at != std::string_view::npos; at = equation.find("; ", at + 2))
+    if (starts_with_tangent(equation.substr(at + 2)))
+      return {std::string(equation.substr(0, at)), std::string(equation.substr(at + 2))};
+  return {std::string(equation), ""};
+}
+
+Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options) {
+  const OpInfo* info = registry.find(op);
+  if (!info) {
+    std::vector<std::string> names;
+    for (const auto& o : registry.ops()) names.push_back(o.name);
+    fail("explain: no op '{}'; the registered ops are {}", op, names_of(names));
+  }
+  if (info->cases.empty()) fail("explain: op '{}' has no gradcheck case to run", op);
+  const GradcheckCase* c = &info->cases.front();
+  if (!options.case_name.empty()) {
+    auto it = std::find_if(info->cases.begin(), info->cases.end(),
+                           [&](const GradcheckCase& x) { return x.name == options.case_name; });
+    if (it == info->cases.end()) {
+      std::vector<std::string> names;
+      for (const auto& x : info->cases) names.push_back("'" + x.name + "'");
+      fail("explain: op '{}' has no case '{}'; its cases are {}", op, options.case_name, names_of(names));
+    }
+    c = &*it;
+  }
+  std::vector<InputSpec> specs = c->inputs;
+  for (const auto& [name, shape] : options.shapes) {
+    auto it = std::find_if(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == name; });
+    if (it == specs.end()) {
+      std::vector<std::string> names;
+      for (const auto& s : specs) names.push_back(s.name);
+      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name, names_of(names));
+    }
+    // explain runs the case in float64 with finite differences per element: keep it to a screenful of work
+    constexpr int64_t kMaxElements = int64_t{1} << 20;
+    if (shape.numel() > kMaxElements)
+      fail("explain: input '{}' of shape {} has {} elements; at most {} for explain", name, shape, shape.numel(),
+           kMaxElements);
+    it->shape = shape;
+  }
+
+  Explanation e;
+  e.op = info->name;
+  e.family = info->family;
+  e.forward = info->forward;
+  std::tie(e.vjp, e.jvp) = split_equation(info->equation);
+  e.sections = derivation_sections(info->derivation, options.derivations_path);
+  e.registered_at = source_text(info->registered_at);
+  e.case_name = c->name;
+  e.shapes_given = !options.shapes.empty();
+  for (const auto& s : specs) e.inputs.emplace_back(s.name, s.shape);
+
+  // The node in float32, as it trains: what it keeps, and its cost at these shapes.
+  {
+    Tape tape;
+    std::vector<Tensor> xs = make_inputs(specs, DType::f32, options.gradcheck.seed);
+    std::vector<Var> vars;
+    for (size_t i = 0; i < xs.size(); ++i) vars.push_back(tape.leaf(xs[i], specs[i].differentiable()));
+    c->build(tape, vars);
+    for (size_t i = 0; i < tape.num_nodes(); ++i) {
+      const Node& n = tape.node(i);
+      if (n.op != info->name) continue;
+      if (e.nodes++ == 0) e.recorded_at = source_text(n.where);
+      e.bytes_kept += static_cast<int64_t>(n.bytes_kept);
+      e.output = tape.value_at(n.out).shape();
+      if (info->cost) {
+        std::vector<Shape> in;
+        for (uint32_t id : n.inputs) in.push_back(tape.value_at(id).shape());
+        const OpCost k = info->cost(in, e.output);
+        if (!e.cost) e.cost = OpCost{};
+        e.cost->forward += k.forward;
+        e.cost->backward += k.backward;
+        e.cost->jvp += k.jvp;
+      }
+    }
+    if (e.nodes == 0) fail("explain: case '{}' of '{}' records no '{}' node", c->name, op, op);
+  }
+  GradcheckCase at_shapes = *c;  // the registered case, at the shapes asked for
+  at_shapes.inputs = specs;
+  e.check = gradcheck(at_shapes, options.gradcheck, info->name);
+  return e;
+}
+
+namespace {
+
+std::string flops(double f) {
+  if (f >= 1e9) return fmt::format("{:.3g} GFLOP", f / 1e9);
+  if (f >= 1e6) return fmt::format("{:.3g} MFLOP", f / 1e6);
+  if (f >= 1e3) return fmt::format("{:.3g} kFLOP", f / 1e3);
+  return fmt::format("{:.0f} FLOP", f);
+}
+
+std::string bytes(int64_t b) {
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+  return fmt::format("{} bytes", b);
+}
+
+}  // namespace
+
+std::string format_explanation(const Explanation& e) {
+  std::string s = fmt::format("{} ({})\n", e.op, e.family);
+  s += fmt::format("  forward    {}\n", e.forward.empty() ? "(not given at registration)" : e.forward);
+  s += fmt::format("  VJP        {}\n", e.vjp);
+  s += fmt::format("  JVP        {}\n", e.jvp.empty() ? "(none: forward mode is not defined for it)" : e.jvp);
+  s += fmt::format("  code       {} (the node: forward, VJP and JVP); registered at {}\n", e.recorded_at,
+                   e.registered_at);
+  if (e.sections.empty()) s += "  derivation a textbook rule (no section in docs/derivations.md)\n";
+  for (size_t i = 0; i < e.sections.size(); ++i)
+    s += fmt::format("  {} docs/derivations.md § {}\n", i == 0 ? "derivation" : "          ", e.sections[i]);
+  std::string in;
+  for (const auto& [name, shape] : e.inputs) in += fmt::format("{}{} {}", in.empty() ? "" : ", ", name, shape.str());
+  s += fmt::format("\nat case '{}'{}: inputs {} → output {}\n", e.case_name,
+                   e.shapes_given ? " (its map, at the shapes given)" : "", in, e.output.str());
+  s += fmt::format("  keeps      {} in float32 for backward ({} node{}: the output and what its VJP and JVP reuse)\n",
+                   bytes(e.bytes_kept), e.nodes, e.nodes == 1 ? "" : "s");
+  if (e.cost)
+    s += fmt::format("  FLOPs      forward {}, VJP {}, JVP {}\n", flops(e.cost->forward), flops(e.cost->backward),
+                     flops(e.cost->jvp));
+  else
+    s += "  FLOPs      not counted (the op registers no cost function)\n";
+  s += "\ngradcheck, float64, there and then:\n";
+  s += e.check.str();
+  return s;
+}
+
+nlohmann::json explanation_json(const Explanation& e) {
+  nlohmann::json inputs = nlohmann::json::array();
+  for (const auto& [name, shape] : e.inputs) inputs.push_back({{"name", name}, {"shape", shape.str()}});
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : e.check.checks)
+    checks.push_back({{"input", c.input},
+                      {"check", c.check},
+                      {"max_abs_err", c.max_abs_err},
+                      {"max_rel_err", c.max_rel_err},
+                      {"passed", c.passed},
+                      {"skipped", c.skipped}});
+  nlohmann::json diagnoses = nlohmann::json::array();
+  for (const auto& d : e.check.diagnoses) diagnoses.push_back(d.str());
+  return {{"op", e.op},
+          {"family", e.family},
+          {"forward", e.forward},
+          {"vjp", e.vjp},
+          {"jvp", e.jvp},
+          {"recorded_at", e.recorded_at},
+          {"registered_at", e.registered_at},
+          {"derivation", e.sections},
+          {"case", e.case_name},
+          {"shapes_given", e.shapes_given},
+          {"inputs", inputs},
+          {"output", e.output.str()},
+          {"nodes", e.nodes},
+          {"bytes_kept", e.bytes_kept},
+          {"flops", e.cost ? nlohmann::json{{"forward", e.cost->forward}, {"vjp", e.cost->backward},
+                                            {"jvp", e.cost->jvp}}
+                           : nlohmann::json(nullptr)},
+          {"gradcheck", {{"passed", static_cast<bool>(e.check.passed)}, {"checks", checks}, {"diagnoses", diagnoses}}}};
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,55 @@
+// One op on one screen, from what the code already knows: its forward map and derivatives (the registry), where
+// they are written (the node's record call, the registration), the sections of docs/derivations.md that derive
+// them, what its node keeps for backward and what it costs at a shape (the tape, the op's cost function), and its
+// gradcheck there and then. `tapegrad explain OP` prints it; gradcheck_main gives a program of one's own ops the
+// same `explain OP` (engine/gradcheck_cli.hpp).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/gradcheck.hpp"
+
+namespace tapegrad {
+
+struct ExplainOptions {
+  std::string case_name;                              // the gradcheck case to run; empty: the op's first
+  std::vector<std::pair<std::string, Shape>> shapes;  // input name → shape, in place of the case's
+  std::string derivations_path;  // docs/derivations.md, to name its sections; empty or unreadable: numbers only
+  GradcheckOptions gradcheck;
+};
+
+struct Explanation {
+  std::string op, family, forward, vjp, jvp;
+  std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
+  std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
+  std::string registered_at;           // file:line of its registration
+  std::string case_name;
+  bool shapes_given = false;  // the case's map at shapes of ExplainOptions::shapes
+  std::vector<std::pair<std::string, Shape>> inputs;  // the case's inputs at the shapes explained
+  Shape output;
+  int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
+  int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
+  std::optional<OpCost> cost;  // FLOPs of forward, VJP and JVP; nothing when the op has no cost function
+  GradcheckReport check;
+};
+
+// Throws Error for an op or case the registry does not have (naming the ones it has), an input name the case
+// does not have, or shapes the op rejects.
+Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options = {});
+std::string format_explanation(const Explanation& e);
+nlohmann::json explanation_json(const Explanation& e);
+
+// "x=4,6" → {"x", (4, 6)}; "x=" is a scalar. Throws an Error naming `option` for anything else.
+std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text);
+
+// The registry's one-line equation cut into the VJP and the JVP: the JVP begins at the first "; "-separated part
+// whose left-hand side is a tangent (a dotted letter: ẏ, ż, Ȯ, L̇, ...). An equation with none has no JVP ("").
+std::pair<std::string, std::string> split_equation(std::string_view equation);
+
+}  // namespace tapegrad

@@ -1,0 +1,117 @@
+// tapegrad explain's library side: every built-in op explains itself (forward, VJP, JVP, the node's file and line,
+// derivation sections that exist, bytes, FLOPs where counted, a passing gradcheck), and its parts hold.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/explain.hpp"
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+ExplainOptions with_docs() {
+  ExplainOptions o;
+  o.derivations_path = std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("explain: every registered op has its forward, VJP and JVP, its node's file and a passing check") {
+  for (const OpInfo& op : builtin_registry().ops()) {
+    INFO("op: " << op.name);
+    const Explanation e = explain(builtin_registry(), op.name, with_docs());
+    CHECK(!e.forward.empty());
+    CHECK(!e.vjp.empty());
+    CHECK(!e.jvp.empty());  // every built-in op has a forward-mode rule
+    CHECK(e.recorded_at.starts_with("ops/" + op.family + "."));
+    CHECK(e.registered_at.starts_with("ops/" + op.family + ".cpp:"));
+    CHECK(e.nodes >= 1);
+    CHECK((e.bytes_kept > 0 || op.name == "reshape"));  // reshape is a view of its input: it keeps nothing
+    CHECK(e.check.passed);
+    CHECK(!format_explanation(e).empty());
+    CHECK(explanation_json(e)["op"] == op.name);
+  }
+}
+
+TEST_CASE("explain: each derivation section an op names is a heading of docs/derivations.md") {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  int named = 0;
+  for (const OpInfo& op : builtin_registry().ops()) {
+    const Explanation e = explain(builtin_registry(), op.name, with_docs());
+    for (const std::string& s : e.sections) {
+      INFO("op " << op.name << " names section " << s);
+      // A section found in the file is given with its title; one not found stays a bare number.
+      CHECK(s.find(' ') != std::string::npos);
+      ++named;
+    }
+  }
+  CHECK(named >= 8);  // the attention family, softmax and β are derived there
+  const Explanation row = explain(builtin_registry(), "row_normalize", with_docs());
+  REQUIRE(!row.sections.empty());
+  CHECK(row.sections.front().starts_with("1.2 β(x) = x/(1 + ‖x‖)"));
+}
+
+TEST_CASE("explain: matmul's FLOPs at a shape are 2·m·k·n forward and twice that for the VJP and the JVP") {
+  ExplainOptions o;
+  o.shapes = {{"a", Shape{6, 5}}, {"b", Shape{5, 7}}};
+  const Explanation e = explain(builtin_registry(), "matmul", o);
+  REQUIRE(e.cost.has_value());
+  CHECK(e.cost->forward == doctest::Approx(2.0 * 6 * 5 * 7));
+  CHECK(e.cost->backward == doctest::Approx(4.0 * 6 * 5 * 7));
+  CHECK(e.cost->jvp == doctest::Approx(4.0 * 6 * 5 * 7));
+  CHECK(e.output == Shape{6, 7});
+  CHECK(e.check.passed);
+  // The bytes the node keeps are its float32 output, in whole 64-byte arena blocks.
+  CHECK(e.bytes_kept >= 6 * 7 * 4);
+  CHECK(e.bytes_kept < 6 * 7 * 4 + 128);
+}
+
+TEST_CASE("explain: ops without a cost function say so; errors name what exists") {
+  const Explanation e = explain(builtin_registry(), "add");
+  CHECK(!e.cost.has_value());
+  CHECK(format_explanation(e).find("not counted") != std::string::npos);
+  testing::check_message(testing::error_of([] { explain(builtin_registry(), "nosuch"); }), "explain",
+                         {"no op 'nosuch'", "softmax", "attention"});
+  testing::check_message(testing::error_of([] {
+                           ExplainOptions o;
+                           o.case_name = "nosuch";
+                           explain(builtin_registry(), "softmax", o);
+                         }),
+                         "explain", {"no case 'nosuch'", "its cases are"});
+  testing::check_message(testing::error_of([] {
+                           ExplainOptions o;
+                           o.shapes = {{"q", Shape{2}}};
+                           explain(builtin_registry(), "softmax", o);
+                         }),
+                         "explain", {"no input 'q'", "its inputs are x"});
+  testing::check_message(testing::error_of([] {
+                           ExplainOptions o;
+                           o.shapes = {{"x", Shape{4096, 4096}}};
+                           explain(builtin_registry(), "softmax", o);
+                         }),
+                         "explain", {"16777216 elements", "at most"});
+}
+
+TEST_CASE("split_equation: the JVP starts at the first part whose left side is a tangent") {
+  CHECK(split_equation("x̄ += y·ȳ; ẏ = y·ẋ") == std::pair<std::string, std::string>{"x̄ += y·ȳ", "ẏ = y·ẋ"});
+  CHECK(split_equation("dV += AᵀG; dS = A ⊙ G; Ȯ = AV̇") ==
+        std::pair<std::string, std::string>{"dV += AᵀG; dS = A ⊙ G", "Ȯ = AV̇"});
+  CHECK(split_equation("x̄_r += p_r − e; L̇ = ⟨p, ẋ⟩; targets not differentiable").second ==
+        "L̇ = ⟨p, ẋ⟩; targets not differentiable");
+  CHECK(split_equation("x̄ += ȳ/(1 + |x|)²; no JVP").second.empty());
+}
+
+TEST_CASE("parse_named_shape: NAME=D,D,... and one-line errors") {
+  CHECK(parse_named_shape("--shape", "x=4,6") == std::pair<std::string, Shape>{"x", Shape{4, 6}});
+  CHECK(parse_named_shape("--shape", "s=") == std::pair<std::string, Shape>{"s", Shape{}});
+  for (const char* bad : {"x", "=4", "x=4,", "x=a", "x=-1", "x=1,2,3,4,5,6,7", "x=999999,999999,999999"})
+    CHECK_MESSAGE(testing::error_of([&] { parse_named_shape("--shape", bad); }).starts_with("--shape: "), bad);
+}

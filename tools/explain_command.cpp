@@ -1,0 +1,59 @@
+// tapegrad explain OP: one op's forward, VJP and JVP, where they are written and derived, what its node keeps and
+// costs at a shape, and its gradcheck there and then (engine/explain.hpp). With no op: the list of ops.
+#include <fmt/core.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "engine/explain.hpp"
+#include "engine/gradcheck_cli.hpp"
+#include "ops/ops.hpp"
+#include "tools/commands.hpp"
+
+#ifndef TAPEGRAD_SOURCE_DIR
+#define TAPEGRAD_SOURCE_DIR "."
+#endif
+
+namespace tapegrad::cli {
+
+namespace {
+
+struct ExplainArgs {
+  std::string op;
+  std::vector<std::string> shapes;  // NAME=D,D,...
+  bool json = false;
+  ExplainOptions options;
+};
+
+}  // namespace
+
+void add_explain_command(CLI::App& app) {
+  auto args = std::make_shared<ExplainArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "explain", "One op on one screen: its forward, VJP and JVP, where they are written and derived, what it keeps "
+                 "and costs at a shape, and its gradcheck; with no op, the list of ops");
+  cmd->add_option("op", args->op, "The op, as gradcheck --list names it");
+  cmd->add_option("--case", args->options.case_name, "The gradcheck case to explain (default: the op's first)");
+  cmd->add_option("--shape", args->shapes,
+                  "An input's shape in place of the case's, NAME=D,D,... (repeatable; NAME= for a scalar)");
+  cmd->add_flag("--json", args->json, "Print the same as one JSON object");
+  cmd->callback([args] {
+    if (args->op.empty()) {
+      GradcheckRun list;
+      list.list = true;
+      list.json = args->json;
+      run_gradcheck(builtin_registry(), list);
+      return;
+    }
+    for (const std::string& s : args->shapes) args->options.shapes.push_back(parse_named_shape("--shape", s));
+    args->options.derivations_path = std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md";
+    const Explanation e = explain(builtin_registry(), args->op, args->options);
+    if (args->json)
+      fmt::print("{}\n", explanation_json(e).dump(2));
+    else
+      fmt::print("{}", format_explanation(e));
+    if (!e.check.passed) set_exit_code(1);
+  });
+}
+
+}  // namespace tapegrad::cli

@@ -1,0 +1,202 @@
+// tapegrad graph: the tape of a computation drawn by Graphviz (engine/tape_dot.hpp): an op's gradcheck case, or
+// one training step of a small GPT, with the gradients after backward.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "engine/gradcheck.hpp"
+#include "engine/rng.hpp"
+#include "engine/tape_dot.hpp"
+#include "models/files.hpp"
+#include "models/gpt.hpp"
+#include "ops/ops.hpp"
+#include "tools/commands.hpp"
+
+namespace tapegrad::cli {
+
+namespace {
+
+struct GraphArgs {
+  std::string op, case_name;
+  bool model = false, backward = false, group = false;
+  std::string format = "svg", out;
+  size_t max_nodes = DotOptions{}.max_nodes;
+  uint64_t seed = GradcheckOptions{}.seed;  // an op case's inputs are the ones tapegrad gradcheck checks
+  GPTConfig gpt = [] {
+    GPTConfig c;
+    c.n_layer = 1;
+    return c;
+  }();
+  int64_t batch_size = 2;
+};
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+  return s;
+}
+
+// --case within --op, --op's first case, or --case searched across every op.
+std::pair<const OpInfo*, const GradcheckCase*> find_case(const Registry& registry, const GraphArgs& a) {
+  if (!a.op.empty()) {
+    const OpInfo* op = registry.find(a.op);
+    if (!op) {
+      std::string names;
+      for (const OpInfo& o : registry.ops()) names += (names.empty() ? "" : ", ") + o.name;
+      fail("graph: unknown op '{}'; the ops are {}", a.op, names);
+    }
+    if (op->cases.empty()) fail("graph: op '{}' has no gradcheck case to draw", a.op);
+    if (a.case_name.empty()) return {op, &op->cases.front()};
+    std::vector<std::string> names;
+    for (const GradcheckCase& c : op->cases) {
+      if (c.name == a.case_name) return {op, &c};
+      names.push_back(c.name);
+    }
+    fail("graph: op '{}' has no case '{}'; its cases are {}", a.op, a.case_name, quoted_list(names));
+  }
+  std::pair<const OpInfo*, const GradcheckCase*> found{nullptr, nullptr};
+  std::vector<std::string> owners, all;
+  for (const OpInfo& o : registry.ops())
+    for (const GradcheckCase& c : o.cases) {
+      all.push_back(o.name + ": " + c.name);
+      if (c.name != a.case_name) continue;
+      if (!found.first) found = {&o, &c};
+      owners.push_back(o.name);
+    }
+  if (owners.size() > 1)
+    fail("graph: ops {} each have a case '{}': add --op to choose", quoted_list(owners), a.case_name);
+  if (!found.first) fail("graph: no op has a case '{}'; the cases are {}", a.case_name, quoted_list(all));
+  return found;
+}
+
+// The case's inputs as leaves (float64, named as the case names them) and its output; backward from the output
+// with a random seed gradient ȳ (the gradient of the loss ⟨ȳ, y⟩), or 1 for a scalar.
+std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
+  const auto [op, c] = find_case(builtin_registry(), a);
+  const std::vector<Tensor> xs = make_inputs(c->inputs, DType::f64, a.seed);
+  std::vector<Var> vars;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    vars.push_back(tape.leaf(xs[i], c->inputs[i].differentiable()));
+    opt.names[vars.back().id()] = c->inputs[i].name;
+  }
+  const Var y = c->build(tape, vars);
+  std::string how = "forward only";
+  if (a.backward) {
+    if (!y.requires_grad())
+      fail("graph: the output of {} case '{}' depends on no differentiable input: there is no backward to draw",
+           op->name, c->name);
+    if (y.value().numel() == 1) {
+      tape.backward(y);
+      how = "backward from y";
+    } else {
+      const std::vector<InputSpec> seed{{"ȳ", y.shape()}};
+      tape.backward(y, make_inputs(seed, y.dtype(), a.seed + 1)[0]);
+      how = "backward with a random seed gradient ȳ (the loss is ⟨ȳ, y⟩)";
+    }
+  }
+  return fmt::format("{}, case '{}': float64 inputs drawn with seed {}; {}", op->name, c->name, a.seed, how);
+}
+
+// One training step of a GPT on a batch of random token ids: its loss, and with --backward its gradients.
+std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::unique_ptr<GPT>& model) {
+  model = std::make_unique<GPT>(a.gpt, a.seed);
+  const GPTConfig& cfg = model->config();
+  const Shape shape{a.batch_size, cfg.block_size};
+  Tensor idx = Tensor::empty(DType::i32, shape), targets = Tensor::empty(DType::i32, shape);
+  Rng rng(a.seed);
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    idx.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+  }
+  const Var loss = model->loss(tape, idx, targets);
+  if (a.backward) tape.backward(loss);
+  for (uint32_t id = 0; id < tape.num_values(); ++id) {
+    if (!tape.is_leaf(id)) continue;
+    const void* data = tape.value_at(id).raw();
+    if (data == idx.raw()) opt.names[id] = "idx";
+    if (data == targets.raw()) opt.names[id] = "targets";
+    for (const Parameter& p : model->parameters())
+      if (tape.is_param(id) && data == p.value.raw()) opt.names[id] = p.name;
+  }
+  return fmt::format("GPT, {} layer{}, {} heads, n_embd {}, {} attention: the loss on {} random sequences of {} "
+                     "tokens, {}", cfg.n_layer, cfg.n_layer > 1 ? "s" : "", cfg.n_head, cfg.n_embd, cfg.attention,
+                     a.batch_size, cfg.block_size, a.backward ? "forward and backward" : "forward only");
+}
+
+void run(const GraphArgs& a) {
+  if (a.model && (!a.op.empty() || !a.case_name.empty()))
+    fail("graph: --model draws a GPT and --op/--case an op's case: give one of them");
+  if (!a.model && a.op.empty() && a.case_name.empty())
+    fail("graph: nothing to draw: give --op NAME, --case NAME or --model");
+  const bool rendered = a.format != "dot";
+  if (rendered && !find_dot_program())
+    fail("graph: --format {} needs Graphviz's dot program, which is not on PATH: install Debian's package graphviz "
+         "(apt-get install graphviz), or use --format dot, which works without it",
+         a.format);
+
+  Tape tape;
+  tape.set_retain_grads(true);  // every value's gradient is drawn
+  DotOptions opt;
+  opt.registry = &builtin_registry();
+  opt.group = a.group;
+  opt.max_nodes = a.max_nodes;
+  std::unique_ptr<GPT> model;  // its parameters are on the tape
+  opt.title = a.model ? draw_model(a, tape, opt, model) : draw_case(a, tape, opt);
+
+  const std::string dot = tape_to_dot(tape, opt);
+  const std::string bytes = rendered ? render_dot(dot, a.format) : dot;
+  const std::string path = a.out.empty() ? "graph." + a.format : a.out;
+  if (path == "-") {
+    if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
+      fail("graph: cannot write the {} to standard output", a.format);
+    return;
+  }
+  write_file_atomic(path, bytes);
+  fmt::print("wrote {}: {} values, {} op{}\n", path, tape.num_values(), tape.num_nodes(), tape.num_nodes() == 1 ? "" : "s");
+}
+
+}  // namespace
+
+void add_graph_command(CLI::App& app) {
+  auto args = std::make_shared<GraphArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "graph", "Draw the tape of a computation with Graphviz: an op's gradcheck case (--op, --case) or one training "
+               "step of a small GPT (--model); each node shows its shape, the bytes it keeps for backward and the norm, "
+               "min and max of its value and (--backward) its gradient; hovering shows the op's derivative and source line");
+  cmd->add_option("--op", args->op, "An op of tapegrad gradcheck --list: draws its first case (or --case)");
+  cmd->add_option("--case", args->case_name, "A gradcheck case by name, of --op or of whichever op has it");
+  cmd->add_flag("--model", args->model, "One training step of a GPT (the options below) on random token ids");
+  cmd->add_flag("--backward", args->backward,
+                "Run backward first, keeping every gradient; an op case's seed gradient is random (a scalar's is 1)");
+  cmd->add_flag("--group", args->group,
+                "Fold each innermost scope (the GPT's transformer.h.0.attn, mlp, ...) into one box");
+  cmd->add_option("--format", args->format, "dot needs nothing; svg and png run Graphviz's dot")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"dot", "svg", "png"}));
+  cmd->add_option("-o,--output", args->out, "The file to write (default graph.FORMAT; - for standard output)");
+  cmd->add_option("--max-nodes", args->max_nodes, "Refuse to draw more nodes than this (Graphviz slows down)")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--seed", args->seed,
+                  "Seed of the inputs (by default gradcheck's: the inputs it checks), the seed gradient, the model and "
+                  "its batch")
+      ->capture_default_str();
+  GPTConfig& m = args->gpt;
+  cmd->add_option("--attention", m.attention, "--model: attention kind (as tapegrad train)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(attention_kinds()));
+  cmd->add_option("--n-layer", m.n_layer, "--model: transformer blocks")->capture_default_str()->check(positive());
+  cmd->add_option("--n-head", m.n_head, "--model: attention heads per block")->capture_default_str()->check(positive());
+  cmd->add_option("--n-embd", m.n_embd, "--model: embedding width")->capture_default_str()->check(positive());
+  cmd->add_option("--block-size", m.block_size, "--model: context length T")->capture_default_str()->check(positive());
+  cmd->add_flag("--bias,!--no-bias", m.bias, "--model: biases in Linear and LayerNorm layers")->capture_default_str();
+  cmd->add_option("--batch-size", args->batch_size, "--model: sequences in the batch")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace tapegrad::cli
