@@ -143,6 +143,7 @@ Var Tape::leaf(const Tensor& value, bool requires_grad) {
   if (profile_) [[unlikely]]
     profile_->mark(kLeavesAndGlue);
   arena_mark_ = arena_.bytes_in_use();
+  pending_allocations_.clear();
   return add_value(value, requires_grad && recording_);
 }
 
@@ -156,15 +157,38 @@ Var Tape::param(const Tensor& value, const Tensor& grad) {
   return v;
 }
 
-Tensor Tape::empty(DType dtype, Shape shape) {
-  size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+Tensor Tape::allocate(DType dtype, const Shape& shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   return Tensor(dtype, shape, arena_.allocate(bytes));
 }
 
-Tensor Tape::zeros(DType dtype, Shape shape) {
-  Tensor t = empty(dtype, shape);
+Tensor Tape::empty(DType dtype, Shape shape, const char* what) {
+  Tensor t = allocate(dtype, shape);
+  if (track_allocations_) [[unlikely]]
+    pending_allocations_.push_back({{what, dtype, shape, t.nbytes()}, t.raw()});
+  return t;
+}
+
+Tensor Tape::zeros(DType dtype, Shape shape, const char* what) {
+  Tensor t = empty(dtype, shape, what);
   t.fill_zero();
   return t;
+}
+
+void Tape::take_allocations(const Tensor& out) {
+  node_allocations_.resize(nodes_.size());
+  std::vector<Allocation>& mine = node_allocations_.back();
+  for (const PendingAllocation& p : pending_allocations_) {
+    mine.push_back(p.a);
+    if (p.data == out.raw() && !mine.back().what) mine.back().what = "output";
+  }
+  pending_allocations_.clear();
+}
+
+std::span<const Tape::Allocation> Tape::allocations(size_t node) const {
+  if (node >= nodes_.size()) fail("allocations: node #{} does not exist on this tape ({} nodes)", node, nodes_.size());
+  if (node >= node_allocations_.size()) return {};
+  return node_allocations_[node];
 }
 
 bool Tape::inputs_require_grad(std::span<const Var> inputs, const char* op) const {
@@ -191,7 +215,8 @@ void Tape::ensure_grad(uint32_t id) {
     if (spare_grads_[i].bytes >= bytes && (best == spare_grads_.size() || spare_grads_[i].bytes < spare_grads_[best].bytes))
       best = i;
   if (best == spare_grads_.size()) {
-    r.grad = zeros(r.value.dtype(), r.value.shape());
+    r.grad = allocate(r.value.dtype(), r.value.shape());
+    r.grad.fill_zero();
     return;
   }
   r.grad = Tensor(r.value.dtype(), r.value.shape(), spare_grads_[best].data);
@@ -284,7 +309,8 @@ void Tape::propagate_tangents() {
     }
     if (!any) continue;
     ValueRec& o = values_[n->out];
-    o.tangent = zeros(o.value.dtype(), o.value.shape());
+    o.tangent = allocate(o.value.dtype(), o.value.shape());
+    o.tangent.fill_zero();
     n->jvp(scratch_, o.tangent);
     if (detect_anomaly_) [[unlikely]]
       check_jvp(*n, o.tangent);
@@ -305,6 +331,8 @@ void Tape::clear() {
   spare_grads_.clear();
   arena_.reset();
   arena_mark_ = 0;
+  pending_allocations_.clear();
+  node_allocations_.clear();
   if (scope_ == 0) scopes_.clear();  // an open scope's name must outlive it
   ++generation_;
   backward_done_ = false;

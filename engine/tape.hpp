@@ -96,9 +96,22 @@ class Tape {
   Var param(const Tensor& value, const Tensor& grad);
   Var constant(const Tensor& value) { return leaf(value, false); }
 
-  // Arena memory, valid until clear().
-  Tensor empty(DType dtype, Shape shape);
-  Tensor zeros(DType dtype, Shape shape);
+  // Arena memory, valid until clear(). `what` names the tensor for tools that list what a node keeps
+  // (set_track_allocations): "A" for attention's probabilities, "μ" and "ρ" for layer_norm's statistics.
+  Tensor empty(DType dtype, Shape shape, const char* what = nullptr);
+  Tensor zeros(DType dtype, Shape shape, const char* what = nullptr);
+
+  // What each op allocated between the previous node or leaf and its record: its output ("output") and the
+  // tensors its VJP and JVP keep, by name where the op names them. Off by default (tools turn it on: explain,
+  // tape_to_dot); allocations(i) is empty for node i when it was off.
+  struct Allocation {
+    const char* what;  // nullptr: unnamed
+    DType dtype;
+    Shape shape;
+    size_t bytes;
+  };
+  void set_track_allocations(bool on) { track_allocations_ = on; }
+  std::span<const Allocation> allocations(size_t node) const;
 
   // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<const Tensor> gin);
   // jvp: (std::span<const Tensor> tin, const Tensor& tout). The closures hold exactly what they reuse.
@@ -215,6 +228,15 @@ class Tape {
   std::vector<SpareGrad> spare_grads_;
   std::vector<ScopeRec> scopes_;  // every scope opened since clear(), each name once
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
+  bool track_allocations_ = false;
+  struct PendingAllocation {
+    Allocation a;
+    const void* data;
+  };
+  std::vector<PendingAllocation> pending_allocations_;  // since the last node or leaf
+  std::vector<std::vector<Allocation>> node_allocations_;  // by node index, while tracking
+  void take_allocations(const Tensor& out);  // the pending ones become the last node's
+  Tensor allocate(DType dtype, const Shape& shape);  // untracked: gradient and tangent buffers
   uint32_t generation_ = 1;
   uint32_t scope_ = 0;     // the open scope, as ValueRec::scope
   uint32_t backward_output_ = 0;  // the value backward was called on, once backward_done_
@@ -286,6 +308,8 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
       N(op, y.id_, ids, kept, where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
   nodes_.push_back(n);
   arena_mark_ = arena_.bytes_in_use();
+  if (track_allocations_) [[unlikely]]
+    take_allocations(values_[y.id_].value);
   return y;
 }
 

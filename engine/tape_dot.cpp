@@ -355,7 +355,13 @@ class Drawer {
       const Node& nd = tape_.node(static_cast<size_t>(producer_[id]));
       lines.push_back(fmt::format("<b>{}</b>{}", html(nd.op), name.empty() ? std::string() : fmt::format(" {}", html(name))));
       lines.push_back(small(html(shape_text(v))));
-      lines.push_back(small(fmt::format("keeps {} (output + saved tensors)", bytes_text(nd.bytes_kept))));
+      // What the bytes are, where the tape tracked allocations (Tape::set_track_allocations): named tensors.
+      const auto kept = tape_.allocations(static_cast<size_t>(producer_[id]));
+      std::string kept_names;
+      for (const Tape::Allocation& a : kept)
+        if (a.what && std::string_view(a.what) != "output") kept_names += fmt::format(" + {}", a.what);
+      lines.push_back(small(html(fmt::format("keeps {} (output{})", bytes_text(nd.bytes_kept),
+                                             kept.empty() ? std::string(" + saved tensors") : kept_names))));
       const OpCost c = cost(nd);
       if (c.forward + c.backward > 0)
         lines.push_back(small(fmt::format("{} forward, {} backward", flops_text(c.forward), flops_text(c.backward))));
@@ -364,6 +370,8 @@ class Drawer {
       else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no equation\n", nd.op);
       tip += fmt::format("recorded at {}\nkeeps {} bytes: its output and what its VJP and JVP saved",
                          source_text(nd.where), nd.bytes_kept);
+      for (const Tape::Allocation& a : kept)
+        tip += fmt::format("\n  {} {} {}: {} bytes", a.what ? a.what : "(unnamed)", a.dtype, a.shape.str(), a.bytes);
       if (c.forward + c.backward > 0) tip += fmt::format("\nFLOPs: {} forward, {} backward", c.forward, c.backward);
     } else {
       const bool param = tape_.is_param(id), grad = tape_.requires_grad_at(id);

@@ -182,7 +182,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   }
   const DType dtype = q.dtype();
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
-  Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk});
+  Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "A = softmax(S)");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
   dispatch_float(op, dtype, [&](auto tag) {

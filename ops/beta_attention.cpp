@@ -155,8 +155,8 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   const AttentionDims dims = attention_dims(op, q, k, v, opt);
   const DType dtype = q.dtype();
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
-  Tensor bb = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk});
-  Tensor r = tape.empty(dtype, {dims.B, dims.H, dims.T});
+  Tensor bb = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "Bβ = β(P)");
+  Tensor r = tape.empty(dtype, {dims.B, dims.H, dims.T}, "r = ‖P‖ per row");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
   dispatch_float(op, dtype, [&](auto tag) {

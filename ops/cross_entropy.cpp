@@ -131,11 +131,11 @@ Var cross_entropy(Var logits, Var targets) {
            multi_index(tv.shape(), r), classes, ls, tv.shape());
 
   Tensor loss = tape.empty(xv.dtype(), Shape{});
-  Tensor row_max = tape.empty(xv.dtype(), Shape{rows});
-  Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows});
+  Tensor row_max = tape.empty(xv.dtype(), Shape{rows}, "m: row max");
+  Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows}, "log Σ exp(x − m) per row");
   dispatch_float(op, xv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    Tensor scratch = tape.empty(xv.dtype(), xv.shape());  // exp(x − m) of each row, read only here
+    Tensor scratch = tape.empty(xv.dtype(), xv.shape(), "scratch: exp(x − m)");  // read only here
     loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
                                               row_log_sum.data<T>(), scratch.data<T>());
   });

@@ -187,8 +187,8 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   const int64_t C = x.shape().back();
   const int64_t rows = C == 0 ? 0 : xv.numel() / C;
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor mean = tape.empty(x.dtype(), {rows});
-  Tensor rstd = tape.empty(x.dtype(), {rows});
+  Tensor mean = tape.empty(x.dtype(), {rows}, "μ per row");
+  Tensor rstd = tape.empty(x.dtype(), {rows}, "ρ = 1/√(var + ε) per row");
   dispatch_float(kOp, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),

@@ -363,9 +363,9 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   const DType dtype = q.dtype();
   const Tensor Qv = q.value(), Kv = k.value(), Vv = v.value();
   // Saved for backward and forward mode: φ(Q), φ(K), V (the input's own value), O, den.
-  Tensor phi_q = tape.empty(dtype, q.shape()), phi_k = tape.empty(dtype, k.shape());
+  Tensor phi_q = tape.empty(dtype, q.shape(), "φ(Q)"), phi_k = tape.empty(dtype, k.shape(), "φ(K)");
   Tensor out = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq, n.dv});
-  Tensor den = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq});
+  Tensor den = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq}, "den = q_iᵀz_i");
   const int64_t grain = slice_grain(n);
   // The slices (b, h) run on the engine's threads, each with its own workspace.
   dispatch_float(kOp, dtype, [&](auto tag) {

@@ -139,7 +139,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
   const Tensor xv = x.value(), w1v = w1.value(), w2v = w2.value();
   const Tensor b1v = b1.defined() ? b1.value() : Tensor{}, b2v = b2.defined() ? b2.value() : Tensor{};
   const DType dtype = x.dtype();
-  Tensor u = tape.empty(dtype, {d.n, d.h}), t = tape.empty(dtype, {d.n, d.h});
+  Tensor u = tape.empty(dtype, {d.n, d.h}, "u = xW₁ᵀ + b₁"), t = tape.empty(dtype, {d.n, d.h}, "tanh of gelu's argument");
   Tensor y = tape.empty(dtype, y_shape);
   dispatch_float(kOp, dtype, [&](auto tag) {
     using T = decltype(tag);

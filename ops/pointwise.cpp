@@ -80,7 +80,7 @@ Var gelu(Var x) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor t = tape.empty(x.dtype(), x.shape());
+  Tensor t = tape.empty(x.dtype(), x.shape(), "tanh of gelu's argument");
   const int64_t n = y.numel();
   dispatch_float(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);

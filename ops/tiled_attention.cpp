@@ -292,7 +292,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   // The node's whole saved state: O (B, h, T, dv) and L (B, h, T), next to the inputs' own values.
   Tensor o = tape.empty(dtype, {n.B, n.H, n.T, n.dv});
-  Tensor lse = tape.empty(dtype, {n.B, n.H, n.T});
+  Tensor lse = tape.empty(dtype, {n.B, n.H, n.T}, "L = m + log ℓ per row");
   const int64_t blk = std::min(block, std::max(n.T, n.Tk));
   const int64_t heads = n.heads(), grain = n.slice_grain();
   dispatch_float(kOp, dtype, [&](auto tag) {

@@ -3,8 +3,10 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "engine/tape.hpp"
+#include "ops/attention.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;
@@ -221,4 +223,30 @@ TEST_CASE("vjp and jvp satisfy the adjoint identity on a composite") {
     rhs += ts[0].item(i) * grads[0].item(i) + ts[1].item(i) * grads[1].item(i);
   }
   CHECK(lhs == doctest::Approx(rhs).epsilon(1e-12));
+}
+
+TEST_CASE("tracked allocations name what each node keeps: its output and the tensors it saved") {
+  Tape tape;
+  tape.set_track_allocations(true);
+  const Tensor t = Tensor::from<double>({2, 1, 3, 4}, std::vector<double>(24, 0.5));
+  Var q = tape.leaf(t), k = tape.leaf(t), v = tape.leaf(t);
+  Var o = attention(q, k, v, AttentionOptions{});
+  REQUIRE(tape.num_nodes() == 1);
+  const auto kept = tape.allocations(0);
+  REQUIRE(kept.size() == 2);
+  CHECK(std::string(kept[0].what) == "A = softmax(S)");
+  CHECK(kept[0].shape == Shape{2, 1, 3, 3});
+  CHECK(std::string(kept[1].what) == "output");
+  CHECK(kept[1].shape == o.shape());
+  size_t bytes = 0;
+  for (const auto& a : kept) bytes += a.bytes;
+  CHECK(bytes <= tape.node(0).bytes_kept);  // the node's bytes also count the arena's alignment
+  CHECK(tape.node(0).bytes_kept < bytes + 2 * 64);
+  tape.backward(sum(o));  // gradient buffers are not a node's
+  CHECK(tape.allocations(0).size() == 2);
+  tape.clear();
+  Tape untracked;
+  Var x = untracked.leaf(t);
+  exp(x);
+  CHECK(untracked.allocations(0).empty());
 }

@@ -115,3 +115,12 @@ TEST_CASE("parse_named_shape: NAME=D,D,... and one-line errors") {
   for (const char* bad : {"x", "=4", "x=4,", "x=a", "x=-1", "x=1,2,3,4,5,6,7", "x=999999,999999,999999"})
     CHECK_MESSAGE(testing::error_of([&] { parse_named_shape("--shape", bad); }).starts_with("--shape: "), bad);
 }
+
+TEST_CASE("explain: the tensors a node keeps, by name") {
+  const Explanation e = explain(builtin_registry(), "layer_norm");
+  std::vector<std::string> names;
+  for (const auto& a : e.kept) names.push_back(a.what ? a.what : "");
+  CHECK(names == std::vector<std::string>{"output", "μ per row", "ρ = 1/√(var + ε) per row"});
+  CHECK(format_explanation(e).find("μ per row") != std::string::npos);
+  CHECK(explanation_json(e)["kept"].size() == 3);
+}

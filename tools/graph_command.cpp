@@ -138,7 +138,8 @@ void run(const GraphArgs& a) {
          a.format);
 
   Tape tape;
-  tape.set_retain_grads(true);  // every value's gradient is drawn
+  tape.set_retain_grads(true);       // every value's gradient is drawn
+  tape.set_track_allocations(true);  // and what each node keeps
   DotOptions opt;
   opt.registry = &builtin_registry();
   opt.group = a.group;
