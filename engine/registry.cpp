@@ -39,7 +39,7 @@ Function claimed(Claim claim) {
   };
 }
 
-void Registry::add(OpInfo op, std::source_location where) {
+void Registry::add(OpInfo op, SourcePlace where) {
   if (op.name.empty()) fail("registry: an op needs a name");
   op.registered_at = where;
   if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);
@@ -55,7 +55,7 @@ void Registry::add_case(std::string_view op, GradcheckCase c) {
   fail("registry: gradcheck case '{}' names op '{}', which is not registered", c.name, op);
 }
 
-std::string source_text(const std::source_location& where) {
+std::string source_text(const SourcePlace& where) {
   if (where.line() == 0) return "?";
   std::string_view file = where.file_name();
   constexpr std::string_view root = TAPEGRAD_SOURCE_DIR "/";

@@ -18,11 +18,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/source_place.hpp"
 #include "engine/tape.hpp"
 
 namespace tapegrad {
@@ -84,7 +84,7 @@ struct GradcheckCase {
 
 // "ops/softmax.cpp:96": a source location from the repository's top folder on (engine/, ops/, models/, tools/,
 // tests/, examples/, fuzz/) where its path has one; "?" for an unknown location.
-std::string source_text(const std::source_location& where);
+std::string source_text(const SourcePlace& where);
 
 // Floating-point operations of one node: 2 per multiply-add of its matrix products.
 struct OpCost {
@@ -103,12 +103,12 @@ struct OpInfo {
   CostFunction cost{};     // ops with matrix products (and a few row maps); empty: not counted
   std::string forward{};     // the forward map, in one line
   std::string derivation{};  // the heading of docs/derivations.md that derives it; empty: a textbook rule
-  std::source_location registered_at{};  // where Registry::add was called: the op's file
+  SourcePlace registered_at{};  // where Registry::add was called: the op's file
 };
 
 class Registry {
  public:
-  void add(OpInfo op, std::source_location where = std::source_location::current());
+  void add(OpInfo op, SourcePlace where = SourcePlace::current());
   void add_case(std::string_view op, GradcheckCase c);
   const std::vector<OpInfo>& ops() const { return ops_; }
   const OpInfo* find(std::string_view name) const;

@@ -26,7 +26,6 @@
 #include <initializer_list>
 #include <new>
 #include <optional>
-#include <source_location>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "engine/arena.hpp"
+#include "engine/source_place.hpp"
 #include "engine/tensor.hpp"
 
 namespace tapegrad {
@@ -70,7 +70,7 @@ class Var {
 class Node {
  public:
   Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept,
-       std::source_location at)
+       SourcePlace at)
       : op(op_name), out(out_id), inputs(input_ids), bytes_kept(kept), where(at) {}
   virtual ~Node() = default;
   virtual void vjp(const Tensor& gout, std::span<const Tensor> gin) const = 0;
@@ -80,7 +80,7 @@ class Node {
   std::span<const uint32_t> inputs;
   // Arena bytes the op allocated since the tape's previous node or leaf: its output and what its VJP and JVP keep.
   size_t bytes_kept;
-  std::source_location where;  // the op's tape.record call: its forward, with the VJP and JVP it passes
+  SourcePlace where;  // the op's tape.record call: its forward, with the VJP and JVP it passes
 };
 
 class Tape {
@@ -117,10 +117,10 @@ class Tape {
   // jvp: (std::span<const Tensor> tin, const Tensor& tout). The closures hold exactly what they reuse.
   template <class Vjp, class Jvp>
   Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-             std::source_location where = std::source_location::current());
+             SourcePlace where = SourcePlace::current());
   template <class Vjp, class Jvp>
   Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-             std::source_location where = std::source_location::current()) {
+             SourcePlace where = SourcePlace::current()) {
     return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out),
                   std::forward<Vjp>(vjp), std::forward<Jvp>(jvp), where);
   }
@@ -196,7 +196,7 @@ class Tape {
   };
   template <class Vjp, class Jvp>
   struct NodeImpl final : Node {
-    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, size_t kept, std::source_location at,
+    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, size_t kept, SourcePlace at,
              Vjp v, Jvp j)
         : Node(op_name, out_id, in, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)) {}
     void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
@@ -291,7 +291,7 @@ std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const
 
 template <class Vjp, class Jvp>
 Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-                 std::source_location where) {
+                 SourcePlace where) {
   bool rg = inputs_require_grad(inputs, op);
   if (detect_anomaly_) [[unlikely]]
     check_output(op, inputs, out);
