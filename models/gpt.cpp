@@ -118,11 +118,11 @@ Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk
   // Columns [offset, offset + C) of a (B, T, ·) tensor as H heads (B, h, T, d), one copy (ops/heads.cpp).
   auto heads = [&](Var t, int64_t offset) { return split_heads(t, H, offset, C); };
 
-  // Seed 002 (math-notes §5), per head i, X the block input (T, C), X_i its columns i·d … (i+1)·d − 1, W^Q and
-  // W^K the q and k rows of c_attn.weight transposed (linear computes X·Wᵀ), s = 1/√d:
+  // The better-attention post (docs/derivations.md §3), per head i, X the block input (T, C), X_i its columns i·d …
+  // (i+1)·d − 1, W^Q and W^K the q and k rows of c_attn.weight transposed (linear computes X·Wᵀ), s = 1/√d:
   //   Q′_i = X W_i^Q,  S_i = softmax(s·Q′_i K′_iᵀ + M),  H_i = S_i V′_i,  and
   //   optimised  K′_i = X W_i^K,  V′_i = X_i;   efficient  K′_i = V′_i = X_i;   super  K′_i = X_i,  V′_i = (W^A X)_i.
-  // The seed writes the efficient score as Q W_i^Q W_i^K K; it is Q W_i^Q (W_i^K)ᵀ Kᵀ before the slice K_i replaces
+  // The post writes the efficient score as Q W_i^Q W_i^K K; it is Q W_i^Q (W_i^K)ᵀ Kᵀ before the slice K_i replaces
   // K W_i^K. The derivatives are those of the primitive nodes below and of attention().
   Var a = linear(x, p[blk.c_attn_w], opt(blk.c_attn_b));
   Var q = heads(a, 0), k, v;
@@ -133,9 +133,9 @@ Var GPT::attention_block(Tape& tape, const std::vector<Var>& p, const Block& blk
     k = v = heads(x, 0);
   } else if (kind == "super") {
     k = heads(x, 0);
-    // W^A = tril(Θ), cut to the first T rows and columns: causal because row i mixes only inputs j ≤ i. Seed 002
-    // asks for an upper-triangular W^A, which is causal only in the transposed layout VᵀW^A; with tokens as rows
-    // an upper W^A lets token i read the values of tokens j > i.
+    // W^A = tril(Θ), cut to the first T rows and columns: causal because row i mixes only inputs j ≤ i. The
+    // better-attention post asks for an upper-triangular W^A, which is causal only in the transposed layout VᵀW^A; with
+    // tokens as rows an upper W^A lets token i read the values of tokens j > i.
     Tensor mask = tape.empty(DType::f32, {T, T});
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j) mask.data<float>()[i * T + j] = j <= i ? 1.0f : 0.0f;

@@ -11,14 +11,15 @@
 
 namespace tapegrad {
 
-// The attention kinds a block can use.
-//   softmax    standard multi-head attention, one fused node          (seeds 001, 004)
-//   tiled      the same map, memory-lean tiled node                    (seed 004)
-//   beta       softmax replaced by β(x) = x/(1+‖x‖)                    (seed 000)
-//   linear     φ(q)ᵀS / φ(q)ᵀz with φ = elu + 1                        (seed 003)
-//   optimised  no W^V: values are the input sliced per head            (seed 002)
-//   efficient  no W^V, no W^K: keys and values are the input per head  (seed 002)
-//   super      efficient, and values W^A·x with a learned lower-triangular W^A (T×T) per layer (seed 002)
+// The attention kinds a block can use (the posts, by title: docs/derivations.md, "Sources").
+//   softmax    standard multi-head attention, one fused node          (attention-gradient, attention-bias posts)
+//   tiled      the same map, memory-lean tiled node                    (attention-bias post)
+//   beta       softmax replaced by β(x) = x/(1+‖x‖)                    (β-attention post)
+//   linear     φ(q)ᵀS / φ(q)ᵀz with φ = elu + 1                        (linear-attention post)
+//   optimised  no W^V: values are the input sliced per head            (better-attention post)
+//   efficient  no W^V, no W^K: keys and values are the input per head  (better-attention post)
+//   super      efficient, and values W^A·x with a learned lower-triangular W^A (T×T) per layer
+//                                                                      (better-attention post)
 const std::vector<std::string>& attention_kinds();
 
 struct GPTConfig {

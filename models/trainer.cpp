@@ -20,6 +20,7 @@
 #include "models/files.hpp"
 #include "models/optim.hpp"
 #include "models/plot.hpp"
+#include "models/stats.hpp"
 #include "ops/ops.hpp"
 
 #ifndef TAPEGRAD_SOURCE_DIR
@@ -170,12 +171,6 @@ std::string duration(double s) {
   if (s >= 3600) return fmt::format("{}h{:02}m", static_cast<int>(s / 3600), static_cast<int>(std::fmod(s, 3600) / 60));
   if (s >= 60) return fmt::format("{}m{:02}s", static_cast<int>(s / 60), static_cast<int>(std::fmod(s, 60)));
   return fmt::format("{:.1f}s", s);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
 }
 
 std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, int64_t n, double temperature,

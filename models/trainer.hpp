@@ -50,7 +50,7 @@ struct TrainResult {
   int64_t parameters = 0;
   std::vector<EvalPoint> evals;
   std::vector<double> step_losses;  // training loss of every step run by this call
-  double ms_per_step = 0;           // median over the steps of this call
+  double ms_per_step = 0;           // median over the steps of this call (models/stats.hpp); NaN if it ran none
   double wall_seconds = 0;
   std::string run_dir, sample;
   std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)

@@ -1,4 +1,5 @@
-// Standard attention with an optional trainable additive bias, as one node (seeds 001, 004; math-notes §2–3).
+// Standard attention with an optional trainable additive bias, as one node (the attention-gradient and
+// attention-bias posts; docs/derivations.md §2.1, §5).
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), the bias broadcast to (T, Tk),
 // G = ∂L/∂O (T, dv), s the scale:
@@ -26,20 +27,6 @@
 namespace tapegrad {
 
 namespace {
-
-// 32 rows: at T = 64 the causal blocks skip a quarter of the score products, and at T = 1024 32-row products
-// ran as fast as 64- or 128-row ones (measured on one thread).
-constexpr int64_t kQueryBlock = 32;
-
-// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
-template <class F>
-void for_each_query_block(const AttentionDims& D, F&& f) {
-  const int64_t block = D.causal ? kQueryBlock : D.T;
-  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
-    const int64_t r = std::min(block, D.T - i0);
-    f(i0, r, D.causal ? i0 + r : D.Tk);
-  }
-}
 
 // a[0..n) ← softmax(a[0..visible)) padded with zeros: a_j = exp(a_j − max) / Σ exp(a_k − max) for j < visible.
 // Subtracting the row maximum keeps exp ≤ 1 (logits of ±1e4 stay finite). A row whose visible scores are all
@@ -84,19 +71,21 @@ void attention_forward(const AttentionDims& D, const SliceData<T>& x, const Bias
   });
 }
 
-// VJP (seed 001's gradient in the vectorized form of math-notes §2, with seed 004's bias):
+// VJP (the attention-gradient post's gradient in the vectorized form of docs/derivations.md §2.1, with the
+// attention-bias post's bias):
 //   dV += AᵀG                                  (Tk, dv)
 //   dA  = GVᵀ                                  (T, Tk)
 //   D   = rowsum(A ⊙ dA) = rowsum(G ⊙ O)      (T):   Σ_j A_ij (G_i·V_j) = G_i·(Σ_j A_ij V_j) = G_i·O_i,
 //                                                    so D costs O(T·dv) and no (T, Tk) temporary
 //   dS  = A ⊙ (dA − D·1ᵀ)                     (T, Tk): the softmax VJP row by row, dσ(p)ᵀ = diag(σ) − σσᵀ
-//   dQ += s·dS·K,   dK += s·dSᵀ·Q,   dB += dS summed over the broadcast axes of B (math-notes §3)
-// A is 0 at masked entries, so dS is 0 there with no extra mask (−∞ masking, math-notes §6).
-// Where this departs from seed 004: its prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong twice, the first factor must
-// be A, and the row term must be rowsum(A ⊙ dA), the DIAGONAL of dA·Aᵀ, not the row sums of dA·Aᵀ. Its code
-// line `dS = dA * A - (A * dA).sum(dim=-1, keepdim=True) * A` (`*` element-wise), i.e. A ⊙ (dA − D·1ᵀ), is the
-// form used here. Its prose dQ = dS·K and dK = dS·Q omit the scale s and the transpose of dS. Seed 001's Ω is
-// this dS (with s = 1); its per-row loop is replaced by gemm.
+//   dQ += s·dS·K,   dK += s·dSᵀ·Q,   dB += dS summed over the broadcast axes of B (§5.4)
+// A is 0 at masked entries, so dS is 0 there with no extra mask (−∞ masking, docs/derivations.md §2.1).
+// Where this departs from the attention-bias post (docs/derivations.md §5.3, §5.5): its prose
+// dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong twice, the first factor must be A, and the row term must be rowsum(A ⊙ dA), the
+// DIAGONAL of dA·Aᵀ, not the row sums of dA·Aᵀ. Its code line `dS = dA * A - (A * dA).sum(dim=-1, keepdim=True) * A`
+// (`*` element-wise), i.e. A ⊙ (dA − D·1ᵀ), is the form used here. Its prose dQ = dS·K and dK = dS·Q omit the scale
+// s and the transpose of dS. The attention-gradient post's Ω is this dS (with s = 1); its per-row loop is replaced by
+// gemm.
 // Block by block, every product above splits over the query rows I: dV[0:e] += A_Iᵀ G_I, dA_I = G_I V[0:e]ᵀ,
 // dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
 // One slice; dq, dk, dv, dbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
@@ -123,10 +112,10 @@ void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
   });
 }
 
-// JVP (seed 000's total derivative of Att, with s and the bias):
-//   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ                       (T, Tk)   seed 000's z̃_i = q̃_i + k̃_i, row i of Ż
-//   Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + A·V̇     (T, dv)   rowsum(A ⊙ Ż)_i = ⟨σ(p_i), z̃_i⟩ = seed 000's ι̃_i
-// Seed 000 writes the middle term as (ι̃ ⊗ 1_nᵀ) ⊙ Att; Att is (n, d), so the factor must be 1_dᵀ: each row
+// JVP (the β-attention post's total derivative of Att, docs/derivations.md §1.1, with s and the bias):
+//   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ                       (T, Tk)   the post's z̃_i = q̃_i + k̃_i, row i of Ż
+//   Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + A·V̇     (T, dv)   rowsum(A ⊙ Ż)_i = ⟨σ(p_i), z̃_i⟩ = the post's ι̃_i
+// The post writes the middle term as (ι̃ ⊗ 1_nᵀ) ⊙ Att; Att is (n, d), so the factor must be 1_dᵀ: each row
 // of O is scaled by its ι̃_i. Masked entries have A = 0 and contribute nothing. Block by block, as the forward.
 // One slice; tq, tk, tv, tbias may be null (no tangent); z is a (block, Tk) scratch; the result is added into
 // tout.
@@ -158,15 +147,6 @@ void attention_jvp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
   });
 }
 
-template <class T>
-const T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-template <class T>
-T* mutable_data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
@@ -196,7 +176,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     });
   });
   Tape* tp = &tape;
-  const int64_t scratch = std::min(dims.T, dims.causal ? kQueryBlock : dims.T) * dims.Tk;
+  const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
@@ -209,8 +189,8 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     dispatch_float(op, dtype, [&](auto tag) {
       using T = decltype(tag);
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
-      T *dq = mutable_data_or_null<T>(gin[0]), *dk = mutable_data_or_null<T>(gin[1]);
-      T *dv = mutable_data_or_null<T>(gin[2]), *db = mutable_data_or_null<T>(dbias);
+      T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
+      T *dv = data_or_null<T>(gin[2]), *db = data_or_null<T>(dbias);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         T* db_chunk = shared_dbias && chunk > 0 ? dbias_parts.data<T>() + (chunk - 1) * dbias.numel() : db;
         for (int64_t bh = begin; bh < end; ++bh) {

@@ -8,10 +8,10 @@
 //   forward  S[b,h,i,j]  += bias[off(b,h,i,j)]
 //   JVP      Ṡ[b,h,i,j]  += ḃias[off(b,h,i,j)]                     (E is linear)
 //   VJP      d bias[o]   += Σ_{(b,h,i,j): off(b,h,i,j) = o} dS[b,h,i,j]   (Eᵀ: a sum over exactly the broadcast axes)
-// where off() is a dot product with strides that are 0 on broadcast axes (math-notes §3: sum over the missing
-// leading axes, then over the size-1 axes keeping dims). The VJP adds, so a bias shared by several nodes
-// accumulates. Broadcast axes make several (b, h) slices add into one dB element: callers that split the
-// (b, h) loop across threads must not run two slices that share dB elements at once.
+// where off() is a dot product with strides that are 0 on broadcast axes (docs/derivations.md §5.4: sum over the
+// missing leading axes, then over the size-1 axes keeping dims). The VJP adds, so a bias shared by several nodes
+// accumulates. Broadcast axes make several (b, h) slices add into one dB element: callers that split the (b, h) loop
+// across threads must not run two slices that share dB elements at once.
 #pragma once
 
 #include <cstdint>

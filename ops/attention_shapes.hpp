@@ -26,6 +26,27 @@ struct AttentionDims {
   }
 };
 
+// The query blocks of attention() and beta_attention(): within a slice the queries go in blocks I = [i0, i1) of
+// at most kQueryBlock rows. Under the causal mask block I sees keys j < i1 only, so every product of the block
+// stops at column i1 and the causal nodes do about half the multiply-adds of the full T × Tk products. Without
+// the mask a block is all T rows.
+// 32 rows: at T = 64 the causal blocks skip a quarter of the score products, and at T = 1024 32-row products
+// ran as fast as 64- or 128-row ones (measured on one thread).
+inline constexpr int64_t kQueryBlock = 32;
+
+// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
+template <class F>
+void for_each_query_block(const AttentionDims& D, F&& f) {
+  const int64_t block = D.causal ? kQueryBlock : D.T;
+  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
+    const int64_t r = std::min(block, D.T - i0);
+    f(i0, r, D.causal ? i0 + r : D.Tk);
+  }
+}
+
+// The most rows a query block holds: a (rows, Tk) scratch per thread fits any block of for_each_query_block.
+inline int64_t max_query_block_rows(const AttentionDims& D) { return std::min(D.T, D.causal ? kQueryBlock : D.T); }
+
 // Checks ranks, dtypes, and that B, h, d and Tk agree; causal needs T = Tk. Throws naming `op` and the shapes.
 inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, const Var& v,
                                     const AttentionOptions& opt) {

@@ -1,4 +1,5 @@
-// β-attention, as one node (seed 000; math-notes §1): softmax replaced by the row map β(x) = x / (1 + ‖x‖).
+// β-attention, as one node (the β-attention post; docs/derivations.md §1.4): softmax replaced by the row map
+// β(x) = x / (1 + ‖x‖).
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), G = ∂L/∂O (T, dv), s the scale:
 //   P  = (s·QKᵀ) ⊙ M           (T, Tk)   M_ij = 1 where key j is visible to query i, 0 where masked (causal: j > i)
@@ -7,14 +8,15 @@
 // Masked scores are 0, not −∞ (β(−∞) is NaN): zero-masking equals β of the visible prefix padded with zeros.
 // A row whose scores are all 0 gives Bβ_i = 0 and O_i = 0. The node keeps Bβ and r.
 //
-// The derivative of β (math-notes §1), with x ≠ 0, r = ‖x‖, c = 1/(1+r):
+// The derivative of β (docs/derivations.md §1.2), with x ≠ 0, r = ‖x‖, c = 1/(1+r):
 //   dβ(x)·h = c·h − c²(⟨x, h⟩/r)·x  =  c·h − (⟨β(x), h⟩/r)·β(x)      (x = β(x)/c),   dβ(0)·h = h
 // The Jacobian c·I − c²xxᵀ/r is symmetric, so the VJP applies the same map to the cotangent.
-// Where this departs from seed 000: its homogeneity property dβ(x)·h = f(x, h)·β(x) with
-// f = ⟨x, h⟩/(r²(1 + r)) does not hold for β. Splitting h into its parts along and across x gives
+// Where this departs from the β-attention post (docs/derivations.md §1.3): its homogeneity property
+// dβ(x)·h = f(x, h)·β(x) with f = ⟨x, h⟩/(r²(1 + r)) does not hold for β. Splitting h into its parts along and
+// across x gives
 //   dβ(x)·h = f(x, h)·β(x) + (I − xxᵀ/r²)·h/(1 + r),
 // so the claimed form drops the second term (it is right only for h ∥ x; for h ⟂ x the true derivative is
-// h/(1 + r) and the claim gives 0). Hence the seed's "simpler total derivative"
+// h/(1 + r) and the claim gives 0). Hence the post's "simpler total derivative"
 // dAtt_β·Θ̃ = (f̃ ⊗ 1_nᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ) (where 1_nᵀ would also have to be 1_dᵀ) is wrong, and the
 // full row map below is needed.
 //
@@ -34,18 +36,6 @@
 namespace tapegrad {
 
 namespace {
-
-constexpr int64_t kQueryBlock = 32;
-
-// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
-template <class F>
-void for_each_query_block(const AttentionDims& D, F&& f) {
-  const int64_t block = D.causal ? kQueryBlock : D.T;
-  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
-    const int64_t r = std::min(block, D.T - i0);
-    f(i0, r, D.causal ? i0 + r : D.Tk);
-  }
-}
 
 // p[0..n) ← β(p[0..visible)) padded with zeros; returns r = ‖p[0..visible)‖ (the masked entries are 0).
 template <class T>
@@ -81,7 +71,7 @@ void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, cons
   });
 }
 
-// VJP (math-notes §1):
+// VJP (docs/derivations.md §1.4):
 //   dV += BβᵀG                                                    (Tk, dv)
 //   dBβ = GVᵀ                                                     (T, Tk)
 //   dP_i = c_i·dBβ_i − c_i²(⟨p_i, dBβ_i⟩/r_i)·p_i,  then dP ← M ⊙ dP   (T, Tk)
@@ -106,7 +96,7 @@ void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T*
   });
 }
 
-// JVP (seed 000's Leibniz rule, with the full dβ):
+// JVP (the β-attention post's Leibniz rule, with the full dβ; docs/derivations.md §1.3):
 //   Ṗ = (s(Q̇Kᵀ + QK̇ᵀ)) ⊙ M,   Ḃβ_i = dβ(p_i)·ṗ_i = c_i·ṗ_i − c_i²(⟨p_i, ṗ_i⟩/r_i)·p_i,   Ȯ = Ḃβ·V + Bβ·V̇
 // Block by block, as the forward. One slice; tq, tk, tv may be null; pdot is a (block, Tk) scratch; the result
 // is added into tout.
@@ -127,11 +117,6 @@ void beta_attention_jvp(const AttentionDims& D, const T* q, const T* k, const T*
     }
     if (tv) gemm(false, false, rows, D.dv, key_end, T(1), b_blk, D.Tk, tv, D.dv, T(1), t_blk, D.dv);
   });
-}
-
-template <class T>
-T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
 }
 
 // Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
@@ -170,7 +155,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
     });
   });
   Tape* tp = &tape;
-  const int64_t scratch = std::min(dims.T, dims.causal ? kQueryBlock : dims.T) * dims.Tk;
+  const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   return tape.record(
       op, {q, k, v}, o,
       [=](const Tensor& g, std::span<const Tensor> gin) {

@@ -43,6 +43,13 @@ inline void expect_same_dtype(const char* op, const Var& a, const Var& b) {
          a.shape(), b.dtype(), b.shape());
 }
 
+// The elements of an optional tensor: nullptr when it is undefined (an absent bias, an input whose gradient or
+// tangent is not requested), so the kernels test one pointer instead of the tensor.
+template <class T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 inline void expect_min_rank(const char* op, const Var& x, int rank, const char* what) {
   (void)tape_of(op, {x});
   if (x.rank() < rank) fail("{}: {} must have rank ≥ {}, got shape {}", op, what, rank, x.shape());

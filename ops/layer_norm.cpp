@@ -156,11 +156,6 @@ void layer_norm_jvp(T* ty, const T* x, const T* mean, const T* rstd, const T* w,
   });
 }
 
-template <class T>
-T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 void expect_affine_shape(const char* what, const Var& p, const Var& x) {
   const int64_t C = x.shape().back();
   if (p.rank() != 1 || p.shape()[0] != C)

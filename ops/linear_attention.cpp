@@ -1,14 +1,14 @@
-// Linear attention (seed 003, math-notes §4): the softmax kernel exp(q·k/√d) is replaced by φ(q)·φ(k) with
-// φ(x) = elu(x) + 1, so the key sums are formed once and each query reads them in O(d·dv), not O(Tk).
+// Linear attention (the linear-attention post; docs/derivations.md §4): the softmax kernel exp(q·k/√d) is replaced by
+// φ(q)·φ(k) with φ(x) = elu(x) + 1, so the key sums are formed once and each query reads them in O(d·dv), not O(Tk).
 //
 //   φ(x) = x + 1 (x > 0), eˣ (x ≤ 0);   φ′(x) = 1 (x > 0), eˣ (x ≤ 0) = min(1, φ(x))      (C¹, not C²)
 //
 // Per (b, h), rows are tokens: q = φ(Q) (T×d), k = φ(K) (Tk×d), V (Tk×dv), O (T×dv).
 //   non-causal  S = kᵀV (d×dv),  z = kᵀ1 (d),             O_i = q_iᵀS / q_iᵀz
 //   causal      S_i = Σ_{j≤i} k_j v_jᵀ,  z_i = Σ_{j≤i} k_j,  O_i = q_iᵀS_i / q_iᵀz_i     (T = Tk)
-// The non-causal line is the seed's eq. (4); the seed has no causal form, the causal line restricts its sums to
+// The non-causal line is the post's eq. (4); the post has no causal form, the causal line restricts its sums to
 // keys j ≤ i. Its "vectorized" φ(Q)(φ(K)ᵀV) is the numerator only: without the division
-// by den_i = q_iᵀz_i it is not attention (math-notes §4). No 1/√d inside φ, and no eps: den_i > 0 as φ > 0.
+// by den_i = q_iᵀz_i it is not attention (docs/derivations.md §4.1). No 1/√d inside φ, and no eps: den_i > 0 as φ > 0.
 //
 // Chunked streaming. The causal prefix sums are never stored per row: the rows are taken in chunks
 // I = [a, a + c) of at most C rows, carrying S, z = the sums over the rows before a. With the in-chunk
@@ -144,7 +144,7 @@ void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, 
 }
 
 // ---- VJP ----
-// With G = ∂L/∂O (math-notes §4):
+// With G = ∂L/∂O (docs/derivations.md §4.2):
 //   den_i = q_iᵀz_i,   Gn_i = G_i/den_i,   γ_i = −⟨G_i, O_i⟩/den_i
 //   dq_i = S_i Gn_i + γ_i z_i
 //   R_j = Σ_{i≥j} q_i Gn_iᵀ (d×dv),  r_j = Σ_{i≥j} γ_i q_i         (non-causal: R = qᵀGn, r = qᵀγ for every j)

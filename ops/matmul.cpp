@@ -2,8 +2,9 @@
 // the broadcast of …a and …b (aligned from the right, size-1 or missing axes repeat). For each batch index β,
 // with α(β) and γ(β) the matrices of a and b it reads:
 //   y_β = a_α · b_γ                                                             (m, n)
-// The adjoint follows from ⟨ȧ·b, ȳ⟩_F = tr(bᵀȧᵀȳ) = ⟨ȧ, ȳ·bᵀ⟩_F — cyclic invariance of the trace, the step
-// seed 001 marks in its d_Q and d_K derivations — and likewise ⟨a·ḃ, ȳ⟩_F = ⟨ḃ, aᵀ·ȳ⟩_F (its step for d_V):
+// The adjoint follows from ⟨ȧ·b, ȳ⟩_F = tr(bᵀȧᵀȳ) = ⟨ȧ, ȳ·bᵀ⟩_F — cyclic invariance of the trace, the step the
+// attention-gradient post marks in its d_Q and d_K derivations — and likewise ⟨a·ḃ, ȳ⟩_F = ⟨ḃ, aᵀ·ȳ⟩_F (its step
+// for d_V):
 //   VJP  ā_α += Σ_{β: α(β) = α} ȳ_β · b_γᵀ                                    (m, k)
 //        b̄_γ += Σ_{β: γ(β) = γ} a_αᵀ · ȳ_β                                    (k, n)
 //   JVP  ẏ_β  = ȧ_α · b_γ + a_α · ḃ_γ                                         (product rule)

@@ -98,11 +98,6 @@ void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
   if (tb2) add_rows(ty, tb2, d.n, d.c_out);
 }
 
-template <class T>
-T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 void expect_weight(const Var& w, int64_t rows, int64_t cols, const char* what, const Shape& x) {
   if (w.rank() != 2 || w.shape()[1] != cols || (rows >= 0 && w.shape()[0] != rows))
     fail("{}: {} must be ({}, {}) for an input of shape {}, got {}", kOp, what, rows >= 0 ? std::to_string(rows) : "H",

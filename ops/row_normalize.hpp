@@ -1,4 +1,5 @@
-// Row kernels of β(x) = x / (1 + ‖x‖) over raw row-major buffers of shape (rows, cols) (seed 000, math-notes §1).
+// Row kernels of β(x) = x / (1 + ‖x‖) over raw row-major buffers of shape (rows, cols) (the β-attention
+// post; docs/derivations.md §1.2).
 // The row_normalize node (row_normalize.cpp) calls them, and so does β-attention, on its score rows.
 //
 // Notation: a row x ∈ ℝⁿ, r = ‖x‖, c = 1/(1 + r), x̂ = x/r; ȳ upstream gradient; ẋ, ẏ tangents.
@@ -9,12 +10,12 @@
 // β is C¹ at 0: the second term has norm ≤ c²·r·‖h‖ → 0, so the Jacobian tends to I (β is not C² there).
 // The Jacobian c·I − (c²/r)·x xᵀ is symmetric, so the VJP is the same product: x̄ = c·ȳ − c²·(⟨x, ȳ⟩/r)·x.
 //
-// Departure from the seed. Seed 000 claims the homogeneity property dβ(x)·h = f(x,h)·β(x) with
-// f(x,h) = ⟨x,h⟩/(r²(1 + r)), and builds a "simpler total derivative" of β-attention on it. That is false for
-// general h. Splitting h into its parts along and across x,
+// Departure from the β-attention post (docs/derivations.md §1.3). The post claims the homogeneity property
+// dβ(x)·h = f(x,h)·β(x) with f(x,h) = ⟨x,h⟩/(r²(1 + r)), and builds a "simpler total derivative" of β-attention on
+// it. That is false for general h. Splitting h into its parts along and across x,
 //   dβ(x)·h = f(x,h)·β(x) + (I − x xᵀ/r²)·h/(1 + r),
 // the claimed form is only the first term: it is right for h ∥ x, and for h ⟂ x it gives 0 where the true
-// derivative is h/(1 + r). The seed obtained f by matching the two sides along x alone, which silently drops the
+// derivative is h/(1 + r). The post obtained f by matching the two sides along x alone, which silently drops the
 // (I − x xᵀ/r²)h/(1 + r) part. The kernels below implement the full derivative; tests/ops_row_normalize_test.cpp
 // shows the gradchecker rejecting the claimed JVP.
 //

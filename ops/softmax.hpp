@@ -1,8 +1,8 @@
 // Row kernels of softmax and log_softmax over raw row-major buffers of shape (rows, cols), one row = one
 // distribution. The softmax nodes (softmax.cpp) call them, and so do the attention nodes, on their score rows.
 //
-// Notation (math-notes §2, seed 001): a row x ∈ ℝⁿ, m = max_j x_j, y = σ(x), z = log σ(x); ȳ, z̄ upstream
-// gradients; ẋ, ẏ, ż tangents.
+// Notation (docs/derivations.md §2.1, the attention-gradient post): a row x ∈ ℝⁿ, m = max_j x_j, y = σ(x),
+// z = log σ(x); ȳ, z̄ upstream gradients; ẋ, ẏ, ż tangents.
 //
 // Masked entries. x_j = −∞ is a masked score: exp(x_j − m) = 0 exactly, so y_j = 0 and z_j = −∞, and the entry
 // drops out of every ⟨y, ·⟩ below; nothing else is needed for masking.

@@ -1,7 +1,7 @@
-// Tiled attention: the map of attention() (seeds 001, 004; math-notes §2, §3) computed tile by tile with an
-// online softmax, so that the node keeps only O and the row log-sum-exp, never the T×Tk matrix A. This is the
-// memory-lean node seed 004 aims at (its "minimal flashattn with trainable bias term"), with the gradient of
-// the bias that fused kernels usually do not give (math-notes §3).
+// Tiled attention: the map of attention() (docs/derivations.md §2.1, §5) computed tile by tile with an online softmax,
+// so that the node keeps only O and the row log-sum-exp, never the T×Tk matrix A. This is the memory-lean node the
+// attention-bias post aims at (its "minimal flashattn with trainable bias term"), with the gradient of the bias that
+// fused kernels usually do not give (docs/derivations.md §5.6).
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), bias broadcast to (T, Tk), s the scale:
 //   S = s·QKᵀ + B + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
@@ -162,12 +162,13 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
 }
 
 // ---- VJP ----
-// Math-notes §2 with seed 004's bias (§3), tile by tile, with A_IJ recomputed from L:
+// docs/derivations.md §2.1 with the attention-bias post's bias (§5.4), tile by tile, with A_IJ recomputed from L:
 //   D_i = rowsum(A ⊙ GVᵀ)_i = G_i·O_i              (T; needs O only, no T×Tk matrix)
 //   dV_J += A_IJᵀ G_I,   dS_IJ = A_IJ ⊙ (G_I V_Jᵀ − D_I 1ᵀ)
 //   dQ_I += s·dS_IJ K_J,   dK_J += s·dS_IJᵀ Q_I,   dB += dS_IJ summed over the broadcast axes of B
-// Seed 004's prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong (math-notes §3): the first factor is A, and the row term
-// is rowsum(A ⊙ dA), the diagonal of dA·Aᵀ; its dQ = dS·K, dK = dS·Q miss the scale s and the transpose of dS.
+// The attention-bias post's prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong (docs/derivations.md §5.3): the first factor
+// is A, and the row term is rowsum(A ⊙ dA), the diagonal of dA·Aᵀ; its dQ = dS·K, dK = dS·Q miss the scale s and the
+// transpose of dS.
 // A is 0 at masked entries, so dS is 0 there. Each product runs on the visible parts of the tile (rows
 // I′ ⊆ I, keys J′ ⊆ J, for_each_visible_part): the masked rest of A and dS is 0 and adds nothing.
 // gq, gk, gv, gbias are added into; null ones are not computed.
@@ -205,10 +206,10 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
 }
 
 // ---- JVP ----
-// Seed 000's total derivative of attention (math-notes §1, last item), with the scale and the bias:
+// The β-attention post's total derivative of attention (docs/derivations.md §1.1), with the scale and the bias:
 //   Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ,   Ȯ_i = Σ_j A_ij Ż_ij V_j − (Σ_j A_ij Ż_ij)·O_i + Σ_j A_ij V̇_j
 // summed tile by tile (on the visible parts of each tile, as the VJP): per part, Z = A_IJ ⊙ Ż_IJ adds Z V_J and
-// A_IJ V̇_J to Ȯ_I and rowsum(Z) to ι_I; after the last tile Ȯ_i −= ι_i·O_i. (Seed 000 writes the middle term
+// A_IJ V̇_J to Ȯ_I and rowsum(Z) to ι_I; after the last tile Ȯ_i −= ι_i·O_i. (The post writes the middle term
 // with 1_nᵀ; O is T×dv, so it is 1_dvᵀ.)
 // q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
 template <class T>
@@ -249,11 +250,6 @@ void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_do
       for (int64_t a = 0; a < r; ++a)
         for (int64_t e = 0; e < n.dv; ++e) odI[a * n.dv + e] -= iota[a] * o[(i0 + a) * n.dv + e];
   }
-}
-
-template <class T>
-T* data_or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
 }
 
 // Slice bh = b·H + head: its inputs and the element offsets of its Q, K, V, O and L.

@@ -1,5 +1,5 @@
 // beta_attention: the fused node against the same map built from primitive ops (forward, gradients, tangents),
-// seed 000's homogeneity JVP as a claimed derivative that the gradchecker must reject, the required mask on dP,
+// the β-attention post's homogeneity JVP as a claimed derivative that the gradchecker must reject, the required mask on dP,
 // numerics, and the errors.
 #include <doctest/doctest.h>
 
@@ -91,7 +91,7 @@ BetaSlice beta_slice(const Tensor& q, const Tensor& k, const Tensor& v, double s
 
 enum class BetaClaim {
   corrected,        // the full dβ in the JVP, dP masked in the VJP
-  homogeneity_jvp,  // seed 000: Ȯ = (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ), f(x, h) = ⟨x, h⟩/(‖x‖²(1 + ‖x‖))
+  homogeneity_jvp,  // the β-attention post: Ȯ = (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ), f(x, h) = ⟨x, h⟩/(‖x‖²(1 + ‖x‖))
   unmasked_dp,      // the VJP without the mask on dP
 };
 
@@ -141,7 +141,7 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
           }
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
-        // ż = (s(Q̇Kᵀ + QK̇ᵀ)) ⊙ M, seed 000's z̃_i row by row
+        // ż = (s(Q̇Kᵀ + QK̇ᵀ)) ⊙ M, the post's z̃_i row by row
         std::vector<double> zdot(static_cast<size_t>(S.T * S.Tk), 0);
         for (int64_t i = 0; i < S.T; ++i)
           for (int64_t j = 0; j < S.Tk; ++j) {
@@ -211,11 +211,11 @@ TEST_CASE("beta_attention equals β((s·QKᵀ) ⊙ M)·V built from primitive op
   for (const Layout& L : layouts) check_against_primitives(L);
 }
 
-TEST_CASE("seed 000: the homogeneity JVP (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q,K,Ṽ) fails the gradchecker; the full dβ passes") {
+TEST_CASE("β-attention post: the homogeneity JVP (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q,K,Ṽ) fails the gradchecker; the full dβ passes") {
   for (bool causal : {false, true}) {
     CAPTURE(causal);
     const GradcheckReport claimed = check_claim(BetaClaim::homogeneity_jvp, causal);
-    MESSAGE("claimed (seed 000 homogeneity JVP, causal " << causal << "):\n" << claimed.str());
+    MESSAGE("claimed (β-attention post, homogeneity JVP, causal " << causal << "):\n" << claimed.str());
     CHECK_FALSE(claimed.passed());
     CHECK(failed(claimed, "q", "jvp"));
     CHECK(failed(claimed, "k", "jvp"));

@@ -106,7 +106,7 @@ TEST_CASE("linear_attention matches its primitive-op form: output, dQ, dK, dV an
   check_matches_primitives({1, 1, 70, 140, 6, 4, false});
 }
 
-TEST_CASE("linear_attention: the seed's φ(Q)(φ(K)ᵀV) is the numerator only, not the output") {
+TEST_CASE("linear_attention: the linear-attention post's φ(Q)(φ(K)ᵀV) is the numerator only, not the output") {
   const Setup s{1, 2, 6, 6, 4, 3, false};
   const auto xs = draw_inputs(s, DType::f64, 5);
   const Tensor o = evaluate(node(false), xs);

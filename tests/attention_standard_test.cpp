@@ -1,5 +1,5 @@
-// attention: the fused node against the same map built from primitive ops (forward, gradients, tangents), seed
-// 004's prose derivative as a claimed VJP that the gradchecker must reject, numerics, and the errors.
+// attention: the fused node against the same map built from primitive ops (forward, gradients, tangents), the
+// attention-bias post's prose derivative as a claimed VJP that the gradchecker must reject, numerics, and the errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -65,7 +65,7 @@ void check_against_primitives(const Layout& L) {
   check_same_derivatives(a, b, {"dQ", "dK", "dV", "dB"}, 1e-10);
 }
 
-// ---- seed 004's derivative as a claimed VJP ----
+// ---- the attention-bias post's derivative as a claimed VJP (docs/derivations.md §5.3, §5.5) ----
 
 // A = softmax(s·QKᵀ + B) over (B, h, T, Tk), bias of the full shape, in plain loops.
 std::vector<double> naive_probabilities(const Tensor& q, const Tensor& k, const Tensor& bias, double s) {
@@ -90,8 +90,8 @@ std::vector<double> naive_probabilities(const Tensor& q, const Tensor& k, const 
 
 enum class ScoreGradient {
   corrected,    // dS = A ⊙ (dA − rowsum(A ⊙ dA)·1ᵀ), dQ = s·dS·K, dK = s·dSᵀ·Q
-  prose_ds,     // seed 004's prose dS = dA ⊙ (dA − (dA·Aᵀ)1), with the corrected dQ and dK
-  prose_dq_dk,  // the corrected dS with seed 004's prose dQ = dS·K and dK = dS·Q (no s, no transpose)
+  prose_ds,     // the post's prose dS = dA ⊙ (dA − (dA·Aᵀ)1), with the corrected dQ and dK
+  prose_dq_dk,  // the corrected dS with the post's prose dQ = dS·K and dK = dS·Q (no s, no transpose)
 };
 
 // attention(q, k, v, bias) with its real forward and JVP, and the VJP written out in plain loops in the
@@ -201,15 +201,15 @@ TEST_CASE("attention equals softmax(s·QKᵀ + B + M)·V built from primitive op
   for (const Layout& L : layouts) check_against_primitives(L);
 }
 
-TEST_CASE("seed 004: the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) fails the gradchecker; A ⊙ (dA − rowsum(A ⊙ dA)) passes") {
+TEST_CASE("attention-bias post: the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) fails the gradchecker; A ⊙ (dA − rowsum(A ⊙ dA)) passes") {
   const GradcheckReport prose = check_claim(ScoreGradient::prose_ds);
-  MESSAGE("claimed (seed 004 prose dS):\n" << prose.str());
+  MESSAGE("claimed (attention-bias post, prose dS):\n" << prose.str());
   CHECK_FALSE(prose.passed());
   CHECK(vjp_failed(prose, "q"));
   CHECK(vjp_failed(prose, "bias"));
 
   const GradcheckReport prose_qk = check_claim(ScoreGradient::prose_dq_dk);
-  MESSAGE("claimed (seed 004 prose dQ = dS·K, dK = dS·Q):\n" << prose_qk.str());
+  MESSAGE("claimed (attention-bias post, prose dQ = dS·K, dK = dS·Q):\n" << prose_qk.str());
   CHECK_FALSE(prose_qk.passed());
   CHECK(vjp_failed(prose_qk, "q"));
   CHECK(vjp_failed(prose_qk, "k"));

@@ -1,6 +1,6 @@
-// The gradchecker over every registered op; planted slips, each of which it must catch and name; the two seed
-// formulas that are wrong as written (seed 000's homogeneity JVP of β, seed 004's prose dS) as claimed
-// derivatives; ops without a JVP; and the gradcheck command on a registry of one's own.
+// The gradchecker over every registered op; planted slips, each of which it must catch and name; the two
+// formulas of the source posts that are wrong as written (the β-attention post's homogeneity JVP of β, the
+// attention-bias post's prose dS) as claimed derivatives; ops without a JVP; and the gradcheck command on a registry of one's own.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -244,10 +244,10 @@ Var square_without_jvp(Var x) {
       no_jvp("square_without_jvp"));
 }
 
-// ---- the seed formulas (/work/shared/docs/math-notes.md §1 and §3) as claimed derivatives ----
+// ---- the posts' formulas (docs/derivations.md §1.3 and §5.3) as claimed derivatives ----
 
-// Seed 000: dβ(x)·h = f(x, h)·β(x), f = ⟨x, h⟩/(r²(1 + r)), r = ‖x‖, per row.
-ClaimedJvp seed000_homogeneity_jvp() {
+// The β-attention post: dβ(x)·h = f(x, h)·β(x), f = ⟨x, h⟩/(r²(1 + r)), r = ‖x‖, per row.
+ClaimedJvp claimed_homogeneity_jvp() {
   return [](const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor &x = at.inputs[0], &beta = at.output;
     const int64_t cols = x.shape().back(), rows = x.numel() / cols;
@@ -263,18 +263,18 @@ ClaimedJvp seed000_homogeneity_jvp() {
   };
 }
 
-GradcheckReport check_seed000() {
+GradcheckReport check_homogeneity_claim() {
   Function forward = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
-  return gradcheck(claimed({"beta_seed000_jvp", forward, {}, seed000_homogeneity_jvp()}), {random_tensor({4, 6}, 41)},
+  return gradcheck(claimed({"beta_homogeneity_jvp", forward, {}, claimed_homogeneity_jvp()}), {random_tensor({4, 6}, 41)},
                    {"x"});
 }
 
-// Seed 004 on one (b, h) slice, bias of the full shape: A = softmax(s·QKᵀ + B), dA = G Vᵀ, and
+// The attention-bias post on one (b, h) slice, bias of the full shape: A = softmax(s·QKᵀ + B), dA = G Vᵀ, and
 //   corrected  dS = A ⊙ (dA − rowsum(A ⊙ dA)·1ᵀ)         prose  dS = dA ⊙ (dA − (dA·Aᵀ)·1)
 //   dQ = s·dS·K,  dK = s·dSᵀ·Q  (prose_qk: dQ = dS·K, dK = dS·Q),  dV = AᵀG,  dB = dS.     Q, K (T, d); V (T, dv)
-enum class Seed004 { corrected, prose_ds, prose_qk };
+enum class ScoreGradientClaim { corrected, prose_ds, prose_qk };
 
-ClaimedVjp seed004_vjp(Seed004 variant) {
+ClaimedVjp claimed_score_gradient_vjp(ScoreGradientClaim variant) {
   return [variant](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
     const Tensor &q = at.inputs[0], &k = at.inputs[1], &v = at.inputs[2], &b = at.inputs[3];
     const int64_t T = q.shape()[2], d = q.shape()[3], dv = v.shape()[3];
@@ -297,21 +297,21 @@ ClaimedVjp seed004_vjp(Seed004 variant) {
     for (int64_t i = 0; i < T; ++i) {
       double row = 0;  // rowsum(A ⊙ dA)_i, or the prose ((dA·Aᵀ)1)_i = Σ_j' Σ_j dA_ij A_j'j
       for (int64_t j = 0; j < T; ++j) {
-        if (variant == Seed004::prose_ds)
+        if (variant == ScoreGradientClaim::prose_ds)
           for (int64_t jj = 0; jj < T; ++jj) row += at_ij(da, i, j) * at_ij(a, jj, j);
         else
           row += at_ij(a, i, j) * at_ij(da, i, j);
       }
       for (int64_t j = 0; j < T; ++j)
-        at_ij(ds, i, j) = (variant == Seed004::prose_ds ? at_ij(da, i, j) : at_ij(a, i, j)) * (at_ij(da, i, j) - row);
+        at_ij(ds, i, j) = (variant == ScoreGradientClaim::prose_ds ? at_ij(da, i, j) : at_ij(a, i, j)) * (at_ij(da, i, j) - row);
     }
-    const double sq = variant == Seed004::prose_qk ? 1.0 : s;
+    const double sq = variant == ScoreGradientClaim::prose_qk ? 1.0 : s;
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j) {
         for (int64_t c = 0; c < d; ++c) {
           data(gin[0])[i * d + c] += sq * at_ij(ds, i, j) * data(k)[j * d + c];
           // dK_j = s·Σ_i dS_ij Q_i; the prose dK = dS·Q takes dS_ji instead
-          const double dkj = variant == Seed004::prose_qk ? at_ij(ds, j, i) : at_ij(ds, i, j);
+          const double dkj = variant == ScoreGradientClaim::prose_qk ? at_ij(ds, j, i) : at_ij(ds, i, j);
           data(gin[1])[j * d + c] += sq * dkj * data(q)[i * d + c];
         }
         for (int64_t c = 0; c < dv; ++c) data(gin[2])[j * dv + c] += at_ij(a, i, j) * data(g)[i * dv + c];
@@ -320,12 +320,12 @@ ClaimedVjp seed004_vjp(Seed004 variant) {
   };
 }
 
-GradcheckReport check_seed004(Seed004 variant) {
+GradcheckReport check_score_gradient_claim(ScoreGradientClaim variant) {
   Function forward = [](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], {}, x[3]); };
   std::vector<Tensor> xs{random_tensor({1, 1, 4, 4}, 31), random_tensor({1, 1, 4, 4}, 32),
                          random_tensor({1, 1, 4, 3}, 33), random_tensor({1, 1, 4, 4}, 34)};
   const std::vector<std::string> names{"q", "k", "v", "bias"};
-  return gradcheck(claimed({"attention_seed004_vjp", forward, seed004_vjp(variant), {}}), xs, names);
+  return gradcheck(claimed({"attention_claimed_vjp", forward, claimed_score_gradient_vjp(variant), {}}), xs, names);
 }
 
 std::string read_all(std::FILE* f) {
@@ -633,9 +633,9 @@ TEST_CASE("a claim without claimed derivatives is its forward: it records one no
   CHECK_THROWS_AS(claimed({"no forward", {}, {}, {}}), Error);
 }
 
-TEST_CASE("seed 000 (math-notes §1): the homogeneity JVP dβ(x)·h = f(x,h)·β(x) — JVP only, right along x alone") {
-  GradcheckReport r = check_seed000();
-  MESSAGE("seed 000, claimed JVP of β:\n" << r.str());
+TEST_CASE("β-attention post (docs/derivations.md §1.3): the homogeneity JVP dβ(x)·h = f(x,h)·β(x) — JVP only, right along x alone") {
+  GradcheckReport r = check_homogeneity_claim();
+  MESSAGE("β-attention post, claimed JVP of β:\n" << r.str());
   CHECK_FALSE(r.passed);
   CHECK(find_check(r, "jvp", "x"));
   CHECK_FALSE(find_check(r, "vjp", "x"));
@@ -644,9 +644,9 @@ TEST_CASE("seed 000 (math-notes §1): the homogeneity JVP dβ(x)·h = f(x,h)·β
   CHECK_FALSE(r.has(Finding::nonlinear));  // the claim is linear in h: wrong, but a linear map
 }
 
-TEST_CASE("seed 004 (math-notes §3): the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) — not linear in ȳ; the code's dS passes") {
-  GradcheckReport prose = check_seed004(Seed004::prose_ds);
-  MESSAGE("seed 004, prose dS:\n" << prose.str());
+TEST_CASE("attention-bias post (docs/derivations.md §5.3): the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) — not linear in ȳ; the code's dS passes") {
+  GradcheckReport prose = check_score_gradient_claim(ScoreGradientClaim::prose_ds);
+  MESSAGE("attention-bias post, prose dS:\n" << prose.str());
   CHECK_FALSE(prose.passed);
   for (const char* x : {"q", "k", "bias"}) {
     CAPTURE(x);
@@ -657,14 +657,14 @@ TEST_CASE("seed 004 (math-notes §3): the prose dS = dA ⊙ (dA − (dA·Aᵀ)1)
   }
   CHECK_FALSE(find_check(prose, "vjp", "v"));  // dV = AᵀG does not involve dS
 
-  GradcheckReport qk = check_seed004(Seed004::prose_qk);
-  MESSAGE("seed 004, prose dQ = dS·K and dK = dS·Q:\n" << qk.str());
+  GradcheckReport qk = check_score_gradient_claim(ScoreGradientClaim::prose_qk);
+  MESSAGE("attention-bias post, prose dQ = dS·K and dK = dS·Q:\n" << qk.str());
   const Diagnosis* dq = qk.find(Finding::scale, "q");
   REQUIRE(dq);
   CHECK(dq->message.find("c = 2") != std::string::npos);  // 1/s with s = 1/√4
   CHECK(find_check(qk, "vjp", "k"));
 
-  GradcheckReport corrected = check_seed004(Seed004::corrected);
+  GradcheckReport corrected = check_score_gradient_claim(ScoreGradientClaim::corrected);
   CHECK(corrected.passed);
 }
 
@@ -677,11 +677,11 @@ TEST_CASE("run_gradcheck and gradcheck_main over a registry of one's own ops") {
                {"rows", {{"x", {2, 3}}}, [](Tape&, std::span<const Var> x) { return square_without_jvp(x[0]); }});
   reg.add({"planted_square", "test", "x̄ += −2x·ȳ (a sign slip)", {}});
   reg.add_case("planted_square", square_case({.vjp_factor = -2}));
-  reg.add({"beta_seed000_jvp", "claims", "seed 000: dβ(x)·h = f(x,h)·β(x)", {}});
-  reg.add_case("beta_seed000_jvp",
-               {"rows", {{"x", {4, 6}}}, claimed({"beta_seed000_jvp", [](Tape&, std::span<const Var> x) {
+  reg.add({"beta_homogeneity_jvp", "claims", "the β-attention post: dβ(x)·h = f(x,h)·β(x)", {}});
+  reg.add_case("beta_homogeneity_jvp",
+               {"rows", {{"x", {4, 6}}}, claimed({"beta_homogeneity_jvp", [](Tape&, std::span<const Var> x) {
                                                     return row_normalize(x[0]);
-                                                  }, {}, seed000_homogeneity_jvp()})});
+                                                  }, {}, claimed_homogeneity_jvp()})});
 
   auto run = [&](std::vector<std::string> ops, bool json = false) {
     GradcheckRun args;
@@ -701,7 +701,7 @@ TEST_CASE("run_gradcheck and gradcheck_main over a registry of one's own ops") {
     CHECK(out.find("ok (no JVP)") != std::string::npos);
   }
   {
-    auto [code, out] = run({"planted_square", "beta_seed000_jvp"});
+    auto [code, out] = run({"planted_square", "beta_homogeneity_jvp"});
     INFO(out);
     CHECK(code == 1);
     CHECK(out.find("[sign] x, vjp") != std::string::npos);

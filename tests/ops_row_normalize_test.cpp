@@ -1,5 +1,5 @@
 // row_normalize β(x) = x/(1 + ‖x‖): values against a naive reference, the x = 0 branch, float32 against float64,
-// errors; and the gradchecker rejecting seed 000's claimed JVP dβ(x)·h = f(x,h)·β(x) where ours passes.
+// errors; and the gradchecker rejecting the β-attention post's claimed JVP dβ(x)·h = f(x,h)·β(x) where ours passes.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -24,8 +24,8 @@ const CheckResult* find_check(const GradcheckReport& r, std::string_view input, 
   return nullptr;
 }
 
-// Seed 000's claimed JVP, f(x,h)·β(x) with f = ⟨x,h⟩/(r²(1 + r)), per row (x ≠ 0).     ty, x, tx: (rows, cols)
-void seed_claimed_jvp(double* ty, const double* x, const double* tx, int64_t rows, int64_t cols) {
+// The β-attention post's claimed JVP, f(x,h)·β(x) with f = ⟨x,h⟩/(r²(1 + r)), per row (x ≠ 0).     ty, x, tx: (rows, cols)
+void claimed_homogeneity_jvp(double* ty, const double* x, const double* tx, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
     const double* xi = x + i * cols;
     const double* hi = tx + i * cols;
@@ -40,20 +40,20 @@ void seed_claimed_jvp(double* ty, const double* x, const double* tx, int64_t row
   }
 }
 
-// β with our forward and VJP but the seed's claimed JVP (float64 only).
-Var row_normalize_with_seed_jvp(Var x) {
+// β with our forward and VJP but the post's claimed JVP (docs/derivations.md §1.3) (float64 only).
+Var row_normalize_with_claimed_jvp(Var x) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   const int64_t cols = x.shape().back(), rows = x.shape().numel() / cols;
   Tensor y = tape.empty(DType::f64, x.shape());
   row_normalize_forward(y.data<double>(), xv.data<double>(), rows, cols);
   return tape.record(
-      "row_normalize_seed_jvp", {x}, y,
+      "row_normalize_claimed_jvp", {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         row_normalize_vjp(gin[0].data<double>(), xv.data<double>(), g.data<double>(), rows, cols);
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        seed_claimed_jvp(ty.data<double>(), xv.data<double>(), tin[0].data<double>(), rows, cols);
+        claimed_homogeneity_jvp(ty.data<double>(), xv.data<double>(), tin[0].data<double>(), rows, cols);
       });
 }
 
@@ -113,13 +113,13 @@ TEST_CASE("float32 agrees with float64, for small and for large rows") {
   }
 }
 
-TEST_CASE("seed 000's claimed JVP f(x,h)·β(x) holds for h ∥ x and fails for h ⟂ x") {
+TEST_CASE("the β-attention post's claimed JVP f(x,h)·β(x) holds for h ∥ x and fails for h ⟂ x") {
   const std::vector<double> x{3, 0, 4};  // r = 5
   std::vector<double> ours(3, 0.0), claimed(3, 0.0);
   // h ∥ x: both give (1/(1 + r)²)·h.
   const std::vector<double> h_par{0.6, 0, 0.8};
   row_normalize_jvp(ours.data(), x.data(), h_par.data(), 1, 3);
-  seed_claimed_jvp(claimed.data(), x.data(), h_par.data(), 1, 3);
+  claimed_homogeneity_jvp(claimed.data(), x.data(), h_par.data(), 1, 3);
   for (size_t j = 0; j < 3; ++j) {
     CHECK(ours[j] == doctest::Approx(h_par[j] / 36));
     CHECK(claimed[j] == doctest::Approx(ours[j]));
@@ -129,28 +129,28 @@ TEST_CASE("seed 000's claimed JVP f(x,h)·β(x) holds for h ∥ x and fails for 
   ours.assign(3, 0.0);
   claimed.assign(3, 0.0);
   row_normalize_jvp(ours.data(), x.data(), h_perp.data(), 1, 3);
-  seed_claimed_jvp(claimed.data(), x.data(), h_perp.data(), 1, 3);
+  claimed_homogeneity_jvp(claimed.data(), x.data(), h_perp.data(), 1, 3);
   CHECK(ours[1] == doctest::Approx(1.0 / 6));
   CHECK(claimed[1] == 0);
 }
 
-TEST_CASE("the gradchecker rejects seed 000's claimed JVP and passes ours") {
+TEST_CASE("the gradchecker rejects the β-attention post's claimed JVP and passes ours") {
   Tensor x = random_tensor({4, 6}, DType::f64, 41);
   std::vector<Tensor> xs{x};
   const std::vector<std::string> names{"x"};
 
-  GradcheckReport seed = gradcheck([](Tape&, std::span<const Var> v) { return row_normalize_with_seed_jvp(v[0]); },
+  GradcheckReport claim = gradcheck([](Tape&, std::span<const Var> v) { return row_normalize_with_claimed_jvp(v[0]); },
                                    xs, names);
-  INFO(seed.str());
-  const CheckResult* seed_jvp = find_check(seed, "x", "jvp");
-  REQUIRE(seed_jvp);
-  CHECK_FALSE(seed.passed());
-  CHECK_FALSE(seed_jvp->passed);
-  CHECK(seed_jvp->max_rel_err > 0.5);
-  CHECK(find_check(seed, "x", "vjp")->passed);  // the same node's VJP is right: the failure is the JVP's alone
-  CHECK_FALSE(find_check(seed, "x", "adjoint")->passed);
-  MESSAGE("seed 000's claimed JVP: max abs error " << seed_jvp->max_abs_err << ", max rel error "
-                                                   << seed_jvp->max_rel_err);
+  INFO(claim.str());
+  const CheckResult* claim_jvp = find_check(claim, "x", "jvp");
+  REQUIRE(claim_jvp);
+  CHECK_FALSE(claim.passed());
+  CHECK_FALSE(claim_jvp->passed);
+  CHECK(claim_jvp->max_rel_err > 0.5);
+  CHECK(find_check(claim, "x", "vjp")->passed);  // the same node's VJP is right: the failure is the JVP's alone
+  CHECK_FALSE(find_check(claim, "x", "adjoint")->passed);
+  MESSAGE("the β-attention post's claimed JVP: max abs error " << claim_jvp->max_abs_err << ", max rel error "
+                                                              << claim_jvp->max_rel_err);
 
   GradcheckReport ours = gradcheck(row_normalize_of, xs, names);
   INFO(ours.str());

@@ -53,7 +53,7 @@ TEST_CASE("the default model has nanoGPT's 804,096 parameters") {
   CHECK(model.num_parameters() == 804096);
 }
 
-TEST_CASE("attention parameters per layer follow seed 002's formulas (math-notes §5)") {
+TEST_CASE("attention parameters per layer follow the better-attention post's formulas (docs/derivations.md §3)") {
   GPTConfig cfg;
   cfg.n_embd = 48;
   cfg.n_head = 4;

@@ -19,13 +19,6 @@ namespace tapegrad::cli::bench {
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // "VmHWM", "VmRSS", ... of /proc/self/status in kB; 0 if absent.
 int64_t proc_status_kb(const std::string& key) {
   std::ifstream in("/proc/self/status");

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/tensor.hpp"
+#include "models/stats.hpp"
 
 #ifndef TAPEGRAD_SOURCE_DIR
 #define TAPEGRAD_SOURCE_DIR "."
@@ -44,7 +45,6 @@ struct BenchArgs {
 };
 
 double ms_since(Clock::time_point t0);
-double median(std::vector<double> v);  // NaN when empty; the mean of the two middle values when even
 
 // ---- the machine ----------------------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ the broadcast shapes and an upstream gradient G, writes them to a safetensors fi
 (tests/torch_attention_bridge.cpp), which evaluates tapegrad's node and its backward with G, and compares the
 bridge's O, dQ, dK, dV (and dbias) with the same map written in plain PyTorch ops and differentiated by autograd.
 
-The reference maps (docs: /work/shared/docs/math-notes.md §1, §2-3, §4, §6), s = 1/sqrt(d), causal: key j <= i:
+The reference maps (docs/derivations.md §1.4, §2.1, §4.1, §5), s = 1/sqrt(d), causal: key j <= i:
   attention, tiled_attention   O = softmax(s Q K^T + bias + M) V           M = -inf where j > i
   beta_attention               O = beta((s Q K^T) * M01) V                 beta(x) = x / (1 + ||x||) per row
   linear_attention             O = ((phi(Q) phi(K)^T * M01) V) / ((phi(Q) phi(K)^T * M01) 1),  phi = elu + 1
