@@ -108,7 +108,9 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     c = &*it;
   }
   std::vector<InputSpec> specs = c->inputs;
-  for (const auto& [name, shape] : options.shapes) {
+  for (const auto& entry : options.shapes) {
+    const std::string& name = entry.first;  // not a structured binding: Clang 14 cannot capture one in a lambda
+    const Shape& shape = entry.second;
     auto it = std::find_if(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == name; });
     if (it == specs.end()) {
       std::vector<std::string> names;
