@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/blas_info.hpp"
 #include "engine/parallel.hpp"
@@ -62,20 +63,29 @@ inline void check_core() {
 
 }  // namespace blas_detail
 
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  blas_detail::check_core();
-  if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
-    return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+// An operand of a product: a row-major matrix at `data` with leading dimension `ld`, used as it is or transposed.
+template <class T>
+struct MatrixOperand {
+  const T* data;
+  int64_t ld;
+  bool transposed;
+};
+template <class T>
+MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
+template <class T>
+MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
 
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+// C (m, n) = α·op(A)·op(B) + β·C, op(A) of shape (m, k) and op(B) of shape (k, n); C row-major with leading
+// dimension ldc. For example x·wᵀ into y:  gemm(n, out, in, 1.0f, as_is(x, in), transposed(w, in), 0.0f, y, out).
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, MatrixOperand<T> a, MatrixOperand<T> b,
+          std::type_identity_t<T> beta, T* c, int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
   blas_detail::check_core();
   if (m * n * k < blas_detail::kSplitMacs || in_parallel_region())
-    return blas_detail::gemm_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  blas_detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return blas_detail::gemm_call(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta, c,
+                                  ldc);
+  blas_detail::gemm_split(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta, c, ldc);
 }
 
 }  // namespace tapegrad

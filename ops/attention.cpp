@@ -64,10 +64,10 @@ void attention_forward(const AttentionDims& D, const SliceData<T>& x, const Bias
   const T s = static_cast<T>(D.scale);
   for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
     T* a_blk = a + i0 * D.Tk;
-    gemm(false, true, r, key_end, D.d, s, x.q + i0 * D.d, D.d, x.k, D.d, T(0), a_blk, D.Tk);
+    gemm(r, key_end, D.d, s, as_is(x.q + i0 * D.d, D.d), transposed(x.k, D.d), T(0), a_blk, D.Tk);
     if (x.bias) add_bias_block(L, a_blk, D.Tk, x.bias, x.b, x.h, i0, r, 0, key_end);
     for (int64_t i = 0; i < r; ++i) masked_softmax_row(a_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
-    gemm(false, false, r, D.dv, key_end, T(1), a_blk, D.Tk, x.v, D.dv, T(0), o + i0 * D.dv, D.dv);
+    gemm(r, D.dv, key_end, T(1), as_is(a_blk, D.Tk), as_is(x.v, D.dv), T(0), o + i0 * D.dv, D.dv);
   });
 }
 
@@ -97,17 +97,17 @@ void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
   for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
     const T* a_blk = a + i0 * D.Tk;
     const T* g_blk = g + i0 * D.dv;
-    if (dv) gemm(true, false, key_end, D.dv, r, T(1), a_blk, D.Tk, g_blk, D.dv, T(1), dv, D.dv);
+    if (dv) gemm(key_end, D.dv, r, T(1), transposed(a_blk, D.Tk), as_is(g_blk, D.dv), T(1), dv, D.dv);
     if (!need_ds) return;
-    gemm(false, true, r, key_end, D.dv, T(1), g_blk, D.dv, x.v, D.dv, T(0), ds, key_end);
+    gemm(r, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(x.v, D.dv), T(0), ds, key_end);
     for (int64_t i = 0; i < r; ++i) {
       const T row_term = lane_dot(g_blk + i * D.dv, o + (i0 + i) * D.dv, D.dv);  // D_i = G_i·O_i
       const T* a_i = a_blk + i * D.Tk;
       T* ds_i = ds + i * key_end;
       for (int64_t j = 0; j < key_end; ++j) ds_i[j] = a_i[j] * (ds_i[j] - row_term);
     }
-    if (dq) gemm(false, false, r, D.d, key_end, s, ds, key_end, x.k, D.d, T(1), dq + i0 * D.d, D.d);
-    if (dk) gemm(true, false, key_end, D.d, r, s, ds, key_end, x.q + i0 * D.d, D.d, T(1), dk, D.d);
+    if (dq) gemm(r, D.d, key_end, s, as_is(ds, key_end), as_is(x.k, D.d), T(1), dq + i0 * D.d, D.d);
+    if (dk) gemm(key_end, D.d, r, s, transposed(ds, key_end), as_is(x.q + i0 * D.d, D.d), T(1), dk, D.d);
     if (dbias) accumulate_bias_grad_block(L, dbias, ds, key_end, x.b, x.h, i0, r, 0, key_end);
   });
 }
@@ -129,9 +129,9 @@ void attention_jvp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
     T* t_blk = tout + i0 * D.dv;
     if (need_z) {
       if (!tq && !tk) std::fill(z, z + r * key_end, T(0));
-      if (tq) gemm(false, true, r, key_end, D.d, s, tq + i0 * D.d, D.d, x.k, D.d, T(0), z, key_end);
+      if (tq) gemm(r, key_end, D.d, s, as_is(tq + i0 * D.d, D.d), transposed(x.k, D.d), T(0), z, key_end);
       if (tk)
-        gemm(false, true, r, key_end, D.d, s, x.q + i0 * D.d, D.d, tk, D.d, T(tq ? 1 : 0), z, key_end);
+        gemm(r, key_end, D.d, s, as_is(x.q + i0 * D.d, D.d), transposed(tk, D.d), T(tq ? 1 : 0), z, key_end);
       if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.h, i0, r, 0, key_end);
       for (int64_t i = 0; i < r; ++i) {
         const T* a_i = a_blk + i * D.Tk;
@@ -141,9 +141,9 @@ void attention_jvp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
         const T* o_i = o + (i0 + i) * D.dv;
         for (int64_t c = 0; c < D.dv; ++c) t_blk[i * D.dv + c] -= row_term * o_i[c];
       }
-      gemm(false, false, r, D.dv, key_end, T(1), z, key_end, x.v, D.dv, T(1), t_blk, D.dv);
+      gemm(r, D.dv, key_end, T(1), as_is(z, key_end), as_is(x.v, D.dv), T(1), t_blk, D.dv);
     }
-    if (tv) gemm(false, false, r, D.dv, key_end, T(1), a_blk, D.Tk, tv, D.dv, T(1), t_blk, D.dv);
+    if (tv) gemm(r, D.dv, key_end, T(1), as_is(a_blk, D.Tk), as_is(tv, D.dv), T(1), t_blk, D.dv);
   });
 }
 

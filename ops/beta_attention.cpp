@@ -65,9 +65,9 @@ void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, cons
   const T s = static_cast<T>(D.scale);
   for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
     T* b_blk = bb + i0 * D.Tk;
-    gemm(false, true, rows, key_end, D.d, s, q + i0 * D.d, D.d, k, D.d, T(0), b_blk, D.Tk);
+    gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(k, D.d), T(0), b_blk, D.Tk);
     for (int64_t i = 0; i < rows; ++i) r[i0 + i] = beta_row_forward(b_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
-    gemm(false, false, rows, D.dv, key_end, T(1), b_blk, D.Tk, v, D.dv, T(0), o + i0 * D.dv, D.dv);
+    gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(v, D.dv), T(0), o + i0 * D.dv, D.dv);
   });
 }
 
@@ -86,13 +86,13 @@ void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T*
   for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
     const T* b_blk = bb + i0 * D.Tk;
     const T* g_blk = g + i0 * D.dv;
-    if (dv) gemm(true, false, key_end, D.dv, rows, T(1), b_blk, D.Tk, g_blk, D.dv, T(1), dv, D.dv);
+    if (dv) gemm(key_end, D.dv, rows, T(1), transposed(b_blk, D.Tk), as_is(g_blk, D.dv), T(1), dv, D.dv);
     if (!dq && !dk) return;
-    gemm(false, true, rows, key_end, D.dv, T(1), g_blk, D.dv, v, D.dv, T(0), dp, key_end);
+    gemm(rows, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(v, D.dv), T(0), dp, key_end);
     for (int64_t i = 0; i < rows; ++i)
       beta_row_derivative(dp + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
-    if (dq) gemm(false, false, rows, D.d, key_end, s, dp, key_end, k, D.d, T(1), dq + i0 * D.d, D.d);
-    if (dk) gemm(true, false, key_end, D.d, rows, s, dp, key_end, q + i0 * D.d, D.d, T(1), dk, D.d);
+    if (dq) gemm(rows, D.d, key_end, s, as_is(dp, key_end), as_is(k, D.d), T(1), dq + i0 * D.d, D.d);
+    if (dk) gemm(key_end, D.d, rows, s, transposed(dp, key_end), as_is(q + i0 * D.d, D.d), T(1), dk, D.d);
   });
 }
 
@@ -108,14 +108,14 @@ void beta_attention_jvp(const AttentionDims& D, const T* q, const T* k, const T*
     const T* b_blk = bb + i0 * D.Tk;
     T* t_blk = tout + i0 * D.dv;
     if (tq || tk) {
-      if (tq) gemm(false, true, rows, key_end, D.d, s, tq + i0 * D.d, D.d, k, D.d, T(0), pdot, key_end);
+      if (tq) gemm(rows, key_end, D.d, s, as_is(tq + i0 * D.d, D.d), transposed(k, D.d), T(0), pdot, key_end);
       if (tk)
-        gemm(false, true, rows, key_end, D.d, s, q + i0 * D.d, D.d, tk, D.d, T(tq ? 1 : 0), pdot, key_end);
+        gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(tk, D.d), T(tq ? 1 : 0), pdot, key_end);
       for (int64_t i = 0; i < rows; ++i)
         beta_row_derivative(pdot + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
-      gemm(false, false, rows, D.dv, key_end, T(1), pdot, key_end, v, D.dv, T(1), t_blk, D.dv);
+      gemm(rows, D.dv, key_end, T(1), as_is(pdot, key_end), as_is(v, D.dv), T(1), t_blk, D.dv);
     }
-    if (tv) gemm(false, false, rows, D.dv, key_end, T(1), b_blk, D.Tk, tv, D.dv, T(1), t_blk, D.dv);
+    if (tv) gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(tv, D.dv), T(1), t_blk, D.dv);
   });
 }
 

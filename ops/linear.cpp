@@ -49,7 +49,7 @@ Var linear(Var x, Var w, Var b) {
   Tensor y = tape.empty(x.dtype(), yshape);
   dispatch_float(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    gemm(false, true, n, out, in, T(1), xv.data<T>(), in, wv.data<T>(), in, T(0), y.data<T>(), out);
+    gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(wv.data<T>(), in), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
@@ -57,9 +57,9 @@ Var linear(Var x, Var w, Var b) {
       using T = decltype(tag);
       const T* pg = g.data<T>();
       if (gin[0].defined())
-        gemm(false, false, n, in, out, T(1), pg, out, wv.data<T>(), in, T(1), gin[0].data<T>(), in);
+        gemm(n, in, out, T(1), as_is(pg, out), as_is(wv.data<T>(), in), T(1), gin[0].data<T>(), in);
       if (gin[1].defined())
-        gemm(true, false, out, in, n, T(1), pg, out, xv.data<T>(), in, T(1), gin[1].data<T>(), in);
+        gemm(out, in, n, T(1), transposed(pg, out), as_is(xv.data<T>(), in), T(1), gin[1].data<T>(), in);
       if (gin.size() > 2 && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
     });
   };
@@ -68,9 +68,9 @@ Var linear(Var x, Var w, Var b) {
       using T = decltype(tag);
       T* pt = ty.data<T>();
       if (tin[0].defined())
-        gemm(false, true, n, out, in, T(1), tin[0].data<T>(), in, wv.data<T>(), in, T(1), pt, out);
+        gemm(n, out, in, T(1), as_is(tin[0].data<T>(), in), transposed(wv.data<T>(), in), T(1), pt, out);
       if (tin[1].defined())
-        gemm(false, true, n, out, in, T(1), xv.data<T>(), in, tin[1].data<T>(), in, T(1), pt, out);
+        gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(tin[1].data<T>(), in), T(1), pt, out);
       if (tin.size() > 2 && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
     });
   };

@@ -82,7 +82,7 @@ struct Workspace {
 // S += kᵀv (d×dv), z += kᵀ1 (d), over `rows` rows of k (rows×d) and v (rows×dv).
 template <class T>
 void add_key_sums(T* S, T* z, const T* k, const T* v, int64_t rows, int64_t d, int64_t dv) {
-  gemm(true, false, d, dv, rows, T(1), k, d, v, dv, T(1), S, dv);
+  gemm(d, dv, rows, T(1), transposed(k, d), as_is(v, dv), T(1), S, dv);
   for (int64_t j = 0; j < rows; ++j)
     for (int64_t x = 0; x < d; ++x) z[x] += k[j * d + x];
 }
@@ -97,7 +97,7 @@ void keep_lower(T* M, int64_t c) {
 // P = tril(q_I k_Iᵀ) (c×c).
 template <class T>
 void chunk_scores(T* P, const T* qI, const T* kI, int64_t c, int64_t d) {
-  gemm(false, true, c, c, d, T(1), qI, d, kI, d, T(0), P, c);
+  gemm(c, c, d, T(1), as_is(qI, d), transposed(kI, d), T(0), P, c);
   keep_lower(P, c);
 }
 
@@ -127,13 +127,13 @@ void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, 
       std::fill(OI, OI + c * dv, T(0));
       std::fill(denI, denI + c, T(0));
     } else {
-      gemm(false, false, c, dv, d, T(1), qI, d, S, dv, T(0), OI, dv);
+      gemm(c, dv, d, T(1), as_is(qI, d), as_is(S, dv), T(0), OI, dv);
       for (int64_t i = 0; i < c; ++i) denI[i] = dot(qI + i * d, z, d);
     }
     if (n.causal) {
       const T *kI = k + a * d, *vI = v + a * dv;
       chunk_scores(P, qI, kI, c, d);
-      gemm(false, false, c, dv, c, T(1), P, c, vI, dv, T(1), OI, dv);
+      gemm(c, dv, c, T(1), as_is(P, c), as_is(vI, dv), T(1), OI, dv);
       for (int64_t i = 0; i < c; ++i)
         for (int64_t j = 0; j <= i; ++j) denI[i] += P[i * c + j];
       if (a + c < n.tq) add_key_sums(S, z, kI, vI, c, d, dv);  // the last chunk's sums are read by no one
@@ -170,7 +170,7 @@ void normalized_cotangent(T* Gn, T* gamma, const T* G, const T* O, const T* den,
 // W = tril(Gn_I v_Iᵀ + γ_I 1ᵀ) (c×c).
 template <class T>
 void chunk_cotangent_scores(T* W, const T* Gn, const T* gamma, const T* vI, int64_t c, int64_t dv) {
-  gemm(false, true, c, c, dv, T(1), Gn, dv, vI, dv, T(0), W, c);
+  gemm(c, c, dv, T(1), as_is(Gn, dv), transposed(vI, dv), T(0), W, c);
   for (int64_t i = 0; i < c; ++i)
     for (int64_t j = 0; j <= i; ++j) W[i * c + j] += gamma[i];
   keep_lower(W, c);
@@ -203,7 +203,7 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
       if (n.causal && a == 0) {  // S = 0, z = 0
         std::fill(dx, dx + c * d, T(0));
       } else {
-        gemm(false, true, c, d, dv, T(1), Gn, dv, S, dv, T(0), dx, d);
+        gemm(c, d, dv, T(1), as_is(Gn, dv), transposed(S, dv), T(0), dx, d);
         for (int64_t i = 0; i < c; ++i)
           for (int64_t x = 0; x < d; ++x) dx[i * d + x] += gamma[i] * z[x];
       }
@@ -211,7 +211,7 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
         const T *kI = k + a * d, *vI = v + a * dv;
         chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);
         w_chunk = a;
-        gemm(false, false, c, d, c, T(1), W, c, kI, d, T(1), dx, d);
+        gemm(c, d, c, T(1), as_is(W, c), as_is(kI, d), T(1), dx, d);
         if (a + c < n.tq) add_key_sums(S, z, kI, vI, c, d, dv);
       }
       add_through_phi(gq + a * d, dx, q + a * d, c * d);
@@ -225,7 +225,7 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
   zero(w.z);
   auto add_query_sums = [&](int64_t a, int64_t c) {  // R += q_Iᵀ Gn_I, r += q_Iᵀ γ_I
     const T* qI = q + a * d;
-    gemm(true, false, d, dv, c, T(1), qI, d, Gn, dv, T(1), R, dv);
+    gemm(d, dv, c, T(1), transposed(qI, d), as_is(Gn, dv), T(1), R, dv);
     for (int64_t i = 0; i < c; ++i)
       for (int64_t x = 0; x < d; ++x) r[x] += gamma[i] * qI[i * d + x];
   };
@@ -250,22 +250,22 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
       if (empty_state) {
         std::fill(dx, dx + c * d, T(0));
       } else {
-        gemm(false, true, c, d, dv, T(1), vI, dv, R, dv, T(0), dx, d);
+        gemm(c, d, dv, T(1), as_is(vI, dv), transposed(R, dv), T(0), dx, d);
         for (int64_t j = 0; j < c; ++j)
           for (int64_t x = 0; x < d; ++x) dx[j * d + x] += r[x];
       }
       if (n.causal) {
         if (w_chunk != a) chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);
         w_chunk = a;
-        gemm(true, false, c, d, c, T(1), W, c, qI, d, T(1), dx, d);
+        gemm(c, d, c, T(1), transposed(W, c), as_is(qI, d), T(1), dx, d);
       }
       add_through_phi(gk + a * d, dx, kI, c * d);
     }
     if (gv) {
-      if (!empty_state) gemm(false, false, c, dv, d, T(1), kI, d, R, dv, T(1), gv + a * dv, dv);
+      if (!empty_state) gemm(c, dv, d, T(1), as_is(kI, d), as_is(R, dv), T(1), gv + a * dv, dv);
       if (n.causal) {
         chunk_scores(P, qI, kI, c, d);
-        gemm(true, false, c, dv, c, T(1), P, c, Gn, dv, T(1), gv + a * dv, dv);
+        gemm(c, dv, c, T(1), transposed(P, c), as_is(Gn, dv), T(1), gv + a * dv, dv);
       }
     }
     if (n.causal && ci > 0) add_query_sums(a, c);  // the first chunk's sums are read by no one
@@ -305,7 +305,7 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
     const T *kJ = k + a * d, *vJ = v + a * dv;
     add_key_sums(S, z, kJ, vJ, c, d, dv);
     if (K_dot) add_key_sums(S_dot, z_dot, k_dot, vJ, c, d, dv);
-    if (V_dot) gemm(true, false, d, dv, c, T(1), kJ, d, V_dot + a * dv, dv, T(1), S_dot, dv);
+    if (V_dot) gemm(d, dv, c, T(1), transposed(kJ, d), as_is(V_dot + a * dv, dv), T(1), S_dot, dv);
   };
   if (!n.causal)
     for (int64_t a = 0; a < n.tk; a += kChunk) {
@@ -316,27 +316,27 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
   for (int64_t a = 0; a < n.tq; a += kChunk) {
     const int64_t c = std::min(kChunk, n.tq - a);
     const T* qI = q + a * d;
-    gemm(false, false, c, dv, d, T(1), qI, d, S_dot, dv, T(0), num_dot, dv);
+    gemm(c, dv, d, T(1), as_is(qI, d), as_is(S_dot, dv), T(0), num_dot, dv);
     for (int64_t i = 0; i < c; ++i) den_dot[i] = dot(qI + i * d, z_dot, d);
     if (Q_dot) {
       feature_tangent(q_dot, Q_dot + a * d, qI, c * d);
-      gemm(false, false, c, dv, d, T(1), q_dot, d, S, dv, T(1), num_dot, dv);
+      gemm(c, dv, d, T(1), as_is(q_dot, d), as_is(S, dv), T(1), num_dot, dv);
       for (int64_t i = 0; i < c; ++i) den_dot[i] += dot(q_dot + i * d, z, d);
     }
     if (n.causal) {
       const T *kI = k + a * d, *vI = v + a * dv;
       if (K_dot) key_tangent(a, c);
       if (Q_dot || K_dot) {
-        if (Q_dot) gemm(false, true, c, c, d, T(1), q_dot, d, kI, d, T(0), P_dot, c);
-        if (K_dot) gemm(false, true, c, c, d, T(1), qI, d, k_dot, d, T(Q_dot ? 1 : 0), P_dot, c);
+        if (Q_dot) gemm(c, c, d, T(1), as_is(q_dot, d), transposed(kI, d), T(0), P_dot, c);
+        if (K_dot) gemm(c, c, d, T(1), as_is(qI, d), transposed(k_dot, d), T(Q_dot ? 1 : 0), P_dot, c);
         keep_lower(P_dot, c);
-        gemm(false, false, c, dv, c, T(1), P_dot, c, vI, dv, T(1), num_dot, dv);
+        gemm(c, dv, c, T(1), as_is(P_dot, c), as_is(vI, dv), T(1), num_dot, dv);
         for (int64_t i = 0; i < c; ++i)
           for (int64_t j = 0; j <= i; ++j) den_dot[i] += P_dot[i * c + j];
       }
       if (V_dot) {
         chunk_scores(P, qI, kI, c, d);
-        gemm(false, false, c, dv, c, T(1), P, c, V_dot + a * dv, dv, T(1), num_dot, dv);
+        gemm(c, dv, c, T(1), as_is(P, c), as_is(V_dot + a * dv, dv), T(1), num_dot, dv);
       }
       add_all_key_sums(a, c);
     }

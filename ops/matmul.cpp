@@ -98,9 +98,9 @@ void for_each_batch(const MatmulGeometry& g, F&& f) {
 template <class T>
 void matmul_forward(const MatmulGeometry& g, const T* a, const T* b, T* y) {
   const int64_t m = g.m, k = g.k, n = g.n;
-  if (g.single_b) return gemm(false, false, g.batches * m, n, k, T(1), a, k, b, n, T(0), y, n);
+  if (g.single_b) return gemm(g.batches * m, n, k, T(1), as_is(a, k), as_is(b, n), T(0), y, n);
   for_each_batch(g, [&](int64_t q, int64_t ia, int64_t ib) {
-    gemm(false, false, m, n, k, T(1), a + ia * m * k, k, b + ib * k * n, n, T(0), y + q * m * n, n);
+    gemm(m, n, k, T(1), as_is(a + ia * m * k, k), as_is(b + ib * k * n, n), T(0), y + q * m * n, n);
   });
 }
 
@@ -112,14 +112,14 @@ void matmul_vjp(const MatmulGeometry& g, const T* a, const T* b, const T* gy, T*
   const int64_t m = g.m, k = g.k, n = g.n;
   if (g.single_b) {
     const int64_t rows = g.batches * m;
-    if (ga) gemm(false, true, rows, k, n, T(1), gy, n, b, n, T(1), ga, k);
-    if (gb) gemm(true, false, k, n, rows, T(1), a, k, gy, n, T(1), gb, n);
+    if (ga) gemm(rows, k, n, T(1), as_is(gy, n), transposed(b, n), T(1), ga, k);
+    if (gb) gemm(k, n, rows, T(1), transposed(a, k), as_is(gy, n), T(1), gb, n);
     return;
   }
   for_each_batch(g, [&](int64_t q, int64_t ia, int64_t ib) {
     const T* gq = gy + q * m * n;
-    if (ga) gemm(false, true, m, k, n, T(1), gq, n, b + ib * k * n, n, T(1), ga + ia * m * k, k);
-    if (gb) gemm(true, false, k, n, m, T(1), a + ia * m * k, k, gq, n, T(1), gb + ib * k * n, n);
+    if (ga) gemm(m, k, n, T(1), as_is(gq, n), transposed(b + ib * k * n, n), T(1), ga + ia * m * k, k);
+    if (gb) gemm(k, n, m, T(1), transposed(a + ia * m * k, k), as_is(gq, n), T(1), gb + ib * k * n, n);
   });
 }
 
@@ -130,14 +130,14 @@ void matmul_jvp(const MatmulGeometry& g, const T* a, const T* b, const T* ta, co
   const int64_t m = g.m, k = g.k, n = g.n;
   if (g.single_b) {
     const int64_t rows = g.batches * m;
-    if (ta) gemm(false, false, rows, n, k, T(1), ta, k, b, n, T(1), ty, n);
-    if (tb) gemm(false, false, rows, n, k, T(1), a, k, tb, n, T(1), ty, n);
+    if (ta) gemm(rows, n, k, T(1), as_is(ta, k), as_is(b, n), T(1), ty, n);
+    if (tb) gemm(rows, n, k, T(1), as_is(a, k), as_is(tb, n), T(1), ty, n);
     return;
   }
   for_each_batch(g, [&](int64_t q, int64_t ia, int64_t ib) {
     T* tq = ty + q * m * n;
-    if (ta) gemm(false, false, m, n, k, T(1), ta + ia * m * k, k, b + ib * k * n, n, T(1), tq, n);
-    if (tb) gemm(false, false, m, n, k, T(1), a + ia * m * k, k, tb + ib * k * n, n, T(1), tq, n);
+    if (ta) gemm(m, n, k, T(1), as_is(ta + ia * m * k, k), as_is(b + ib * k * n, n), T(1), tq, n);
+    if (tb) gemm(m, n, k, T(1), as_is(a + ia * m * k, k), as_is(tb + ib * k * n, n), T(1), tq, n);
   });
 }
 

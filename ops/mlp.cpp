@@ -55,10 +55,10 @@ struct MlpDims {
 template <class T>
 void mlp_forward(const MlpDims& d, const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* u, T* t, T* h,
                  T* y) {
-  gemm(false, true, d.n, d.h, d.c, T(1), x, d.c, w1, d.c, T(0), u, d.h);
+  gemm(d.n, d.h, d.c, T(1), as_is(x, d.c), transposed(w1, d.c), T(0), u, d.h);
   if (b1) add_rows(u, b1, d.n, d.h);
   gelu_forward(h, t, u, d.n * d.h);
-  gemm(false, true, d.n, d.c_out, d.h, T(1), h, d.h, w2, d.h, T(0), y, d.c_out);
+  gemm(d.n, d.c_out, d.h, T(1), as_is(h, d.h), transposed(w2, d.h), T(0), y, d.c_out);
   if (b2) add_rows(y, b2, d.n, d.c_out);
 }
 
@@ -68,15 +68,15 @@ void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
              T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar) {
   if (dw2) {
     gelu_from_tanh(h, u, t, d.n * d.h);
-    gemm(true, false, d.c_out, d.h, d.n, T(1), g, d.c_out, h, d.h, T(1), dw2, d.h);
+    gemm(d.c_out, d.h, d.n, T(1), transposed(g, d.c_out), as_is(h, d.h), T(1), dw2, d.h);
   }
   if (db2) sum_rows(db2, g, d.n, d.c_out);
   if (!dx && !dw1 && !db1) return;
-  gemm(false, false, d.n, d.h, d.c_out, T(1), g, d.c_out, w2, d.h, T(0), hbar, d.h);
+  gemm(d.n, d.h, d.c_out, T(1), as_is(g, d.c_out), as_is(w2, d.h), T(0), hbar, d.h);
   gelu_derivative_in_place(hbar, u, t, d.n * d.h);  // ū
-  if (dw1) gemm(true, false, d.h, d.c, d.n, T(1), hbar, d.h, x, d.c, T(1), dw1, d.c);
+  if (dw1) gemm(d.h, d.c, d.n, T(1), transposed(hbar, d.h), as_is(x, d.c), T(1), dw1, d.c);
   if (db1) sum_rows(db1, hbar, d.n, d.h);
-  if (dx) gemm(false, false, d.n, d.c, d.h, T(1), hbar, d.h, w1, d.c, T(1), dx, d.c);
+  if (dx) gemm(d.n, d.c, d.h, T(1), as_is(hbar, d.h), as_is(w1, d.c), T(1), dx, d.c);
 }
 
 // The JVP of the header, added into ty; null tangents contribute nothing. h and hdot are (n, H) scratch.
@@ -85,15 +85,15 @@ void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
              const T* tw1, const T* tb1, const T* tw2, const T* tb2, T* ty, T* h, T* hdot) {
   if (tx || tw1 || tb1) {
     std::fill(hdot, hdot + d.n * d.h, T(0));
-    if (tx) gemm(false, true, d.n, d.h, d.c, T(1), tx, d.c, w1, d.c, T(1), hdot, d.h);
-    if (tw1) gemm(false, true, d.n, d.h, d.c, T(1), x, d.c, tw1, d.c, T(1), hdot, d.h);
+    if (tx) gemm(d.n, d.h, d.c, T(1), as_is(tx, d.c), transposed(w1, d.c), T(1), hdot, d.h);
+    if (tw1) gemm(d.n, d.h, d.c, T(1), as_is(x, d.c), transposed(tw1, d.c), T(1), hdot, d.h);
     if (tb1) add_rows(hdot, tb1, d.n, d.h);
     gelu_derivative_in_place(hdot, u, t, d.n * d.h);  // ḣ
-    gemm(false, true, d.n, d.c_out, d.h, T(1), hdot, d.h, w2, d.h, T(1), ty, d.c_out);
+    gemm(d.n, d.c_out, d.h, T(1), as_is(hdot, d.h), transposed(w2, d.h), T(1), ty, d.c_out);
   }
   if (tw2) {
     gelu_from_tanh(h, u, t, d.n * d.h);
-    gemm(false, true, d.n, d.c_out, d.h, T(1), h, d.h, tw2, d.h, T(1), ty, d.c_out);
+    gemm(d.n, d.c_out, d.h, T(1), as_is(h, d.h), transposed(tw2, d.h), T(1), ty, d.c_out);
   }
   if (tb2) add_rows(ty, tb2, d.n, d.c_out);
 }

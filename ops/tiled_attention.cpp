@@ -79,7 +79,7 @@ void for_each_visible_part(const AttentionDims& n, int64_t i0, int64_t r, int64_
 template <class T>
 void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t i0, int64_t r,
                 int64_t j0, int64_t c) {
-  gemm(false, true, r, c, n.d, static_cast<T>(n.scale), x.q + i0 * n.d, n.d, x.k + j0 * n.d, n.d, T(0), S, c);
+  gemm(r, c, n.d, static_cast<T>(n.scale), as_is(x.q + i0 * n.d, n.d), transposed(x.k + j0 * n.d, n.d), T(0), S, c);
   if (x.bias) add_bias_block(L, S, c, x.bias, x.b, x.head, i0, r, j0, c);
 }
 
@@ -146,7 +146,7 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
         T* acc = oI + a0 * n.dv;
         score_tile(P, x, L, n, i0 + a0, rs, j0, cs);
         online_softmax_step(P, m + a0, l + a0, acc, n, i0 + a0, rs, j0, cs);
-        gemm(false, false, rs, n.dv, cs, T(1), P, cs, x.v + j0 * n.dv, n.dv, T(1), acc, n.dv);
+        gemm(rs, n.dv, cs, T(1), as_is(P, cs), as_is(x.v + j0 * n.dv, n.dv), T(1), acc, n.dv);
       });
     }
     for (int64_t a = 0; a < r; ++a) {
@@ -188,17 +188,17 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
         const T* gi = g + i * n.dv;
         score_tile(A, x, L, n, i, rs, j0, cs);
         probability_tile(A, lse + i, n, i, rs, j0, cs);
-        if (gv) gemm(true, false, cs, n.dv, rs, T(1), A, cs, gi, n.dv, T(1), gv + j0 * n.dv, n.dv);
+        if (gv) gemm(cs, n.dv, rs, T(1), transposed(A, cs), as_is(gi, n.dv), T(1), gv + j0 * n.dv, n.dv);
         if (!need_ds) return;
-        gemm(false, true, rs, cs, n.dv, T(1), gi, n.dv, x.v + j0 * n.dv, n.dv, T(0), dS, cs);
+        gemm(rs, cs, n.dv, T(1), as_is(gi, n.dv), transposed(x.v + j0 * n.dv, n.dv), T(0), dS, cs);
         for (int64_t a = 0; a < rs; ++a) {  // dS = A ⊙ (GVᵀ − D1ᵀ) on the visible columns, 0 on the rest
           T *ds_row = dS + a * cs, *a_row = A + a * cs;
           const int64_t vis = visible_cols(n, i + a, j0, cs);
           for (int64_t j = 0; j < vis; ++j) ds_row[j] = a_row[j] * (ds_row[j] - D[a0 + a]);
           std::fill(ds_row + vis, ds_row + cs, T(0));
         }
-        if (gq) gemm(false, false, rs, n.d, cs, s, dS, cs, x.k + j0 * n.d, n.d, T(1), gq + i * n.d, n.d);
-        if (gk) gemm(true, false, cs, n.d, rs, s, dS, cs, x.q + i * n.d, n.d, T(1), gk + j0 * n.d, n.d);
+        if (gq) gemm(rs, n.d, cs, s, as_is(dS, cs), as_is(x.k + j0 * n.d, n.d), T(1), gq + i * n.d, n.d);
+        if (gk) gemm(cs, n.d, rs, s, transposed(dS, cs), as_is(x.q + i * n.d, n.d), T(1), gk + j0 * n.d, n.d);
         if (gbias) accumulate_bias_grad_block(L, gbias, dS, cs, x.b, x.head, i, rs, j0, cs);
       });
     }
@@ -232,18 +232,18 @@ void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_do
         probability_tile(A, lse + i, n, i, rs, j0, cs);
         if (need_z) {
           if (!q_dot && !k_dot) std::fill(Z, Z + rs * cs, T(0));
-          if (q_dot) gemm(false, true, rs, cs, n.d, s, q_dot + i * n.d, n.d, x.k + j0 * n.d, n.d, T(0), Z, cs);
+          if (q_dot) gemm(rs, cs, n.d, s, as_is(q_dot + i * n.d, n.d), transposed(x.k + j0 * n.d, n.d), T(0), Z, cs);
           if (k_dot)
-            gemm(false, true, rs, cs, n.d, s, x.q + i * n.d, n.d, k_dot + j0 * n.d, n.d, T(q_dot ? 1 : 0), Z, cs);
+            gemm(rs, cs, n.d, s, as_is(x.q + i * n.d, n.d), transposed(k_dot + j0 * n.d, n.d), T(q_dot ? 1 : 0), Z, cs);
           if (bias_dot) add_bias_block(L, Z, cs, bias_dot, x.b, x.head, i, rs, j0, cs);
           for (int64_t a = 0; a < rs; ++a)
             for (int64_t j = 0; j < cs; ++j) {
               Z[a * cs + j] *= A[a * cs + j];
               iota[a0 + a] += Z[a * cs + j];
             }
-          gemm(false, false, rs, n.dv, cs, T(1), Z, cs, x.v + j0 * n.dv, n.dv, T(1), od, n.dv);
+          gemm(rs, n.dv, cs, T(1), as_is(Z, cs), as_is(x.v + j0 * n.dv, n.dv), T(1), od, n.dv);
         }
-        if (v_dot) gemm(false, false, rs, n.dv, cs, T(1), A, cs, v_dot + j0 * n.dv, n.dv, T(1), od, n.dv);
+        if (v_dot) gemm(rs, n.dv, cs, T(1), as_is(A, cs), as_is(v_dot + j0 * n.dv, n.dv), T(1), od, n.dv);
       });
     }
     if (need_z)

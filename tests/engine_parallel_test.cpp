@@ -114,7 +114,8 @@ TEST_CASE("a split product equals the unsplit one to rounding, for every transpo
         auto split = whole;
         const int64_t lda = ta ? m : k, ldb = tb ? k : n;
         blas_detail::gemm_call(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, whole.data(), n);
-        gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, split.data(), n);
+        gemm(m, n, k, 0.5f, MatrixOperand<float>{a.data(), lda, ta}, MatrixOperand<float>{b.data(), ldb, tb}, 1.0f,
+             split.data(), n);
         float worst = 0;
         for (size_t i = 0; i < whole.size(); ++i)
           worst = std::max(worst, std::fabs(whole[i] - split[i]) / (1 + std::fabs(whole[i])));
@@ -127,9 +128,9 @@ TEST_CASE("a large split product is the same in every run") {
   const int64_t m = 768, n = 512, k = 128;
   auto a = random_floats(static_cast<size_t>(m * k), 5), b = random_floats(static_cast<size_t>(n * k), 6);
   std::vector<float> first(static_cast<size_t>(m * n)), again(static_cast<size_t>(m * n));
-  gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, first.data(), n);
+  gemm(m, n, k, 1.0f, as_is(a.data(), k), transposed(b.data(), k), 0.0f, first.data(), n);
   for (int run = 0; run < 5; ++run) {
-    gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, again.data(), n);
+    gemm(m, n, k, 1.0f, as_is(a.data(), k), transposed(b.data(), k), 0.0f, again.data(), n);
     CHECK(again == first);
   }
 }

@@ -97,7 +97,7 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
 void warm_up_cores(double ms) {
   Tensor x = random_tensor({512, 512}, 23), c = Tensor::empty(DType::f32, {512, 512});
   for (const auto t0 = Clock::now(); ms_since(t0) < ms;)
-    gemm(false, false, 512, 512, 512, 1.0f, x.data<float>(), 512, x.data<float>(), 512, 0.0f, c.data<float>(), 512);
+    gemm(512, 512, 512, 1.0f, as_is(x.data<float>(), 512), as_is(x.data<float>(), 512), 0.0f, c.data<float>(), 512);
 }
 
 // Returns the sgemm ceiling: the best raw GFLOP/s measured.
