@@ -23,27 +23,11 @@
 #include "ops/attention_shapes.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
+#include "ops/row_maps.hpp"
 
 namespace tapegrad {
 
 namespace {
-
-// a[0..n) ← softmax(a[0..visible)) padded with zeros: a_j = exp(a_j − max) / Σ exp(a_k − max) for j < visible.
-// Subtracting the row maximum keeps exp ≤ 1 (logits of ±1e4 stay finite). A row whose visible scores are all
-// −∞ (fully masked by the bias) is defined as A_i = 0, so O_i = 0 and it passes no gradient.
-// float32 takes exp from ops/fast_math.hpp (vectorized, ≤ 1.4 ulp); max and sum run in eight lanes.
-template <class T>
-void masked_softmax_row(T* a, int64_t visible, int64_t n) {
-  const T max = lane_max(a, visible, -std::numeric_limits<T>::infinity());
-  if (max == -std::numeric_limits<T>::infinity()) {
-    std::fill(a, a + n, T(0));
-    return;
-  }
-  for (int64_t j = 0; j < visible; ++j) a[j] = fast_exp(a[j] - max);
-  const T inv = 1 / lane_sum(a, visible);
-  for (int64_t j = 0; j < visible; ++j) a[j] *= inv;
-  std::fill(a + visible, a + n, T(0));
-}
 
 // One (b, h) slice's inputs and outputs; bias is null without a bias.
 template <class T>
@@ -66,7 +50,10 @@ void attention_forward(const AttentionDims& D, const SliceData<T>& x, const Bias
     T* a_blk = a + i0 * D.Tk;
     gemm(r, key_end, D.d, s, as_is(x.q + i0 * D.d, D.d), transposed(x.k, D.d), T(0), a_blk, D.Tk);
     if (x.bias) add_bias_block(L, a_blk, D.Tk, x.bias, x.b, x.h, i0, r, 0, key_end);
-    for (int64_t i = 0; i < r; ++i) masked_softmax_row(a_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
+    for (int64_t i = 0; i < r; ++i) {
+      T* a_i = a_blk + i * D.Tk;
+      softmax_row(a_i, a_i, D.visible(i0 + i), D.Tk);  // ops/row_maps.hpp
+    }
     gemm(r, D.dv, key_end, T(1), as_is(a_blk, D.Tk), as_is(x.v, D.dv), T(0), o + i0 * D.dv, D.dv);
   });
 }
@@ -102,9 +89,8 @@ void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
     gemm(r, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(x.v, D.dv), T(0), ds, key_end);
     for (int64_t i = 0; i < r; ++i) {
       const T row_term = lane_dot(g_blk + i * D.dv, o + (i0 + i) * D.dv, D.dv);  // D_i = G_i·O_i
-      const T* a_i = a_blk + i * D.Tk;
       T* ds_i = ds + i * key_end;
-      for (int64_t j = 0; j < key_end; ++j) ds_i[j] = a_i[j] * (ds_i[j] - row_term);
+      softmax_row_derivative<Into::replace>(ds_i, a_blk + i * D.Tk, ds_i, row_term, key_end);  // ops/row_maps.hpp
     }
     if (dq) gemm(r, D.d, key_end, s, as_is(ds, key_end), as_is(x.k, D.d), T(1), dq + i0 * D.d, D.d);
     if (dk) gemm(key_end, D.d, r, s, transposed(ds, key_end), as_is(x.q + i0 * D.d, D.d), T(1), dk, D.d);

@@ -8,17 +8,8 @@
 // Masked scores are 0, not −∞ (β(−∞) is NaN): zero-masking equals β of the visible prefix padded with zeros.
 // A row whose scores are all 0 gives Bβ_i = 0 and O_i = 0. The node keeps Bβ and r.
 //
-// The derivative of β (docs/derivations.md §1.2), with x ≠ 0, r = ‖x‖, c = 1/(1+r):
-//   dβ(x)·h = c·h − c²(⟨x, h⟩/r)·x  =  c·h − (⟨β(x), h⟩/r)·β(x)      (x = β(x)/c),   dβ(0)·h = h
-// The Jacobian c·I − c²xxᵀ/r is symmetric, so the VJP applies the same map to the cotangent.
-// Where this departs from the β-attention post (docs/derivations.md §1.3): its homogeneity property
-// dβ(x)·h = f(x, h)·β(x) with f = ⟨x, h⟩/(r²(1 + r)) does not hold for β. Splitting h into its parts along and
-// across x gives
-//   dβ(x)·h = f(x, h)·β(x) + (I − xxᵀ/r²)·h/(1 + r),
-// so the claimed form drops the second term (it is right only for h ∥ x; for h ⟂ x the true derivative is
-// h/(1 + r) and the claim gives 0). Hence the post's "simpler total derivative"
-// dAtt_β·Θ̃ = (f̃ ⊗ 1_nᵀ) ⊙ Att_β(Θ) + Att_β(Q, K, Ṽ) (where 1_nᵀ would also have to be 1_dᵀ) is wrong, and the
-// full row map below is needed.
+// The row map β, its derivative dβ(x)·h = c·h − (⟨β, h⟩/r)·β (symmetric, so the VJP too) and where it departs
+// from the β-attention post's homogeneity shortcut: ops/row_maps.hpp, beta_row and beta_row_derivative.
 //
 // Work, as in attention.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
 // the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees keys
@@ -32,31 +23,11 @@
 #include "ops/attention_shapes.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
+#include "ops/row_maps.hpp"
 
 namespace tapegrad {
 
 namespace {
-
-// p[0..n) ← β(p[0..visible)) padded with zeros; returns r = ‖p[0..visible)‖ (the masked entries are 0).
-template <class T>
-T beta_row_forward(T* p, int64_t visible, int64_t n) {
-  std::fill(p + visible, p + n, T(0));
-  const T r = std::sqrt(lane_dot(p, p, visible));
-  const T c = 1 / (1 + r);
-  for (int64_t j = 0; j < visible; ++j) p[j] *= c;
-  return r;
-}
-
-// u[0..visible) ← dβ(p)·u = c·u − (⟨β, u⟩/r)·β with β = β(p) the row's output, r = ‖p‖ (second term 0 when
-// r = 0, where dβ(0) = I); u[visible..n) ← 0, the mask on dP and Ṗ. In place: the JVP on ṗ and, the Jacobian
-// being symmetric, the VJP on dBβ.
-template <class T>
-void beta_row_derivative(T* u, const T* beta, T r, int64_t visible, int64_t n) {
-  const T c = 1 / (1 + r);
-  const T along = r > 0 ? lane_dot(beta, u, visible) / r : T(0);
-  for (int64_t j = 0; j < visible; ++j) u[j] = c * u[j] - along * beta[j];
-  std::fill(u + visible, u + n, T(0));
-}
 
 // Forward of one slice, block by block: P_I = s·Q_I Kᵀ (gemm), masked to 0; Bβ_I = β(P_I) row-wise;
 // O_I = Bβ_I·V (gemm).       q (T,d), k (Tk,d), v (Tk,dv) → bb (T,Tk), r (T), o (T,dv) of the slice
@@ -66,7 +37,10 @@ void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, cons
   for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
     T* b_blk = bb + i0 * D.Tk;
     gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(k, D.d), T(0), b_blk, D.Tk);
-    for (int64_t i = 0; i < rows; ++i) r[i0 + i] = beta_row_forward(b_blk + i * D.Tk, D.visible(i0 + i), D.Tk);
+    for (int64_t i = 0; i < rows; ++i) {
+      T* p_i = b_blk + i * D.Tk;
+      r[i0 + i] = beta_row(p_i, p_i, D.visible(i0 + i), D.Tk);
+    }
     gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(v, D.dv), T(0), o + i0 * D.dv, D.dv);
   });
 }
@@ -89,8 +63,10 @@ void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T*
     if (dv) gemm(key_end, D.dv, rows, T(1), transposed(b_blk, D.Tk), as_is(g_blk, D.dv), T(1), dv, D.dv);
     if (!dq && !dk) return;
     gemm(rows, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(v, D.dv), T(0), dp, key_end);
-    for (int64_t i = 0; i < rows; ++i)
-      beta_row_derivative(dp + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+    for (int64_t i = 0; i < rows; ++i) {
+      T* dp_i = dp + i * key_end;
+      beta_row_derivative<Into::replace>(dp_i, dp_i, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+    }
     if (dq) gemm(rows, D.d, key_end, s, as_is(dp, key_end), as_is(k, D.d), T(1), dq + i0 * D.d, D.d);
     if (dk) gemm(key_end, D.d, rows, s, transposed(dp, key_end), as_is(q + i0 * D.d, D.d), T(1), dk, D.d);
   });
@@ -111,8 +87,10 @@ void beta_attention_jvp(const AttentionDims& D, const T* q, const T* k, const T*
       if (tq) gemm(rows, key_end, D.d, s, as_is(tq + i0 * D.d, D.d), transposed(k, D.d), T(0), pdot, key_end);
       if (tk)
         gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(tk, D.d), T(tq ? 1 : 0), pdot, key_end);
-      for (int64_t i = 0; i < rows; ++i)
-        beta_row_derivative(pdot + i * key_end, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+      for (int64_t i = 0; i < rows; ++i) {
+        T* pdot_i = pdot + i * key_end;
+        beta_row_derivative<Into::replace>(pdot_i, pdot_i, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+      }
       gemm(rows, D.dv, key_end, T(1), as_is(pdot, key_end), as_is(v, D.dv), T(1), t_blk, D.dv);
     }
     if (tv) gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(tv, D.dv), T(1), t_blk, D.dv);

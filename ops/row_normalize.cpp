@@ -1,10 +1,10 @@
 // row_normalize: β(x) = x / (1 + ‖x‖) over the last axis, x (..., n) → (..., n).
-// The row kernels and the derivation (the full Jacobian c·I − (c²/r)·x xᵀ, symmetric; the identity at x = 0; why
-// the β-attention post's homogeneity shortcut does not hold) are in ops/row_normalize.hpp. The node keeps x, which
-// both its VJP and its JVP are written in.
+// The row map and its derivation (the full Jacobian c·I − (c²/r)·x xᵀ, symmetric; the identity at x = 0; why the
+// β-attention post's homogeneity shortcut does not hold) are in ops/row_maps.hpp. The node keeps its output β and
+// r = ‖x‖ per row, which both its VJP and its JVP are written in.
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
-#include "ops/row_normalize.hpp"
+#include "ops/row_maps.hpp"
 
 namespace tapegrad {
 
@@ -17,25 +17,28 @@ Var row_normalize(Var x) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   const int64_t cols = x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
+  Tensor r = tape.empty(x.dtype(), Shape{rows}, "r = ‖x‖ per row");
   dispatch_float(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    row_normalize_forward(y.data<T>(), xv.data<T>(), rows, cols);
+    for (int64_t i = 0; i < rows; ++i)
+      r.data<T>()[i] = beta_row(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols, cols);
   });
+  // x̄ += dβ(x)ᵀ·ȳ and ẏ = dβ(x)·ẋ: the Jacobian is symmetric, one kernel for both.
+  auto jacobian_product = [=](Tensor out, const Tensor& u) {
+    dispatch_float(op, out.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      for (int64_t i = 0; i < rows; ++i)
+        beta_row_derivative<Into::add>(out.data<T>() + i * cols, u.data<T>() + i * cols, y.data<T>() + i * cols,
+                                       r.data<T>()[i], cols, cols);
+    });
+  };
   return tape.record(
       op, {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        if (!gin[0].defined()) return;
-        dispatch_float(op, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          row_normalize_vjp(gin[0].data<T>(), xv.data<T>(), g.data<T>(), rows, cols);
-        });
+        if (gin[0].defined()) jacobian_product(gin[0], g);
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        if (!tin[0].defined()) return;
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          row_normalize_jvp(ty.data<T>(), xv.data<T>(), tin[0].data<T>(), rows, cols);
-        });
+        if (tin[0].defined()) jacobian_product(ty, tin[0]);
       });
 }
 
@@ -43,7 +46,7 @@ void register_row_normalize(Registry& r) {
   r.add({.name = "row_normalize",
          .family = "row_normalize",
          .equation =
-             "per row, c = 1/(1+‖x‖): x̄ += c·ȳ − c²(⟨x,ȳ⟩/‖x‖)·x; ẏ = c·ẋ − c²(⟨x,ẋ⟩/‖x‖)·x; identity at x = 0",
+             "per row, r = ‖x‖, c = 1/(1+r): x̄ += c·ȳ − (⟨y,ȳ⟩/r)·y; ẏ = c·ẋ − (⟨y,ẋ⟩/r)·y; identity at x = 0",
          // Per element, one flop per operation: forward square, sum, scale; VJP and JVP a dot product (2) and
          // c·u − k·x (3); √ and the divisions once per row.
          .cost = [](std::span<const Shape> in, const Shape&) {

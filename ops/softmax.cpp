@@ -1,11 +1,11 @@
 // softmax and log_softmax over the last axis: x (..., n) → (..., n), each row on its own.
-// The row kernels and their derivations (shift by the row max, masked −∞ entries, fully masked rows) are in
-// ops/softmax.hpp; a node keeps only its output, which both its VJP and its JVP are written in.
+// The row maps and their derivations (shift by the row max, masked −∞ entries, fully masked rows) are in
+// ops/row_maps.hpp; a node keeps only its output, which both its VJP and its JVP are written in.
 #include <limits>
 
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
-#include "ops/softmax.hpp"
+#include "ops/row_maps.hpp"
 
 namespace tapegrad {
 
@@ -14,32 +14,32 @@ namespace {
 struct Softmax {
   static constexpr const char* name = "softmax";
   template <class T>
-  static void forward(T* y, const T* x, int64_t rows, int64_t cols) {
-    softmax_forward(y, x, rows, cols);
+  static void forward(T* y, const T* x, int64_t n) {
+    softmax_row(y, x, n, n);
   }
   template <class T>
-  static void vjp(T* dx, const T* y, const T* dy, int64_t rows, int64_t cols) {
-    softmax_vjp(dx, y, dy, rows, cols);
+  static void vjp(T* dx, const T* y, const T* dy, int64_t n) {
+    softmax_row_derivative<Into::add>(dx, y, dy, softmax_row_term(y, dy, n), n);
   }
   template <class T>
-  static void jvp(T* ty, const T* y, const T* tx, int64_t rows, int64_t cols) {
-    softmax_jvp(ty, y, tx, rows, cols);
+  static void jvp(T* ty, const T* y, const T* tx, int64_t n) {
+    softmax_row_derivative<Into::add>(ty, y, tx, softmax_row_term(y, tx, n), n);
   }
 };
 
 struct LogSoftmax {
   static constexpr const char* name = "log_softmax";
   template <class T>
-  static void forward(T* z, const T* x, int64_t rows, int64_t cols) {
-    log_softmax_forward(z, x, rows, cols);
+  static void forward(T* z, const T* x, int64_t n) {
+    log_softmax_row(z, x, n);
   }
   template <class T>
-  static void vjp(T* dx, const T* z, const T* dz, int64_t rows, int64_t cols) {
-    log_softmax_vjp(dx, z, dz, rows, cols);
+  static void vjp(T* dx, const T* z, const T* dz, int64_t n) {
+    log_softmax_row_vjp<Into::add>(dx, z, dz, n);
   }
   template <class T>
-  static void jvp(T* tz, const T* z, const T* tx, int64_t rows, int64_t cols) {
-    log_softmax_jvp(tz, z, tx, rows, cols);
+  static void jvp(T* tz, const T* z, const T* tx, int64_t n) {
+    log_softmax_row_jvp<Into::add>(tz, z, tx, n);
   }
 };
 
@@ -55,7 +55,7 @@ Var row_distribution(Var x) {
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
   dispatch_float(K::name, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    K::forward(y.data<T>(), xv.data<T>(), rows, cols);
+    for (int64_t i = 0; i < rows; ++i) K::forward(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols);
   });
   return tape.record(
       K::name, {x}, y,
@@ -63,14 +63,16 @@ Var row_distribution(Var x) {
         if (!gin[0].defined()) return;
         dispatch_float(K::name, g.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          K::vjp(gin[0].data<T>(), y.data<T>(), g.data<T>(), rows, cols);
+          for (int64_t i = 0; i < rows; ++i)
+            K::vjp(gin[0].data<T>() + i * cols, y.data<T>() + i * cols, g.data<T>() + i * cols, cols);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float(K::name, ty.dtype(), [&](auto tag) {
           using T = decltype(tag);
-          K::jvp(ty.data<T>(), y.data<T>(), tin[0].data<T>(), rows, cols);
+          for (int64_t i = 0; i < rows; ++i)
+            K::jvp(ty.data<T>() + i * cols, y.data<T>() + i * cols, tin[0].data<T>() + i * cols, cols);
         });
       });
 }

@@ -8,7 +8,7 @@
 
 #include "engine/gradcheck.hpp"
 #include "ops/ops.hpp"
-#include "ops/row_normalize.hpp"
+#include "ops/row_maps.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;
@@ -46,11 +46,15 @@ Var row_normalize_with_claimed_jvp(Var x) {
   const Tensor xv = x.value();
   const int64_t cols = x.shape().back(), rows = x.shape().numel() / cols;
   Tensor y = tape.empty(DType::f64, x.shape());
-  row_normalize_forward(y.data<double>(), xv.data<double>(), rows, cols);
+  Tensor r = tape.empty(DType::f64, Shape{rows});
+  for (int64_t i = 0; i < rows; ++i)
+    r.data<double>()[i] = beta_row(y.data<double>() + i * cols, xv.data<double>() + i * cols, cols, cols);
   return tape.record(
       "row_normalize_claimed_jvp", {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        row_normalize_vjp(gin[0].data<double>(), xv.data<double>(), g.data<double>(), rows, cols);
+        for (int64_t i = 0; i < rows; ++i)
+          beta_row_derivative<Into::add>(gin[0].data<double>() + i * cols, g.data<double>() + i * cols,
+                                         y.data<double>() + i * cols, r.data<double>()[i], cols, cols);
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         claimed_homogeneity_jvp(ty.data<double>(), xv.data<double>(), tin[0].data<double>(), rows, cols);
@@ -115,10 +119,14 @@ TEST_CASE("float32 agrees with float64, for small and for large rows") {
 
 TEST_CASE("the β-attention post's claimed JVP f(x,h)·β(x) holds for h ∥ x and fails for h ⟂ x") {
   const std::vector<double> x{3, 0, 4};  // r = 5
-  std::vector<double> ours(3, 0.0), claimed(3, 0.0);
+  std::vector<double> beta(3), ours(3, 0.0), claimed(3, 0.0);
+  const double r = beta_row(beta.data(), x.data(), 3, 3);
+  auto row_normalize_jvp = [&](double* out, const double* tangent) {
+    beta_row_derivative<Into::add>(out, tangent, beta.data(), r, 3, 3);
+  };
   // h ∥ x: both give (1/(1 + r)²)·h.
   const std::vector<double> h_par{0.6, 0, 0.8};
-  row_normalize_jvp(ours.data(), x.data(), h_par.data(), 1, 3);
+  row_normalize_jvp(ours.data(), h_par.data());
   claimed_homogeneity_jvp(claimed.data(), x.data(), h_par.data(), 1, 3);
   for (size_t j = 0; j < 3; ++j) {
     CHECK(ours[j] == doctest::Approx(h_par[j] / 36));
@@ -128,7 +136,7 @@ TEST_CASE("the β-attention post's claimed JVP f(x,h)·β(x) holds for h ∥ x a
   const std::vector<double> h_perp{0, 1, 0};
   ours.assign(3, 0.0);
   claimed.assign(3, 0.0);
-  row_normalize_jvp(ours.data(), x.data(), h_perp.data(), 1, 3);
+  row_normalize_jvp(ours.data(), h_perp.data());
   claimed_homogeneity_jvp(claimed.data(), x.data(), h_perp.data(), 1, 3);
   CHECK(ours[1] == doctest::Approx(1.0 / 6));
   CHECK(claimed[1] == 0);

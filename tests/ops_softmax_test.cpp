@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/ops.hpp"
-#include "ops/softmax.hpp"
+#include "ops/row_maps.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;
@@ -164,29 +164,50 @@ TEST_CASE("float32 agrees with float64: values, VJP and JVP") {
   }
 }
 
-TEST_CASE("the raw row kernels add into their outputs and allow y to alias x in the forward") {
+TEST_CASE("the row maps: y may alias x in the forward; Into::add adds, Into::replace may work in place") {
   std::vector<double> x{0.3, -1.2, 2.0, 0.0, 0.7, -0.4};
   std::vector<double> y(6), z(6), in_place = x;
-  softmax_forward(y.data(), x.data(), 2, 3);
-  softmax_forward(in_place.data(), in_place.data(), 2, 3);
+  for (int i = 0; i < 2; ++i) {
+    softmax_row(y.data() + 3 * i, x.data() + 3 * i, 3, 3);
+    softmax_row(in_place.data() + 3 * i, in_place.data() + 3 * i, 3, 3);
+  }
   CHECK(in_place == y);
   in_place = x;
-  log_softmax_forward(z.data(), x.data(), 2, 3);
-  log_softmax_forward(in_place.data(), in_place.data(), 2, 3);
+  for (int i = 0; i < 2; ++i) {
+    log_softmax_row(z.data() + 3 * i, x.data() + 3 * i, 3);
+    log_softmax_row(in_place.data() + 3 * i, in_place.data() + 3 * i, 3);
+  }
   CHECK(in_place == z);
 
   const std::vector<double> g{1, -2, 0.5, 0.25, 3, -1};
-  std::vector<double> once(6, 0.0), twice(6, 0.0);
-  softmax_vjp(once.data(), y.data(), g.data(), 2, 3);
-  softmax_vjp(twice.data(), y.data(), g.data(), 2, 3);
-  softmax_vjp(twice.data(), y.data(), g.data(), 2, 3);
+  std::vector<double> once(6, 0.0), twice(6, 0.0), replaced = g;
+  for (int i = 0; i < 2; ++i) {
+    const double* yi = y.data() + 3 * i;
+    const double* gi = g.data() + 3 * i;
+    const double term = softmax_row_term(yi, gi, 3);
+    softmax_row_derivative<Into::add>(once.data() + 3 * i, yi, gi, term, 3);
+    softmax_row_derivative<Into::add>(twice.data() + 3 * i, yi, gi, term, 3);
+    softmax_row_derivative<Into::add>(twice.data() + 3 * i, yi, gi, term, 3);
+    softmax_row_derivative<Into::replace>(replaced.data() + 3 * i, yi, replaced.data() + 3 * i, term, 3);
+  }
   for (size_t i = 0; i < 6; ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]));
-  // The Jacobian is symmetric, so the JVP of a tangent equals the VJP of the same vector.
-  std::vector<double> tangent(6, 0.0);
-  softmax_jvp(tangent.data(), y.data(), g.data(), 2, 3);
-  for (size_t i = 0; i < 6; ++i) CHECK(tangent[i] == doctest::Approx(once[i]));
+  CHECK(replaced == once);
   // Each row of the softmax VJP sums to 0 (σ is invariant to adding a constant to a row).
   CHECK(once[0] + once[1] + once[2] == doctest::Approx(0).epsilon(1e-15));
+}
+
+TEST_CASE("softmax_row of a visible prefix: the map of the prefix, zeros after it, 0 for a fully masked row") {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> x{0.5, -1.0, 7.0, 8.0}, y(4), prefix(2);
+  softmax_row(y.data(), x.data(), 2, 4);
+  softmax_row(prefix.data(), x.data(), 2, 2);
+  CHECK(y[0] == prefix[0]);
+  CHECK(y[1] == prefix[1]);
+  CHECK(y[2] == 0.0);
+  CHECK(y[3] == 0.0);
+  std::vector<double> masked{-inf, -inf, -inf};
+  softmax_row(masked.data(), masked.data(), 3, 3);
+  CHECK(masked == std::vector<double>{0, 0, 0});
 }
 
 TEST_CASE("softmax and log_softmax errors name the op and the shapes") {
