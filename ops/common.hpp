@@ -1,4 +1,5 @@
-// Shape and dtype checks shared by the op files: each throws an Error naming the op and the shapes.
+// Shared by the op files: shape and dtype checks (each throws an Error naming the op and the shapes), the
+// multi-index of an element for messages, and the bias rows of linear maps.
 #pragma once
 
 #include <initializer_list>
@@ -53,6 +54,28 @@ T* data_or_null(const Tensor& t) {
 inline void expect_min_rank(const char* op, const Var& x, int rank, const char* what) {
   (void)tape_of(op, {x});
   if (x.rank() < rank) fail("{}: {} must have rank ≥ {}, got shape {}", op, what, rank, x.shape());
+}
+
+// "[i, j, k]": the multi-index of flat element `flat` in a row-major tensor of shape s (for error messages).
+inline std::string multi_index(const Shape& s, int64_t flat) {
+  std::string out = "]";
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    out.insert(0, (d > 0 ? ", " : "") + std::to_string(flat % s[d]));
+    flat /= s[d];
+  }
+  return "[" + out;
+}
+
+// A bias b (m) on every row of out (n, m), and its adjoint:  out += 1_n·bᵀ;   db += Σ_i g[i, :] = gᵀ1_n.
+template <class T>
+void add_rows(T* out, const T* b, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) out[i * m + j] += b[j];
+}
+template <class T>
+void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
 }
 
 }  // namespace tapegrad

@@ -27,16 +27,6 @@ namespace tapegrad {
 
 namespace {
 
-// "[i, j, k]": the multi-index of flat element `flat` in a row-major tensor of shape s.
-std::string multi_index(const Shape& s, int64_t flat) {
-  std::string out = "]";
-  for (int d = s.rank() - 1; d >= 0; --d) {
-    out.insert(0, (d > 0 ? ", " : "") + std::to_string(flat % s[d]));
-    flat /= s[d];
-  }
-  return "[" + out;
-}
-
 // Rows per range of the parallel loops (~16k logits at least). The sums over rows (L and L̇) are taken per range
 // in double and added in range order: the same result in every run for a given thread count.
 int64_t row_grain(int64_t classes) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(classes, 1)); }

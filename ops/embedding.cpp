@@ -17,16 +17,6 @@ namespace tapegrad {
 
 namespace {
 
-// "[i, j, k]": the multi-index of flat element `flat` in a row-major tensor of shape s.
-std::string multi_index(const Shape& s, int64_t flat) {
-  std::string out = "]";
-  for (int d = s.rank() - 1; d >= 0; --d) {
-    out.insert(0, (d > 0 ? ", " : "") + std::to_string(flat % s[d]));
-    flat /= s[d];
-  }
-  return "[" + out;
-}
-
 // Work: the gather and its tangent split the positions across the engine's threads. The scatter-add cannot (two
 // positions with one id would add into one row at once): it splits the table's rows instead, each thread adding
 // the positions whose id falls in its rows, in position order.

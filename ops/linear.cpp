@@ -9,24 +9,6 @@
 
 namespace tapegrad {
 
-namespace {
-
-// out (N, m) += 1_N · bᵀ: the bias on every row.
-template <class T>
-void add_rows(T* out, const T* b, int64_t n, int64_t m) {
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) out[i * m + j] += b[j];
-}
-
-// db (m) += Σ_i g[i, :]
-template <class T>
-void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
-}
-
-}  // namespace
-
 Var linear(Var x, Var w, Var b) {
   const char* op = "linear";
   expect_float(op, x);

@@ -25,20 +25,6 @@ namespace {
 
 constexpr const char* kOp = "mlp";
 
-// out (n, m) += 1_n·bᵀ
-template <class T>
-void add_rows(T* out, const T* b, int64_t n, int64_t m) {
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) out[i * m + j] += b[j];
-}
-
-// db (m) += Σ_i g[i, :]
-template <class T>
-void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
-}
-
 // Two (n, H) buffers that every call on this thread reuses: h rebuilt from u and t, and h̄ / ū (or ḣ).
 template <class T>
 std::pair<T*, T*> scratch(int64_t elements) {
