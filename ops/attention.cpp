@@ -37,24 +37,25 @@ struct SliceData {
 };
 
 template <class T>
-SliceData<T> slice_data(const AttentionDims& D, int64_t bh, const T* q, const T* k, const T* v, const T* bias) {
-  return {q + bh * D.T * D.d, k + bh * D.Tk * D.d, v + bh * D.Tk * D.dv, bias, bh / D.H, bh % D.H};
+SliceData<T> slice_data(const AttentionDims& dims, int64_t bh, const T* q, const T* k, const T* v, const T* bias) {
+  return {
+      q + bh * dims.T * dims.d, k + bh * dims.Tk * dims.d, v + bh * dims.Tk * dims.dv, bias, bh / dims.H, bh % dims.H};
 }
 
 // Forward of one slice, block by block:  S_I = s·Q_I Kᵀ (gemm) + B_I (broadcast),  A_I = softmax_row(S_I + M_I),
 // O_I = A_I·V (gemm).                                                       a (T, Tk), o (T, dv) of the slice
 template <class T>
-void attention_forward(const AttentionDims& D, const SliceData<T>& x, const BiasLayout& L, T* a, T* o) {
-  const T s = static_cast<T>(D.scale);
-  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
-    T* a_blk = a + i0 * D.Tk;
-    gemm(r, key_end, D.d, s, as_is(x.q + i0 * D.d, D.d), transposed(x.k, D.d), T(0), a_blk, D.Tk);
-    if (x.bias) add_bias_block(L, a_blk, D.Tk, x.bias, x.b, x.h, i0, r, 0, key_end);
-    for (int64_t i = 0; i < r; ++i) {
-      T* a_i = a_blk + i * D.Tk;
-      softmax_row(a_i, a_i, D.visible(i0 + i), D.Tk);  // ops/row_maps.hpp
+void attention_forward(const AttentionDims& dims, const SliceData<T>& x, const BiasLayout& L, T* a, T* o) {
+  const T s = static_cast<T>(dims.scale);
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    T* a_blk = a + i0 * dims.Tk;
+    gemm(rows, key_end, dims.d, s, as_is(x.q + i0 * dims.d, dims.d), transposed(x.k, dims.d), T(0), a_blk, dims.Tk);
+    if (x.bias) add_bias_block(L, a_blk, dims.Tk, x.bias, x.b, x.h, i0, rows, 0, key_end);
+    for (int64_t i = 0; i < rows; ++i) {
+      T* a_i = a_blk + i * dims.Tk;
+      softmax_row(a_i, a_i, dims.visible(i0 + i), dims.Tk);  // ops/row_maps.hpp
     }
-    gemm(r, D.dv, key_end, T(1), as_is(a_blk, D.Tk), as_is(x.v, D.dv), T(0), o + i0 * D.dv, D.dv);
+    gemm(rows, dims.dv, key_end, T(1), as_is(a_blk, dims.Tk), as_is(x.v, dims.dv), T(0), o + i0 * dims.dv, dims.dv);
   });
 }
 
@@ -75,26 +76,26 @@ void attention_forward(const AttentionDims& D, const SliceData<T>& x, const Bias
 // gemm.
 // Block by block, every product above splits over the query rows I: dV[0:e] += A_Iᵀ G_I, dA_I = G_I V[0:e]ᵀ,
 // dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
-// One slice; dq, dk, dv, dbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
+// One slice; gq, gk, gv, gbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
 template <class T>
-void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, const T* o, const T* g,
-                   const BiasLayout& L, T* dq, T* dk, T* dv, T* dbias, T* ds) {
-  const T s = static_cast<T>(D.scale);
-  const bool need_ds = dq || dk || dbias;
-  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
-    const T* a_blk = a + i0 * D.Tk;
-    const T* g_blk = g + i0 * D.dv;
-    if (dv) gemm(key_end, D.dv, r, T(1), transposed(a_blk, D.Tk), as_is(g_blk, D.dv), T(1), dv, D.dv);
+void attention_vjp(const AttentionDims& dims, const SliceData<T>& x, const T* a, const T* o, const T* g,
+                   const BiasLayout& L, T* gq, T* gk, T* gv, T* gbias, T* ds) {
+  const T s = static_cast<T>(dims.scale);
+  const bool need_ds = gq || gk || gbias;
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* a_blk = a + i0 * dims.Tk;
+    const T* g_blk = g + i0 * dims.dv;
+    if (gv) gemm(key_end, dims.dv, rows, T(1), transposed(a_blk, dims.Tk), as_is(g_blk, dims.dv), T(1), gv, dims.dv);
     if (!need_ds) return;
-    gemm(r, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(x.v, D.dv), T(0), ds, key_end);
-    for (int64_t i = 0; i < r; ++i) {
-      const T row_term = lane_dot(g_blk + i * D.dv, o + (i0 + i) * D.dv, D.dv);  // D_i = G_i·O_i
+    gemm(rows, key_end, dims.dv, T(1), as_is(g_blk, dims.dv), transposed(x.v, dims.dv), T(0), ds, key_end);
+    for (int64_t i = 0; i < rows; ++i) {
+      const T row_term = lane_dot(g_blk + i * dims.dv, o + (i0 + i) * dims.dv, dims.dv);  // D_i = G_i·O_i
       T* ds_i = ds + i * key_end;
-      softmax_row_derivative<Into::replace>(ds_i, a_blk + i * D.Tk, ds_i, row_term, key_end);  // ops/row_maps.hpp
+      softmax_row_derivative<Into::replace>(ds_i, a_blk + i * dims.Tk, ds_i, row_term, key_end);  // ops/row_maps.hpp
     }
-    if (dq) gemm(r, D.d, key_end, s, as_is(ds, key_end), as_is(x.k, D.d), T(1), dq + i0 * D.d, D.d);
-    if (dk) gemm(key_end, D.d, r, s, transposed(ds, key_end), as_is(x.q + i0 * D.d, D.d), T(1), dk, D.d);
-    if (dbias) accumulate_bias_grad_block(L, dbias, ds, key_end, x.b, x.h, i0, r, 0, key_end);
+    if (gq) gemm(rows, dims.d, key_end, s, as_is(ds, key_end), as_is(x.k, dims.d), T(1), gq + i0 * dims.d, dims.d);
+    if (gk) gemm(key_end, dims.d, rows, s, transposed(ds, key_end), as_is(x.q + i0 * dims.d, dims.d), T(1), gk, dims.d);
+    if (gbias) accumulate_bias_grad_block(L, gbias, ds, key_end, x.b, x.h, i0, rows, 0, key_end);
   });
 }
 
@@ -106,30 +107,32 @@ void attention_vjp(const AttentionDims& D, const SliceData<T>& x, const T* a, co
 // One slice; tq, tk, tv, tbias may be null (no tangent); z is a (block, Tk) scratch; the result is added into
 // tout.
 template <class T>
-void attention_jvp(const AttentionDims& D, const SliceData<T>& x, const T* a, const T* o, const T* tq,
+void attention_jvp(const AttentionDims& dims, const SliceData<T>& x, const T* a, const T* o, const T* tq,
                    const T* tk, const T* tv, const T* tbias, const BiasLayout& L, T* tout, T* z) {
-  const T s = static_cast<T>(D.scale);
+  const T s = static_cast<T>(dims.scale);
   const bool need_z = tq || tk || tbias;
-  for_each_query_block(D, [&](int64_t i0, int64_t r, int64_t key_end) {
-    const T* a_blk = a + i0 * D.Tk;
-    T* t_blk = tout + i0 * D.dv;
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* a_blk = a + i0 * dims.Tk;
+    T* t_blk = tout + i0 * dims.dv;
     if (need_z) {
-      if (!tq && !tk) std::fill(z, z + r * key_end, T(0));
-      if (tq) gemm(r, key_end, D.d, s, as_is(tq + i0 * D.d, D.d), transposed(x.k, D.d), T(0), z, key_end);
+      if (!tq && !tk) std::fill(z, z + rows * key_end, T(0));
+      if (tq)
+        gemm(rows, key_end, dims.d, s, as_is(tq + i0 * dims.d, dims.d), transposed(x.k, dims.d), T(0), z, key_end);
       if (tk)
-        gemm(r, key_end, D.d, s, as_is(x.q + i0 * D.d, D.d), transposed(tk, D.d), T(tq ? 1 : 0), z, key_end);
-      if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.h, i0, r, 0, key_end);
-      for (int64_t i = 0; i < r; ++i) {
-        const T* a_i = a_blk + i * D.Tk;
+        gemm(rows, key_end, dims.d, s, as_is(x.q + i0 * dims.d, dims.d), transposed(tk, dims.d), T(tq ? 1 : 0), z,
+             key_end);
+      if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.h, i0, rows, 0, key_end);
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* a_i = a_blk + i * dims.Tk;
         T* z_i = z + i * key_end;
         for (int64_t j = 0; j < key_end; ++j) z_i[j] *= a_i[j];
         const T row_term = lane_sum(z_i, key_end);  // ι̃_i = ⟨A_i, Ż_i⟩
-        const T* o_i = o + (i0 + i) * D.dv;
-        for (int64_t c = 0; c < D.dv; ++c) t_blk[i * D.dv + c] -= row_term * o_i[c];
+        const T* o_i = o + (i0 + i) * dims.dv;
+        for (int64_t c = 0; c < dims.dv; ++c) t_blk[i * dims.dv + c] -= row_term * o_i[c];
       }
-      gemm(r, D.dv, key_end, T(1), as_is(z, key_end), as_is(x.v, D.dv), T(1), t_blk, D.dv);
+      gemm(rows, dims.dv, key_end, T(1), as_is(z, key_end), as_is(x.v, dims.dv), T(1), t_blk, dims.dv);
     }
-    if (tv) gemm(r, D.dv, key_end, T(1), as_is(a_blk, D.Tk), as_is(tv, D.dv), T(1), t_blk, D.dv);
+    if (tv) gemm(rows, dims.dv, key_end, T(1), as_is(a_blk, dims.Tk), as_is(tv, dims.dv), T(1), t_blk, dims.dv);
   });
 }
 

@@ -34,18 +34,20 @@ struct AttentionDims {
 // ran as fast as 64- or 128-row ones (measured on one thread).
 inline constexpr int64_t kQueryBlock = 32;
 
-// The query blocks of a slice: f(i0, r, key_end) for rows [i0, i0 + r) that see keys [0, key_end).
+// The query blocks of a slice: f(i0, rows, key_end) for rows [i0, i0 + rows) that see keys [0, key_end).
 template <class F>
-void for_each_query_block(const AttentionDims& D, F&& f) {
-  const int64_t block = D.causal ? kQueryBlock : D.T;
-  for (int64_t i0 = 0; i0 < D.T; i0 += block) {
-    const int64_t r = std::min(block, D.T - i0);
-    f(i0, r, D.causal ? i0 + r : D.Tk);
+void for_each_query_block(const AttentionDims& dims, F&& f) {
+  const int64_t block = dims.causal ? kQueryBlock : dims.T;
+  for (int64_t i0 = 0; i0 < dims.T; i0 += block) {
+    const int64_t rows = std::min(block, dims.T - i0);
+    f(i0, rows, dims.causal ? i0 + rows : dims.Tk);
   }
 }
 
 // The most rows a query block holds: a (rows, Tk) scratch per thread fits any block of for_each_query_block.
-inline int64_t max_query_block_rows(const AttentionDims& D) { return std::min(D.T, D.causal ? kQueryBlock : D.T); }
+inline int64_t max_query_block_rows(const AttentionDims& dims) {
+  return std::min(dims.T, dims.causal ? kQueryBlock : dims.T);
+}
 
 // Checks ranks, dtypes, and that B, h, d and Tk agree; causal needs T = Tk. Throws naming `op` and the shapes.
 inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, const Var& v,

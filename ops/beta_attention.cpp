@@ -32,16 +32,16 @@ namespace {
 // Forward of one slice, block by block: P_I = s·Q_I Kᵀ (gemm), masked to 0; Bβ_I = β(P_I) row-wise;
 // O_I = Bβ_I·V (gemm).       q (T,d), k (Tk,d), v (Tk,dv) → bb (T,Tk), r (T), o (T,dv) of the slice
 template <class T>
-void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, const T* v, T* bb, T* r, T* o) {
-  const T s = static_cast<T>(D.scale);
-  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
-    T* b_blk = bb + i0 * D.Tk;
-    gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(k, D.d), T(0), b_blk, D.Tk);
+void beta_attention_forward(const AttentionDims& dims, const T* q, const T* k, const T* v, T* bb, T* r, T* o) {
+  const T s = static_cast<T>(dims.scale);
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    T* b_blk = bb + i0 * dims.Tk;
+    gemm(rows, key_end, dims.d, s, as_is(q + i0 * dims.d, dims.d), transposed(k, dims.d), T(0), b_blk, dims.Tk);
     for (int64_t i = 0; i < rows; ++i) {
-      T* p_i = b_blk + i * D.Tk;
-      r[i0 + i] = beta_row(p_i, p_i, D.visible(i0 + i), D.Tk);
+      T* p_i = b_blk + i * dims.Tk;
+      r[i0 + i] = beta_row(p_i, p_i, dims.visible(i0 + i), dims.Tk);
     }
-    gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(v, D.dv), T(0), o + i0 * D.dv, D.dv);
+    gemm(rows, dims.dv, key_end, T(1), as_is(b_blk, dims.Tk), as_is(v, dims.dv), T(0), o + i0 * dims.dv, dims.dv);
   });
 }
 
@@ -52,23 +52,23 @@ void beta_attention_forward(const AttentionDims& D, const T* q, const T* k, cons
 //   dQ += s·dP·K,   dK += s·dPᵀ·Q
 // The mask on dP is required: P_ij = M_ij·s·q_i·k_j, so ∂L/∂(s·QKᵀ) = M ⊙ dP; without it dQ and dK pick up
 // the masked entries' c·dBβ_ij. Block by block: dV[0:e] += Bβ_Iᵀ G_I, dBβ_I = G_I V[0:e]ᵀ, dQ_I += s·dP_I K[0:e],
-// dK[0:e] += s·dP_Iᵀ Q_I with e = key_end(I). One slice; dq, dk, dv may be null; dp is a (block, Tk) scratch.
+// dK[0:e] += s·dP_Iᵀ Q_I with e = key_end(I). One slice; gq, gk, gv may be null; dp is a (block, Tk) scratch.
 template <class T>
-void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* bb, const T* r,
-                        const T* g, T* dq, T* dk, T* dv, T* dp) {
-  const T s = static_cast<T>(D.scale);
-  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
-    const T* b_blk = bb + i0 * D.Tk;
-    const T* g_blk = g + i0 * D.dv;
-    if (dv) gemm(key_end, D.dv, rows, T(1), transposed(b_blk, D.Tk), as_is(g_blk, D.dv), T(1), dv, D.dv);
-    if (!dq && !dk) return;
-    gemm(rows, key_end, D.dv, T(1), as_is(g_blk, D.dv), transposed(v, D.dv), T(0), dp, key_end);
+void beta_attention_vjp(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb, const T* r,
+                        const T* g, T* gq, T* gk, T* gv, T* dp) {
+  const T s = static_cast<T>(dims.scale);
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* b_blk = bb + i0 * dims.Tk;
+    const T* g_blk = g + i0 * dims.dv;
+    if (gv) gemm(key_end, dims.dv, rows, T(1), transposed(b_blk, dims.Tk), as_is(g_blk, dims.dv), T(1), gv, dims.dv);
+    if (!gq && !gk) return;
+    gemm(rows, key_end, dims.dv, T(1), as_is(g_blk, dims.dv), transposed(v, dims.dv), T(0), dp, key_end);
     for (int64_t i = 0; i < rows; ++i) {
       T* dp_i = dp + i * key_end;
-      beta_row_derivative<Into::replace>(dp_i, dp_i, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+      beta_row_derivative<Into::replace>(dp_i, dp_i, b_blk + i * dims.Tk, r[i0 + i], dims.visible(i0 + i), key_end);
     }
-    if (dq) gemm(rows, D.d, key_end, s, as_is(dp, key_end), as_is(k, D.d), T(1), dq + i0 * D.d, D.d);
-    if (dk) gemm(key_end, D.d, rows, s, transposed(dp, key_end), as_is(q + i0 * D.d, D.d), T(1), dk, D.d);
+    if (gq) gemm(rows, dims.d, key_end, s, as_is(dp, key_end), as_is(k, dims.d), T(1), gq + i0 * dims.d, dims.d);
+    if (gk) gemm(key_end, dims.d, rows, s, transposed(dp, key_end), as_is(q + i0 * dims.d, dims.d), T(1), gk, dims.d);
   });
 }
 
@@ -77,32 +77,39 @@ void beta_attention_vjp(const AttentionDims& D, const T* q, const T* k, const T*
 // Block by block, as the forward. One slice; tq, tk, tv may be null; pdot is a (block, Tk) scratch; the result
 // is added into tout.
 template <class T>
-void beta_attention_jvp(const AttentionDims& D, const T* q, const T* k, const T* v, const T* bb, const T* r,
+void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb, const T* r,
                         const T* tq, const T* tk, const T* tv, T* tout, T* pdot) {
-  const T s = static_cast<T>(D.scale);
-  for_each_query_block(D, [&](int64_t i0, int64_t rows, int64_t key_end) {
-    const T* b_blk = bb + i0 * D.Tk;
-    T* t_blk = tout + i0 * D.dv;
+  const T s = static_cast<T>(dims.scale);
+  for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
+    const T* b_blk = bb + i0 * dims.Tk;
+    T* t_blk = tout + i0 * dims.dv;
     if (tq || tk) {
-      if (tq) gemm(rows, key_end, D.d, s, as_is(tq + i0 * D.d, D.d), transposed(k, D.d), T(0), pdot, key_end);
+      if (tq)
+        gemm(rows, key_end, dims.d, s, as_is(tq + i0 * dims.d, dims.d), transposed(k, dims.d), T(0), pdot, key_end);
       if (tk)
-        gemm(rows, key_end, D.d, s, as_is(q + i0 * D.d, D.d), transposed(tk, D.d), T(tq ? 1 : 0), pdot, key_end);
+        gemm(rows, key_end, dims.d, s, as_is(q + i0 * dims.d, dims.d), transposed(tk, dims.d), T(tq ? 1 : 0), pdot,
+             key_end);
       for (int64_t i = 0; i < rows; ++i) {
         T* pdot_i = pdot + i * key_end;
-        beta_row_derivative<Into::replace>(pdot_i, pdot_i, b_blk + i * D.Tk, r[i0 + i], D.visible(i0 + i), key_end);
+        beta_row_derivative<Into::replace>(pdot_i, pdot_i, b_blk + i * dims.Tk, r[i0 + i], dims.visible(i0 + i),
+                                           key_end);
       }
-      gemm(rows, D.dv, key_end, T(1), as_is(pdot, key_end), as_is(v, D.dv), T(1), t_blk, D.dv);
+      gemm(rows, dims.dv, key_end, T(1), as_is(pdot, key_end), as_is(v, dims.dv), T(1), t_blk, dims.dv);
     }
-    if (tv) gemm(rows, D.dv, key_end, T(1), as_is(b_blk, D.Tk), as_is(tv, D.dv), T(1), t_blk, D.dv);
+    if (tv) gemm(rows, dims.dv, key_end, T(1), as_is(b_blk, dims.Tk), as_is(tv, dims.dv), T(1), t_blk, dims.dv);
   });
 }
 
 // Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
 struct SliceOffsets {
   int64_t q, k, v, o, scores, rows;
-  SliceOffsets(const AttentionDims& D, int64_t bh)
-      : q(bh * D.T * D.d), k(bh * D.Tk * D.d), v(bh * D.Tk * D.dv), o(bh * D.T * D.dv), scores(bh * D.T * D.Tk),
-        rows(bh * D.T) {}
+  SliceOffsets(const AttentionDims& dims, int64_t bh)
+      : q(bh * dims.T * dims.d),
+        k(bh * dims.Tk * dims.d),
+        v(bh * dims.Tk * dims.dv),
+        o(bh * dims.T * dims.dv),
+        scores(bh * dims.T * dims.Tk),
+        rows(bh * dims.T) {}
 };
 
 template <class T>
@@ -188,7 +195,8 @@ void register_beta_attention(Registry& r) {
              {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)});
   r.add_case("beta_attention", {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
                                 qkv(AttentionOptions{0.7, false})});
-  r.add_case("beta_attention", {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
+  r.add_case("beta_attention",
+             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
   r.add_case("beta_attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
                                 qkv(causal)});
   // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.

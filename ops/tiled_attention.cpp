@@ -51,11 +51,11 @@ struct Workspace {
 template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 // Keys visible to the query tile starting at i0 with r rows: causal tiles end at the tile's last query.
-inline int64_t key_end(const AttentionDims& n, int64_t i0, int64_t r) { return n.causal ? i0 + r : n.Tk; }
+inline int64_t key_end(const AttentionDims& dims, int64_t i0, int64_t r) { return dims.causal ? i0 + r : dims.Tk; }
 
 // Columns of the key tile [j0, j0 + c) that query i sees: all c, or under the causal mask the keys j ≤ i.
-inline int64_t visible_cols(const AttentionDims& n, int64_t i, int64_t j0, int64_t c) {
-  return n.causal ? std::clamp<int64_t>(i + 1 - j0, 0, c) : c;
+inline int64_t visible_cols(const AttentionDims& dims, int64_t i, int64_t j0, int64_t c) {
+  return dims.causal ? std::clamp<int64_t>(i + 1 - j0, 0, c) : c;
 }
 
 constexpr int64_t kSubRows = 32;
@@ -65,8 +65,8 @@ constexpr int64_t kSubRows = 32;
 // one part; a tile that crosses it is cut into sub-blocks of kSubRows rows, and a sub-block's last row
 // i0 + a0 + rs − 1 sees keys up to it, so cs = min(c, i0 + a0 + rs − j0). Entries outside the parts are masked.
 template <class F>
-void for_each_visible_part(const AttentionDims& n, int64_t i0, int64_t r, int64_t j0, int64_t c, F&& f) {
-  if (!n.causal || j0 + c - 1 <= i0) return f(int64_t{0}, r, c);
+void for_each_visible_part(const AttentionDims& dims, int64_t i0, int64_t r, int64_t j0, int64_t c, F&& f) {
+  if (!dims.causal || j0 + c - 1 <= i0) return f(int64_t{0}, r, c);
   for (int64_t a0 = 0; a0 < r; a0 += kSubRows) {
     const int64_t rs = std::min(kSubRows, r - a0), cs = std::min(c, i0 + a0 + rs - j0);
     if (cs > 0) f(a0, rs, cs);
@@ -77,9 +77,10 @@ void for_each_visible_part(const AttentionDims& n, int64_t i0, int64_t r, int64_
 // not written here: the entries of keys j > query i are left as computed, and the softmax steps below read only
 // each row's visible_cols and set the rest of the row to exp(−∞) = 0.
 template <class T>
-void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t i0, int64_t r,
+void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t i0, int64_t r,
                 int64_t j0, int64_t c) {
-  gemm(r, c, n.d, static_cast<T>(n.scale), as_is(x.q + i0 * n.d, n.d), transposed(x.k + j0 * n.d, n.d), T(0), S, c);
+  gemm(r, c, dims.d, static_cast<T>(dims.scale), as_is(x.q + i0 * dims.d, dims.d),
+       transposed(x.k + j0 * dims.d, dims.d), T(0), S, c);
   if (x.bias) add_bias_block(L, S, c, x.bias, x.b, x.head, i0, r, j0, c);
 }
 
@@ -87,11 +88,11 @@ void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDim
 // recomputed from the saved row log-sum-exp L (lse, r). exp runs on the visible columns only; the masked ones
 // are exp(−∞) = 0. A fully masked row (L_i = −∞) has A_i = 0, as in attention().
 template <class T>
-void probability_tile(T* S, const T* lse, const AttentionDims& n, int64_t i0, int64_t r, int64_t j0, int64_t c) {
+void probability_tile(T* S, const T* lse, const AttentionDims& dims, int64_t i0, int64_t r, int64_t j0, int64_t c) {
   for (int64_t a = 0; a < r; ++a) {
     T* s_row = S + a * c;
     const T l = lse[a];
-    const int64_t vis = l == kNegInf<T> ? 0 : visible_cols(n, i0 + a, j0, c);
+    const int64_t vis = l == kNegInf<T> ? 0 : visible_cols(dims, i0 + a, j0, c);
     for (int64_t j = 0; j < vis; ++j) s_row[j] = fast_exp(s_row[j] - l);
     std::fill(s_row + vis, s_row + c, T(0));
   }
@@ -109,11 +110,11 @@ void probability_tile(T* S, const T* lse, const AttentionDims& n, int64_t i0, in
 // One step for rows [i, i + r) against keys [j0, j0 + c): P (r×c) holds their scores S on entry and P_J on exit;
 // m, l (r) and acc (r, dv) are the rows' state. exp runs on the visible columns; masked ones are set to 0.
 template <class T>
-void online_softmax_step(T* P, T* m, T* l, T* acc, const AttentionDims& n, int64_t i, int64_t r, int64_t j0,
+void online_softmax_step(T* P, T* m, T* l, T* acc, const AttentionDims& dims, int64_t i, int64_t r, int64_t j0,
                          int64_t c) {
   for (int64_t a = 0; a < r; ++a) {
     T* p_row = P + a * c;
-    const int64_t vis = visible_cols(n, i + a, j0, c);
+    const int64_t vis = visible_cols(dims, i + a, j0, c);
     const T m_new = lane_max(p_row, vis, m[a]);
     if (m_new == kNegInf<T>) {  // nothing visible yet in this row
       std::fill(p_row, p_row + c, T(0));
@@ -124,29 +125,29 @@ void online_softmax_step(T* P, T* m, T* l, T* acc, const AttentionDims& n, int64
     const T alpha = fast_exp(m[a] - m_new);  // 0 while m = −∞
     l[a] = alpha * l[a] + lane_sum(p_row, vis);
     if (m[a] != kNegInf<T> && alpha != T(1))  // acc is still 0 while m = −∞
-      for (int64_t e = 0; e < n.dv; ++e) acc[a * n.dv + e] *= alpha;
+      for (int64_t e = 0; e < dims.dv; ++e) acc[a * dims.dv + e] *= alpha;
     m[a] = m_new;
   }
 }
 
 // o (T, dv), lse (T) of one slice.
 template <class T>
-void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n,
+void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims,
                              int64_t block, Workspace<T>& w) {
   T *P = w.tile, *m = w.row, *l = w.row2;
-  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
-    const int64_t r = std::min(block, n.T - i0);
-    T* oI = o + i0 * n.dv;
+  for (int64_t i0 = 0; i0 < dims.T; i0 += block) {
+    const int64_t r = std::min(block, dims.T - i0);
+    T* oI = o + i0 * dims.dv;
     std::fill(m, m + r, kNegInf<T>);
     std::fill(l, l + r, T(0));
-    std::fill(oI, oI + r * n.dv, T(0));
-    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+    std::fill(oI, oI + r * dims.dv, T(0));
+    for (int64_t j0 = 0, j_end = key_end(dims, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
-        T* acc = oI + a0 * n.dv;
-        score_tile(P, x, L, n, i0 + a0, rs, j0, cs);
-        online_softmax_step(P, m + a0, l + a0, acc, n, i0 + a0, rs, j0, cs);
-        gemm(rs, n.dv, cs, T(1), as_is(P, cs), as_is(x.v + j0 * n.dv, n.dv), T(1), acc, n.dv);
+      for_each_visible_part(dims, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+        T* acc = oI + a0 * dims.dv;
+        score_tile(P, x, L, dims, i0 + a0, rs, j0, cs);
+        online_softmax_step(P, m + a0, l + a0, acc, dims, i0 + a0, rs, j0, cs);
+        gemm(rs, dims.dv, cs, T(1), as_is(P, cs), as_is(x.v + j0 * dims.dv, dims.dv), T(1), acc, dims.dv);
       });
     }
     for (int64_t a = 0; a < r; ++a) {
@@ -155,7 +156,7 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
         continue;
       }
       const T inv = 1 / l[a];
-      for (int64_t e = 0; e < n.dv; ++e) oI[a * n.dv + e] *= inv;
+      for (int64_t e = 0; e < dims.dv; ++e) oI[a * dims.dv + e] *= inv;
       lse[i0 + a] = m[a] + std::log(l[a]);
     }
   }
@@ -174,31 +175,32 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
 // gq, gk, gv, gbias are added into; null ones are not computed.
 template <class T>
 void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, const T* lse, const Slice<T>& x,
-                         const BiasLayout& L, const AttentionDims& n, int64_t block, Workspace<T>& w) {
+                         const BiasLayout& L, const AttentionDims& dims, int64_t block, Workspace<T>& w) {
   T *A = w.tile, *dS = w.tile2, *D = w.row;
-  const T s = static_cast<T>(n.scale);
+  const T s = static_cast<T>(dims.scale);
   const bool need_ds = gq || gk || gbias;
-  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
-    const int64_t r = std::min(block, n.T - i0);
-    for (int64_t a = 0; a < r; ++a) D[a] = lane_dot(g + (i0 + a) * n.dv, o + (i0 + a) * n.dv, n.dv);
-    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+  for (int64_t i0 = 0; i0 < dims.T; i0 += block) {
+    const int64_t r = std::min(block, dims.T - i0);
+    for (int64_t a = 0; a < r; ++a) D[a] = lane_dot(g + (i0 + a) * dims.dv, o + (i0 + a) * dims.dv, dims.dv);
+    for (int64_t j0 = 0, j_end = key_end(dims, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+      for_each_visible_part(dims, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
         const int64_t i = i0 + a0;  // rows [i, i + rs), keys [j0, j0 + cs)
-        const T* gi = g + i * n.dv;
-        score_tile(A, x, L, n, i, rs, j0, cs);
-        probability_tile(A, lse + i, n, i, rs, j0, cs);
-        if (gv) gemm(cs, n.dv, rs, T(1), transposed(A, cs), as_is(gi, n.dv), T(1), gv + j0 * n.dv, n.dv);
+        const T* gi = g + i * dims.dv;
+        score_tile(A, x, L, dims, i, rs, j0, cs);
+        probability_tile(A, lse + i, dims, i, rs, j0, cs);
+        if (gv) gemm(cs, dims.dv, rs, T(1), transposed(A, cs), as_is(gi, dims.dv), T(1), gv + j0 * dims.dv, dims.dv);
         if (!need_ds) return;
-        gemm(rs, cs, n.dv, T(1), as_is(gi, n.dv), transposed(x.v + j0 * n.dv, n.dv), T(0), dS, cs);
+        gemm(rs, cs, dims.dv, T(1), as_is(gi, dims.dv), transposed(x.v + j0 * dims.dv, dims.dv), T(0), dS, cs);
         for (int64_t a = 0; a < rs; ++a) {  // dS = A ⊙ (GVᵀ − D1ᵀ) on the visible columns, 0 on the rest
           T *ds_row = dS + a * cs, *a_row = A + a * cs;
-          const int64_t vis = visible_cols(n, i + a, j0, cs);
+          const int64_t vis = visible_cols(dims, i + a, j0, cs);
           for (int64_t j = 0; j < vis; ++j) ds_row[j] = a_row[j] * (ds_row[j] - D[a0 + a]);
           std::fill(ds_row + vis, ds_row + cs, T(0));
         }
-        if (gq) gemm(rs, n.d, cs, s, as_is(dS, cs), as_is(x.k + j0 * n.d, n.d), T(1), gq + i * n.d, n.d);
-        if (gk) gemm(cs, n.d, rs, s, transposed(dS, cs), as_is(x.q + i * n.d, n.d), T(1), gk + j0 * n.d, n.d);
+        if (gq) gemm(rs, dims.d, cs, s, as_is(dS, cs), as_is(x.k + j0 * dims.d, dims.d), T(1), gq + i * dims.d, dims.d);
+        if (gk)
+          gemm(cs, dims.d, rs, s, transposed(dS, cs), as_is(x.q + i * dims.d, dims.d), T(1), gk + j0 * dims.d, dims.d);
         if (gbias) accumulate_bias_grad_block(L, gbias, dS, cs, x.b, x.head, i, rs, j0, cs);
       });
     }
@@ -214,41 +216,44 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
 // q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
 template <class T>
 void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_dot, const T* bias_dot, const T* o,
-                         const T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& n, int64_t block,
+                         const T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t block,
                          Workspace<T>& w) {
   T *A = w.tile, *Z = w.tile2, *iota = w.row;
-  const T s = static_cast<T>(n.scale);
+  const T s = static_cast<T>(dims.scale);
   const bool need_z = q_dot || k_dot || bias_dot;
-  for (int64_t i0 = 0; i0 < n.T; i0 += block) {
-    const int64_t r = std::min(block, n.T - i0);
-    T* odI = o_dot + i0 * n.dv;
+  for (int64_t i0 = 0; i0 < dims.T; i0 += block) {
+    const int64_t r = std::min(block, dims.T - i0);
+    T* odI = o_dot + i0 * dims.dv;
     std::fill(iota, iota + r, T(0));
-    for (int64_t j0 = 0, j_end = key_end(n, i0, r); j0 < j_end; j0 += block) {
+    for (int64_t j0 = 0, j_end = key_end(dims, i0, r); j0 < j_end; j0 += block) {
       const int64_t c = std::min(block, j_end - j0);
-      for_each_visible_part(n, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
+      for_each_visible_part(dims, i0, r, j0, c, [&](int64_t a0, int64_t rs, int64_t cs) {
         const int64_t i = i0 + a0;  // rows [i, i + rs), keys [j0, j0 + cs)
-        T* od = odI + a0 * n.dv;
-        score_tile(A, x, L, n, i, rs, j0, cs);
-        probability_tile(A, lse + i, n, i, rs, j0, cs);
+        T* od = odI + a0 * dims.dv;
+        score_tile(A, x, L, dims, i, rs, j0, cs);
+        probability_tile(A, lse + i, dims, i, rs, j0, cs);
         if (need_z) {
           if (!q_dot && !k_dot) std::fill(Z, Z + rs * cs, T(0));
-          if (q_dot) gemm(rs, cs, n.d, s, as_is(q_dot + i * n.d, n.d), transposed(x.k + j0 * n.d, n.d), T(0), Z, cs);
+          if (q_dot)
+            gemm(rs, cs, dims.d, s, as_is(q_dot + i * dims.d, dims.d), transposed(x.k + j0 * dims.d, dims.d), T(0), Z,
+                 cs);
           if (k_dot)
-            gemm(rs, cs, n.d, s, as_is(x.q + i * n.d, n.d), transposed(k_dot + j0 * n.d, n.d), T(q_dot ? 1 : 0), Z, cs);
+            gemm(rs, cs, dims.d, s, as_is(x.q + i * dims.d, dims.d), transposed(k_dot + j0 * dims.d, dims.d),
+                 T(q_dot ? 1 : 0), Z, cs);
           if (bias_dot) add_bias_block(L, Z, cs, bias_dot, x.b, x.head, i, rs, j0, cs);
           for (int64_t a = 0; a < rs; ++a)
             for (int64_t j = 0; j < cs; ++j) {
               Z[a * cs + j] *= A[a * cs + j];
               iota[a0 + a] += Z[a * cs + j];
             }
-          gemm(rs, n.dv, cs, T(1), as_is(Z, cs), as_is(x.v + j0 * n.dv, n.dv), T(1), od, n.dv);
+          gemm(rs, dims.dv, cs, T(1), as_is(Z, cs), as_is(x.v + j0 * dims.dv, dims.dv), T(1), od, dims.dv);
         }
-        if (v_dot) gemm(rs, n.dv, cs, T(1), as_is(A, cs), as_is(v_dot + j0 * n.dv, n.dv), T(1), od, n.dv);
+        if (v_dot) gemm(rs, dims.dv, cs, T(1), as_is(A, cs), as_is(v_dot + j0 * dims.dv, dims.dv), T(1), od, dims.dv);
       });
     }
     if (need_z)
       for (int64_t a = 0; a < r; ++a)
-        for (int64_t e = 0; e < n.dv; ++e) odI[a * n.dv + e] -= iota[a] * o[(i0 + a) * n.dv + e];
+        for (int64_t e = 0; e < dims.dv; ++e) odI[a * dims.dv + e] -= iota[a] * o[(i0 + a) * dims.dv + e];
   }
 }
 
@@ -259,11 +264,11 @@ struct SliceAt {
   int64_t oq, ok, ov, oo, ol;
 };
 template <class T>
-SliceAt<T> slice_at(const AttentionDims& n, int64_t bh, const Tensor& q, const Tensor& k, const Tensor& v,
+SliceAt<T> slice_at(const AttentionDims& dims, int64_t bh, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& bias) {
-  const int64_t oq = bh * n.T * n.d, ok = bh * n.Tk * n.d, ov = bh * n.Tk * n.dv;
-  return {{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), bh / n.H, bh % n.H},
-          oq, ok, ov, bh * n.T * n.dv, bh * n.T};
+  const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
+  return {{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), bh / dims.H, bh % dims.H},
+          oq, ok, ov, bh * dims.T * dims.dv, bh * dims.T};
 }
 
 template <class T>
@@ -275,29 +280,29 @@ T* offset_or_null(T* p, int64_t offset) {
 
 Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, int64_t block) {
   Tape& tape = bias.defined() ? tape_of(kOp, {q, k, v, bias}) : tape_of(kOp, {q, k, v});
-  const AttentionDims n = attention_dims(kOp, q, k, v, opt);
+  const AttentionDims dims = attention_dims(kOp, q, k, v, opt);
   if (block < 1) fail("{}: block must be at least 1 key column, got {} (q {})", kOp, block, q.shape());
   BiasLayout layout;
   Tensor bv;
   if (bias.defined()) {
     expect_same_dtype(kOp, q, bias);
-    layout = bias_layout(kOp, bias.shape(), n.B, n.H, n.T, n.Tk);
+    layout = bias_layout(kOp, bias.shape(), dims.B, dims.H, dims.T, dims.Tk);
     bv = bias.value();
   }
   const DType dtype = q.dtype();
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   // The node's whole saved state: O (B, h, T, dv) and L (B, h, T), next to the inputs' own values.
-  Tensor o = tape.empty(dtype, {n.B, n.H, n.T, n.dv});
-  Tensor lse = tape.empty(dtype, {n.B, n.H, n.T}, "L = m + log ℓ per row");
-  const int64_t blk = std::min(block, std::max(n.T, n.Tk));
-  const int64_t heads = n.heads(), grain = n.slice_grain();
+  Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
+  Tensor lse = tape.empty(dtype, {dims.B, dims.H, dims.T}, "L = m + log ℓ per row");
+  const int64_t blk = std::min(block, std::max(dims.T, dims.Tk));
+  const int64_t heads = dims.heads(), grain = dims.slice_grain();
   dispatch_float(kOp, dtype, [&](auto tag) {
     using T = decltype(tag);
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
       Workspace<T> w(blk);
       for (int64_t bh = begin; bh < end; ++bh) {
-        const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
-        tiled_attention_forward(o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x, layout, n, blk, w);
+        const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
+        tiled_attention_forward(o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x, layout, dims, blk, w);
       }
     });
   });
@@ -308,7 +313,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
     // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
     // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
     const bool shared_gbias = gbias.defined() && chunks > 1 &&
-                              ((layout.stride_b == 0 && n.B > 1) || (layout.stride_h == 0 && n.H > 1));
+                              ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
     Tensor gbias_parts = shared_gbias ? tp->zeros(dtype, {chunks - 1, gbias.numel()}) : Tensor{};
     dispatch_float(kOp, dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -318,10 +323,10 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
         Workspace<T> w(blk);
         T* gb_chunk = shared_gbias && chunk > 0 ? gbias_parts.data<T>() + (chunk - 1) * gbias.numel() : gb;
         for (int64_t bh = begin; bh < end; ++bh) {
-          const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
+          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
           tiled_attention_vjp(offset_or_null(gq, at.oq), offset_or_null(gk, at.ok), offset_or_null(gv, at.ov),
                               gb_chunk, g.data<T>() + at.oo, o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x,
-                              layout, n, blk, w);
+                              layout, dims, blk, w);
         }
       });
       if (shared_gbias)
@@ -339,10 +344,10 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
       parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
         Workspace<T> w(blk);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const SliceAt<T> at = slice_at<T>(n, bh, qv, kv, vv, bv);
+          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
           tiled_attention_jvp(tout.data<T>() + at.oo, offset_or_null(tq, at.oq), offset_or_null(tk, at.ok),
                               offset_or_null(tv, at.ov), data_or_null<T>(tbias), o.data<T>() + at.oo,
-                              lse.data<T>() + at.ol, at.x, layout, n, blk, w);
+                              lse.data<T>() + at.ol, at.x, layout, dims, blk, w);
         }
       });
     });
