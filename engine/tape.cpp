@@ -54,8 +54,7 @@ namespace {
 // Index of the first NaN or ±∞ of a float tensor, or −1.
 int64_t first_non_finite(const Tensor& t) {
   if (!t.defined() || t.dtype() == DType::i32) return -1;
-  return dispatch_float("anomaly detection", t.dtype(), [&](auto tag) -> int64_t {
-    using T = decltype(tag);
+  return dispatch_float("anomaly detection", t.dtype(), [&]<class T>(T) -> int64_t {
     const T* p = t.data<T>();
     for (int64_t i = 0, n = t.numel(); i < n; ++i)
       if (!std::isfinite(p[i])) return i;
@@ -243,7 +242,7 @@ void Tape::backward(Var y) {
     fail("backward: the output has shape {}; a non-scalar output needs a seed gradient of that shape",
          v.shape());
   Tensor one = Tensor::zeros(v.dtype(), v.shape());
-  dispatch_float("backward", v.dtype(), [&](auto tag) { one.data<decltype(tag)>()[0] = 1; });
+  dispatch_float("backward", v.dtype(), [&]<class T>(T) { one.data<T>()[0] = 1; });
   backward(y, one);
 }
 

@@ -99,8 +99,7 @@ Summary summarize(const Tensor& t) {
     for (int64_t i = 0, n = t.numel(); i < n; ++i) see(p[i]);
     return s;
   }
-  dispatch_float("tape_to_dot", t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float("tape_to_dot", t.dtype(), [&]<class T>(T) {
     const T* p = t.data<T>();
     double squares = 0;
     for (int64_t i = 0, n = t.numel(); i < n; ++i) {

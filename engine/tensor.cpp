@@ -145,8 +145,7 @@ void Tensor::copy_from(const Tensor& src) const {
 void Tensor::accumulate(const Tensor& src) const {
   if (src.dtype_ != dtype_ || !(src.shape_ == shape_))
     fail("accumulate: {} {} cannot be added into {} {}", src.dtype_, src.shape_, dtype_, shape_);
-  dispatch_float("accumulate", dtype_, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float("accumulate", dtype_, [&]<class T>(T) {
     T* d = data<T>();
     const T* s = src.data<T>();
     for (int64_t i = 0, n = numel(); i < n; ++i) d[i] += s[i];

@@ -116,7 +116,8 @@ class Tensor {
   std::shared_ptr<void> owner_;
 };
 
-// Calls f(T{}) with T = float or double for a float dtype; throws naming `op` otherwise.
+// Calls f(T{}) with T = float or double for a float dtype; throws naming `op` otherwise. The kernels' callers
+// take T as a template lambda:  dispatch_float(op, x.dtype(), [&]<class T>(T) { kernel(x.data<T>(), ...); });
 template <class F>
 decltype(auto) dispatch_float(std::string_view op, DType dtype, F&& f) {
   if (dtype == DType::f32) return f(float{});

@@ -118,8 +118,7 @@ Var binary(Var a, Var b) {
   const Broadcast bc = broadcast(Op::name, a.shape(), b.shape());
   const Tensor av = a.value(), bv = b.value();
   Tensor y = tape.empty(a.dtype(), bc.out);
-  dispatch_float(Op::name, a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(Op::name, a.dtype(), [&]<class T>(T) {
     const T *pa = av.data<T>(), *pb = bv.data<T>();
     T* py = y.data<T>();
     for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { py[o] = Op::f(pa[i], pb[j]); });
@@ -127,8 +126,7 @@ Var binary(Var a, Var b) {
   return tape.record(
       Op::name, {a, b}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float(Op::name, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
           const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
           if (gin[0].defined()) {
             T* ga = gin[0].data<T>();
@@ -141,8 +139,7 @@ Var binary(Var a, Var b) {
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float(Op::name, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(Op::name, ty.dtype(), [&]<class T>(T) {
           const T *pa = av.data<T>(), *pb = bv.data<T>();
           T* pt = ty.data<T>();
           if (tin[0].defined()) {
@@ -164,8 +161,7 @@ Var linear_scale(const char* op, Var x, double s) {
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
   auto axpy = [s](const char* name, const Tensor& dst, const Tensor& src) {  // dst += s·src
-    dispatch_float(name, dst.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(name, dst.dtype(), [&]<class T>(T) {
       T* d = dst.data<T>();
       const T* p = src.data<T>();
       for (int64_t i = 0, n = dst.numel(); i < n; ++i) d[i] += static_cast<T>(s) * p[i];

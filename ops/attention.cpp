@@ -154,8 +154,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "A = softmax(S)");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
-  dispatch_float(op, dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, dtype, [&]<class T>(T) {
     const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
     T *pa = a.data<T>(), *po = o.data<T>();
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
@@ -175,8 +174,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     const bool shared_dbias = dbias.defined() && chunks > 1 &&
                               ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
     Tensor dbias_parts = shared_dbias ? tp->zeros(dtype, {chunks - 1, dbias.numel()}) : Tensor{};
-    dispatch_float(op, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
       T *dv = data_or_null<T>(gin[2]), *db = data_or_null<T>(dbias);
@@ -201,8 +199,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     Tensor z = tp->empty(dtype, {chunks, scratch});
-    dispatch_float(op, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {

@@ -129,8 +129,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   Tensor r = tape.empty(dtype, {dims.B, dims.H, dims.T}, "r = ‖P‖ per row");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
-  dispatch_float(op, dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, dtype, [&]<class T>(T) {
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
       for (int64_t bh = begin; bh < end; ++bh) {
         const SliceOffsets at(dims, bh);
@@ -145,8 +144,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
       op, {q, k, v}, o,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         Tensor dp = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
-        dispatch_float(op, dtype, [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, dtype, [&]<class T>(T) {
           T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             for (int64_t bh = begin; bh < end; ++bh) {
@@ -161,8 +159,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
         Tensor pdot = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
-        dispatch_float(op, dtype, [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             for (int64_t bh = begin; bh < end; ++bh) {

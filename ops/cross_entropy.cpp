@@ -123,8 +123,7 @@ Var cross_entropy(Var logits, Var targets) {
   Tensor loss = tape.empty(xv.dtype(), Shape{});
   Tensor row_max = tape.empty(xv.dtype(), Shape{rows}, "m: row max");
   Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows}, "log Σ exp(x − m) per row");
-  dispatch_float(op, xv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, xv.dtype(), [&]<class T>(T) {
     Tensor scratch = tape.empty(xv.dtype(), xv.shape(), "scratch: exp(x − m)");  // read only here
     loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
                                               row_log_sum.data<T>(), scratch.data<T>());
@@ -133,16 +132,14 @@ Var cross_entropy(Var logits, Var targets) {
       op, {logits, targets}, loss,
       [xv, tv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
           cross_entropy_vjp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(), row_log_sum.data<T>(), rows,
                             classes, g.data<T>()[0], gin[0].data<T>());
         });
       },
       [xv, tv, row_max, row_log_sum, rows, classes](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           ty.data<T>()[0] += cross_entropy_jvp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(),
                                                row_log_sum.data<T>(), rows, classes, tin[0].data<T>());
         });

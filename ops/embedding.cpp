@@ -81,23 +81,20 @@ Var embedding(Var ids, Var table) {
   Shape out_shape = idv.shape();
   out_shape.push_back(channels);
   Tensor y = tape.empty(tv.dtype(), out_shape);
-  dispatch_float(op, tv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, tv.dtype(), [&]<class T>(T) {
     embedding_forward(pid, n, tv.data<T>(), channels, y.data<T>());
   });
   return tape.record(
       op, {ids, table}, y,
       [idv, n, channels, vocab](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[1].defined()) return;
-        dispatch_float(op, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
           embedding_vjp(idv.data<int32_t>(), n, g.data<T>(), channels, vocab, gin[1].data<T>());
         });
       },
       [idv, n, channels](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[1].defined()) return;
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           embedding_jvp(idv.data<int32_t>(), n, tin[1].data<T>(), channels, ty.data<T>());
         });
       });

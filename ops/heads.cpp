@@ -78,22 +78,19 @@ Var split_heads(Var x, int64_t heads, int64_t offset, int64_t width) {
   const HeadsGeometry g{s[0], s[1], s[2], heads, width / heads, offset};
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), {g.B, g.h, g.T, g.d});
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     gather_heads(g, xv.data<T>(), y.data<T>());
   });
   return tape.record(
       op, {x}, y,
       [g](const Tensor& gy, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, gy.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, gy.dtype(), [&]<class T>(T) {
           add_to_rows(g, gy.data<T>(), gin[0].data<T>());
         });
       },
       [g](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           add_to_heads(g, tin[0].data<T>(), ty.data<T>());
         });
       });
@@ -108,22 +105,19 @@ Var merge_heads(Var y) {
   const HeadsGeometry g{s[0], s[2], s[1] * s[3], s[1], s[3], 0};
   const Tensor yv = y.value();
   Tensor z = tape.empty(y.dtype(), {g.B, g.T, g.W});
-  dispatch_float(op, y.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, y.dtype(), [&]<class T>(T) {
     scatter_heads(g, yv.data<T>(), z.data<T>());
   });
   return tape.record(
       op, {y}, z,
       [g](const Tensor& gz, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, gz.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, gz.dtype(), [&]<class T>(T) {
           add_to_heads(g, gz.data<T>(), gin[0].data<T>());
         });
       },
       [g](std::span<const Tensor> tin, const Tensor& tz) {
-        dispatch_float(op, tz.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, tz.dtype(), [&]<class T>(T) {
           add_to_rows(g, tin[0].data<T>(), tz.data<T>());
         });
       });

@@ -184,8 +184,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   Tensor mean = tape.empty(x.dtype(), {rows}, "μ per row");
   Tensor rstd = tape.empty(x.dtype(), {rows}, "ρ = 1/√(var + ε) per row");
-  dispatch_float(kOp, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(kOp, x.dtype(), [&]<class T>(T) {
     layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),
                        static_cast<T>(eps), rows, C);
   });
@@ -193,8 +192,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   return tape.record(
       kOp, {x, weight, bias}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float(kOp, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           if (gin[0].defined())
             layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                              g.data<T>(), rows, C);
@@ -206,8 +204,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float(kOp, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(kOp, ty.dtype(), [&]<class T>(T) {
           layer_norm_jvp(ty.data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                          data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]), rows, C);
         });

@@ -29,14 +29,12 @@ Var linear(Var x, Var w, Var b) {
   yshape[yshape.rank() - 1] = out;
   const Tensor xv = x.value(), wv = w.value(), bv = has_bias ? b.value() : Tensor{};
   Tensor y = tape.empty(x.dtype(), yshape);
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(wv.data<T>(), in), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
-    dispatch_float(op, g.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, g.dtype(), [&]<class T>(T) {
       const T* pg = g.data<T>();
       if (gin[0].defined())
         gemm(n, in, out, T(1), as_is(pg, out), as_is(wv.data<T>(), in), T(1), gin[0].data<T>(), in);
@@ -46,8 +44,7 @@ Var linear(Var x, Var w, Var b) {
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
-    dispatch_float(op, ty.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, ty.dtype(), [&]<class T>(T) {
       T* pt = ty.data<T>();
       if (tin[0].defined())
         gemm(n, out, in, T(1), as_is(tin[0].data<T>(), in), transposed(wv.data<T>(), in), T(1), pt, out);

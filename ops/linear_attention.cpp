@@ -368,8 +368,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   Tensor den = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq}, "den = q_iᵀz_i");
   const int64_t grain = slice_grain(n);
   // The slices (b, h) run on the engine's threads, each with its own workspace.
-  dispatch_float(kOp, dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
       Workspace<T> w(n);
       for (int64_t s = begin; s < end; ++s) {
@@ -386,8 +385,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   return tape.record(
       kOp, {q, k, v}, out,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float(kOp, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
             for (int64_t s = begin; s < end; ++s) {
@@ -401,8 +399,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
-        dispatch_float(kOp, tout.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(kOp, tout.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
             for (int64_t s = begin; s < end; ++s) {

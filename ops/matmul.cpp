@@ -154,24 +154,21 @@ Var matmul(Var a, Var b) {
   // An empty product (k = 0) is the zero matrix; other empty shapes have no elements to compute.
   Tensor y = g.empty() ? tape.zeros(a.dtype(), out) : tape.empty(a.dtype(), out);
   if (!g.empty())
-    dispatch_float("matmul", a.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float("matmul", a.dtype(), [&]<class T>(T) {
       matmul_forward(g, av.data<T>(), bv.data<T>(), y.data<T>());
     });
   return tape.record(
       "matmul", {a, b}, y,
       [=](const Tensor& gy, std::span<const Tensor> gin) {
         if (g.empty()) return;
-        dispatch_float("matmul", gy.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("matmul", gy.dtype(), [&]<class T>(T) {
           matmul_vjp(g, av.data<T>(), bv.data<T>(), gy.data<T>(), gin[0].defined() ? gin[0].data<T>() : nullptr,
                      gin[1].defined() ? gin[1].data<T>() : nullptr);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (g.empty()) return;
-        dispatch_float("matmul", ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("matmul", ty.dtype(), [&]<class T>(T) {
           matmul_jvp(g, av.data<T>(), bv.data<T>(), tin[0].defined() ? tin[0].data<T>() : nullptr,
                      tin[1].defined() ? tin[1].data<T>() : nullptr, ty.data<T>());
         });

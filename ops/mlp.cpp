@@ -122,8 +122,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
   const DType dtype = x.dtype();
   Tensor u = tape.empty(dtype, {d.n, d.h}, "u = xW₁ᵀ + b₁"), t = tape.empty(dtype, {d.n, d.h}, "tanh of gelu's argument");
   Tensor y = tape.empty(dtype, y_shape);
-  dispatch_float(kOp, dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(kOp, dtype, [&]<class T>(T) {
     auto [h, unused] = scratch<T>(d.n * d.h);
     (void)unused;
     mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v),
@@ -137,8 +136,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
     return has_b2 ? s[i2] : Tensor{};
   };
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
-    dispatch_float(kOp, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(kOp, dtype, [&]<class T>(T) {
       auto [h, hbar] = scratch<T>(d.n * d.h);
       mlp_vjp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), t.data<T>(), g.data<T>(),
               data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(bias_slot(gin, 1)),
@@ -146,8 +144,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2) {
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
-    dispatch_float(kOp, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(kOp, dtype, [&]<class T>(T) {
       auto [h, hdot] = scratch<T>(d.n * d.h);
       mlp_jvp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), t.data<T>(), data_or_null<T>(tin[0]),
               data_or_null<T>(tin[1]), data_or_null<T>(bias_slot(tin, 1)), data_or_null<T>(tin[2]),

@@ -50,16 +50,14 @@ Var pointwise(Var x, Fn fn) {
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
   const int64_t n = y.numel();
-  dispatch_float(Fn::name, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(Fn::name, x.dtype(), [&]<class T>(T) {
     const T* px = xv.data<T>();
     T* py = y.data<T>();
     for (int64_t i = 0; i < n; ++i) py[i] = fn.f(px[i]);
   });
   // out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).
   auto apply_derivative = [=](const Tensor& out, const Tensor& in) {
-    dispatch_float(Fn::name, out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(Fn::name, out.dtype(), [&]<class T>(T) {
       const T *px = xv.data<T>(), *py = y.data<T>(), *pi = in.data<T>();
       T* po = out.data<T>();
       for (int64_t i = 0; i < n; ++i) po[i] += fn.df(px[i], py[i]) * pi[i];
@@ -82,13 +80,11 @@ Var gelu(Var x) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   Tensor t = tape.empty(x.dtype(), x.shape(), "tanh of gelu's argument");
   const int64_t n = y.numel();
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     gelu_forward(y.data<T>(), t.data<T>(), xv.data<T>(), n);
   });
   auto apply_derivative = [xv, t, n](const Tensor& out, const Tensor& in) {
-    dispatch_float(op, out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, out.dtype(), [&]<class T>(T) {
       gelu_derivative(out.data<T>(), xv.data<T>(), t.data<T>(), in.data<T>(), n);
     });
   };

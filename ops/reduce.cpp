@@ -99,23 +99,20 @@ Var reduce(const char* op, Var x, const AxisSplit& sp, bool is_mean) {
   const int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   const Tensor xv = x.value();
   Tensor y = tape.zeros(x.dtype(), sp.out);
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     reduce_forward(xv.data<T>(), y.data<T>(), outer, n, inner, c);
   });
   return tape.record(
       op, {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
           reduce_vjp(g.data<T>(), gin[0].data<T>(), outer, n, inner, c);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           reduce_jvp(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c);
         });
       });

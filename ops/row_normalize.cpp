@@ -18,15 +18,13 @@ Var row_normalize(Var x) {
   const int64_t cols = x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
   Tensor r = tape.empty(x.dtype(), Shape{rows}, "r = ‖x‖ per row");
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     for (int64_t i = 0; i < rows; ++i)
       r.data<T>()[i] = beta_row(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols, cols);
   });
   // x̄ += dβ(x)ᵀ·ȳ and ẏ = dβ(x)·ẋ: the Jacobian is symmetric, one kernel for both.
   auto jacobian_product = [=](Tensor out, const Tensor& u) {
-    dispatch_float(op, out.dtype(), [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(op, out.dtype(), [&]<class T>(T) {
       for (int64_t i = 0; i < rows; ++i)
         beta_row_derivative<Into::add>(out.data<T>() + i * cols, u.data<T>() + i * cols, y.data<T>() + i * cols,
                                        r.data<T>()[i], cols, cols);

@@ -243,15 +243,13 @@ Var reshape(Var x, Shape shape) {
       "reshape", {x}, x.value().view(shape),
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("reshape", g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("reshape", g.dtype(), [&]<class T>(T) {
           reshape_vjp(g.data<T>(), gin[0].data<T>(), n);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("reshape", ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("reshape", ty.dtype(), [&]<class T>(T) {
           reshape_jvp(tin[0].data<T>(), ty.data<T>(), n);
         });
       });
@@ -279,23 +277,20 @@ Var permute(Var x, std::span<const int> perm) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), out);
-  dispatch_any("permute", x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_any("permute", x.dtype(), [&]<class T>(T) {
     permute_forward(w, xv.data<T>(), y.data<T>());
   });
   return tape.record(
       "permute", {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("permute", g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("permute", g.dtype(), [&]<class T>(T) {
           permute_vjp(w, g.data<T>(), gin[0].data<T>());
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("permute", ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("permute", ty.dtype(), [&]<class T>(T) {
           permute_jvp(w, tin[0].data<T>(), ty.data<T>());
         });
       });
@@ -334,15 +329,13 @@ Var slice(Var x, int axis, int64_t start, int64_t stop) {
       "slice", {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("slice", g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("slice", g.dtype(), [&]<class T>(T) {
           slice_vjp(s, g.data<T>(), gin[0].data<T>());
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("slice", ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("slice", ty.dtype(), [&]<class T>(T) {
           slice_jvp(s, tin[0].data<T>(), ty.data<T>());
         });
       });
@@ -384,14 +377,12 @@ Var concat(std::span<const Var> xs, int axis) {
   return tape.record(
       "concat", xs, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float("concat", g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("concat", g.dtype(), [&]<class T>(T) {
           concat_vjp(c, g.data<T>(), gin);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float("concat", ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float("concat", ty.dtype(), [&]<class T>(T) {
           concat_jvp(c, tin, ty.data<T>());
         });
       });

@@ -53,24 +53,21 @@ Var row_distribution(Var x) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   const int64_t cols = x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
-  dispatch_float(K::name, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(K::name, x.dtype(), [&]<class T>(T) {
     for (int64_t i = 0; i < rows; ++i) K::forward(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols);
   });
   return tape.record(
       K::name, {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(K::name, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(K::name, g.dtype(), [&]<class T>(T) {
           for (int64_t i = 0; i < rows; ++i)
             K::vjp(gin[0].data<T>() + i * cols, y.data<T>() + i * cols, g.data<T>() + i * cols, cols);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float(K::name, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
+        dispatch_float(K::name, ty.dtype(), [&]<class T>(T) {
           for (int64_t i = 0; i < rows; ++i)
             K::jvp(ty.data<T>() + i * cols, y.data<T>() + i * cols, tin[0].data<T>() + i * cols, cols);
         });

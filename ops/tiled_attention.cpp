@@ -296,8 +296,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   Tensor lse = tape.empty(dtype, {dims.B, dims.H, dims.T}, "L = m + log ℓ per row");
   const int64_t blk = std::min(block, std::max(dims.T, dims.Tk));
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
-  dispatch_float(kOp, dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
       Workspace<T> w(blk);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -315,8 +314,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
     const bool shared_gbias = gbias.defined() && chunks > 1 &&
                               ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
     Tensor gbias_parts = shared_gbias ? tp->zeros(dtype, {chunks - 1, gbias.numel()}) : Tensor{};
-    dispatch_float(kOp, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(kOp, dtype, [&]<class T>(T) {
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
       T* gb = data_or_null<T>(gbias);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -338,8 +336,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    dispatch_float(kOp, dtype, [&](auto tag) {
-      using T = decltype(tag);
+    dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
         Workspace<T> w(blk);
