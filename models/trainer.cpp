@@ -97,12 +97,8 @@ struct RunState {
 Checkpoint make_checkpoint(const GPT& model, AdamW& opt, const TrainConfig& cfg, const TextData& data,
                            const RunState& st) {
   Checkpoint ck;
-  const auto& ps = model.parameters();
-  for (const auto& p : ps) ck.tensors.push_back({p.name, p.value});
-  for (size_t k = 0; k < ps.size(); ++k) {
-    ck.tensors.push_back({"optimizer.exp_avg." + ps[k].name, opt.first_moments()[k]});
-    ck.tensors.push_back({"optimizer.exp_avg_sq." + ps[k].name, opt.second_moments()[k]});
-  }
+  for (const auto& p : model.parameters()) ck.tensors.push_back({p.name, p.value});
+  opt.save_state(ck);
   json evals = json::array(), rows = json::array();
   for (const auto& e : st.evals) evals.push_back({e.step, e.train_loss, e.val_loss});
   for (const auto& r : st.rows)
@@ -112,7 +108,6 @@ Checkpoint make_checkpoint(const GPT& model, AdamW& opt, const TrainConfig& cfg,
   ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
   ck.metadata["tapegrad.step"] = std::to_string(st.step);
-  ck.metadata["tapegrad.adam_steps"] = std::to_string(opt.steps());
   ck.metadata["tapegrad.rng"] = std::to_string(st.rng_state);
   ck.metadata["tapegrad.evals"] = evals.dump();
   ck.metadata["tapegrad.log"] = rows.dump();
@@ -232,12 +227,13 @@ void TrainConfig::validate() const {
 
 std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() ? model.attention : name); }
 
-void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile) {
-  if (grad_clip > 0) clip_grad_norm(model.parameters(), grad_clip);
+void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profile) {
+  if (grad_clip > 0) clip_grad_norm(opt.parameters(), grad_clip);
   if (profile) profile->mark("optimizer: clip grad norm");
-  opt.step(model.parameters(), lr);
-  if (profile) profile->mark("optimizer: AdamW");
-  model.zero_grad();
+  opt.set_lr(lr);
+  opt.step();
+  if (profile) profile->mark(fmt::format("optimizer: {}", opt.name()));
+  opt.zero_grad();
   if (profile) profile->mark("optimizer: zero grad");
 }
 
@@ -266,19 +262,16 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
          "of {} tokens", data.train.size(), data.val.size(), T);
 
   GPT model(cfg.model, cfg.seed);
-  AdamW opt(model.parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  AdamW opt(model.parameters(), {.lr = cfg.learning_rate, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8,
+                                 .weight_decay = cfg.weight_decay});
   Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);
   if (resume_ck) {
     const Checkpoint& ck = *resume_ck;
     auto& ps = model.parameters();
-    for (size_t k = 0; k < ps.size(); ++k) {
-      ps[k].value.copy_from(ck.at(ps[k].name));
-      opt.first_moments()[k].copy_from(ck.at("optimizer.exp_avg." + ps[k].name));
-      opt.second_moments()[k].copy_from(ck.at("optimizer.exp_avg_sq." + ps[k].name));
-    }
+    for (size_t k = 0; k < ps.size(); ++k) ps[k].value.copy_from(ck.at(ps[k].name));
+    opt.load_state(ck, ck_path);
     try {
       st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
-      opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
       batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
       auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
         if (!v.is_number_integer()) fail("--resume: {}: a step in its log is {}, not an integer", ck_path, v.dump());
@@ -392,7 +385,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
       fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
     }
     tape.clear();
-    optimizer_step(model, opt, lr, cfg.grad_clip, prof);
+    optimizer_step(opt, lr, cfg.grad_clip, prof);
     if (prof) {
       prof->end_step();
       prof->pause();

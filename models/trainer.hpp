@@ -57,8 +57,8 @@ struct TrainResult {
 };
 
 // The end of a training step, after backward: clip the gradients' global norm to `grad_clip` (0: no clipping), an
-// AdamW step at `lr`, zero the gradients; each charged to `profile` as a section when given.
-void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile);
+// optimizer step at `lr`, zero the gradients; each charged to `profile` as a section when given.
+void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profile);
 
 // The text file to train on by default: data/tinyshakespeare.txt of the source tree.
 std::string default_data_path();
