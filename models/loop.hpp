@@ -47,8 +47,8 @@ struct LoopConfig {
   int64_t max_steps = 1000;
   int64_t eval_interval = 100;  // evaluation, checkpoint and logs every this many steps, and at the end
   double grad_clip = 0;         // clip the gradients' global norm to this; 0: no clipping
-  std::function<double(int64_t)> lr;  // the learning rate of step `it`; empty: the optimizer's, constant
-  std::string dir;              // run directory; empty: no files
+  std::function<double(int64_t)> lr = {};  // the learning rate of step `it`; empty: the optimizer's, constant
+  std::string dir = {};         // run directory; empty: no files
   std::string title = "training loss";  // of losses.svg
   bool resume = false;          // continue from dir/checkpoint.safetensors
   const Checkpoint* resume_from = nullptr;  // with resume: that checkpoint, already read (else the loop reads it)
