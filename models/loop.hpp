@@ -8,7 +8,7 @@
 //   SGD opt(mlp.parameters(), {.lr = 0.1, .momentum = 0.9});
 //   LoopConfig cfg{.max_steps = 500, .eval_interval = 50, .dir = "runs/mlp"};
 //   LoopFunctions fn;
-//   fn.loss = [&](Tape& tape, int64_t step) { return cross_entropy(mlp(tape, tape.constant(x)), tape.constant(y)); };
+//   fn.loss = [&](Tape& tape, int64_t) { return cross_entropy(mlp(tape, tape.constant(x)), tape.constant(y)); };
 //   fn.evaluate = [&](int64_t step) { return Evaluation{train_loss(), val_loss()}; };   // optional
 //   LoopResult r = train_loop(mlp, opt, cfg, fn);
 //
