@@ -310,4 +310,48 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   return ck;
 }
 
+void save_parameters(const std::string& path, const Module& module, std::map<std::string, std::string> metadata) {
+  Checkpoint ck;
+  for (const auto& p : module.parameters()) ck.tensors.push_back({p.name, p.value});
+  ck.metadata = std::move(metadata);
+  save_checkpoint(path, ck);
+}
+
+void load_parameters(const std::string& path, Module& module) { load_parameters(load_checkpoint(path), module, path); }
+
+void load_parameters(const Checkpoint& ck, Module& module, const std::string& path,
+                     std::span<const std::string_view> ignore_prefixes) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<const Tensor*> found;
+  std::set<std::string_view> names;
+  for (const auto& p : module.parameters()) {
+    names.insert(p.name);
+    const Tensor* t = ck.find(p.name);
+    if (!t) missing.push_back(p.name);
+    else if (t->dtype() != DType::f32 || !(t->shape() == p.value.shape()))
+      mismatched.push_back(fmt::format("{} is {} {} in the file, float32 {} in the module", p.name, t->dtype(),
+                                       t->shape(), p.value.shape()));
+    found.push_back(t);
+  }
+  for (const auto& nt : ck.tensors) {
+    if (names.count(nt.name)) continue;
+    bool ignored = false;
+    for (std::string_view prefix : ignore_prefixes) ignored = ignored || std::string_view(nt.name).starts_with(prefix);
+    if (!ignored) unexpected.push_back(nt.name);
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string why;
+    auto list = [&](std::string_view what, const std::vector<std::string>& items) {
+      if (items.empty()) return;
+      why += fmt::format("{}{} {}: {}", why.empty() ? "" : "; ", items.size(), what, fmt::join(items, ", "));
+    };
+    list("missing from the file", missing);
+    list("unexpected (the module has no such parameter)", unexpected);
+    list("of another shape", mismatched);
+    fail("cannot load '{}' into {}: {}; nothing was loaded", path,
+         module.name().empty() ? std::string("the model") : "module '" + module.name() + "'", why);
+  }
+  for (size_t k = 0; k < found.size(); ++k) module.parameters()[k].value.copy_from(*found[k]);
+}
+
 }  // namespace tapegrad

@@ -18,11 +18,13 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/tensor.hpp"
+#include "models/module.hpp"
 
 namespace tapegrad {
 
@@ -56,6 +58,18 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck);
 Checkpoint load_checkpoint(const std::string& path);
 // The same from the bytes of a file; errors name `path`.
 Checkpoint parse_checkpoint(std::string_view bytes, const std::string& path);
+
+// A module's parameters, by their full names, as a safetensors file written as save_checkpoint writes (atomically,
+// with checksums), with `metadata` in its header:
+//   save_parameters("mlp.safetensors", mlp);   ...   load_parameters("mlp.safetensors", mlp);
+void save_parameters(const std::string& path, const Module& module, std::map<std::string, std::string> metadata = {});
+// Copies the file's tensors into the module's parameters of the same names. Refuses, changing nothing, a file whose
+// names or shapes differ from the module's: the Error lists every parameter missing from the file, every tensor the
+// module has no parameter for (unless its name begins with one of `ignore_prefixes`, such as "optimizer."), and every
+// shape or dtype that differs.
+void load_parameters(const std::string& path, Module& module);
+void load_parameters(const Checkpoint& ck, Module& module, const std::string& path,
+                     std::span<const std::string_view> ignore_prefixes = {});
 
 // FNV-1a 64 of a byte string, as the writer records it.
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ULL);

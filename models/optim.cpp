@@ -6,13 +6,6 @@
 
 namespace tapegrad {
 
-AdamW::AdamW(const std::vector<Parameter>& params, AdamWConfig cfg) : cfg_(cfg) {
-  for (const auto& p : params) {
-    m_.push_back(Tensor::zeros(DType::f32, p.value.shape()));
-    v_.push_back(Tensor::zeros(DType::f32, p.value.shape()));
-  }
-}
-
 namespace {
 
 // Elements per range of the parallel loops over a parameter: ~16k (small parameters run on one thread).
@@ -20,22 +13,124 @@ constexpr int64_t kGrain = 16384;
 
 }  // namespace
 
+Optimizer::Optimizer(std::vector<Parameter> params, double lr) : params_(std::move(params)), lr_(lr) {
+  for (const auto& p : params_)
+    if (p.value.dtype() != DType::f32 || !(p.grad.shape() == p.value.shape()) || p.grad.dtype() != DType::f32)
+      fail("optimizer: parameter '{}' must be float32 with a gradient of its shape, got {} {} and gradient {} {}",
+           p.name, p.value.dtype(), p.value.shape(), p.grad.dtype(), p.grad.shape());
+  if (!(lr >= 0)) fail("optimizer: the learning rate must not be negative, got {}", lr);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_) p.grad.fill_zero();
+}
+
+std::vector<Tensor> Optimizer::zeros_like_parameters() const {
+  std::vector<Tensor> v;
+  for (const auto& p : params_) v.push_back(Tensor::zeros(DType::f32, p.value.shape()));
+  return v;
+}
+
+void Optimizer::save_state(Checkpoint& ck) const {
+  // buffers() is not const (it hands out the tensors to fill); saving reads them only.
+  auto bufs = const_cast<Optimizer*>(this)->buffers();
+  for (size_t k = 0; k < params_.size(); ++k)
+    for (const Buffer* b : bufs) ck.tensors.push_back({"optimizer." + b->name + "." + params_[k].name, b->tensors[k]});
+  ck.metadata[std::string(steps_key())] = std::to_string(t_);
+}
+
+void Optimizer::load_state(const Checkpoint& ck, const std::string& path) {
+  auto bufs = buffers();
+  std::vector<const Tensor*> found;
+  for (const Buffer* b : bufs)
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const std::string name = "optimizer." + b->name + "." + params_[k].name;
+      const Tensor* t = ck.find(name);
+      if (!t) fail("checkpoint {}: no {} state '{}' for parameter '{}'", path, this->name(), name, params_[k].name);
+      if (t->dtype() != DType::f32 || !(t->shape() == params_[k].value.shape()))
+        fail("checkpoint {}: {} state '{}' is {} {}, the parameter is float32 {}", path, this->name(), name, t->dtype(),
+             t->shape(), params_[k].value.shape());
+      found.push_back(t);
+    }
+  auto it = ck.metadata.find(std::string(steps_key()));
+  if (it == ck.metadata.end()) fail("checkpoint {}: no '{}' in its metadata ({} state)", path, steps_key(), this->name());
+  int64_t steps = 0;
+  try {
+    size_t used = 0;
+    steps = std::stoll(it->second, &used);
+    if (used != it->second.size() || steps < 0) throw std::invalid_argument("not a count");
+  } catch (const std::logic_error&) {
+    fail("checkpoint {}: '{}' is '{}', not a step count", path, steps_key(), it->second.substr(0, 40));
+  }
+  size_t i = 0;
+  for (Buffer* b : bufs)
+    for (size_t k = 0; k < params_.size(); ++k) b->tensors[k].copy_from(*found[i++]);
+  t_ = steps;
+}
+
+SGD::SGD(std::vector<Parameter> params, SGDOptions opt) : Optimizer(std::move(params), opt.lr), opt_(opt) {
+  if (!(opt.momentum >= 0) || !(opt.weight_decay >= 0) || !(opt.dampening >= 0 && opt.dampening <= 1))
+    fail("SGD: momentum and weight_decay must not be negative and dampening must be in [0, 1], got {}, {}, {}",
+         opt.momentum, opt.weight_decay, opt.dampening);
+  if (opt.nesterov && (opt.momentum <= 0 || opt.dampening != 0))
+    fail("SGD: nesterov needs a positive momentum and no dampening");
+  momentum_.tensors = zeros_like_parameters();
+}
+
+void SGD::step() {
+  ++t_;
+  const float lr = static_cast<float>(lr_), mu = static_cast<float>(opt_.momentum);
+  const float damp = t_ == 1 ? 0.0f : static_cast<float>(1 - opt_.dampening);  // b starts as g itself
+  const float first = t_ == 1 ? 1.0f : 0.0f;
+  const bool momentum = opt_.momentum > 0, nesterov = opt_.nesterov;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    float* p = params_[k].value.data<float>();
+    const float* grad = params_[k].grad.data<float>();
+    float* b = momentum_.tensors[k].data<float>();
+    const float wd = params_[k].decay ? static_cast<float>(opt_.weight_decay) : 0.0f;
+    // g = ∇ + λp;   b ← μb + (1 − τ)g  (b ← g at the first step);   p ← p − lr·(nesterov ? g + μb : b)
+    // (plain SGD, μ = 0: p ← p − lr·g)
+    parallel_for(params_[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float g = grad[i] + wd * p[i];
+        if (momentum) {
+          b[i] = first * g + (1 - first) * (mu * b[i] + damp * g);
+          g = nesterov ? g + mu * b[i] : b[i];
+        }
+        p[i] -= lr * g;
+      }
+    });
+  }
+}
+
+AdamW::AdamW(std::vector<Parameter> params, AdamWOptions opt) : Optimizer(std::move(params), opt.lr), opt_(opt) {
+  if (!(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1) || !(opt.eps > 0) ||
+      !(opt.weight_decay >= 0))
+    fail("AdamW: betas must be in [0, 1), eps positive and weight_decay not negative, got β₁ {}, β₂ {}, ε {}, λ {}",
+         opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
+  m_.tensors = zeros_like_parameters();
+  v_.tensors = zeros_like_parameters();
+}
+
 // The update is element-wise: each parameter's elements are split across the engine's threads, and the loop
 // vectorizes (sqrt and division included: the library builds without math errno).
-void AdamW::step(std::vector<Parameter>& params, double lr) {
+void AdamW::step() {
   ++t_;
-  const double c1 = 1 - std::pow(cfg_.beta1, static_cast<double>(t_));
-  const double c2 = 1 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+  const double lr = lr_;
+  const double c1 = 1 - std::pow(opt_.beta1, static_cast<double>(t_));
+  const double c2 = 1 - std::pow(opt_.beta2, static_cast<double>(t_));
+  const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
   const float step_size = static_cast<float>(lr / c1), inv_sqrt_c2 = static_cast<float>(1 / std::sqrt(c2));
-  const float eps = static_cast<float>(cfg_.eps);
-  for (size_t k = 0; k < params.size(); ++k) {
-    float* p = params[k].value.data<float>();
-    const float* g = params[k].grad.data<float>();
-    float* m = m_[k].data<float>();
-    float* v = v_[k].data<float>();
-    const float decay = params[k].decay ? static_cast<float>(1 - lr * cfg_.weight_decay) : 1.0f;
-    parallel_for(params[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
+  const float eps = static_cast<float>(opt_.eps);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    float* p = params_[k].value.data<float>();
+    const float* g = params_[k].grad.data<float>();
+    float* m = m_.tensors[k].data<float>();
+    float* v = v_.tensors[k].data<float>();
+    const float decay = params_[k].decay ? static_cast<float>(1 - lr * opt_.weight_decay) : 1.0f;
+    // p ← p(1 − lr·λ);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  p ← p − lr·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε)
+    // (Loshchilov & Hutter's decoupled decay, only where Parameter::decay)
+    parallel_for(params_[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         p[i] *= decay;
         m[i] = b1 * m[i] + (1 - b1) * g[i];
@@ -55,7 +150,7 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
 
 // ‖g‖² in double: per parameter, each range of elements sums in four lanes and the ranges are added in order,
 // so the norm is the same in every run for a given thread count.
-double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
   double sq = 0;
   for (const auto& p : params) {
     const float* g = p.grad.data<float>();
@@ -78,7 +173,7 @@ double clip_grad_norm(std::vector<Parameter>& params, double max_norm) {
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
-    for (auto& p : params) {
+    for (const auto& p : params) {
       float* g = p.grad.data<float>();
       const float scale = static_cast<float>(coef);
       parallel_for(p.grad.numel(), kGrain, [=](int64_t begin, int64_t end) {

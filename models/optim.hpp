@@ -1,40 +1,112 @@
-// AdamW with decoupled weight decay, the warm-up + cosine learning-rate schedule, and clipping by global norm.
+// Optimizers over any list of parameters (a Module's parameters(), or any subset), the warm-up + cosine
+// learning-rate schedule, and clipping by global norm.
+//
+//   SGD opt(mlp.parameters(), {.lr = 0.1, .momentum = 0.9});
+//   ... tape.backward(loss); tape.clear();
+//   clip_grad_norm(opt.parameters(), 1.0);   // optional
+//   opt.step();                              // at opt.lr(); set_lr() changes it between steps
+//   opt.zero_grad();
+//
+// The defaults are PyTorch's (torch.optim.SGD and AdamW); the GPT's trainer passes nanoGPT's own. Each
+// optimizer's state goes into a checkpoint next to the model (save_state) and comes back from it (load_state).
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
-#include "models/gpt.hpp"
+#include "models/checkpoint.hpp"
+#include "models/module.hpp"
 
 namespace tapegrad {
 
-struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.1;
+class Optimizer {
+ public:
+  Optimizer(std::vector<Parameter> params, double lr);
+  virtual ~Optimizer() = default;
+
+  // One update of every parameter from its gradient, at lr().
+  virtual void step() = 0;
+  virtual std::string_view name() const = 0;  // "SGD", "AdamW"
+  // Every parameter's gradient to zero.
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  int64_t steps() const { return t_; }
+  std::vector<Parameter>& parameters() { return params_; }
+
+  // Adds the state (per-parameter buffers as "optimizer.<buffer>.<parameter name>", the step count in the
+  // metadata) to a checkpoint; load_state reads it back, checking every buffer's presence and shape first, so
+  // that a checkpoint that does not fit changes nothing. Errors name `path`.
+  void save_state(Checkpoint& ck) const;
+  void load_state(const Checkpoint& ck, const std::string& path);
+
+ protected:
+  // The state buffers, one tensor per parameter each, by name ("exp_avg", "momentum_buffer", ...).
+  struct Buffer {
+    std::string name;
+    std::vector<Tensor> tensors;
+  };
+  virtual std::vector<Buffer*> buffers() = 0;
+  virtual std::string_view steps_key() const = 0;  // the metadata key of the step count
+  std::vector<Tensor> zeros_like_parameters() const;
+
+  std::vector<Parameter> params_;
+  double lr_;
+  int64_t t_ = 0;
 };
 
-// For each parameter p with gradient g, at step t (from 1):
-//   p ← p − lr·λ·p                      (decoupled decay, only where Parameter::decay)
-//   m ← β₁m + (1−β₁)g,   v ← β₂v + (1−β₂)g²
-//   p ← p − lr · (m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε)
-class AdamW {
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;  // L2, added to the gradient of every parameter with Parameter::decay
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
  public:
-  AdamW(const std::vector<Parameter>& params, AdamWConfig cfg);
-  void step(std::vector<Parameter>& params, double lr);
-  int64_t steps() const { return t_; }
-  // State for checkpoints: first and second moments per parameter, and the step count.
-  std::vector<Tensor>& first_moments() { return m_; }
-  std::vector<Tensor>& second_moments() { return v_; }
-  void set_steps(int64_t t) { t_ = t; }
+  explicit SGD(std::vector<Parameter> params, SGDOptions opt = {});
+  void step() override;
+  std::string_view name() const override { return "SGD"; }
+  const SGDOptions& options() const { return opt_; }
 
  private:
-  AdamWConfig cfg_;
-  std::vector<Tensor> m_, v_;
-  int64_t t_ = 0;
+  std::vector<Buffer*> buffers() override { return {&momentum_}; }
+  std::string_view steps_key() const override { return "tapegrad.sgd_steps"; }
+  SGDOptions opt_;
+  Buffer momentum_{"momentum_buffer", {}};
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled, only where Parameter::decay
+};
+
+class AdamW : public Optimizer {
+ public:
+  explicit AdamW(std::vector<Parameter> params, AdamWOptions opt = {});
+  void step() override;
+  std::string_view name() const override { return "AdamW"; }
+  const AdamWOptions& options() const { return opt_; }
+  // The moments per parameter, in the order of parameters().
+  std::vector<Tensor>& first_moments() { return m_.tensors; }
+  std::vector<Tensor>& second_moments() { return v_.tensors; }
+
+ private:
+  std::vector<Buffer*> buffers() override { return {&m_, &v_}; }
+  std::string_view steps_key() const override { return "tapegrad.adam_steps"; }
+  AdamWOptions opt_;
+  Buffer m_{"exp_avg", {}}, v_{"exp_avg_sq", {}};
 };
 
 // lr(it): linear warm-up lr·(it+1)/(warmup+1) for it < warmup, then cosine from lr down to min_lr at decay_iters.
 double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64_t decay_iters);
 
 // Scales all gradients by min(1, max_norm/(‖g‖ + 1e-6)); returns the norm before clipping.
-double clip_grad_norm(std::vector<Parameter>& params, double max_norm);
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
 
 }  // namespace tapegrad

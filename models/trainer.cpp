@@ -1,13 +1,9 @@
 #include "models/trainer.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <numeric>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -19,8 +15,6 @@
 #include "models/data.hpp"
 #include "models/files.hpp"
 #include "models/optim.hpp"
-#include "models/plot.hpp"
-#include "models/stats.hpp"
 #include "ops/ops.hpp"
 
 #ifndef TAPEGRAD_SOURCE_DIR
@@ -32,7 +26,6 @@ namespace tapegrad {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 json model_json(const GPTConfig& m) {
   return {{"vocab_size", m.vocab_size}, {"block_size", m.block_size}, {"n_layer", m.n_layer},
@@ -85,38 +78,14 @@ std::string utf8_of(const std::vector<char32_t>& vocab) {
   return s;
 }
 
-// What a run's checkpoint holds: the model under nanoGPT's names, AdamW's moments, and in the metadata the
-// configuration, vocabulary, step, batch generator state and the log so far.
-struct RunState {
-  int64_t step = 0;
-  uint64_t rng_state = 0;
-  std::vector<EvalPoint> evals;
-  std::vector<LossRow> rows;
-};
-
-Checkpoint make_checkpoint(const GPT& model, AdamW& opt, const TrainConfig& cfg, const TextData& data,
-                           const RunState& st) {
-  Checkpoint ck;
-  const auto& ps = model.parameters();
-  for (const auto& p : ps) ck.tensors.push_back({p.name, p.value});
-  for (size_t k = 0; k < ps.size(); ++k) {
-    ck.tensors.push_back({"optimizer.exp_avg." + ps[k].name, opt.first_moments()[k]});
-    ck.tensors.push_back({"optimizer.exp_avg_sq." + ps[k].name, opt.second_moments()[k]});
-  }
-  json evals = json::array(), rows = json::array();
-  for (const auto& e : st.evals) evals.push_back({e.step, e.train_loss, e.val_loss});
-  for (const auto& r : st.rows)
-    rows.push_back({r.step, r.lr, r.train_loss, r.val_loss ? json(*r.val_loss) : json(nullptr), r.ms_per_step});
+// What a run's checkpoint holds besides what the loop keeps (the model under nanoGPT's names, AdamW's moments, the
+// step, evaluations and log): the configuration, the vocabulary and the batch generator's state.
+void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, const TextData& data, uint64_t rng_state) {
   ck.metadata["format"] = "tapegrad-gpt";
   ck.metadata["tapegrad.model"] = model_json(model.config()).dump();
   ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
-  ck.metadata["tapegrad.step"] = std::to_string(st.step);
-  ck.metadata["tapegrad.adam_steps"] = std::to_string(opt.steps());
-  ck.metadata["tapegrad.rng"] = std::to_string(st.rng_state);
-  ck.metadata["tapegrad.evals"] = evals.dump();
-  ck.metadata["tapegrad.log"] = rows.dump();
-  return ck;
+  ck.metadata["tapegrad.rng"] = std::to_string(rng_state);
 }
 
 const std::string& meta(const Checkpoint& ck, const std::string& key, const std::string& path) {
@@ -165,12 +134,6 @@ double evaluate(const GPT& model, Tape& tape, const std::vector<std::pair<Tensor
     tape.clear();
   }
   return total / static_cast<double>(batches.size());
-}
-
-std::string duration(double s) {
-  if (s >= 3600) return fmt::format("{}h{:02}m", static_cast<int>(s / 3600), static_cast<int>(std::fmod(s, 3600) / 60));
-  if (s >= 60) return fmt::format("{}m{:02}s", static_cast<int>(s / 60), static_cast<int>(std::fmod(s, 60)));
-  return fmt::format("{:.1f}s", s);
 }
 
 std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, int64_t n, double temperature,
@@ -232,15 +195,6 @@ void TrainConfig::validate() const {
 
 std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() ? model.attention : name); }
 
-void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile) {
-  if (grad_clip > 0) clip_grad_norm(model.parameters(), grad_clip);
-  if (profile) profile->mark("optimizer: clip grad norm");
-  opt.step(model.parameters(), lr);
-  if (profile) profile->mark("optimizer: AdamW");
-  model.zero_grad();
-  if (profile) profile->mark("optimizer: zero grad");
-}
-
 TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   TrainConfig cfg = cfg_in;
   const std::string dir = cfg.run_dir();
@@ -249,7 +203,6 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   cfg.model.vocab_size = static_cast<int64_t>(data.vocab.size());
   if (cfg.lr_decay_iters == 0) cfg.lr_decay_iters = cfg.max_iters;
 
-  RunState st;
   std::optional<Checkpoint> resume_ck;
   if (cfg.resume) {
     resume_ck = load_checkpoint(ck_path);
@@ -266,35 +219,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
          "of {} tokens", data.train.size(), data.val.size(), T);
 
   GPT model(cfg.model, cfg.seed);
-  AdamW opt(model.parameters(), {cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay});
+  AdamW opt(model.parameters(), {.lr = cfg.learning_rate, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8,
+                                 .weight_decay = cfg.weight_decay});
   Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);
-  if (resume_ck) {
-    const Checkpoint& ck = *resume_ck;
-    auto& ps = model.parameters();
-    for (size_t k = 0; k < ps.size(); ++k) {
-      ps[k].value.copy_from(ck.at(ps[k].name));
-      opt.first_moments()[k].copy_from(ck.at("optimizer.exp_avg." + ps[k].name));
-      opt.second_moments()[k].copy_from(ck.at("optimizer.exp_avg_sq." + ps[k].name));
-    }
-    try {
-      st.step = std::stoll(meta(ck, "tapegrad.step", ck_path));
-      opt.set_steps(std::stoll(meta(ck, "tapegrad.adam_steps", ck_path)));
-      batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path)));
-      auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
-        if (!v.is_number_integer()) fail("--resume: {}: a step in its log is {}, not an integer", ck_path, v.dump());
-        return v.get<int64_t>();
-      };
-      for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path))) st.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
-      for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
-        st.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
-                           r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
-                           r[4].is_null() ? NAN : r[4].get<double>()});
-    } catch (const json::exception& e) {
-      fail("--resume: {}: its training state (evaluations, log) cannot be read: {}", ck_path, e.what());
-    } catch (const std::logic_error& e) {  // std::stoll's invalid_argument and out_of_range
-      fail("--resume: {}: its training state (step, optimizer, batches) cannot be read: {}", ck_path, e.what());
-    }
-  }
 
   // Fixed evaluation batches, the same for every run with this seed.
   Rng eval_rng(cfg.seed + 0x5eed);
@@ -309,9 +236,45 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   TrainResult res;
   res.parameters = model.num_parameters();
   res.run_dir = dir;
-  std::filesystem::create_directories(dir);
-  const bool tty = isatty(fileno(out)) != 0;
-  if (!cfg.quiet) {
+  if (cfg.profile) res.profile.emplace(&builtin_registry());
+  Profile* prof = cfg.profile ? &*res.profile : nullptr;
+
+  LoopConfig lc;
+  lc.max_steps = cfg.max_iters;
+  lc.eval_interval = cfg.eval_interval;
+  lc.grad_clip = cfg.grad_clip;
+  lc.lr = [&](int64_t it) { return learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters); };
+  lc.dir = dir;
+  lc.title = fmt::format("{} attention on {}", cfg.model.attention,
+                         std::filesystem::path(cfg.data.empty() ? default_data_path() : cfg.data).filename().string());
+  lc.resume = cfg.resume;
+  lc.resume_from = resume_ck ? &*resume_ck : nullptr;
+  lc.resume_flag = "--resume";
+  lc.stop_after = cfg.stop_after;
+  lc.tokens_per_step = B * T;
+  lc.log_interval = cfg.log_interval;
+  lc.quiet = cfg.quiet;
+  lc.detect_anomaly = cfg.detect_anomaly;
+  lc.profile = prof;
+  lc.out = out;
+
+  LoopFunctions fn;
+  Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
+  fn.loss = [&](Tape& tape, int64_t it) {
+    sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
+    if (prof) prof->mark("data: batch");
+    return model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
+  };
+  fn.evaluate = [&](int64_t) {
+    Tape train_tape, val_tape;
+    train_tape.set_detect_anomaly(cfg.detect_anomaly);
+    val_tape.set_detect_anomaly(cfg.detect_anomaly);
+    return Evaluation{evaluate(model, train_tape, eval_train), evaluate(model, val_tape, eval_val)};
+  };
+  fn.save = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data, batch_rng.state()); };
+  fn.restore = [&](const Checkpoint& ck) { batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path))); };
+  fn.started = [&](int64_t first_step) {
+    if (cfg.quiet) return;
     fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, vocab {}, batch {}\n",
                cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T, cfg.model.vocab_size, B);
     for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
@@ -319,158 +282,38 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n", num_threads(), blas_summary(blas_info()));
     fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n",
                cfg.data.empty() ? default_data_path() : cfg.data, data.train.size(), data.val.size(), dir);
-    if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, st.step);
+    if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, first_step);
     std::fflush(out);
-  }
-
-  auto save = [&] {
-    st.rng_state = batch_rng.state();
-    save_checkpoint(ck_path, make_checkpoint(model, opt, cfg, data, st));
-  };
-  auto run_eval = [&](int64_t step) {
-    if (!st.evals.empty() && st.evals.back().step == step) return;
-    Tape train_tape, val_tape;
-    train_tape.set_detect_anomaly(cfg.detect_anomaly);
-    val_tape.set_detect_anomaly(cfg.detect_anomaly);
-    EvalPoint e{step, 0, 0};
-    try {
-      e.train_loss = evaluate(model, train_tape, eval_train);
-      e.val_loss = evaluate(model, val_tape, eval_val);
-    } catch (const Error& err) {
-      fail("evaluation at step {}: {}; stopped, the last good checkpoint {} is kept", step, err.what(), ck_path);
-    }
-    if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
-      fail("the evaluation loss became {} (train) / {} (val) at step {}; stopped, the last good checkpoint {} is kept",
-           e.train_loss, e.val_loss, step, ck_path);
-    st.evals.push_back(e);
-    if (!st.rows.empty() && st.rows.back().step == step) st.rows.back().val_loss = e.val_loss;
-    if (!cfg.quiet) {
-      fmt::print(out, "{}step {:>5}: train loss {:.4f}, val loss {:.4f}\n", tty ? "\r\033[K" : "", step, e.train_loss,
-                 e.val_loss);
-      std::fflush(out);
-    }
   };
 
-  Tape tape;
-  tape.set_detect_anomaly(cfg.detect_anomaly);
-  if (cfg.profile) {
-    res.profile.emplace(&builtin_registry());
-    tape.set_profile(&*res.profile);
-  }
-  Profile* prof = cfg.profile ? &*res.profile : nullptr;
-  Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
-  std::vector<double> ms;
-  const auto t_start = Clock::now();
-  auto last_print = t_start;
-  const int64_t first = st.step;
-  const int64_t last = cfg.stop_after > 0 ? std::min(cfg.max_iters, first + cfg.stop_after) : cfg.max_iters;
-  for (int64_t it = first; it < last; ++it) {
-    if (it % cfg.eval_interval == 0) {
-      run_eval(it);
-      st.step = it;
-      save();
-    }
-    const double lr = learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters);
-    const auto t0 = Clock::now();
-    if (prof) prof->start();
-    sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
-    if (prof) prof->mark("data: batch");
-    Var loss;
-    try {  // with detect_anomaly, the first non-finite value throws here, naming its op: add the step
-      loss = model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
-    } catch (const Error& err) {
-      if (!cfg.detect_anomaly) throw;
-      fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
-    }
-    const double lv = loss.value().item();
-    if (!std::isfinite(lv))
-      fail("the training loss became {} at step {}; stopped, the last good checkpoint {} is kept", lv, it, ck_path);
-    try {
-      tape.backward(loss);
-    } catch (const Error& err) {
-      if (!cfg.detect_anomaly) throw;
-      fail("step {}: {}; stopped, the last good checkpoint {} is kept", it, err.what(), ck_path);
-    }
-    tape.clear();
-    optimizer_step(model, opt, lr, cfg.grad_clip, prof);
-    if (prof) {
-      prof->end_step();
-      prof->pause();
-    }
-    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    ms.push_back(step_ms);
-    res.step_losses.push_back(lv);
-    st.rows.push_back({it, lr, lv, std::nullopt, step_ms});
-    if (!st.evals.empty() && st.evals.back().step == it) st.rows.back().val_loss = st.evals.back().val_loss;
-    st.step = it + 1;
+  LoopResult lr = train_loop(model, opt, lc, fn);
+  res.evals = lr.evals;
+  res.step_losses = lr.step_losses;
+  res.ms_per_step = lr.ms_per_step;
+  res.wall_seconds = lr.wall_seconds;
 
-    if (!cfg.quiet) {
-      const double med = median(std::vector<double>(ms.end() - std::min<std::ptrdiff_t>(50, static_cast<std::ptrdiff_t>(ms.size())), ms.end()));
-      const double eta = med * static_cast<double>(cfg.max_iters - it - 1) / 1000;
-      const double tok_s = static_cast<double>(B * T) / (med / 1000);
-      if (tty && std::chrono::duration<double>(Clock::now() - last_print).count() > 0.1) {
-        fmt::print(out, "\r\033[Kstep {:>5}/{} | loss {:.4f} | {:.1f} ms/step | {:.1f}k tok/s | ETA {}", it + 1,
-                   cfg.max_iters, lv, med, tok_s / 1000, duration(eta));
-        std::fflush(out);
-        last_print = Clock::now();
-      } else if (!tty && ((it + 1) % cfg.log_interval == 0 || it + 1 == cfg.max_iters)) {
-        fmt::print(out, "step {:>5}/{}: loss {:.4f}, lr {:.2e}, {:.1f} ms/step, {:.0f} tok/s, ETA {}\n", it + 1,
-                   cfg.max_iters, lv, lr, med, tok_s, duration(eta));
-        std::fflush(out);
-      }
-    }
-  }
-  res.ms_per_step = median(ms);
   // The profile against the mean step time of the same steps (the rows add up to the mean, not the median).
-  const double mean_ms = ms.empty() ? 0.0 : std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
   auto report_profile = [&] {
     if (!prof) return;
-    tape.set_profile(nullptr);
-    write_file_atomic(dir + "/profile.json", profile_json(*prof, mean_ms).dump(2) + "\n");
+    write_file_atomic(dir + "/profile.json", profile_json(*prof, lr.mean_ms_per_step).dump(2) + "\n");
     if (!cfg.quiet)
       fmt::print(out, "\n{}wrote {}/profile.json\n",
-                 format_profile(*prof, mean_ms, "profile (training steps, evaluation excluded)"), dir);
+                 format_profile(*prof, lr.mean_ms_per_step, "profile (training steps, evaluation excluded)"), dir);
   };
-  if (last < cfg.max_iters) {  // stopped early: a checkpoint to resume from, no final evaluation
-    save();
-    if (!cfg.quiet) fmt::print(out, "{}stopped after step {}; wrote {}\n", tty ? "\r\033[K" : "", last, ck_path);
+  if (lr.stopped_early) {
     report_profile();
-    res.evals = st.evals;
     return res;
   }
-  run_eval(cfg.max_iters);
-  st.step = cfg.max_iters;
-  if (st.rows.empty() || st.rows.back().step != cfg.max_iters)
-    st.rows.push_back({cfg.max_iters, learning_rate(cfg.max_iters, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters),
-                       NAN, st.evals.back().val_loss, NAN});
-  save();
-  res.evals = st.evals;
-  res.wall_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-
-  write_loss_csv(dir + "/losses.csv", st.rows);
-  std::vector<PlotSeries> series(3);
-  series[0].label = "train (batch)";
-  series[1].label = "train (eval)";
-  series[2].label = "validation (eval)";
-  for (const auto& r : st.rows)
-    if (std::isfinite(r.train_loss)) series[0].points.emplace_back(static_cast<double>(r.step), r.train_loss);
-  for (const auto& e : st.evals) {
-    series[1].points.emplace_back(static_cast<double>(e.step), e.train_loss);
-    series[2].points.emplace_back(static_cast<double>(e.step), e.val_loss);
-  }
-  write_loss_svg(dir + "/losses.svg", fmt::format("{} attention on {}", cfg.model.attention,
-                                                  std::filesystem::path(cfg.data.empty() ? default_data_path() : cfg.data).filename().string()),
-                 series);
-
   if (cfg.sample_tokens > 0) {
     Rng rng(cfg.seed);
     auto ids = sample_tokens(model, data.encode("\n"), cfg.sample_tokens, 0.8, 0, rng);
     res.sample = data.decode(ids);
   }
   if (!cfg.quiet) {
-    const EvalPoint& final_eval = st.evals.back();
+    const EvalPoint& final_eval = lr.evals.back();
     fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall\n",
-               cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step, duration(res.wall_seconds));
+               cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
+               format_duration(res.wall_seconds));
     fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
     if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
   }

@@ -1,4 +1,5 @@
-// Training a GPT on a text file: batches, AdamW, evaluation on fixed batches, progress, checkpoints, logs.
+// Training a GPT on a text file: batches, AdamW, evaluation on fixed batches; the loop of models/loop.hpp does the
+// steps, progress, checkpoints and logs.
 #pragma once
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 
 #include "engine/profile.hpp"
 #include "models/gpt.hpp"
+#include "models/loop.hpp"
 #include "models/optim.hpp"
 
 namespace tapegrad {
@@ -41,11 +43,6 @@ struct TrainConfig {
   std::string run_dir() const;
 };
 
-struct EvalPoint {
-  int64_t step;
-  double train_loss, val_loss;
-};
-
 struct TrainResult {
   int64_t parameters = 0;
   std::vector<EvalPoint> evals;
@@ -56,14 +53,11 @@ struct TrainResult {
   std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)
 };
 
-// The end of a training step, after backward: clip the gradients' global norm to `grad_clip` (0: no clipping), an
-// AdamW step at `lr`, zero the gradients; each charged to `profile` as a section when given.
-void optimizer_step(GPT& model, AdamW& opt, double lr, double grad_clip, Profile* profile);
-
 // The text file to train on by default: data/tinyshakespeare.txt of the source tree.
 std::string default_data_path();
 
-// Trains as configured, printing progress to `out`; writes checkpoint, CSV and SVG into the run directory.
+// Trains as configured, printing progress to `out`; writes checkpoint, CSV and SVG into the run directory (the CSV
+// and SVG at each evaluation).
 TrainResult train(const TrainConfig& cfg, std::FILE* out);
 
 struct SampleConfig {

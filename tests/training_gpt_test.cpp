@@ -105,9 +105,9 @@ TEST_CASE("one AdamW step matches the update written out by hand; decay only whe
   std::vector<Parameter> ps;
   ps.push_back({"w", Tensor::from<float>({2}, {1.0f, -2.0f}), Tensor::from<float>({2}, {0.5f, 0.1f}), true});
   ps.push_back({"b", Tensor::from<float>({1}, {3.0f}), Tensor::from<float>({1}, {-1.0f}), false});
-  AdamW opt(ps, {0.9, 0.99, 1e-8, 0.1});
   const double lr = 0.01;
-  opt.step(ps, lr);
+  AdamW opt(ps, {.lr = lr, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1});
+  opt.step();
   // t = 1: m̂ = g, v̂ = g², so the step is lr·g/(|g| + ε) = lr·sign(g); decay multiplies by (1 − lr·λ) first.
   CHECK(ps[0].value.item(0) == doctest::Approx(1.0 * (1 - lr * 0.1) - lr).epsilon(1e-6));
   CHECK(ps[0].value.item(1) == doctest::Approx(-2.0 * (1 - lr * 0.1) - lr).epsilon(1e-6));

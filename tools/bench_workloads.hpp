@@ -83,7 +83,7 @@ struct TrainStep {
   std::vector<std::pair<Tensor, Tensor>> batches;
   size_t next = 0;
   Profile* profile = nullptr;  // when set, the tape's events and the optimizer's sections are charged to it
-  TrainStep() : model(cfg, 1337), opt(model.parameters(), {0.9, 0.99, 1e-8, 0.1}) {
+  TrainStep() : model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
     Rng rng(7);
     for (int i = 0; i < 8; ++i) {
       Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});
@@ -101,7 +101,7 @@ struct TrainStep {
     Var loss = model.loss(tape, x, y);
     tape.backward(loss);
     tape.clear();
-    optimizer_step(model, opt, 1e-3, 1.0, profile);
+    optimizer_step(opt, 1e-3, 1.0, profile);
     if (profile) {
       profile->end_step();
       profile->pause();

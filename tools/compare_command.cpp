@@ -14,7 +14,7 @@ namespace {
 
 struct CompareArgs {
   TrainConfig base;
-  std::vector<std::string> kinds{"softmax", "beta", "linear", "optimised", "efficient", "super"};
+  std::vector<std::string> kinds = compared_attention_kinds();
 };
 
 void run(const CompareArgs& a) {
@@ -55,7 +55,7 @@ void add_compare_command(CLI::App& app) {
   auto args = std::make_shared<CompareArgs>();
   CLI::App* cmd = app.add_subcommand("compare", "Train one model per attention kind with the same seed and data; a table and one plot");
   add_train_options(cmd, args->base, false);
-  cmd->add_option("--attention", args->kinds, "Attention kinds to compare, comma-separated")
+  cmd->add_option("--attention", args->kinds, "Attention kinds to compare, comma-separated (" + attention_kind_list() + ")")
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember(attention_kinds()));

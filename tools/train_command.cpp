@@ -39,7 +39,7 @@ const CLI::Validator& non_negative() {
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   auto& m = c.model;
   if (attention_option)
-    cmd->add_option("--attention", m.attention, "Attention kind: softmax, tiled, beta, linear, optimised, efficient, super")
+    cmd->add_option("--attention", m.attention, "Attention kind:" + attention_kind_help())
         ->capture_default_str()
         ->check(CLI::IsMember(attention_kinds()));
   cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str()->check(positive());
