@@ -7,7 +7,7 @@
 // rms_norm.cpp — y = w ⊙ x/ρ per row, ρ = √(mean(x²) + ε): x (..., C), w (C).
 tapegrad::Var rms_norm(tapegrad::Var x, tapegrad::Var w, double eps = 1e-6);
 
-// softsign.cpp — y = x/(1 + |x|) element-wise; a VJP and no JVP.
+// softsign.cpp — y = x/(1 + |x|) element-wise, from f and f′ by tapegrad::pointwise().
 tapegrad::Var softsign(tapegrad::Var x);
 
 // Each op with its gradcheck cases.
