@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "engine/blas_info.hpp"
-#include "engine/parallel.hpp"
+#include "blas_info.hpp"
+#include "parallel.hpp"
 
 namespace tapegrad {
 

@@ -33,9 +33,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/arena.hpp"
-#include "engine/source_place.hpp"
-#include "engine/tensor.hpp"
+#include "arena.hpp"
+#include "source_place.hpp"
+#include "tensor.hpp"
 
 namespace tapegrad {
 

@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tensor.hpp"
+#include "../engine/tensor.hpp"
 
 namespace tapegrad {
 

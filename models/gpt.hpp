@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/tape.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 

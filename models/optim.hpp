@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "models/gpt.hpp"
+#include "gpt.hpp"
 
 namespace tapegrad {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/profile.hpp"
-#include "models/gpt.hpp"
-#include "models/optim.hpp"
+#include "../engine/profile.hpp"
+#include "gpt.hpp"
+#include "optim.hpp"
 
 namespace tapegrad {
 

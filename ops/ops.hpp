@@ -4,8 +4,8 @@
 
 #include <span>
 
-#include "engine/registry.hpp"
-#include "engine/tape.hpp"
+#include "../engine/registry.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 

@@ -9,8 +9,7 @@
 // of each row; the gradchecker rejects it and names a per-row term.
 #include <cmath>
 
-#include "my_ops.hpp"
-#include "ops/common.hpp"
+#include "ops/ops.hpp"
 
 using namespace tapegrad;
 

@@ -4,8 +4,7 @@
 // is, and derives the VJP and the JVP from f′.
 #include <cmath>
 
-#include "my_ops.hpp"
-#include "ops/pointwise.hpp"
+#include "ops/ops.hpp"
 
 using namespace tapegrad;
 
