@@ -115,8 +115,8 @@ TEST_CASE("sqrt and pow refuse inputs where the result would be NaN or infinite"
   Var ids = tape.constant(Tensor::zeros(DType::i32, {2}));
   const std::pair<const char*, Var (*)(Var)> ops[] = {
       {"sigmoid", sigmoid}, {"square", square}, {"sqrt", tapegrad::sqrt}, {"abs", tapegrad::abs}, {"pow", pow_3}};
-  for (auto [name, op] : ops)
-    check_message(error_of([&] { op(ids); }), name, {"expected a float32 or float64 tensor", "int32"});
+  for (const auto& named : ops)
+    check_message(error_of([&] { named.second(ids); }), named.first, {"expected a float32 or float64 tensor", "int32"});
 }
 
 TEST_CASE("the registered new ops pass their gradcheck cases") {

@@ -55,11 +55,12 @@ TEST_CASE("mse_loss refuses shapes that only match by broadcasting, and other ba
                   {"prediction (5)", "target (5, 1)", "expected a target of shape (5)"});
   }
   SUBCASE("other broadcastable pairs") {
-    for (auto [a, b] : {std::pair{Shape{4, 3}, Shape{3}}, {Shape{4, 3}, Shape{1, 3}}, {Shape{4, 3}, Shape{}},
-                        {Shape{2, 1, 3}, Shape{2, 4, 3}}}) {
-      CAPTURE(a);
-      CAPTURE(b);
-      check_message(error_of([&] { mse_loss(leaf(a), leaf(b)); }), "mse_loss", {"differ in shape"});
+    for (const auto& shapes : {std::pair{Shape{4, 3}, Shape{3}}, {Shape{4, 3}, Shape{1, 3}}, {Shape{4, 3}, Shape{}},
+                               {Shape{2, 1, 3}, Shape{2, 4, 3}}}) {
+      CAPTURE(shapes.first);
+      CAPTURE(shapes.second);
+      check_message(error_of([&] { mse_loss(leaf(shapes.first), leaf(shapes.second)); }), "mse_loss",
+                    {"differ in shape"});
     }
   }
   SUBCASE("dtypes, integers, no elements") {
