@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "engine/blas_info.hpp"
-#include "engine/parallel.hpp"
+#include "blas_info.hpp"
+#include "parallel.hpp"
 
 namespace tapegrad {
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/gradcheck.hpp"
+#include "gradcheck.hpp"
 
 namespace tapegrad {
 

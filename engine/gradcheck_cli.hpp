@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gradcheck.hpp"
+#include "gradcheck.hpp"
 
 namespace tapegrad {
 

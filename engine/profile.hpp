@@ -23,7 +23,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/tensor.hpp"
+#include "tensor.hpp"
 
 namespace tapegrad {
 

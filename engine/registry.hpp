@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/source_place.hpp"
-#include "engine/tape.hpp"
+#include "source_place.hpp"
+#include "tape.hpp"
 
 namespace tapegrad {
 

@@ -26,15 +26,16 @@
 #include <initializer_list>
 #include <new>
 #include <optional>
+#include <ostream>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
-#include "engine/arena.hpp"
-#include "engine/source_place.hpp"
-#include "engine/tensor.hpp"
+#include "arena.hpp"
+#include "source_place.hpp"
+#include "tensor.hpp"
 
 namespace tapegrad {
 
@@ -322,4 +323,19 @@ inline const Tensor& Var::value() const { return tape().value(*this); }
 inline Tensor Var::grad() const { return tape().grad(*this); }
 inline bool Var::requires_grad() const { return tape().requires_grad(*this); }
 
+// "Var #3 " and its value as Tensor::str() prints it; "Var (undefined)", "Var #3 (from before Tape::clear())".
+inline std::string to_string(const Var& v) {
+  if (!v.defined()) return "Var (undefined)";
+  if (!v.live()) return fmt::format("Var #{} (from before Tape::clear())", v.id());
+  return fmt::format("Var #{} {}", v.id(), v.value().str());
+}
+inline std::ostream& operator<<(std::ostream& os, const Var& v) { return os << to_string(v); }
+
 }  // namespace tapegrad
+
+template <>
+struct fmt::formatter<tapegrad::Var> : fmt::formatter<std::string> {
+  auto format(const tapegrad::Var& v, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string>::format(tapegrad::to_string(v), ctx);
+  }
+};

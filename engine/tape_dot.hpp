@@ -26,8 +26,8 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "engine/graphviz.hpp"
-#include "engine/tape.hpp"
+#include "graphviz.hpp"
+#include "tape.hpp"
 
 namespace tapegrad {
 

@@ -1,8 +1,10 @@
 #include "engine/tensor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 
 #include "engine/parallel.hpp"
 
@@ -82,6 +84,42 @@ template Tensor Tensor::from<float>(Shape, std::span<const float>);
 template Tensor Tensor::from<double>(Shape, std::span<const double>);
 template Tensor Tensor::from<int32_t>(Shape, std::span<const int32_t>);
 
+namespace {
+
+// A float tensor whose elements are draw(), in row-major order.
+template <class Draw>
+Tensor random_tensor(const char* what, DType dtype, Shape shape, Draw draw) {
+  if (dtype == DType::i32) fail("{}: expected dtype float32 or float64, got int32 (shape {})", what, shape);
+  Tensor t = Tensor::empty(dtype, shape);
+  dispatch_float(what, dtype, [&]<class T>(T) {
+    T* p = t.data<T>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(draw());
+  });
+  return t;
+}
+
+}  // namespace
+
+Tensor Tensor::randn(DType dtype, Shape shape, Rng& rng, double mean, double std) {
+  if (!(std >= 0) || !std::isfinite(std) || !std::isfinite(mean))
+    fail("randn: expected a finite mean and a finite std ≥ 0, got mean {} and std {} (shape {})", mean, std, shape);
+  return random_tensor("randn", dtype, shape, [&] { return mean + std * rng.normal(); });
+}
+Tensor Tensor::randn(DType dtype, Shape shape, uint64_t seed, double mean, double std) {
+  Rng rng(seed);
+  return randn(dtype, shape, rng, mean, std);
+}
+
+Tensor Tensor::uniform(DType dtype, Shape shape, Rng& rng, double lo, double hi) {
+  if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))
+    fail("uniform: expected finite bounds lo ≤ hi, got [{}, {}) (shape {})", lo, hi, shape);
+  return random_tensor("uniform", dtype, shape, [&] { return rng.uniform(lo, hi); });
+}
+Tensor Tensor::uniform(DType dtype, Shape shape, uint64_t seed, double lo, double hi) {
+  Rng rng(seed);
+  return uniform(dtype, shape, rng, lo, hi);
+}
+
 double Tensor::item(int64_t i) const {
   if (i < 0 || i >= numel()) fail("item: index {} out of range for shape {}", i, shape_);
   switch (dtype_) {
@@ -97,6 +135,106 @@ std::vector<double> Tensor::to_vector() const {
   for (int64_t i = 0; i < numel(); ++i) v[static_cast<size_t>(i)] = item(i);
   return v;
 }
+
+namespace {
+
+// Prints nested brackets, one level per axis, as NumPy does: the last axis on one line, each outer axis a line
+// (and a blank line between blocks of rank ≥ 3) per entry, shortened to the first and last kEdge entries.
+class TensorPrinter {
+ public:
+  static constexpr int64_t kSummarizeAbove = 1000;  // elements
+  static constexpr int64_t kEdge = 3;
+
+  explicit TensorPrinter(const Tensor& t) : t_(t), summarize_(t.numel() > kSummarizeAbove) {
+    const Shape& s = t.shape();
+    int64_t stride = 1;
+    for (int d = s.rank() - 1; d >= 0; --d) {
+      stride_[static_cast<size_t>(d)] = stride;
+      stride *= s[d];
+    }
+  }
+
+  std::string print() {
+    std::string measure;
+    block(measure, 0, 0);  // the first pass finds the widest number
+    std::string out;
+    block(out, 0, 0);
+    return out;
+  }
+
+ private:
+  std::string number(int64_t i) const {
+    if (t_.dtype() == DType::i32) return fmt::format("{}", t_.data<int32_t>()[i]);
+    return fmt::format("{:.6g}", t_.item(i));
+  }
+
+  // The entries of axis d shown: all, or the first and last kEdge with a gap (−1) between.
+  std::vector<int64_t> shown(int d) const {
+    const int64_t n = t_.shape()[d];
+    std::vector<int64_t> idx;
+    if (summarize_ && n > 2 * kEdge) {
+      for (int64_t i = 0; i < kEdge; ++i) idx.push_back(i);
+      idx.push_back(-1);
+      for (int64_t i = n - kEdge; i < n; ++i) idx.push_back(i);
+    } else {
+      for (int64_t i = 0; i < n; ++i) idx.push_back(i);
+    }
+    return idx;
+  }
+
+  void block(std::string& out, int d, int64_t offset) {
+    const int rank = t_.rank();
+    if (rank == 0) {
+      cell(out, 0);
+      return;
+    }
+    out += '[';
+    const std::vector<int64_t> idx = shown(d);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      if (k > 0) {
+        out += ',';
+        if (d == rank - 1) {
+          out += ' ';
+        } else {
+          out.append(static_cast<size_t>(rank - d - 1), '\n');
+          out.append(static_cast<size_t>(d + 1), ' ');
+        }
+      }
+      if (idx[k] < 0) {
+        out += "...";
+        continue;
+      }
+      const int64_t at = offset + idx[k] * stride_[static_cast<size_t>(d)];
+      if (d == rank - 1)
+        cell(out, at);
+      else
+        block(out, d + 1, at);
+    }
+    out += ']';
+  }
+
+  void cell(std::string& out, int64_t i) {
+    const std::string s = number(i);
+    width_ = std::max(width_, s.size());
+    out.append(width_ - s.size(), ' ');
+    out += s;
+  }
+
+  const Tensor& t_;
+  bool summarize_;
+  std::array<int64_t, Shape::kMaxRank> stride_{};
+  size_t width_ = 0;
+};
+
+}  // namespace
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor (undefined)";
+  std::string head = fmt::format("Tensor {} {}", dtype_, shape_);
+  return head + (rank() == 0 ? " " : "\n") + TensorPrinter(*this).print();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
 
 Tensor Tensor::view(Shape shape) const {
   if (shape.numel() != numel()) fail("view: cannot view shape {} as {}", shape_, shape);

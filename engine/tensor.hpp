@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iosfwd>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "rng.hpp"
 
 namespace tapegrad {
 
@@ -79,6 +82,16 @@ class Tensor {
   static Tensor from(Shape shape, std::initializer_list<T> values) {
     return from<T>(shape, std::span<const T>(values.begin(), values.size()));
   }
+  // Seeded random tensors: one draw per element in row-major order from engine/rng.hpp's generator, in double,
+  // then rounded to the float dtype. The same seed gives the same values on every run: uniform draws are integer
+  // arithmetic, normal ones Box–Muller through the C library's log1p and cos. A tensor from a seed starts a fresh
+  // generator; one from an Rng continues it, so several tensors drawn from one Rng differ.
+  //   randn    N(mean, std²)
+  //   uniform  U[lo, hi)
+  static Tensor randn(DType dtype, Shape shape, uint64_t seed, double mean = 0, double std = 1);
+  static Tensor randn(DType dtype, Shape shape, Rng& rng, double mean = 0, double std = 1);
+  static Tensor uniform(DType dtype, Shape shape, uint64_t seed, double lo = 0, double hi = 1);
+  static Tensor uniform(DType dtype, Shape shape, Rng& rng, double lo = 0, double hi = 1);
 
   bool defined() const { return data_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -97,6 +110,13 @@ class Tensor {
   // Element i of a float tensor, as double (for tests and reports, not for kernels).
   double item(int64_t i = 0) const;
   std::vector<double> to_vector() const;
+  // The dtype, the shape and the values, nested as the shape is, numbers right-aligned to one width:
+  //   Tensor float32 (2, 3)
+  //   [[  1, 0.5,  -2],
+  //    [  3,   4, 2.5]]
+  // Beyond 1000 elements each axis longer than 6 shows its first 3 and last 3 entries around "...", as NumPy
+  // does. operator<< and fmt ("{}") print the same.
+  std::string str() const;
 
   // Same data, another shape of the same size (no copy).
   Tensor view(Shape shape) const;
@@ -125,8 +145,16 @@ decltype(auto) dispatch_float(std::string_view op, DType dtype, F&& f) {
   fail("{}: expected a float32 or float64 tensor, got {}", op, dtype_name(dtype));
 }
 
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
 }  // namespace tapegrad
 
+template <>
+struct fmt::formatter<tapegrad::Tensor> : fmt::formatter<std::string> {
+  auto format(const tapegrad::Tensor& t, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string>::format(t.str(), ctx);
+  }
+};
 template <>
 struct fmt::formatter<tapegrad::Shape> : fmt::formatter<std::string> {
   auto format(const tapegrad::Shape& s, fmt::format_context& ctx) const {

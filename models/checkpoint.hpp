@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tensor.hpp"
-#include "models/module.hpp"
+#include "../engine/tensor.hpp"
+#include "module.hpp"
 
 namespace tapegrad {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/rng.hpp"
+#include "../engine/rng.hpp"
 
 namespace tapegrad {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/tape.hpp"
-#include "models/attention_kinds.hpp"
-#include "models/layers.hpp"
-#include "models/module.hpp"
+#include "../engine/tape.hpp"
+#include "attention_kinds.hpp"
+#include "layers.hpp"
+#include "module.hpp"
 
 namespace tapegrad {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "models/attention_kinds.hpp"
-#include "models/module.hpp"
+#include "attention_kinds.hpp"
+#include "module.hpp"
 
 namespace tapegrad {
 

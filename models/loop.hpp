@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/profile.hpp"
-#include "models/checkpoint.hpp"
-#include "models/module.hpp"
-#include "models/optim.hpp"
-#include "models/plot.hpp"
+#include "../engine/profile.hpp"
+#include "checkpoint.hpp"
+#include "module.hpp"
+#include "optim.hpp"
+#include "plot.hpp"
 
 namespace tapegrad {
 

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tape.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 

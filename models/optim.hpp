@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "models/checkpoint.hpp"
-#include "models/module.hpp"
+#include "checkpoint.hpp"
+#include "module.hpp"
 
 namespace tapegrad {
 

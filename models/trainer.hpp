@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/profile.hpp"
-#include "models/gpt.hpp"
-#include "models/loop.hpp"
-#include "models/optim.hpp"
+#include "../engine/profile.hpp"
+#include "gpt.hpp"
+#include "loop.hpp"
+#include "optim.hpp"
 
 namespace tapegrad {
 

@@ -16,6 +16,7 @@ void register_row_normalize(Registry&);
 void register_layer_norm(Registry&);
 void register_embedding(Registry&);
 void register_cross_entropy(Registry&);
+void register_mse_loss(Registry&);
 void register_attention(Registry&);
 void register_beta_attention(Registry&);
 void register_linear_attention(Registry&);
@@ -38,6 +39,7 @@ Registry& builtin_registry() {
     register_layer_norm(registry);
     register_embedding(registry);
     register_cross_entropy(registry);
+    register_mse_loss(registry);
     register_attention(registry);
     register_beta_attention(registry);
     register_linear_attention(registry);

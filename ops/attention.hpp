@@ -4,7 +4,7 @@
 // kernel in its .cpp file.
 #pragma once
 
-#include "engine/tape.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 

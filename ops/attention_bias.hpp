@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "engine/tensor.hpp"
+#include "../engine/tensor.hpp"
 
 namespace tapegrad {
 

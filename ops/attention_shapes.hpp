@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/attention.hpp"
-#include "engine/registry.hpp"
-#include "ops/common.hpp"
+#include "attention.hpp"
+#include "../engine/registry.hpp"
+#include "common.hpp"
 
 namespace tapegrad {
 

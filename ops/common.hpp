@@ -5,7 +5,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "engine/tape.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 

@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "engine/parallel.hpp"
-#include "ops/fast_math.hpp"
+#include "../engine/parallel.hpp"
+#include "fast_math.hpp"
 
 namespace tapegrad {
 

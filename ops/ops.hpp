@@ -4,8 +4,8 @@
 
 #include <span>
 
-#include "engine/registry.hpp"
-#include "engine/tape.hpp"
+#include "../engine/registry.hpp"
+#include "../engine/tape.hpp"
 
 namespace tapegrad {
 
@@ -24,6 +24,12 @@ Var tanh(Var x);
 Var relu(Var x);
 Var gelu(Var x);  // tanh form, as GPT-2
 Var elu(Var x, double alpha = 1.0);
+Var sigmoid(Var x);        // 1/(1 + e⁻ˣ)
+Var square(Var x);         // x²
+Var sqrt(Var x);           // √x; x < 0 is an error
+Var abs(Var x);            // |x|, derivative sign x and 0 at x = 0
+Var pow(Var x, double p);  // xᵖ; x < 0 with p not an integer, or x = 0 with p < 0, is an error
+// An element-wise op of one's own from f and f′: pointwise(name, x, f, df) in ops/pointwise.hpp.
 
 // reduce.cpp
 Var sum(Var x);  // over all elements: shape ()
@@ -59,6 +65,10 @@ Var layer_norm(Var x, Var weight, Var bias, double eps = 1e-5);
 
 // embedding.cpp — ids int32 (...), table (V, C) → (..., C).
 Var embedding(Var ids, Var table);
+
+// mse_loss.cpp — mean over all elements of (prediction − target)²: a scalar. The two shapes must be equal (no
+// broadcasting: a (N, 1) prediction against a (N) target is an error, not a (N, N) difference).
+Var mse_loss(Var prediction, Var target);
 
 // cross_entropy.cpp — mean over rows of −log softmax(logits)[target]; logits (..., V), targets int32 (...).
 Var cross_entropy(Var logits, Var targets);

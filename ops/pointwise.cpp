@@ -1,71 +1,41 @@
-// Element-wise functions y = f(x):  VJP x̄ += f′(x)·ȳ,  JVP ẏ = f′(x)·ẋ.
+// Element-wise functions y = f(x):  VJP x̄ += f′(x)·ȳ,  JVP ẏ = f′(x)·ẋ  (ops/pointwise.hpp records them).
 // Each f′ is written with whatever of x and y makes it cheapest; the node keeps those two tensors.
-//   exp   f′ = y
-//   log   f′ = 1/x                                   (x > 0)
-//   tanh  f′ = 1 − y²
-//   relu  f′ = [x > 0]                               (0 at the kink x = 0)
-//   elu   y = x (x > 0), α(eˣ − 1) (x ≤ 0);  f′ = 1 (x > 0), y + α (x ≤ 0)
+//   exp      f′ = y
+//   log      f′ = 1/x                                   (x > 0)
+//   tanh     f′ = 1 − y²
+//   relu     f′ = [x > 0]                               (0 at the kink x = 0)
+//   elu      y = x (x > 0), α(eˣ − 1) (x ≤ 0);  f′ = 1 (x > 0), y + α (x ≤ 0)
+//   sigmoid  y = 1/(1 + e⁻ˣ);  f′ = y(1 − y)           (y from e^(−|x|), which cannot overflow)
+//   square   f′ = 2x
+//   sqrt     f′ = 1/(2y)                                (x ≥ 0; +∞ at x = 0, the one-sided limit)
+//   abs      f′ = sign x                                (0 at the kink x = 0: the central value of [−1, 1], as
+//                                                        PyTorch and JAX take it, and what central differences give)
+//   pow      y = xᵖ;  f′ = p·xᵖ⁻¹                       (f′ = 0 for p = 0, where 0·0⁻¹ would be NaN)
+// sqrt and pow refuse inputs where y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with
+// p < 0) instead of returning it.
 // gelu has its own node below: it keeps tanh u instead of y, so that its derivative needs no second tanh.
 #include <cmath>
+#include <string_view>
 
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
+#include "ops/pointwise.hpp"
 
 namespace tapegrad {
 
 namespace {
 
-struct Exp {
-  static constexpr const char* name = "exp";
-  template <class T> T f(T x) const { return std::exp(x); }
-  template <class T> T df(T, T y) const { return y; }
-};
-struct Log {
-  static constexpr const char* name = "log";
-  template <class T> T f(T x) const { return std::log(x); }
-  template <class T> T df(T x, T) const { return 1 / x; }
-};
-struct Tanh {
-  static constexpr const char* name = "tanh";
-  template <class T> T f(T x) const { return std::tanh(x); }
-  template <class T> T df(T, T y) const { return 1 - y * y; }
-};
-struct Relu {
-  static constexpr const char* name = "relu";
-  template <class T> T f(T x) const { return x > 0 ? x : T(0); }
-  template <class T> T df(T x, T) const { return x > 0 ? T(1) : T(0); }
-};
-struct Elu {
-  static constexpr const char* name = "elu";
-  double alpha;
-  template <class T> T f(T x) const { return x > 0 ? x : T(alpha) * std::expm1(x); }
-  template <class T> T df(T x, T y) const { return x > 0 ? T(1) : y + T(alpha); }
-};
-
-template <class Fn>
-Var pointwise(Var x, Fn fn) {
-  expect_float(Fn::name, x);
-  Tape& tape = x.tape();
+// Throws naming `op` at the first element of x where `ok` is false: its index, its value and what was expected.
+template <class Ok>
+void expect_each(const char* op, const Var& x, Ok ok, std::string_view expected) {
+  expect_float(op, x);
   const Tensor xv = x.value();
-  Tensor y = tape.empty(x.dtype(), x.shape());
-  const int64_t n = y.numel();
-  dispatch_float(Fn::name, x.dtype(), [&]<class T>(T) {
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     const T* px = xv.data<T>();
-    T* py = y.data<T>();
-    for (int64_t i = 0; i < n; ++i) py[i] = fn.f(px[i]);
+    for (int64_t i = 0; i < xv.numel(); ++i)
+      if (!ok(px[i])) fail("{}: element {} of x {} is {}: expected {}", op, i, x.shape(), px[i], expected);
   });
-  // out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).
-  auto apply_derivative = [=](const Tensor& out, const Tensor& in) {
-    dispatch_float(Fn::name, out.dtype(), [&]<class T>(T) {
-      const T *px = xv.data<T>(), *py = y.data<T>(), *pi = in.data<T>();
-      T* po = out.data<T>();
-      for (int64_t i = 0; i < n; ++i) po[i] += fn.df(px[i], py[i]) * pi[i];
-    });
-  };
-  return tape.record(
-      Fn::name, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply_derivative(gin[0], g); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); });
 }
 
 }  // namespace
@@ -93,11 +63,53 @@ Var gelu(Var x) {
       [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); });
 }
 
-Var exp(Var x) { return pointwise(x, Exp{}); }
-Var log(Var x) { return pointwise(x, Log{}); }
-Var tanh(Var x) { return pointwise(x, Tanh{}); }
-Var relu(Var x) { return pointwise(x, Relu{}); }
-Var elu(Var x, double alpha) { return pointwise(x, Elu{alpha}); }
+Var exp(Var x) {
+  return pointwise("exp", x, [](auto v) { return std::exp(v); }, [](auto, auto y) { return y; });
+}
+Var log(Var x) {
+  return pointwise("log", x, [](auto v) { return std::log(v); }, [](auto v, auto) { return 1 / v; });
+}
+Var tanh(Var x) {
+  return pointwise("tanh", x, [](auto v) { return std::tanh(v); }, [](auto, auto y) { return 1 - y * y; });
+}
+Var relu(Var x) {
+  return pointwise(
+      "relu", x, [](auto v) { return v > 0 ? v : decltype(v)(0); },
+      [](auto v, auto) { return v > 0 ? decltype(v)(1) : decltype(v)(0); });
+}
+Var elu(Var x, double alpha) {
+  return pointwise(
+      "elu", x, [alpha](auto v) { return v > 0 ? v : decltype(v)(alpha) * std::expm1(v); },
+      [alpha](auto v, auto y) { return v > 0 ? decltype(v)(1) : y + decltype(v)(alpha); });
+}
+
+Var sigmoid(Var x) {
+  auto f = [](auto v) {
+    const auto e = std::exp(-std::abs(v));  // e^(−|x|) ∈ (0, 1]
+    return v >= 0 ? 1 / (1 + e) : e / (1 + e);
+  };
+  return pointwise("sigmoid", x, f, [](auto, auto y) { return y * (1 - y); });
+}
+Var square(Var x) {
+  return pointwise("square", x, [](auto v) { return v * v; }, [](auto v) { return 2 * v; });
+}
+Var sqrt(Var x) {
+  expect_each("sqrt", x, [](auto v) { return v >= 0; }, "x ≥ 0");
+  return pointwise("sqrt", x, [](auto v) { return std::sqrt(v); }, [](auto, auto y) { return 1 / (2 * y); });
+}
+Var abs(Var x) {
+  return pointwise(
+      "abs", x, [](auto v) { return std::abs(v); },
+      [](auto v) { return v > 0 ? decltype(v)(1) : v < 0 ? decltype(v)(-1) : decltype(v)(0); });
+}
+Var pow(Var x, double p) {
+  const bool integer = p == std::round(p);
+  if (!integer) expect_each("pow", x, [](auto v) { return v >= 0; }, fmt::format("x ≥ 0 for the exponent p = {} (not an integer)", p).c_str());
+  if (p < 0) expect_each("pow", x, [](auto v) { return v != 0; }, fmt::format("x ≠ 0 for the exponent p = {} < 0", p).c_str());
+  return pointwise(
+      "pow", x, [p](auto v) { return std::pow(v, decltype(v)(p)); },
+      [p](auto v) { return p == 0 ? decltype(v)(0) : decltype(v)(p) * std::pow(v, decltype(v)(p - 1)); });
+}
 
 void register_pointwise(Registry& r) {
   auto unary = [&r](const char* name, const char* forward, const char* equation, Fill fill, Var (*fn)(Var)) {
@@ -110,6 +122,24 @@ void register_pointwise(Registry& r) {
   unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", Fill::away_from_zero, relu);
   unary("gelu", "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
         "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ", Fill::normal, gelu);
+  unary("sigmoid", "y = 1/(1 + e⁻ˣ)", "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ", Fill::normal, sigmoid);
+  unary("square", "y = x²", "x̄ += 2x·ȳ; ẏ = 2x·ẋ", Fill::normal, square);
+  unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", Fill::positive, sqrt);
+  unary("abs", "y = |x|", "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ", Fill::away_from_zero, abs);
+  // At x = 0 the central difference (|ε| − |−ε|)/2ε is 0, as f′(0) is taken: the kink is checked too.
+  r.add_case("abs", {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); }});
+  r.add({.name = "pow",
+         .family = "pointwise",
+         .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",
+         .forward = "y = xᵖ, a scalar exponent p"});
+  auto pow_case = [&r](const char* name, Fill fill, double p) {
+    r.add_case("pow", {name, {{"x", {4, 5}, fill}}, [p](Tape&, std::span<const Var> x) { return pow(x[0], p); }});
+  };
+  pow_case("p = 3", Fill::normal, 3);
+  pow_case("p = 0.5", Fill::positive, 0.5);
+  pow_case("p = -1.5", Fill::positive, -1.5);
+  pow_case("p = -2", Fill::away_from_zero, -2);
+  pow_case("p = 0", Fill::normal, 0);
   r.add({.name = "elu",
          .family = "pointwise",
          .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",

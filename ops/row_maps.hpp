@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "ops/fast_math.hpp"
+#include "fast_math.hpp"
 
 namespace tapegrad {
 

@@ -188,3 +188,14 @@ TEST_CASE("cross_entropy errors name the op and what is wrong") {
     }
   }
 }
+
+TEST_CASE("cross_entropy refuses targets that only match the logits' rows by broadcasting") {
+  Tape tape;
+  Var logits = tape.leaf(Tensor::zeros(DType::f32, {4, 3}));
+  for (Shape s : {Shape{4, 1}, Shape{1, 4}, Shape{1}, Shape{}}) {
+    CAPTURE(s);
+    Var targets = tape.constant(Tensor::zeros(DType::i32, s));
+    check_message(error_of([&] { cross_entropy(logits, targets); }), "cross_entropy",
+                  {s.str().c_str(), "(4, 3)", "expected targets of shape (4)"});
+  }
+}

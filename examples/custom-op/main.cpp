@@ -2,8 +2,9 @@
 // custom_op claims [--op NAME] ...                     checks the claimed derivatives (exit 1: they are wrong)
 #include <string_view>
 
-#include "engine/gradcheck_cli.hpp"
-#include "my_ops.hpp"
+#include <tapegrad/tapegrad.hpp>
+
+#include "ops/ops.hpp"
 
 int main(int argc, char** argv) {
   tapegrad::Registry ops, claims;

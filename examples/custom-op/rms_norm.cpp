@@ -9,8 +9,7 @@
 // of each row; the gradchecker rejects it and names a per-row term.
 #include <cmath>
 
-#include "my_ops.hpp"
-#include "ops/common.hpp"
+#include "ops/ops.hpp"
 
 using namespace tapegrad;
 
@@ -64,11 +63,6 @@ void rms_norm_jvp(T* ty, const T* tx, const T* tw, const T* xhat, const T* inv_r
   }
 }
 
-template <class T>
-T* ptr(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 Var rms_norm(Var x, Var w, double eps) {
@@ -85,24 +79,21 @@ Var rms_norm(Var x, Var w, double eps) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   Tensor xhat = tape.empty(x.dtype(), x.shape());
   Tensor inv_rho = tape.empty(x.dtype(), Shape{rows});
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_float(op, x.dtype(), [&]<class T>(T) {
     rms_norm_forward(y.data<T>(), xhat.data<T>(), inv_rho.data<T>(), xv.data<T>(), wv.data<T>(), rows, C, eps);
   });
   return tape.record(
       op, {x, w}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float(op, g.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          rms_norm_vjp(ptr<T>(gin[0]), ptr<T>(gin[1]), g.data<T>(), xhat.data<T>(), inv_rho.data<T>(), wv.data<T>(),
-                       rows, C);
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          rms_norm_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), g.data<T>(), xhat.data<T>(),
+                       inv_rho.data<T>(), wv.data<T>(), rows, C);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float(op, ty.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          rms_norm_jvp(ty.data<T>(), ptr<T>(tin[0]), ptr<T>(tin[1]), xhat.data<T>(), inv_rho.data<T>(), wv.data<T>(),
-                       rows, C);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
+          rms_norm_jvp(ty.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), xhat.data<T>(),
+                       inv_rho.data<T>(), wv.data<T>(), rows, C);
         });
       });
 }

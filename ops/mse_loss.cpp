@@ -1,0 +1,97 @@
+// Mean squared error of a prediction p against a target t of the same shape, n elements:
+//   L = (1/n) Σ_i d_i²,   d = p − t                                        p, t, d: one shape; L: ()
+//   VJP  p̄ += (2/n)·L̄·d,   t̄ −= (2/n)·L̄·d
+//   JVP  L̇ = (2/n) Σ_i d_i (ṗ_i − ṫ_i)
+// The node keeps d. The shapes must be equal: p − t broadcasts (N, 1) against (N) to (N, N), whose mean is not
+// the loss anyone meant, so mse_loss refuses it instead. Sums are taken in double (a float32 sum of 10⁶ squares
+// drifts; see ops/reduce.cpp).
+#include "ops/common.hpp"
+#include "ops/ops.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// d = p − t;  returns Σ_i d_i²                                              d, p, t: (n)
+template <class T>
+double mse_forward(T* d, const T* p, const T* t, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d[i] = p[i] - t[i];
+    sum += static_cast<double>(d[i]) * static_cast<double>(d[i]);
+  }
+  return sum;
+}
+
+// p̄ += c·d,  t̄ −= c·d  with c = (2/n)·L̄                                    dp, dt, d: (n); dp or dt may be null
+template <class T>
+void mse_vjp(T* dp, T* dt, const T* d, T c, int64_t n) {
+  if (dp)
+    for (int64_t i = 0; i < n; ++i) dp[i] += c * d[i];
+  if (dt)
+    for (int64_t i = 0; i < n; ++i) dt[i] -= c * d[i];
+}
+
+// (2/n) Σ_i d_i (ṗ_i − ṫ_i)                                                 d, tp, tt: (n); tp or tt may be null
+template <class T>
+T mse_jvp(const T* d, const T* tp, const T* tt, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double dot = (tp ? static_cast<double>(tp[i]) : 0.0) - (tt ? static_cast<double>(tt[i]) : 0.0);
+    sum += static_cast<double>(d[i]) * dot;
+  }
+  return static_cast<T>(2 * sum / static_cast<double>(n));
+}
+
+}  // namespace
+
+Var mse_loss(Var prediction, Var target) {
+  static constexpr const char* op = "mse_loss";
+  Tape& tape = tape_of(op, {prediction, target});
+  expect_float(op, prediction);
+  expect_same_dtype(op, prediction, target);
+  const Shape& ps = prediction.shape();
+  if (!(ps == target.shape()))
+    fail("{}: prediction {} and target {} differ in shape: expected a target of shape {}, the prediction's "
+         "(no broadcasting; reshape one of them if the difference is meant)",
+         op, ps, target.shape(), ps);
+  const int64_t n = ps.numel();
+  if (n == 0) fail("{}: prediction {} has no elements; the mean over zero elements is undefined", op, ps);
+  const Tensor pv = prediction.value(), tv = target.value();
+  Tensor d = tape.empty(prediction.dtype(), ps, "prediction − target");
+  Tensor y = tape.empty(prediction.dtype(), Shape{});
+  dispatch_float(op, prediction.dtype(), [&]<class T>(T) {
+    const double sum = mse_forward(d.data<T>(), pv.data<T>(), tv.data<T>(), n);
+    y.data<T>()[0] = static_cast<T>(sum / static_cast<double>(n));
+  });
+  return tape.record(
+      op, {prediction, target}, y,
+      [=](const Tensor& g, std::span<const Tensor> gin) {
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          const T c = static_cast<T>(2 * static_cast<double>(g.data<T>()[0]) / static_cast<double>(n));
+          mse_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), d.data<T>(), c, n);
+        });
+      },
+      [=](std::span<const Tensor> tin, const Tensor& ty) {
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
+          ty.data<T>()[0] += mse_jvp(d.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), n);
+        });
+      });
+}
+
+void register_mse_loss(Registry& r) {
+  r.add({.name = "mse_loss",
+         .family = "mse_loss",
+         .equation = "d = p − t: p̄ += (2/n)·L̄·d, t̄ −= (2/n)·L̄·d; L̇ = (2/n)·Σ d⊙(ṗ − ṫ)",
+         .cost = [](std::span<const Shape> in, const Shape&) {
+           const double n = static_cast<double>(in[0].numel());
+           return OpCost{3 * n, 4 * n, 3 * n};
+         },
+         .forward = "L = mean((p − t)²), p and t of one shape"});
+  auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
+  r.add_case("mse_loss", {"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply});
+  r.add_case("mse_loss", {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply});
+  r.add_case("mse_loss", {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply});
+}
+
+}  // namespace tapegrad

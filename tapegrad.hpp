@@ -1,0 +1,48 @@
+// tapegrad in one include: #include <tapegrad/tapegrad.hpp> (installed under include/tapegrad/, and in a build
+// of these sources under <build>/include/tapegrad/). Every public header of engine/, ops/ and models/ is listed
+// here; the test public_headers fails when one is missing. The headers include each other by paths relative to
+// themselves, so they resolve the same in the source tree and in an installed tree, and never through a folder of
+// the including project (a user's own ops/ or engine/ cannot shadow them).
+#pragma once
+
+// engine/: tensors, the tape, forward and reverse mode, the registry and the gradchecker
+#include "engine/arena.hpp"
+#include "engine/blas.hpp"
+#include "engine/blas_info.hpp"
+#include "engine/explain.hpp"
+#include "engine/gradcheck.hpp"
+#include "engine/gradcheck_cli.hpp"
+#include "engine/graphviz.hpp"
+#include "engine/parallel.hpp"
+#include "engine/profile.hpp"
+#include "engine/registry.hpp"
+#include "engine/rng.hpp"
+#include "engine/source_place.hpp"
+#include "engine/tape.hpp"
+#include "engine/tape_dot.hpp"
+#include "engine/tensor.hpp"
+
+// ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, and the kernels and checks the ops share
+#include "ops/attention.hpp"
+#include "ops/attention_bias.hpp"
+#include "ops/attention_shapes.hpp"
+#include "ops/common.hpp"
+#include "ops/fast_math.hpp"
+#include "ops/gelu.hpp"
+#include "ops/ops.hpp"
+#include "ops/pointwise.hpp"
+#include "ops/row_maps.hpp"
+
+// models/: modules and layers, optimizers, the training loop, the GPT, data, checkpoints
+#include "models/attention_kinds.hpp"
+#include "models/checkpoint.hpp"
+#include "models/data.hpp"
+#include "models/files.hpp"
+#include "models/gpt.hpp"
+#include "models/layers.hpp"
+#include "models/loop.hpp"
+#include "models/module.hpp"
+#include "models/optim.hpp"
+#include "models/plot.hpp"
+#include "models/stats.hpp"
+#include "models/trainer.hpp"
