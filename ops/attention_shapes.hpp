@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "ops/attention.hpp"
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 
 namespace tapegrad {

@@ -8,6 +8,7 @@
 // gelu has its own node below: it keeps tanh u instead of y, so that its derivative needs no second tanh.
 #include <cmath>
 
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"

@@ -2,6 +2,7 @@
 // The row kernels and the derivation (the full Jacobian c·I − (c²/r)·x xᵀ, symmetric; the identity at x = 0; why
 // the β-attention post's homogeneity shortcut does not hold) are in ops/row_normalize.hpp. The node keeps x, which
 // both its VJP and its JVP are written in.
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_normalize.hpp"

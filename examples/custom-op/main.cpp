@@ -2,7 +2,7 @@
 // custom_op claims [--op NAME] ...                     checks the claimed derivatives (exit 1: they are wrong)
 #include <string_view>
 
-#include "engine/gradcheck_cli.hpp"
+#include "engine/gradcheck/cli.hpp"
 #include "my_ops.hpp"
 
 int main(int argc, char** argv) {

@@ -1,7 +1,7 @@
 // Ops defined outside tapegrad: each is one node on the tape with its own VJP (and JVP when it has one).
 #pragma once
 
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "engine/tape.hpp"
 
 // rms_norm.cpp — y = w ⊙ x/ρ per row, ρ = √(mean(x²) + ε): x (..., C), w (C).

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 
 namespace tapegrad {
 

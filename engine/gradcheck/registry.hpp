@@ -11,8 +11,8 @@
 //   claim      claimed({name, forward, vjp, jvp}) is a Function whose value is an existing forward's and whose
 //              derivatives are the ones a paper claims: register it like an op and gradcheck the formula before
 //              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own.
-//   check      gradcheck(f, inputs) (engine/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
-//              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck_cli.hpp).
+//   check      gradcheck(f, inputs) (engine/gradcheck/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
+//              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck/cli.hpp).
 #pragma once
 
 #include <functional>
