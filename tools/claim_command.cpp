@@ -46,12 +46,12 @@ ClaimText claim_from_options(const ClaimArgs& a) {
   for (const auto& in : a.inputs) c.inputs.push_back(parse_claim_input("--input", in));
   for (const auto& l : a.lets) {
     auto [name, f] = split_named("--let", l, c.inputs);
-    c.lets.push_back({name, f, "--let " + name});
+    c.lets.push_back({name, f, fmt::format("--let {}", name)});
   }
   c.forward = {"", a.forward, "--forward"};
   for (const auto& v : a.vjps) {
     auto [name, f] = split_named("--vjp", v, c.inputs);
-    c.vjp.push_back({name, f, "--vjp " + name});
+    c.vjp.push_back({name, f, fmt::format("--vjp {}", name)});
   }
   if (!a.jvp.empty()) c.jvp = ClaimText::Line{"", a.jvp, "--jvp"};
   return c;

@@ -67,7 +67,7 @@ Parsed parse_formulas(const ClaimText& c) {
     if (std::find(taken.begin(), taken.end(), in.name) != taken.end() || in.name.starts_with("t_"))
       fail("claim '{}' ({}): input '{}': y, g, t_NAME and names used twice are taken", c.name, c.where, in.name);
     taken.push_back(in.name);
-    taken.push_back("t_" + in.name);
+    taken.push_back(fmt::format("t_{}", in.name));
   }
   for (const auto& l : c.lets) {
     if (!is_identifier(l.name)) fail("{}: '{}' is not a name", l.label, l.name);
@@ -104,7 +104,7 @@ void check_shapes(const Parsed& p) {
   base.emplace("y", y);
   std::map<std::string, Shape> reverse = base, tangent = base;
   reverse.emplace("g", y);
-  for (const auto& in : p.inputs) tangent.emplace("t_" + in.name, in.shape);
+  for (const auto& in : p.inputs) tangent.emplace(fmt::format("t_{}", in.name), in.shape);
   define_let_shapes(p.lets, reverse);
   define_let_shapes(p.lets, tangent);
   for (const auto& l : p.lets)  // a let no rule can evaluate: the name it lacks, with a caret
@@ -118,7 +118,7 @@ void check_shapes(const Parsed& p) {
   for (size_t i = 0; i < p.inputs.size(); ++i)
     if (p.vjp[i]) {
       const Shape s = p.vjp[i]->check(reverse);
-      if (!(s == p.inputs[i].shape)) wrong_shape(*p.vjp[i], "x̄ of " + p.inputs[i].name, p.inputs[i].shape, s);
+      if (!(s == p.inputs[i].shape)) wrong_shape(*p.vjp[i], fmt::format("x̄ of {}", p.inputs[i].name), p.inputs[i].shape, s);
     }
   if (p.jvp) {
     const Shape s = p.jvp->check(tangent);
@@ -148,7 +148,7 @@ ClaimInput parse_claim_input(std::string_view option, std::string_view text) {
     fill = parse_fill(option, text, std::string_view(dims).substr(second + 1));
     dims.resize(second);
   }
-  auto [name, shape] = parse_named_shape(option, compact.substr(0, colon) + "=" + dims);
+  auto [name, shape] = parse_named_shape(option, fmt::format("{}={}", compact.substr(0, colon), dims));
   return {name, shape, fill};
 }
 
@@ -168,12 +168,15 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     const std::string_view t = trim(raw);
     if (t.empty() || t.front() == '#') continue;
     const bool continued = std::isspace(static_cast<unsigned char>(raw.front()));
-    if (continued && !lines.empty()) lines.back().text += " " + std::string(t);
+    if (continued && !lines.empty()) lines.back().text += fmt::format(" {}", t);
     else lines.push_back({number, std::string(t)});
   }
   std::vector<ClaimText> claims;
   auto current = [&](int line) -> ClaimText& {
-    if (claims.empty()) claims.push_back({.name = "claim", .where = fmt::format("{}:{}", path, line)});
+    if (claims.empty()) {
+      claims.emplace_back();
+      claims.back().where = fmt::format("{}:{}", path, line);
+    }
     return claims.back();
   };
   for (const auto& [line, t] : lines) {
@@ -189,7 +192,9 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     };
     if (key == "claim") {
       if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", where, t);
-      claims.push_back({.name = rest, .where = where});
+      claims.emplace_back();
+      claims.back().name = rest;
+      claims.back().where = where;
     } else if (key == "input") {
       current(line).inputs.push_back(parse_claim_input(where, rest));
     } else if (key == "let") {
@@ -259,7 +264,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
       Tape tape;
       std::map<std::string, Var> values = point(tape, at);
       for (size_t i = 0; i < p->inputs.size(); ++i)
-        values.emplace("t_" + p->inputs[i].name,
+        values.emplace(fmt::format("t_{}", p->inputs[i].name),
                        tape.constant(tin[i].defined() ? tin[i] : Tensor::zeros(DType::f64, at.inputs[i].shape())));
       define_lets(p->lets, values);
       tout.accumulate(p->jvp->evaluate(values).value());

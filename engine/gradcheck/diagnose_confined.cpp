@@ -14,17 +14,20 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
   }));
   auto numeric_zero = [&](int64_t j, int64_t k) { return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero_tol; };
   auto analytic_zero = [&](int64_t j, int64_t k) { return v.a[static_cast<size_t>(j * v.cols + k)] == 0; };
+  const auto structure = structured_set(v, bad, zero_tol);
+  const std::string in_structure = structure ? fmt::format("; they fill {}", *structure) : "";
+  const size_t before = out.size();
   if (confined(v, bad, numeric_zero))
     out.push_back({Finding::masked_positions, v.input, v.check,
                    fmt::format("all {} failing elements are where y does not depend on {} (numeric derivative 0, "
-                               "analytic not), e.g. {}; elsewhere the {} agrees: it lets a masked position through "
+                               "analytic not), e.g. {}{}; elsewhere the {} agrees: it lets a masked position through "
                                "(a mask missing in the rule)",
-                               bad.size(), v.input, examples_str(v, bad), rule)});
+                               bad.size(), v.input, examples_str(v, bad), in_structure, rule)});
   else if (confined(v, bad, analytic_zero))
     out.push_back({Finding::masked_positions, v.input, v.check,
-                   fmt::format("all {} failing elements are where the {} gives 0 but y does depend on {}, e.g. {}: "
+                   fmt::format("all {} failing elements are where the {} gives 0 but y does depend on {}, e.g. {}{}: "
                                "the rule masks positions the forward does not",
-                               bad.size(), rule, v.input, examples_str(v, bad))});
+                               bad.size(), rule, v.input, examples_str(v, bad), in_structure)});
 
   if (v.m == v.cols && confined(v, bad, [](int64_t j, int64_t k) { return j == k; }))
     out.push_back({Finding::diagonal, v.input, v.check,
@@ -71,6 +74,13 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
                    fmt::format("all {} failing elements are in one row, {}; the other rows agree: a term of that "
                                "row alone (its normalizer, a boundary or special case, a loop bound) is wrong",
                                bad.size(), rows_msg)});
+  // Wrong values (both Jacobians nonzero) confined to a structured set no finding above names.
+  if (out.size() == before && structure)
+    out.push_back({Finding::masked_positions, v.input, v.check,
+                   fmt::format("all {} failing elements lie in {}, e.g. {}; elsewhere the {} agrees: the rule "
+                               "treats that set of entries (a mask, a window, a boundary) differently from the "
+                               "forward",
+                               bad.size(), *structure, examples_str(v, bad), rule)});
 }
 
 }  // namespace tapegrad::gradcheck_detail

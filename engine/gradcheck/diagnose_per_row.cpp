@@ -1,6 +1,7 @@
-// The per-row term: in each row r (the last axis of y and of x; both with R rows) the error block
-// E_r = A_r − N_r, (y cols, x cols), is one outer product α_r·u vᵀ. The vectors are named when they are (up to
-// scale) 1, y_r or x_r, or a combination of two of them, in every row.
+// The per-row term: in each row r of y and of x (the slices along one axis, the last or another both share) the
+// error block E_r = A_r − N_r, (y's row length, x's row length), is one outer product α_r·u vᵀ, whatever u and v
+// are: a missing or wrong mean, normalizer or row sum. The vectors are named when they are (up to scale) 1, y_r or
+// x_r, or a combination of two of them, in every row.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -17,18 +18,65 @@ struct Candidate {
   std::vector<double> vec;
 };
 
-// The candidate vectors of row r for u (over y's row) or v (over x's row): 1, x_r and y_r where they have that
-// length.
-std::vector<Candidate> candidates(const JacobianView& v, int64_t rows, int64_t r, int64_t len) {
+// How y and x split into rows along one axis: row r of y is the elements y_flat[r·yc .. (r+1)·yc), likewise x.
+struct RowLayout {
+  int axis;  // of y and x; -1: the last axis of each (their ranks may differ)
+  int64_t rows = 0, yc = 0, xc = 0;
+  std::vector<int64_t> y_flat, x_flat;  // (rows, yc), (rows, xc): flat indices in row order
+  std::vector<int64_t> y_row, x_row;    // the row of each flat index
+};
+
+// The rows along `axis` (-1: the last axis), or nothing when y and x do not share that many rows.
+std::optional<RowLayout> row_layout(const JacobianView& v, int axis) {
+  const Shape &ys = v.yshape, &xs = v.xshape;
+  if (ys.rank() == 0 || xs.rank() == 0) return std::nullopt;
+  RowLayout l{axis};
+  auto fill = [&](const Shape& s, int a, int64_t len, std::vector<int64_t>& flat, std::vector<int64_t>& row_of) {
+    const int64_t n = s.numel();
+    flat.assign(static_cast<size_t>(n), 0);
+    row_of.assign(static_cast<size_t>(n), 0);
+    for (int64_t e = 0; e < n; ++e) {
+      auto idx = unravel(s, e);
+      const int64_t pos = idx[static_cast<size_t>(a)];
+      idx.erase(idx.begin() + a);
+      int64_t r = 0;
+      for (int d = 0, k = 0; d < s.rank(); ++d)
+        if (d != a) r = r * s[d] + idx[static_cast<size_t>(k++)];
+      flat[static_cast<size_t>(r * len + pos)] = e;
+      row_of[static_cast<size_t>(e)] = r;
+    }
+  };
+  if (axis < 0) {
+    l.yc = ys.back(), l.xc = xs.back();
+    if (v.m / l.yc != v.cols / l.xc) return std::nullopt;
+    l.rows = v.m / l.yc;
+    fill(ys, ys.rank() - 1, l.yc, l.y_flat, l.y_row);
+    fill(xs, xs.rank() - 1, l.xc, l.x_flat, l.x_row);
+  } else {
+    if (ys.rank() != xs.rank() || axis >= ys.rank()) return std::nullopt;
+    for (int d = 0; d < ys.rank(); ++d)
+      if (d != axis && ys[d] != xs[d]) return std::nullopt;
+    l.yc = ys[axis], l.xc = xs[axis];
+    l.rows = v.m / l.yc;
+    fill(ys, axis, l.yc, l.y_flat, l.y_row);
+    fill(xs, axis, l.xc, l.x_flat, l.x_row);
+  }
+  if (l.yc < 2 || l.xc < 2) return std::nullopt;
+  return l;
+}
+
+// The candidate vectors of row r for u (over y's row, len = yc) or v (over x's row, len = xc): 1, and x_r and y_r
+// where their rows have that length.
+std::vector<Candidate> candidates(const JacobianView& v, const RowLayout& l, int64_t r, int64_t len) {
   std::vector<Candidate> c;
   c.push_back({"1", std::vector<double>(static_cast<size_t>(len), 1.0)});
-  if (v.x.numel() == rows * len) {
-    std::vector<double> xr(static_cast<size_t>(len));
-    for (int64_t t = 0; t < len; ++t) xr[static_cast<size_t>(t)] = v.x.item(r * len + t);
-    c.push_back({"x_r", std::move(xr)});
-  }
-  if (v.y.numel() == rows * len)
-    c.push_back({"y_r", std::vector<double>(v.y0.begin() + r * len, v.y0.begin() + (r + 1) * len)});
+  auto row_of = [&](const std::vector<int64_t>& flat, auto&& value) {
+    std::vector<double> out(static_cast<size_t>(len));
+    for (int64_t t = 0; t < len; ++t) out[static_cast<size_t>(t)] = value(flat[static_cast<size_t>(r * len + t)]);
+    return out;
+  };
+  if (l.xc == len) c.push_back({"x_r", row_of(l.x_flat, [&](int64_t e) { return v.x.item(e); })});
+  if (l.yc == len) c.push_back({"y_r", row_of(l.y_flat, [&](int64_t e) { return v.y0[static_cast<size_t>(e)]; })});
   return c;
 }
 
@@ -101,15 +149,10 @@ std::vector<double> vector_named(const std::vector<Candidate>& cs, const std::st
   return {};
 }
 
-}  // namespace
-
-std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad) {
-  if (v.yshape.rank() == 0 || v.xshape.rank() == 0) return std::nullopt;
-  const int64_t yc = v.yshape.back(), xc = v.xshape.back();
-  if (yc < 2 || xc < 2 || v.m / yc != v.cols / xc) return std::nullopt;
-  const int64_t rows = v.m / yc;
+std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Elements& bad, const RowLayout& l) {
+  const int64_t yc = l.yc, xc = l.xc, rows = l.rows;
   for (auto [j, k] : bad)
-    if (j / yc != k / xc) return std::nullopt;  // errors across rows: not a per-row term
+    if (l.y_row[static_cast<size_t>(j)] != l.x_row[static_cast<size_t>(k)]) return std::nullopt;  // across rows
   std::vector<std::string> u_names, v_names;  // the names that fit every row so far
   bool first = true;
   double alpha_min = INFINITY, alpha_max = -INFINITY;
@@ -119,7 +162,8 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
     bool any = false;
     for (int64_t a = 0; a < yc; ++a)
       for (int64_t b = 0; b < xc; ++b) {
-        const size_t e = static_cast<size_t>((r * yc + a) * v.cols + r * xc + b);
+        const size_t e = static_cast<size_t>(l.y_flat[static_cast<size_t>(r * yc + a)] * v.cols +
+                                             l.x_flat[static_cast<size_t>(r * xc + b)]);
         block[static_cast<size_t>(a * xc + b)] = v.a[e] - v.n[e];
         any = any || !v.tol.ok(v.a[e], v.n[e]);
       }
@@ -135,7 +179,8 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
     // E_r = σ·u wᵀ to the tolerance: A ≈ N + σ·u wᵀ element by element.
     for (int64_t a = 0; a < yc; ++a)
       for (int64_t b = 0; b < xc; ++b) {
-        const size_t e = static_cast<size_t>((r * yc + a) * v.cols + r * xc + b);
+        const size_t e = static_cast<size_t>(l.y_flat[static_cast<size_t>(r * yc + a)] * v.cols +
+                                             l.x_flat[static_cast<size_t>(r * xc + b)]);
         if (!v.tol.ok(v.a[e], v.n[e] + sigma * u[static_cast<size_t>(a)] * w[static_cast<size_t>(b)]))
           return std::nullopt;
       }
@@ -143,7 +188,7 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
       if (first) acc = now;
       else std::erase_if(acc, [&](const std::string& s) { return std::find(now.begin(), now.end(), s) == now.end(); });
     };
-    auto cu = candidates(v, rows, r, yc), cv = candidates(v, rows, r, xc);
+    auto cu = candidates(v, l, r, yc), cv = candidates(v, l, r, xc);
     keep(u_names, fitting(cu, u));
     keep(v_names, fitting(cv, w));
     // α_r against the first named pair of this row: E_r = α_r·cu cvᵀ.
@@ -170,10 +215,26 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
                 : fmt::format(" with α_r from {:.6g} to {:.6g}", alpha_min, alpha_max);
   return Diagnosis{
       Finding::per_row_term, v.input, v.check,
-      fmt::format("in each of {} row{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{} — a "
+      fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{} — a "
                   "per-row term (a normalizer, a mean, a row sum) is missing or wrong",
-                  rows_with_error, rows_with_error == 1 ? "" : "s", uname, vname, alpha, is_vjp ? "x̄_r" : "ẏ_r",
-                  term)};
+                  rows_with_error, rows_with_error == 1 ? "" : "s",
+                  l.axis < 0 ? std::string()
+                             : fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis),
+                  uname, vname, alpha, is_vjp ? "x̄_r" : "ẏ_r", term)};
 }
+
+}  // namespace
+
+// The rows along the last axis first, then along each other axis y and x share.
+std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad) {
+  if (auto l = row_layout(v, -1))
+    if (auto d = per_row_term_along(v, bad, *l)) return d;
+  for (int axis = v.yshape.rank() - 2; axis >= 0; --axis)
+    if (auto l = row_layout(v, axis))
+      if (auto d = per_row_term_along(v, bad, *l)) return d;
+  return std::nullopt;
+}
+
+
 
 }  // namespace tapegrad::gradcheck_detail

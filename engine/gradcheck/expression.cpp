@@ -31,8 +31,8 @@ ExpressionError::ExpressionError(std::string label_, std::string text_, size_t o
       message(std::move(message_)) {}
 
 struct ExpressionNode {
-  enum class Kind { number, name, call, binary, negate } kind;
-  size_t offset;       // where the node starts (a binary node: its operator)
+  enum class Kind { number, name, call, binary, negate } kind = Kind::number;
+  size_t offset = 0;   // where the node starts (a binary node: its operator)
   double number = 0;   // number
   std::string name;    // name, call
   char op = 0;         // binary: + - * /
@@ -43,6 +43,13 @@ namespace {
 
 using NodePtr = std::shared_ptr<const ExpressionNode>;
 using Kind = ExpressionNode::Kind;
+
+std::shared_ptr<ExpressionNode> node(Kind kind, size_t offset) {
+  auto n = std::make_shared<ExpressionNode>();
+  n->kind = kind;
+  n->offset = offset;
+  return n;
+}
 
 // A call's arity; the arguments at `axes` are whole numbers written in the call.
 struct FunctionSpec {
@@ -60,7 +67,7 @@ const std::vector<FunctionSpec>& functions() {
       {"mul", 2, 2, {}},         {"div", 2, 2, {}},         {"matmul", 2, 2, {}},
       {"linear", 2, 3, {}},      {"layer_norm", 3, 3, {}},  {"sum", 1, 2, {1}},
       {"mean", 1, 2, {1}},       {"norm", 2, 2, {1}},       {"transpose", 1, 3, {1, 2}},
-      {"where", 3, 3, {}},
+      {"where", 3, 3, {}},       {"tril", 1, 2, {1}},
   };
   return table;
 }
@@ -144,7 +151,7 @@ class Parser {
     skip_space();
     const size_t at = pos_;
     if (accept('-')) {
-      auto n = std::make_shared<ExpressionNode>(ExpressionNode{Kind::negate, at});
+      auto n = node(Kind::negate, at);
       n->args.push_back(unary());
       return n;
     }
@@ -166,7 +173,7 @@ class Parser {
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return name_or_call();
     error(at, fmt::format("expected a number, a name or '(', found {}", quoted_token()));
   }
-  std::string quoted_token() const { return pos_ >= text_.size() ? "the end of the text" : "'" + token_text() + "'"; }
+  std::string quoted_token() const { return pos_ >= text_.size() ? "the end of the text" : fmt::format("'{}'", token_text()); }
 
   NodePtr number() {
     const size_t at = pos_;
@@ -185,7 +192,9 @@ class Parser {
     if (ec != std::errc() || p != text_.data() + end || !std::isfinite(v))
       error(at, fmt::format("'{}' is not a number", text_.substr(at, end - at)));
     pos_ = end;
-    return std::make_shared<ExpressionNode>(ExpressionNode{Kind::number, at, v});
+    auto n = node(Kind::number, at);
+    n->number = v;
+    return n;
   }
 
   NodePtr name_or_call() {
@@ -194,10 +203,15 @@ class Parser {
       ++pos_;
     std::string name(text_.substr(at, pos_ - at));
     skip_space();
-    if (!accept('(')) return std::make_shared<ExpressionNode>(ExpressionNode{Kind::name, at, 0, name});
+    if (!accept('(')) {
+      auto n = node(Kind::name, at);
+      n->name = name;
+      return n;
+    }
     const FunctionSpec* f = find_function(name);
     if (!f) error(at, fmt::format("unknown function '{}'; the functions are {}", name, function_names()));
-    auto n = std::make_shared<ExpressionNode>(ExpressionNode{Kind::call, at, 0, name});
+    auto n = node(Kind::call, at);
+    n->name = name;
     skip_space();
     if (!accept(')')) {
       do n->args.push_back(expression());
@@ -224,7 +238,8 @@ class Parser {
   }
 
   NodePtr binary(char op, size_t at, NodePtr left, NodePtr right) {
-    auto n = std::make_shared<ExpressionNode>(ExpressionNode{Kind::binary, at, 0, {}, op});
+    auto n = node(Kind::binary, at);
+    n->op = op;
     n->args = {std::move(left), std::move(right)};
     return n;
   }
@@ -240,6 +255,20 @@ struct Value {
   double number = 0;
   Var var;
 };
+
+// tril's mask: 1 where j ≤ i + offset over the last two axes (i, j) of x, else 0; x's shape and dtype.
+Tensor lower_triangle(const Var& x, int offset) {
+  if (x.rank() < 2) fail("tril: needs rank ≥ 2 (its last two axes are the matrix), got {}", x.shape());
+  Tensor m = Tensor::zeros(x.dtype(), x.shape());
+  const int64_t rows = x.shape()[x.rank() - 2], cols = x.shape().back();
+  for (int64_t e = 0; e < m.numel(); ++e) {
+    const int64_t i = e / cols % rows, j = e % cols;
+    if (j > i + offset) continue;
+    if (x.dtype() == DType::f64) m.data<double>()[e] = 1;
+    else m.data<float>()[e] = 1;
+  }
+  return m;
+}
 
 // Evaluates the tree on the tape of `values`; an op's Error becomes an ExpressionError at the node that called it.
 class Evaluator {
@@ -265,7 +294,11 @@ class Evaluator {
         if (v.is_number) return {true, -v.number, {}};
         return at(n, [&] { return neg(v.var); });
       }
-      case Kind::binary: return arithmetic(n, n.op, eval(*n.args[0]), eval(*n.args[1]));
+      case Kind::binary: {
+        Value left = eval(*n.args[0]);  // left first: the first unknown name in reading order is reported
+        Value right = eval(*n.args[1]);
+        return arithmetic(n, n.op, std::move(left), std::move(right));
+      }
       case Kind::call: return call(n);
     }
     return {};
@@ -359,6 +392,7 @@ class Evaluator {
       if (f == "sum") return n.args.size() == 1 ? sum(x[0]) : sum(x[0], axis(1), true);
       if (f == "mean") return n.args.size() == 1 ? mean(x[0]) : mean(x[0], axis(1), true);
       if (f == "norm") return exp(scale(log(sum(mul(x[0], x[0]), axis(1), true)), 0.5));
+      if (f == "tril") return mul(x[0], x[0].tape().constant(lower_triangle(x[0], n.args.size() > 1 ? axis(1) : 0)));
       if (f == "transpose") return n.args.size() == 1 ? transpose(x[0]) : transpose(x[0], axis(1), axis(2));
       fail("{}: not an op of the expression language", f);
     });

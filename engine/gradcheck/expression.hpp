@@ -13,6 +13,7 @@
 //   norm(e, axis)                     ‖e‖₂ over one axis, keeping it: exp(½·log Σ e²)
 //   transpose(e[, a, b])              axes a and b swapped (the last two by default)
 //   where(cond, a, b)                 a where cond ≠ 0, else b (cond is read as a mask: no gradient through it)
+//   tril(e[, k])                      e where j ≤ i + k over its last two axes (i, j), else 0 (a causal mask)
 // Axes are whole numbers written in the call (negative from the end). A number with a tensor is a constant of that
 // tensor's dtype: x * 2 records scale, 1 - x records a constant and sub.
 //

@@ -245,6 +245,7 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
       if (!rule_failed && (adj.passed || (!is_vjp && !has_jvp))) continue;
       rules_failed += rule_failed;
       const std::string check = is_vjp ? "vjp" : "jvp";
+      const size_t first_detail = details.size();  // this rule's findings start here
       // Linearity: x̄(ȳ₁ + ȳ₂) = x̄(ȳ₁) + x̄(ȳ₂) and x̄(2ȳ) = 2x̄(ȳ) (likewise ẏ in ẋ).
       Tensor p = is_vjp ? random_like(y0, rng) : random_like(xs[i], rng);
       Tensor q = is_vjp ? random_like(y0, rng) : random_like(xs[i], rng);
@@ -292,10 +293,13 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
         ++rules_explained;
         continue;
       }
+      auto view_of = [&] {
+        return JacobianView{name(i), check, yshape, xshape, xs[i], y0,
+                            is_vjp ? std::span<const double>(a_vjp) : std::span<const double>(a_jvp), numeric,
+                            plus, minus, y0v, m, n, tol, opt.eps};
+      };
       if (!a_vjp.empty()) {
-        JacobianView view{name(i), check, yshape, xshape, xs[i], y0,
-                          is_vjp ? std::span<const double>(a_vjp) : std::span<const double>(a_jvp), numeric,
-                          plus, minus, y0v, m, n, tol, opt.eps};
+        const JacobianView view = view_of();
         bool all_kinks = false;
         for (auto& d : diagnose_jacobian(view, &all_kinks)) details.push_back(std::move(d));
         rules_explained += all_kinks;
@@ -316,6 +320,12 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
                                          "parallel to {} (a homogeneity argument that drops the part of ẋ "
                                          "orthogonal to {})",
                                          name(i), name(i), name(i))});
+      }
+      // No kind fits: say so, with where the error sits.
+      if (!a_vjp.empty() && std::none_of(details.begin() + static_cast<std::ptrdiff_t>(first_detail), details.end(),
+                                         [](const Diagnosis& d) { return d.kind != Finding::kink; })) {
+        const JacobianView view = view_of();
+        details.push_back(unexplained(view, failing_elements(view)));
       }
     }
     outcomes.back().explained = rules_failed > 0 && rules_explained == rules_failed;

@@ -58,7 +58,9 @@ enum class Finding {
   masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
   diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
   one_row,             // all errors in one row (last axis) of y or of x
-  per_row_term,        // in each row the error is one outer product: a per-row term (normalizer, mean) wrong
+  per_row_term,        // in each row (along the last axis or another) the error is one outer product: a per-row
+                       // term (normalizer, mean, row sum) wrong
+  unexplained,         // none of the kinds above fits: where the error concentrates (rows, columns, entries)
   radial,              // the JVP is right along ẋ = x and wrong across it
   kink,                // one-sided differences disagree: the point is not differentiable
   tolerance,           // the errors are the finite differences' own: the tolerance is tighter than they resolve

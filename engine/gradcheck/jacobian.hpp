@@ -74,8 +74,13 @@ bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, doubl
 std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v);
 // Errors confined to a set of entries: masked positions, the diagonal, one row.
 void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<Diagnosis>& out);
+// The tightest structured set (a triangle, a band, its edge, indices along one axis) that holds every failing
+// element and is at least half failing, described; zero_tol: what counts as a zero of N.
+std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
 // In each row the error is one outer product: a per-row term.
 std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
+// None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
+Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 
 // Everything the full Jacobians say about a failing VJP or JVP, most telling first. *all_kinks: every failing
 // element sits at a kink (the failure says nothing about the rule).

@@ -22,6 +22,7 @@ std::string_view finding_name(Finding f) {
     case Finding::diagonal: return "diagonal";
     case Finding::one_row: return "one row";
     case Finding::per_row_term: return "per-row term";
+    case Finding::unexplained: return "no known kind";
     case Finding::radial: return "radial";
     case Finding::kink: return "kink";
     case Finding::tolerance: return "tolerance";
