@@ -99,6 +99,8 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
       {"mask_causal_beta_k", Finding::masked_positions, "k"},
       {"mask_cumsum_strict", Finding::masked_positions, "x"},
       {"mask_window_attention_v", Finding::masked_positions, "v"},
+      {"mask_cumsum_doubled", Finding::masked_positions, "x"},
+      {"mask_padding_rows", Finding::masked_positions, "x"},
       {"row_layer_norm_mean", Finding::per_row_term, "x"},
       {"row_log_softmax", Finding::per_row_term, "x"},
       {"row_normalize_radial", Finding::per_row_term, "x"},
@@ -122,6 +124,12 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   CHECK(strict.find(Finding::masked_positions, "x")->message.find("the diagonal j = i") != std::string::npos);
   const GradcheckReport window = check_named(slips, "mask_window_attention_v");
   CHECK(window.find(Finding::masked_positions, "v")->message.find("the line j − i = −2") != std::string::npos);
+  const GradcheckReport doubled = check_named(slips, "mask_cumsum_doubled");  // wrong values, not zeros
+  CHECK(doubled.find(Finding::masked_positions, "x")->message.find("lie in the triangle j < i") != std::string::npos);
+  const GradcheckReport padding = check_named(slips, "mask_padding_rows");
+  CHECK(padding.find(Finding::masked_positions, "x")->message.find("the indices {4, 5} of y axis 0") !=
+        std::string::npos);
+  CHECK(padding.has(Finding::per_row_term, "x"));  // the padding rows lost their row term
   const GradcheckReport columns = check_named(slips, "row_column_normalize");
   CHECK(columns.find(Finding::per_row_term, "x")->message.find("along axis 0") != std::string::npos);
   const GradcheckReport centering = check_named(slips, "row_centering");
