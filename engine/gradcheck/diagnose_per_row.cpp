@@ -20,7 +20,7 @@ struct Candidate {
 
 // How y and x split into rows along one axis: row r of y is the elements y_flat[r·yc .. (r+1)·yc), likewise x.
 struct RowLayout {
-  int axis;  // of y and x; -1: the last axis of each (their ranks may differ)
+  int axis = -1;  // of y and x; -1: the last axis of each (their ranks may differ)
   int64_t rows = 0, yc = 0, xc = 0;
   std::vector<int64_t> y_flat, x_flat;  // (rows, yc), (rows, xc): flat indices in row order
   std::vector<int64_t> y_row, x_row;    // the row of each flat index
@@ -30,7 +30,8 @@ struct RowLayout {
 std::optional<RowLayout> row_layout(const JacobianView& v, int axis) {
   const Shape &ys = v.yshape, &xs = v.xshape;
   if (ys.rank() == 0 || xs.rank() == 0) return std::nullopt;
-  RowLayout l{axis};
+  RowLayout l;
+  l.axis = axis;
   auto fill = [&](const Shape& s, int a, int64_t len, std::vector<int64_t>& flat, std::vector<int64_t>& row_of) {
     const int64_t n = s.numel();
     flat.assign(static_cast<size_t>(n), 0);
