@@ -186,6 +186,10 @@ TEST_CASE("errors in a formula point at their column with a caret, before anythi
       {"x +", 3, "expected an expression"},
       {"x $ 2", 2, "unexpected '$'"},
   };
+  // Nesting is bounded: an error, not a stack overflow.
+  const std::string deep = std::string(100000, '(') + "x" + std::string(100000, ')');
+  CHECK(error_of(deep, shapes).message.find("nests deeper than 200 levels") != std::string::npos);
+  CHECK(error_of(std::string(100000, '-') + "x", shapes).message.find("nests deeper") != std::string::npos);
   for (const auto& c : cases) {
     CAPTURE(c.text);
     const ExpressionError e = error_of(c.text, shapes);

@@ -20,10 +20,26 @@ size_t column_of(std::string_view text, size_t offset) {
   return col;
 }
 
+// "label: message", the text (a window of it around the fault when it is long), and a caret under the fault.
+std::string with_caret(const std::string& label, const std::string& text, size_t offset, const std::string& message) {
+  constexpr size_t kWidth = 100;
+  size_t begin = 0, end = text.size();
+  if (text.size() > kWidth) {
+    begin = offset > kWidth / 2 ? offset - kWidth / 2 : 0;
+    while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;  // whole characters
+    end = std::min(text.size(), begin + kWidth);
+    while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  }
+  const std::string before = begin > 0 ? "…" : "", after = end < text.size() ? "…" : "";
+  const std::string_view shown = std::string_view(text).substr(begin, end - begin);
+  return fmt::format("{}: {}\n  {}{}{}\n  {}^", label, message, before, shown, after,
+                     std::string(column_of(shown, offset - begin) + (begin > 0 ? 1 : 0), ' '));
+}
+
 }  // namespace
 
 ExpressionError::ExpressionError(std::string label_, std::string text_, size_t offset_, std::string message_)
-    : Error(fmt::format("{}: {}\n  {}\n  {}^", label_, message_, text_, std::string(column_of(text_, offset_), ' '))),
+    : Error(with_caret(label_, text_, offset_, message_)),
       label(std::move(label_)),
       text(std::move(text_)),
       offset(offset_),
@@ -95,7 +111,18 @@ class Parser {
     return std::string(text_.substr(pos_, end - pos_));
   }
 
+  // Nesting (parentheses, calls, unary minus) deeper than this is refused rather than overflowing the stack.
+  static constexpr int kMaxDepth = 200;
+  struct Deeper {
+    Parser& p;
+    explicit Deeper(Parser& parser, size_t at) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.error(at, fmt::format("the formula nests deeper than {} levels", kMaxDepth));
+    }
+    ~Deeper() { --p.depth_; }
+  };
+
   NodePtr expression() {
+    Deeper deeper(*this, pos_);
     NodePtr left = term();
     for (;;) {
       skip_space();
@@ -117,6 +144,7 @@ class Parser {
     skip_space();
     const size_t at = pos_;
     if (accept('-')) {
+      Deeper deeper(*this, at);
       auto n = node(Kind::negate, at);
       n->args.push_back(unary());
       return n;
@@ -213,6 +241,7 @@ class Parser {
   std::string_view text_;
   const std::string& label_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
