@@ -1,4 +1,5 @@
-# ctest public_headers: the umbrella header tapegrad.hpp includes every public header (engine/, ops/, models/), and
+# ctest public_headers: the umbrella header tapegrad.hpp includes every public header (engine/, ops/, models/ and
+# their subfolders), and
 # each public header includes the others by a path relative to itself that names an existing file ("tape.hpp",
 # "../engine/tape.hpp"), never by the top-folder path "engine/tape.hpp", which resolves only where tapegrad's
 # source folder is on the include path and could pick up a project's own engine/ or ops/ folder instead.
@@ -9,7 +10,7 @@ if(NOT DEFINED SOURCE_DIR)
 endif()
 
 file(STRINGS "${SOURCE_DIR}/tapegrad.hpp" umbrella REGEX "^#include \"")
-file(GLOB headers RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/engine/*.hpp" "${SOURCE_DIR}/ops/*.hpp"
+file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/engine/*.hpp" "${SOURCE_DIR}/ops/*.hpp"
      "${SOURCE_DIR}/models/*.hpp")
 set(problems "")
 foreach(h IN LISTS headers)

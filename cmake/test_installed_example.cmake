@@ -28,7 +28,7 @@ endfunction()
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 run(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-foreach(f include/tapegrad/tapegrad.hpp include/tapegrad/engine/tape.hpp include/tapegrad/engine/gradcheck_cli.hpp
+foreach(f include/tapegrad/tapegrad.hpp include/tapegrad/engine/tape.hpp include/tapegrad/engine/gradcheck/cli.hpp
           include/tapegrad/ops/ops.hpp include/tapegrad/ops/pointwise.hpp ${LIBDIR}/pkgconfig/tapegrad.pc)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "not installed: ${f}")

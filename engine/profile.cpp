@@ -6,7 +6,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 
 namespace tapegrad {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 
 
 namespace tapegrad {

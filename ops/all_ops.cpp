@@ -1,6 +1,7 @@
 // The built-in ops, one registration function per file in ops/. A new op file adds its line here.
 #include <mutex>
 
+#include "engine/gradcheck/registry.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {

@@ -11,6 +11,7 @@
 //   div  ∂a = 1/b    ∂b = −a/b²
 #include <array>
 
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_bias.hpp"

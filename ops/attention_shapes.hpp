@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "attention.hpp"
-#include "../engine/registry.hpp"
+#include "../engine/gradcheck/registry.hpp"
 #include "common.hpp"
 
 namespace tapegrad {

@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_shapes.hpp"

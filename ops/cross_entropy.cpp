@@ -18,6 +18,7 @@
 #include <cmath>
 #include <string>
 
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"

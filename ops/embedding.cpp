@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

@@ -11,6 +11,7 @@
 // Each kernel walks the (b, t, i) rows of d contiguous elements; the (b, t) pairs run on the engine's threads.
 #include <algorithm>
 
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

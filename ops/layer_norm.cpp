@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"

@@ -4,6 +4,7 @@
 //   JVP  ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ
 // Three gemm calls each way; the transposes are cblas flags, never copies.
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/attention_shapes.hpp"

@@ -19,6 +19,7 @@
 #include <climits>
 
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

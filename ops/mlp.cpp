@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"

@@ -4,10 +4,11 @@
 
 #include <span>
 
-#include "../engine/registry.hpp"
 #include "../engine/tape.hpp"
 
 namespace tapegrad {
+
+class Registry;  // engine/gradcheck/registry.hpp
 
 // arithmetic.cpp — element-wise, NumPy broadcasting; the VJP sums over the broadcast axes.
 Var add(Var a, Var b);

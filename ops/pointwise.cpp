@@ -17,6 +17,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"

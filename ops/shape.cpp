@@ -13,6 +13,7 @@
 
 #include <fmt/ranges.h>
 
+#include "engine/gradcheck/registry.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/parallel.hpp"
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/attention.hpp"
 #include "test_util.hpp"
 

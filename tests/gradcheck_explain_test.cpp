@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/explain.hpp"
+#include "engine/gradcheck/explain.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/gradcheck.hpp"
-#include "engine/gradcheck_cli.hpp"
+#include "engine/gradcheck/gradcheck.hpp"
+#include "engine/gradcheck/cli.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention.hpp"
 #include "ops/ops.hpp"

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/parallel.hpp"
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 #include "engine/rng.hpp"
 #include "engine/tape.hpp"
 #include "engine/tensor.hpp"

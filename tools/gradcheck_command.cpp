@@ -1,8 +1,8 @@
 // tapegrad gradcheck: every built-in op (or some) in float64, as a table with the diagnosis of each failure, or
-// as JSON. The command itself is engine/gradcheck_cli's run_gradcheck, which a program of one's own ops calls too.
+// as JSON. The command itself is engine/gradcheck/cli's run_gradcheck, which a program of one's own ops calls too.
 #include <memory>
 
-#include "engine/gradcheck_cli.hpp"
+#include "engine/gradcheck/cli.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 

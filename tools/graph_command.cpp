@@ -7,7 +7,7 @@
 
 #include <fmt/core.h>
 
-#include "engine/gradcheck.hpp"
+#include "engine/gradcheck/gradcheck.hpp"
 #include "engine/rng.hpp"
 #include "engine/tape_dot.hpp"
 #include "models/files.hpp"

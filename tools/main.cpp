@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
   tapegrad::cli::add_gradcheck_command(app);
   tapegrad::cli::add_explain_command(app);
+  tapegrad::cli::add_claim_command(app);
   tapegrad::cli::add_training_commands(app);
   tapegrad::cli::add_compare_command(app);
   tapegrad::cli::add_evaluate_command(app);

@@ -31,7 +31,7 @@ int run_gradcheck(const Registry& registry, const GradcheckRun& run, std::FILE* 
 
 // A main for a program of one's own ops: [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X]
 // [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or explain OP [--case NAME] [--shape NAME=D,...]...
-// [--json] (engine/explain.hpp). Returns the exit code: 0 passed, 1 a check failed, 2 a usage error (printed to
+// [--json] (engine/gradcheck/explain.hpp). Returns the exit code: 0 passed, 1 a check failed, 2 a usage error (printed to
 // stderr on one line).
 int gradcheck_main(const Registry& registry, int argc, const char* const* argv);
 

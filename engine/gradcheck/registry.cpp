@@ -1,4 +1,4 @@
-#include "engine/registry.hpp"
+#include "engine/gradcheck/registry.hpp"
 
 #include <algorithm>
 

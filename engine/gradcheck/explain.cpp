@@ -1,4 +1,4 @@
-#include "engine/explain.hpp"
+#include "engine/gradcheck/explain.hpp"
 
 #include <algorithm>
 #include <cmath>

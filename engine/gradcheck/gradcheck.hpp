@@ -8,9 +8,11 @@
 //
 // When a check fails, the report also says what the error looks like (a Diagnosis per finding): the analytic
 // Jacobian A against the numeric N as a whole (A = c·N: a scale or a sign; A = N with axes swapped: a
-// transpose), where the failing elements sit (one input, masked positions N = 0, the diagonal, one row, a rank-one
-// error per row: a per-row term), and which rule is at fault (VJP or JVP alone, the adjoint identity, linearity in
-// the cotangent or tangent, the direction ẋ = x, one-sided differences at a kink). docs/gradchecking.md shows each.
+// transpose), where the failing elements sit (one input; masked positions N = 0 or A = 0, or any structured set:
+// a triangle, a band, a set of rows; the diagonal; one row; a rank-one error per row along any axis: a per-row
+// term), and which rule is at fault (VJP or JVP alone, the adjoint identity, linearity in the cotangent or tangent,
+// the direction ẋ = x, one-sided differences at a kink). When no kind fits, it says where the error concentrates.
+// The diagnoses live one job per file in engine/gradcheck/diagnose_*.cpp; docs/gradchecking.md shows each.
 #pragma once
 
 #include <initializer_list>
@@ -58,7 +60,9 @@ enum class Finding {
   masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
   diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
   one_row,             // all errors in one row (last axis) of y or of x
-  per_row_term,        // in each row the error is one outer product: a per-row term (normalizer, mean) wrong
+  per_row_term,        // in each row (along the last axis or another) the error is one outer product: a per-row
+                       // term (normalizer, mean, row sum) wrong
+  unexplained,         // none of the kinds above fits: where the error concentrates (rows, columns, entries)
   radial,              // the JVP is right along ẋ = x and wrong across it
   kink,                // one-sided differences disagree: the point is not differentiable
   tolerance,           // the errors are the finite differences' own: the tolerance is tighter than they resolve

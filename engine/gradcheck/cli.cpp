@@ -1,4 +1,4 @@
-#include "engine/gradcheck_cli.hpp"
+#include "engine/gradcheck/cli.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -8,7 +8,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/explain.hpp"
+#include "engine/gradcheck/explain.hpp"
 #include "engine/parallel.hpp"
 
 namespace tapegrad {

@@ -10,9 +10,10 @@
 //   register   registry.add({name, family, equation, {}}); registry.add_case(name, {case, inputs, build}).
 //   claim      claimed({name, forward, vjp, jvp}) is a Function whose value is an existing forward's and whose
 //              derivatives are the ones a paper claims: register it like an op and gradcheck the formula before
-//              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own.
-//   check      gradcheck(f, inputs) (engine/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
-//              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck_cli.hpp).
+//              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own. Without any
+//              C++: the same claim as formulas, check_claim (engine/gradcheck/claim.hpp), `tapegrad claim`.
+//   check      gradcheck(f, inputs) (engine/gradcheck/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
+//              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck/cli.hpp).
 #pragma once
 
 #include <functional>
@@ -22,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "source_place.hpp"
-#include "tape.hpp"
+#include "../source_place.hpp"
+#include "../tape.hpp"
 
 namespace tapegrad {
 

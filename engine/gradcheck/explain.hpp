@@ -2,7 +2,7 @@
 // they are written (the node's record call, the registration), the sections of docs/derivations.md that derive
 // them, what its node keeps for backward and what it costs at a shape (the tape, the op's cost function), and its
 // gradcheck there and then. `tapegrad explain OP` prints it; gradcheck_main gives a program of one's own ops the
-// same `explain OP` (engine/gradcheck_cli.hpp).
+// same `explain OP` (engine/gradcheck/cli.hpp).
 #pragma once
 
 #include <optional>

@@ -1,0 +1,285 @@
+#include "engine/gradcheck/claim.hpp"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "engine/gradcheck/explain.hpp"
+#include "engine/gradcheck/expression.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool is_identifier(std::string_view s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+// The parsed claim: formulas ready to evaluate, and the names each context gives them.
+struct Parsed {
+  struct Named {
+    std::string name;
+    Formula formula;
+  };
+  std::vector<ClaimInput> inputs;
+  std::vector<Named> lets;
+  Formula forward;
+  std::vector<std::optional<Formula>> vjp;  // per input
+  std::optional<Formula> jvp;
+};
+
+// Evaluates, in order, the lets whose names are all in `values`, adding them there.
+void define_lets(const std::vector<Parsed::Named>& lets, std::map<std::string, Var>& values) {
+  for (const auto& l : lets) {
+    const auto names = l.formula.names();
+    if (std::all_of(names.begin(), names.end(), [&](const std::string& n) { return values.count(n) > 0; }))
+      values.emplace(l.name, l.formula.evaluate(values));
+  }
+}
+
+// The same over shapes; a let that fits no context is an error at the name it lacks (reported by check()).
+void define_let_shapes(const std::vector<Parsed::Named>& lets, std::map<std::string, Shape>& shapes) {
+  for (const auto& l : lets) {
+    const auto names = l.formula.names();
+    if (std::all_of(names.begin(), names.end(), [&](const std::string& n) { return shapes.count(n) > 0; }))
+      shapes.emplace(l.name, l.formula.check(shapes));
+  }
+}
+
+Parsed parse_formulas(const ClaimText& c) {
+  if (c.inputs.empty()) fail("claim '{}' ({}): no input (input NAME: D, D, ...)", c.name, c.where);
+  if (c.forward.formula.empty()) fail("claim '{}' ({}): no forward formula", c.name, c.where);
+  if (c.vjp.empty() && !c.jvp) fail("claim '{}' ({}): claims neither a VJP nor a JVP", c.name, c.where);
+  Parsed p;
+  p.inputs = c.inputs;
+  std::vector<std::string> taken = {"y", "g"};
+  for (const auto& in : c.inputs) {
+    if (!is_identifier(in.name)) fail("claim '{}' ({}): '{}' is not a name", c.name, c.where, in.name);
+    if (std::find(taken.begin(), taken.end(), in.name) != taken.end() || in.name.starts_with("t_"))
+      fail("claim '{}' ({}): input '{}': y, g, t_NAME and names used twice are taken", c.name, c.where, in.name);
+    taken.push_back(in.name);
+    taken.push_back(fmt::format("t_{}", in.name));
+  }
+  for (const auto& l : c.lets) {
+    if (!is_identifier(l.name)) fail("{}: '{}' is not a name", l.label, l.name);
+    if (std::find(taken.begin(), taken.end(), l.name) != taken.end())
+      fail("{}: let '{}': the name is taken (an input, y, g, t_NAME or an earlier let)", l.label, l.name);
+    taken.push_back(l.name);
+    p.lets.push_back({l.name, Formula::parse(l.formula, l.label)});
+  }
+  p.forward = Formula::parse(c.forward.formula, c.forward.label);
+  p.vjp.resize(c.inputs.size());
+  for (const auto& v : c.vjp) {
+    auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const ClaimInput& in) { return in.name == v.name; });
+    if (it == c.inputs.end()) fail("{}: vjp names '{}', which is not an input", v.label, v.name);
+    auto& slot = p.vjp[static_cast<size_t>(it - c.inputs.begin())];
+    if (slot) fail("{}: a second vjp for '{}'", v.label, v.name);
+    slot = Formula::parse(v.formula, v.label);
+  }
+  if (c.jvp) p.jvp = Formula::parse(c.jvp->formula, c.jvp->label);
+  return p;
+}
+
+[[noreturn]] void wrong_shape(const Formula& f, std::string_view what, const Shape& want, const Shape& got) {
+  throw ExpressionError(f.label(), f.text(), 0,
+                        fmt::format("{} must have the shape {}; this formula gives {}", what, want, got));
+}
+
+// Names and shapes of every formula in its context, before anything is evaluated.
+void check_shapes(const Parsed& p) {
+  std::map<std::string, Shape> forward;
+  for (const auto& in : p.inputs) forward.emplace(in.name, in.shape);
+  std::map<std::string, Shape> base = forward;
+  define_let_shapes(p.lets, forward);
+  const Shape y = p.forward.check(forward);
+  base.emplace("y", y);
+  std::map<std::string, Shape> reverse = base, tangent = base;
+  reverse.emplace("g", y);
+  for (const auto& in : p.inputs) tangent.emplace(fmt::format("t_{}", in.name), in.shape);
+  define_let_shapes(p.lets, reverse);
+  define_let_shapes(p.lets, tangent);
+  for (const auto& l : p.lets)  // a let no rule can evaluate: the name it lacks, with a caret
+    if (!reverse.count(l.name) && !tangent.count(l.name)) {
+      std::map<std::string, Shape> all = reverse;
+      all.insert(tangent.begin(), tangent.end());
+      l.formula.check(all);
+      throw ExpressionError(l.formula.label(), l.formula.text(), 0,
+                            "this let reads g and a tangent t_NAME together: g belongs to the VJP, t_NAME to the JVP");
+    }
+  for (size_t i = 0; i < p.inputs.size(); ++i)
+    if (p.vjp[i]) {
+      const Shape s = p.vjp[i]->check(reverse);
+      if (!(s == p.inputs[i].shape)) wrong_shape(*p.vjp[i], fmt::format("x̄ of {}", p.inputs[i].name), p.inputs[i].shape, s);
+    }
+  if (p.jvp) {
+    const Shape s = p.jvp->check(tangent);
+    if (!(s == y)) wrong_shape(*p.jvp, "ẏ", y, s);
+  }
+}
+
+Fill parse_fill(std::string_view option, std::string_view text, std::string_view fill) {
+  if (fill == "normal") return Fill::normal;
+  if (fill == "positive") return Fill::positive;
+  if (fill == "away_from_zero") return Fill::away_from_zero;
+  fail("{}: '{}' in '{}' is not a fill (normal, positive or away_from_zero)", option, fill, text);
+}
+
+}  // namespace
+
+ClaimInput parse_claim_input(std::string_view option, std::string_view text) {
+  std::string compact;
+  for (char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch))) compact += ch;
+  const auto colon = compact.find(':');
+  if (colon == std::string::npos || colon == 0)
+    fail("{}: expected NAME:D,D,... (an input's name and its dimensions), got '{}'", option, text);
+  std::string dims = compact.substr(colon + 1);
+  Fill fill = Fill::normal;
+  if (const auto second = dims.find(':'); second != std::string::npos) {
+    fill = parse_fill(option, text, std::string_view(dims).substr(second + 1));
+    dims.resize(second);
+  }
+  auto [name, shape] = parse_named_shape(option, fmt::format("{}={}", compact.substr(0, colon), dims));
+  return {name, shape, fill};
+}
+
+std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path) {
+  // Lines, with indented lines joined to the line above (a long formula over several lines).
+  struct Line {
+    int number;
+    std::string text;
+  };
+  std::vector<Line> lines;
+  int number = 0;
+  while (!text.empty()) {
+    const auto nl = text.find('\n');
+    std::string_view raw = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    ++number;
+    const std::string_view t = trim(raw);
+    if (t.empty() || t.front() == '#') continue;
+    const bool continued = std::isspace(static_cast<unsigned char>(raw.front()));
+    if (continued && !lines.empty()) lines.back().text += fmt::format(" {}", t);
+    else lines.push_back({number, std::string(t)});
+  }
+  std::vector<ClaimText> claims;
+  auto current = [&](int line) -> ClaimText& {
+    if (claims.empty()) {
+      claims.emplace_back();
+      claims.back().where = fmt::format("{}:{}", path, line);
+    }
+    return claims.back();
+  };
+  for (const auto& [line, t] : lines) {
+    const auto space = t.find_first_of(" \t");
+    const std::string key = t.substr(0, space);
+    const std::string rest(space == std::string::npos ? std::string_view{} : trim(std::string_view(t).substr(space)));
+    const std::string where = fmt::format("{}:{}", path, line);
+    auto named = [&](std::string_view what) {  // "NAME = FORMULA"
+      const auto eq = rest.find('=');
+      if (eq == std::string::npos) fail("{}: expected '{} NAME = FORMULA', got '{}'", where, what, t);
+      return std::pair<std::string, std::string>(trim(std::string_view(rest).substr(0, eq)),
+                                                 trim(std::string_view(rest).substr(eq + 1)));
+    };
+    if (key == "claim") {
+      if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", where, t);
+      claims.emplace_back();
+      claims.back().name = rest;
+      claims.back().where = where;
+    } else if (key == "input") {
+      current(line).inputs.push_back(parse_claim_input(where, rest));
+    } else if (key == "let") {
+      auto [name, f] = named("let");
+      current(line).lets.push_back({name, f, fmt::format("{} (let {})", where, name)});
+    } else if (key == "forward") {
+      ClaimText& c = current(line);
+      if (!c.forward.formula.empty()) fail("{}: a second forward in claim '{}'", where, c.name);
+      c.forward = {"", rest, fmt::format("{} (forward)", where)};
+    } else if (key == "vjp") {
+      auto [name, f] = named("vjp");
+      current(line).vjp.push_back({name, f, fmt::format("{} (vjp {})", where, name)});
+    } else if (key == "jvp") {
+      ClaimText& c = current(line);
+      if (c.jvp) fail("{}: a second jvp in claim '{}'", where, c.name);
+      c.jvp = ClaimText::Line{"", rest, fmt::format("{} (jvp)", where)};
+    } else {
+      fail("{}: '{}' is not a claim line (claim, input, let, forward, vjp, jvp; # starts a comment)", where, key);
+    }
+  }
+  if (claims.empty()) fail("{}: no claim", path);
+  return claims;
+}
+
+void validate_claim(const ClaimText& claim) { check_shapes(parse_formulas(claim)); }
+
+GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) {
+  auto p = std::make_shared<const Parsed>(parse_formulas(text));
+  check_shapes(*p);
+  auto bind_inputs = [p](std::span<const Var> x) {
+    std::map<std::string, Var> values;
+    for (size_t i = 0; i < p->inputs.size(); ++i) values.emplace(p->inputs[i].name, x[i]);
+    return values;
+  };
+  Function forward = [p, bind_inputs](Tape&, std::span<const Var> x) {
+    std::map<std::string, Var> values = bind_inputs(x);
+    define_lets(p->lets, values);
+    return p->forward.evaluate(values);
+  };
+  // The context of a rule: the point (x, y) as constants on a private tape, and g or the tangents.
+  auto point = [p](Tape& tape, const ClaimPoint& at) {
+    std::map<std::string, Var> values;
+    for (size_t i = 0; i < p->inputs.size(); ++i) values.emplace(p->inputs[i].name, tape.constant(at.inputs[i]));
+    values.emplace("y", tape.constant(at.output));
+    return values;
+  };
+  Claim claim{text.name, forward, {}, {}};
+  if (std::any_of(p->vjp.begin(), p->vjp.end(), [](const auto& f) { return f.has_value(); }))
+    claim.vjp = [p, point, forward](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+      Tape tape;
+      std::map<std::string, Var> values = point(tape, at);
+      values.emplace("g", tape.constant(g));
+      define_lets(p->lets, values);
+      std::vector<Tensor> own;  // the forward's own VJP, for inputs the claim says nothing about
+      for (size_t i = 0; i < gin.size(); ++i) {
+        if (!gin[i].defined()) continue;
+        if (p->vjp[i]) {
+          gin[i].accumulate(p->vjp[i]->evaluate(values).value());
+        } else {
+          if (own.empty()) own = vjp(forward, at.inputs, g);
+          gin[i].accumulate(own[i]);
+        }
+      }
+    };
+  if (p->jvp)
+    claim.jvp = [p, point](const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout) {
+      Tape tape;
+      std::map<std::string, Var> values = point(tape, at);
+      for (size_t i = 0; i < p->inputs.size(); ++i)
+        values.emplace(fmt::format("t_{}", p->inputs[i].name),
+                       tape.constant(tin[i].defined() ? tin[i] : Tensor::zeros(DType::f64, at.inputs[i].shape())));
+      define_lets(p->lets, values);
+      tout.accumulate(p->jvp->evaluate(values).value());
+    };
+  std::vector<InputSpec> specs;
+  std::vector<std::string> names;
+  for (const auto& in : p->inputs) {
+    specs.push_back({in.name, in.shape, in.fill});
+    names.push_back(in.name);
+  }
+  const std::vector<Tensor> xs = make_inputs(specs, DType::f64, opt.seed);
+  GradcheckReport rep = gradcheck(claimed(std::move(claim)), xs, names, opt);
+  rep.case_name = text.name;
+  rep.conclude();
+  return rep;
+}
+
+}  // namespace tapegrad

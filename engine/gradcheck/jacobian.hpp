@@ -1,0 +1,92 @@
+// What the gradchecker's diagnoses share (internal to engine/gradcheck/): a failing Jacobian as the analytic A
+// against the numeric N, and the helpers that read it.
+//
+// A (analytic) and N (numeric) are (m, n) row-major: entry (j, k) = ∂y_j/∂x_k, j over y's elements, k over x's.
+// The VJP's A has rows J_iᵀe_j, the JVP's A has columns J_i e_k; both are compared with the same N.
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+namespace tapegrad::gradcheck_detail {
+
+std::vector<int64_t> unravel(const Shape& s, int64_t flat);
+int64_t ravel(const Shape& s, const std::vector<int64_t>& idx);
+std::string index_str(const Shape& s, int64_t flat);  // "[1, 2]"
+
+// |a − ref| ≤ atol + rtol·|ref|: the element test of every comparison (NaN fails).
+struct Tolerance {
+  double atol, rtol;
+  bool ok(double a, double ref) const { return std::abs(a - ref) <= atol + rtol * std::abs(ref); }
+};
+
+double dot(std::span<const double> a, std::span<const double> b);
+
+// c as a reader would recognize it: 0.5 = 1/2, 0.353553 = 1/√8, 2.82843 = √8.
+std::string describe_factor(double c);
+
+struct JacobianView {
+  std::string input, check;  // names for the messages
+  const Shape &yshape, &xshape;
+  const Tensor &x, &y;
+  std::span<const double> a, n;            // (m, n)
+  std::span<const double> plus, minus;     // f(x ± εe_k)_j, (m, n); empty in fast mode
+  std::span<const double> y0;              // f(x), (m)
+  int64_t m, cols;
+  Tolerance tol;
+  double eps;
+};
+
+using Elements = std::vector<std::pair<int64_t, int64_t>>;  // (j, k) pairs
+
+// The least-squares c in A ≈ c·N[map], kept when every element passes against c·N[map].
+std::optional<double> common_factor(std::span<const double> a, std::span<const double> n,
+                                    std::span<const int64_t> map, Tolerance tol);
+
+// The failing elements as (j, k) pairs.
+Elements failing_elements(const JacobianView& v);
+std::string element_str(const JacobianView& v, int64_t j, int64_t k);  // "y[0, 1] / x[0, 2]"
+std::string examples_str(const JacobianView& v, const Elements& bad);  // the first and how many more
+
+// Every failing element has pred(j, k), and the numeric Jacobian has nonzero entries where pred is false
+// (else "all errors in the set" says nothing).
+template <class Pred>
+bool confined(const JacobianView& v, const Elements& bad, Pred&& pred) {
+  for (auto [j, k] : bad)
+    if (!pred(j, k)) return false;
+  for (int64_t j = 0; j < v.m; ++j)
+    for (int64_t k = 0; k < v.cols; ++k)
+      if (!pred(j, k) && std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) > v.tol.atol) return true;
+  return false;
+}
+
+// One-sided differences at (j, k) that differ by more than the error there: x_k sits within ε of a kink.
+bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, double* backward);
+
+// The diagnoses, one file each (engine/gradcheck/diagnose_*.cpp).
+// A = c·N, A = c·Nᵀ, A = c·N with two axes of x or of y swapped: one pattern that explains every element.
+std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v);
+// Errors confined to a set of entries: masked positions, the diagonal, one row.
+void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<Diagnosis>& out);
+// The tightest structured set (a triangle, a band, its edge, indices along one axis) that holds every failing
+// element and is at least half failing, described; zero_tol: what counts as a zero of N.
+std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
+// In each row the error is one outer product: a per-row term.
+std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
+// None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
+Diagnosis unexplained(const JacobianView& v, const Elements& bad);
+
+// Everything the full Jacobians say about a failing VJP or JVP, most telling first. *all_kinks: every failing
+// element sits at a kink (the failure says nothing about the rule).
+std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks);
+// The fast mode keeps only projections: A = c·N over them is all it can tell.
+std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
+                                         std::span<const double> a, std::span<const double> n, Tolerance tol);
+
+}  // namespace tapegrad::gradcheck_detail

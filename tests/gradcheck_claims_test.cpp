@@ -1,0 +1,228 @@
+// Claims written as formulas (engine/gradcheck/claim.hpp): the source posts' claims in docs/claims/ (the wrong
+// ones fail with their diagnosis, the right ones pass); each diagnosis kind on slips in ops it was not written for
+// (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/gradcheck/claim.hpp"
+#include "engine/gradcheck/expression.hpp"
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace tapegrad;
+using namespace tapegrad::testing;
+
+namespace {
+
+std::vector<ClaimText> claims_in(const std::string& relative) {
+  const std::string path = std::string(TAPEGRAD_SOURCE_DIR) + "/" + relative;
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, "cannot read " << path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return parse_claims(s.str(), relative);
+}
+
+GradcheckReport check_named(const std::vector<ClaimText>& claims, std::string_view name) {
+  for (const auto& c : claims)
+    if (c.name == name) return check_claim(c);
+  FAIL("no claim named " << name);
+  return {};
+}
+
+// The expression error of a formula over inputs of these shapes, or "" when it evaluates.
+ExpressionError error_of(std::string_view text, const std::map<std::string, Shape>& shapes) {
+  try {
+    Formula::parse(text, "f").check(shapes);
+  } catch (const ExpressionError& e) {
+    return e;
+  }
+  return ExpressionError("", "", 0, "no error");
+}
+
+}  // namespace
+
+TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their diagnosis, the right ones hold") {
+  const auto homogeneity = claims_in("docs/claims/beta-homogeneity.txt");
+  const GradcheckReport beta = check_named(homogeneity, "beta_homogeneity_jvp");
+  MESSAGE(beta.str());
+  CHECK_FALSE(beta.passed());
+  CHECK(beta.has(Finding::jvp_only, "x"));
+  CHECK(beta.has(Finding::radial, "x"));
+
+  const GradcheckReport prose = check_named(claims_in("docs/claims/attention-bias-prose-ds.txt"),
+                                            "attention_bias_prose_ds");
+  MESSAGE(prose.str());
+  CHECK_FALSE(prose.passed());
+  CHECK(prose.has(Finding::vjp_only, "b"));
+  CHECK(prose.has(Finding::one_input, "b"));
+  CHECK(prose.has(Finding::nonlinear, "b"));  // dA ⊙ dA: degree 2 in the cotangent
+
+  for (const char* file : {"docs/claims/beta-derivative.txt", "docs/claims/attention-bias-code-ds.txt",
+                           "docs/claims/attention-gradient.txt", "docs/claims/linear-attention.txt"}) {
+    for (const auto& c : claims_in(file)) {
+      CAPTURE(file);
+      CAPTURE(c.name);
+      const GradcheckReport r = check_claim(c);
+      CHECK_MESSAGE(r.passed(), r.str());
+    }
+  }
+}
+
+// Each kind, on slips in ops its check was not written for (the gradchecker's own tests plant them in softmax,
+// causal softmax and matmul).
+TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
+  const auto slips = claims_in("tests/claims/slips.txt");
+  struct Expect {
+    const char* claim;
+    Finding kind;
+    const char* input;
+  };
+  const Expect table[] = {
+      {"sign_tanh", Finding::sign, "x"},
+      {"sign_log_softmax", Finding::sign, "x"},
+      {"sign_row_normalize", Finding::sign, "x"},
+      {"sign_attention_v", Finding::sign, "v"},
+      {"scale_mean", Finding::scale, "x"},
+      {"scale_attention_q", Finding::scale, "q"},
+      {"scale_exp_jvp", Finding::scale, "x"},
+      {"scale_log", Finding::scale, "x"},
+      {"transposed_linear_x", Finding::transposed_jacobian, "x"},
+      {"transposed_attention_v", Finding::transposed_jacobian, "v"},
+      {"transposed_cumsum", Finding::transposed_jacobian, "x"},
+      {"transposed_linear_w", Finding::transposed_input, "w"},
+      {"transposed_softmax", Finding::transposed_input, "x"},
+      {"transposed_row_normalize_jvp", Finding::transposed_output, "x"},
+      {"mask_causal_linear_k", Finding::masked_positions, "k"},
+      {"mask_causal_beta_k", Finding::masked_positions, "k"},
+      {"mask_cumsum_strict", Finding::masked_positions, "x"},
+      {"mask_window_attention_v", Finding::masked_positions, "v"},
+      {"mask_cumsum_doubled", Finding::masked_positions, "x"},
+      {"mask_padding_rows", Finding::masked_positions, "x"},
+      {"row_layer_norm_mean", Finding::per_row_term, "x"},
+      {"row_log_softmax", Finding::per_row_term, "x"},
+      {"row_normalize_radial", Finding::per_row_term, "x"},
+      {"row_centering", Finding::per_row_term, "x"},
+      {"row_column_normalize", Finding::per_row_term, "x"},
+      {"unexplained_layer_norm", Finding::unexplained, "x"},
+  };
+  CHECK(std::size(table) == slips.size());
+  for (const auto& e : table) {
+    CAPTURE(e.claim);
+    const GradcheckReport r = check_named(slips, e.claim);
+    CHECK_FALSE(r.passed());
+    CHECK_MESSAGE(r.has(e.kind, e.input), r.str());
+    // One kind per slip: a structured finding never comes with "no known kind".
+    if (e.kind != Finding::unexplained) CHECK_FALSE(r.has(Finding::unexplained));
+  }
+  // What the messages name: the structure of a mask, the axis of a per-row term, where an unknown error sits.
+  const GradcheckReport causal = check_named(slips, "mask_causal_linear_k");
+  CHECK(causal.find(Finding::masked_positions, "k")->message.find("the triangle j > i") != std::string::npos);
+  const GradcheckReport strict = check_named(slips, "mask_cumsum_strict");
+  CHECK(strict.find(Finding::masked_positions, "x")->message.find("the diagonal j = i") != std::string::npos);
+  const GradcheckReport window = check_named(slips, "mask_window_attention_v");
+  CHECK(window.find(Finding::masked_positions, "v")->message.find("the line j − i = −2") != std::string::npos);
+  const GradcheckReport doubled = check_named(slips, "mask_cumsum_doubled");  // wrong values, not zeros
+  CHECK(doubled.find(Finding::masked_positions, "x")->message.find("lie in the triangle j < i") != std::string::npos);
+  const GradcheckReport padding = check_named(slips, "mask_padding_rows");
+  CHECK(padding.find(Finding::masked_positions, "x")->message.find("the indices {4, 5} of y axis 0") !=
+        std::string::npos);
+  CHECK(padding.has(Finding::per_row_term, "x"));  // the padding rows lost their row term
+  const GradcheckReport columns = check_named(slips, "row_column_normalize");
+  CHECK(columns.find(Finding::per_row_term, "x")->message.find("along axis 0") != std::string::npos);
+  const GradcheckReport centering = check_named(slips, "row_centering");
+  CHECK(centering.find(Finding::per_row_term, "x")->message.find("α = 0.166667 in every row") != std::string::npos);
+  const GradcheckReport unknown = check_named(slips, "unexplained_layer_norm");
+  const std::string& where = unknown.find(Finding::unexplained, "x")->message;
+  CHECK(where.find("the error concentrates in rows of y") != std::string::npos);
+  CHECK(where.find("the largest: y[") != std::string::npos);
+}
+
+TEST_CASE("a formula as text evaluates to the same values as the ops it names") {
+  Tape tape;
+  Var x = tape.leaf(random_tensor({3, 5}, 31));
+  Var g = tape.leaf(random_tensor({3, 5}, 32));
+  Var y = softmax(x);
+  const Tensor by_text = formula("y * (g - sum(y * g, -1))", {{"y", y}, {"g", g}}).value();
+  const Tensor by_ops = mul(y, sub(g, sum(mul(y, g), -1, true))).value();
+  CHECK(max_abs_diff(by_text, by_ops) == 0);
+  // Numbers: scale, constants on either side, folding, unary minus, where and tril.
+  const Tensor mixed = formula("2 * x - 1 / (1 + exp(-x)) + -(3 - 1) * x / 4", {{"x", x}}).value();
+  for (int64_t e = 0; e < 15; ++e) {
+    const double v = x.value().item(e);
+    CHECK(mixed.item(e) == doctest::Approx(2 * v - 1 / (1 + std::exp(-v)) - 0.5 * v).epsilon(1e-14));
+  }
+  const Tensor masked = formula("where(relu(x), x, 0) + tril(x * 0 + 1, -1)", {{"x", x}}).value();
+  for (int64_t e = 0; e < 15; ++e) {
+    const double v = x.value().item(e);
+    CHECK(masked.item(e) == (v > 0 ? v : 0.0) + (e % 5 < e / 5 ? 1.0 : 0.0));
+  }
+  // The gradient flows through a formula's ops like through the ops themselves.
+  Var loss = sum(formula("norm(x, -1) * mean(x, -1)", {{"x", x}}));
+  tape.backward(loss);
+  CHECK(x.grad().defined());
+}
+
+TEST_CASE("errors in a formula point at their column with a caret, before anything is evaluated") {
+  const std::map<std::string, Shape> shapes = {{"x", Shape{4, 6}}, {"w", Shape{5, 6}}};
+  struct Case {
+    const char* text;
+    size_t column;  // 0-based
+    const char* says;
+  };
+  const Case cases[] = {
+      {"y * (x - sum(x * z, -1))", 0, "unknown name 'y'"},
+      {"x * (x - sum(x * z, -1))", 17, "unknown name 'z'"},
+      {"softmax(x, 1)", 0, "softmax takes 1 argument, got 2"},
+      {"softmax(x", 9, "expected ',' or ')'"},
+      {"sum(x, k)", 7, "is an axis"},
+      {"x + ones(x)", 4, "unknown function 'ones'"},
+      {"x + w", 2, "do not broadcast"},
+      {"exp(x) + matmul(x, x)", 9, "matmul: inner dimensions differ"},
+      {"transpose(x, 0)", 0, "transpose takes 1 or 3 arguments"},
+      {"(x + 1", 6, "expected ')' to close the '(' at column 1"},
+      {"x +", 3, "expected an expression"},
+      {"x $ 2", 2, "unexpected '$'"},
+  };
+  // Nesting is bounded: an error, not a stack overflow.
+  const std::string deep = std::string(100000, '(') + "x" + std::string(100000, ')');
+  CHECK(error_of(deep, shapes).message.find("nests deeper than 200 levels") != std::string::npos);
+  CHECK(error_of(std::string(100000, '-') + "x", shapes).message.find("nests deeper") != std::string::npos);
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ExpressionError e = error_of(c.text, shapes);
+    CHECK(e.message.find(c.says) != std::string::npos);
+    CHECK(e.offset == c.column);
+    // The caret sits under that column of the text, on the line after it.
+    const std::string what = e.what();
+    CHECK(what.find(std::string("\n  ") + c.text + "\n  " + std::string(c.column, ' ') + "^") != std::string::npos);
+  }
+}
+
+TEST_CASE("claims check their shapes and names before anything runs") {
+  ClaimText c;
+  c.inputs = {parse_claim_input("--input", "x: 4, 6")};
+  c.forward = {"", "softmax(x)", "--forward"};
+  c.vjp = {{"x", "sum(g, -1)", "--vjp x"}};
+  try {
+    validate_claim(c);
+    FAIL("a VJP of the wrong shape was accepted");
+  } catch (const ExpressionError& e) {
+    CHECK(e.message.find("x̄ of x must have the shape (4, 6); this formula gives (4, 1)") != std::string::npos);
+  }
+  c.vjp = {{"w", "g", "--vjp w"}};
+  CHECK_THROWS_WITH_AS(validate_claim(c), doctest::Contains("vjp names 'w', which is not an input"), Error);
+  c.vjp.clear();
+  c.jvp = ClaimText::Line{"", "y * (t_x - sum(y * g, -1))", "--jvp"};
+  CHECK_THROWS_WITH_AS(validate_claim(c), doctest::Contains("unknown name 'g'"), ExpressionError);
+  CHECK(parse_claim_input("--input", "x:2,3:positive").fill == Fill::positive);
+  CHECK_THROWS_WITH_AS(parse_claim_input("--input", "x:2,3:big"), doctest::Contains("not a fill"), Error);
+  CHECK_THROWS_WITH_AS(parse_claims("claim a\nimput x: 2\n", "f.txt"), doctest::Contains("f.txt:2: 'imput'"), Error);
+  // A formula over several lines: indented lines continue the one above.
+  const auto joined = parse_claims("claim a\ninput x: 3\nforward exp(x)\njvp y *\n    t_x\n", "f.txt");
+  REQUIRE(joined.size() == 1);
+  CHECK(joined[0].jvp->formula == "y * t_x");
+  CHECK(check_claim(joined[0]).passed());
+}
