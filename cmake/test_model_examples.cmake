@@ -1,0 +1,51 @@
+# ctest model_examples: the three model examples as outside projects against the INSTALLED tapegrad package.
+#   cmake -D BUILD_DIR=<tapegrad build> -D SOURCE_DIR=<tapegrad source> -D WORK_DIR=<scratch> -D GENERATOR=<gen>
+#         -D CXX=<compiler> -P test_model_examples.cmake
+# Installs the build into WORK_DIR/prefix, then for each example configures it with only that prefix to search,
+# builds it and runs it: each exits 0 only when it reaches its figure (two moons: accuracy ≥ 97%; reverse: exact
+# match ≥ 95% on 1000 new sequences; sine: final MSE < 1e-4), and the printed figures are checked here too.
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "test_model_examples: -D ${var}=... is missing")
+  endif()
+endforeach()
+
+function(run)
+  cmake_parse_arguments(R "" "OUTPUT" "COMMAND" ${ARGN})
+  execute_process(COMMAND ${R_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "$ ${R_COMMAND}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "exit code ${rc}: ${R_COMMAND}")
+  endif()
+  if(R_OUTPUT)
+    set(${R_OUTPUT} "${out}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+run(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+
+# check_example(NAME PROGRAM EXPECTED ARGS...): builds examples/NAME, runs PROGRAM with ARGS, and checks that its
+# output matches the regular expression EXPECTED.
+function(check_example name program expected)
+  set(build "${WORK_DIR}/${name}")
+  run(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/${name}" -B "${build}" -G "${GENERATOR}"
+              -D CMAKE_CXX_COMPILER=${CXX} -D CMAKE_BUILD_TYPE=Release -D CMAKE_PREFIX_PATH=${prefix}
+              -D CMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -D CMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+  run(COMMAND ${CMAKE_COMMAND} --build "${build}")
+  run(COMMAND "${build}/${program}" ${ARGN} OUTPUT out)
+  if(NOT out MATCHES "${expected}")
+    message(FATAL_ERROR "${name}: the output does not show '${expected}'")
+  endif()
+endfunction()
+
+check_example(two-moons two_moons "final accuracy (9[7-9]|100)\\.[0-9]%" 300 "${WORK_DIR}/two_moons.svg")
+check_example(reverse reverse "exact match on 1000 new sequences: (9[5-9]|100)\\.[0-9]%" softmax 600)
+check_example(sine sine "final mse [0-9.]+e-0[5-9]" 2000 "${WORK_DIR}/sine.svg")
+foreach(svg two_moons.svg sine.svg)
+  file(READ "${WORK_DIR}/${svg}" text)
+  if(NOT text MATCHES "^<svg " OR NOT text MATCHES "</svg>\n$")
+    message(FATAL_ERROR "${svg} is not a whole SVG file")
+  endif()
+endforeach()
