@@ -88,7 +88,7 @@ namespace {
 
 // A float tensor whose elements are draw(), in row-major order.
 template <class Draw>
-Tensor random_tensor(const char* what, DType dtype, Shape shape, Draw draw) {
+Tensor tensor_of_draws(const char* what, DType dtype, Shape shape, Draw draw) {
   if (dtype == DType::i32) fail("{}: expected dtype float32 or float64, got int32 (shape {})", what, shape);
   Tensor t = Tensor::empty(dtype, shape);
   dispatch_float(what, dtype, [&]<class T>(T) {
@@ -100,10 +100,14 @@ Tensor random_tensor(const char* what, DType dtype, Shape shape, Draw draw) {
 
 }  // namespace
 
+Tensor Tensor::full(DType dtype, Shape shape, double value) {
+  return tensor_of_draws("full", dtype, shape, [&] { return value; });
+}
+
 Tensor Tensor::randn(DType dtype, Shape shape, Rng& rng, double mean, double std) {
   if (!(std >= 0) || !std::isfinite(std) || !std::isfinite(mean))
     fail("randn: expected a finite mean and a finite std ≥ 0, got mean {} and std {} (shape {})", mean, std, shape);
-  return random_tensor("randn", dtype, shape, [&] { return mean + std * rng.normal(); });
+  return tensor_of_draws("randn", dtype, shape, [&] { return mean + std * rng.normal(); });
 }
 Tensor Tensor::randn(DType dtype, Shape shape, uint64_t seed, double mean, double std) {
   Rng rng(seed);
@@ -113,7 +117,7 @@ Tensor Tensor::randn(DType dtype, Shape shape, uint64_t seed, double mean, doubl
 Tensor Tensor::uniform(DType dtype, Shape shape, Rng& rng, double lo, double hi) {
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi))
     fail("uniform: expected finite bounds lo ≤ hi, got [{}, {}) (shape {})", lo, hi, shape);
-  return random_tensor("uniform", dtype, shape, [&] { return rng.uniform(lo, hi); });
+  return tensor_of_draws("uniform", dtype, shape, [&] { return rng.uniform(lo, hi); });
 }
 Tensor Tensor::uniform(DType dtype, Shape shape, uint64_t seed, double lo, double hi) {
   Rng rng(seed);

@@ -76,6 +76,7 @@ class Tensor {
   // Owning tensors (64-byte aligned, zero-filled for zeros()).
   static Tensor empty(DType dtype, Shape shape);
   static Tensor zeros(DType dtype, Shape shape);
+  static Tensor full(DType dtype, Shape shape, double value);  // every element `value`, in a float dtype
   template <class T>
   static Tensor from(Shape shape, std::span<const T> values);
   template <class T>

@@ -19,10 +19,15 @@ Linear::Linear(std::string name, int64_t in, int64_t out, uint64_t seed, LinearO
   if (in <= 0 || out <= 0) fail("{}: Linear sizes must be positive, got in {} and out {}", this->name(), in, out);
   // PyTorch's default: U(±1/√in) for both, from kaiming_uniform(a = √5) and its bias rule.
   const double bound = 1 / std::sqrt(static_cast<double>(in));
-  add_parameter("weight", opt.std > 0 ? init_normal({out, in}, opt.std, seed) : init_uniform({out, in}, bound, seed),
+  add_parameter("weight",
+                opt.std > 0 ? Tensor::randn(DType::f32, {out, in}, seed, 0, opt.std)
+                            : Tensor::uniform(DType::f32, {out, in}, seed, -bound, bound),
                 true);
   if (opt.bias)
-    add_parameter("bias", opt.std > 0 ? init_constant({out}, 0) : init_uniform({out}, bound, seed + 1), false);
+    add_parameter("bias",
+                  opt.std > 0 ? Tensor::zeros(DType::f32, {out})
+                              : Tensor::uniform(DType::f32, {out}, seed + 1, -bound, bound),
+                  false);
 }
 
 Var Linear::operator()(Tape& tape, Var x) const {
@@ -34,7 +39,7 @@ Var Linear::operator()(Tape& tape, Var x) const {
 Embedding::Embedding(std::string name, int64_t num, int64_t dim, uint64_t seed, double std)
     : Module(std::move(name)), num_(num), dim_(dim) {
   if (num <= 0 || dim <= 0) fail("{}: Embedding sizes must be positive, got {} rows of {}", this->name(), num, dim);
-  add_parameter("weight", init_normal({num, dim}, std, seed), true);
+  add_parameter("weight", Tensor::randn(DType::f32, {num, dim}, seed, 0, std), true);
 }
 
 Var Embedding::operator()(Tape& tape, const Tensor& ids) const {
@@ -50,8 +55,8 @@ Var Embedding::operator()(Var ids, Var table) const {
 LayerNorm::LayerNorm(std::string name, int64_t dim, bool bias, double eps)
     : Module(std::move(name)), dim_(dim), has_bias_(bias), eps_(eps) {
   if (dim <= 0) fail("{}: LayerNorm size must be positive, got {}", this->name(), dim);
-  add_parameter("weight", init_constant({dim}, 1), false);
-  if (bias) add_parameter("bias", init_constant({dim}, 0), false);
+  add_parameter("weight", Tensor::full(DType::f32, {dim}, 1), false);
+  if (bias) add_parameter("bias", Tensor::zeros(DType::f32, {dim}), false);
 }
 
 Var LayerNorm::operator()(Tape& tape, Var x) const {
@@ -104,7 +109,7 @@ CausalSelfAttention::CausalSelfAttention(std::string name, const AttentionConfig
   seed += adopt(c_attn_);
   if (kind_->mixing_matrix()) {
     w_a_index_ = parameters().size();
-    add_parameter("w_a", init_normal({T, T}, std, seed++), true);
+    add_parameter("w_a", Tensor::randn(DType::f32, {T, T}, seed++, 0, std), true);
   }
   c_proj_ = Linear(child("c_proj"), C, C, seed, {.bias = cfg.bias, .std = proj_std});
   adopt(c_proj_);

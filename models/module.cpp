@@ -42,27 +42,4 @@ void Module::bad_input(const Shape& got, std::string_view expected) const {
   fail("{}: input of shape {}: {}", name_.empty() ? std::string("module") : name_, got, expected);
 }
 
-Tensor init_normal(Shape shape, double std, uint64_t seed) {
-  Tensor t = Tensor::empty(DType::f32, shape);
-  float* p = t.data<float>();
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(std * rng.normal());
-  return t;
-}
-
-Tensor init_uniform(Shape shape, double bound, uint64_t seed) {
-  Tensor t = Tensor::empty(DType::f32, shape);
-  float* p = t.data<float>();
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(rng.uniform(-bound, bound));
-  return t;
-}
-
-Tensor init_constant(Shape shape, double value) {
-  Tensor t = Tensor::empty(DType::f32, shape);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(value);
-  return t;
-}
-
 }  // namespace tapegrad

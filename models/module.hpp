@@ -68,9 +68,4 @@ class Module {
   std::vector<Parameter> params_;
 };
 
-// Initial values, float32, reproducible from the seed alone (engine/rng.hpp):
-Tensor init_normal(Shape shape, double std, uint64_t seed);        // N(0, std²) each
-Tensor init_uniform(Shape shape, double bound, uint64_t seed);     // U(−bound, bound) each
-Tensor init_constant(Shape shape, double value);
-
 }  // namespace tapegrad
