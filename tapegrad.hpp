@@ -27,9 +27,8 @@
 #include "engine/tensor.hpp"
 
 // ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, and the kernels and checks the ops share
-#include "ops/attention.hpp"
-#include "ops/attention_bias.hpp"
-#include "ops/attention_shapes.hpp"
+#include "ops/attention/attention.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/gelu.hpp"

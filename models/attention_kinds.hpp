@@ -11,7 +11,7 @@
 namespace tapegrad {
 
 struct AttentionKind {
-  // The attention node that mixes the heads' values (ops/attention.hpp).
+  // The attention node that mixes the heads' values (ops/attention/attention.hpp).
   enum class Node { softmax, tiled, beta, linear };
   // Where the block's keys K′ and values V′ come from, per head i, X the block input, X_i its columns of head i:
   //   projected        K′ = X W^K, V′ = X W^V (c_attn holds q, k, v)

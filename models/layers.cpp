@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {

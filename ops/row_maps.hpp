@@ -1,7 +1,7 @@
 // The row maps of attention — softmax σ, log-softmax and β(x) = x/(1 + ‖x‖) — each on one row, with its forward,
 // VJP and JVP side by side and its derivation above them. This is their one home: the standalone nodes
 // (softmax.cpp, row_normalize.cpp) apply them to every row of a tensor, and the attention nodes to their score
-// rows (attention.cpp: σ; beta_attention.cpp: β).
+// rows (attention/softmax.cpp: σ; attention/beta.cpp: β).
 //
 // A row is x[0..n) of which the first `visible` entries take part: the attention nodes pass the causal prefix of a
 // score row, the standalone nodes visible = n. A forward writes its map of x[0..visible) and zeros over

@@ -10,7 +10,7 @@
 
 #include "engine/parallel.hpp"
 #include "engine/gradcheck/registry.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;

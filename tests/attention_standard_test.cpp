@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/gradcheck/gradcheck.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

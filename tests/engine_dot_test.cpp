@@ -15,7 +15,7 @@
 
 #include "engine/tape_dot.hpp"
 #include "models/gpt.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -99,7 +99,7 @@ void check_drawing(const Tape& tape, const Drawing& d) {
     const OpInfo* info = builtin_registry().find(n.op);
     REQUIRE(info != nullptr);
     CHECK(testing::contains(node.tooltip, info->equation));
-    CHECK(testing::contains(node.tooltip, fmt::format("{}.cpp:{}", info->family, n.where.line())));
+    CHECK(testing::contains(node.tooltip, fmt::format("ops/{}.cpp:{}", info->family, n.where.line())));
     CHECK(testing::contains(node.tooltip, fmt::format("keeps {} bytes", n.bytes_kept)));
   }
   auto actual = d.edges;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/tape.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;

@@ -2,6 +2,7 @@
 // derivation sections that exist, bytes, FLOPs where counted, a passing gradcheck), and its parts hold.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -32,6 +33,7 @@ TEST_CASE("explain: every registered op has its forward, VJP and JVP, its node's
     CHECK(!e.jvp.empty());  // every built-in op has a forward-mode rule
     CHECK(e.recorded_at.starts_with("ops/" + op.family + "."));
     CHECK(e.registered_at.starts_with("ops/" + op.family + ".cpp:"));
+    CHECK(std::filesystem::is_regular_file(std::string(TAPEGRAD_SOURCE_DIR) + "/ops/" + op.family + ".cpp"));
     CHECK(e.nodes >= 1);
     CHECK((e.bytes_kept > 0 || op.name == "reshape"));  // reshape is a view of its input: it keeps nothing
     CHECK(e.check.passed);

@@ -12,7 +12,7 @@
 #include "engine/gradcheck/gradcheck.hpp"
 #include "engine/gradcheck/cli.hpp"
 #include "engine/parallel.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/tape.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

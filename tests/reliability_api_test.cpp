@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "models/gpt.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;

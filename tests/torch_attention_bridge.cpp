@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/checkpoint.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
 #include "models/trainer.hpp"
-#include "ops/attention.hpp"
+#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "tools/bench_harness.hpp"
 

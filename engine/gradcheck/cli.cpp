@@ -17,7 +17,7 @@ namespace {
 
 void list_ops(const Registry& reg, std::FILE* out) {
   for (const OpInfo& op : reg.ops())
-    fmt::print(out, "{:<16} {:<14} {} case{}   {}\n", op.name, op.family, op.cases.size(),
+    fmt::print(out, "{:<16} {:<17} {} case{}   {}\n", op.name, op.family, op.cases.size(),
                op.cases.size() == 1 ? " " : "s", op.equation);
 }
 

@@ -98,7 +98,7 @@ using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const S
 // ({.name = ..., .family = ..., .equation = ..., .forward = ...}) in this order.
 struct OpInfo {
   std::string name;      // as recorded on the tape
-  std::string family;    // the file in ops/ that holds it
+  std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
   std::string equation;  // the derivatives it implements, in one line: the VJP, then "; " and the JVP (ẏ = ...)
   std::vector<GradcheckCase> cases{};
   CostFunction cost{};     // ops with matrix products (and a few row maps); empty: not counted

@@ -26,8 +26,8 @@
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
-#include "ops/attention.hpp"
-#include "ops/attention_shapes.hpp"
+#include "ops/attention/attention.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
@@ -416,7 +416,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
 
 void register_linear_attention(Registry& r) {
   r.add({.name = kOp,
-         .family = "linear_attention",
+         .family = "attention/linear",
          .equation = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
                      "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
          .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "

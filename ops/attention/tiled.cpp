@@ -20,9 +20,8 @@
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
-#include "ops/attention.hpp"
-#include "ops/attention_bias.hpp"
-#include "ops/attention_shapes.hpp"
+#include "ops/attention/attention.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 
@@ -356,7 +355,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
 
 void register_tiled_attention(Registry& r) {
   r.add({.name = kOp,
-         .family = "tiled_attention",
+         .family = "attention/tiled",
          .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
                      "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
                      "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",

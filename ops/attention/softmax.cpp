@@ -19,9 +19,8 @@
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
-#include "ops/attention.hpp"
-#include "ops/attention_bias.hpp"
-#include "ops/attention_shapes.hpp"
+#include "ops/attention/attention.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -220,7 +219,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
 
 void register_attention(Registry& r) {
   r.add({.name = "attention",
-         .family = "attention",
+         .family = "attention/softmax",
          .equation = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS; "
                      "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
          .cost = attention_cost,

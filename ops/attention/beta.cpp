@@ -11,7 +11,7 @@
 // The row map β, its derivative dβ(x)·h = c·h − (⟨β, h⟩/r)·β (symmetric, so the VJP too) and where it departs
 // from the β-attention post's homogeneity shortcut: ops/row_maps.hpp, beta_row and beta_row_derivative.
 //
-// Work, as in attention.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
+// Work, as in softmax.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
 // the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees keys
 // j < i1 only (Bβ and dP are 0 beyond), so its products stop at column i1.
 #include <algorithm>
@@ -20,8 +20,8 @@
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
-#include "ops/attention.hpp"
-#include "ops/attention_shapes.hpp"
+#include "ops/attention/attention.hpp"
+#include "ops/attention/kernels.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -177,7 +177,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
 
 void register_beta_attention(Registry& r) {
   r.add({.name = "beta_attention",
-         .family = "beta_attention",
+         .family = "attention/beta",
          .equation = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; "
                      "dK += s·dPᵀ·Q; Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
          .cost = attention_cost,
