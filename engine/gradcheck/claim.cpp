@@ -179,7 +179,9 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     }
     return claims.back();
   };
-  for (const auto& [line, t] : lines) {
+  for (const Line& numbered : lines) {
+    const int line = numbered.number;
+    const std::string& t = numbered.text;
     const auto space = t.find_first_of(" \t");
     const std::string key = t.substr(0, space);
     const std::string rest(space == std::string::npos ? std::string_view{} : trim(std::string_view(t).substr(space)));
