@@ -1,5 +1,6 @@
 // The diagnosis of a failing VJP or JVP from its full Jacobian: the checks that end the search (not finite, kinks,
-// nothing written, one whole-Jacobian pattern), then the patterns of where the errors sit.
+// nothing written, one whole-Jacobian pattern), then the patterns of where the errors sit; and the findings over
+// the whole case (which rule, which input).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -70,6 +71,51 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
   confined_patterns(v, bad, out);
   if (auto d = per_row_term(v, bad)) out.push_back(*d);
   return out;
+}
+
+// Which rule, and which input, is at fault: the findings over the whole case, from each input's outcome.
+std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcomes, const std::string& no_jvp_op) {
+  std::vector<Diagnosis> summary;
+  int failing_inputs = 0;
+  for (const auto& o : outcomes) failing_inputs += !(o.vjp_ok && o.jvp_ok) && !o.explained;
+  for (const auto& o : outcomes) {
+    if (o.explained) continue;
+    if (o.vjp_ok && !o.jvp_ok)
+      summary.push_back({Finding::jvp_only, o.name, "",
+                         fmt::format("the VJP agrees with the finite differences and the JVP does not{}: the slip is "
+                                     "in the forward-mode rule",
+                                     o.adjoint_ok ? "" : " (so the adjoint identity ⟨J t, u⟩ = ⟨t, Jᵀu⟩ fails too)")});
+    else if (!o.vjp_ok && o.jvp_ok && !o.jvp_skipped)
+      summary.push_back({Finding::vjp_only, o.name, "",
+                         fmt::format("the JVP agrees with the finite differences and the VJP does not{}: the slip is "
+                                     "in backward",
+                                     o.adjoint_ok ? "" : " (so the adjoint identity ⟨J t, u⟩ = ⟨t, Jᵀu⟩ fails too)")});
+    else if (o.vjp_ok && o.jvp_ok && !o.adjoint_ok)
+      summary.push_back({Finding::adjoint, o.name, "adjoint",
+                         "VJP and JVP each pass their checks, but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩: they are not transposes of "
+                         "each other (an error below the finite-difference tolerance, one the projections miss, or a rule that "
+                         "is not linear and passes on one-hot cotangents)"});
+    else if (!o.vjp_ok && !o.jvp_ok && o.adjoint_ok)
+      summary.push_back({Finding::consistent, o.name, "",
+                         "VJP and JVP both disagree with the finite differences but agree with each other (the "
+                         "adjoint identity holds): the derivation they share is wrong, or the forward computes "
+                         "something else than what they differentiate"});
+  }
+  if (failing_inputs == 1 && outcomes.size() >= 2)
+    for (const auto& o : outcomes)
+      if (!(o.vjp_ok && o.jvp_ok) && !o.explained)
+        summary.push_back({Finding::one_input, o.name, "",
+                           fmt::format("only {}'s derivatives fail; {} agree: the slip is in {}'s term", o.name,
+                                       outcomes.size() == 2 ? std::string("the other input's")
+                                                            : fmt::format("those of the other {} inputs",
+                                                                          outcomes.size() - 1),
+                                       o.name)});
+  if (!no_jvp_op.empty())
+    summary.push_back({Finding::no_jvp, "", "",
+                       fmt::format("op '{}' was recorded with no_jvp: forward mode and the adjoint identity are not "
+                                   "checked (a note, not a failure)",
+                                   no_jvp_op)});
+  return summary;
 }
 
 }  // namespace tapegrad::gradcheck_detail

@@ -51,162 +51,196 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 double norm(const Tensor& a) { return std::sqrt(dot(a, a)); }
 
-}  // namespace
 
-GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
-                          const GradcheckOptions& opt) {
-  std::vector<Tensor> xs;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].dtype() == DType::f32)
-      fail("gradcheck: input {} is float32; finite differences need float64 inputs", i);
-    xs.push_back(inputs[i].clone());
+// One input's VJP and JVP against finite differences. Full mode keeps the Jacobians, (m, n) row-major, for the
+// diagnosis; fast mode keeps the projections.
+struct Comparison {
+  ErrorTracker vjp, jvp;
+  std::vector<double> a_vjp{}, a_jvp{}, numeric{}, plus{}, minus{};  // full mode
+  std::vector<double> fa_vjp{}, fn_vjp{}, fa_jvp{}, fn_jvp{};         // fast mode
+  bool full() const { return !a_vjp.empty(); }
+};
+
+// gradcheck() of one function at one point: each float64 input in turn is compared (VJP, JVP), checked for the
+// adjoint identity and for accumulation, and diagnosed when it fails; the draws from the Rng come in that order.
+class Checker {
+ public:
+  Checker(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
+          const GradcheckOptions& opt)
+      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].dtype() == DType::f32)
+        fail("gradcheck: input {} is float32; finite differences need float64 inputs", i);
+      xs_.push_back(inputs[i].clone());
+    }
+    y0_ = evaluate(f_, xs_);
+    m_ = y0_.numel();
   }
-  auto name = [&](size_t i) { return i < names.size() ? names[i] : fmt::format("x{}", i); };
-  const Tolerance tol{opt.atol, opt.rtol};
-  GradcheckReport rep;
-  const Tensor y0 = evaluate(f, xs);
-  const Shape yshape = y0.shape();
-  const int64_t m = y0.numel();
-  const std::span<const double> y0v(y0.data<double>(), static_cast<size_t>(m));
-  Rng rng(opt.seed);
 
-  // f(x ± ε·dir) with dir along input i, and the central difference between them.
+  GradcheckReport run() {
+    rows_ = full_rows();
+    for (size_t i = 0; i < xs_.size(); ++i)
+      if (xs_[i].dtype() == DType::f64) check_input(i);
+    GradcheckReport rep;
+    rep.checks = std::move(checks_);
+    rep.diagnoses = which_rule_and_input(outcomes_, no_jvp_op_);
+    for (auto& d : details_) rep.diagnoses.push_back(std::move(d));
+    rep.conclude();
+    return rep;
+  }
+
+ private:
   struct Differences {
     Tensor central, plus, minus;
   };
-  auto differences = [&](size_t i, const Tensor& dir) {
-    double* x = xs[i].data<double>();
+
+  std::string name(size_t i) const { return i < names_.size() ? names_[i] : fmt::format("x{}", i); }
+  const Shape& yshape() const { return y0_.shape(); }
+
+  // f(x ± ε·dir) with dir along input i, and the central difference between them.
+  Differences differences(size_t i, const Tensor& dir) {
+    double* x = xs_[i].data<double>();
     const double* d = dir.data<double>();
-    const int64_t n = xs[i].numel();
-    Tensor saved = xs[i].clone();
-    for (int64_t k = 0; k < n; ++k) x[k] += opt.eps * d[k];
-    Differences r{Tensor::empty(DType::f64, yshape), evaluate(f, xs), {}};
-    for (int64_t k = 0; k < n; ++k) x[k] = saved.data<double>()[k] - opt.eps * d[k];
-    r.minus = evaluate(f, xs);
-    xs[i].copy_from(saved);
-    for (int64_t j = 0; j < m; ++j)
-      r.central.data<double>()[j] = (r.plus.data<double>()[j] - r.minus.data<double>()[j]) / (2 * opt.eps);
+    const int64_t n = xs_[i].numel();
+    Tensor saved = xs_[i].clone();
+    for (int64_t k = 0; k < n; ++k) x[k] += opt_.eps * d[k];
+    Differences r{Tensor::empty(DType::f64, yshape()), evaluate(f_, xs_), {}};
+    for (int64_t k = 0; k < n; ++k) x[k] = saved.data<double>()[k] - opt_.eps * d[k];
+    r.minus = evaluate(f_, xs_);
+    xs_[i].copy_from(saved);
+    for (int64_t j = 0; j < m_; ++j)
+      r.central.data<double>()[j] = (r.plus.data<double>()[j] - r.minus.data<double>()[j]) / (2 * opt_.eps);
     return r;
-  };
-  auto tangent_on = [&](size_t i, const Tensor& t) {
-    std::vector<Tensor> ts(xs.size());
+  }
+  Tensor tangent_on(size_t i, const Tensor& t) {  // J_i t
+    std::vector<Tensor> ts(xs_.size());
     ts[i] = t;
-    return jvp(f, xs, ts).second;
-  };
+    return jvp(f_, xs_, ts).second;
+  }
+  Tensor cotangent_on(size_t i, const Tensor& u) { return vjp(f_, xs_, u)[i]; }  // J_iᵀu
 
   // Rows of every Jacobian small enough to check in full: rows[j][i] = J_iᵀ e_j.
-  bool any_full = false;
-  for (const Tensor& x : xs)
-    any_full = any_full || (x.dtype() == DType::f64 && m * x.numel() <= opt.full_jacobian_limit);
-  std::vector<std::vector<Tensor>> rows;
-  if (any_full)
-    for (int64_t j = 0; j < m; ++j) {
-      Tensor e = Tensor::zeros(DType::f64, yshape);
-      e.data<double>()[j] = 1;
-      rows.push_back(vjp(f, xs, e));
-    }
+  std::vector<std::vector<Tensor>> full_rows() {
+    bool any_full = false;
+    for (const Tensor& x : xs_)
+      any_full = any_full || (x.dtype() == DType::f64 && m_ * x.numel() <= opt_.full_jacobian_limit);
+    std::vector<std::vector<Tensor>> rows;
+    if (any_full)
+      for (int64_t j = 0; j < m_; ++j) {
+        Tensor e = Tensor::zeros(DType::f64, yshape());
+        e.data<double>()[j] = 1;
+        rows.push_back(vjp(f_, xs_, e));
+      }
+    return rows;
+  }
 
-  std::vector<Diagnosis> details;  // per input; the report-level findings go first
-  struct InputOutcome {
-    std::string name;
-    bool vjp_ok = true, jvp_ok = true, jvp_skipped = false, adjoint_ok = true;
-    bool explained = false;  // every failure is a kink's or the tolerance's: nothing to say about the rules
-  };
-  std::vector<InputOutcome> outcomes;
-  std::string no_jvp_op;
-
-  for (size_t i = 0; i < xs.size(); ++i) {
-    if (xs[i].dtype() != DType::f64) continue;
-    const int64_t n = xs[i].numel();
-    const Shape xshape = xs[i].shape();
-    ErrorTracker vj{tol, {name(i), "vjp", "", 0, 0, "", 0, 0, true, false}};
-    ErrorTracker jv{tol, {name(i), "jvp", "", 0, 0, "", 0, 0, true, false}};
-
+  void check_input(size_t i) {
     // Forward mode on a random tangent: also tells whether the op has a JVP at all.
-    Tensor t = random_like(xs[i], rng), u = random_like(y0, rng);
+    Tensor t = random_like(xs_[i], rng_), u = random_like(y0_, rng_);
     Tensor jt;
     try {
       jt = tangent_on(i, t);
     } catch (const NoJvp& e) {
-      no_jvp_op = e.op;
+      no_jvp_op_ = e.op;
     }
     const bool has_jvp = jt.defined();
+    Comparison c{{tol_, {name(i), "vjp", "", 0, 0, "", 0, 0, true, false}},
+                 {tol_, {name(i), "jvp", "", 0, 0, "", 0, 0, true, false}}};
+    if (m_ * xs_[i].numel() <= opt_.full_jacobian_limit) compare_full(i, has_jvp, c);
+    else compare_fast(i, has_jvp, c);
+    if (!has_jvp) c.jvp.r.mode = "none", c.jvp.r.skipped = true;
+    checks_.push_back(c.vjp.r);
+    checks_.push_back(c.jvp.r);
 
-    std::vector<double> a_vjp, a_jvp, numeric, plus, minus;  // full mode, (m, n)
-    std::vector<double> fa_vjp, fn_vjp, fa_jvp, fn_jvp;      // fast mode
-    if (m * n <= opt.full_jacobian_limit) {
-      vj.r.mode = jv.r.mode = "full";
-      const size_t mn = static_cast<size_t>(m * n);
-      a_vjp.resize(mn), numeric.resize(mn), plus.resize(mn), minus.resize(mn);
-      if (has_jvp) a_jvp.resize(mn);
-      for (int64_t k = 0; k < n; ++k) {
-        Tensor e = Tensor::zeros(DType::f64, xshape);
-        e.data<double>()[k] = 1;
-        Differences d = differences(i, e);  // column k of J_i
-        Tensor forward = has_jvp ? tangent_on(i, e) : Tensor{};
-        auto where = [&](int64_t j) {
-          return [&, j] { return fmt::format("y{} / {}{}", index_str(yshape, j), name(i), index_str(xshape, k)); };
-        };
-        for (int64_t j = 0; j < m; ++j) {
-          const size_t at = static_cast<size_t>(j * n + k);
-          numeric[at] = d.central.data<double>()[j];
-          plus[at] = d.plus.data<double>()[j];
-          minus[at] = d.minus.data<double>()[j];
-          a_vjp[at] = rows[static_cast<size_t>(j)][i].item(k);
-          vj.add(a_vjp[at], numeric[at], where(j));
-          if (has_jvp) {
-            a_jvp[at] = forward.data<double>()[j];
-            jv.add(a_jvp[at], numeric[at], where(j));
-          }
-        }
-      }
-    } else {
-      vj.r.mode = jv.r.mode = "fast";
-      for (int p = 0; p < opt.projections; ++p) {
-        Tensor v = random_like(xs[i], rng), w = random_like(y0, rng);
-        Tensor numeric_v = differences(i, v).central;  // J_i v
-        Tensor back = vjp(f, xs, w)[i];
-        fa_vjp.push_back(dot(back, v));
-        fn_vjp.push_back(dot(w, numeric_v));
-        vj.add(fa_vjp.back(), fn_vjp.back(), [&] { return fmt::format("projection {}", p); });
-        if (!has_jvp) continue;
-        Tensor forward = tangent_on(i, v);
-        for (int64_t j = 0; j < m; ++j) {
-          fa_jvp.push_back(forward.data<double>()[j]);
-          fn_jvp.push_back(numeric_v.data<double>()[j]);
-          jv.add(fa_jvp.back(), fn_jvp.back(),
-                 [&] { return fmt::format("y{} (projection {})", index_str(yshape, j), p); });
+    const Tensor ju = cotangent_on(i, u);
+    const CheckResult adj = adjoint(i, t, jt, u, ju);
+    checks_.push_back(adj);
+    checks_.push_back(accumulation(i, u, ju));
+
+    outcomes_.push_back({name(i), c.vjp.r.passed, c.jvp.r.passed, c.jvp.r.skipped, adj.passed, false});
+    if (!opt_.diagnose || (c.vjp.r.passed && c.jvp.r.passed && adj.passed)) return;
+    outcomes_.back().explained = diagnose(i, c, has_jvp, adj.passed);
+  }
+
+  // Every element of J_i: column k from f(x ± εe_k), row j from the VJP of e_j, column k from the JVP of e_k.
+  void compare_full(size_t i, bool has_jvp, Comparison& c) {
+    const int64_t n = xs_[i].numel();
+    const Shape& xshape = xs_[i].shape();
+    c.vjp.r.mode = c.jvp.r.mode = "full";
+    const size_t mn = static_cast<size_t>(m_ * n);
+    c.a_vjp.resize(mn), c.numeric.resize(mn), c.plus.resize(mn), c.minus.resize(mn);
+    if (has_jvp) c.a_jvp.resize(mn);
+    for (int64_t k = 0; k < n; ++k) {
+      Tensor e = Tensor::zeros(DType::f64, xshape);
+      e.data<double>()[k] = 1;
+      Differences d = differences(i, e);  // column k of J_i
+      Tensor forward = has_jvp ? tangent_on(i, e) : Tensor{};
+      auto where = [&](int64_t j) {
+        return [&, j] { return fmt::format("y{} / {}{}", index_str(yshape(), j), name(i), index_str(xshape, k)); };
+      };
+      for (int64_t j = 0; j < m_; ++j) {
+        const size_t at = static_cast<size_t>(j * n + k);
+        c.numeric[at] = d.central.data<double>()[j];
+        c.plus[at] = d.plus.data<double>()[j];
+        c.minus[at] = d.minus.data<double>()[j];
+        c.a_vjp[at] = rows_[static_cast<size_t>(j)][i].item(k);
+        c.vjp.add(c.a_vjp[at], c.numeric[at], where(j));
+        if (has_jvp) {
+          c.a_jvp[at] = forward.data<double>()[j];
+          c.jvp.add(c.a_jvp[at], c.numeric[at], where(j));
         }
       }
     }
-    if (!has_jvp) jv.r.mode = "none", jv.r.skipped = true;
-    rep.checks.push_back(vj.r);
-    rep.checks.push_back(jv.r);
+  }
 
-    // ⟨J t, u⟩ = ⟨t, Jᵀu⟩, to rounding: the tolerance is relative to the Cauchy–Schwarz bound of each side.
-    Tensor ju = vjp(f, xs, u)[i];
+  // Random projections: ⟨w, J v⟩ against ⟨Jᵀw, v⟩ for the VJP, J v element by element for the JVP.
+  void compare_fast(size_t i, bool has_jvp, Comparison& c) {
+    c.vjp.r.mode = c.jvp.r.mode = "fast";
+    for (int p = 0; p < opt_.projections; ++p) {
+      Tensor v = random_like(xs_[i], rng_), w = random_like(y0_, rng_);
+      Tensor numeric_v = differences(i, v).central;  // J_i v
+      Tensor back = cotangent_on(i, w);
+      c.fa_vjp.push_back(dot(back, v));
+      c.fn_vjp.push_back(dot(w, numeric_v));
+      c.vjp.add(c.fa_vjp.back(), c.fn_vjp.back(), [&] { return fmt::format("projection {}", p); });
+      if (!has_jvp) continue;
+      Tensor forward = tangent_on(i, v);
+      for (int64_t j = 0; j < m_; ++j) {
+        c.fa_jvp.push_back(forward.data<double>()[j]);
+        c.fn_jvp.push_back(numeric_v.data<double>()[j]);
+        c.jvp.add(c.fa_jvp.back(), c.fn_jvp.back(),
+                  [&] { return fmt::format("y{} (projection {})", index_str(yshape(), j), p); });
+      }
+    }
+  }
+
+  // ⟨J t, u⟩ = ⟨t, Jᵀu⟩, to rounding: the tolerance is relative to the Cauchy–Schwarz bound of each side.
+  CheckResult adjoint(size_t i, const Tensor& t, const Tensor& jt, const Tensor& u, const Tensor& ju) const {
     CheckResult adj{name(i), "adjoint", "exact", 0, 0, "<J t, u> vs <t, J^T u>", 0, 0, true, false};
-    if (has_jvp) {
-      double lhs = dot(jt, u), rhs = dot(t, ju);
-      double bound = 1e-10 * (norm(jt) * norm(u) + norm(t) * norm(ju)) + 1e-300;
-      adj.max_abs_err = std::abs(lhs - rhs);
-      adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
-      adj.analytic = lhs, adj.numeric = rhs;
-      adj.passed = std::abs(lhs - rhs) <= bound;
-    } else {
+    if (!jt.defined()) {
       adj.mode = "none", adj.worst = "", adj.skipped = true;
+      return adj;
     }
-    rep.checks.push_back(adj);
+    double lhs = dot(jt, u), rhs = dot(t, ju);
+    double bound = 1e-10 * (norm(jt) * norm(u) + norm(t) * norm(ju)) + 1e-300;
+    adj.max_abs_err = std::abs(lhs - rhs);
+    adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
+    adj.analytic = lhs, adj.numeric = rhs;
+    adj.passed = std::abs(lhs - rhs) <= bound;
+    return adj;
+  }
 
-    // Backward must add into a gradient that already holds r.
-    Tensor r = random_like(xs[i], rng);
+  // Backward must add into a gradient that already holds r: after backward it holds r + J_iᵀu.
+  CheckResult accumulation(size_t i, const Tensor& u, const Tensor& ju) {
+    const int64_t n = xs_[i].numel();
+    Tensor r = random_like(xs_[i], rng_);
     Tensor acc = r.clone();
     {
       Tape tape;
       std::vector<Var> vars;
-      for (size_t q = 0; q < xs.size(); ++q)
-        vars.push_back(q == i ? tape.param(xs[q], acc) : tape.leaf(xs[q], xs[q].dtype() != DType::i32));
-      Var y = f(tape, vars);
+      for (size_t q = 0; q < xs_.size(); ++q)
+        vars.push_back(q == i ? tape.param(xs_[q], acc) : tape.leaf(xs_[q], xs_[q].dtype() != DType::i32));
+      Var y = f_(tape, vars);
       if (y.requires_grad()) tape.backward(y, u);
     }
     CheckResult ac{name(i), "accumulate", "exact", 0, 0, "", 0, 0, true, false};
@@ -222,160 +256,146 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
       ac.max_rel_err = std::max(ac.max_rel_err, err / std::max(std::abs(want), 1e-12));
       if (err / tol_k > worst) {
         worst = err / tol_k;
-        ac.worst = fmt::format("{}{}", name(i), index_str(xshape, k));
+        ac.worst = fmt::format("{}{}", name(i), index_str(xs_[i].shape(), k));
         ac.analytic = got;
         ac.numeric = want;
       }
     }
-    rep.checks.push_back(ac);
     if (!ac.passed && lost_r)
-      details.push_back({Finding::overwrites, name(i), "accumulate",
-                         "after backward the gradient holds J_iᵀȳ alone, not r + J_iᵀȳ: the VJP assigns into x̄ "
-                         "where it must add (a value used twice would lose one of its gradients)"});
+      details_.push_back({Finding::overwrites, name(i), "accumulate",
+                          "after backward the gradient holds J_iᵀȳ alone, not r + J_iᵀȳ: the VJP assigns into x̄ "
+                          "where it must add (a value used twice would lose one of its gradients)"});
+    return ac;
+  }
 
-    outcomes.push_back({name(i), vj.r.passed, jv.r.passed, jv.r.skipped, adj.passed, false});
-    if (!opt.diagnose || (vj.r.passed && jv.r.passed && adj.passed)) continue;
-
-    // ---- what the failure looks like ----
-    int rules_failed = 0, rules_explained = 0;  // explained: by kinks or by the tolerance
+  // What the failure of input i looks like, rule by rule; true when every failing rule is explained by kinks or
+  // by the tolerance (nothing to say about the rules).
+  bool diagnose(size_t i, const Comparison& c, bool has_jvp, bool adjoint_ok) {
+    int rules_failed = 0, rules_explained = 0;
     for (bool is_vjp : {true, false}) {
-      const bool rule_failed = !(is_vjp ? vj.r.passed : jv.r.passed);
+      const CheckResult& res = is_vjp ? c.vjp.r : c.jvp.r;
       // With one-hot cotangents a rule that is not linear can pass element by element (ȳ² = ȳ on e_j):
       // a failing adjoint identity is reason enough to test linearity.
-      if (!rule_failed && (adj.passed || (!is_vjp && !has_jvp))) continue;
-      rules_failed += rule_failed;
+      if (res.passed && (adjoint_ok || (!is_vjp && !has_jvp))) continue;
+      rules_failed += !res.passed;
       const std::string check = is_vjp ? "vjp" : "jvp";
-      const size_t first_detail = details.size();  // this rule's findings start here
-      // Linearity: x̄(ȳ₁ + ȳ₂) = x̄(ȳ₁) + x̄(ȳ₂) and x̄(2ȳ) = 2x̄(ȳ) (likewise ẏ in ẋ).
-      Tensor p = is_vjp ? random_like(y0, rng) : random_like(xs[i], rng);
-      Tensor q = is_vjp ? random_like(y0, rng) : random_like(xs[i], rng);
-      Tensor pq = p.clone(), p2 = p.clone();
-      pq.accumulate(q);
-      p2.accumulate(p);
-      auto apply = [&](const Tensor& s) { return is_vjp ? vjp(f, xs, s)[i] : tangent_on(i, s); };
-      Tensor rp = apply(p), rq = apply(q), rpq = apply(pq), rp2 = apply(p2);
-      Tensor additivity = rpq.clone();
-      double add_err = 0;
-      for (int64_t e = 0; e < additivity.numel(); ++e)
-        add_err = std::max(add_err, std::abs(rpq.item(e) - rp.item(e) - rq.item(e)));
-      const double size = std::max(norm(rp) + norm(rq), 1e-300);
-      if (add_err > 1e-8 * size + 1e-12) {
-        const double ratio = norm(rp2) / std::max(norm(rp), 1e-300);
-        const double degree = std::log2(ratio);
-        const char* what = is_vjp ? "x̄ is not linear in ȳ: x̄(ȳ₁ + ȳ₂) − x̄(ȳ₁) − x̄(ȳ₂)"
-                                  : "ẏ is not linear in ẋ: ẏ(ẋ₁ + ẋ₂) − ẏ(ẋ₁) − ẏ(ẋ₂)";
-        const char* of = is_vjp ? "ȳ" : "ẋ";
-        std::string deg = std::abs(degree - std::round(degree)) < 0.01
-                              ? fmt::format(" (degree {:.0f} in {}{})", std::round(degree), of,
-                                            std::round(degree) >= 2 ? ": a product of several of its terms" : "")
-                              : "";
-        details.push_back({Finding::nonlinear, name(i), check,
-                           fmt::format("{} is {:.3g} of their size, and doubling {} scales "
-                                       "the result by {:.4g}{}; a {} must be linear in {}, so this rule is not a "
-                                       "derivative at all",
-                                       what, add_err / size, of, ratio, deg, is_vjp ? "VJP" : "JVP", of)});
-      }
-      if (!rule_failed) continue;
-      // Errors at the level of the finite differences' own: the tolerance asks more than they can resolve.
-      const CheckResult& res = is_vjp ? vj.r : jv.r;
-      const std::span<const double> ref = !numeric.empty() ? std::span<const double>(numeric)
-                                          : is_vjp           ? std::span<const double>(fn_vjp)
-                                                             : std::span<const double>(fn_jvp);
-      double scale = 1;
-      for (double e : ref) scale = std::max(scale, std::abs(e));
-      if (res.max_abs_err <= 1e-7 * scale) {
-        details.push_back({Finding::tolerance, name(i), check,
-                           fmt::format("the largest error, {:.3g}, is {:.2g} of the largest derivative: what central "
-                                       "differences with ε = {:g} are off by themselves (rounding ≈ 1e-16·|f|/ε, "
-                                       "truncation ≈ ε²·|f‴|/6); the tolerance (atol {:g}, rtol {:g}) asks for more "
-                                       "than the check can resolve, nothing says the rule is wrong",
-                                       res.max_abs_err, res.max_abs_err / scale, opt.eps, tol.atol, tol.rtol)});
+      const size_t first_detail = details_.size();  // this rule's findings start here
+      if (auto d = nonlinearity(i, is_vjp)) details_.push_back(std::move(*d));
+      if (res.passed) continue;
+      if (auto d = beyond_resolution(i, res, c)) {
+        details_.push_back(std::move(*d));
         ++rules_explained;
         continue;
       }
-      auto view_of = [&] {
-        return JacobianView{name(i), check, yshape, xshape, xs[i], y0,
-                            is_vjp ? std::span<const double>(a_vjp) : std::span<const double>(a_jvp), numeric,
-                            plus, minus, y0v, m, n, tol, opt.eps};
-      };
-      if (!a_vjp.empty()) {
-        const JacobianView view = view_of();
+      if (c.full()) {
+        const JacobianView view = view_of(i, check, is_vjp ? c.a_vjp : c.a_jvp, c);
         bool all_kinks = false;
-        for (auto& d : diagnose_jacobian(view, &all_kinks)) details.push_back(std::move(d));
+        for (auto& d : diagnose_jacobian(view, &all_kinks)) details_.push_back(std::move(d));
         rules_explained += all_kinks;
         if (all_kinks) continue;
-      } else if (auto d = is_vjp ? diagnose_values(name(i), check, fa_vjp, fn_vjp, tol)
-                                 : diagnose_values(name(i), check, fa_jvp, fn_jvp, tol)) {
-        details.push_back(*d);
+      } else if (auto d = is_vjp ? diagnose_values(name(i), check, c.fa_vjp, c.fn_vjp, tol_)
+                                 : diagnose_values(name(i), check, c.fa_jvp, c.fn_jvp, tol_)) {
+        details_.push_back(*d);
       }
-      // The direction ẋ = x: right there and wrong elsewhere is a rule that holds only for tangents along x.
-      if (!is_vjp && norm(xs[i]) > 0) {
-        Tensor along = differences(i, xs[i]).central, analytic = tangent_on(i, xs[i]);
-        bool radial_ok = true;
-        for (int64_t j = 0; j < m; ++j) radial_ok = radial_ok && tol.ok(analytic.item(j), along.item(j));
-        if (radial_ok)
-          details.push_back({Finding::radial, name(i), "jvp",
-                             fmt::format("along ẋ = {} itself (scaling the input) the JVP agrees with the finite "
-                                         "differences, across it it does not: the rule holds only for tangents "
-                                         "parallel to {} (a homogeneity argument that drops the part of ẋ "
-                                         "orthogonal to {})",
-                                         name(i), name(i), name(i))});
-      }
+      if (!is_vjp)
+        if (auto d = radial(i)) details_.push_back(std::move(*d));
       // No kind fits: say so, with where the error sits.
-      if (!a_vjp.empty() && std::none_of(details.begin() + static_cast<std::ptrdiff_t>(first_detail), details.end(),
-                                         [](const Diagnosis& d) { return d.kind != Finding::kink; })) {
-        const JacobianView view = view_of();
-        details.push_back(unexplained(view, failing_elements(view)));
+      if (c.full() && std::none_of(details_.begin() + static_cast<std::ptrdiff_t>(first_detail), details_.end(),
+                                   [](const Diagnosis& d) { return d.kind != Finding::kink; })) {
+        const JacobianView view = view_of(i, check, is_vjp ? c.a_vjp : c.a_jvp, c);
+        details_.push_back(unexplained(view, failing_elements(view)));
       }
     }
-    outcomes.back().explained = rules_failed > 0 && rules_explained == rules_failed;
+    return rules_failed > 0 && rules_explained == rules_failed;
   }
 
-  // Which rule, and which input, is at fault.
-  std::vector<Diagnosis> summary;
-  int failing_inputs = 0;
-  for (const auto& o : outcomes) failing_inputs += !(o.vjp_ok && o.jvp_ok) && !o.explained;
-  for (const auto& o : outcomes) {
-    if (o.explained) continue;
-    if (o.vjp_ok && !o.jvp_ok)
-      summary.push_back({Finding::jvp_only, o.name, "",
-                         fmt::format("the VJP agrees with the finite differences and the JVP does not{}: the slip is "
-                                     "in the forward-mode rule",
-                                     o.adjoint_ok ? "" : " (so the adjoint identity ⟨J t, u⟩ = ⟨t, Jᵀu⟩ fails too)")});
-    else if (!o.vjp_ok && o.jvp_ok && !o.jvp_skipped)
-      summary.push_back({Finding::vjp_only, o.name, "",
-                         fmt::format("the JVP agrees with the finite differences and the VJP does not{}: the slip is "
-                                     "in backward",
-                                     o.adjoint_ok ? "" : " (so the adjoint identity ⟨J t, u⟩ = ⟨t, Jᵀu⟩ fails too)")});
-    else if (o.vjp_ok && o.jvp_ok && !o.adjoint_ok)
-      summary.push_back({Finding::adjoint, o.name, "adjoint",
-                         "VJP and JVP each pass their checks, but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩: they are not transposes of "
-                         "each other (an error below the finite-difference tolerance, one the projections miss, or a rule that "
-                         "is not linear and passes on one-hot cotangents)"});
-    else if (!o.vjp_ok && !o.jvp_ok && o.adjoint_ok)
-      summary.push_back({Finding::consistent, o.name, "",
-                         "VJP and JVP both disagree with the finite differences but agree with each other (the "
-                         "adjoint identity holds): the derivation they share is wrong, or the forward computes "
-                         "something else than what they differentiate"});
+  JacobianView view_of(size_t i, const std::string& check, std::span<const double> a, const Comparison& c) const {
+    return JacobianView{name(i), check,  yshape(), xs_[i].shape(), xs_[i], y0_, a, c.numeric, c.plus, c.minus,
+                        std::span<const double>(y0_.data<double>(), static_cast<size_t>(m_)),
+                        m_,      xs_[i].numel(), tol_, opt_.eps};
   }
-  if (failing_inputs == 1 && outcomes.size() >= 2)
-    for (const auto& o : outcomes)
-      if (!(o.vjp_ok && o.jvp_ok) && !o.explained)
-        summary.push_back({Finding::one_input, o.name, "",
-                           fmt::format("only {}'s derivatives fail; {} agree: the slip is in {}'s term", o.name,
-                                       outcomes.size() == 2 ? std::string("the other input's")
-                                                            : fmt::format("those of the other {} inputs",
-                                                                          outcomes.size() - 1),
-                                       o.name)});
-  if (!no_jvp_op.empty())
-    summary.push_back({Finding::no_jvp, "", "",
-                       fmt::format("op '{}' was recorded with no_jvp: forward mode and the adjoint identity are not "
-                                   "checked (a note, not a failure)",
-                                   no_jvp_op)});
-  rep.diagnoses = std::move(summary);
-  for (auto& d : details) rep.diagnoses.push_back(std::move(d));
-  rep.conclude();
-  return rep;
+
+  // Linearity: x̄(ȳ₁ + ȳ₂) = x̄(ȳ₁) + x̄(ȳ₂) and x̄(2ȳ) = 2x̄(ȳ) (likewise ẏ in ẋ).
+  std::optional<Diagnosis> nonlinearity(size_t i, bool is_vjp) {
+    Tensor p = is_vjp ? random_like(y0_, rng_) : random_like(xs_[i], rng_);
+    Tensor q = is_vjp ? random_like(y0_, rng_) : random_like(xs_[i], rng_);
+    Tensor pq = p.clone(), p2 = p.clone();
+    pq.accumulate(q);
+    p2.accumulate(p);
+    auto apply = [&](const Tensor& s) { return is_vjp ? cotangent_on(i, s) : tangent_on(i, s); };
+    Tensor rp = apply(p), rq = apply(q), rpq = apply(pq), rp2 = apply(p2);
+    double add_err = 0;
+    for (int64_t e = 0; e < rpq.numel(); ++e)
+      add_err = std::max(add_err, std::abs(rpq.item(e) - rp.item(e) - rq.item(e)));
+    const double size = std::max(norm(rp) + norm(rq), 1e-300);
+    if (!(add_err > 1e-8 * size + 1e-12)) return std::nullopt;
+    const double ratio = norm(rp2) / std::max(norm(rp), 1e-300);
+    const double degree = std::log2(ratio);
+    const char* what = is_vjp ? "x̄ is not linear in ȳ: x̄(ȳ₁ + ȳ₂) − x̄(ȳ₁) − x̄(ȳ₂)"
+                              : "ẏ is not linear in ẋ: ẏ(ẋ₁ + ẋ₂) − ẏ(ẋ₁) − ẏ(ẋ₂)";
+    const char* of = is_vjp ? "ȳ" : "ẋ";
+    std::string deg = std::abs(degree - std::round(degree)) < 0.01
+                          ? fmt::format(" (degree {:.0f} in {}{})", std::round(degree), of,
+                                        std::round(degree) >= 2 ? ": a product of several of its terms" : "")
+                          : "";
+    return Diagnosis{Finding::nonlinear, name(i), is_vjp ? "vjp" : "jvp",
+                     fmt::format("{} is {:.3g} of their size, and doubling {} scales the result by {:.4g}{}; a {} "
+                                 "must be linear in {}, so this rule is not a derivative at all",
+                                 what, add_err / size, of, ratio, deg, is_vjp ? "VJP" : "JVP", of)};
+  }
+
+  // Errors at the level of the finite differences' own: the tolerance asks more than they can resolve.
+  std::optional<Diagnosis> beyond_resolution(size_t i, const CheckResult& res, const Comparison& c) const {
+    const bool is_vjp = res.check == "vjp";
+    const std::span<const double> ref = c.full() ? std::span<const double>(c.numeric)
+                                        : is_vjp ? std::span<const double>(c.fn_vjp)
+                                                 : std::span<const double>(c.fn_jvp);
+    double scale = 1;
+    for (double e : ref) scale = std::max(scale, std::abs(e));
+    if (!(res.max_abs_err <= 1e-7 * scale)) return std::nullopt;  // NaN too
+    return Diagnosis{Finding::tolerance, name(i), res.check,
+                     fmt::format("the largest error, {:.3g}, is {:.2g} of the largest derivative: what central "
+                                 "differences with ε = {:g} are off by themselves (rounding ≈ 1e-16·|f|/ε, "
+                                 "truncation ≈ ε²·|f‴|/6); the tolerance (atol {:g}, rtol {:g}) asks for more "
+                                 "than the check can resolve, nothing says the rule is wrong",
+                                 res.max_abs_err, res.max_abs_err / scale, opt_.eps, tol_.atol, tol_.rtol)};
+  }
+
+  // The direction ẋ = x: right there and wrong elsewhere is a rule that holds only for tangents along x.
+  std::optional<Diagnosis> radial(size_t i) {
+    if (!(norm(xs_[i]) > 0)) return std::nullopt;
+    const Tensor x = xs_[i].clone();  // differences() moves xs_[i] itself
+    Tensor along = differences(i, x).central, analytic = tangent_on(i, x);
+    for (int64_t j = 0; j < m_; ++j)
+      if (!tol_.ok(analytic.item(j), along.item(j))) return std::nullopt;
+    const std::string n = name(i);
+    return Diagnosis{Finding::radial, n, "jvp",
+                     fmt::format("along ẋ = {} itself (scaling the input) the JVP agrees with the finite "
+                                 "differences, across it it does not: the rule holds only for tangents parallel to "
+                                 "{} (a homogeneity argument that drops the part of ẋ orthogonal to {})",
+                                 n, n, n)};
+  }
+
+  const Function& f_;
+  std::span<const std::string> names_;
+  const GradcheckOptions& opt_;
+  const Tolerance tol_;
+  Rng rng_;
+  std::vector<Tensor> xs_;
+  Tensor y0_;
+  int64_t m_ = 0;
+  std::vector<std::vector<Tensor>> rows_;
+  std::vector<CheckResult> checks_;
+  std::vector<InputOutcome> outcomes_;
+  std::vector<Diagnosis> details_;  // per input; the report-level findings go before them
+  std::string no_jvp_op_;
+};
+
+}  // namespace
+
+GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
+                          const GradcheckOptions& opt) {
+  return Checker(f, inputs, names, opt).run();
 }
 
 GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,

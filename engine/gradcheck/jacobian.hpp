@@ -89,4 +89,14 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
 std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
                                          std::span<const double> a, std::span<const double> n, Tolerance tol);
 
+// How one input came out of the checks; explained: every failure is a kink's or the tolerance's.
+struct InputOutcome {
+  std::string name;
+  bool vjp_ok = true, jvp_ok = true, jvp_skipped = false, adjoint_ok = true;
+  bool explained = false;
+};
+// Which rule (VJP, JVP, both, their adjointness) and which input is at fault, over the whole case; a note when an
+// op has no JVP.
+std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcomes, const std::string& no_jvp_op);
+
 }  // namespace tapegrad::gradcheck_detail
