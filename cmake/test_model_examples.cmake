@@ -10,30 +10,17 @@ foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
   endif()
 endforeach()
 
-function(run)
-  cmake_parse_arguments(R "" "OUTPUT" "COMMAND" ${ARGN})
-  execute_process(COMMAND ${R_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "$ ${R_COMMAND}\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "exit code ${rc}: ${R_COMMAND}")
-  endif()
-  if(R_OUTPUT)
-    set(${R_OUTPUT} "${out}" PARENT_SCOPE)
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/installed_package.cmake)
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
-run(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+install_tapegrad("${BUILD_DIR}" "${prefix}")
 
 # check_example(NAME PROGRAM EXPECTED ARGS...): builds examples/NAME, runs PROGRAM with ARGS, and checks that its
 # output matches the regular expression EXPECTED.
 function(check_example name program expected)
   set(build "${WORK_DIR}/${name}")
-  run(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/${name}" -B "${build}" -G "${GENERATOR}"
-              -D CMAKE_CXX_COMPILER=${CXX} -D CMAKE_BUILD_TYPE=Release -D CMAKE_PREFIX_PATH=${prefix}
-              -D CMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -D CMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
-  run(COMMAND ${CMAKE_COMMAND} --build "${build}")
+  build_outside_project("${SOURCE_DIR}/examples/${name}" "${build}" "${prefix}")
   run(COMMAND "${build}/${program}" ${ARGN} OUTPUT out)
   if(NOT out MATCHES "${expected}")
     message(FATAL_ERROR "${name}: the output does not show '${expected}'")

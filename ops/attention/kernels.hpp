@@ -151,6 +151,13 @@ inline BiasLayout bias_layout(const char* op, const Shape& bias, int64_t B, int6
   return {strides[0], strides[1], strides[2], strides[3]};
 }
 
+// The layout of an optional bias (an undefined Var: none) on the scores of q, its dtype and broadcast checked.
+inline BiasLayout bias_layout(const char* op, const Var& q, const Var& bias, const AttentionDims& dims) {
+  if (!bias.defined()) return {};
+  expect_same_dtype(op, q, bias);
+  return bias_layout(op, bias.shape(), dims.B, dims.H, dims.T, dims.Tk);
+}
+
 // S[i0 + r, j0 + c] += bias[off(b, head, i0 + r, j0 + c)] for a block of `rows` × `cols` scores, row stride ld.
 // The forward adds bias, the JVP adds its tangent.
 template <class T>

@@ -142,13 +142,8 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   const char* op = "attention";
   Tape& tape = bias.defined() ? tape_of(op, {q, k, v, bias}) : tape_of(op, {q, k, v});
   const AttentionDims dims = attention_dims(op, q, k, v, opt);
-  BiasLayout layout;
-  Tensor bv;
-  if (bias.defined()) {
-    expect_same_dtype(op, q, bias);
-    layout = bias_layout(op, bias.shape(), dims.B, dims.H, dims.T, dims.Tk);
-    bv = bias.value();
-  }
+  const BiasLayout layout = bias_layout(op, q, bias, dims);
+  const Tensor bv = bias.defined() ? bias.value() : Tensor{};
   const DType dtype = q.dtype();
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "A = softmax(S)");

@@ -282,13 +282,8 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   Tape& tape = bias.defined() ? tape_of(kOp, {q, k, v, bias}) : tape_of(kOp, {q, k, v});
   const AttentionDims dims = attention_dims(kOp, q, k, v, opt);
   if (block < 1) fail("{}: block must be at least 1 key column, got {} (q {})", kOp, block, q.shape());
-  BiasLayout layout;
-  Tensor bv;
-  if (bias.defined()) {
-    expect_same_dtype(kOp, q, bias);
-    layout = bias_layout(kOp, bias.shape(), dims.B, dims.H, dims.T, dims.Tk);
-    bv = bias.value();
-  }
+  const BiasLayout layout = bias_layout(kOp, q, bias, dims);
+  const Tensor bv = bias.defined() ? bias.value() : Tensor{};
   const DType dtype = q.dtype();
   const Tensor qv = q.value(), kv = k.value(), vv = v.value();
   // The node's whole saved state: O (B, h, T, dv) and L (B, h, T), next to the inputs' own values.
