@@ -14,12 +14,15 @@ void add_evaluate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 }  // namespace tapegrad::cli
-namespace tapegrad { struct TrainConfig; }
+namespace tapegrad { struct TrainConfig; struct GPTConfig; }
 namespace tapegrad::cli {
 // Checks with one-line messages: "--lr: must be positive, got -1".
 const CLI::Validator& positive();
 const CLI::Validator& non_negative();
 
+// The GPT's options (--attention when asked, --n-layer, --n-head, --n-embd, --block-size, --dropout, --bias),
+// each help text after `lead`.
+void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const std::string& lead);
 // The options train and compare share (every field of TrainConfig has a flag).
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
 // The train subcommand and its options, parsing into `cfg`; no action attached (the config-file fuzz target

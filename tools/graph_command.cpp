@@ -111,7 +111,8 @@ std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::uni
     idx.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
     targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
   }
-  const Var loss = model->loss(tape, idx, targets);
+  // With --dropout the step draws its masks as training does (a dropout seed of 0 means none).
+  const Var loss = model->loss(tape, idx, targets, cfg.dropout > 0 ? a.seed * 1000003ULL + 1 : 0);
   if (a.backward) tape.backward(loss);
   for (uint32_t id = 0; id < tape.num_values(); ++id) {
     if (!tape.is_leaf(id)) continue;
@@ -185,16 +186,8 @@ void add_graph_command(CLI::App& app) {
                   "Seed of the inputs (by default gradcheck's: the inputs it checks), the seed gradient, the model and "
                   "its batch")
       ->capture_default_str();
-  GPTConfig& m = args->gpt;
-  cmd->add_option("--attention", m.attention, "--model: attention kind (as tapegrad train)")
-      ->capture_default_str()
-      ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--n-layer", m.n_layer, "--model: transformer blocks")->capture_default_str()->check(positive());
-  cmd->add_option("--n-head", m.n_head, "--model: attention heads per block")->capture_default_str()->check(positive());
-  cmd->add_option("--n-embd", m.n_embd, "--model: embedding width")->capture_default_str()->check(positive());
-  cmd->add_option("--block-size", m.block_size, "--model: context length T")->capture_default_str()->check(positive());
-  cmd->add_flag("--bias,!--no-bias", m.bias, "--model: biases in Linear and LayerNorm layers")->capture_default_str();
-  cmd->add_option("--batch-size", args->batch_size, "--model: sequences in the batch")
+  add_model_options(cmd, args->gpt, true, "--model: ");
+  cmd->add_option("--batch-size", args->batch_size, "--model: Sequences in the batch")
       ->capture_default_str()
       ->check(positive());
   cmd->callback([args] { run(*args); });

@@ -36,18 +36,23 @@ const CLI::Validator& non_negative() {
   return v;
 }
 
-void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
-  auto& m = c.model;
+void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const std::string& lead) {
   if (attention_option)
-    cmd->add_option("--attention", m.attention, "Attention kind:" + attention_kind_help())
+    cmd->add_option("--attention", m.attention, lead + "Attention kind:" + attention_kind_help())
         ->capture_default_str()
         ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str()->check(positive());
-  cmd->add_option("--n-head", m.n_head, "Attention heads per block")->capture_default_str()->check(positive());
-  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str()->check(positive());
-  cmd->add_option("--block-size", m.block_size, "Context length T")->capture_default_str()->check(positive());
-  cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str()->check(CLI::Range(0.0, 0.99));
-  cmd->add_flag("--bias,!--no-bias", m.bias, "Biases in Linear and LayerNorm layers")->capture_default_str();
+  cmd->add_option("--n-layer", m.n_layer, lead + "Transformer blocks")->capture_default_str()->check(positive());
+  cmd->add_option("--n-head", m.n_head, lead + "Attention heads per block")->capture_default_str()->check(positive());
+  cmd->add_option("--n-embd", m.n_embd, lead + "Embedding width")->capture_default_str()->check(positive());
+  cmd->add_option("--block-size", m.block_size, lead + "Context length T")->capture_default_str()->check(positive());
+  cmd->add_option("--dropout", m.dropout, lead + "Dropout probability")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  cmd->add_flag("--bias,!--no-bias", m.bias, lead + "Biases in Linear and LayerNorm layers")->capture_default_str();
+}
+
+void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
+  add_model_options(cmd, c.model, attention_option, "");
   cmd->add_option("--data", c.data, "UTF-8 text file to train on (default: the bundled Tiny Shakespeare)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
