@@ -1,6 +1,8 @@
 #include "models/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "engine/parallel.hpp"
 
@@ -10,6 +12,24 @@ namespace {
 
 // Elements per range of the parallel loops over a parameter: ~16k (small parameters run on one thread).
 constexpr int64_t kGrain = 16384;
+
+// fn(k, begin, end) over the elements of every parameter as if they were one array, in one parallel pass: a range
+// that straddles parameters calls fn once for each part it holds. Most of a small model's parameters are far below
+// kGrain; one hand-off to the pool per step, instead of one per parameter, lets the element-wise updates use every
+// thread. The updates are element-wise, so the split changes no value. (fn takes its constants by value: captured
+// by reference, they could alias the stores of the loop, and it would not vectorize.)
+template <class F>
+void for_each_parameter_range(const std::vector<Parameter>& params, F&& fn) {
+  std::vector<int64_t> start(params.size() + 1, 0);
+  for (size_t k = 0; k < params.size(); ++k) start[k + 1] = start[k] + params[k].value.numel();
+  parallel_for(start.back(), kGrain, [&](int64_t begin, int64_t end) {
+    auto k = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), begin) - start.begin() - 1);
+    for (; k < params.size() && start[k] < end; ++k) {
+      const int64_t b = std::max(begin, start[k]) - start[k], e = std::min(end, start[k + 1]) - start[k];
+      if (b < e) fn(k, b, e);
+    }
+  });
+}
 
 }  // namespace
 
@@ -22,7 +42,9 @@ Optimizer::Optimizer(std::vector<Parameter> params, double lr) : params_(std::mo
 }
 
 void Optimizer::zero_grad() {
-  for (auto& p : params_) p.grad.fill_zero();
+  for_each_parameter_range(params_, [&](size_t k, int64_t begin, int64_t end) {
+    std::memset(params_[k].grad.data<float>() + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
+  });
 }
 
 std::vector<Tensor> Optimizer::zeros_like_parameters() const {
@@ -83,24 +105,22 @@ void SGD::step() {
   const float damp = t_ == 1 ? 0.0f : static_cast<float>(1 - opt_.dampening);  // b starts as g itself
   const float first = t_ == 1 ? 1.0f : 0.0f;
   const bool momentum = opt_.momentum > 0, nesterov = opt_.nesterov;
-  for (size_t k = 0; k < params_.size(); ++k) {
+  for_each_parameter_range(params_, [=, this](size_t k, int64_t begin, int64_t end) {
     float* p = params_[k].value.data<float>();
     const float* grad = params_[k].grad.data<float>();
     float* b = momentum_.tensors[k].data<float>();
     const float wd = params_[k].decay ? static_cast<float>(opt_.weight_decay) : 0.0f;
     // g = ∇ + λp;   b ← μb + (1 − τ)g  (b ← g at the first step);   p ← p − lr·(nesterov ? g + μb : b)
     // (plain SGD, μ = 0: p ← p − lr·g)
-    parallel_for(params_[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        float g = grad[i] + wd * p[i];
-        if (momentum) {
-          b[i] = first * g + (1 - first) * (mu * b[i] + damp * g);
-          g = nesterov ? g + mu * b[i] : b[i];
-        }
-        p[i] -= lr * g;
+    for (int64_t i = begin; i < end; ++i) {
+      float g = grad[i] + wd * p[i];
+      if (momentum) {
+        b[i] = first * g + (1 - first) * (mu * b[i] + damp * g);
+        g = nesterov ? g + mu * b[i] : b[i];
       }
-    });
-  }
+      p[i] -= lr * g;
+    }
+  });
 }
 
 AdamW::AdamW(std::vector<Parameter> params, AdamWOptions opt) : Optimizer(std::move(params), opt.lr), opt_(opt) {
@@ -112,7 +132,7 @@ AdamW::AdamW(std::vector<Parameter> params, AdamWOptions opt) : Optimizer(std::m
   v_.tensors = zeros_like_parameters();
 }
 
-// The update is element-wise: each parameter's elements are split across the engine's threads, and the loop
+// The update is element-wise: the elements of all parameters are split across the engine's threads, and the loop
 // vectorizes (sqrt and division included: the library builds without math errno).
 void AdamW::step() {
   ++t_;
@@ -122,7 +142,7 @@ void AdamW::step() {
   const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
   const float step_size = static_cast<float>(lr / c1), inv_sqrt_c2 = static_cast<float>(1 / std::sqrt(c2));
   const float eps = static_cast<float>(opt_.eps);
-  for (size_t k = 0; k < params_.size(); ++k) {
+  for_each_parameter_range(params_, [=, this](size_t k, int64_t begin, int64_t end) {
     float* p = params_[k].value.data<float>();
     const float* g = params_[k].grad.data<float>();
     float* m = m_.tensors[k].data<float>();
@@ -130,15 +150,13 @@ void AdamW::step() {
     const float decay = params_[k].decay ? static_cast<float>(1 - lr * opt_.weight_decay) : 1.0f;
     // p ← p(1 − lr·λ);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  p ← p − lr·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε)
     // (Loshchilov & Hutter's decoupled decay, only where Parameter::decay)
-    parallel_for(params_[k].value.numel(), kGrain, [=](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        p[i] *= decay;
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
-        p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
-      }
-    });
-  }
+    for (int64_t i = begin; i < end; ++i) {
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
+    }
+  });
 }
 
 double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64_t decay_iters) {
@@ -172,14 +190,13 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
   }
   const double norm = std::sqrt(sq);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1)
-    for (const auto& p : params) {
-      float* g = p.grad.data<float>();
-      const float scale = static_cast<float>(coef);
-      parallel_for(p.grad.numel(), kGrain, [=](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) g[i] *= scale;
-      });
-    }
+  if (coef < 1) {
+    const float scale = static_cast<float>(coef);
+    for_each_parameter_range(params, [=, &params](size_t k, int64_t begin, int64_t end) {
+      float* g = params[k].grad.data<float>();
+      for (int64_t i = begin; i < end; ++i) g[i] *= scale;
+    });
+  }
   return norm;
 }
 
