@@ -25,6 +25,18 @@ struct Misuse {
 Var f32(Tape& t, Shape s) { return t.leaf(Tensor::zeros(DType::f32, s)); }
 Var f64(Tape& t, Shape s) { return t.leaf(Tensor::zeros(DType::f64, s)); }
 Var i32(Tape& t, Shape s) { return t.constant(Tensor::zeros(DType::i32, s)); }
+
+// A one-layer GPT over 5 tokens.
+GPTConfig tiny_gpt(int64_t block_size, int64_t n_head, int64_t n_embd, std::string attention = "softmax") {
+  GPTConfig c;
+  c.vocab_size = 5;
+  c.block_size = block_size;
+  c.n_layer = 1;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  c.attention = std::move(attention);
+  return c;
+}
 Var ids(Tape& t, Shape s, std::initializer_list<int32_t> v) { return t.constant(Tensor::from<int32_t>(s, v)); }
 Var ones(Tape& t, Shape s) {
   Tensor x = Tensor::zeros(DType::f64, s);
@@ -267,38 +279,19 @@ const std::vector<Misuse>& misuses() {
       // ---- the model: a context longer than it was built for
       {"gpt: T larger than the model's context",
        [](Tape& t) {
-         GPTConfig c;
-         c.vocab_size = 5;
-         c.block_size = 8;
-         c.n_layer = 1;
-         c.n_head = 2;
-         c.n_embd = 8;
-         GPT model(c, 1);
+         GPT model(tiny_gpt(8, 2, 8), 1);
          (void)model.logits(t, Tensor::zeros(DType::i32, {1, 9}));
        },
        {"gpt", "(1, 9)", "9 tokens", "block_size 8"}},
       {"gpt (super attention): T larger than the model's context",
        [](Tape& t) {
-         GPTConfig c;
-         c.vocab_size = 5;
-         c.block_size = 4;
-         c.n_layer = 1;
-         c.n_head = 1;
-         c.n_embd = 4;
-         c.attention = "super";
-         GPT model(c, 1);
+         GPT model(tiny_gpt(4, 1, 4, "super"), 1);
          (void)model.loss(t, Tensor::zeros(DType::i32, {2, 6}), Tensor::zeros(DType::i32, {2, 6}));
        },
        {"gpt", "(2, 6)", "6 tokens", "block_size 4"}},
       {"gpt: targets of another shape",
        [](Tape& t) {
-         GPTConfig c;
-         c.vocab_size = 5;
-         c.block_size = 4;
-         c.n_layer = 1;
-         c.n_head = 1;
-         c.n_embd = 4;
-         GPT model(c, 1);
+         GPT model(tiny_gpt(4, 1, 4), 1);
          (void)model.loss(t, Tensor::zeros(DType::i32, {2, 4}), Tensor::zeros(DType::i32, {2, 3}));
        },
        {"gpt", "(2, 4)", "(2, 3)"}},
