@@ -1,6 +1,15 @@
 # What the tests of outside projects share (test_installed_example.cmake, test_model_examples.cmake): run a step and
 # show its output, and install the tapegrad build into a fresh prefix.
 
+# require_defined(SCRIPT VAR...): each VAR was given as -D VAR=... on the command line of SCRIPT.
+function(require_defined script)
+  foreach(var ${ARGN})
+    if(NOT DEFINED ${var})
+      message(FATAL_ERROR "${script}: -D ${var}=... is missing")
+    endif()
+  endforeach()
+endfunction()
+
 # run(COMMAND ... [EXPECT CODE] [OUTPUT VAR]): runs COMMAND, prints it with its output, fails unless it exits with
 # CODE (0 by default); OUTPUT receives its standard output.
 function(run)

@@ -4,13 +4,8 @@
 # Installs the build into WORK_DIR/prefix, configures examples/custom-op with only that prefix to search, checks
 # that find_package took the package from there, builds it, and runs its gradcheck: both ops pass, softsign (built
 # by pointwise) in forward mode too (exit 0); the claimed derivative is rejected (exit 1) with its diagnosis.
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX LIBDIR)
-  if(NOT DEFINED ${var})
-    message(FATAL_ERROR "test_installed_example: -D ${var}=... is missing")
-  endif()
-endforeach()
-
 include(${CMAKE_CURRENT_LIST_DIR}/installed_package.cmake)
+require_defined(test_installed_example BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX LIBDIR)
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")

@@ -4,13 +4,8 @@
 # Installs the build into WORK_DIR/prefix, then for each example configures it with only that prefix to search,
 # builds it and runs it: each exits 0 only when it reaches its figure (two moons: accuracy ≥ 97%; reverse: exact
 # match ≥ 95% on 1000 new sequences; sine: final MSE < 1e-4), and the printed figures are checked here too.
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
-  if(NOT DEFINED ${var})
-    message(FATAL_ERROR "test_model_examples: -D ${var}=... is missing")
-  endif()
-endforeach()
-
 include(${CMAKE_CURRENT_LIST_DIR}/installed_package.cmake)
+require_defined(test_model_examples BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
