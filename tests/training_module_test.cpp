@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 
+#include "engine/blas_info.hpp"
 #include "models/gpt.hpp"
 #include "models/layers.hpp"
 #include "models/trainer.hpp"
@@ -160,6 +162,18 @@ TEST_CASE("the GPT trains with the same losses as before it was built from layer
     c.out_dir = dir.path.string();
     c.name = fmt::format("{}{}", pin.kind, pin.bias_dropout ? "-bias" : "");
     TrainResult r = train(c, stdout);
-    CHECK(r.step_losses == pin.losses);
+    // Recorded on OpenBLAS's Haswell kernels, which Zen's share: there every loss is the same to the bit. Kernels
+    // that round the products differently may move a loss by an ulp of float32 (Cooperlake, SkylakeX, Sandybridge
+    // and Prescott move the fifth loss of the bias + dropout run by one).
+    const std::string core = blas_info().core;
+    const bool recorded_kernels = core == "Haswell" || core == "Zen";
+    CAPTURE(core);
+    REQUIRE(r.step_losses.size() == pin.losses.size());
+    for (size_t i = 0; i < pin.losses.size(); ++i) {
+      CAPTURE(i);
+      const float p = static_cast<float>(pin.losses[i]);
+      if (recorded_kernels) CHECK(r.step_losses[i] == pin.losses[i]);
+      else CHECK(std::abs(r.step_losses[i] - pin.losses[i]) <= 2.0 * (std::nextafter(p, INFINITY) - p));
+    }
   }
 }
