@@ -49,7 +49,10 @@ Tier cpu_tier(const CpuFeatures& cpu) {
   return Tier::avx512;
 }
 
-bool amd_design(const CpuFeatures& cpu) { return cpu.vendor == "AuthenticAMD" || cpu.vendor == "HygonGenuine"; }
+// AMD designs before Zen 5 run AVX-512 on 256-bit units.
+bool amd_before_zen5(const CpuFeatures& cpu) {
+  return (cpu.vendor == "AuthenticAMD" || cpu.vendor == "HygonGenuine") && cpu.family < 26;
+}
 
 std::string trimmed(std::string_view s) {
   const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -127,13 +130,15 @@ CpuFeatures cpu_features() {
 
 // The rule. A core below the CPU's tier leaves speed unused: Prescott's sgemm ran at 33 GFLOP/s per core on an
 // Intel Xeon (family 6, model 207) that runs SkylakeX's at ~150. On Intel with AVX-512 the best core is SkylakeX
-// (Cooperlake measured no faster there, 140 vs 150 GFLOP/s). On AMD any AVX2-or-better core counts as right: on
-// Zen 4 at the model's shapes Haswell ran 105-108 GFLOP/s per core, SkylakeX and Cooperlake ~100, Zen 94-98 (Zen 4
-// runs 512-bit ops on 256-bit units), so an AMD CPU is held to the AVX2 tier and given Haswell.
+// (Cooperlake measured no faster there, 140 vs 150 GFLOP/s). On AMD up to Zen 4 (family 25) any AVX2-or-better
+// core counts as right: on Zen 4 at the model's shapes Haswell ran 105-108 GFLOP/s per core, SkylakeX and
+// Cooperlake ~100, Zen 94-98 (Zen 4 runs 512-bit ops on 256-bit units), so it is held to the AVX2 tier and given
+// Haswell. Zen 5 (family 26) has full-width 512-bit units: the default model's training step took 19.2-20.0 ms with
+// SkylakeX or Cooperlake and 28.9-29.8 ms with Haswell (2 threads), so there the AVX-512 kernels are the right ones.
 std::optional<std::string> better_blas_core(const CpuFeatures& cpu, std::string_view core_in_use,
                                             std::optional<std::string_view> coretype_env) {
   if (!cpu.x86_64 || coretype_env) return std::nullopt;
-  const Tier acceptable = amd_design(cpu) ? std::min(cpu_tier(cpu), Tier::avx2) : cpu_tier(cpu);
+  const Tier acceptable = amd_before_zen5(cpu) ? std::min(cpu_tier(cpu), Tier::avx2) : cpu_tier(cpu);
   if (core_tier(core_in_use) >= acceptable) return std::nullopt;
   switch (acceptable) {
     case Tier::avx512: return "SkylakeX";
@@ -157,8 +162,10 @@ BlasInfo blas_info() {
   if (!info.coretype_env)
     if (auto fake = nonempty_env("TAPEGRAD_FAKE_BLAS_CORE")) info.core = *fake;
   const CpuFeatures cpu = cpu_features();
-  // Judged whoever chose the core: a user's OPENBLAS_CORETYPE is kept, but a weak one is still reported.
-  info.better_core = better_blas_core(cpu, info.core, std::nullopt);
+  // Judged whoever chose the core: a user's OPENBLAS_CORETYPE is kept, but a weak one is still reported, unless
+  // TAPEGRAD_BLAS_CHECK=off asks for no advice at all.
+  const auto check = nonempty_env("TAPEGRAD_BLAS_CHECK");
+  if (!(check && same_name(*check, "off"))) info.better_core = better_blas_core(cpu, info.core, std::nullopt);
   info.cpu = cpu_description(cpu);
   return info;
 }

@@ -44,7 +44,8 @@ struct BlasInfo {
   std::string cpu;  // the model name and the widest vector tier: "AMD EPYC (AVX-512)"
 };
 // For tests: where TAPEGRAD_FAKE_BLAS_CORE is set and OPENBLAS_CORETYPE is not, its value is reported as the
-// core in use, so that a test sees a weak pick on any machine.
+// core in use, so that a test sees a weak pick on any machine. TAPEGRAD_BLAS_CHECK=off leaves better_core empty:
+// no advice, no warning and no second run of the tapegrad program.
 BlasInfo blas_info();
 // One line: "OpenBLAS 0.3.21, Cooperlake kernels", then ", OPENBLAS_CORETYPE=X set" when set, then
 // "; this CPU runs SkylakeX kernels: set OPENBLAS_CORETYPE=SkylakeX" when a better core exists.
