@@ -25,7 +25,7 @@ struct ClaimArgs {
 
 // "NAME = FORMULA" of --let and --vjp; a --vjp without NAME = is the only input's.
 std::pair<std::string, std::string> split_named(std::string_view option, const std::string& text,
-                                                const std::vector<ClaimInput>& inputs) {
+                                                const std::vector<InputSpec>& inputs) {
   const auto eq = text.find('=');
   const std::string name(eq == std::string::npos ? "" : text.substr(0, eq));
   auto trimmed = [](std::string s) {

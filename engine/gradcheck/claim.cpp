@@ -30,7 +30,7 @@ struct Parsed {
     std::string name;
     Formula formula;
   };
-  std::vector<ClaimInput> inputs;
+  std::vector<InputSpec> inputs;
   std::vector<Named> lets;
   Formula forward;
   std::vector<std::optional<Formula>> vjp;  // per input
@@ -79,7 +79,7 @@ Parsed parse_formulas(const ClaimText& c) {
   p.forward = Formula::parse(c.forward.formula, c.forward.label);
   p.vjp.resize(c.inputs.size());
   for (const auto& v : c.vjp) {
-    auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const ClaimInput& in) { return in.name == v.name; });
+    auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == v.name; });
     if (it == c.inputs.end()) fail("{}: vjp names '{}', which is not an input", v.label, v.name);
     auto& slot = p.vjp[static_cast<size_t>(it - c.inputs.begin())];
     if (slot) fail("{}: a second vjp for '{}'", v.label, v.name);
@@ -135,7 +135,7 @@ Fill parse_fill(std::string_view option, std::string_view text, std::string_view
 
 }  // namespace
 
-ClaimInput parse_claim_input(std::string_view option, std::string_view text) {
+InputSpec parse_claim_input(std::string_view option, std::string_view text) {
   std::string compact;
   for (char ch : text)
     if (!std::isspace(static_cast<unsigned char>(ch))) compact += ch;
@@ -271,17 +271,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
       define_lets(p->lets, values);
       tout.accumulate(p->jvp->evaluate(values).value());
     };
-  std::vector<InputSpec> specs;
-  std::vector<std::string> names;
-  for (const auto& in : p->inputs) {
-    specs.push_back({in.name, in.shape, in.fill});
-    names.push_back(in.name);
-  }
-  const std::vector<Tensor> xs = make_inputs(specs, DType::f64, opt.seed);
-  GradcheckReport rep = gradcheck(claimed(std::move(claim)), xs, names, opt);
-  rep.case_name = text.name;
-  rep.conclude();
-  return rep;
+  return gradcheck(GradcheckCase{text.name, p->inputs, claimed(std::move(claim))}, opt);
 }
 
 }  // namespace tapegrad

@@ -25,17 +25,11 @@
 
 namespace tapegrad {
 
-struct ClaimInput {
-  std::string name;
-  Shape shape;
-  Fill fill = Fill::normal;
-};
-
 // A claim as text: what a block of a claims file or the options of `tapegrad claim` say.
 struct ClaimText {
   std::string name = "claim";
   std::string where;  // "docs/claims/softmax.txt:3", "the command line": where it was written
-  std::vector<ClaimInput> inputs;
+  std::vector<InputSpec> inputs;
   struct Line {
     std::string name;     // let: the name defined; vjp: the input; forward, jvp: empty
     std::string formula;
@@ -48,7 +42,7 @@ struct ClaimText {
 };
 
 // "x:4,6", "x: 4, 6: positive". Throws Error naming `option`.
-ClaimInput parse_claim_input(std::string_view option, std::string_view text);
+InputSpec parse_claim_input(std::string_view option, std::string_view text);
 
 // The claims of a file's text; `path` names it in errors and in each claim's `where`. Throws Error naming the
 // line for a malformed block (ExpressionError for a formula that does not parse).

@@ -64,9 +64,7 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
     if (s.numel() / len < 2) continue;
     const int64_t row = (on_x ? bad[0].second : bad[0].first) / len;
     if (confined(v, bad, [&](int64_t j, int64_t k) { return (on_x ? k : j) / len == row; })) {
-      auto idx = unravel(s, row * len);
-      idx.pop_back();
-      rows_msg += fmt::format("{}{}[{}, :]", rows_msg.empty() ? "" : " and ", on_x ? v.input : "y", fmt::join(idx, ", "));
+      rows_msg += fmt::format("{}{}", rows_msg.empty() ? "" : " and ", row_name(s, on_x ? v.input : "y", row));
     }
   }
   if (!rows_msg.empty())

@@ -41,11 +41,6 @@ std::string concentration(const JacobianView& v, int64_t groups, auto&& group_of
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-std::string row_name(const Shape& s, const std::string& name, int64_t row) {
-  auto idx = unravel(s, row * s.back());
-  idx.pop_back();
-  return fmt::format("{}[{}{}:]", name, fmt::join(idx, ", "), idx.empty() ? "" : ", ");
-}
 
 }  // namespace
 

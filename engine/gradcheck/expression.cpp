@@ -15,6 +15,14 @@ using namespace expression_detail;
 
 namespace {
 
+// The number c as a 0-d constant of like's dtype, on like's tape.
+Var scalar_constant(double c, const Var& like) {
+  Tensor t = Tensor::empty(like.dtype(), Shape{});
+  if (like.dtype() == DType::f64) t.data<double>()[0] = c;
+  else t.data<float>()[0] = static_cast<float>(c);
+  return like.tape().constant(t);
+}
+
 // A value while evaluating: a number (folded where both sides are numbers) or a Var.
 struct Value {
   bool is_number = false;
@@ -84,12 +92,6 @@ class Evaluator {
       error(n.offset, e.what());
     }
   }
-  Var constant(double c, const Var& like) {
-    Tensor t = Tensor::empty(like.dtype(), Shape{});
-    if (like.dtype() == DType::f64) t.data<double>()[0] = c;
-    else t.data<float>()[0] = static_cast<float>(c);
-    return like.tape().constant(t);
-  }
   Value arithmetic(const ExpressionNode& n, char op, Value a, Value b) {
     if (a.is_number && b.is_number) {
       switch (op) {
@@ -103,8 +105,8 @@ class Evaluator {
       if (op == '*' && b.is_number) return scale(a.var, b.number);
       if (op == '*' && a.is_number) return scale(b.var, a.number);
       if (op == '/' && b.is_number) return scale(a.var, 1 / b.number);
-      const Var l = a.is_number ? constant(a.number, b.var) : a.var;
-      const Var r = b.is_number ? constant(b.number, a.var) : b.var;
+      const Var l = a.is_number ? scalar_constant(a.number, b.var) : a.var;
+      const Var r = b.is_number ? scalar_constant(b.number, a.var) : b.var;
       switch (op) {
         case '+': return add(l, r);
         case '-': return sub(l, r);
@@ -223,11 +225,7 @@ Var Formula::evaluate(const std::map<std::string, Var>& values) const {
   Value v = ev.eval(*root_);
   if (!v.is_number) return v.var;
   if (values.empty()) throw ExpressionError(label_, text_, 0, "the formula is a number and names no tensor");
-  const Var& like = values.begin()->second;
-  Tensor t = Tensor::empty(like.dtype(), Shape{});
-  if (like.dtype() == DType::f64) t.data<double>()[0] = v.number;
-  else t.data<float>()[0] = static_cast<float>(v.number);
-  return like.tape().constant(t);
+  return scalar_constant(v.number, values.begin()->second);
 }
 
 Var formula(std::string_view text, const std::map<std::string, Var>& values) {

@@ -38,11 +38,7 @@ struct ErrorTracker {
   }
 };
 
-Tensor random_like(const Tensor& x, Rng& rng) {
-  Tensor t = Tensor::empty(DType::f64, x.shape());
-  for (int64_t k = 0; k < t.numel(); ++k) t.data<double>()[k] = rng.normal();
-  return t;
-}
+Tensor random_like(const Tensor& x, Rng& rng) { return Tensor::randn(DType::f64, x.shape(), rng); }
 
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;

@@ -29,6 +29,12 @@ double dot(std::span<const double> a, std::span<const double> b) {
   return s;
 }
 
+std::string row_name(const Shape& s, const std::string& name, int64_t row) {
+  auto idx = unravel(s, row * s.back());
+  idx.pop_back();
+  return fmt::format("{}[{}{}:]", name, fmt::join(idx, ", "), idx.empty() ? "" : ", ");
+}
+
 // c as a reader would recognize it: 0.5 = 1/2, 0.353553 = 1/√8, 2.82843 = √8.
 std::string describe_factor(double c) {
   std::string s = fmt::format("{:.6g}", c);

@@ -19,6 +19,8 @@ namespace tapegrad::gradcheck_detail {
 std::vector<int64_t> unravel(const Shape& s, int64_t flat);
 int64_t ravel(const Shape& s, const std::vector<int64_t>& idx);
 std::string index_str(const Shape& s, int64_t flat);  // "[1, 2]"
+// Row `row` of s along its last axis, as "name[1, 2, :]" ("name[:]" for rank 1).
+std::string row_name(const Shape& s, const std::string& name, int64_t row);
 
 // |a − ref| ≤ atol + rtol·|ref|: the element test of every comparison (NaN fails).
 struct Tolerance {
