@@ -354,4 +354,10 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
   for (size_t k = 0; k < found.size(); ++k) module.parameters()[k].value.copy_from(*found[k]);
 }
 
+const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path) {
+  auto it = ck.metadata.find(key);
+  if (it == ck.metadata.end()) fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
+  return it->second;
+}
+
 }  // namespace tapegrad

@@ -43,6 +43,9 @@ struct Checkpoint {
   const Tensor* find(std::string_view name) const;
 };
 
+// The metadata value under `key` of a training checkpoint read from `path`; throws naming both when it is missing.
+const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path);
+
 // The metadata keys under which the writer records the data section's and the header's checksums.
 inline constexpr std::string_view kChecksumKey = "tapegrad.checksum";
 inline constexpr std::string_view kHeaderChecksumKey = "tapegrad.header_checksum";

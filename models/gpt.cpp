@@ -63,6 +63,10 @@ std::vector<std::pair<std::string, int64_t>> GPT::parameter_summary() const {
   return rows;
 }
 
+uint64_t dropout_seed(const GPTConfig& cfg, uint64_t seed, int64_t step) {
+  return cfg.dropout > 0 ? seed * 1000003ULL + static_cast<uint64_t>(step) + 1 : 0;
+}
+
 Var GPT::dropout(Tape& tape, Var x, uint64_t& seed) const {
   if (cfg_.dropout <= 0 || seed == 0) return x;
   // Inverted dropout: y = x ⊙ m / (1 − p), m ~ Bernoulli(1 − p), as a product with a constant mask.

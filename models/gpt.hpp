@@ -37,6 +37,10 @@ struct GPTBlock : Module {
   FeedForward mlp;
 };
 
+// The seed of the dropout masks of training step `step` in a run seeded `seed`: 0 (no masks) when the model has no
+// dropout.
+uint64_t dropout_seed(const GPTConfig& cfg, uint64_t seed, int64_t step);
+
 class GPT : public Module {
  public:
   GPT(const GPTConfig& cfg, uint64_t seed);

@@ -24,12 +24,6 @@ constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 constexpr const char* kCsvFile = "losses.csv";
 constexpr const char* kSvgFile = "losses.svg";
 
-const std::string& meta(const Checkpoint& ck, const std::string& key, const std::string& path) {
-  auto it = ck.metadata.find(key);
-  if (it == ck.metadata.end()) fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
-  return it->second;
-}
-
 }  // namespace
 
 std::string format_duration(double s) {
@@ -90,14 +84,14 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
     load_parameters(ck, model, ck_path, kOptimizerState);
     opt.load_state(ck, ck_path);
     try {
-      step = std::stoll(meta(ck, "tapegrad.step", ck_path));
+      step = std::stoll(training_metadata(ck, "tapegrad.step", ck_path));
       auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
         if (!v.is_number_integer()) fail("{}: {}: a step in its log is {}, not an integer", cfg.resume_flag, ck_path, v.dump());
         return v.get<int64_t>();
       };
-      for (const auto& e : json::parse(meta(ck, "tapegrad.evals", ck_path)))
+      for (const auto& e : json::parse(training_metadata(ck, "tapegrad.evals", ck_path)))
         res.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
-      for (const auto& r : json::parse(meta(ck, "tapegrad.log", ck_path)))
+      for (const auto& r : json::parse(training_metadata(ck, "tapegrad.log", ck_path)))
         res.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
                             r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
                             r[4].is_null() ? NAN : r[4].get<double>()});

@@ -88,16 +88,10 @@ void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, 
   ck.metadata["tapegrad.rng"] = std::to_string(rng_state);
 }
 
-const std::string& meta(const Checkpoint& ck, const std::string& key, const std::string& path) {
-  auto it = ck.metadata.find(key);
-  if (it == ck.metadata.end()) fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
-  return it->second;
-}
-
 }  // namespace
 
 GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
-  const GPTConfig cfg = model_from_json(meta(ck, "tapegrad.model", path), path);
+  const GPTConfig cfg = model_from_json(training_metadata(ck, "tapegrad.model", path), path);
   // Before a model of the configuration's size is allocated, the file must hold its largest tensors: a
   // configuration that lies (n_embd 10⁶, n_layer 10⁹) is refused instead of exhausting memory.
   auto expect = [&](const std::string& name, const Shape& shape) {
@@ -206,7 +200,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   std::optional<Checkpoint> resume_ck;
   if (cfg.resume) {
     resume_ck = load_checkpoint(ck_path);
-    GPTConfig saved = model_from_json(meta(*resume_ck, "tapegrad.model", ck_path), ck_path);
+    GPTConfig saved = model_from_json(training_metadata(*resume_ck, "tapegrad.model", ck_path), ck_path);
     if (saved.attention != cfg.model.attention || saved.n_embd != cfg.model.n_embd || saved.n_layer != cfg.model.n_layer ||
         saved.n_head != cfg.model.n_head || saved.block_size != cfg.model.block_size || saved.vocab_size != cfg.model.vocab_size)
       fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
@@ -263,7 +257,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   fn.loss = [&](Tape& tape, int64_t it) {
     sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
     if (prof) prof->mark("data: batch");
-    return model.loss(tape, x, y, cfg.model.dropout > 0 ? cfg.seed * 1000003ULL + static_cast<uint64_t>(it) + 1 : 0);
+    return model.loss(tape, x, y, dropout_seed(cfg.model, cfg.seed, it));
   };
   fn.evaluate = [&](int64_t) {
     Tape train_tape, val_tape;
@@ -272,7 +266,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     return Evaluation{evaluate(model, train_tape, eval_train), evaluate(model, val_tape, eval_val)};
   };
   fn.save = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data, batch_rng.state()); };
-  fn.restore = [&](const Checkpoint& ck) { batch_rng.set_state(std::stoull(meta(ck, "tapegrad.rng", ck_path))); };
+  fn.restore = [&](const Checkpoint& ck) {
+    batch_rng.set_state(std::stoull(training_metadata(ck, "tapegrad.rng", ck_path)));
+  };
   fn.started = [&](int64_t first_step) {
     if (cfg.quiet) return;
     fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, vocab {}, batch {}\n",
@@ -286,21 +282,21 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     std::fflush(out);
   };
 
-  LoopResult lr = train_loop(model, opt, lc, fn);
-  res.evals = lr.evals;
-  res.step_losses = lr.step_losses;
-  res.ms_per_step = lr.ms_per_step;
-  res.wall_seconds = lr.wall_seconds;
+  LoopResult run = train_loop(model, opt, lc, fn);
+  res.evals = std::move(run.evals);
+  res.step_losses = std::move(run.step_losses);
+  res.ms_per_step = run.ms_per_step;
+  res.wall_seconds = run.wall_seconds;
 
   // The profile against the mean step time of the same steps (the rows add up to the mean, not the median).
   auto report_profile = [&] {
     if (!prof) return;
-    write_file_atomic(dir + "/profile.json", profile_json(*prof, lr.mean_ms_per_step).dump(2) + "\n");
+    write_file_atomic(dir + "/profile.json", profile_json(*prof, run.mean_ms_per_step).dump(2) + "\n");
     if (!cfg.quiet)
       fmt::print(out, "\n{}wrote {}/profile.json\n",
-                 format_profile(*prof, lr.mean_ms_per_step, "profile (training steps, evaluation excluded)"), dir);
+                 format_profile(*prof, run.mean_ms_per_step, "profile (training steps, evaluation excluded)"), dir);
   };
-  if (lr.stopped_early) {
+  if (run.stopped_early) {
     report_profile();
     return res;
   }
@@ -310,7 +306,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     res.sample = data.decode(ids);
   }
   if (!cfg.quiet) {
-    const EvalPoint& final_eval = lr.evals.back();
+    const EvalPoint& final_eval = res.evals.back();
     fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall\n",
                cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
                format_duration(res.wall_seconds));
@@ -324,7 +320,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
 std::string sample_from_checkpoint(const std::string& path, const SampleConfig& sc) {
   Checkpoint ck = load_checkpoint(path);
   GPT model = model_from_checkpoint(ck, path);
-  TextData vocab = TextData::from_text(meta(ck, "tapegrad.vocab", path), 1.0);
+  TextData vocab = TextData::from_text(training_metadata(ck, "tapegrad.vocab", path), 1.0);
   if (!(sc.temperature > 0)) fail("temperature must be positive, got {}", sc.temperature);
   if (sc.tokens < 0 || sc.top_k < 0) fail("tokens and top-k must not be negative");
   Rng rng(sc.seed);

@@ -111,8 +111,8 @@ std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::uni
     idx.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
     targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
   }
-  // With --dropout the step draws its masks as training does (a dropout seed of 0 means none).
-  const Var loss = model->loss(tape, idx, targets, cfg.dropout > 0 ? a.seed * 1000003ULL + 1 : 0);
+  // With --dropout the step draws its masks as training's first step does.
+  const Var loss = model->loss(tape, idx, targets, dropout_seed(cfg, a.seed, 0));
   if (a.backward) tape.backward(loss);
   for (uint32_t id = 0; id < tape.num_values(); ++id) {
     if (!tape.is_leaf(id)) continue;
