@@ -50,6 +50,11 @@ template <class T>
 T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
+// p + offset, or nullptr where p is: one slice of an optional buffer.
+template <class T>
+T* offset_or_null(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;
+}
 
 inline void expect_min_rank(const char* op, const Var& x, int rank, const char* what) {
   (void)tape_of(op, {x});

@@ -34,7 +34,7 @@ void expect_each(const char* op, const Var& x, Ok ok, std::string_view expected)
   const Tensor xv = x.value();
   dispatch_float(op, x.dtype(), [&]<class T>(T) {
     const T* px = xv.data<T>();
-    for (int64_t i = 0; i < xv.numel(); ++i)
+    for (int64_t i = 0, n = xv.numel(); i < n; ++i)
       if (!ok(px[i])) fail("{}: element {} of x {} is {}: expected {}", op, i, x.shape(), px[i], expected);
   });
 }

@@ -113,11 +113,6 @@ struct SliceOffsets {
         rows(bh * dims.T) {}
 };
 
-template <class T>
-T* offset_or_null(T* p, int64_t offset) {
-  return p ? p + offset : nullptr;
-}
-
 }  // namespace
 
 Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {

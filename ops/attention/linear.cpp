@@ -84,8 +84,7 @@ struct Workspace {
 template <class T>
 void add_key_sums(T* S, T* z, const T* k, const T* v, int64_t rows, int64_t d, int64_t dv) {
   gemm(d, dv, rows, T(1), transposed(k, d), as_is(v, dv), T(1), S, dv);
-  for (int64_t j = 0; j < rows; ++j)
-    for (int64_t x = 0; x < d; ++x) z[x] += k[j * d + x];
+  sum_rows(z, k, rows, d);
 }
 
 // Zeroes the c×c matrix M above its diagonal: in a chunk, query i sees key j ≤ i.
@@ -252,8 +251,7 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
         std::fill(dx, dx + c * d, T(0));
       } else {
         gemm(c, d, dv, T(1), as_is(vI, dv), transposed(R, dv), T(0), dx, d);
-        for (int64_t j = 0; j < c; ++j)
-          for (int64_t x = 0; x < d; ++x) dx[j * d + x] += r[x];
+        add_rows(dx, r, c, d);
       }
       if (n.causal) {
         if (w_chunk != a) chunk_cotangent_scores(W, Gn, gamma, vI, c, dv);

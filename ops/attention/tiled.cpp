@@ -24,6 +24,7 @@
 #include "ops/attention/kernels.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
+#include "ops/row_maps.hpp"
 
 namespace tapegrad {
 
@@ -195,7 +196,7 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
         for (int64_t a = 0; a < rs; ++a) {  // dS = A ⊙ (GVᵀ − D1ᵀ) on the visible columns, 0 on the rest
           T *ds_row = dS + a * cs, *a_row = A + a * cs;
           const int64_t vis = visible_cols(dims, i + a, j0, cs);
-          for (int64_t j = 0; j < vis; ++j) ds_row[j] = a_row[j] * (ds_row[j] - D[a0 + a]);
+          softmax_row_derivative<Into::replace>(ds_row, a_row, ds_row, D[a0 + a], vis);
           std::fill(ds_row + vis, ds_row + cs, T(0));
         }
         if (gq) gemm(rs, dims.d, cs, s, as_is(dS, cs), as_is(x.k + j0 * dims.d, dims.d), T(1), gq + i * dims.d, dims.d);
@@ -269,11 +270,6 @@ SliceAt<T> slice_at(const AttentionDims& dims, int64_t bh, const Tensor& q, cons
   const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
   return {{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), bh / dims.H, bh % dims.H},
           oq, ok, ov, bh * dims.T * dims.dv, bh * dims.T};
-}
-
-template <class T>
-T* offset_or_null(T* p, int64_t offset) {
-  return p ? p + offset : nullptr;
 }
 
 }  // namespace
