@@ -20,15 +20,17 @@ Var row_normalize(Var x) {
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
   Tensor r = tape.empty(x.dtype(), Shape{rows}, "r = ‖x‖ per row");
   dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    for (int64_t i = 0; i < rows; ++i)
-      r.data<T>()[i] = beta_row(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols, cols);
+    T *py = y.data<T>(), *pr = r.data<T>();
+    const T* px = xv.data<T>();
+    for (int64_t i = 0; i < rows; ++i) pr[i] = beta_row(py + i * cols, px + i * cols, cols, cols);
   });
   // x̄ += dβ(x)ᵀ·ȳ and ẏ = dβ(x)·ẋ: the Jacobian is symmetric, one kernel for both.
   auto jacobian_product = [=](Tensor out, const Tensor& u) {
     dispatch_float(op, out.dtype(), [&]<class T>(T) {
+      T* po = out.data<T>();
+      const T *pu = u.data<T>(), *py = y.data<T>(), *pr = r.data<T>();
       for (int64_t i = 0; i < rows; ++i)
-        beta_row_derivative<Into::add>(out.data<T>() + i * cols, u.data<T>() + i * cols, y.data<T>() + i * cols,
-                                       r.data<T>()[i], cols, cols);
+        beta_row_derivative<Into::add>(po + i * cols, pu + i * cols, py + i * cols, pr[i], cols, cols);
     });
   };
   return tape.record(

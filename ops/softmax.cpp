@@ -55,22 +55,26 @@ Var row_distribution(Var x) {
   const int64_t cols = x.shape().back();
   const int64_t rows = cols == 0 ? 0 : x.shape().numel() / cols;
   dispatch_float(K::name, x.dtype(), [&]<class T>(T) {
-    for (int64_t i = 0; i < rows; ++i) K::forward(y.data<T>() + i * cols, xv.data<T>() + i * cols, cols);
+    T* py = y.data<T>();
+    const T* px = xv.data<T>();
+    for (int64_t i = 0; i < rows; ++i) K::forward(py + i * cols, px + i * cols, cols);
   });
   return tape.record(
       K::name, {x}, y,
       [=](const Tensor& g, std::span<const Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(K::name, g.dtype(), [&]<class T>(T) {
-          for (int64_t i = 0; i < rows; ++i)
-            K::vjp(gin[0].data<T>() + i * cols, y.data<T>() + i * cols, g.data<T>() + i * cols, cols);
+          T* pgx = gin[0].data<T>();
+          const T *py = y.data<T>(), *pg = g.data<T>();
+          for (int64_t i = 0; i < rows; ++i) K::vjp(pgx + i * cols, py + i * cols, pg + i * cols, cols);
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float(K::name, ty.dtype(), [&]<class T>(T) {
-          for (int64_t i = 0; i < rows; ++i)
-            K::jvp(ty.data<T>() + i * cols, y.data<T>() + i * cols, tin[0].data<T>() + i * cols, cols);
+          T* pty = ty.data<T>();
+          const T *py = y.data<T>(), *ptx = tin[0].data<T>();
+          for (int64_t i = 0; i < rows; ++i) K::jvp(pty + i * cols, py + i * cols, ptx + i * cols, cols);
         });
       });
 }
