@@ -120,6 +120,8 @@ CpuFeatures cpu_features() {
   f.avx512dq = zmm_saved && ((b >> 17) & 1);
   f.avx512bw = zmm_saved && ((b >> 30) & 1);
   f.avx512vl = zmm_saved && ((b >> 31) & 1);
+  const bool tiles_saved = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
+  f.amx_bf16 = tiles_saved && ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16 and AMX-TILE
   if (leaf7_subleaves >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = zmm_saved && ((a >> 5) & 1);

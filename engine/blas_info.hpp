@@ -25,6 +25,7 @@ struct CpuFeatures {
   int family = 0, model = 0;  // with the extended fields: Emerald Rapids is family 6, model 207
   bool avx = false, avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512bf16 = false;
+  bool amx_bf16 = false;  // AMX tiles with bf16 products (and the OS saves the tile state)
 };
 CpuFeatures cpu_features();
 

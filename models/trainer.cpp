@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/blas_info.hpp"
+#include "engine/products.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "models/checkpoint.hpp"
@@ -275,7 +276,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
                cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T, cfg.model.vocab_size, B);
     for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
     fmt::print(out, "  {:<24} {:>9} parameters\n", "total", res.parameters);
-    fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n", num_threads(), blas_summary(blas_info()));
+    fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()),
+               products_summary());
     fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n",
                cfg.data.empty() ? default_data_path() : cfg.data, data.train.size(), data.val.size(), dir);
     if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, first_step);

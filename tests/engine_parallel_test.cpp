@@ -113,7 +113,7 @@ TEST_CASE("a split product equals the unsplit one to rounding, for every transpo
         auto whole = random_floats(static_cast<size_t>(m * n), 3);
         auto split = whole;
         const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-        blas_detail::gemm_call(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, whole.data(), n);
+        blas_detail::gemm_call(blas_detail::route<float>(m, n, k), ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, whole.data(), n);
         gemm(m, n, k, 0.5f, MatrixOperand<float>{a.data(), lda, ta}, MatrixOperand<float>{b.data(), ldb, tb}, 1.0f,
              split.data(), n);
         float worst = 0;

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev doctest-dev libutfcpp-dev graphviz)
+PACKAGES=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libdnnl-dev libfmt-dev libcli11-dev nlohmann-json3-dev doctest-dev libutfcpp-dev graphviz)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/blas_info.hpp"
+#include "engine/products.hpp"
 #include "engine/tensor.hpp"
 #include "tools/commands.hpp"
 
@@ -53,7 +54,15 @@ int main(int argc, char** argv) {
   use_best_blas_core(blas, argv);
   CLI::App app{"tapegrad: a small reverse-mode autodiff engine for attention, with hand-derived VJPs and JVPs"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("tapegrad {}\n{}", TAPEGRAD_VERSION, tapegrad::blas_summary(blas)));
+  std::string products;
+  try {
+    products = tapegrad::products_summary();  // reads TAPEGRAD_GEMM: a bad value is refused before anything runs
+  } catch (const tapegrad::Error& e) {
+    report(e.what());
+    return 2;
+  }
+  app.set_version_flag("--version",
+                       fmt::format("tapegrad {}\n{}\n{}", TAPEGRAD_VERSION, tapegrad::blas_summary(blas), products));
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
   tapegrad::cli::add_gradcheck_command(app);

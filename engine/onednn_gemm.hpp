@@ -1,0 +1,29 @@
+// The oneDNN side of gemm() (engine/blas.hpp): one float32 product through oneDNN's matmul primitive, in float32
+// or with bf16 operands, single-threaded on the calling thread. Row-major, C (m, n) = α·op(A)·op(B) + β·C, as
+// cblas_sgemm. Where tapegrad was built without oneDNN these throw tapegrad::Error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tapegrad::onednn_detail {
+
+// False where oneDNN has no implementation for this product but its reference one (or none): the caller runs
+// it on OpenBLAS instead. The answer is cached per shape, so it is the same for every call of that shape.
+bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The same product with A and B rounded to bfloat16 (round to nearest even) and float32 accumulation.
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// x rounded to bfloat16 and back: what a bf16 product reads of x (for tests and the bound in docs/blas.md).
+float round_to_bf16(float x);
+
+// The implementations oneDNN chose for the products run so far, sorted ("brg:avx512_core", ...).
+std::vector<std::string> implementations_used();
+
+std::string version();  // "2.6.3", or "" where built without oneDNN
+
+}  // namespace tapegrad::onednn_detail

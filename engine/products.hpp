@@ -1,0 +1,66 @@
+// Which library runs each float32 matrix product, and in which precision.
+//
+// Two product backends sit behind engine/blas.hpp's one gemm():
+//   - OpenBLAS (cblas_sgemm): the project's BLAS, on every machine, and every float64 product (the gradchecker's);
+//   - oneDNN (Debian's libdnnl, its matmul primitive), where tapegrad was built with it and it measured faster.
+// Which one runs a float32 product is a fixed rule of the CPU class and the product's shape (product_backend
+// below, with the measurements it comes from), never a timing taken at run time: the same product runs on the
+// same kernels in every run, so a seed gives the same losses bit for bit on one machine and thread count.
+// TAPEGRAD_GEMM=openblas|onednn in the environment overrides the rule for every float32 product ("auto", or
+// unset, keeps it).
+//
+// Precision. In f32 mode (the default) a product reads and accumulates float32. In bf16 mode every float32
+// product rounds copies of its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
+// accumulates in float32 on the CPU's bf16 units (AVX512_BF16 or AMX-BF16, through oneDNN); C stays float32, and
+// so do the tensors, the parameters, the optimizer state and the gradients. float64 products are never rounded.
+// bf16 is a mode of the products, not a tensor dtype: the products are where the units pay off, everything else
+// (the element-wise ops, the reductions, the optimizer) keeps float32's accuracy, and no op needs a second
+// kernel. The cost is one rounding pass over each operand per product, O(mk + kn) against the product's O(mnk).
+//
+// Threads: oneDNN runs single-threaded on the thread that calls it (its OpenMP team is held to one thread on
+// every thread that calls it), under the engine's one pool exactly as OpenBLAS does (engine/parallel.hpp): large
+// products are split by rows across the pool, small ones run whole inside the ops' parallel loops. No library
+// starts threads of its own, so nothing oversubscribes the cores.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tapegrad {
+
+enum class ProductBackend { openblas, onednn };
+enum class ProductPrecision { f32, bf16 };
+
+const char* backend_name(ProductBackend backend);        // "OpenBLAS", "oneDNN"
+const char* precision_name(ProductPrecision precision);  // "f32", "bf16"
+
+// True where tapegrad was built with oneDNN.
+bool onednn_built();
+// "oneDNN 2.6.3" (the library loaded), or "" where tapegrad was built without it.
+std::string onednn_version();
+
+// The backend a float32 product C (m, n) = op(A) (m, k) · op(B) (k, n) runs on in f32 mode (bf16 products always
+// run on oneDNN). Throws tapegrad::Error once for a TAPEGRAD_GEMM value that is not openblas, onednn or auto, or
+// onednn where tapegrad was built without it.
+ProductBackend product_backend(int64_t m, int64_t n, int64_t k);
+
+// The precision of float32 products, for the whole program (every thread). set_product_precision(bf16) throws
+// tapegrad::Error, and changes nothing, on a CPU without bf16 units or a build without oneDNN: the message names
+// what is missing. Call it between steps, not while products run.
+void set_product_precision(ProductPrecision precision);
+ProductPrecision product_precision();
+// Empty where bf16 products can run here, else why not ("this CPU (AMD EPYC (AVX2)) has neither AVX512_BF16 nor
+// AMX-BF16").
+std::string bf16_unavailable_reason();
+// Parses "f32" or "bf16"; throws tapegrad::Error naming the value otherwise.
+ProductPrecision parse_precision(const std::string& text);
+
+// One line for headers and --version: "float32 products: oneDNN 2.6.3 where ≥ 2^19 multiply-adds and the width is
+// a multiple of 16, else OpenBLAS (rule for AVX-512 CPUs); precision f32".
+std::string products_summary();
+// {backend_rule, forced (null or the TAPEGRAD_GEMM value), onednn (null or version), precision, bf16_units}
+nlohmann::json products_json();
+
+}  // namespace tapegrad
