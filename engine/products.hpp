@@ -51,8 +51,19 @@ ProductBackend product_backend(int64_t m, int64_t n, int64_t k);
 // what is missing. Call it between steps, not while products run.
 void set_product_precision(ProductPrecision precision);
 ProductPrecision product_precision();
+// Sets the precision for a scope and puts the previous one back at its end (throws as set_product_precision).
+class PrecisionScope {
+ public:
+  explicit PrecisionScope(ProductPrecision p) : previous_(product_precision()) { set_product_precision(p); }
+  ~PrecisionScope() { set_product_precision(previous_); }
+  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+ private:
+  ProductPrecision previous_;
+};
 // Empty where bf16 products can run here, else why not ("this CPU (AMD EPYC (AVX2)) has neither AVX512_BF16 nor
-// AMX-BF16").
+// AMX-BF16"). For tests, TAPEGRAD_FAKE_NO_BF16=1 in the environment makes any CPU answer as one without bf16 units.
 std::string bf16_unavailable_reason();
 // Parses "f32" or "bf16"; throws tapegrad::Error naming the value otherwise.
 ProductPrecision parse_precision(const std::string& text);

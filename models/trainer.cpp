@@ -84,7 +84,8 @@ std::string utf8_of(const std::vector<char32_t>& vocab) {
 void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, const TextData& data, uint64_t rng_state) {
   ck.metadata["format"] = "tapegrad-gpt";
   ck.metadata["tapegrad.model"] = model_json(model.config()).dump();
-  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters}}.dump();
+  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters},
+                                        {"precision", precision_name(cfg.precision)}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
   ck.metadata["tapegrad.rng"] = std::to_string(rng_state);
 }
@@ -208,6 +209,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
            ck_path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
   }
   cfg.validate();
+  const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
     fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "

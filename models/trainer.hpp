@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/products.hpp"
 #include "../engine/profile.hpp"
 #include "gpt.hpp"
 #include "loop.hpp"
@@ -38,6 +39,7 @@ struct TrainConfig {
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
   bool profile = false;  // time every op and what lies between them (engine/profile.hpp); report at the end
+  ProductPrecision precision = ProductPrecision::f32;  // of the float32 products (engine/products.hpp)
 
   void validate() const;
   std::string run_dir() const;

@@ -54,11 +54,13 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
             mem, load_average());
   out.print("tapegrad  {} threads (the engine's pool); OpenBLAS single-threaded under it: {} kernels ({}), {}\n",
             num_threads(), blas.core, blas_summary(blas), blas_libs.empty() ? "?" : blas_libs.front());
+  out.print("          {}\n", products_summary());
   out.header = {{"date", date},
                 {"machine", {{"cpu", cpu}, {"cpus", std::thread::hardware_concurrency()}, {"memory", mem},
                              {"load_average", load_average()}}},
                 {"threads", num_threads()},
                 {"blas", blas_json(blas)},
+                {"products", products_json()},
                 {"blas_library", blas_libs.empty() ? json(nullptr) : json(blas_libs.front())},
                 {"rounds", a.rounds},
                 {"block_ms", g_block_ms},
@@ -74,7 +76,7 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
                 i["openmp_blas"].get<bool>() ? "" : " (OpenBLAS-pthread: install libopenblas0-openmp for a fair figure)");
       out.print("          peers: softmax attention {}; β and linear attention the composite (no fused kernel in "
                 "PyTorch); training step eager{}\n",
-                i.value("sdpa", false) ? "scaled_dot_product_attention(is_causal=True)"
+                i.value("sdpa", false) ? "scaled_dot_product_attention(is_causal=True), in the training step too"
                                        : "the composite (this PyTorch has no scaled_dot_product_attention)",
                 !a.torch_compile              ? " (--torch-compile adds torch.compile)"
                 : i.value("compile", false) ? " and torch.compile"
@@ -100,7 +102,8 @@ void warm_up_cores(double ms) {
     gemm(512, 512, 512, 1.0f, as_is(x.data<float>(), 512), as_is(x.data<float>(), 512), 0.0f, c.data<float>(), 512);
 }
 
-// Returns the sgemm ceiling: the best raw GFLOP/s measured.
+// Returns the product ceiling: the best GFLOP/s measured, through the engine (on the backend and in the precision
+// its products use) or raw.
 double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   struct Mm {
     int64_t m, k, n;
@@ -111,11 +114,12 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
                          {2048, 2048, 2048, "2048³"}};
   if (a.quick) shapes.pop_back();
   const bool vs = torch != nullptr;
-  out.print("matmul: engine (tape + matmul node, pool of {} threads) vs raw cblas_sgemm (OpenBLAS' own {} threads), "
-            "alternating; overhead = median of the per-block ratios − 1\n",
-            num_threads(), num_threads());
-  out.print("  {:<12} {:<16} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "engine ms", "GFLOP/s", "sgemm ms",
-            "GFLOP/s", "overhead", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
+  out.print("matmul: engine (tape + matmul node, pool of {} threads, products in {} on the backend named) vs raw "
+            "cblas_sgemm (OpenBLAS' own {} threads, f32), alternating; ratio = median of the per-block ratios "
+            "engine / sgemm\n",
+            num_threads(), precision_name(product_precision()), num_threads());
+  out.print("  {:<12} {:<16} {:<9} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "backend", "engine ms",
+            "GFLOP/s", "sgemm ms", "GFLOP/s", "ratio", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
   double ceiling = 0;
   int id = 0;
   for (const Mm& s : shapes) {
@@ -155,25 +159,48 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     const double raw_ms = p.peer_ms[0].value_or(NAN), overhead = p.ratio[0].value_or(NAN);
     const double flops = 2.0 * static_cast<double>(s.m * s.k * s.n);
     const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_ms / 1e6;
-    ceiling = std::max(ceiling, gf_raw);
+    ceiling = std::max({ceiling, gf_raw, gf_engine});
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
-    out.print("  {:<12} {:<16} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>+8.1f}%{}\n", s.what, shape, engine.ms, gf_engine,
-              raw_ms, gf_raw, 100 * (overhead - 1), torch_cells(engine, vs));
+    const std::string backend = product_precision() == ProductPrecision::bf16
+                                    ? "oneDNN bf16"
+                                    : backend_name(product_backend(s.m, s.n, s.k));
+    out.print("  {:<12} {:<16} {:<9} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>8.3f}×{}\n", s.what, shape, backend,
+              engine.ms, gf_engine, raw_ms, gf_raw, overhead, torch_cells(engine, vs));
     json& r = out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine);
+    r["backend"] = backend;
     r["sgemm_ms"] = raw_ms;
-    r["overhead"] = overhead - 1;
+    r["vs_sgemm"] = overhead;
   }
-  out.print("  sgemm ceiling (best raw GFLOP/s above): {:.1f}\n\n", ceiling);
+  out.print("  product ceiling (best GFLOP/s above, engine or raw): {:.1f}\n\n", ceiling);
   return ceiling;
 }
 
-void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
+// GFLOP/s of a causal attention node whose products are the softmax family's (S = QKᵀ, O = AV; backward
+// dV = AᵀG, dA = GVᵀ, dQ = dS·K, dK = dSᵀ·Q): 2·T²·d flops per product over the full T×T, half of that under the
+// causal mask, counted once (a node that recomputes S in backward is not credited for it). Linear attention's
+// products are of another shape: no figure.
+std::optional<double> attention_gflops(const std::string& node, const AttentionShape& s, bool backward, double ms) {
+  if (node == "linear_attention") return std::nullopt;
+  const double products = backward ? 6 : 2;  // causal: 2 products forward and 4 backward, each T²·d flops
+  const double flops = products * static_cast<double>(s.B * s.H) * static_cast<double>(s.T * s.T * s.d);
+  return flops / ms / 1e6;
+}
+
+std::string gflops_cell(std::optional<double> g, double ceiling) {
+  if (!g) return fmt::format("{:>14}", "—");
+  return std::isnan(ceiling) ? fmt::format("{:>14.1f}", *g) : fmt::format("{:>7.1f} ({:>3.0f}%)", *g, 100 * *g / ceiling);
+}
+
+void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double ceiling) {
   std::vector<AttentionShape> shapes{{12, 4, 64, 32}, {4, 4, 256, 64}, {1, 8, 1024, 64}};
   if (a.quick) shapes = {{12, 4, 64, 32}};
   const bool vs = torch != nullptr;
-  out.print("attention nodes: causal, float32; forward alone and forward + backward; bytes the node keeps (O included)\n");
-  out.print("  {:<17} {:<16} {:>9}{} {:>9}{} {:>11}{}\n", "node", "(B, h, T, d)", "fwd ms",
-            vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "fwd+bwd ms",
+  out.print("attention nodes: causal, float32 tensors, products in {}; forward alone and forward + backward, with "
+            "GFLOP/s (causal products counted once{}); bytes the node keeps (O included)\n",
+            precision_name(product_precision()),
+            std::isnan(ceiling) ? "" : fmt::format(", % of the product ceiling {:.1f}", ceiling));
+  out.print("  {:<17} {:<16} {:>9} {:>14}{} {:>10} {:>14}{} {:>11}{}\n", "node", "(B, h, T, d)", "fwd ms", "GFLOP/s",
+            vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "fwd+bwd ms", "GFLOP/s",
             vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "kept", vs ? "  PyTorch peer" : "");
   int id = 0;
   for (const AttentionShape& s : shapes) {
@@ -197,10 +224,14 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
       }
       if (node == "attention") fused_ms = both.ms;
       if (node == "tiled_attention") tiled_ms = both.ms;
-      out.print("  {:<17} {:<16} {:>9.3f}{} {:>9.3f}{} {:>11}{}\n", node, s.str(), fwd.ms, torch_cells(fwd, vs), both.ms,
+      const auto gf_fwd = attention_gflops(node, s, false, fwd.ms), gf_both = attention_gflops(node, s, true, both.ms);
+      out.print("  {:<17} {:<16} {:>9.3f} {}{} {:>10.3f} {}{} {:>11}{}\n", node, s.str(), fwd.ms,
+                gflops_cell(gf_fwd, ceiling), torch_cells(fwd, vs), both.ms, gflops_cell(gf_both, ceiling),
                 torch_cells(both, vs), mib(kept), vs ? "  " + both.peer : "");
-      out.row("attention_fwd " + node, s.str(), fwd.ms, &fwd, kept, std::nullopt);
-      out.row("attention_fwd_bwd " + node, s.str(), both.ms, &both, kept, std::nullopt);
+      for (auto [workload, t, gf] : {std::tuple{"attention_fwd ", &fwd, gf_fwd}, std::tuple{"attention_fwd_bwd ", &both, gf_both}}) {
+        json& r = out.row(workload + node, s.str(), t->ms, t, kept, gf);
+        r["share_of_product_ceiling"] = gf && !std::isnan(ceiling) ? json(*gf / ceiling) : json(nullptr);
+      }
     }
     out.print("  {:<17} {:<16} tiled / fused forward + backward: {:.2f}×\n", "", s.str(), tiled_ms / fused_ms);
   }
@@ -208,14 +239,21 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch) {
 }
 
 void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double ceiling) {
-  TrainStep step;
+  TrainStep step(a.model, a.batch);
+  // The PyTorch mirror at the same shape (tools/torch_bench.py's train_step), in bf16 autocast if asked.
+  const json step_args = {{"model", {{"n_layer", a.model.n_layer}, {"n_head", a.model.n_head},
+                                     {"n_embd", a.model.n_embd}, {"block_size", a.model.block_size},
+                                     {"vocab_size", a.model.vocab_size}, {"dropout", a.model.dropout},
+                                     {"bias", a.model.bias}, {"attention", a.model.attention}}},
+                          {"batch", a.batch},
+                          {"autocast", a.torch_autocast.empty() ? json(nullptr) : json(a.torch_autocast)}};
   const bool vs = torch != nullptr && torch->ok();
   // PyTorch eager, and with --torch-compile the same step with the model under torch.compile, each a peer.
   std::vector<Peer> peers;
   std::vector<std::string> peer_names;
   for (const auto& [id, workload] : {std::pair{"train", "train_step"}, std::pair{"train_compiled", "train_step_compiled"}}) {
     if (!vs || (std::string(id) == "train_compiled" && !a.torch_compile)) continue;
-    if (auto name = torch->prepare(id, workload, json::array())) {
+    if (auto name = torch->prepare(id, workload, step_args)) {
       peers.push_back(torch_peer(torch, id));
       peer_names.push_back(*name);
     }
@@ -230,14 +268,14 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
   const Timing t = ts.empty() ? engine_timing(p, -1) : ts.front();
   const double tokens = static_cast<double>(step.batch * step.cfg.block_size);
   const double gflops = step.nominal_flops() / t.ms / 1e6;
-  out.print("training step: default model ({} parameters, {} layers, {} heads, {} wide, context {}, batch {}), "
-            "forward + backward + clipping + AdamW\n",
-            step.model.num_parameters(), step.cfg.n_layer, step.cfg.n_head, step.cfg.n_embd, step.cfg.block_size,
-            step.batch);
+  out.print("training step: {} attention, {} parameters, {} layers, {} heads, {} wide, context {}, batch {}; "
+            "forward + backward + clipping + AdamW, products in {}\n",
+            step.cfg.attention, step.model.num_parameters(), step.cfg.n_layer, step.cfg.n_head, step.cfg.n_embd,
+            step.cfg.block_size, step.batch, precision_name(product_precision()));
   out.print("  {:.2f} ms/step, {:.0f} tokens/s; {:.2f} GFLOP per step (nominal) → {:.1f} GFLOP/s{}\n", t.ms,
             tokens / t.ms * 1000, step.nominal_flops() / 1e9, gflops,
-            std::isnan(ceiling) ? std::string(" (no sgemm ceiling: the matmul section did not run)")
-                                : fmt::format(" = {:.0f}% of the sgemm ceiling {:.1f}", 100 * gflops / ceiling, ceiling));
+            std::isnan(ceiling) ? std::string(" (no product ceiling: the matmul section did not run)")
+                                : fmt::format(" = {:.0f}% of the product ceiling {:.1f}", 100 * gflops / ceiling, ceiling));
   if (torch != nullptr && ts.empty()) out.print("  PyTorch —\n");
   for (const Timing& pt : ts) {
     if (pt.torch_ms)
@@ -253,7 +291,9 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
     json& r = out.row(i == 0 ? "train_step" : "train_step " + ts[i].peer, shape, t.ms, ts.empty() ? &t : &ts[i],
                       std::nullopt, gflops);
     r["tokens_per_s"] = tokens / t.ms * 1000;
-    r["sgemm_ceiling_gflops"] = ceiling;
+    r["product_ceiling_gflops"] = ceiling;
+    r["precision"] = precision_name(product_precision());
+    r["torch_autocast"] = a.torch_autocast.empty() ? json(nullptr) : json(a.torch_autocast);
   }
 }
 
@@ -265,7 +305,8 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   // The child reads its own VmHWM: a spawned child's ru_maxrss also counts the parent's peak (posix_spawn shares
   // the parent's memory until exec, and exec folds that memory's high-water mark into the child's).
   ChildResult ours = run_child({"/proc/self/exe", "bench", "--child-train", std::to_string(steps), "--child-dir",
-                                dir.string(), "--threads", std::to_string(num_threads())});
+                                dir.string(), "--threads", std::to_string(num_threads()), "--precision",
+                                precision_name(product_precision())});
   int64_t ours_kb = -1;
   try {
     if (ours.status == 0) ours_kb = json::parse(ours.out)["vmhwm_kb"].get<int64_t>();
@@ -358,12 +399,14 @@ void child_train(int64_t steps, const std::string& dir) {
   c.sample_tokens = 0;
   c.quiet = true;
   c.out_dir = dir;
+  c.precision = product_precision();
   train(c, stderr);
   fmt::print("{}\n", json{{"vmhwm_kb", proc_status_kb("VmHWM")}}.dump());
 }
 
 void run_bench(BenchArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
+  const PrecisionScope precision(a.precision);  // refuses bf16 where the CPU has no bf16 units
   if (!a.child_memory.empty()) return child_memory(a.child_memory);
   if (a.child_train > 0) return child_train(a.child_train, a.child_dir);
   if (a.rounds <= 0) a.rounds = a.quick ? 2 : 10;
@@ -380,7 +423,7 @@ void run_bench(BenchArgs a) {
   };
   if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
-  if (wanted("attention")) attention_section(out, a, torch.get());
+  if (wanted("attention")) attention_section(out, a, torch.get(), ceiling);
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
   if (wanted("rss")) peak_rss_section(out, a, torch.get());
   if (wanted("memory")) memory_section(out, a);
@@ -414,6 +457,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--python", args->python, "Python with PyTorch for --vs-torch: a path, or a name found on PATH")
       ->capture_default_str();
   cmd->add_option("--torch-script", args->torch_script, "The PyTorch side of --vs-torch")->capture_default_str();
+  add_model_options(cmd, args->model, true, "Training step and profile: ");
+  cmd->add_option("--batch-size", args->batch, "Training step and profile: sequences per step")
+      ->capture_default_str()
+      ->check(positive());
+  add_precision_option(cmd, args->precision);
+  cmd->add_option("--torch-autocast", args->torch_autocast,
+                  "With --vs-torch: PyTorch's training step under torch.autocast(\"cpu\", torch.bfloat16), the peer "
+                  "of --precision bf16")
+      ->check(CLI::IsMember({"bf16"}));
   cmd->add_option("--child-memory", args->child_memory, "Internal: one attention forward + backward, NODE,B,H,T,D")
       ->group("");
   cmd->add_option("--child-train", args->child_train, "Internal: a training run of N steps")->group("");

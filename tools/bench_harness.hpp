@@ -20,7 +20,9 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/products.hpp"
 #include "engine/tensor.hpp"
+#include "models/gpt.hpp"
 #include "models/stats.hpp"
 
 #ifndef TAPEGRAD_SOURCE_DIR
@@ -42,6 +44,10 @@ struct BenchArgs {
   int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
   std::string child_dir;      // its run directory
   std::vector<std::string> only;  // sections to run; empty: all
+  GPTConfig model;                // the training step's and the profile's model
+  int64_t batch = 12;             // and its batch
+  ProductPrecision precision = ProductPrecision::f32;
+  std::string torch_autocast;     // "bf16": PyTorch's training step under torch.autocast("cpu", torch.bfloat16)
 };
 
 double ms_since(Clock::time_point t0);

@@ -17,11 +17,11 @@ struct ThreadProfile {
   double measured_ms = 0;  // the mean of the profiled steps, timed around each step
 };
 
-ThreadProfile profile_steps(int threads, int steps) {
+ThreadProfile profile_steps(const BenchArgs& a, int threads, int steps) {
   set_num_threads(threads);
   ThreadProfile tp;
   tp.threads = threads;
-  TrainStep step;
+  TrainStep step(a.model, a.batch);
   for (int i = 0; i < std::min(steps, 5); ++i) step.run();  // warm-up: the arena's pages, the pool's threads
   step.profile = &tp.profile;
   std::vector<double> ms;
@@ -40,8 +40,8 @@ void profile_section(Output& out, const BenchArgs& a) {
   const int pool = num_threads();
   const int steps = a.quick ? 5 : 100;
   std::vector<ThreadProfile> runs;
-  if (pool > 1) runs.push_back(profile_steps(1, steps));
-  runs.push_back(profile_steps(pool, steps));
+  if (pool > 1) runs.push_back(profile_steps(a, 1, steps));
+  runs.push_back(profile_steps(a, pool, steps));
   set_num_threads(pool);
   const ThreadProfile& one = runs.front();
   const ThreadProfile& all = runs.back();
@@ -64,12 +64,13 @@ void profile_section(Output& out, const BenchArgs& a) {
   const double total_all = all.profile.total_ms() / steps_all;
   const double total_one = one.profile.total_ms() / static_cast<double>(std::max<int64_t>(one.profile.steps(), 1));
 
-  out.print("profile: the training step of the default model, op by op, per step ({} steps each{}); forward and "
-            "backward at {} threads; GFLOP/s from the ops' registered costs\n",
-            steps, pool > 1 ? fmt::format("; 1 thread and {} threads", pool) : "", pool);
+  const std::string shape = fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd,
+                                        a.model.n_layer);
+  out.print("profile: the training step ({}), op by op, per step ({} steps each{}); forward and backward at {} "
+            "threads; GFLOP/s from the ops' registered costs; {}\n",
+            shape, steps, pool > 1 ? fmt::format("; 1 thread and {} threads", pool) : "", pool, products_summary());
   out.print("  {:<28} {:>6} {:>8} {:>8} {:>9} {:>9} {:>8} {:>6} {:>8}\n", "op / outside ops", "calls", "fwd ms",
             "bwd ms", "1 thr ms", fmt::format("{} thr ms", pool), "speedup", "share", "GFLOP/s");
-  const std::string shape = "B=12 T=64 C=128 L=4";
   bool sections = false;
   for (const Profile::Row* r : rows) {
     if (!r->op && !sections) {
@@ -93,6 +94,7 @@ void profile_section(Output& out, const BenchArgs& a) {
     row["backward_ms"] = r->op ? json(r->backward_ms / steps_all) : json(nullptr);
     row["one_thread_ms"] = std::isnan(ms1) ? json(nullptr) : json(ms1);
     row["share"] = ms / total_all;
+    if (flops > 0) row["products"] = products_summary();
   }
   out.print("  {:<28} {:>6} {:>8} {:>8} {:>9.3f} {:>9.3f} {:>7.2f}×\n", "sum of the rows", "", "", "", total_one,
             total_all, total_one / total_all);

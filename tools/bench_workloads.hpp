@@ -73,7 +73,7 @@ struct AttentionRun {
   }
 };
 
-// One training step of the default model, as tapegrad train runs it (without the logging).
+// One training step of a GPT (by default the default model), as tapegrad train runs it (without the logging).
 struct TrainStep {
   GPTConfig cfg;
   int64_t batch = 12;
@@ -83,7 +83,8 @@ struct TrainStep {
   std::vector<std::pair<Tensor, Tensor>> batches;
   size_t next = 0;
   Profile* profile = nullptr;  // when set, the tape's events and the optimizer's sections are charged to it
-  TrainStep() : model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
+  explicit TrainStep(const GPTConfig& config = {}, int64_t batch_size = 12)
+      : cfg(config), batch(batch_size), model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
     Rng rng(7);
     for (int i = 0; i < 8; ++i) {
       Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});

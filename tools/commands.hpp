@@ -14,7 +14,7 @@ void add_evaluate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 }  // namespace tapegrad::cli
-namespace tapegrad { struct TrainConfig; struct GPTConfig; }
+namespace tapegrad { struct TrainConfig; struct GPTConfig; enum class ProductPrecision; }
 namespace tapegrad::cli {
 // Checks with one-line messages: "--lr: must be positive, got -1".
 const CLI::Validator& positive();
@@ -24,6 +24,8 @@ const CLI::Validator& non_negative();
 // each help text after `lead`.
 void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const std::string& lead);
 // The options train and compare share (every field of TrainConfig has a flag).
+// --precision f32|bf16 (engine/products.hpp): train and compare through add_train_options, and bench.
+void add_precision_option(CLI::App* cmd, ProductPrecision& precision);
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
 // The train subcommand and its options, parsing into `cfg`; no action attached (the config-file fuzz target
 // parses with it too).

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include "engine/blas_info.hpp"
+#include "engine/products.hpp"
 #include "engine/parallel.hpp"
 #include "models/gpt.hpp"
 #include "models/plot.hpp"
@@ -24,7 +25,7 @@ void run(const CompareArgs& a) {
   };
   std::vector<Row> rows;
   std::vector<PlotSeries> curves;
-  fmt::print("compare: {} threads; BLAS {}\n", num_threads(), blas_summary(blas_info()));
+  fmt::print("compare: {} threads; BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()), products_summary());
   for (const auto& kind : a.kinds) {
     TrainConfig c = a.base;
     c.model.attention = kind;

@@ -28,10 +28,14 @@ Workloads (the names tapegrad bench sends), each with its peer (the string prepa
     beta_attention               peer "composite: matmul, mask, β row-normalize, matmul"
     linear_attention             peer "composite: elu+1 feature maps, masked matmul, row sums"
                                  (PyTorch has no fused kernel for these two)
-  train_step                   one step of the default model (models/gpt.cpp as mirrored in torch_checkpoint.py:
+  train_step                   one step of the GPT (models/gpt.cpp as mirrored in torch_checkpoint.py; by default
                                4 layers, 4 heads, 128 wide, context 64, batch 12, vocabulary 65): forward,
                                backward, clipping at 1.0, AdamW (betas 0.9, 0.99, weight decay 0.1 on matrices),
-                               zero_grad; peer "eager"
+                               zero_grad; peer "eager". args: [] for the default model, or {model: {n_layer, n_head,
+                               n_embd, block_size, attention, ...}, batch, autocast: "bf16" or null}. Softmax
+                               attention runs through scaled_dot_product_attention where PyTorch has it, as
+                               nanoGPT's model.py does; with autocast "bf16" the forward runs under
+                               torch.autocast("cpu", torch.bfloat16) (peer "eager, bf16 autocast")
   train_step_compiled          the same step with the model's forward under torch.compile (backward, clipping
                                and AdamW unchanged); prepare compiles it and runs it once, and answers an error
                                when torch.compile is missing (before PyTorch 2.0) or fails; peer "torch.compile"
@@ -201,8 +205,13 @@ class AttentionNode:
 class TrainStep:
     peer = "eager"
 
-    def __init__(self, cfg=DEFAULT_MODEL, batch=BATCH, seed=1337):
+    def __init__(self, cfg=DEFAULT_MODEL, batch=BATCH, autocast=None, seed=1337):
         torch.manual_seed(seed)
+        self.autocast = autocast
+        if autocast == "bf16":
+            self.peer += ", bf16 autocast"
+        elif autocast is not None:
+            raise ValueError(f"autocast {autocast!r}: expected bf16")
         self.model = GPT(cfg)
         self.forward = self.model
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
@@ -218,7 +227,11 @@ class TrainStep:
     def run(self):
         x, y = self.batches[self.i % len(self.batches)]
         self.i += 1
-        _, loss = self.forward(x, y)
+        if self.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = self.forward(x, y)
+        else:
+            _, loss = self.forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
@@ -231,10 +244,10 @@ class CompiledTrainStep(TrainStep):
     shows at prepare and the compilation is not timed."""
     peer = "torch.compile"
 
-    def __init__(self):
+    def __init__(self, **step_args):
         if not has_compile():
             raise Unavailable(f"torch.compile is not available in PyTorch {torch.__version__} (it needs 2.0 or later)")
-        super().__init__()
+        super().__init__(**step_args)
         try:
             self.forward = torch.compile(self.model)
             self.run()
@@ -248,10 +261,12 @@ def make(workload, args):
         return Matmul(*args)
     if workload in ("attention_fwd", "attention_bwd"):
         return AttentionNode(args[0], workload == "attention_bwd", *[int(a) for a in args[1:]])
-    if workload == "train_step":
-        return TrainStep()
-    if workload == "train_step_compiled":
-        return CompiledTrainStep()
+    if workload in ("train_step", "train_step_compiled"):
+        step_args = {}
+        if args:  # {model: {...}, batch, autocast}
+            step_args = {"cfg": {**DEFAULT_MODEL, **args.get("model", {})}, "batch": args.get("batch", BATCH),
+                         "autocast": args.get("autocast")}
+        return TrainStep(**step_args) if workload == "train_step" else CompiledTrainStep(**step_args)
     raise ValueError(f"unknown workload {workload}")
 
 

@@ -104,6 +104,8 @@ def attend(kind, q, k, v):
     if kind == "linear":
         w = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2) * keep
         return (w @ v) / w.sum(dim=-1, keepdim=True)
+    if kind != "beta" and hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.0 and later, as nanoGPT
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if kind == "beta":
         p = scores * keep

@@ -51,8 +51,18 @@ void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const
   cmd->add_flag("--bias,!--no-bias", m.bias, lead + "Biases in Linear and LayerNorm layers")->capture_default_str();
 }
 
+void add_precision_option(CLI::App* cmd, ProductPrecision& precision) {
+  cmd->add_option_function<std::string>(
+         "--precision", [&precision](const std::string& name) { precision = parse_precision(name); },
+         "Matrix products: f32, or bf16 operands with float32 accumulation on the CPU's bf16 units (AVX512_BF16 or "
+         "AMX-BF16); everything else stays float32")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->default_str("f32");
+}
+
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   add_model_options(cmd, c.model, attention_option, "");
+  add_precision_option(cmd, c.precision);
   cmd->add_option("--data", c.data, "UTF-8 text file to train on (default: the bundled Tiny Shakespeare)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
