@@ -36,6 +36,7 @@ bool runs_avx512(const CpuFeatures& cpu) { return cpu.avx512f && cpu.avx512bw &&
 struct Choice {
   std::optional<ProductBackend> forced;  // TAPEGRAD_GEMM
   std::string forced_text;
+  CpuFeatures cpu;
   bool onednn_for_large = false;  // the rule's CPU class
 };
 
@@ -51,7 +52,8 @@ Choice read_choice() {
   } else if (!value.empty() && value != "auto")
     throw Error(fmt::format("TAPEGRAD_GEMM={}: expected openblas, onednn or auto", value));
   if (choice.forced) choice.forced_text = std::string(value);
-  choice.onednn_for_large = onednn_built() && runs_avx512(cpu_features());
+  choice.cpu = cpu_features();
+  choice.onednn_for_large = onednn_built() && runs_avx512(choice.cpu);
   return choice;
 }
 
@@ -79,12 +81,17 @@ bool onednn_built() {
 
 std::string onednn_version() { return onednn_built() ? "oneDNN " + onednn_detail::version() : ""; }
 
+ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k) {
+  if (with_onednn && runs_avx512(cpu) && m * n * k >= kOneDnnMinMacs && n % kOneDnnWidthMultiple == 0)
+    return ProductBackend::onednn;
+  return ProductBackend::openblas;
+}
+
 ProductBackend product_backend(int64_t m, int64_t n, int64_t k) {
   const Choice& c = choice();
   if (c.forced) return *c.forced;
-  if (c.onednn_for_large && m * n * k >= kOneDnnMinMacs && n % kOneDnnWidthMultiple == 0)
-    return ProductBackend::onednn;
-  return ProductBackend::openblas;
+  if (!c.onednn_for_large) return ProductBackend::openblas;
+  return backend_by_rule(c.cpu, true, m, n, k);
 }
 
 std::string bf16_unavailable_reason() {

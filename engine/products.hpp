@@ -30,6 +30,8 @@
 
 namespace tapegrad {
 
+struct CpuFeatures;
+
 enum class ProductBackend { openblas, onednn };
 enum class ProductPrecision { f32, bf16 };
 
@@ -41,9 +43,12 @@ bool onednn_built();
 // "oneDNN 2.6.3" (the library loaded), or "" where tapegrad was built without it.
 std::string onednn_version();
 
+// The rule alone, as a function of the CPU, of whether oneDNN is built in, and of the product's shape (m, n, k).
+ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k);
+
 // The backend a float32 product C (m, n) = op(A) (m, k) · op(B) (k, n) runs on in f32 mode (bf16 products always
 // run on oneDNN). Throws tapegrad::Error once for a TAPEGRAD_GEMM value that is not openblas, onednn or auto, or
-// onednn where tapegrad was built without it.
+// onednn where tapegrad was built without it. Without TAPEGRAD_GEMM: backend_by_rule for this CPU and build.
 ProductBackend product_backend(int64_t m, int64_t n, int64_t k);
 
 // The precision of float32 products, for the whole program (every thread). set_product_precision(bf16) throws

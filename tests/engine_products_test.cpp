@@ -1,0 +1,252 @@
+// The product backends (engine/products.hpp): the rule that picks one, oneDNN's float32 products against
+// OpenBLAS', bf16 products against float64 within bf16's bound, and the refusal where a CPU has no bf16 units.
+#include <doctest/doctest.h>
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/blas.hpp"
+#include "engine/blas_info.hpp"
+#include "engine/onednn_gemm.hpp"
+#include "engine/products.hpp"
+#include "engine/rng.hpp"
+#include "test_util.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+CpuFeatures with_avx512(bool bf16) {
+  CpuFeatures c;
+  c.x86_64 = true;
+  c.avx = c.avx2 = c.fma = true;
+  c.avx512f = c.avx512bw = c.avx512dq = c.avx512vl = true;
+  c.avx512bf16 = bf16;
+  return c;
+}
+
+CpuFeatures avx2_only() {
+  CpuFeatures c = with_avx512(false);
+  c.avx512f = c.avx512bw = c.avx512dq = c.avx512vl = false;
+  return c;
+}
+
+std::vector<float> normal_floats(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+// One product's operands, stored with a leading dimension wider than the matrix (3 spare columns), as is or
+// transposed, and a C with values for β to scale.
+struct Product {
+  int64_t m, n, k;
+  bool ta, tb;
+  float alpha, beta;
+  int64_t lda, ldb, ldc;
+  std::vector<float> a, b, c;
+  Product(int64_t m_, int64_t n_, int64_t k_, bool ta_, bool tb_, float alpha_, float beta_, uint64_t seed)
+      : m(m_), n(n_), k(k_), ta(ta_), tb(tb_), alpha(alpha_), beta(beta_) {
+    lda = (ta ? m : k) + 3;
+    ldb = (tb ? k : n) + 3;
+    ldc = n + 3;
+    a = normal_floats(static_cast<size_t>((ta ? k : m) * lda), seed);
+    b = normal_floats(static_cast<size_t>((tb ? n : k) * ldb), seed + 1);
+    c = normal_floats(static_cast<size_t>(m * ldc), seed + 2);
+  }
+  float at_a(int64_t i, int64_t p) const { return ta ? a[p * lda + i] : a[i * lda + p]; }
+  float at_b(int64_t p, int64_t j) const { return tb ? b[j * ldb + p] : b[p * ldb + j]; }
+  // α·Σ a·b + β·c in float64, and Σ |a|·|b| (what the rounding errors scale with).
+  double exact(int64_t i, int64_t j, double* magnitude) const {
+    double s = 0, mag = 0;
+    for (int64_t p = 0; p < k; ++p) {
+      s += double{at_a(i, p)} * double{at_b(p, j)};
+      mag += std::fabs(double{at_a(i, p)} * double{at_b(p, j)});
+    }
+    *magnitude = std::fabs(double{alpha}) * mag;
+    return double{alpha} * s + double{beta} * double{c[i * ldc + j]};
+  }
+};
+
+struct Worst {
+  double error_over_bound = 0;  // max |C − exact| / bound: ≤ 1 everywhere
+  double relative = 0;          // max |C − exact| / Σ|a||b|: how far from float32 the product is
+};
+
+// C from the product against the float64 value, element by element, with a bound of the form
+// per_product·α·Σ|a||b| + 2⁻²²·|β·c| (float32's rounding of the scaled sum), and untouched padding.
+Worst compare(const Product& p, const std::vector<float>& c, double per_product) {
+  Worst w;
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double mag = 0;
+      const double exact = p.exact(i, j, &mag);
+      const double err = std::fabs(double{c[i * p.ldc + j]} - exact);
+      const double bound = per_product * mag + std::ldexp(std::fabs(double{p.beta} * p.c[i * p.ldc + j]), -22) + 1e-30;
+      w.error_over_bound = std::max(w.error_over_bound, err / bound);
+      if (mag > 0) w.relative = std::max(w.relative, err / mag);
+    }
+    for (int64_t j = p.n; j < p.ldc; ++j) REQUIRE(c[i * p.ldc + j] == p.c[i * p.ldc + j]);  // padding untouched
+  }
+  return w;
+}
+
+// float32 accumulation of k products: each partial sum rounds with relative error ≤ 2⁻²⁴ (γ_k ≈ k·2⁻²⁴), plus
+// the rounding of α's scaling.
+double float32_bound(int64_t k) { return static_cast<double>(k + 2) * std::ldexp(1.0, -24); }
+
+struct Dims {
+  int64_t m, n, k;
+};
+// Small ones (run whole), and ones above the split threshold (split by rows across the pool), odd sizes among them.
+const std::vector<Dims> kShapes{{7, 5, 3}, {64, 32, 64}, {33, 48, 17}, {200, 160, 96}, {197, 130, 301}};
+
+}  // namespace
+
+TEST_CASE("the rule: oneDNN for large products of width a multiple of 16 on AVX-512 CPUs, OpenBLAS otherwise") {
+  struct Row {
+    CpuFeatures cpu;
+    bool onednn;
+    int64_t m, n, k;
+    ProductBackend expected;
+  };
+  const auto one = ProductBackend::onednn, blas = ProductBackend::openblas;
+  for (const Row& r : {
+           Row{with_avx512(true), true, 768, 384, 128, one},    // the default model's c_attn
+           Row{with_avx512(false), true, 768, 128, 512, one},   // an AVX-512 CPU without bf16: the rule is the same
+           Row{with_avx512(true), true, 128, 64, 64, one},      // exactly 2^19 multiply-adds
+           Row{with_avx512(true), true, 64, 64, 64, blas},      // 2^18: below
+           Row{with_avx512(true), true, 64, 64, 32, blas},      // an attention head's product at T = 64
+           Row{with_avx512(true), true, 768, 65, 128, blas},    // the head: 65 columns
+           Row{with_avx512(true), false, 768, 384, 128, blas},  // built without oneDNN
+           Row{avx2_only(), true, 768, 384, 128, blas},         // AVX2 CPUs keep OpenBLAS
+           Row{CpuFeatures{}, true, 2048, 2048, 2048, blas},    // another architecture
+       }) {
+    CAPTURE(r.m);
+    CAPTURE(r.n);
+    CAPTURE(r.k);
+    CAPTURE(r.onednn);
+    CHECK(backend_by_rule(r.cpu, r.onednn, r.m, r.n, r.k) == r.expected);
+  }
+}
+
+TEST_CASE("this process follows the rule for its CPU, or TAPEGRAD_GEMM") {
+  const char* forced = std::getenv("TAPEGRAD_GEMM");
+  const std::string env = forced ? forced : "";
+  for (Dims s : kShapes) {
+    const ProductBackend expected = env == "openblas" ? ProductBackend::openblas
+                                    : env == "onednn" ? ProductBackend::onednn
+                                                      : backend_by_rule(cpu_features(), onednn_built(), s.m, s.n, s.k);
+    CHECK(product_backend(s.m, s.n, s.k) == expected);
+  }
+  const nlohmann::json j = products_json();
+  CHECK(j["precision"].get<std::string>() == "f32");
+  CHECK(j["summary"].get<std::string>().find("precision f32") != std::string::npos);
+}
+
+TEST_CASE("round_to_bf16 keeps 8 significant bits, rounds to nearest even, keeps NaN and infinities") {
+  using onednn_detail::round_to_bf16;
+  CHECK(round_to_bf16(1.0f) == 1.0f);
+  CHECK(round_to_bf16(-3.5f) == -3.5f);
+  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 1.0f);                           // a tie: to even (down)
+  CHECK(round_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 1.0f + std::ldexp(1.0f, -6));  // a tie: to even (up)
+  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)) == 1.0f + std::ldexp(1.0f, -7));
+  CHECK(std::isnan(round_to_bf16(std::nanf(""))));
+  CHECK(std::isnan(round_to_bf16(std::bit_cast<float>(0x7fffffffu))));  // would carry into the exponent unguarded
+  CHECK(round_to_bf16(INFINITY) == INFINITY);
+  CHECK(round_to_bf16(-INFINITY) == -INFINITY);
+  Rng rng(5);
+  for (int i = 0; i < 10000; ++i) {
+    const auto x = static_cast<float>(rng.normal() * std::exp(rng.normal() * 5));
+    CHECK(std::fabs(double{round_to_bf16(x)} - double{x}) <= std::ldexp(std::fabs(double{x}), -8));
+  }
+}
+
+TEST_CASE("oneDNN's float32 products equal the float64 product to float32's accumulation bound, as OpenBLAS'") {
+  if (!onednn_built()) {
+    CHECK_ERROR_HAS(onednn_detail::sgemm(false, false, 1, 1, 1, 1, nullptr, 1, nullptr, 1, 0, nullptr, 1), "oneDNN");
+    return;
+  }
+  uint64_t seed = 100;
+  for (Dims s : kShapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}, std::pair{-2.0f, 0.5f}}) {
+          Product p(s.m, s.n, s.k, ta, tb, alpha, beta, seed++);
+          CAPTURE(s.m);
+          CAPTURE(s.n);
+          CAPTURE(s.k);
+          CAPTURE(ta);
+          CAPTURE(tb);
+          CAPTURE(alpha);
+          CAPTURE(beta);
+          std::vector<float> dnnl = p.c, blas = p.c;
+          const bool ran = onednn_detail::sgemm(ta, tb, s.m, s.n, s.k, alpha, p.a.data(), p.lda, p.b.data(), p.ldb,
+                                                beta, dnnl.data(), p.ldc);
+          REQUIRE(ran);  // no shape here falls back to oneDNN's reference implementation on x86-64
+          cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                      static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), alpha, p.a.data(),
+                      static_cast<int>(p.lda), p.b.data(), static_cast<int>(p.ldb), beta, blas.data(),
+                      static_cast<int>(p.ldc));
+          CHECK(compare(p, dnnl, float32_bound(s.k)).error_over_bound <= 1.0);
+          CHECK(compare(p, blas, float32_bound(s.k)).error_over_bound <= 1.0);
+        }
+}
+
+TEST_CASE("bf16 products: float64 within bf16's bound, through gemm() and split across the pool") {
+  const std::string missing = bf16_unavailable_reason();
+  if (!missing.empty()) {  // this CPU (or build) cannot: the setting is refused and changes nothing
+    CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products");
+    CHECK(product_precision() == ProductPrecision::f32);
+    return;
+  }
+  // Each operand rounds to bf16 with relative error ≤ u = 2⁻⁸, so each term a·b with ≤ 2u + u²; the sum
+  // accumulates in float32.
+  const double u = std::ldexp(1.0, -8);
+  PrecisionScope bf16(ProductPrecision::bf16);
+  REQUIRE(product_precision() == ProductPrecision::bf16);
+  uint64_t seed = 300;
+  double largest_relative = 0;
+  for (Dims s : kShapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}}) {
+          Product p(s.m, s.n, s.k, ta, tb, alpha, beta, seed++);
+          CAPTURE(s.m);
+          CAPTURE(s.n);
+          CAPTURE(s.k);
+          CAPTURE(ta);
+          CAPTURE(tb);
+          std::vector<float> c = p.c;
+          gemm(s.m, s.n, s.k, alpha, MatrixOperand<float>{p.a.data(), p.lda, ta},
+               MatrixOperand<float>{p.b.data(), p.ldb, tb}, beta, c.data(), p.ldc);
+          const Worst w = compare(p, c, 2 * u + u * u + float32_bound(s.k));
+          CHECK(w.error_over_bound <= 1.0);
+          largest_relative = std::max(largest_relative, w.relative);
+        }
+  // The operands really were rounded: somewhere the error is far above float32's (~2⁻²⁰ here).
+  CHECK(largest_relative > std::ldexp(1.0, -12));
+  // float64 products never are.
+  std::vector<double> a{1.0 + std::ldexp(1.0, -20)}, b{1.0}, c{0.0};
+  gemm(1, 1, 1, 1.0, as_is(a.data(), 1), as_is(b.data(), 1), 0.0, c.data(), 1);
+  CHECK(c[0] == a[0]);
+}
+
+TEST_CASE("bf16 is refused in one line where the CPU has no bf16 units") {
+  setenv("TAPEGRAD_FAKE_NO_BF16", "1", 1);
+  const std::string why = bf16_unavailable_reason();
+  CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products", onednn_built() ? "AVX512_BF16" : "oneDNN");
+  unsetenv("TAPEGRAD_FAKE_NO_BF16");
+  CHECK(why.find('\n') == std::string::npos);
+  CHECK(product_precision() == ProductPrecision::f32);
+  CHECK_ERROR_HAS(parse_precision("fp16"), "fp16", "f32 or bf16");
+  CHECK(parse_precision("bf16") == ProductPrecision::bf16);
+}
