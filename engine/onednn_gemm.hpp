@@ -14,11 +14,17 @@ namespace tapegrad::onednn_detail {
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// The same product with A and B rounded to bfloat16 (round to nearest even) and float32 accumulation.
-void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The product of operands already rounded to bfloat16 (bit patterns, as round_to_bf16_rows gives them), with
+// float32 accumulation into C.
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// x rounded to bfloat16 and back: what a bf16 product reads of x (for tests and the bound in docs/blas.md).
+// `rows` rows of `cols` floats at leading dimension ld, rounded to bfloat16 into out (leading dimension cols):
+// round to nearest, ties to even; NaN stays a (quiet) NaN; float32 subnormals become zeros of their sign, as the
+// CPU's conversion instruction (vcvtneps2bf16), which does the work where the CPU has AVX512_BF16.
+void round_to_bf16_rows(uint16_t* out, const float* x, int64_t rows, int64_t cols, int64_t ld);
+
+// x rounded to bfloat16 and back: what a bf16 product reads of x (for tests and docs/products.md's bound).
 float round_to_bf16(float x);
 
 // The implementations oneDNN chose for the products run so far, sorted ("brg:avx512_core", ...).

@@ -113,6 +113,10 @@ void set_product_precision(ProductPrecision p) {
 
 ProductPrecision product_precision() { return precision.load(std::memory_order_relaxed); }
 
+bool runs_in_bf16(int64_t m, int64_t n, int64_t k) {
+  return product_precision() == ProductPrecision::bf16 && m * n * k >= kOneDnnMinMacs;
+}
+
 ProductPrecision parse_precision(const std::string& text) {
   if (text == "f32" || text == "float32") return ProductPrecision::f32;
   if (text == "bf16" || text == "bfloat16") return ProductPrecision::bf16;
@@ -129,7 +133,8 @@ std::string products_summary() {
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));
-  if (product_precision() == ProductPrecision::bf16) text += fmt::format(" ({}, float32 accumulation)", onednn_version());
+  if (product_precision() == ProductPrecision::bf16)
+    text += fmt::format(" for products of >= 2^19 multiply-adds ({}, float32 accumulation), f32 below", onednn_version());
   return text;
 }
 
