@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/core.h>
@@ -110,6 +112,21 @@ struct Dims {
 // Small ones (run whole), and ones above the split threshold (split by rows across the pool), odd sizes among them.
 const std::vector<Dims> kShapes{{7, 5, 3}, {64, 32, 64}, {33, 48, 17}, {64, 128, 64}, {200, 160, 96}, {197, 130, 301}};
 
+// f(product) for every shape of kShapes, with A and B as is and transposed, and each (α, β); the product's case is
+// in the report of any check that fails.
+template <class F>
+void for_each_product(uint64_t seed, std::initializer_list<std::pair<float, float>> scalings, F&& f) {
+  for (Dims s : kShapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (const auto& scaling : scalings) {
+          const Product p(s.m, s.n, s.k, ta, tb, scaling.first, scaling.second, seed++);
+          INFO(fmt::format("(m, n, k) = ({}, {}, {}), {}·{}, α = {}, β = {}", s.m, s.n, s.k, ta ? "Aᵀ" : "A",
+                           tb ? "Bᵀ" : "B", scaling.first, scaling.second));
+          f(p);
+        }
+}
+
 }  // namespace
 
 TEST_CASE("the rule: oneDNN for large products of width a multiple of 16 on AVX-512 CPUs, OpenBLAS otherwise") {
@@ -199,30 +216,18 @@ TEST_CASE("oneDNN's float32 products equal the float64 product to float32's accu
     CHECK_ERROR_HAS(onednn_detail::sgemm(false, false, 1, 1, 1, 1, nullptr, 1, nullptr, 1, 0, nullptr, 1), "oneDNN");
     return;
   }
-  uint64_t seed = 100;
-  for (Dims s : kShapes)
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}, std::pair{-2.0f, 0.5f}}) {
-          Product p(s.m, s.n, s.k, ta, tb, alpha, beta, seed++);
-          CAPTURE(s.m);
-          CAPTURE(s.n);
-          CAPTURE(s.k);
-          CAPTURE(ta);
-          CAPTURE(tb);
-          CAPTURE(alpha);
-          CAPTURE(beta);
-          std::vector<float> dnnl = p.c, blas = p.c;
-          const bool ran = onednn_detail::sgemm(ta, tb, s.m, s.n, s.k, alpha, p.a.data(), p.lda, p.b.data(), p.ldb,
-                                                beta, dnnl.data(), p.ldc);
-          REQUIRE(ran);  // no shape here falls back to oneDNN's reference implementation on x86-64
-          cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                      static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), alpha, p.a.data(),
-                      static_cast<int>(p.lda), p.b.data(), static_cast<int>(p.ldb), beta, blas.data(),
-                      static_cast<int>(p.ldc));
-          CHECK(compare(p, dnnl, float32_bound(s.k)).error_over_bound <= 1.0);
-          CHECK(compare(p, blas, float32_bound(s.k)).error_over_bound <= 1.0);
-        }
+  for_each_product(100, {{1.0f, 0.0f}, {0.125f, 1.0f}, {-2.0f, 0.5f}}, [](const Product& p) {
+    std::vector<float> dnnl = p.c, blas = p.c;
+    const bool ran = onednn_detail::sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.a.data(), p.lda, p.b.data(), p.ldb,
+                                          p.beta, dnnl.data(), p.ldc);
+    REQUIRE(ran);  // no shape here falls back to oneDNN's reference implementation on x86-64
+    cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), p.alpha, p.a.data(),
+                static_cast<int>(p.lda), p.b.data(), static_cast<int>(p.ldb), p.beta, blas.data(),
+                static_cast<int>(p.ldc));
+    CHECK(compare(p, dnnl, float32_bound(p.k)).error_over_bound <= 1.0);
+    CHECK(compare(p, blas, float32_bound(p.k)).error_over_bound <= 1.0);
+  });
 }
 
 TEST_CASE("bf16 products: float64 within bf16's bound from 2^19 multiply-adds, float32's below, through gemm()") {
@@ -237,27 +242,17 @@ TEST_CASE("bf16 products: float64 within bf16's bound from 2^19 multiply-adds, f
   const double u = std::ldexp(1.0, -8);
   PrecisionScope bf16(ProductPrecision::bf16);
   REQUIRE(product_precision() == ProductPrecision::bf16);
-  uint64_t seed = 300;
   double largest_relative = 0;
-  for (Dims s : kShapes)
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}}) {
-          Product p(s.m, s.n, s.k, ta, tb, alpha, beta, seed++);
-          CAPTURE(s.m);
-          CAPTURE(s.n);
-          CAPTURE(s.k);
-          CAPTURE(ta);
-          CAPTURE(tb);
-          std::vector<float> c = p.c;
-          gemm(s.m, s.n, s.k, alpha, MatrixOperand<float>{p.a.data(), p.lda, ta},
-               MatrixOperand<float>{p.b.data(), p.ldb, tb}, beta, c.data(), p.ldc);
-          const bool in_bf16 = runs_in_bf16(s.m, s.n, s.k);
-          CHECK(in_bf16 == (s.m * s.n * s.k >= (int64_t{1} << 19)));
-          const Worst w = compare(p, c, in_bf16 ? 2 * u + u * u + float32_bound(s.k) : float32_bound(s.k));
-          CHECK(w.error_over_bound <= 1.0);
-          if (in_bf16) largest_relative = std::max(largest_relative, w.relative);
-        }
+  for_each_product(300, {{1.0f, 0.0f}, {0.125f, 1.0f}}, [&](const Product& p) {
+    std::vector<float> c = p.c;
+    gemm(p.m, p.n, p.k, p.alpha, MatrixOperand<float>{p.a.data(), p.lda, p.ta},
+         MatrixOperand<float>{p.b.data(), p.ldb, p.tb}, p.beta, c.data(), p.ldc);
+    const bool in_bf16 = runs_in_bf16(p.m, p.n, p.k);
+    CHECK(in_bf16 == (p.m * p.n * p.k >= (int64_t{1} << 19)));
+    const Worst w = compare(p, c, in_bf16 ? 2 * u + u * u + float32_bound(p.k) : float32_bound(p.k));
+    CHECK(w.error_over_bound <= 1.0);
+    if (in_bf16) largest_relative = std::max(largest_relative, w.relative);
+  });
   // The operands really were rounded: somewhere the error is far above float32's (~2⁻²⁰ here).
   CHECK(largest_relative > std::ldexp(1.0, -12));
   // float64 products never are.
