@@ -34,6 +34,7 @@ struct Inputs {
     std::filesystem::create_directory(dir.path / "adir");
     spit(dir.file("unknown_key.ini"), "n-layer = 2\nlearning-rate = 0.1\n");
     spit(dir.file("bad_value.ini"), "n-head = -4\n");
+    spit(dir.file("infinite_lr.ini"), "n-layer = 2\nlr = inf\n");
     spit(dir.file("binary.ini"), binary);
     spit(dir.file("notes.txt"), "these are notes, not a checkpoint\n");
     CliRun r = run_cli(dir.path.string(), with({"train", "--attention", "super", "--data", "text.txt", "--max-iters", "4",
@@ -94,6 +95,18 @@ std::vector<Case> cli_cases() {
       {{"train", "--config", "missing.ini"}, "missing.ini"},
       {{"train", "--config", "unknown_key.ini"}, "--learning-rate"},
       {{"train", "--config", "bad_value.ini"}, "--n-head: must be positive"},
+      // non-finite numbers, in any floating option of any command and in the config file
+      {{"train", "--lr", "inf"}, "--lr: must be a finite number, got inf"},
+      {{"train", "--lr", "-inf"}, "--lr: must be positive"},
+      {{"train", "--lr", "nan"}, "--lr: must be positive"},
+      {{"train", "--min-lr", "1e999"}, "--min-lr: must be a finite number"},
+      {{"train", "--weight-decay", "infinity"}, "--weight-decay: must be a finite number"},
+      {{"train", "--grad-clip", "inf"}, "--grad-clip: must be a finite number"},
+      {{"train", "--config", "infinite_lr.ini"}, "--lr: must be a finite number, got inf"},
+      {{"compare", "--lr", "inf"}, "--lr: must be a finite number"},
+      {{"bench", "--dropout", "nan"}, "--dropout: must be a finite number"},
+      {{"gradcheck", "--rtol", "inf"}, "--rtol: must be a finite number"},
+      {{"train", "--precision", "fp16"}, "--precision"},
       {{"train", "--config", "binary.ini"}, "not a text file"},
       {{"train", "--config", "adir"}, "directory"},
       {{"train", "--config", "/dev/zero"}, "limit"},
@@ -104,6 +117,7 @@ std::vector<Case> cli_cases() {
       {{"sample", "--checkpoint", "truncated.safetensors"}, "truncated"},
       {{"sample", "--checkpoint", "super.safetensors", "--tokens", "-5"}, "--tokens: must be non-negative"},
       {{"sample", "--checkpoint", "super.safetensors", "--temperature", "0"}, "--temperature: must be positive"},
+      {{"sample", "--checkpoint", "super.safetensors", "--temperature", "inf"}, "--temperature: must be a finite number"},
       {{"sample", "--checkpoint", "super.safetensors", "--top-k", "-1"}, "--top-k"},
       {{"sample", "--checkpoint", "super.safetensors", "--prompt", "QZ"}, "not in the vocabulary"},
       {{"sample", "--checkpoint", "super.safetensors", "--prompt", "caf\xe9"}, "invalid UTF-8"},

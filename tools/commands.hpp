@@ -18,6 +18,9 @@ namespace tapegrad { struct TrainConfig; struct GPTConfig; enum class ProductPre
 namespace tapegrad::cli {
 // Checks with one-line messages: "--lr: must be positive, got -1".
 const CLI::Validator& positive();
+// Adds a check that the value is finite (not inf, nan or out of double's range) to every floating option of `app`
+// and its subcommands, options and config-file keys alike: main calls it once, after every command is added.
+void refuse_non_finite_numbers(CLI::App& app);
 const CLI::Validator& non_negative();
 
 // The GPT's options (--attention when asked, --n-layer, --n-head, --n-embd, --block-size, --dropout, --bias),

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   tapegrad::cli::add_evaluate_command(app);
   tapegrad::cli::add_bench_command(app);
   tapegrad::cli::add_graph_command(app);
+  tapegrad::cli::refuse_non_finite_numbers(app);
   try {
     std::vector<std::string> args = tapegrad::cli::arguments_with_config_file(argc, argv);
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector of arguments last first

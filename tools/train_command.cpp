@@ -1,6 +1,7 @@
 // tapegrad train: a GPT on a text file (Tiny Shakespeare by default); tapegrad sample: text from a checkpoint.
 #include <fmt/core.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -26,6 +27,20 @@ CLI::Validator number_check(bool (*ok)(double), const char* must) {
 }
 
 }  // namespace
+
+// A floating option's value must be a finite number: CLI11 reads "inf", "nan" and 1e999 as doubles, and an
+// infinite learning rate trains to NaN at the first step.
+const CLI::Validator& finite() {
+  static const CLI::Validator v =
+      number_check([](double x) { return std::isfinite(x); }, "a finite number").description("");  // not in --help
+  return v;
+}
+
+void refuse_non_finite_numbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options())
+    if (option->get_type_name().rfind("FLOAT", 0) == 0) option->check(finite());
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_non_finite_numbers(*sub);
+}
 
 const CLI::Validator& positive() {
   static const CLI::Validator v = number_check([](double x) { return x > 0; }, "positive");
