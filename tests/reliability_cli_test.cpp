@@ -107,6 +107,9 @@ std::vector<Case> cli_cases() {
       {{"bench", "--dropout", "nan"}, "--dropout: must be a finite number"},
       {{"gradcheck", "--rtol", "inf"}, "--rtol: must be a finite number"},
       {{"train", "--precision", "fp16"}, "--precision"},
+      // graph: the format and the output's extension must agree
+      {{"graph", "--op", "softmax", "--format", "png", "-o", "g.svg"}, "--format png contradicts the output g.svg"},
+      {{"graph", "--op", "softmax", "-o", "g.pdf"}, "the extension .pdf names no format"},
       {{"train", "--config", "binary.ini"}, "not a text file"},
       {{"train", "--config", "adir"}, "directory"},
       {{"train", "--config", "/dev/zero"}, "limit"},

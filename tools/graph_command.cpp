@@ -1,6 +1,7 @@
 // tapegrad graph: the tape of a computation drawn by Graphviz (engine/tape_dot.hpp): an op's gradcheck case, or
 // one training step of a small GPT, with the gradients after backward.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +23,7 @@ namespace {
 struct GraphArgs {
   std::string op, case_name;
   bool model = false, backward = false, group = false;
-  std::string format = "svg", out;
+  std::string format, out;  // format: "" until --format gives one
   size_t max_nodes = DotOptions{}.max_nodes;
   uint64_t seed = GradcheckOptions{}.seed;  // an op case's inputs are the ones tapegrad gradcheck checks
   GPTConfig gpt = [] {
@@ -127,7 +128,24 @@ std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::uni
                      a.batch_size, cfg.block_size, a.backward ? "forward and backward" : "forward only");
 }
 
-void run(const GraphArgs& a) {
+// The format to write: --format, else the output's extension (.dot or .gv, .svg, .png), else svg. A --format
+// that contradicts the extension, or an extension that names no format drawn here, is refused: g.png must not
+// hold SVG.
+std::string output_format(const GraphArgs& a) {
+  const std::string ext = a.out == "-" ? "" : std::filesystem::path(a.out).extension().string();
+  std::string from_ext;
+  if (ext == ".dot" || ext == ".gv") from_ext = "dot";
+  else if (ext == ".svg" || ext == ".png") from_ext = ext.substr(1);
+  else if (!ext.empty() && a.format.empty())
+    fail("graph: {}: the extension {} names no format drawn here; use .svg, .png or .dot, or give --format", a.out, ext);
+  if (!a.format.empty() && !from_ext.empty() && a.format != from_ext)
+    fail("graph: --format {} contradicts the output {}, whose extension says {}", a.format, a.out, from_ext);
+  return !a.format.empty() ? a.format : !from_ext.empty() ? from_ext : "svg";
+}
+
+void run(const GraphArgs& args) {
+  GraphArgs a = args;
+  a.format = output_format(args);
   if (a.model && (!a.op.empty() || !a.case_name.empty()))
     fail("graph: --model draws a GPT and --op/--case an op's case: give one of them");
   if (!a.model && a.op.empty() && a.case_name.empty())
@@ -175,10 +193,12 @@ void add_graph_command(CLI::App& app) {
                 "Run backward first, keeping every gradient; an op case's seed gradient is random (a scalar's is 1)");
   cmd->add_flag("--group", args->group,
                 "Fold each innermost scope (the GPT's transformer.h.0.attn, mlp, ...) into one box");
-  cmd->add_option("--format", args->format, "dot needs nothing; svg and png run Graphviz's dot")
-      ->capture_default_str()
+  cmd->add_option("--format", args->format,
+                  "dot needs nothing; svg and png run Graphviz's dot (default: from --output's extension, else svg)")
       ->check(CLI::IsMember({"dot", "svg", "png"}));
-  cmd->add_option("-o,--output", args->out, "The file to write (default graph.FORMAT; - for standard output)");
+  cmd->add_option("-o,--output", args->out,
+                  "The file to write (default graph.FORMAT; - for standard output); .dot/.gv, .svg or .png set the "
+                  "format");
   cmd->add_option("--max-nodes", args->max_nodes, "Refuse to draw more nodes than this (Graphviz slows down)")
       ->capture_default_str()
       ->check(positive());
