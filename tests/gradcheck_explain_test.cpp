@@ -2,6 +2,7 @@
 // derivation sections that exist, bytes, FLOPs where counted, a passing gradcheck), and its parts hold.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -36,6 +37,10 @@ TEST_CASE("explain: every registered op has its forward, VJP and JVP, its node's
     CHECK(std::filesystem::is_regular_file(std::string(TAPEGRAD_SOURCE_DIR) + "/ops/" + op.family + ".cpp"));
     CHECK(e.nodes >= 1);
     CHECK((e.bytes_kept > 0 || op.name == "reshape"));  // reshape is a view of its input: it keeps nothing
+    // The bytes stated are the tensors listed plus the arena's alignment, less than one 64-byte block per tensor.
+    CHECK(e.alignment_padding() >= 0);
+    CHECK(e.alignment_padding() < 64 * static_cast<int64_t>(std::max<size_t>(e.kept.size(), 1)));
+    CHECK(explanation_json(e)["alignment_padding"] == e.alignment_padding());
     CHECK(e.check.passed);
     CHECK(!format_explanation(e).empty());
     CHECK(explanation_json(e)["op"] == op.name);

@@ -88,6 +88,12 @@ std::pair<std::string, std::string> split_equation(std::string_view equation) {
   return {std::string(equation), ""};
 }
 
+int64_t Explanation::alignment_padding() const {
+  int64_t listed = 0;
+  for (const Tape::Allocation& a : kept) listed += static_cast<int64_t>(a.bytes);
+  return bytes_kept - listed;
+}
+
 Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options) {
   const OpInfo* info = registry.find(op);
   if (!info) {
@@ -205,6 +211,8 @@ std::string format_explanation(const Explanation& e) {
   for (const Tape::Allocation& a : e.kept)
     s += fmt::format("             {:<28} {} {:<16} {}\n", a.what ? a.what : "(unnamed)", a.dtype, a.shape.str(),
                      bytes(static_cast<int64_t>(a.bytes)));
+  if (const int64_t padding = e.alignment_padding(); padding != 0)
+    s += fmt::format("             {:<28} {:<24} {}\n", "alignment padding", "(64-byte arena blocks)", bytes(padding));
   if (e.cost)
     s += fmt::format("  FLOPs      forward {}, VJP {}, JVP {}\n", flops(e.cost->forward), flops(e.cost->backward),
                      flops(e.cost->jvp));
@@ -242,6 +250,7 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"output", e.output.str()},
           {"nodes", e.nodes},
           {"bytes_kept", e.bytes_kept},
+          {"alignment_padding", e.alignment_padding()},
           {"kept", [&] {
              nlohmann::json k = nlohmann::json::array();
              for (const Tape::Allocation& a : e.kept)
