@@ -55,7 +55,8 @@ void register_row_normalize(Registry& r) {
            return OpCost{3 * n, 5 * n, 5 * n};
          },
          .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
-         .derivation = "1.2, 1.3"});
+         .derivation = "1.2, 1.3",
+         .formulas_at = {{"forward", beta_row_written_at}, {"VJP and JVP", beta_row_derivative_written_at}}});
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
   r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});

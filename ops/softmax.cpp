@@ -108,12 +108,16 @@ void register_softmax(Registry& r) {
          .equation = "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
          .cost = row_map_cost,
          .forward = "per row: y = exp(x − max x) / Σ exp(x − max x)",
-         .derivation = "2.1"});
+         .derivation = "2.1",
+         .formulas_at = {{"forward", softmax_row_written_at}, {"VJP and JVP", softmax_row_derivative_written_at}}});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
          .cost = row_map_cost,
-         .forward = "per row: z = x − max x − log Σ exp(x − max x)"});
+         .forward = "per row: z = x − max x − log Σ exp(x − max x)",
+         .formulas_at = {{"forward", log_softmax_row_written_at},
+                         {"VJP", log_softmax_row_vjp_written_at},
+                         {"JVP", log_softmax_row_jvp_written_at}}});
   struct RowOp {
     const char* name;
     Var (*fn)(Var);

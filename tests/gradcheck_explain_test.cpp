@@ -131,3 +131,38 @@ TEST_CASE("explain: the tensors a node keeps, by name") {
   CHECK(format_explanation(e).find("μ per row") != std::string::npos);
   CHECK(explanation_json(e)["kept"].size() == 3);
 }
+
+TEST_CASE("explain: formulas written outside the node's file are named by file and line, at their function") {
+  // The line named is the marker just above the function that implements the formula.
+  auto lines_at = [](const std::string& place) {
+    const size_t colon = place.rfind(':');
+    REQUIRE(colon != std::string::npos);
+    std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + place.substr(0, colon));
+    REQUIRE(in.good());
+    const int line = std::stoi(place.substr(colon + 1));
+    std::string text, here, after;
+    for (int i = 1; std::getline(in, text) && i <= line + 2; ++i) {
+      if (i == line) here = text;
+      if (i > line) after += text + "\n";
+    }
+    return std::pair{here, after};
+  };
+  int places = 0;
+  for (const OpInfo& op : builtin_registry().ops()) {
+    INFO("op: " << op.name);
+    for (const auto& place : explain(builtin_registry(), op.name, with_docs()).formulas_at) {
+      INFO(place.first << " at " << place.second);
+      const auto lines = lines_at(place.second);
+      CHECK(lines.first.find("_written_at = SourcePlace::current()") != std::string::npos);
+      CHECK(lines.second.find("inline ") != std::string::npos);
+      ++places;
+    }
+  }
+  CHECK(places >= 11);  // softmax, log_softmax, row_normalize, attention, beta_attention
+  const Explanation row = explain(builtin_registry(), "row_normalize", with_docs());
+  REQUIRE(row.formulas_at.size() == 2);
+  CHECK(row.formulas_at[0].first == "forward");
+  CHECK(lines_at(row.formulas_at[0].second).second.find("beta_row(") != std::string::npos);
+  CHECK(lines_at(row.formulas_at[1].second).second.find("beta_row_derivative(") != std::string::npos);
+  CHECK(explanation_json(row)["formulas_at"][1]["what"] == "VJP and JVP");
+}

@@ -138,6 +138,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   std::tie(e.vjp, e.jvp) = split_equation(info->equation);
   e.sections = derivation_sections(info->derivation, options.derivations_path);
   e.registered_at = source_text(info->registered_at);
+  for (const FormulaPlace& f : info->formulas_at) e.formulas_at.emplace_back(f.what, source_text(f.at));
   e.case_name = c->name;
   e.shapes_given = !options.shapes.empty();
   for (const auto& s : specs) e.inputs.emplace_back(s.name, s.shape);
@@ -199,6 +200,11 @@ std::string format_explanation(const Explanation& e) {
   s += fmt::format("  JVP        {}\n", e.jvp.empty() ? "(none: forward mode is not defined for it)" : e.jvp);
   s += fmt::format("  code       {} (the node: forward, VJP and JVP); registered at {}\n", e.recorded_at,
                    e.registered_at);
+  if (!e.formulas_at.empty()) {
+    std::string places;
+    for (const auto& [what, at] : e.formulas_at) places += fmt::format("{}{} {}", places.empty() ? "" : "; ", what, at);
+    s += fmt::format("  formulas   {}\n", places);
+  }
   if (e.sections.empty()) s += "  derivation a textbook rule (no section in docs/derivations.md)\n";
   for (size_t i = 0; i < e.sections.size(); ++i)
     s += fmt::format("  {} docs/derivations.md § {}\n", i == 0 ? "derivation" : "          ", e.sections[i]);
@@ -243,6 +249,11 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"jvp", e.jvp},
           {"recorded_at", e.recorded_at},
           {"registered_at", e.registered_at},
+          {"formulas_at", [&] {
+             nlohmann::json f = nlohmann::json::array();
+             for (const auto& [what, at] : e.formulas_at) f.push_back({{"what", what}, {"at", at}});
+             return f;
+           }()},
           {"derivation", e.sections},
           {"case", e.case_name},
           {"shapes_given", e.shapes_given},

@@ -34,6 +34,7 @@ struct Explanation {
   std::vector<std::pair<std::string, Shape>> inputs;  // the case's inputs at the shapes explained
   Shape output;
   int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
+  std::vector<std::pair<std::string, std::string>> formulas_at;  // (what, file:line) where written elsewhere
   int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
   std::vector<Tape::Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128

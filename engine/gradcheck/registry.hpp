@@ -96,6 +96,13 @@ using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const S
 
 // An op's entry. Aggregate-initialized, positionally ({name, family, equation, {}}) or with designators
 // ({.name = ..., .family = ..., .equation = ..., .forward = ...}) in this order.
+// Where one of an op's formulas is written, when that is not its node's own file: ("forward", the place of the
+// row map's forward), ("VJP and JVP", ...). tapegrad explain lists them.
+struct FormulaPlace {
+  std::string what;
+  SourcePlace at;
+};
+
 struct OpInfo {
   std::string name;      // as recorded on the tape
   std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
@@ -105,6 +112,7 @@ struct OpInfo {
   std::string forward{};     // the forward map, in one line
   std::string derivation{};  // the heading of docs/derivations.md that derives it; empty: a textbook rule
   SourcePlace registered_at{};  // where Registry::add was called: the op's file
+  std::vector<FormulaPlace> formulas_at{};  // where its formulas are written, if elsewhere than the node's file
 };
 
 class Registry {

@@ -177,7 +177,8 @@ void register_beta_attention(Registry& r) {
                      "dK += s·dPᵀ·Q; Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
          .cost = attention_cost,
          .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
-         .derivation = "1.4, 1.2"});
+         .derivation = "1.4, 1.2",
+         .formulas_at = {{"β rows", beta_row_written_at}, {"their VJP and JVP", beta_row_derivative_written_at}}});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
   };

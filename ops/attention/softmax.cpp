@@ -219,7 +219,9 @@ void register_attention(Registry& r) {
                      "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
          .cost = attention_cost,
          .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
-         .derivation = "2.1, 1.1, 5.3, 5.4"});
+         .derivation = "2.1, 1.1, 5.3, 5.4",
+         .formulas_at = {{"softmax rows", softmax_row_written_at},
+                         {"their VJP and JVP", softmax_row_derivative_written_at}}});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
   };
