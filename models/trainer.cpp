@@ -10,6 +10,7 @@
 
 #include "engine/blas_info.hpp"
 #include "engine/products.hpp"
+#include "models/run_memory.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "models/checkpoint.hpp"
@@ -211,6 +212,16 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   cfg.validate();
   const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
+  // Before anything large is allocated: a run that cannot fit is refused in one line.
+  const TrainingMemory need = estimate_training_memory(cfg.model, B);
+  const double resident_at_start = resident_bytes();  // the program, its libraries and the text
+  const std::optional<double> available = memory_available();
+  if (available && need.total() > *available)
+    fail("the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
+         "moments, {} for one step's tape at batch {} and context {}), more than the {} available; make the model "
+         "or the batch smaller",
+         bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
+         bytes_text(need.tape_bytes), B, T, bytes_text(*available));
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
     fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
          "of {} tokens", data.train.size(), data.val.size(), T);
@@ -280,6 +291,12 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     fmt::print(out, "  {:<24} {:>9} parameters\n", "total", res.parameters);
     fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()),
                products_summary());
+    fmt::print(out,
+               "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}) "
+               "beside the program's {}; {}\n",
+               bytes_text(need.total()), bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
+               bytes_text(need.tape_bytes), bytes_text(resident_at_start),
+               available ? bytes_text(*available) + " available" : "available unknown");
     fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n",
                cfg.data.empty() ? default_data_path() : cfg.data, data.train.size(), data.val.size(), dir);
     if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, first_step);
@@ -311,9 +328,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   }
   if (!cfg.quiet) {
     const EvalPoint& final_eval = res.evals.back();
-    fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall\n",
+    fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall, peak RSS {}\n",
                cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
-               format_duration(res.wall_seconds));
+               format_duration(res.wall_seconds), bytes_text(peak_resident_bytes()));
     fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
     if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
   }

@@ -107,6 +107,7 @@ std::vector<Case> cli_cases() {
       {{"bench", "--dropout", "nan"}, "--dropout: must be a finite number"},
       {{"gradcheck", "--rtol", "inf"}, "--rtol: must be a finite number"},
       {{"train", "--precision", "fp16"}, "--precision"},
+      {{"train", "--n-layer", "100000"}, "more than the"},  // refused from the estimate, before allocating
       // graph: the format and the output's extension must agree
       {{"graph", "--op", "softmax", "--format", "png", "-o", "g.svg"}, "--format png contradicts the output g.svg"},
       {{"graph", "--op", "softmax", "-o", "g.pdf"}, "the extension .pdf names no format"},

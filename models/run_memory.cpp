@@ -1,0 +1,100 @@
+#include "models/run_memory.hpp"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "models/attention_kinds.hpp"
+
+namespace tapegrad {
+
+TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch) {
+  const double C = static_cast<double>(m.n_embd), T = static_cast<double>(m.block_size);
+  const double V = static_cast<double>(m.vocab_size), L = static_cast<double>(m.n_layer);
+  const double H = static_cast<double>(m.n_head), B = static_cast<double>(batch), rows = B * T;
+  const AttentionKind& kind = attention_kind(m.attention);
+  const double proj = static_cast<double>(kind.projections);
+  const double bias = m.bias ? 1 : 0;
+
+  TrainingMemory e;
+  // Per block: two norms (w, b), c_attn and c_proj (and W^A), the MLP's 4C × C matrices (and biases).
+  const double attention = proj * C * C + C * C + (kind.mixing_matrix() ? T * T : 0) + bias * (proj * C + C);
+  const double block = 2 * (C + bias * C) + attention + 8 * C * C + bias * (4 * C + C);
+  e.parameters = V * C + T * C + L * block + (C + bias * C);  // wte (tied to the head), wpe, blocks, ln_f
+  e.parameter_bytes = 2 * 4 * e.parameters;
+  e.optimizer_bytes = 2 * 4 * e.parameters;
+
+  // Float32 elements one block keeps, at rows = B·T: ln_1 and ln_2 (out + μ, ρ), c_attn's output, the heads split
+  // out of it, the attention's output and merged heads, c_proj's output, two residual sums, the MLP's u and tanh
+  // (4C each) and its output, and with dropout one mask per residual branch. The attention map: B·h·T² for the
+  // nodes that keep it (softmax, β), O(T) state for the tiled node and C-sized state for linear attention.
+  const double dropout_masks = m.dropout > 0 ? 2 * rows * C : 0;
+  const bool keeps_map = kind.node != AttentionKind::Node::tiled && kind.node != AttentionKind::Node::linear;
+  const double map = keeps_map ? B * H * T * T : B * H * T * 4;
+  const double per_block = 2 * (rows * C + 2 * rows) + 2 * rows * proj * C + 2 * rows * C + rows * C +
+                           2 * rows * C + 2 * rows * 4 * C + rows * C + dropout_masks + map;
+  // Embeddings (token and position rows, their sum), ln_f, the logits and cross-entropy's softmax.
+  const double head = 3 * rows * C + (rows * C + 2 * rows) + 2 * rows * V;
+  // Backward holds a few gradients at once (recycled as it goes): room for four of the largest.
+  const double largest = std::max({rows * V, rows * 4 * C, map});
+  e.tape_bytes = 4 * (L * per_block + head + 4 * largest);
+  return e;
+}
+
+namespace {
+
+std::optional<double> read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stod(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<double> memory_available() {
+  std::optional<double> available;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kb = 0;
+    std::string unit;
+    if (!(meminfo >> kb >> unit)) break;
+    if (key == "MemAvailable:") {
+      available = kb * 1024;
+      break;
+    }
+  }
+  const auto limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit && used) available = available ? std::min(*available, *limit - *used) : *limit - *used;
+  return available;
+}
+
+static double status_bytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key + ":", 0) == 0) {
+      try {
+        return std::stod(line.substr(key.size() + 1)) * 1024;  // "VmHWM:    81234 kB"
+      } catch (const std::exception&) {
+        return 0;
+      }
+    }
+  return 0;
+}
+
+double resident_bytes() { return status_bytes("VmRSS"); }
+double peak_resident_bytes() { return status_bytes("VmHWM"); }
+
+std::string bytes_text(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024 * 1024) return fmt::format("{:.1f} TiB", bytes / (1024.0 * 1024 * 1024 * 1024));
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024 * 1024));
+  return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024));
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,39 @@
+// The memory a training run of the GPT needs, estimated from its configuration before anything is allocated, and
+// the memory this process may use: tapegrad train prints the one and refuses a run whose estimate exceeds the other.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gpt.hpp"
+
+namespace tapegrad {
+
+struct TrainingMemory {
+  double parameters = 0;       // the count
+  double parameter_bytes = 0;  // values and gradients, float32
+  double optimizer_bytes = 0;  // AdamW's two moments
+  double tape_bytes = 0;       // one training step's tape: what forward keeps for backward, and backward's buffers
+  double total() const { return parameter_bytes + optimizer_bytes + tape_bytes; }
+};
+
+// From the shapes alone (in double: a configuration of 10⁵ layers is estimated, not overflowed). The tape's share
+// counts, per block, the float32 tensors the nodes keep for backward at batch × context rows (layer norms, c_attn,
+// the heads, the attention map or its O(T) state, the MLP's two hidden tensors, the projections and residuals,
+// dropout masks), then the embeddings, the final norm and the logits, and room for the largest gradients backward
+// holds at once. tests/training_memory_test.cpp holds it against the measured peak.
+TrainingMemory estimate_training_memory(const GPTConfig& model, int64_t batch);
+
+// Bytes this process may still take: MemAvailable of /proc/meminfo, or the cgroup's memory.max less its
+// memory.current where that is smaller; nothing where neither can be read.
+std::optional<double> memory_available();
+
+// The process's resident memory now (VmRSS) and at its peak so far (VmHWM), from /proc/self/status; 0 if unknown.
+double resident_bytes();
+double peak_resident_bytes();
+
+// "812.3 MiB", "5.8 GiB"
+std::string bytes_text(double bytes);
+
+}  // namespace tapegrad
