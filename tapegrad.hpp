@@ -49,5 +49,6 @@
 #include "models/module.hpp"
 #include "models/optim.hpp"
 #include "models/plot.hpp"
+#include "models/run_memory.hpp"
 #include "models/stats.hpp"
 #include "models/trainer.hpp"
