@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "engine/tensor.hpp"
 
@@ -138,6 +140,27 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+std::string shared_file(std::string_view relative) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> folders;
+  if (const char* dir = std::getenv("TAPEGRAD_SHARE_DIR"); dir && *dir) folders.emplace_back(dir);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    folders.push_back(exe.parent_path().parent_path() / "share" / "tapegrad");
+    folders.push_back(exe.parent_path() / "share" / "tapegrad");
+  }
+  std::string looked;
+  for (const fs::path& folder : folders) {
+    const fs::path file = folder / relative;
+    if (fs::is_regular_file(file, ec)) return file.lexically_normal().string();
+    looked += (looked.empty() ? "" : ", ") + file.lexically_normal().string();
+  }
+  fail("cannot find tapegrad's {}: looked in {} (set TAPEGRAD_SHARE_DIR to the folder that holds it, "
+       "PREFIX/share/tapegrad when installed)",
+       relative, looked.empty() ? std::string("no place: /proc/self/exe cannot be read") : looked);
 }
 
 }  // namespace tapegrad

@@ -21,4 +21,15 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
 // be read, or holds more than max_bytes.
 std::string read_file(const std::string& path, size_t max_bytes);
 
+// A file tapegrad ships beside its program (the bundled text, docs/derivations.md, the PyTorch scripts), by its path
+// under the share folder: shared_file("data/tinyshakespeare.txt"). The share folder is found from the running
+// executable, so an installed copy, a moved prefix and the build tree all work, and no source tree is needed:
+//   TAPEGRAD_SHARE_DIR, if set (an override);
+//   <the executable's folder>/../share/tapegrad   an installed tapegrad (PREFIX/bin/tapegrad), and the test
+//                                                  programs of a build (BUILD/tests/...);
+//   <the executable's folder>/share/tapegrad      the build tree (BUILD/tapegrad; CMake links BUILD/share/tapegrad's
+//                                                  entries to the sources).
+// Throws an Error naming the file and every place looked in when none holds it.
+std::string shared_file(std::string_view relative);
+
 }  // namespace tapegrad

@@ -19,10 +19,6 @@
 #include "models/optim.hpp"
 #include "ops/ops.hpp"
 
-#ifndef TAPEGRAD_SOURCE_DIR
-#define TAPEGRAD_SOURCE_DIR "."
-#endif
-
 namespace tapegrad {
 
 namespace {
@@ -176,8 +172,7 @@ std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, i
 }  // namespace
 
 std::string default_data_path() {
-  if (std::filesystem::exists("data/tinyshakespeare.txt")) return "data/tinyshakespeare.txt";
-  return std::string(TAPEGRAD_SOURCE_DIR) + "/data/tinyshakespeare.txt";
+  return shared_file("data/tinyshakespeare.txt");
 }
 
 void TrainConfig::validate() const {

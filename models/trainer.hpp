@@ -55,7 +55,8 @@ struct TrainResult {
   std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)
 };
 
-// The text file to train on by default: data/tinyshakespeare.txt of the source tree.
+// The text file to train on by default: the bundled Tiny Shakespeare, shared_file("data/tinyshakespeare.txt")
+// (models/files.hpp). Throws an Error naming the places looked in when it is not there.
 std::string default_data_path();
 
 // Trains as configured, printing progress to `out`; writes checkpoint, CSV and SVG into the run directory (the CSV

@@ -24,6 +24,7 @@
 #include "engine/blas_info.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
+#include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
 #include "models/trainer.hpp"
@@ -412,6 +413,7 @@ void run_bench(BenchArgs a) {
   if (a.quick) g_block_ms = 5;
   Output out{a.json};
   std::unique_ptr<TorchSide> torch;
+  if (a.vs_torch && a.torch_script.empty()) a.torch_script = shared_file("tools/torch_bench.py");
   if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
   header(out, a, torch.get());
   // --profile runs the profile alone, or with the sections --only names; the profile is not among the defaults.
@@ -455,7 +457,8 @@ void add_bench_command(CLI::App& app) {
                 "With --vs-torch: time PyTorch's training step under torch.compile too (PyTorch 2.0 and later)");
   cmd->add_option("--python", args->python, "Python with PyTorch for --vs-torch: a path, or a name found on PATH")
       ->capture_default_str();
-  cmd->add_option("--torch-script", args->torch_script, "The PyTorch side of --vs-torch")->capture_default_str();
+  cmd->add_option("--torch-script", args->torch_script,
+                  "The PyTorch side of --vs-torch (default: tools/torch_bench.py of tapegrad's share folder)");
   add_model_options(cmd, args->model, true, "Training step and profile: ");
   cmd->add_option("--batch-size", args->batch, "Training step and profile: sequences per step")
       ->capture_default_str()

@@ -25,10 +25,6 @@
 #include "models/gpt.hpp"
 #include "models/stats.hpp"
 
-#ifndef TAPEGRAD_SOURCE_DIR
-#define TAPEGRAD_SOURCE_DIR "."
-#endif
-
 namespace tapegrad::cli::bench {
 
 using json = nlohmann::json;
@@ -39,7 +35,7 @@ struct BenchArgs {
   int threads = 0;  // 0: the engine's default
   int rounds = 0;   // 0: 10 (2 with --quick)
   std::string python = "/usr/bin/python3";
-  std::string torch_script = std::string(TAPEGRAD_SOURCE_DIR) + "/tools/torch_bench.py";
+  std::string torch_script;  // empty: the shipped tools/torch_bench.py (models/files.hpp's shared_file)
   std::string child_memory;  // internal: one forward + backward in a fresh process, for its peak RSS
   int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
   std::string child_dir;      // its run directory
@@ -58,7 +54,6 @@ int64_t proc_status_kb(const std::string& key);  // "VmHWM", "VmRSS", ... of /pr
 std::string first_line_with(const std::string& path, const std::string& key);  // the value after "key ...:"
 std::vector<std::string> mapped_libraries(const std::string& part);  // shared objects mapped whose path has `part`
 std::string load_average();
-
 
 // ---- child processes ------------------------------------------------------------------------------------------
 

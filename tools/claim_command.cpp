@@ -98,8 +98,11 @@ int run_claims(const ClaimArgs& a) {
     else fmt::print("# {}\n{}\n", claims[i].where, reports[i].str());
   }
   if (a.json) fmt::print("{}\n", all.dump(2));
-  else fmt::print("{} claim{}: {} hold, {} wrong\n", claims.size(), claims.size() == 1 ? "" : "s",
-                  claims.size() - static_cast<size_t>(wrong), wrong);
+  else {
+    const size_t hold = claims.size() - static_cast<size_t>(wrong);
+    fmt::print("{} claim{}: {} hold{}, {} wrong\n", claims.size(), claims.size() == 1 ? "" : "s", hold,
+               hold == 1 ? "s" : "", wrong);
+  }
   return wrong > 0 ? 1 : 0;
 }
 

@@ -7,12 +7,9 @@
 
 #include "engine/gradcheck/explain.hpp"
 #include "engine/gradcheck/cli.hpp"
+#include "models/files.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
-
-#ifndef TAPEGRAD_SOURCE_DIR
-#define TAPEGRAD_SOURCE_DIR "."
-#endif
 
 namespace tapegrad::cli {
 
@@ -46,7 +43,11 @@ void add_explain_command(CLI::App& app) {
       return;
     }
     for (const std::string& s : args->shapes) args->options.shapes.push_back(parse_named_shape("--shape", s));
-    args->options.derivations_path = std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md";
+    try {  // without it, explain names the sections by number only
+      args->options.derivations_path = shared_file("docs/derivations.md");
+    } catch (const Error& missing) {
+      fmt::print(stderr, "tapegrad: warning: {}\n", missing.what());
+    }
     const Explanation e = explain(builtin_registry(), args->op, args->options);
     if (args->json)
       fmt::print("{}\n", explanation_json(e).dump(2));

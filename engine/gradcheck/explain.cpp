@@ -24,7 +24,7 @@ bool starts_with_tangent(std::string_view s) {
 }
 
 // "2.1, 1.1" → the headings "### 2.1 ..." of the derivations file, or the numbers where it cannot be read.
-std::vector<std::string> derivation_sections(const std::string& numbers, const std::string& path) {
+std::vector<std::string> derivation_sections(const std::string& numbers, const std::string& path, bool& read) {
   std::vector<std::string> wanted, found;
   for (size_t start = 0; start < numbers.size();) {
     size_t end = numbers.find(',', start);
@@ -38,6 +38,7 @@ std::vector<std::string> derivation_sections(const std::string& numbers, const s
   std::vector<std::string> headings;
   if (!path.empty()) {
     std::ifstream in(path);
+    read = static_cast<bool>(in);
     for (std::string line; std::getline(in, line);)
       if (line.starts_with("### ")) headings.push_back(line.substr(4));
   }
@@ -136,7 +137,9 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.family = info->family;
   e.forward = info->forward;
   std::tie(e.vjp, e.jvp) = split_equation(info->equation);
-  e.sections = derivation_sections(info->derivation, options.derivations_path);
+  bool read = false;
+  e.sections = derivation_sections(info->derivation, options.derivations_path, read);
+  if (read) e.derivations_file = options.derivations_path;
   e.registered_at = source_text(info->registered_at);
   for (const FormulaPlace& f : info->formulas_at) e.formulas_at.emplace_back(f.what, source_text(f.at));
   e.case_name = c->name;
@@ -205,9 +208,9 @@ std::string format_explanation(const Explanation& e) {
     for (const auto& [what, at] : e.formulas_at) places += fmt::format("{}{} {}", places.empty() ? "" : "; ", what, at);
     s += fmt::format("  formulas   {}\n", places);
   }
-  if (e.sections.empty()) s += "  derivation a textbook rule (no section in docs/derivations.md)\n";
+  if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
   for (size_t i = 0; i < e.sections.size(); ++i)
-    s += fmt::format("  {} docs/derivations.md § {}\n", i == 0 ? "derivation" : "          ", e.sections[i]);
+    s += fmt::format("  {} {} § {}\n", i == 0 ? "derivation" : "          ", e.derivations_file, e.sections[i]);
   std::string in;
   for (const auto& [name, shape] : e.inputs) in += fmt::format("{}{} {}", in.empty() ? "" : ", ", name, shape.str());
   s += fmt::format("\nat case '{}'{}: inputs {} → output {}\n", e.case_name,
@@ -255,6 +258,7 @@ nlohmann::json explanation_json(const Explanation& e) {
              return f;
            }()},
           {"derivation", e.sections},
+          {"derivations_file", e.derivations_file},
           {"case", e.case_name},
           {"shapes_given", e.shapes_given},
           {"inputs", inputs},

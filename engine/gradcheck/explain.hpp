@@ -27,6 +27,7 @@ struct ExplainOptions {
 struct Explanation {
   std::string op, family, forward, vjp, jvp;
   std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
+  std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
   std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
   std::string registered_at;           // file:line of its registration
   std::string case_name;
