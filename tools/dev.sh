@@ -6,6 +6,8 @@
 #   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   bash tools/dev.sh fuzz [S]   installs clang, runs each libFuzzer target for S seconds (60) (tools/fuzz.sh)
 #   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
+#   bash tools/dev.sh package [--install]  build tapegrad_<version>_<arch>.deb (CPack, in build-package/) and check
+#                                it (tools/package_check.sh); --install also installs it with apt-get, uses it, removes it
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,8 +60,15 @@ case "${1:-}" in
   fuzz)  # only this step needs clang and its fuzzer runtime
     deps clang libclang-rt-14-dev
     shift; bash tools/fuzz.sh "$@" ;;
+  package)  # a Release build for /usr, for every CPU of the architecture (no x86-64-v3), without the tests
+    deps dpkg-dev file; build build-package -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+      -DTAPEGRAD_X86_64_V3=OFF -DTAPEGRAD_BUILD_TESTS=OFF
+    (cd build-package && rm -f tapegrad_*.deb && cpack -G DEB >/dev/null)
+    deb=$(ls build-package/tapegrad_*.deb)
+    echo "built $deb"
+    shift; bash tools/package_check.sh "$deb" "$@" ;;
   valgrind)
     deps valgrind; build build
     bash tools/valgrind.sh ;;
-  *) sed -n '2,9p' "$0"; exit 2 ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac
