@@ -32,7 +32,7 @@ GPTBlock::GPTBlock(std::string name, const GPTConfig& cfg, uint64_t seed) : Modu
   seed += adopt(attn);
   ln_2 = LayerNorm(child("ln_2"), cfg.n_embd, cfg.bias);
   seed += adopt(ln_2);
-  mlp = FeedForward(child("mlp"), cfg.n_embd, seed, cfg.bias, kStd, proj_std(cfg));
+  mlp = FeedForward(child("mlp"), cfg.n_embd, seed, cfg.bias, kStd, proj_std(cfg), cfg.gelu);
   adopt(mlp);
 }
 

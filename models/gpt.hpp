@@ -1,5 +1,5 @@
 // A nanoGPT-style character model: token + position embeddings, n_layer pre-norm blocks
-//   x ← x + attn(ln_1(x));   x ← x + mlp(ln_2(x))        mlp(x) = c_proj(gelu(c_fc(x)))
+//   x ← x + attn(ln_1(x));   x ← x + mlp(ln_2(x))        mlp(x) = c_proj(gelu(c_fc(x))), gelu exact as nanoGPT's
 // and ln_f, with the output head tied to the token embedding (logits = ln_f(x)·wteᵀ).
 // Parameter names and layouts are nanoGPT's, so checkpoints load into its PyTorch model.
 #pragma once
@@ -23,6 +23,7 @@ struct GPTConfig {
   double dropout = 0.0;
   bool bias = false;  // biases in Linear and LayerNorm (nanoGPT's `bias`)
   std::string attention = "softmax";  // a kind of models/attention_kinds.hpp
+  GeluForm gelu = GeluForm::exact;     // the MLP's: exact as nanoGPT's nn.GELU(), or GPT-2's tanh form
 
   void validate() const;  // throws a one-line Error for an inconsistent configuration
 };

@@ -78,13 +78,19 @@ Var MLP::operator()(Tape& tape, Var x) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     x = layers_[i](tape, x);
     if (i + 1 == layers_.size()) break;
-    x = activation_ == Activation::relu ? relu(x) : activation_ == Activation::tanh ? tanh(x) : gelu(x);
+    switch (activation_) {
+      case Activation::relu: x = relu(x); break;
+      case Activation::tanh: x = tanh(x); break;
+      case Activation::gelu: x = gelu(x); break;
+      case Activation::gelu_erf: x = gelu_erf(x); break;
+    }
   }
   return x;
 }
 
-FeedForward::FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, double std, double proj_std)
-    : Module(std::move(name)) {
+FeedForward::FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, double std, double proj_std,
+                         GeluForm gelu)
+    : Module(std::move(name)), gelu_(gelu) {
   c_fc_ = Linear(child("c_fc"), C, 4 * C, seed, {.bias = bias, .std = std});
   seed += adopt(c_fc_);
   c_proj_ = Linear(child("c_proj"), 4 * C, C, seed, {.bias = bias, .std = proj_std});
@@ -95,7 +101,7 @@ Var FeedForward::operator()(Tape& tape, Var x) const {
   const int64_t C = c_fc_.in_features();
   if (x.dtype() != DType::f32 || x.rank() < 2 || x.shape()[x.rank() - 1] != C) bad_input(x.shape(), last_axis(C));
   auto bias = [&](const Linear& l) { return l.bias() ? l.bias()->on(tape) : Var{}; };
-  return mlp(x, c_fc_.weight().on(tape), bias(c_fc_), c_proj_.weight().on(tape), bias(c_proj_));
+  return mlp(x, c_fc_.weight().on(tape), bias(c_fc_), c_proj_.weight().on(tape), bias(c_proj_), gelu_);
 }
 
 CausalSelfAttention::CausalSelfAttention(std::string name, const AttentionConfig& cfg, uint64_t seed, double std,

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../ops/gelu.hpp"
 #include "attention_kinds.hpp"
 #include "module.hpp"
 
@@ -67,7 +68,7 @@ class LayerNorm : public Module {
   double eps_ = 1e-5;
 };
 
-enum class Activation { relu, tanh, gelu };
+enum class Activation { relu, tanh, gelu, gelu_erf };  // gelu: GPT-2's tanh form; gelu_erf: the exact x·Φ(x)
 
 // A multi-layer perceptron, micrograd's MLP: Linear layers named NAME.0, NAME.1, ... of the sizes given
 // (sizes[0] inputs, sizes.back() outputs), the activation between them and none after the last.
@@ -88,15 +89,18 @@ class MLP : public Module {
 };
 
 // A transformer block's feed-forward part, nanoGPT's MLP: c_proj(gelu(c_fc(x))), one fused node (ops/mlp.cpp).
-// x (B, T, C) → (B, T, C); c_fc C → 4C, c_proj 4C → C, weights N(0, std²) and N(0, proj_std²), zero biases.
+// x (B, T, C) → (B, T, C); c_fc C → 4C, c_proj 4C → C, weights N(0, std²) and N(0, proj_std²), zero biases; the
+// gelu exact as nanoGPT's nn.GELU(), or GPT-2's tanh form.
 class FeedForward : public Module {
  public:
   FeedForward() = default;
-  FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, double std, double proj_std);
+  FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, double std, double proj_std,
+              GeluForm gelu = GeluForm::exact);
   Var operator()(Tape& tape, Var x) const;
 
  private:
   Linear c_fc_, c_proj_;
+  GeluForm gelu_ = GeluForm::exact;
 };
 
 struct AttentionConfig {

@@ -28,7 +28,7 @@ using json = nlohmann::json;
 json model_json(const GPTConfig& m) {
   return {{"vocab_size", m.vocab_size}, {"block_size", m.block_size}, {"n_layer", m.n_layer},
           {"n_head", m.n_head},         {"n_embd", m.n_embd},         {"dropout", m.dropout},
-          {"bias", m.bias},             {"attention", m.attention}};
+          {"bias", m.bias},             {"attention", m.attention},   {"gelu", gelu_form_name(m.gelu)}};
 }
 
 // The configuration in a checkpoint's "tapegrad.model"; errors name the checkpoint.
@@ -51,6 +51,11 @@ GPTConfig model_from_json(const std::string& text, const std::string& path) {
     m.dropout = j.at("dropout").get<double>();
     m.bias = j.at("bias").get<bool>();
     m.attention = j.at("attention").get<std::string>();
+    // A checkpoint written before the exact GELU was the default has no "gelu": it was trained with the tanh form.
+    const std::string gelu = j.contains("gelu") ? j.at("gelu").get<std::string>() : "tanh";
+    const std::optional<GeluForm> form = gelu_form_named(gelu);
+    if (!form) fail("checkpoint {}: 'tapegrad.model' has gelu = '{}', expected exact or tanh", path, gelu);
+    m.gelu = *form;
     m.validate();
   } catch (const json::exception& e) {
     fail("checkpoint {}: 'tapegrad.model' is not a model configuration ({})", path, e.what());
@@ -280,8 +285,9 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   };
   fn.started = [&](int64_t first_step) {
     if (cfg.quiet) return;
-    fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, vocab {}, batch {}\n",
-               cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T, cfg.model.vocab_size, B);
+    fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, {} gelu, vocab {}, batch {}\n",
+               cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T,
+               gelu_form_name(cfg.model.gelu), cfg.model.vocab_size, B);
     for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
     fmt::print(out, "  {:<24} {:>9} parameters\n", "total", res.parameters);
     fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()),

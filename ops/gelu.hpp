@@ -1,69 +1,161 @@
-// GELU kernels, GPT-2's tanh form, over raw buffers of n elements: the gelu node (pointwise.cpp) and the fused
-// MLP (mlp.cpp) call them.
+// GELU kernels in both forms over raw buffers of n elements: the gelu and gelu_erf nodes (pointwise.cpp) and the
+// fused MLP (mlp.cpp) call them. Each form saves one tensor s beside x in the forward, so that its derivative
+// needs no second tanh or erf.
 //
-// Per element:
+// The exact form, GELU(x) = x·Φ(x), Φ the standard normal CDF (PyTorch's nn.GELU(), nanoGPT's MLP):
+//   y = x·Φ(x),   Φ(x) = ½ erfc(−x/√2),   φ(x) = Φ′(x) = exp(−x²/2)/√(2π)
+//   f′(x) = Φ(x) + x·φ(x)                                              (product rule; s = Φ(x) is saved)
+//   f″(x) = 2φ(x) + x·φ′(x) = (2 − x²)·φ(x)                            (φ′(x) = −x·φ(x))
+// float64 takes erfc from libm. float32 takes it from a Chebyshev fit of Numerical Recipes (Press et al., 2nd ed.,
+// § 6.2): erfc(z) = τ·exp(−z² + P(τ)), τ = 1/(1 + z/2), z ≥ 0, P of degree 9, relative error below 1.2e-7 for
+// every z ≥ 0. Φ(x) is ½erfc(|x|/√2) for x < 0 and 1 − ½erfc(|x|/√2) for x ≥ 0, so it never subtracts two numbers
+// close to each other; in float32, y = x·Φ(x) is within 5e-7 of float64's, relative, for every x with Φ(x) above
+// 1e-30 (ops_pointwise_test measures it).
+//
+// GPT-2's tanh form, an approximation of the exact one (within 5e-4 of it), kept for models trained with it:
 //   y = ½x(1 + t),   t = tanh u,   u = √(2/π)(x + 0.044715x³)
 //   f′(x) = ½(1 + t) + ½x(1 − t²)·√(2/π)(1 + 3·0.044715x²)          (dt/du = 1 − t², du/dx = √(2/π)(1 + 3·0.044715x²))
-// The forward saves t, so that the derivative reads it instead of evaluating tanh again. float32 takes tanh
-// from ops/fast_math.hpp (≤ 1.6 ulp, vectorized), float64 from libm. The elements run on the engine's threads.
+// The saved s is t. float32 takes tanh from ops/fast_math.hpp (≤ 1.6 ulp, vectorized), float64 from libm.
+//
+// The elements run on the engine's threads; the branch on the form sits outside each loop.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "../engine/parallel.hpp"
 #include "fast_math.hpp"
 
 namespace tapegrad {
 
+// Which GELU: exact (x·Φ(x)) or GPT-2's tanh approximation.
+enum class GeluForm { exact, tanh };
+
+inline const char* gelu_form_name(GeluForm form) { return form == GeluForm::exact ? "exact" : "tanh"; }
+inline std::optional<GeluForm> gelu_form_named(std::string_view name) {
+  if (name == "exact") return GeluForm::exact;
+  if (name == "tanh") return GeluForm::tanh;
+  return std::nullopt;
+}
+
 namespace gelu_detail {
 constexpr double kC = 0.7978845608028654;  // √(2/π)
 constexpr double kA = 0.044715;
+constexpr double kSqrtHalf = 0.7071067811865476;      // 1/√2
+constexpr double kInvSqrt2Pi = 0.3989422804014327;    // 1/√(2π)
 constexpr int64_t kGrain = 16384;  // elements per range: a few microseconds of work
+
+// Φ(−a) = ½ erfc(z), z = a/√2, for a ≥ 0 (float32, the fit of the header). The fit's exp(−z² + P) is taken as
+// exp(−a_h²/2)·exp(−(a − a_h)(a + a_h)/2 + P), a_h = a with its 12 low mantissa bits cleared: a_h² is exact in
+// float32, so neither the rounding of a/√2 nor that of a² is amplified by the exp (each would cost up to 1e-5 of
+// the result near a = 11, where Φ(−a) is 1e-30). a is clamped at 14, where Φ(−a) is below float32's range (and
+// NaN goes to the clamp, its y staying NaN through y = x·Φ).
+inline float normal_tail(float a) {
+  a = a < 14.0f ? a : 14.0f;
+  const float tau = 1.0f / (1.0f + 0.5f * static_cast<float>(kSqrtHalf) * a);
+  const float p =
+      -1.26551223f +
+      tau * (1.00002368f +
+             tau * (0.37409196f +
+                    tau * (0.09678418f +
+                           tau * (-0.18628806f +
+                                  tau * (0.27886807f +
+                                         tau * (-1.13520398f +
+                                                tau * (1.48851587f + tau * (-0.82215223f + tau * 0.17087277f))))))));
+  const float a_h = std::bit_cast<float>(std::bit_cast<uint32_t>(a) & 0xFFFFF000u);
+  return 0.5f * tau * fast_exp(-0.5f * a_h * a_h) * fast_exp(-0.5f * (a - a_h) * (a + a_h) + p);
+}
+
+// Φ(x) = ½ erfc(−x/√2)
+inline float normal_cdf(float x) {
+  const float tail = normal_tail(std::fabs(x));  // Φ(−|x|)
+  return x < 0 ? tail : 1.0f - tail;
+}
+inline double normal_cdf(double x) { return 0.5 * std::erfc(-x * kSqrtHalf); }
+
+// φ(x) = exp(−x²/2)/√(2π)
+template <class T>
+inline T normal_pdf(T x) {
+  return T(kInvSqrt2Pi) * fast_exp(T(-0.5) * x * x);
+}
+
+// f′(x) from x and the saved s (t = tanh u, or Φ(x)).
+template <GeluForm F, class T>
+inline T slope(T x, T s) {
+  if constexpr (F == GeluForm::exact) {
+    return s + x * normal_pdf(x);
+  } else {
+    const T du_dx = T(kC) * (1 + 3 * T(kA) * x * x);
+    return T(0.5) * (1 + s) + T(0.5) * x * (1 - s * s) * du_dx;
+  }
+}
+
+// y from x and the saved s.
+template <GeluForm F, class T>
+inline T value(T x, T s) {
+  if constexpr (F == GeluForm::exact) return x * s;
+  else return T(0.5) * x * (1 + s);
+}
+
+// body.template operator()<F>() with the form as a compile-time constant, so that each loop has no branch on it.
+template <class Body>
+inline void with_form(GeluForm form, Body&& body) {
+  if (form == GeluForm::exact) body.template operator()<GeluForm::exact>();
+  else body.template operator()<GeluForm::tanh>();
+}
 }  // namespace gelu_detail
 
-// y = ½x(1 + t), t = tanh u                                                   y, t, x: (n)
+// y = GELU(x), saving s (Φ(x), or t = tanh u)                                 y, s, x: (n)
 template <class T>
-void gelu_forward(T* y, T* t, const T* x, int64_t n) {
+void gelu_forward(GeluForm form, T* y, T* s, const T* x, int64_t n) {
   using namespace gelu_detail;
-  parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T xi = x[i];
-      const T ti = fast_tanh(T(kC) * (xi + T(kA) * xi * xi * xi));
-      t[i] = ti;
-      y[i] = T(0.5) * xi * (1 + ti);
-    }
+  with_form(form, [=]<GeluForm F>() {
+    parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T xi = x[i];
+        T si;
+        if constexpr (F == GeluForm::exact) si = normal_cdf(xi);
+        else si = fast_tanh(T(kC) * (xi + T(kA) * xi * xi * xi));
+        s[i] = si;
+        y[i] = value<F>(xi, si);
+      }
+    });
   });
 }
 
-// y = ½x(1 + t) from a saved t                                                y, x, t: (n)
+// y = GELU(x) from the saved s                                                 y, x, s: (n)
 template <class T>
-void gelu_from_tanh(T* y, const T* x, const T* t, int64_t n) {
-  parallel_for(n, gelu_detail::kGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = T(0.5) * x[i] * (1 + t[i]);
-  });
-}
-
-// f′(x) from x and t = tanh u.
-template <class T>
-inline T gelu_slope(T x, T t) {
+void gelu_from_saved(GeluForm form, T* y, const T* x, const T* s, int64_t n) {
   using namespace gelu_detail;
-  const T du_dx = T(kC) * (1 + 3 * T(kA) * x * x);
-  return T(0.5) * (1 + t) + T(0.5) * x * (1 - t * t) * du_dx;
-}
-
-// out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).      out, x, t, in: (n)
-template <class T>
-void gelu_derivative(T* out, const T* x, const T* t, const T* in, int64_t n) {
-  parallel_for(n, gelu_detail::kGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] += gelu_slope(x[i], t[i]) * in[i];
+  with_form(form, [=]<GeluForm F>() {
+    parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = value<F>(x[i], s[i]);
+    });
   });
 }
 
-// v ← f′(x) ⊙ v in place (a cotangent or tangent carried through the gelu)      v, x, t: (n)
+// out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).      out, x, s, in: (n)
 template <class T>
-void gelu_derivative_in_place(T* v, const T* x, const T* t, int64_t n) {
-  parallel_for(n, gelu_detail::kGrain, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) v[i] *= gelu_slope(x[i], t[i]);
+void gelu_derivative(GeluForm form, T* out, const T* x, const T* s, const T* in, int64_t n) {
+  using namespace gelu_detail;
+  with_form(form, [=]<GeluForm F>() {
+    parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] += slope<F>(x[i], s[i]) * in[i];
+    });
+  });
+}
+
+// v ← f′(x) ⊙ v in place (a cotangent or tangent carried through the gelu)      v, x, s: (n)
+template <class T>
+void gelu_derivative_in_place(GeluForm form, T* v, const T* x, const T* s, int64_t n) {
+  using namespace gelu_detail;
+  with_form(form, [=]<GeluForm F>() {
+    parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) v[i] *= slope<F>(x[i], s[i]);
+    });
   });
 }
 

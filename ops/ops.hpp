@@ -5,6 +5,7 @@
 #include <span>
 
 #include "../engine/tape.hpp"
+#include "gelu.hpp"
 
 namespace tapegrad {
 
@@ -23,7 +24,8 @@ Var exp(Var x);
 Var log(Var x);
 Var tanh(Var x);
 Var relu(Var x);
-Var gelu(Var x);  // tanh form, as GPT-2
+Var gelu(Var x);      // GPT-2's tanh form: ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
+Var gelu_erf(Var x);  // the exact form x·Φ(x), as PyTorch's nn.GELU() (ops/gelu.hpp has both)
 Var elu(Var x, double alpha = 1.0);
 Var sigmoid(Var x);        // 1/(1 + e⁻ˣ)
 Var square(Var x);         // x²
@@ -51,8 +53,9 @@ Var matmul(Var a, Var b);
 // linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).
 Var linear(Var x, Var weight, Var bias = {});
 
-// mlp.cpp — linear, gelu, linear as one node (the GPT block's MLP): y = gelu(x·W₁ᵀ + b₁)·W₂ᵀ + b₂, biases optional.
-Var mlp(Var x, Var w1, Var b1, Var w2, Var b2);
+// mlp.cpp — linear, gelu, linear as one node (the GPT block's MLP): y = gelu(x·W₁ᵀ + b₁)·W₂ᵀ + b₂, biases optional,
+// the gelu of either form (exact: nanoGPT's; tanh: GPT-2's).
+Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form);
 
 // softmax.cpp — over the last axis.
 Var softmax(Var x);

@@ -13,7 +13,8 @@
 //   pow      y = xᵖ;  f′ = p·xᵖ⁻¹                       (f′ = 0 for p = 0, where 0·0⁻¹ would be NaN)
 // sqrt and pow refuse inputs where y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with
 // p < 0) instead of returning it.
-// gelu has its own node below: it keeps tanh u instead of y, so that its derivative needs no second tanh.
+// gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps tanh u or Φ(x) instead of y, so that
+// the derivative needs no second tanh or erfc.
 #include <cmath>
 #include <string_view>
 
@@ -41,28 +42,28 @@ void expect_each(const char* op, const Var& x, Ok ok, std::string_view expected)
 
 }  // namespace
 
-// gelu keeps x and t = tanh u (ops/gelu.hpp has the derivation): its VJP x̄ += f′(x)·ȳ and JVP ẏ = f′(x)·ẋ read t
-// instead of evaluating tanh again.
-Var gelu(Var x) {
-  constexpr const char* op = "gelu";
+// gelu and gelu_erf keep x and s (t = tanh u, or Φ(x); ops/gelu.hpp has both derivations): the VJP x̄ += f′(x)·ȳ
+// and the JVP ẏ = f′(x)·ẋ read s instead of evaluating tanh or erfc again.
+static Var gelu_node(const char* op, GeluForm form, Var x) {
   expect_float(op, x);
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor t = tape.empty(x.dtype(), x.shape(), "tanh of gelu's argument");
+  Tensor s = tape.empty(x.dtype(), x.shape(), form == GeluForm::exact ? "Φ(x) of gelu_erf" : "tanh of gelu's argument");
   const int64_t n = y.numel();
-  dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    gelu_forward(y.data<T>(), t.data<T>(), xv.data<T>(), n);
-  });
-  auto apply_derivative = [xv, t, n](const Tensor& out, const Tensor& in) {
+  dispatch_float(op, x.dtype(), [&]<class T>(T) { gelu_forward(form, y.data<T>(), s.data<T>(), xv.data<T>(), n); });
+  auto apply_derivative = [op, form, xv, s, n](const Tensor& out, const Tensor& in) {
     dispatch_float(op, out.dtype(), [&]<class T>(T) {
-      gelu_derivative(out.data<T>(), xv.data<T>(), t.data<T>(), in.data<T>(), n);
+      gelu_derivative(form, out.data<T>(), xv.data<T>(), s.data<T>(), in.data<T>(), n);
     });
   };
   return tape.record(
       op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply_derivative(gin[0], g); },
       [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); });
 }
+
+Var gelu(Var x) { return gelu_node("gelu", GeluForm::tanh, x); }
+Var gelu_erf(Var x) { return gelu_node("gelu_erf", GeluForm::exact, x); }
 
 Var exp(Var x) {
   return pointwise("exp", x, [](auto v) { return std::exp(v); }, [](auto, auto y) { return y; });
@@ -123,6 +124,8 @@ void register_pointwise(Registry& r) {
   unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", Fill::away_from_zero, relu);
   unary("gelu", "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
         "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ", Fill::normal, gelu);
+  unary("gelu_erf", "y = x·Φ(x) = ½x(1 + erf(x/√2))", "x̄ += (Φ(x) + x·φ(x))·ȳ; ẏ = (Φ(x) + x·φ(x))·ẋ",
+        Fill::normal, gelu_erf);
   unary("sigmoid", "y = 1/(1 + e⁻ˣ)", "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ", Fill::normal, sigmoid);
   unary("square", "y = x²", "x̄ += 2x·ȳ; ẏ = 2x·ẋ", Fill::normal, square);
   unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", Fill::positive, sqrt);

@@ -13,17 +13,18 @@ using namespace tapegrad::testing;
 
 namespace {
 
-void check_against_composition(bool biases, DType dtype, double tolerance) {
+void check_against_composition(bool biases, GeluForm form, DType dtype, double tolerance) {
   std::vector<InputSpec> spec{{"x", {3, 20, 16}}, {"w1", {64, 16}}, {"w2", {16, 64}}};
   if (biases) {
     spec.push_back({"b1", {64}});
     spec.push_back({"b2", {16}});
   }
-  Function fused = [biases](Tape&, std::span<const Var> v) {
-    return mlp(v[0], v[1], biases ? v[3] : Var{}, v[2], biases ? v[4] : Var{});
+  Function fused = [biases, form](Tape&, std::span<const Var> v) {
+    return mlp(v[0], v[1], biases ? v[3] : Var{}, v[2], biases ? v[4] : Var{}, form);
   };
-  Function composed = [biases](Tape&, std::span<const Var> v) {
-    return linear(gelu(linear(v[0], v[1], biases ? v[3] : Var{})), v[2], biases ? v[4] : Var{});
+  Function composed = [biases, form](Tape&, std::span<const Var> v) {
+    const Var u = linear(v[0], v[1], biases ? v[3] : Var{});
+    return linear(form == GeluForm::exact ? gelu_erf(u) : gelu(u), v[2], biases ? v[4] : Var{});
   };
   auto x = make_inputs(spec, dtype, 11);
   CHECK(max_relative_difference(evaluate(fused, x), evaluate(composed, x)) < tolerance);
@@ -39,23 +40,25 @@ void check_against_composition(bool biases, DType dtype, double tolerance) {
 
 }  // namespace
 
-TEST_CASE("mlp equals linear, gelu, linear: forward, VJP and JVP") {
-  for (bool biases : {true, false}) {
-    CAPTURE(biases);
-    check_against_composition(biases, DType::f64, 1e-12);
-    check_against_composition(biases, DType::f32, 2e-5);
-  }
+TEST_CASE("mlp equals linear, gelu, linear in either form: forward, VJP and JVP") {
+  for (GeluForm form : {GeluForm::exact, GeluForm::tanh})
+    for (bool biases : {true, false}) {
+      CAPTURE(gelu_form_name(form));
+      CAPTURE(biases);
+      check_against_composition(biases, form, DType::f64, 1e-12);
+      check_against_composition(biases, form, DType::f32, 2e-5);
+    }
 }
 
 TEST_CASE("mlp: shape errors name the op and the shapes") {
   Tape tape;
   Var x = tape.leaf(Tensor::zeros(DType::f32, {4, 8}));
   Var w1 = tape.leaf(Tensor::zeros(DType::f32, {32, 8})), w2 = tape.leaf(Tensor::zeros(DType::f32, {8, 32}));
-  CHECK_THROWS_WITH(mlp(x, tape.leaf(Tensor::zeros(DType::f32, {32, 7})), {}, w2, {}),
+  CHECK_THROWS_WITH(mlp(x, tape.leaf(Tensor::zeros(DType::f32, {32, 7})), {}, w2, {}, GeluForm::exact),
                     doctest::Contains("mlp: the first weight must be (H, 8) for an input of shape (4, 8), got (32, 7)"));
-  CHECK_THROWS_WITH(mlp(x, w1, {}, tape.leaf(Tensor::zeros(DType::f32, {8, 31})), {}),
+  CHECK_THROWS_WITH(mlp(x, w1, {}, tape.leaf(Tensor::zeros(DType::f32, {8, 31})), {}, GeluForm::exact),
                     doctest::Contains("mlp: the second weight must be (H, 32)"));
-  CHECK_THROWS_WITH(mlp(x, w1, tape.leaf(Tensor::zeros(DType::f32, {31})), w2, {}),
+  CHECK_THROWS_WITH(mlp(x, w1, tape.leaf(Tensor::zeros(DType::f32, {31})), w2, {}, GeluForm::exact),
                     doctest::Contains("mlp: the first bias must be (32) for a weight of shape (32, 8), got (31)"));
-  CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8}))), doctest::Contains("mlp"));
+  CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8})), GeluForm::exact), doctest::Contains("mlp"));
 }

@@ -244,7 +244,8 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
   const json step_args = {{"model", {{"n_layer", a.model.n_layer}, {"n_head", a.model.n_head},
                                      {"n_embd", a.model.n_embd}, {"block_size", a.model.block_size},
                                      {"vocab_size", a.model.vocab_size}, {"dropout", a.model.dropout},
-                                     {"bias", a.model.bias}, {"attention", a.model.attention}}},
+                                     {"bias", a.model.bias}, {"attention", a.model.attention},
+                                     {"gelu", gelu_form_name(a.model.gelu)}}},
                           {"batch", a.batch},
                           {"autocast", a.torch_autocast.empty() ? json(nullptr) : json(a.torch_autocast)}};
   const bool vs = torch != nullptr && torch->ok();

@@ -114,7 +114,7 @@ void add_claim_command(CLI::App& app) {
       "claim",
       "Check a claimed derivative written as formulas (a paper's VJP or JVP) against finite differences of its "
       "forward, in float64, with the gradchecker's diagnosis (exit 1 when the claim is wrong). Formulas: names, "
-      "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu elu softmax log_softmax row_normalize "
+      "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu gelu_erf elu softmax log_softmax row_normalize "
       "matmul linear layer_norm, sum(e, axis) mean(e, axis) norm(e, axis) transpose(e, a, b) where(c, a, b) tril(e, k); "
       "y is the forward's output, g the cotangent (VJP), t_x the tangent of input x (JVP). docs/claims/README.md");
   cmd->add_option("--input", args->inputs, "An input NAME:D,D,...[:positive|away_from_zero] (repeatable)");

@@ -8,8 +8,10 @@
   test    what ctest runs: `tapegrad train` for 20 steps into a temporary directory, then load, then export
 
 The model (models/gpt.cpp, nanoGPT's layout and parameter names): token + position embeddings, n_layer pre-norm
-blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with mlp = c_proj(gelu_tanh(c_fc(.))), a final ln_f, and the head
-tied to the token embedding. LayerNorm has eps 1e-5 and no bias unless bias = true; Linear layers likewise.
+blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with mlp = c_proj(gelu(c_fc(.))), a final ln_f, and the head
+tied to the token embedding. The gelu is the exact x*Phi(x) (nanoGPT's nn.GELU()) when the configuration says
+gelu = "exact", GPT-2's tanh form when it says "tanh" or nothing (checkpoints from before the choice). LayerNorm
+has eps 1e-5 and no bias unless bias = true; Linear layers likewise.
 Attention is causal (key j <= query i) with scale 1/sqrt(d) per head, d = n_embd / n_head:
   softmax, tiled   A = softmax(s q k^T + M) v, M = -inf above the diagonal                       c_attn: q, k, v
   beta             beta(s q k^T * M01) v, beta(x) = x / (1 + ||x||) per row, masked scores 0       c_attn: q, k, v
@@ -119,9 +121,10 @@ class MLP(torch.nn.Module):
         C = cfg["n_embd"]
         self.c_fc = torch.nn.Linear(C, 4 * C, bias=cfg["bias"])
         self.c_proj = torch.nn.Linear(4 * C, C, bias=cfg["bias"])
+        self.approximate = {"exact": "none", "tanh": "tanh"}[cfg.get("gelu", "tanh")]
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
 
 
 class Block(torch.nn.Module):
@@ -249,7 +252,7 @@ def compare(label, binary, checkpoint, model, vocab, texts):
         loss_rel64 = abs(got["loss"] - loss64) / abs(loss64)
         logits_abs = (mine - logits32).abs().max().item()
         ok = loss_rel <= LOSS_RTOL and logits_abs <= LOGITS_ATOL
-        print(f"{label:<28} T={len(ids) - 1:<4} loss {got['loss']:.7f} torch {loss32:.7f}  rel {loss_rel:.1e} "
+        print(f"{label:<36} T={len(ids) - 1:<4} loss {got['loss']:.7f} torch {loss32:.7f}  rel {loss_rel:.1e} "
               f"(vs f64 {loss_rel64:.1e})  logits max|diff| {logits_abs:.1e}{'' if ok else '  FAIL'}")
         if not ok:
             failures.append(f"{label} T={len(ids) - 1}")
@@ -269,7 +272,7 @@ def mode_load(binary, checkpoint):
     model, vocab = model_from_checkpoint(checkpoint)
     print(f"load: {checkpoint} ({model.cfg['attention']}, {model.cfg['n_layer']} layers, "
           f"{sum(p.numel() for p in model.parameters())} parameters)")
-    return compare(f"load {model.cfg['attention']}", binary, checkpoint, model, vocab,
+    return compare(f"load {model.cfg['attention']} gelu {model.cfg.get('gelu', '(none)')}", binary, checkpoint, model, vocab,
                    texts_for(vocab, model.cfg["block_size"]))
 
 
@@ -280,11 +283,15 @@ def mode_export(binary, kinds, out_dir, bias_values, seed):
         for bias in bias_values:
             cfg = {"vocab_size": len(vocab), "block_size": 24, "n_layer": 2, "n_head": 2, "n_embd": 16,
                    "dropout": 0.0, "bias": bias, "attention": kind}
+            # Without biases the exact gelu; with them no "gelu" at all, as a checkpoint from before the choice
+            # (tapegrad must read it as the tanh form, as the mirror does).
+            if not bias:
+                cfg["gelu"] = "exact"
             model = random_model(cfg, seed)
             path = os.path.join(out_dir, f"export_{kind}{'_bias' if bias else ''}.safetensors")
             save_tapegrad_checkpoint(path, model, vocab)
-            failures += compare(f"export {kind}{' bias' if bias else ''}", binary, path, model, vocab,
-                                texts_for(vocab, cfg["block_size"]))
+            label = f"export {kind}{' bias' if bias else ''} gelu {cfg.get('gelu', '(none)')}"
+            failures += compare(label, binary, path, model, vocab, texts_for(vocab, cfg["block_size"]))
     return failures
 
 
@@ -293,8 +300,8 @@ def mode_test(binary, data, kinds, keep):
     with tempfile.TemporaryDirectory() as tmp:
         work = keep or tmp
         os.makedirs(work, exist_ok=True)
-        for kind in ("softmax", "super"):
-            cmd = [binary, "train", "--attention", kind, "--data", data, "--n-layer", "2", "--n-head", "2",
+        for kind, gelu in (("softmax", "exact"), ("super", "tanh")):
+            cmd = [binary, "train", "--attention", kind, "--gelu", gelu, "--data", data, "--n-layer", "2", "--n-head", "2",
                    "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--max-iters", "20",
                    "--warmup-iters", "2", "--lr", "1e-2", "--eval-interval", "10", "--eval-iters", "2",
                    "--sample-tokens", "0", "--out", work, "--name", kind, "--quiet"]

@@ -64,6 +64,11 @@ void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   cmd->add_flag("--bias,!--no-bias", m.bias, lead + "Biases in Linear and LayerNorm layers")->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--gelu", [&m](const std::string& name) { m.gelu = *gelu_form_named(name); },
+         lead + "The MLP's GELU: exact, x·Φ(x) as nanoGPT's nn.GELU(), or GPT-2's tanh approximation")
+      ->check(CLI::IsMember({"exact", "tanh"}))
+      ->default_str(gelu_form_name(m.gelu));
 }
 
 void add_precision_option(CLI::App* cmd, ProductPrecision& precision) {

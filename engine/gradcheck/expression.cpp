@@ -149,6 +149,7 @@ class Evaluator {
       if (f == "tanh") return tanh(x[0]);
       if (f == "relu") return relu(x[0]);
       if (f == "gelu") return gelu(x[0]);
+      if (f == "gelu_erf") return gelu_erf(x[0]);
       if (f == "elu") return elu(x[0]);
       if (f == "neg") return neg(x[0]);
       if (f == "softmax") return softmax(x[0]);

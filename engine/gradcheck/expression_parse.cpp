@@ -59,7 +59,7 @@ std::shared_ptr<ExpressionNode> node(Kind kind, size_t offset) {
 const std::vector<FunctionSpec>& functions() {
   static const std::vector<FunctionSpec> table = {
       {"exp", 1, 1, {}},         {"log", 1, 1, {}},         {"tanh", 1, 1, {}},
-      {"relu", 1, 1, {}},        {"gelu", 1, 1, {}},        {"elu", 1, 1, {}},
+      {"relu", 1, 1, {}},        {"gelu", 1, 1, {}},        {"gelu_erf", 1, 1, {}},    {"elu", 1, 1, {}},
       {"neg", 1, 1, {}},         {"softmax", 1, 1, {}},     {"log_softmax", 1, 1, {}},
       {"row_normalize", 1, 1, {}}, {"add", 2, 2, {}},       {"sub", 2, 2, {}},
       {"mul", 2, 2, {}},         {"div", 2, 2, {}},         {"matmul", 2, 2, {}},
