@@ -191,4 +191,39 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
   }
 }
 
+// Where each chunk of a VJP's parallel (b, h) loop adds its dB. Slices that share bias elements (a bias broadcast
+// over b or h) must not add into them at once: then every chunk but the first sums into its own zeroed copy of dB
+// (on the tape), which add_parts adds to dB in chunk order afterwards, so the sum is the same in every run.
+// Without a dB (an undefined tensor) every target is null.
+class BiasGradChunks {
+ public:
+  BiasGradChunks(Tape& tape, const Tensor& dbias, const BiasLayout& L, const AttentionDims& dims, int64_t chunks)
+      : dbias_(dbias),
+        shared_(dbias.defined() && chunks > 1 && ((L.stride_b == 0 && dims.B > 1) || (L.stride_h == 0 && dims.H > 1))),
+        parts_(shared_ ? tape.zeros(dbias.dtype(), {chunks - 1, dbias.numel()}) : Tensor{}),
+        chunks_(chunks) {}
+
+  template <class T>
+  T* target(int64_t chunk) const {
+    if (!dbias_.defined()) return nullptr;
+    return shared_ && chunk > 0 ? parts_.data<T>() + (chunk - 1) * dbias_.numel() : dbias_.data<T>();
+  }
+
+  template <class T>
+  void add_parts() const {
+    if (!shared_) return;
+    T* db = dbias_.data<T>();
+    for (int64_t c = 0; c + 1 < chunks_; ++c) {
+      const T* part = parts_.data<T>() + c * dbias_.numel();
+      for (int64_t e = 0; e < dbias_.numel(); ++e) db[e] += part[e];
+    }
+  }
+
+ private:
+  Tensor dbias_;
+  bool shared_;
+  Tensor parts_;
+  int64_t chunks_;
+};
+
 }  // namespace tapegrad

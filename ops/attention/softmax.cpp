@@ -164,17 +164,13 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     Tensor ds = tp->empty(dtype, {chunks, scratch});
-    // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
-    // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
-    const bool shared_dbias = dbias.defined() && chunks > 1 &&
-                              ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
-    Tensor dbias_parts = shared_dbias ? tp->zeros(dtype, {chunks - 1, dbias.numel()}) : Tensor{};
+    const BiasGradChunks dbias_at(*tp, dbias, layout, dims, chunks);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
-      T *dv = data_or_null<T>(gin[2]), *db = data_or_null<T>(dbias);
+      T* dv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
-        T* db_chunk = shared_dbias && chunk > 0 ? dbias_parts.data<T>() + (chunk - 1) * dbias.numel() : db;
+        T* db_chunk = dbias_at.target<T>(chunk);
         for (int64_t bh = begin; bh < end; ++bh) {
           const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
           attention_vjp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
@@ -183,11 +179,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
                            ds.data<T>() + chunk * scratch);
         }
       });
-      if (shared_dbias)
-        for (int64_t c = 0; c + 1 < chunks; ++c) {
-          const T* part = dbias_parts.data<T>() + c * dbias.numel();
-          for (int64_t e = 0; e < dbias.numel(); ++e) db[e] += part[e];
-        }
+      dbias_at.add_parts<T>();
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {

@@ -300,17 +300,12 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    // Slices that share bias elements (a bias broadcast over b or h) must not add into them at once: every
-    // chunk but the first sums into its own zeroed copy of dB, added to dB in chunk order afterwards.
-    const bool shared_gbias = gbias.defined() && chunks > 1 &&
-                              ((layout.stride_b == 0 && dims.B > 1) || (layout.stride_h == 0 && dims.H > 1));
-    Tensor gbias_parts = shared_gbias ? tp->zeros(dtype, {chunks - 1, gbias.numel()}) : Tensor{};
+    const BiasGradChunks gbias_at(*tp, gbias, layout, dims, chunks);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
-      T* gb = data_or_null<T>(gbias);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         Workspace<T> w(blk);
-        T* gb_chunk = shared_gbias && chunk > 0 ? gbias_parts.data<T>() + (chunk - 1) * gbias.numel() : gb;
+        T* gb_chunk = gbias_at.target<T>(chunk);
         for (int64_t bh = begin; bh < end; ++bh) {
           const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
           tiled_attention_vjp(offset_or_null(gq, at.oq), offset_or_null(gk, at.ok), offset_or_null(gv, at.ov),
@@ -318,11 +313,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
                               layout, dims, blk, w);
         }
       });
-      if (shared_gbias)
-        for (int64_t c = 0; c + 1 < chunks; ++c) {
-          const T* part = gbias_parts.data<T>() + c * gbias.numel();
-          for (int64_t e = 0; e < gbias.numel(); ++e) gb[e] += part[e];
-        }
+      gbias_at.add_parts<T>();
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
