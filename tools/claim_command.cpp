@@ -1,20 +1,21 @@
 // tapegrad claim: a derivative as written in a paper or a post, as formulas (engine/gradcheck/expression.hpp),
 // checked against finite differences of its forward before any C++ is written (engine/gradcheck/claim.hpp).
 // Exit 0 when every claim holds, 1 when one is wrong, 2 for a usage or formula error (with a caret under it).
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/gradcheck/claim.hpp"
 #include "engine/gradcheck/expression.hpp"
+#include "models/files.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
 
 namespace {
+
+constexpr size_t kMaxClaimFileBytes = size_t{16} << 20;  // a file of claims is text of a few kilobytes
 
 struct ClaimArgs {
   std::vector<std::string> inputs, lets, vjps, files;
@@ -26,16 +27,8 @@ struct ClaimArgs {
 // "NAME = FORMULA" of --let and --vjp; a --vjp without NAME = is the only input's.
 std::pair<std::string, std::string> split_named(std::string_view option, const std::string& text,
                                                 const std::vector<InputSpec>& inputs) {
-  const auto eq = text.find('=');
-  const std::string name(eq == std::string::npos ? "" : text.substr(0, eq));
-  auto trimmed = [](std::string s) {
-    s.erase(0, s.find_first_not_of(" \t"));
-    s.erase(s.find_last_not_of(" \t") + 1);
-    return s;
-  };
-  const bool named = eq != std::string::npos && name.find_first_of("()*+-/,") == std::string::npos;
-  if (named) return {trimmed(name), trimmed(text.substr(eq + 1))};
-  if (option == "--vjp" && inputs.size() == 1) return {inputs[0].name, trimmed(text)};
+  if (auto split = split_named_formula(text)) return *split;
+  if (option == "--vjp" && inputs.size() == 1) return {inputs[0].name, text};
   fail("{}: expected NAME=FORMULA{}, got '{}'", option, option == "--vjp" ? " (one per input)" : "", text);
 }
 
@@ -57,14 +50,6 @@ ClaimText claim_from_options(const ClaimArgs& a) {
   return c;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("claim: cannot read '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 nlohmann::json report_json(const ClaimText& c, const GradcheckReport& r) {
   nlohmann::json checks = nlohmann::json::array(), diagnoses = nlohmann::json::array();
   for (const auto& ch : r.checks)
@@ -81,7 +66,7 @@ nlohmann::json report_json(const ClaimText& c, const GradcheckReport& r) {
 int run_claims(const ClaimArgs& a) {
   std::vector<ClaimText> claims;
   for (const auto& path : a.files) {
-    auto more = parse_claims(read_text(path), path);
+    auto more = parse_claims(read_file(path, kMaxClaimFileBytes), path);
     claims.insert(claims.end(), more.begin(), more.end());
   }
   if (!a.forward.empty() || !a.inputs.empty()) claims.push_back(claim_from_options(a));

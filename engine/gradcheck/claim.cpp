@@ -152,6 +152,14 @@ InputSpec parse_claim_input(std::string_view option, std::string_view text) {
   return {name, shape, fill};
 }
 
+std::optional<std::pair<std::string, std::string>> split_named_formula(std::string_view text) {
+  const auto eq = text.find('=');
+  if (eq == std::string_view::npos) return std::nullopt;
+  const std::string_view name = trim(text.substr(0, eq));
+  if (!is_identifier(name)) return std::nullopt;
+  return std::pair<std::string, std::string>(name, trim(text.substr(eq + 1)));
+}
+
 std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path) {
   // Lines, with indented lines joined to the line above (a long formula over several lines).
   struct Line {
@@ -186,11 +194,10 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     const std::string key = t.substr(0, space);
     const std::string rest(space == std::string::npos ? std::string_view{} : trim(std::string_view(t).substr(space)));
     const std::string where = fmt::format("{}:{}", path, line);
-    auto named = [&](std::string_view what) {  // "NAME = FORMULA"
-      const auto eq = rest.find('=');
-      if (eq == std::string::npos) fail("{}: expected '{} NAME = FORMULA', got '{}'", where, what, t);
-      return std::pair<std::string, std::string>(trim(std::string_view(rest).substr(0, eq)),
-                                                 trim(std::string_view(rest).substr(eq + 1)));
+    auto named = [&](std::string_view what) {
+      auto split = split_named_formula(rest);
+      if (!split) fail("{}: expected '{} NAME = FORMULA', got '{}'", where, what, t);
+      return *split;
     };
     if (key == "claim") {
       if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", where, t);

@@ -44,6 +44,10 @@ struct ClaimText {
 // "x:4,6", "x: 4, 6: positive". Throws Error naming `option`.
 InputSpec parse_claim_input(std::string_view option, std::string_view text);
 
+// "NAME = FORMULA" (a let or a vjp, in a file or on the command line), spaces around either trimmed: the name and
+// the formula, or nothing when the text before the first '=' is not a name (letters, digits, _).
+std::optional<std::pair<std::string, std::string>> split_named_formula(std::string_view text);
+
 // The claims of a file's text; `path` names it in errors and in each claim's `where`. Throws Error naming the
 // line for a malformed block (ExpressionError for a formula that does not parse).
 std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path);
