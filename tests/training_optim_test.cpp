@@ -146,6 +146,7 @@ TEST_CASE("loading optimizer state that does not fit is refused and changes noth
                        Error);
   CHECK(fresh.steps() == 0);
   CHECK(fresh.first_moments()[0].item() == 0);  // the moments of "w", present in the file, were not read either
+  CHECK(fresh.second_moments()[0].item() == 0);
 }
 
 // The checkpoints of `tapegrad train` keep the layout they have always had (the parameters, then per parameter
