@@ -5,15 +5,12 @@
 // the including project (a user's own ops/ or engine/ cannot shadow them).
 #pragma once
 
-// engine/: tensors, the tape, forward and reverse mode, the registry and the gradchecker
+// engine/: tensors, the tape, forward and reverse mode, the products, the registry and the gradchecker
 #include "engine/arena.hpp"
 #include "engine/blas.hpp"
 #include "engine/blas_info.hpp"
-#include "engine/gradcheck/claim.hpp"
 #include "engine/gradcheck/cli.hpp"
 #include "engine/gradcheck/explain.hpp"
-#include "engine/gradcheck/expression.hpp"
-#include "engine/gradcheck/expression_tree.hpp"
 #include "engine/gradcheck/gradcheck.hpp"
 #include "engine/gradcheck/jacobian.hpp"
 #include "engine/gradcheck/registry.hpp"
@@ -28,11 +25,15 @@
 #include "engine/tape_dot.hpp"
 #include "engine/tensor.hpp"
 
-// ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, and the kernels and checks the ops share
+// ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the kernels and checks the ops share, and
+// in ops/formulas/ the formula language and claims, which build ops
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
+#include "ops/formulas/claim.hpp"
+#include "ops/formulas/expression.hpp"
+#include "ops/formulas/expression_tree.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"

@@ -1,4 +1,4 @@
-// Claims written as formulas (engine/gradcheck/claim.hpp): the source posts' claims in docs/claims/ (the wrong
+// Claims written as formulas (ops/formulas/claim.hpp): the source posts' claims in docs/claims/ (the wrong
 // ones fail with their diagnosis, the right ones pass); each diagnosis kind on slips in ops it was not written for
 // (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
 #include <doctest/doctest.h>
@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/gradcheck/claim.hpp"
-#include "engine/gradcheck/expression.hpp"
+#include "ops/formulas/claim.hpp"
+#include "ops/formulas/expression.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

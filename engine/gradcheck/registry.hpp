@@ -11,7 +11,7 @@
 //   claim      claimed({name, forward, vjp, jvp}) is a Function whose value is an existing forward's and whose
 //              derivatives are the ones a paper claims: register it like an op and gradcheck the formula before
 //              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own. Without any
-//              C++: the same claim as formulas, check_claim (engine/gradcheck/claim.hpp), `tapegrad claim`.
+//              C++: the same claim as formulas, check_claim (ops/formulas/claim.hpp), `tapegrad claim`.
 //   check      gradcheck(f, inputs) (engine/gradcheck/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
 //              of one's own ops answer `gradcheck --op NAME` as tapegrad does (engine/gradcheck/cli.hpp).
 #pragma once

@@ -1,12 +1,12 @@
 // The expression language's evaluator: a parsed formula recorded on a tape with the engine's ops.
-#include "engine/gradcheck/expression.hpp"
+#include "ops/formulas/expression.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "engine/gradcheck/expression_tree.hpp"
+#include "ops/formulas/expression_tree.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {

@@ -1,4 +1,4 @@
-// A claimed derivative written as formulas (engine/gradcheck/expression.hpp), checked against finite differences
+// A claimed derivative written as formulas (ops/formulas/expression.hpp), checked against finite differences
 // of its forward before anyone codes it into a node. `tapegrad claim` reads them from the command line or from a
 // file of claims (format: docs/claims/README.md):
 //
@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "gradcheck.hpp"
+#include "../../engine/gradcheck/gradcheck.hpp"
 
 namespace tapegrad {
 

@@ -1,4 +1,4 @@
-#include "engine/gradcheck/claim.hpp"
+#include "ops/formulas/claim.hpp"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "engine/gradcheck/explain.hpp"
-#include "engine/gradcheck/expression.hpp"
+#include "ops/formulas/expression.hpp"
 
 namespace tapegrad {
 

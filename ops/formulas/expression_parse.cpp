@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/gradcheck/expression_tree.hpp"
+#include "ops/formulas/expression_tree.hpp"
 
 namespace tapegrad {
 

@@ -20,7 +20,7 @@
 // A formula is parsed and its shapes checked before anything is evaluated: an unknown name, a wrong number of
 // arguments, shapes an op rejects, all throw ExpressionError, whose message shows the text with a caret under the
 // column at fault. docs/claims/README.md has the grammar with examples; `tapegrad claim` checks derivatives
-// written in it (engine/gradcheck/claim.hpp).
+// written in it (ops/formulas/claim.hpp).
 #pragma once
 
 #include <map>
@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "../tape.hpp"
+#include "../../engine/tape.hpp"
 
 namespace tapegrad {
 
