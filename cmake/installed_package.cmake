@@ -10,20 +10,28 @@ function(require_defined script)
   endforeach()
 endfunction()
 
-# run(COMMAND ... [EXPECT CODE] [OUTPUT VAR]): runs COMMAND, prints it with its output, fails unless it exits with
-# CODE (0 by default); OUTPUT receives its standard output.
+# run(COMMAND ... [EXPECT CODE] [OUTPUT VAR] [ALL_OUTPUT VAR] [WORKING_DIRECTORY DIR]): runs COMMAND (in DIR),
+# prints it with its output, fails unless it exits with CODE (0 by default); OUTPUT receives its standard output,
+# ALL_OUTPUT its standard output and error.
 function(run)
-  cmake_parse_arguments(R "" "EXPECT;OUTPUT" "COMMAND" ${ARGN})
+  cmake_parse_arguments(R "" "EXPECT;OUTPUT;ALL_OUTPUT;WORKING_DIRECTORY" "COMMAND" ${ARGN})
   if(NOT DEFINED R_EXPECT)
     set(R_EXPECT 0)
   endif()
-  execute_process(COMMAND ${R_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT DEFINED R_WORKING_DIRECTORY)
+    set(R_WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
+  endif()
+  execute_process(COMMAND ${R_COMMAND} WORKING_DIRECTORY "${R_WORKING_DIRECTORY}" RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message(STATUS "$ ${R_COMMAND}\n${out}${err}")
   if(NOT rc EQUAL R_EXPECT)
     message(FATAL_ERROR "exit code ${rc}, expected ${R_EXPECT}: ${R_COMMAND}")
   endif()
   if(R_OUTPUT)
     set(${R_OUTPUT} "${out}" PARENT_SCOPE)
+  endif()
+  if(R_ALL_OUTPUT)
+    set(${R_ALL_OUTPUT} "${out}${err}" PARENT_SCOPE)
   endif()
 endfunction()
 

@@ -23,47 +23,35 @@ function(expect_in text what pattern)
   endif()
 endfunction()
 
-function(in_elsewhere)
-  cmake_parse_arguments(R "" "EXPECT;OUTPUT" "COMMAND" ${ARGN})
-  if(NOT DEFINED R_EXPECT)
-    set(R_EXPECT 0)
-  endif()
-  execute_process(COMMAND ${R_COMMAND} WORKING_DIRECTORY "${elsewhere}" RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                  ERROR_VARIABLE err)
-  message(STATUS "$ ${R_COMMAND}\n${out}${err}")
-  if(NOT rc EQUAL R_EXPECT)
-    message(FATAL_ERROR "exit code ${rc}, expected ${R_EXPECT}: ${R_COMMAND}")
-  endif()
-  set(${R_OUTPUT} "${out}${err}" PARENT_SCOPE)
-endfunction()
 
-in_elsewhere(COMMAND "${tapegrad}" train --max-iters 3 --eval-interval 3 --eval-iters 1 --n-layer 1 --out runs
-             OUTPUT out)
+run(COMMAND "${tapegrad}" train --max-iters 3 --eval-interval 3 --eval-iters 1 --n-layer 1 --out runs
+             ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "train" "share/tapegrad/data/tinyshakespeare.txt")
 file(GLOB_RECURSE checkpoints "${elsewhere}/runs/*.safetensors")
 if(NOT checkpoints)
   message(FATAL_ERROR "train wrote no checkpoint under ${elsewhere}/runs")
 endif()
 
-in_elsewhere(COMMAND "${tapegrad}" explain row_normalize OUTPUT out)
+run(COMMAND "${tapegrad}" explain row_normalize ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "explain" "share/tapegrad/docs/derivations.md § [0-9.]+ [^\n]*[a-zA-Z]")
 if(out MATCHES "warning")
   message(FATAL_ERROR "explain warned: the derivations were not found")
 endif()
 
-in_elsewhere(COMMAND "${tapegrad}" claim --file "${prefix}/share/tapegrad/docs/claims/beta-derivative.txt" OUTPUT out)
+run(COMMAND "${tapegrad}" claim --file "${prefix}/share/tapegrad/docs/claims/beta-derivative.txt" ALL_OUTPUT out
+    WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "claim" "claims?: [0-9]+ holds?, 0 wrong")
 
-in_elsewhere(COMMAND "${tapegrad}" graph --op softmax --format dot -o graph.dot OUTPUT out)
+run(COMMAND "${tapegrad}" graph --op softmax --format dot -o graph.dot ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 file(READ "${elsewhere}/graph.dot" dot)
 expect_in("${dot}" "graph" "digraph")
 
-in_elsewhere(COMMAND "${tapegrad}" bench --quick OUTPUT out)
+run(COMMAND "${tapegrad}" bench --quick ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "bench" "backend")
 
 # Without its share folder, train names the file and the places it looked in, and exits 2 (an input error, as for a --data that does not exist).
 file(RENAME "${prefix}/share/tapegrad" "${prefix}/share/tapegrad-away")
-in_elsewhere(COMMAND "${tapegrad}" train --max-iters 1 EXPECT 2 OUTPUT out)
+run(COMMAND "${tapegrad}" train --max-iters 1 EXPECT 2 ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "train without its share folder" "cannot find tapegrad's data/tinyshakespeare.txt: looked in")
 file(RENAME "${prefix}/share/tapegrad-away" "${prefix}/share/tapegrad")
 message(STATUS "the installed program ran from a moved prefix, away from the sources")

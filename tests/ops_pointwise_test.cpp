@@ -59,19 +59,25 @@ TEST_CASE("gelu float32 agrees with float64 to a few ulp, on one thread and on t
   set_num_threads(saved);
 }
 
-TEST_CASE("gelu float32 at the ends of the range and NaN") {
+TEST_CASE("gelu and gelu_erf in float32 at the ends of the range and NaN") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  auto [y, g] = gelu_and_gradient({inf, -inf, 0.0f, nan, 10.0f, -10.0f}, DType::f32);
-  CHECK(y[0] == inf);
-  CHECK(std::isnan(y[1]));  // ½·(−∞)·(1 − 1): as in float64, −∞·0
-  CHECK(y[2] == 0.0);
-  CHECK(g[2] == doctest::Approx(0.5));
-  CHECK(std::isnan(y[3]));
-  CHECK(std::isnan(g[3]));
-  CHECK(y[4] == doctest::Approx(10.0));
-  CHECK(g[4] == doctest::Approx(1.0));
-  CHECK(std::fabs(y[5]) < 1e-20);
-  CHECK(std::fabs(g[5]) < 1e-20);
+  using Op = Var (*)(Var);
+  for (auto [name, op] : {std::pair<const char*, Op>{"gelu", gelu}, std::pair<const char*, Op>{"gelu_erf", gelu_erf}}) {
+    CAPTURE(name);
+    auto [y, g] = gelu_and_gradient({inf, -inf, 0.0f, nan, 10.0f, -10.0f, -40.0f}, DType::f32, op);
+    CHECK(y[0] == inf);
+    CHECK(std::isnan(y[1]));  // −∞·0 in either form (½·(−∞)·(1 − 1), −∞·Φ(−∞)), as in float64
+    CHECK(y[2] == 0.0);
+    CHECK(g[2] == doctest::Approx(0.5));
+    CHECK(std::isnan(y[3]));
+    CHECK(std::isnan(g[3]));
+    CHECK(y[4] == doctest::Approx(10.0));
+    CHECK(g[4] == doctest::Approx(1.0));
+    CHECK(std::fabs(y[5]) < 1e-20);
+    CHECK(std::fabs(g[5]) < 1e-20);
+    CHECK(std::fabs(y[6]) < 1e-30);
+    CHECK(std::fabs(g[6]) < 1e-30);
+  }
 }
 
 TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, on one thread and on two") {
@@ -101,21 +107,4 @@ TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, o
     CHECK(worst_tail < 1e-28);
   }
   set_num_threads(saved);
-}
-
-TEST_CASE("gelu_erf float32 at the ends of the range and NaN") {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  auto [y, g] = gelu_and_gradient({inf, -inf, 0.0f, nan, 10.0f, -10.0f, -40.0f}, DType::f32, gelu_erf);
-  CHECK(y[0] == inf);
-  CHECK(std::isnan(y[1]));  // −∞·Φ(−∞) = −∞·0, as in float64
-  CHECK(y[2] == 0.0);
-  CHECK(g[2] == doctest::Approx(0.5));
-  CHECK(std::isnan(y[3]));
-  CHECK(std::isnan(g[3]));
-  CHECK(y[4] == doctest::Approx(10.0));
-  CHECK(g[4] == doctest::Approx(1.0));
-  CHECK(std::fabs(y[5]) < 1e-20);
-  CHECK(std::fabs(g[5]) < 1e-20);
-  CHECK(y[6] == 0.0);
-  CHECK(g[6] == 0.0);
 }
