@@ -23,9 +23,8 @@ function(expect_in text what pattern)
   endif()
 endfunction()
 
-
 run(COMMAND "${tapegrad}" train --max-iters 3 --eval-interval 3 --eval-iters 1 --n-layer 1 --out runs
-             ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
+    ALL_OUTPUT out WORKING_DIRECTORY "${elsewhere}")
 expect_in("${out}" "train" "share/tapegrad/data/tinyshakespeare.txt")
 file(GLOB_RECURSE checkpoints "${elsewhere}/runs/*.safetensors")
 if(NOT checkpoints)
