@@ -106,6 +106,9 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
       {"row_normalize_radial", Finding::per_row_term, "x"},
       {"row_centering", Finding::per_row_term, "x"},
       {"row_column_normalize", Finding::per_row_term, "x"},
+      {"row_masked_centering", Finding::per_row_term, "x"},
+      {"row_masked_centering_jvp", Finding::per_row_term, "x"},
+      {"row_selected_centering", Finding::per_row_term, "x"},
       {"unexplained_layer_norm", Finding::unexplained, "x"},
   };
   CHECK(std::size(table) == slips.size());
@@ -134,6 +137,14 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   CHECK(columns.find(Finding::per_row_term, "x")->message.find("along axis 0") != std::string::npos);
   const GradcheckReport centering = check_named(slips, "row_centering");
   CHECK(centering.find(Finding::per_row_term, "x")->message.find("α = 0.166667 in every row") != std::string::npos);
+  // A term over a subset of each row, degenerate rows (one entry) included: the subset's indicator, its sizes.
+  for (const char* name : {"row_masked_centering", "row_masked_centering_jvp", "row_selected_centering"}) {
+    CAPTURE(name);
+    const std::string& subset = check_named(slips, name).find(Finding::per_row_term, "x")->message;
+    CHECK(subset.find("α_r·1_S·1_Sᵀ with α_r from 0.25 to 1") != std::string::npos);
+    CHECK(subset.find("constant on 1 to 4 of its") != std::string::npos);
+    CHECK(subset.find("in rows where S_r has one entry the error is that element") != std::string::npos);
+  }
   const GradcheckReport unknown = check_named(slips, "unexplained_layer_norm");
   const std::string& where = unknown.find(Finding::unexplained, "x")->message;
   CHECK(where.find("the error concentrates in rows of y") != std::string::npos);

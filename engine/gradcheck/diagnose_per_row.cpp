@@ -1,7 +1,9 @@
 // The per-row term: in each row r of y and of x (the slices along one axis, the last or another both share) the
 // error block E_r = A_r − N_r, (y's row length, x's row length), is one outer product α_r·u vᵀ, whatever u and v
 // are: a missing or wrong mean, normalizer or row sum. The vectors are named when they are (up to scale) 1, y_r or
-// x_r, or a combination of two of them, in every row.
+// x_r, or a combination of two of them, in every row; else 1_S when they are constant on a subset S_r of each row
+// and zero on the rest (a mean over a mask's entries, or over the entries the forward selects). A row whose subset
+// has one entry has its error on one element: such rows count when other rows' error is spread.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -144,6 +146,25 @@ std::vector<std::string> fitting(std::vector<Candidate>& cs, const std::vector<d
   return names;
 }
 
+// The indicator of the unit vector's support, when the vector is constant there (to 1e-6) and zero elsewhere.
+std::optional<std::vector<double>> constant_on_support(const std::vector<double>& unit) {
+  double peak = 0;
+  for (double e : unit) peak = std::max(peak, std::abs(e));
+  std::vector<double> indicator(unit.size(), 0.0);
+  double level = 0;
+  for (size_t e = 0; e < unit.size(); ++e) {
+    if (std::abs(unit[e]) <= 1e-6 * peak) continue;
+    if (level == 0) level = unit[e];
+    if (std::abs(unit[e] - level) > 1e-6 * peak) return std::nullopt;
+    indicator[e] = 1;
+  }
+  return indicator;
+}
+
+int64_t support_size(const std::vector<double>& indicator) {
+  return static_cast<int64_t>(std::count(indicator.begin(), indicator.end(), 1.0));
+}
+
 std::vector<double> vector_named(const std::vector<Candidate>& cs, const std::string& name) {
   for (const auto& c : cs)
     if (name == c.name) return c.vec;
@@ -159,6 +180,8 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
   double alpha_min = INFINITY, alpha_max = -INFINITY;
   int rows_with_error = 0;
   std::vector<double> block(static_cast<size_t>(yc * xc)), u, w;
+  int spread_rows = 0;             // rows whose error is not on one element
+  int64_t subset_min = INT64_MAX, subset_max = 0;  // |S_r| over the rows, where 1_S names u
   for (int64_t r = 0; r < rows; ++r) {
     bool any = false;
     for (int64_t a = 0; a < yc; ++a)
@@ -172,11 +195,12 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
     ++rows_with_error;
     const double sigma = leading_singular_pair(block, yc, xc, u, w);
     if (!(sigma > 0)) return std::nullopt;
-    // An error in one column or one row of the block is one element's business, not a per-row term.
+    // An error in one column or one row of the block is one element's business, not a per-row term, unless other
+    // rows' error is spread (checked after the loop).
     auto concentrated = [](const std::vector<double>& unit) {
       return std::any_of(unit.begin(), unit.end(), [](double e) { return std::abs(e) >= 0.999; });
     };
-    if (concentrated(u) || concentrated(w)) return std::nullopt;
+    spread_rows += !(concentrated(u) || concentrated(w));
     // E_r = σ·u wᵀ to the tolerance: A ≈ N + σ·u wᵀ element by element.
     for (int64_t a = 0; a < yc; ++a)
       for (int64_t b = 0; b < xc; ++b) {
@@ -190,6 +214,14 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
       else std::erase_if(acc, [&](const std::string& s) { return std::find(now.begin(), now.end(), s) == now.end(); });
     };
     auto cu = candidates(v, l, r, yc), cv = candidates(v, l, r, xc);
+    // The subset's indicator joins the candidates after 1, x_r and y_r (so that "1" names a whole row first).
+    const auto su = constant_on_support(u), sv = constant_on_support(w);
+    if (su && sv) {
+      cu.push_back({"1_S", *su});
+      cv.push_back({"1_S", *sv});
+      subset_min = std::min(subset_min, support_size(*su));
+      subset_max = std::max(subset_max, support_size(*su));
+    }
     keep(u_names, fitting(cu, u));
     keep(v_names, fitting(cv, w));
     // α_r against the first named pair of this row: E_r = α_r·cu cvᵀ.
@@ -205,7 +237,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
     }
     first = false;
   }
-  if (rows_with_error == 0) return std::nullopt;
+  if (rows_with_error == 0 || spread_rows == 0) return std::nullopt;
   const bool is_vjp = v.check == "vjp";
   std::string uname = u_names.empty() ? "u_r" : u_names[0], vname = v_names.empty() ? "v_r" : v_names[0];
   std::string term = is_vjp ? fmt::format("⟨{}, ȳ_r⟩·{}", uname, vname) : fmt::format("⟨{}, ẋ_r⟩·{}", vname, uname);
@@ -214,14 +246,22 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
     alpha = std::abs(alpha_max - alpha_min) <= 1e-6 * std::max(1.0, std::abs(alpha_max))
                 ? fmt::format(" with α = {:.6g} in every row", alpha_max)
                 : fmt::format(" with α_r from {:.6g} to {:.6g}", alpha_min, alpha_max);
+  const bool subset = uname == "1_S" && vname == "1_S";
+  const std::string what =
+      subset ? fmt::format(" — 1_S is the indicator of a subset S_r of row r (constant on {} of its {} entries, zero "
+                           "on the others{}): a term over a subset of each row (a mean over a mask's entries, or "
+                           "over the entries the forward selects) is missing or wrong",
+                           subset_min == subset_max ? fmt::format("{}", subset_min)
+                                                    : fmt::format("{} to {}", subset_min, subset_max),
+                           xc, subset_min == 1 ? "; in rows where S_r has one entry the error is that element" : "")
+             : std::string(" — a per-row term (a normalizer, a mean, a row sum) is missing or wrong");
   return Diagnosis{
       Finding::per_row_term, v.input, v.check,
-      fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{} — a "
-                  "per-row term (a normalizer, a mean, a row sum) is missing or wrong",
+      fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{}{}",
                   rows_with_error, rows_with_error == 1 ? "" : "s",
                   l.axis < 0 ? std::string()
                              : fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis),
-                  uname, vname, alpha, is_vjp ? "x̄_r" : "ẏ_r", term)};
+                  uname, vname, alpha, is_vjp ? "x̄_r" : "ẏ_r", term, what)};
 }
 
 }  // namespace

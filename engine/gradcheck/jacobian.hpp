@@ -79,7 +79,8 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
 // The tightest structured set (a triangle, a band, its edge, indices along one axis) that holds every failing
 // element and is at least half failing, described; zero_tol: what counts as a zero of N.
 std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
-// In each row the error is one outer product: a per-row term.
+// In each row the error is one outer product: a per-row term (rows whose error sits on one element included, when
+// other rows' is spread).
 std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);
