@@ -14,6 +14,7 @@
 #include "engine/gradcheck/gradcheck.hpp"
 #include "engine/gradcheck/jacobian.hpp"
 #include "engine/gradcheck/registry.hpp"
+#include "engine/gradcheck/second_order.hpp"
 #include "engine/graphviz.hpp"
 #include "engine/onednn_gemm.hpp"
 #include "engine/parallel.hpp"

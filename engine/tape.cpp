@@ -318,6 +318,65 @@ void Tape::propagate_tangents() {
 
 Tensor Tape::tangent(Var v) const { return rec(v).tangent; }
 
+Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const Var> wrt,
+                                     std::span<const Tensor> directions) {
+  const ValueRec& out = rec(y, "hvp");
+  if (seed.dtype() != out.value.dtype() || !(seed.shape() == out.value.shape()))
+    fail("hvp: seed {} {} does not match the output {} {}", seed.dtype(), seed.shape(), out.value.dtype(),
+         out.value.shape());
+  if (wrt.size() != directions.size())
+    fail("hvp: {} values to differentiate by and {} directions; one direction each", wrt.size(), directions.size());
+  for (const Node* n : nodes_)
+    if (values_[n->out].requires_grad && !n->has_second_order())
+      fail("hvp: op '{}' has no second-order rule, so Hessian-vector products through it are not defined",
+           n->op);
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    if (!rec(wrt[i], "hvp").leaf) fail("hvp: value #{} is not a leaf: differentiate by inputs and parameters", wrt[i].id_);
+    set_tangent(wrt[i], directions[i]);
+  }
+  propagate_tangents();
+  // Cotangents ḡ and their tangents, one pair per value on the way (nothing reused: the rule of a node reads
+  // the cotangent of its output after its inputs' have been written).
+  std::vector<Tensor> g(values_.size()), g_dot(values_.size());
+  auto zeros_like = [&](uint32_t id) {
+    Tensor t = allocate(values_[id].value.dtype(), values_[id].value.shape());
+    t.fill_zero();
+    return t;
+  };
+  g[y.id_] = zeros_like(y.id_);
+  g[y.id_].accumulate(seed);
+  g_dot[y.id_] = zeros_like(y.id_);
+  std::vector<Tensor> gin, gin_dot, tin;
+  for (size_t k = nodes_.size(); k-- > 0;) {
+    const Node& n = *nodes_[k];
+    if (!values_[n.out].requires_grad || !g[n.out].defined()) continue;
+    gin.assign(n.inputs.size(), Tensor{});
+    gin_dot.assign(n.inputs.size(), Tensor{});
+    tin.assign(n.inputs.size(), Tensor{});
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const uint32_t id = n.inputs[i];
+      tin[i] = values_[id].tangent;
+      if (!values_[id].requires_grad) continue;
+      if (!g[id].defined()) {
+        g[id] = zeros_like(id);
+        g_dot[id] = zeros_like(id);
+      }
+      gin[i] = g[id];
+      gin_dot[i] = g_dot[id];
+    }
+    n.vjp(g[n.out], gin);
+    n.vjp(g_dot[n.out], gin_dot);
+    n.vjp_tangent(g[n.out], tin, gin_dot);
+  }
+  HessianVectorProduct r;
+  for (const Var& v : wrt) {
+    const bool reached = g[v.id_].defined();
+    r.gradient.push_back(reached ? g[v.id_].clone() : Tensor::zeros(values_[v.id_].value.dtype(), v.shape()));
+    r.hvp.push_back(reached ? g_dot[v.id_].clone() : Tensor::zeros(values_[v.id_].value.dtype(), v.shape()));
+  }
+  return r;
+}
+
 void Tape::destroy_nodes() {
   for (size_t k = nodes_.size(); k-- > 0;) nodes_[k]->~Node();
   nodes_.clear();

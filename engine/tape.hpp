@@ -4,6 +4,11 @@
 //   y = f(x):  forward computes y, records a node {op, inputs, output, vjp, jvp}
 //   backward:  for nodes in reverse,  x̄ += VJP(ȳ)  = J(x)ᵀ ȳ      (adds: a value used twice gets the sum)
 //   jvp:       for nodes in order,    ẏ  = JVP(ẋ) = J(x) ẋ        (the total derivative dF(θ)·θ̃)
+//   hvp:       forward mode, then reverse mode that carries the tangent of every cotangent (forward over
+//              reverse): for nodes in reverse,  x̄ += Jᵢᵀȳ  and  ẋ̄ᵢ += Jᵢᵀ ȳ̇ + Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
+//              (the first term is the VJP again; the second, the op's second-order rule, is zero for ops
+//              linear in their inputs). It keeps every value's tangent, cotangent and cotangent's tangent: about
+//              twice the memory and time of a gradient.
 //
 // Values are handles (Var) into the tape. Their memory comes from the tape's arena, which clear() rewinds
 // without freeing, so a training step after the first allocates nothing. A Var carries the tape's generation:
@@ -76,6 +81,10 @@ class Node {
   virtual ~Node() = default;
   virtual void vjp(const Tensor& gout, std::span<const Tensor> gin) const = 0;
   virtual void jvp(std::span<const Tensor> tin, const Tensor& tout) const = 0;
+  // Second order: the tangent of the VJP at a fixed cotangent, gin_dot[i] += Σⱼ ∂ⱼ(Jᵢᵀ gout)[tin[j]] (tin[j]
+  // undefined: no tangent). has_second_order() is false for an op recorded without the rule.
+  virtual bool has_second_order() const { return false; }
+  virtual void vjp_tangent(const Tensor&, std::span<const Tensor>, std::span<const Tensor>) const {}
   const char* op;
   uint32_t out;
   std::span<const uint32_t> inputs;
@@ -126,6 +135,20 @@ class Tape {
                   std::forward<Vjp>(vjp), std::forward<Jvp>(jvp), where);
   }
 
+  // The same with the op's second-order rule, (const Tensor& gout, std::span<const Tensor> tin,
+  // std::span<const Tensor> gin_dot), or linear_in_inputs for an op whose VJP does not depend on its inputs.
+  template <class Vjp, class Jvp, class VjpTangent>
+  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, VjpTangent&& second,
+             SourcePlace where = SourcePlace::current());
+  template <class Vjp, class Jvp, class VjpTangent>
+  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
+             VjpTangent&& second, SourcePlace where = SourcePlace::current()) {
+    return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out), std::forward<Vjp>(vjp),
+                  std::forward<Jvp>(jvp), std::forward<VjpTangent>(second), where);
+  }
+  struct LinearInInputs {};  // the second-order rule of an op linear in its inputs: Σⱼ ∂ⱼ(Jᵢᵀȳ) = 0
+  static constexpr LinearInInputs linear_in_inputs{};
+
   // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
   void backward(Var y);
   void backward(Var y, const Tensor& seed);
@@ -134,6 +157,15 @@ class Tape {
   // Keeps the gradients of all intermediate values (as retain_grad does for one), from the next backward on.
   void set_retain_grads(bool on) { retain_grads_ = on; }
   bool retain_grads() const { return retain_grads_; }
+
+  // Hessian-vector products of s = ⟨seed, y⟩ (seed 1 for a scalar y): H·v for the leaves `wrt` along the
+  // directions (one each, their shapes), by forward over reverse (top of this file), and s's gradient with respect
+  // to them (gradient[i]). Throws naming the first op on the way without a second-order rule. Runs forward mode
+  // over the recording (the leaves' tangents become the directions); backward may still be called after.
+  struct HessianVectorProduct {
+    std::vector<Tensor> gradient, hvp;
+  };
+  HessianVectorProduct hvp(Var y, const Tensor& seed, std::span<const Var> wrt, std::span<const Tensor> directions);
 
   // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
   void set_tangent(Var leaf, const Tensor& tangent);
@@ -195,16 +227,25 @@ class Tape {
     void* data;
     size_t bytes;
   };
-  template <class Vjp, class Jvp>
+  struct NoSecondOrder {};
+  template <class Vjp, class Jvp, class Second = NoSecondOrder>
   struct NodeImpl final : Node {
     NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, size_t kept, SourcePlace at,
-             Vjp v, Jvp j)
-        : Node(op_name, out_id, in, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)) {}
+             Vjp v, Jvp j, Second s = {})
+        : Node(op_name, out_id, in, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)), second_fn(std::move(s)) {}
     void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
     void jvp(std::span<const Tensor> tin, const Tensor& tout) const override { jvp_fn(tin, tout); }
+    bool has_second_order() const override { return !std::is_same_v<Second, NoSecondOrder>; }
+    void vjp_tangent(const Tensor& gout, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) const override {
+      if constexpr (!std::is_same_v<Second, NoSecondOrder> && !std::is_same_v<Second, LinearInInputs>)
+        second_fn(gout, tin, gin_dot);
+    }
     Vjp vjp_fn;
     Jvp jvp_fn;
+    [[no_unique_address]] Second second_fn;
   };
+  template <class N, class... Closures>
+  Var record_node(const char* op, std::span<const Var> inputs, Tensor out, SourcePlace where, Closures&&... fns);
 
   // The record of v; throws naming `op` (when given) if v is not a live value of this tape.
   const ValueRec& rec(const Var& v, std::string_view op = {}) const;
@@ -293,6 +334,20 @@ std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const
 template <class Vjp, class Jvp>
 Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
                  SourcePlace where) {
+  return record_node<NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>>(op, inputs, std::move(out), where,
+                                                                      std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+}
+
+template <class Vjp, class Jvp, class VjpTangent>
+Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, VjpTangent&& second,
+                 SourcePlace where) {
+  return record_node<NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>, std::decay_t<VjpTangent>>>(
+      op, inputs, std::move(out), where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp),
+      std::forward<VjpTangent>(second));
+}
+
+template <class N, class... Closures>
+Var Tape::record_node(const char* op, std::span<const Var> inputs, Tensor out, SourcePlace where, Closures&&... fns) {
   bool rg = inputs_require_grad(inputs, op);
   if (detect_anomaly_) [[unlikely]]
     check_output(op, inputs, out);
@@ -301,12 +356,10 @@ Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& 
   Var y = add_value(std::move(out), rg && recording_);
   if (!recording_) return y;
   values_.back().leaf = false;
-  using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>;
   static_assert(alignof(N) <= 64);
   const size_t kept = arena_.bytes_in_use() - arena_mark_;
   auto ids = store_ids(inputs);
-  Node* n = new (arena_.allocate(sizeof(N)))
-      N(op, y.id_, ids, kept, where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
+  Node* n = new (arena_.allocate(sizeof(N))) N(op, y.id_, ids, kept, where, std::forward<Closures>(fns)...);
   nodes_.push_back(n);
   arena_mark_ = arena_.bytes_in_use();
   if (track_allocations_) [[unlikely]]

@@ -9,6 +9,11 @@
 //   sub  ∂a = 1      ∂b = −1
 //   mul  ∂a = b      ∂b = a
 //   div  ∂a = 1/b    ∂b = −a/b²
+// Second order (Tape::hvp), the tangent of the VJP at a fixed ȳ:
+//   ā̇[i_a] += Σ ȳ[o]·(∂aa·ȧ + ∂ab·ḃ),   ḃ̄[i_b] += Σ ȳ[o]·(∂ab·ȧ + ∂bb·ḃ)
+// with the second partials (add and sub: all 0)
+//   mul  ∂aa = 0     ∂ab = 1       ∂bb = 0
+//   div  ∂aa = 0     ∂ab = −1/b²   ∂bb = 2a/b³
 #include <array>
 
 #include "engine/gradcheck/registry.hpp"
@@ -90,25 +95,62 @@ struct Add {
   template <class T> static T f(T a, T b) { return a + b; }
   template <class T> static T da(T, T) { return 1; }
   template <class T> static T db(T, T) { return 1; }
+  static constexpr bool linear = true;
 };
 struct Sub {
   static constexpr const char* name = "sub";
   template <class T> static T f(T a, T b) { return a - b; }
   template <class T> static T da(T, T) { return 1; }
   template <class T> static T db(T, T) { return -1; }
+  static constexpr bool linear = true;
 };
 struct Mul {
   static constexpr const char* name = "mul";
   template <class T> static T f(T a, T b) { return a * b; }
   template <class T> static T da(T, T b) { return b; }
   template <class T> static T db(T a, T) { return a; }
+  static constexpr bool linear = false;
+  template <class T> static T daa(T, T) { return 0; }
+  template <class T> static T dab(T, T) { return 1; }
+  template <class T> static T dbb(T, T) { return 0; }
 };
 struct Div {
   static constexpr const char* name = "div";
   template <class T> static T f(T a, T b) { return a / b; }
   template <class T> static T da(T, T b) { return 1 / b; }
   template <class T> static T db(T a, T b) { return -a / (b * b); }
+  static constexpr bool linear = false;
+  template <class T> static T daa(T, T) { return 0; }
+  template <class T> static T dab(T, T b) { return -1 / (b * b); }
+  template <class T> static T dbb(T a, T b) { return 2 * a / (b * b * b); }
 };
+
+// The second-order rule of the header for Op (mul, div).
+template <class Op>
+auto binary_second_order(const Broadcast& bc, const Tensor& av, const Tensor& bv) {
+  return [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+    dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
+      const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
+      const T* ta = tin[0].defined() ? tin[0].data<T>() : nullptr;
+      const T* tb = tin[1].defined() ? tin[1].data<T>() : nullptr;
+      auto tangent = [&](int64_t i, int64_t j, T d_a, T d_b) {
+        return (ta ? d_a * ta[i] : T(0)) + (tb ? d_b * tb[j] : T(0));
+      };
+      if (gin_dot[0].defined()) {
+        T* out = gin_dot[0].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) {
+          out[i] += pg[o] * tangent(i, j, Op::daa(pa[i], pb[j]), Op::dab(pa[i], pb[j]));
+        });
+      }
+      if (gin_dot[1].defined()) {
+        T* out = gin_dot[1].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) {
+          out[j] += pg[o] * tangent(i, j, Op::dab(pa[i], pb[j]), Op::dbb(pa[i], pb[j]));
+        });
+      }
+    });
+  };
+}
 
 template <class Op>
 Var binary(Var a, Var b) {
@@ -124,35 +166,35 @@ Var binary(Var a, Var b) {
     T* py = y.data<T>();
     for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { py[o] = Op::f(pa[i], pb[j]); });
   });
-  return tape.record(
-      Op::name, {a, b}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
-        dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
-          const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
-          if (gin[0].defined()) {
-            T* ga = gin[0].data<T>();
-            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { ga[i] += pg[o] * Op::da(pa[i], pb[j]); });
-          }
-          if (gin[1].defined()) {
-            T* gb = gin[1].data<T>();
-            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { gb[j] += pg[o] * Op::db(pa[i], pb[j]); });
-          }
-        });
-      },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
-        dispatch_float(Op::name, ty.dtype(), [&]<class T>(T) {
-          const T *pa = av.data<T>(), *pb = bv.data<T>();
-          T* pt = ty.data<T>();
-          if (tin[0].defined()) {
-            const T* ta = tin[0].data<T>();
-            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::da(pa[i], pb[j]) * ta[i]; });
-          }
-          if (tin[1].defined()) {
-            const T* tb = tin[1].data<T>();
-            for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::db(pa[i], pb[j]) * tb[j]; });
-          }
-        });
-      });
+  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+    dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
+      const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
+      if (gin[0].defined()) {
+        T* ga = gin[0].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { ga[i] += pg[o] * Op::da(pa[i], pb[j]); });
+      }
+      if (gin[1].defined()) {
+        T* gb = gin[1].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { gb[j] += pg[o] * Op::db(pa[i], pb[j]); });
+      }
+    });
+  };
+  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+    dispatch_float(Op::name, ty.dtype(), [&]<class T>(T) {
+      const T *pa = av.data<T>(), *pb = bv.data<T>();
+      T* pt = ty.data<T>();
+      if (tin[0].defined()) {
+        const T* ta = tin[0].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::da(pa[i], pb[j]) * ta[i]; });
+      }
+      if (tin[1].defined()) {
+        const T* tb = tin[1].data<T>();
+        for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { pt[o] += Op::db(pa[i], pb[j]) * tb[j]; });
+      }
+    });
+  };
+  if constexpr (Op::linear) return tape.record(Op::name, {a, b}, y, vjp, jvp, Tape::linear_in_inputs);
+  else return tape.record(Op::name, {a, b}, y, vjp, jvp, binary_second_order<Op>(bc, av, bv));
 }
 
 // y = s·x:  x̄ += s·ȳ,  ẏ = s·ẋ   (neg is s = −1)
@@ -172,7 +214,7 @@ Var linear_scale(const char* op, Var x, double s) {
   axpy(op, y, xv);
   return tape.record(
       op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { axpy(op, gin[0], g); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { axpy(op, ty, tin[0]); });
+      [=](std::span<const Tensor> tin, const Tensor& ty) { axpy(op, ty, tin[0]); }, Tape::linear_in_inputs);
 }
 
 }  // namespace

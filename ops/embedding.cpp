@@ -98,7 +98,7 @@ Var embedding(Var ids, Var table) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           embedding_jvp(idv.data<int32_t>(), n, tin[1].data<T>(), channels, ty.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 void register_embedding(Registry& r) {

@@ -93,6 +93,20 @@ inline T slope(T x, T s) {
   }
 }
 
+// f″(x) from x and the saved s (second order, Tape::hvp):
+//   exact  f″ = (2 − x²)·φ(x)
+//   tanh   f″ = (1 − t²)·(u′ − x·t·u′² + ½x·u″),  u′ = √(2/π)(1 + 3·0.044715x²),  u″ = 6·√(2/π)·0.044715x
+//          (f′ = ½(1 + t) + ½x·t′ with t′ = (1 − t²)u′, t″ = (1 − t²)(u″ − 2t·u′²); f″ = t′ + ½x·t″)
+template <GeluForm F, class T>
+inline T curvature(T x, T s) {
+  if constexpr (F == GeluForm::exact) {
+    return (2 - x * x) * normal_pdf(x);
+  } else {
+    const T du = T(kC) * (1 + 3 * T(kA) * x * x), d2u = 6 * T(kC) * T(kA) * x;
+    return (1 - s * s) * (du - x * s * du * du + T(0.5) * x * d2u);
+  }
+}
+
 // y from x and the saved s.
 template <GeluForm F, class T>
 inline T value(T x, T s) {
@@ -155,6 +169,17 @@ void gelu_derivative_in_place(GeluForm form, T* v, const T* x, const T* s, int64
   with_form(form, [=]<GeluForm F>() {
     parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) v[i] *= slope<F>(x[i], s[i]);
+    });
+  });
+}
+
+// out += f″(x) ⊙ tx ⊙ g: the second-order term of x̄ = f′(x)·ȳ along ẋ (Tape::hvp).   out, x, s, tx, g: (n)
+template <class T>
+void gelu_curvature(GeluForm form, T* out, const T* x, const T* s, const T* tx, const T* g, int64_t n) {
+  using namespace gelu_detail;
+  with_form(form, [=]<GeluForm F>() {
+    parallel_for(n, kGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] += curvature<F>(x[i], s[i]) * tx[i] * g[i];
     });
   });
 }

@@ -94,7 +94,7 @@ Var split_heads(Var x, int64_t heads, int64_t offset, int64_t width) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           add_to_heads(g, tin[0].data<T>(), ty.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 Var merge_heads(Var y) {
@@ -121,7 +121,7 @@ Var merge_heads(Var y) {
         dispatch_float(op, tz.dtype(), [&]<class T>(T) {
           add_to_rows(g, tin[0].data<T>(), tz.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 void register_heads(Registry& r) {

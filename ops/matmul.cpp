@@ -173,6 +173,18 @@ Var matmul(Var a, Var b) {
           matmul_jvp(g, av.data<T>(), bv.data<T>(), tin[0].defined() ? tin[0].data<T>() : nullptr,
                      tin[1].defined() ? tin[1].data<T>() : nullptr, ty.data<T>());
         });
+      },
+      // Second order: the VJP is bilinear, so its tangent is the VJP with the other input's tangent,
+      // ā̇ += ȳ·ḃᵀ and ḃ̄ += ȧᵀ·ȳ (the products above with b → ḃ, a → ȧ).
+      [=](const Tensor& gy, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        if (g.empty()) return;
+        dispatch_float("matmul", gy.dtype(), [&]<class T>(T) {
+          T* none = nullptr;
+          if (gin_dot[0].defined() && tin[1].defined())
+            matmul_vjp(g, av.data<T>(), tin[1].data<T>(), gy.data<T>(), gin_dot[0].data<T>(), none);
+          if (gin_dot[1].defined() && tin[0].defined())
+            matmul_vjp(g, tin[0].data<T>(), bv.data<T>(), gy.data<T>(), none, gin_dot[1].data<T>());
+        });
       });
 }
 

@@ -1,16 +1,18 @@
-// Element-wise functions y = f(x):  VJP x̄ += f′(x)·ȳ,  JVP ẏ = f′(x)·ẋ  (ops/pointwise.hpp records them).
-// Each f′ is written with whatever of x and y makes it cheapest; the node keeps those two tensors.
-//   exp      f′ = y
-//   log      f′ = 1/x                                   (x > 0)
-//   tanh     f′ = 1 − y²
-//   relu     f′ = [x > 0]                               (0 at the kink x = 0)
-//   elu      y = x (x > 0), α(eˣ − 1) (x ≤ 0);  f′ = 1 (x > 0), y + α (x ≤ 0)
-//   sigmoid  y = 1/(1 + e⁻ˣ);  f′ = y(1 − y)           (y from e^(−|x|), which cannot overflow)
-//   square   f′ = 2x
-//   sqrt     f′ = 1/(2y)                                (x ≥ 0; +∞ at x = 0, the one-sided limit)
-//   abs      f′ = sign x                                (0 at the kink x = 0: the central value of [−1, 1], as
-//                                                        PyTorch and JAX take it, and what central differences give)
-//   pow      y = xᵖ;  f′ = p·xᵖ⁻¹                       (f′ = 0 for p = 0, where 0·0⁻¹ would be NaN)
+// Element-wise functions y = f(x):  VJP x̄ += f′(x)·ȳ,  JVP ẏ = f′(x)·ẋ  (ops/pointwise.hpp records them); second
+// order (Tape::hvp) ẋ̄ += f″(x)·ẋ·ȳ. Each f′ and f″ is written with whatever of x and y makes it cheapest; the node
+// keeps those two tensors.
+//   exp      f′ = y                                     f″ = y
+//   log      f′ = 1/x                (x > 0)            f″ = −1/x²
+//   tanh     f′ = 1 − y²                                f″ = −2y(1 − y²)
+//   relu     f′ = [x > 0]            (0 at the kink)    f″ = 0
+//   elu      y = x (x > 0), α(eˣ − 1) (x ≤ 0);  f′ = 1 (x > 0), y + α (x ≤ 0);  f″ = 0 (x > 0), y + α (x ≤ 0)
+//   sigmoid  y = 1/(1 + e⁻ˣ);  f′ = y(1 − y)           f″ = y(1 − y)(1 − 2y)     (y from e^(−|x|), which cannot
+//                                                                                overflow)
+//   square   f′ = 2x                                    f″ = 2
+//   sqrt     f′ = 1/(2y)             (x ≥ 0; +∞ at 0)   f″ = −1/(4y³)
+//   abs      f′ = sign x             (0 at the kink x = 0: the central value of [−1, 1], as PyTorch and JAX take
+//                                     it, and what central differences give)          f″ = 0 (not defined at 0)
+//   pow      y = xᵖ;  f′ = p·xᵖ⁻¹    (0 for p = 0)      f″ = p(p − 1)·xᵖ⁻² (0 for p = 0 and p = 1)
 // sqrt and pow refuse inputs where y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with
 // p < 0) instead of returning it.
 // gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps tanh u or Φ(x) instead of y, so that
@@ -59,30 +61,40 @@ static Var gelu_node(const char* op, GeluForm form, Var x) {
   };
   return tape.record(
       op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply_derivative(gin[0], g); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); });
+      [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        if (!tin[0].defined() || !gin_dot[0].defined()) return;
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          gelu_curvature(form, gin_dot[0].data<T>(), xv.data<T>(), s.data<T>(), tin[0].data<T>(), g.data<T>(), n);
+        });
+      });
 }
 
 Var gelu(Var x) { return gelu_node("gelu", GeluForm::tanh, x); }
 Var gelu_erf(Var x) { return gelu_node("gelu_erf", GeluForm::exact, x); }
 
 Var exp(Var x) {
-  return pointwise("exp", x, [](auto v) { return std::exp(v); }, [](auto, auto y) { return y; });
+  return pointwise("exp", x, [](auto v) { return std::exp(v); }, [](auto, auto y) { return y; },
+                   [](auto, auto y) { return y; });
 }
 Var log(Var x) {
-  return pointwise("log", x, [](auto v) { return std::log(v); }, [](auto v, auto) { return 1 / v; });
+  return pointwise("log", x, [](auto v) { return std::log(v); }, [](auto v, auto) { return 1 / v; },
+                   [](auto v) { return -1 / (v * v); });
 }
 Var tanh(Var x) {
-  return pointwise("tanh", x, [](auto v) { return std::tanh(v); }, [](auto, auto y) { return 1 - y * y; });
+  return pointwise("tanh", x, [](auto v) { return std::tanh(v); }, [](auto, auto y) { return 1 - y * y; },
+                   [](auto, auto y) { return -2 * y * (1 - y * y); });
 }
 Var relu(Var x) {
   return pointwise(
       "relu", x, [](auto v) { return v > 0 ? v : decltype(v)(0); },
-      [](auto v, auto) { return v > 0 ? decltype(v)(1) : decltype(v)(0); });
+      [](auto v, auto) { return v > 0 ? decltype(v)(1) : decltype(v)(0); }, [](auto v) { return decltype(v)(0); });
 }
 Var elu(Var x, double alpha) {
   return pointwise(
       "elu", x, [alpha](auto v) { return v > 0 ? v : decltype(v)(alpha) * std::expm1(v); },
-      [alpha](auto v, auto y) { return v > 0 ? decltype(v)(1) : y + decltype(v)(alpha); });
+      [alpha](auto v, auto y) { return v > 0 ? decltype(v)(1) : y + decltype(v)(alpha); },
+      [alpha](auto v, auto y) { return v > 0 ? decltype(v)(0) : y + decltype(v)(alpha); });
 }
 
 Var sigmoid(Var x) {
@@ -90,19 +102,23 @@ Var sigmoid(Var x) {
     const auto e = std::exp(-std::abs(v));  // e^(−|x|) ∈ (0, 1]
     return v >= 0 ? 1 / (1 + e) : e / (1 + e);
   };
-  return pointwise("sigmoid", x, f, [](auto, auto y) { return y * (1 - y); });
+  return pointwise("sigmoid", x, f, [](auto, auto y) { return y * (1 - y); },
+                   [](auto, auto y) { return y * (1 - y) * (1 - 2 * y); });
 }
 Var square(Var x) {
-  return pointwise("square", x, [](auto v) { return v * v; }, [](auto v) { return 2 * v; });
+  return pointwise("square", x, [](auto v) { return v * v; }, [](auto v) { return 2 * v; },
+                   [](auto v) { return decltype(v)(2); });
 }
 Var sqrt(Var x) {
   expect_each("sqrt", x, [](auto v) { return v >= 0; }, "x ≥ 0");
-  return pointwise("sqrt", x, [](auto v) { return std::sqrt(v); }, [](auto, auto y) { return 1 / (2 * y); });
+  return pointwise("sqrt", x, [](auto v) { return std::sqrt(v); }, [](auto, auto y) { return 1 / (2 * y); },
+                   [](auto, auto y) { return -1 / (4 * y * y * y); });
 }
 Var abs(Var x) {
   return pointwise(
       "abs", x, [](auto v) { return std::abs(v); },
-      [](auto v) { return v > 0 ? decltype(v)(1) : v < 0 ? decltype(v)(-1) : decltype(v)(0); });
+      [](auto v) { return v > 0 ? decltype(v)(1) : v < 0 ? decltype(v)(-1) : decltype(v)(0); },
+      [](auto v) { return decltype(v)(0); });
 }
 Var pow(Var x, double p) {
   const bool integer = p == std::round(p);
@@ -110,7 +126,10 @@ Var pow(Var x, double p) {
   if (p < 0) expect_each("pow", x, [](auto v) { return v != 0; }, fmt::format("x ≠ 0 for the exponent p = {} < 0", p).c_str());
   return pointwise(
       "pow", x, [p](auto v) { return std::pow(v, decltype(v)(p)); },
-      [p](auto v) { return p == 0 ? decltype(v)(0) : decltype(v)(p) * std::pow(v, decltype(v)(p - 1)); });
+      [p](auto v) { return p == 0 ? decltype(v)(0) : decltype(v)(p) * std::pow(v, decltype(v)(p - 1)); },
+      [p](auto v) {
+        return p == 0 || p == 1 ? decltype(v)(0) : decltype(v)(p * (p - 1)) * std::pow(v, decltype(v)(p - 2));
+      });
 }
 
 void register_pointwise(Registry& r) {
@@ -131,7 +150,8 @@ void register_pointwise(Registry& r) {
   unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", Fill::positive, sqrt);
   unary("abs", "y = |x|", "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ", Fill::away_from_zero, abs);
   // At x = 0 the central difference (|ε| − |−ε|)/2ε is 0, as f′(0) is taken: the kink is checked too.
-  r.add_case("abs", {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); }});
+  r.add_case("abs", {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); },
+                     {}, {}, /*at_kink=*/true});
   r.add({.name = "pow",
          .family = "pointwise",
          .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",

@@ -11,6 +11,8 @@
 //                      [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); });
 //   }
 //
+// Given f″ too, pointwise(name, x, f, df, d2f) also records the second-order rule ẋ̄ += f″(x)·ẋ·ȳ (Tape::hvp).
+//
 // `name` must outlive the tape (a string literal): the node, its errors, the profile, `tapegrad graph` and
 // `explain` show it, with the file and line of the call to pointwise as the node's place.
 #pragma once
@@ -31,8 +33,11 @@ T pointwise_derivative(const DF& df, T x, T y) {
     return static_cast<T>(df(x));
 }
 
-template <class F, class DF>
-Var pointwise(const char* name, Var x, F f, DF df, SourcePlace where = SourcePlace::current()) {
+namespace pointwise_detail {
+struct NoCurvature {};
+
+template <class F, class DF, class D2F>
+Var record(const char* name, Var x, F f, DF df, D2F d2f, SourcePlace where) {
   expect_float(name, x);
   Tape& tape = x.tape();
   const Tensor xv = x.value();
@@ -51,15 +56,38 @@ Var pointwise(const char* name, Var x, F f, DF df, SourcePlace where = SourcePla
       for (int64_t i = 0; i < n; ++i) po[i] += pointwise_derivative(df, px[i], py[i]) * pi[i];
     });
   };
-  return tape.record(
-      name, {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
-        if (gin[0].defined()) apply_derivative(gin[0], g);
-      },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
-        if (tin[0].defined()) apply_derivative(ty, tin[0]);
-      },
-      where);
+  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+    if (gin[0].defined()) apply_derivative(gin[0], g);
+  };
+  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+    if (tin[0].defined()) apply_derivative(ty, tin[0]);
+  };
+  if constexpr (std::is_same_v<D2F, NoCurvature>) {
+    return tape.record(name, {x}, y, vjp, jvp, where);
+  } else {
+    // Second order: ẋ̄ += f″(x)·ẋ·ȳ, the tangent of x̄ = f′(x)·ȳ at a fixed ȳ.
+    auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      if (!tin[0].defined() || !gin_dot[0].defined()) return;
+      dispatch_float(name, g.dtype(), [&]<class T>(T) {
+        const T *px = xv.data<T>(), *py = y.data<T>(), *pt = tin[0].data<T>(), *pg = g.data<T>();
+        T* po = gin_dot[0].data<T>();
+        for (int64_t i = 0; i < n; ++i) po[i] += pointwise_derivative(d2f, px[i], py[i]) * pt[i] * pg[i];
+      });
+    };
+    return tape.record(name, {x}, y, vjp, jvp, second, where);
+  }
+}
+}  // namespace pointwise_detail
+
+template <class F, class DF>
+Var pointwise(const char* name, Var x, F f, DF df, SourcePlace where = SourcePlace::current()) {
+  return pointwise_detail::record(name, x, f, df, pointwise_detail::NoCurvature{}, where);
+}
+
+// With f″ as well (d2f of x, or of x and y), for second order (Tape::hvp): ẋ̄ += f″(x)·ẋ·ȳ.
+template <class F, class DF, class D2F>
+Var pointwise(const char* name, Var x, F f, DF df, D2F d2f, SourcePlace where = SourcePlace::current()) {
+  return pointwise_detail::record(name, x, f, df, d2f, where);
 }
 
 }  // namespace tapegrad

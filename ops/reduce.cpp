@@ -116,7 +116,7 @@ Var reduce(const char* op, Var x, const AxisSplit& sp, bool is_mean) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           reduce_jvp(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c);
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 }  // namespace

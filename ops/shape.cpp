@@ -253,7 +253,7 @@ Var reshape(Var x, Shape shape) {
         dispatch_float("reshape", ty.dtype(), [&]<class T>(T) {
           reshape_jvp(tin[0].data<T>(), ty.data<T>(), n);
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 Var permute(Var x, std::span<const int> perm) {
@@ -294,7 +294,7 @@ Var permute(Var x, std::span<const int> perm) {
         dispatch_float("permute", ty.dtype(), [&]<class T>(T) {
           permute_jvp(w, tin[0].data<T>(), ty.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 // transpose(x, a, b) = permute(x, p) with p the identity but for p[a] = b, p[b] = a; it records "permute".
@@ -339,7 +339,7 @@ Var slice(Var x, int axis, int64_t start, int64_t stop) {
         dispatch_float("slice", ty.dtype(), [&]<class T>(T) {
           slice_jvp(s, tin[0].data<T>(), ty.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 Var concat(std::span<const Var> xs, int axis) {
@@ -386,7 +386,7 @@ Var concat(std::span<const Var> xs, int axis) {
         dispatch_float("concat", ty.dtype(), [&]<class T>(T) {
           concat_jvp(c, tin, ty.data<T>());
         });
-      });
+      }, Tape::linear_in_inputs);
 }
 
 void register_shape(Registry& r) {

@@ -115,6 +115,12 @@ GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> input
                           std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
 // Checks a registered case, with its inputs drawn from opt.seed.
 GradcheckReport gradcheck(const GradcheckCase& c, const GradcheckOptions& opt = {}, std::string_view op = "");
+// A check of a function (gradcheck, gradcheck_second_order) run on a registered case: its inputs in float64 from
+// opt.seed, its input names and tolerances; the report named by op and case.
+using FunctionCheck = GradcheckReport (*)(const Function&, std::span<const Tensor>, std::span<const std::string>,
+                                          const GradcheckOptions&);
+GradcheckReport check_case(FunctionCheck check, const GradcheckCase& c, const GradcheckOptions& opt,
+                           std::string_view op);
 // Checks every case of a registered op.
 std::vector<GradcheckReport> gradcheck(const OpInfo& op, const GradcheckOptions& opt = {});
 

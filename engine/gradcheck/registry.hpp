@@ -81,6 +81,7 @@ struct GradcheckCase {
   std::vector<InputSpec> inputs;
   Function build;                      // the op (or a small map around it) applied to the inputs
   std::optional<double> atol{}, rtol{};  // only where an op needs other tolerances than the checker's
+  bool at_kink = false;  // the point is a kink (abs at 0): first order is checked there, second order is not
 };
 
 // "ops/softmax.cpp:96": a source location from the repository's top folder on (engine/, ops/, models/, tools/,
