@@ -7,6 +7,8 @@
 //   VJP  x̄_r += ḡ·(p_r − e_{t_r}) / N                    (ḡ the scalar upstream gradient)
 //   JVP  L̇   = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r])
 // targets are piecewise constant: no derivative.
+// Second order (Tape::hvp): at a fixed ḡ only p_r moves in the VJP, ṗ_r = p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩):
+//   ẋ̄_r += (ḡ/N)·p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩)
 //
 // Stability: with m_r = max_j x_r[j] and σ_r = Σ_j exp(x_r[j] − m_r), every exponent is ≤ 0 and the max term is
 // 1, so σ_r ∈ [1, V] and log σ_r ∈ [0, log V] for any finite logits (±1e4 included):
@@ -96,6 +98,23 @@ T cross_entropy_jvp(const T* x, const int32_t* targets, const T* row_max, const 
   return static_cast<T>(total / static_cast<double>(rows));
 }
 
+// Ẋ̄ (N, V) += (ḡ/N)·p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩), the second-order term of the header.
+template <class T>
+void cross_entropy_second_order(const T* x, const T* row_max, const T* row_log_sum, int64_t rows, int64_t classes,
+                                T g, const T* tx, T* out) {
+  const T coef = g / static_cast<T>(rows);
+  parallel_for(rows, row_grain(classes), [=](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T *xr = x + r * classes, *tr = tx + r * classes;
+      const T m = row_max[r], log_sigma = row_log_sum[r];
+      T p_dot_t = 0;
+      for (int64_t j = 0; j < classes; ++j) p_dot_t += fast_exp((xr[j] - m) - log_sigma) * tr[j];
+      for (int64_t j = 0; j < classes; ++j)
+        out[r * classes + j] += coef * fast_exp((xr[j] - m) - log_sigma) * (tr[j] - p_dot_t);
+    }
+  });
+}
+
 }  // namespace
 
 Var cross_entropy(Var logits, Var targets) {
@@ -143,6 +162,14 @@ Var cross_entropy(Var logits, Var targets) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           ty.data<T>()[0] += cross_entropy_jvp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(),
                                                row_log_sum.data<T>(), rows, classes, tin[0].data<T>());
+        });
+      },
+      [xv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<const Tensor> tin,
+                                                std::span<const Tensor> gin_dot) {
+        if (!tin[0].defined() || !gin_dot[0].defined()) return;
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          cross_entropy_second_order(xv.data<T>(), row_max.data<T>(), row_log_sum.data<T>(), rows, classes,
+                                     g.data<T>()[0], tin[0].data<T>(), gin_dot[0].data<T>());
         });
       });
 }

@@ -2,6 +2,8 @@
 //   y = x·Wᵀ + b        x (N, in) (any leading axes), W (out, in), b (out) or none  →  y (N, out)
 //   VJP  x̄ += ȳ·W        W̄ += ȳᵀ·x        b̄ += Σ_rows ȳ
 //   JVP  ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ
+//   second order (Tape::hvp): the VJP is bilinear in (x, W) and linear in ȳ, so at a fixed ȳ its tangent is
+//        ẋ̄ += ȳ·Ẇ        Ẇ̄ += ȳᵀ·ẋ        (b̄ does not depend on the inputs)
 // Three gemm calls each way; the transposes are cblas flags, never copies.
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
@@ -54,8 +56,17 @@ Var linear(Var x, Var w, Var b) {
       if (tin.size() > 2 && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
     });
   };
-  if (has_bias) return tape.record(op, {x, w, b}, y, vjp, jvp);
-  return tape.record(op, {x, w}, y, vjp, jvp);
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+    dispatch_float(op, g.dtype(), [&]<class T>(T) {
+      const T* pg = g.data<T>();
+      if (gin_dot[0].defined() && tin[1].defined())
+        gemm(n, in, out, T(1), as_is(pg, out), as_is(tin[1].data<T>(), in), T(1), gin_dot[0].data<T>(), in);
+      if (gin_dot[1].defined() && tin[0].defined())
+        gemm(out, in, n, T(1), transposed(pg, out), as_is(tin[0].data<T>(), in), T(1), gin_dot[1].data<T>(), in);
+    });
+  };
+  if (has_bias) return tape.record(op, {x, w, b}, y, vjp, jvp, second);
+  return tape.record(op, {x, w}, y, vjp, jvp, second);
 }
 
 void register_linear(Registry& r) {

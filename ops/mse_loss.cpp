@@ -2,6 +2,7 @@
 //   L = (1/n) Σ_i d_i²,   d = p − t                                        p, t, d: one shape; L: ()
 //   VJP  p̄ += (2/n)·L̄·d,   t̄ −= (2/n)·L̄·d
 //   JVP  L̇ = (2/n) Σ_i d_i (ṗ_i − ṫ_i)
+//   second order (Tape::hvp), at a fixed L̄ with ḋ = ṗ − ṫ:  ṗ̄ += (2/n)·L̄·ḋ,   ṫ̄ −= (2/n)·L̄·ḋ
 // The node keeps d. The shapes must be equal: p − t broadcasts (N, 1) against (N) to (N, N), whose mean is not
 // the loss anyone meant, so mse_loss refuses it instead. Sums are taken in double (a float32 sum of 10⁶ squares
 // drifts; see ops/reduce.cpp).
@@ -76,6 +77,18 @@ Var mse_loss(Var prediction, Var target) {
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           ty.data<T>()[0] += mse_jvp(d.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), n);
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          const T c = static_cast<T>(2 * static_cast<double>(g.data<T>()[0]) / static_cast<double>(n));
+          const T *tp = data_or_null<T>(tin[0]), *tt = data_or_null<T>(tin[1]);
+          T *out_p = data_or_null<T>(gin_dot[0]), *out_t = data_or_null<T>(gin_dot[1]);
+          for (int64_t i = 0; i < n; ++i) {
+            const T d_dot = (tp ? tp[i] : T(0)) - (tt ? tt[i] : T(0));
+            if (out_p) out_p[i] += c * d_dot;
+            if (out_t) out_t[i] -= c * d_dot;
+          }
         });
       });
 }

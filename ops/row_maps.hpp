@@ -77,6 +77,19 @@ inline T softmax_row_term(const T* y, const T* u, int64_t n) {
   return lane_dot(y, u, n);
 }
 
+// Second order (Tape::hvp): the tangent of x̄ = y ⊙ (ȳ − ⟨y, ȳ⟩) at a fixed ȳ, with ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩):
+//   ẋ̄ = ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y,      ⟨ẏ, ȳ⟩ = ⟨y ⊙ ẋ, ȳ⟩ − ⟨y, ẋ⟩⟨y, ȳ⟩
+// (so ẏ is never stored). Masked entries (y_j = 0) and fully masked rows give 0, as in the first order.
+inline constexpr SourcePlace softmax_row_second_order_written_at = SourcePlace::current();  // for tapegrad explain
+template <class T>
+inline void softmax_row_second_order(T* out, const T* y, const T* g, const T* tx, int64_t n) {
+  const T y_g = lane_dot(y, g, n), y_tx = lane_dot(y, tx, n);
+  T ydot_g = 0;
+  for (int64_t j = 0; j < n; ++j) ydot_g += y[j] * tx[j] * g[j];
+  ydot_g -= y_tx * y_g;
+  for (int64_t j = 0; j < n; ++j) out[j] += y[j] * (tx[j] - y_tx) * (g[j] - y_g) - ydot_g * y[j];
+}
+
 // ---- log-softmax ------------------------------------------------------------------------------------------------
 //   z_j = (x_j − m) − log Σ_k exp(x_k − m)
 // z is formed from x − m directly, never as the log of a y_j that may underflow to 0 (z_j = −2e4 is exact where
@@ -111,6 +124,17 @@ inline void log_softmax_row_jvp(T* tz, const T* z, const T* tx, int64_t n) {
   T y_dot_tx = 0;
   for (int64_t j = 0; j < n; ++j) y_dot_tx += fast_exp(z[j]) * tx[j];
   for (int64_t j = 0; j < n; ++j) row_maps_detail::put<into>(tz[j], tx[j] - y_dot_tx);
+}
+
+// Second order (Tape::hvp): x̄ = z̄ − p·Σz̄ with p = exp(z) = σ(x), so at a fixed z̄ only p moves, ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩):
+//   ẋ̄ = −(Σ_k z̄_k)·p ⊙ (ẋ − ⟨p, ẋ⟩)
+inline constexpr SourcePlace log_softmax_row_second_order_written_at = SourcePlace::current();  // for explain
+template <class T>
+inline void log_softmax_row_second_order(T* out, const T* z, const T* dz, const T* tx, int64_t n) {
+  const T dz_sum = lane_sum(dz, n);
+  T p_tx = 0;
+  for (int64_t j = 0; j < n; ++j) p_tx += fast_exp(z[j]) * tx[j];
+  for (int64_t j = 0; j < n; ++j) out[j] -= dz_sum * fast_exp(z[j]) * (tx[j] - p_tx);
 }
 
 // ---- β(x) = x / (1 + ‖x‖) ---------------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ struct Softmax {
   static void jvp(T* ty, const T* y, const T* tx, int64_t n) {
     softmax_row_derivative<Into::add>(ty, y, tx, softmax_row_term(y, tx, n), n);
   }
+  template <class T>
+  static void second_order(T* out, const T* y, const T* g, const T* tx, int64_t n) {
+    softmax_row_second_order(out, y, g, tx, n);
+  }
 };
 
 struct LogSoftmax {
@@ -41,6 +45,10 @@ struct LogSoftmax {
   template <class T>
   static void jvp(T* tz, const T* z, const T* tx, int64_t n) {
     log_softmax_row_jvp<Into::add>(tz, z, tx, n);
+  }
+  template <class T>
+  static void second_order(T* out, const T* z, const T* dz, const T* tx, int64_t n) {
+    log_softmax_row_second_order(out, z, dz, tx, n);
   }
 };
 
@@ -75,6 +83,15 @@ Var row_distribution(Var x) {
           T* pty = ty.data<T>();
           const T *py = y.data<T>(), *ptx = tin[0].data<T>();
           for (int64_t i = 0; i < rows; ++i) K::jvp(pty + i * cols, py + i * cols, ptx + i * cols, cols);
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        if (!tin[0].defined() || !gin_dot[0].defined()) return;
+        dispatch_float(K::name, g.dtype(), [&]<class T>(T) {
+          T* po = gin_dot[0].data<T>();
+          const T *py = y.data<T>(), *pg = g.data<T>(), *ptx = tin[0].data<T>();
+          for (int64_t i = 0; i < rows; ++i)
+            K::second_order(po + i * cols, py + i * cols, pg + i * cols, ptx + i * cols, cols);
         });
       });
 }
