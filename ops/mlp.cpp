@@ -86,6 +86,39 @@ void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
   if (tb2) add_rows(ty, tb2, d.n, d.c_out);
 }
 
+// Second order (Tape::hvp): the tangent of the VJP at a fixed ȳ, with u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇,
+// h̄ = ȳW₂, ū = gelu′(u) ⊙ h̄ as in the VJP:
+//   Ẇ̄₂ += ȳᵀḣ,   ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂,
+//   Ẇ̄₁ += ū̇ᵀx + ūᵀẋ,   ḃ̄₁ += Σ_rows ū̇,   ẋ̄ += ū̇W₁ + ūẆ₁        (b̄₂ = Σȳ does not move)
+// gelu″ of either form is in ops/gelu.hpp. Null tangents contribute nothing; null outputs are not computed.
+template <class T>
+void mlp_second_order(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* g,
+                      const T* tx, const T* tw1, const T* tb1, const T* tw2, T* dx, T* dw1, T* db1, T* dw2) {
+  const int64_t nh = d.n * d.h;
+  const size_t size = static_cast<size_t>(nh);
+  std::vector<T> hbar(size), ubar(size, T(0)), udot(size, T(0)), hdot(size), ubar_dot(size, T(0)), hbar_dot(size, T(0));
+  gemm(d.n, d.h, d.c_out, T(1), as_is(g, d.c_out), as_is(w2, d.h), T(0), hbar.data(), d.h);
+  gelu_derivative(d.form, ubar.data(), u, s, hbar.data(), nh);
+  if (tx) gemm(d.n, d.h, d.c, T(1), as_is(tx, d.c), transposed(w1, d.c), T(1), udot.data(), d.h);
+  if (tw1) gemm(d.n, d.h, d.c, T(1), as_is(x, d.c), transposed(tw1, d.c), T(1), udot.data(), d.h);
+  if (tb1) add_rows(udot.data(), tb1, d.n, d.h);
+  std::copy(udot.begin(), udot.end(), hdot.begin());
+  gelu_derivative_in_place(d.form, hdot.data(), u, s, nh);
+  if (tw2) gemm(d.n, d.h, d.c_out, T(1), as_is(g, d.c_out), as_is(tw2, d.h), T(0), hbar_dot.data(), d.h);
+  gelu_curvature(d.form, ubar_dot.data(), u, s, udot.data(), hbar.data(), nh);
+  gelu_derivative(d.form, ubar_dot.data(), u, s, hbar_dot.data(), nh);
+  if (dw2) gemm(d.c_out, d.h, d.n, T(1), transposed(g, d.c_out), as_is(hdot.data(), d.h), T(1), dw2, d.h);
+  if (dw1) {
+    gemm(d.h, d.c, d.n, T(1), transposed(ubar_dot.data(), d.h), as_is(x, d.c), T(1), dw1, d.c);
+    if (tx) gemm(d.h, d.c, d.n, T(1), transposed(ubar.data(), d.h), as_is(tx, d.c), T(1), dw1, d.c);
+  }
+  if (db1) sum_rows(db1, ubar_dot.data(), d.n, d.h);
+  if (dx) {
+    gemm(d.n, d.c, d.h, T(1), as_is(ubar_dot.data(), d.h), as_is(w1, d.c), T(1), dx, d.c);
+    if (tw1) gemm(d.n, d.c, d.h, T(1), as_is(ubar.data(), d.h), as_is(tw1, d.c), T(1), dx, d.c);
+  }
+}
+
 void expect_weight(const Var& w, int64_t rows, int64_t cols, const char* what, const Shape& x) {
   if (w.rank() != 2 || w.shape()[1] != cols || (rows >= 0 && w.shape()[0] != rows))
     fail("{}: {} must be ({}, {}) for an input of shape {}, got {}", kOp, what, rows >= 0 ? std::to_string(rows) : "H",
@@ -153,7 +186,15 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
               data_or_null<T>(bias_slot(tin, 2)), ty.data<T>(), h, hdot);
     });
   };
-  return tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp);
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+    dispatch_float(kOp, dtype, [&]<class T>(T) {
+      mlp_second_order(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), g.data<T>(),
+                       data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(bias_slot(tin, 1)),
+                       data_or_null<T>(tin[2]), data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]),
+                       data_or_null<T>(bias_slot(gin_dot, 1)), data_or_null<T>(gin_dot[2]));
+    });
+  };
+  return tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp, second);
 }
 
 void register_mlp(Registry& r) {
