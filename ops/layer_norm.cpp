@@ -10,6 +10,10 @@
 //
 //   VJP   ĝ = w ⊙ ȳ;  x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ));  w̄ += Σ_rows ȳ ⊙ x̂;  b̄ += Σ_rows ȳ
 //   JVP   ẏ = w ⊙ ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)) + ẇ ⊙ x̂ + ḃ
+// Second order (Tape::hvp), the tangent of the VJP at a fixed ȳ. With m = mean(x̂ ⊙ ĝ), the JVP's pieces
+// ρ̇ = −ρ²·mean(x̂ ⊙ ẋ) and x̂̇ = ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)), and ĝ̇ = ẇ ⊙ ȳ:
+//   ẋ̄ += ρ̇·(ĝ − mean(ĝ) − x̂·m) + ρ·(ĝ̇ − mean(ĝ̇) − x̂̇·m − x̂·ṁ),   ṁ = mean(x̂̇ ⊙ ĝ + x̂ ⊙ ĝ̇)
+//   ẇ̄ += Σ_rows ȳ ⊙ x̂̇                                               (b̄ = Σ_rows ȳ does not move)
 // The node keeps μ and ρ (one each per row) and reads x, the input's own value, to rebuild x̂ = (x − μ)·ρ where
 // a direction needs it: two numbers per row instead of a copy of x̂.
 //
@@ -18,6 +22,7 @@
 // thread order afterwards.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/gradcheck/registry.hpp"
 #include "engine/parallel.hpp"
@@ -164,6 +169,43 @@ void expect_affine_shape(const char* what, const Var& p, const Var& x) {
          p.shape());
 }
 
+// The second-order term of the header, row by row on one thread (not a training path).   out_x, out_w: or null
+template <class T>
+void layer_norm_second_order(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
+                             const T* tx, const T* tw, int64_t rows, int64_t C) {
+  std::vector<T> xh(static_cast<size_t>(C)), xh_dot(static_cast<size_t>(C));
+  const T inv_c = T(1) / static_cast<T>(C);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T *xi = x + i * C, *gi = g + i * C, *ti = tx ? tx + i * C : nullptr;
+    const T mu = mean[i], rho = rstd[i];
+    T t_mean = 0, xh_t = 0, gh_mean = 0, xh_gh = 0, gh_dot_mean = 0;
+    for (int64_t j = 0; j < C; ++j) {
+      xh[static_cast<size_t>(j)] = (xi[j] - mu) * rho;
+      if (ti) t_mean += ti[j], xh_t += xh[static_cast<size_t>(j)] * ti[j];
+      gh_mean += w[j] * gi[j];
+      xh_gh += xh[static_cast<size_t>(j)] * w[j] * gi[j];
+      if (tw) gh_dot_mean += tw[j] * gi[j];
+    }
+    t_mean *= inv_c, xh_t *= inv_c, gh_mean *= inv_c, xh_gh *= inv_c, gh_dot_mean *= inv_c;
+    const T rho_dot = -rho * rho * xh_t;
+    T m_dot = 0;
+    for (int64_t j = 0; j < C; ++j) {
+      const size_t k = static_cast<size_t>(j);
+      xh_dot[k] = ti ? rho * (ti[j] - t_mean - xh[k] * xh_t) : T(0);
+      m_dot += xh_dot[k] * w[j] * gi[j] + (tw ? xh[k] * tw[j] * gi[j] : T(0));
+    }
+    m_dot *= inv_c;
+    for (int64_t j = 0; j < C; ++j) {
+      const size_t k = static_cast<size_t>(j);
+      const T gh = w[j] * gi[j], gh_dot = tw ? tw[j] * gi[j] : T(0);
+      if (out_x)
+        out_x[i * C + j] += rho_dot * (gh - gh_mean - xh[k] * xh_gh) +
+                            rho * (gh_dot - gh_dot_mean - xh_dot[k] * xh_gh - xh[k] * m_dot);
+      if (out_w) out_w[j] += gi[j] * xh_dot[k];
+    }
+  }
+}
+
 }  // namespace
 
 Var layer_norm(Var x, Var weight, Var bias, double eps) {
@@ -208,6 +250,13 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
         dispatch_float(kOp, ty.dtype(), [&]<class T>(T) {
           layer_norm_jvp(ty.data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                          data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]), rows, C);
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
+          layer_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), xv.data<T>(),
+                                  mean.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), data_or_null<T>(tin[0]),
+                                  data_or_null<T>(tin[1]), rows, C);
         });
       });
 }
