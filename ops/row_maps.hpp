@@ -179,4 +179,22 @@ inline void beta_row_derivative(T* out, const T* u, const T* beta, T r, int64_t 
   if constexpr (into == Into::replace) std::fill(out + visible, out + n, T(0));
 }
 
+// Second order (Tape::hvp): the tangent of x̄ = c·ȳ − k·β, k = ⟨β, ȳ⟩/r, at a fixed ȳ. With ṙ = ⟨x, ẋ⟩/r =
+// (1 + r)·⟨β, ẋ⟩/r, ċ = −c²·ṙ and β̇ = c·ẋ − (⟨β, ẋ⟩/r)·β (the JVP above):
+//   ẋ̄ = ċ·ȳ − k̇·β − k·β̇,      k̇ = ⟨β̇, ȳ⟩/r − ⟨β, ȳ⟩·ṙ/r²
+// β is not twice differentiable at x = 0 (r = 0): the term is taken as 0 there.
+inline constexpr SourcePlace beta_row_second_order_written_at = SourcePlace::current();  // for tapegrad explain
+template <class T>
+inline void beta_row_second_order(T* out, const T* g, const T* tx, const T* beta, T r, int64_t n) {
+  if (!(r > 0)) return;
+  const T c = 1 / (1 + r);
+  const T beta_tx = lane_dot(beta, tx, n), beta_g = lane_dot(beta, g, n);
+  const T r_dot = (1 + r) * beta_tx / r, c_dot = -c * c * r_dot, k = beta_g / r;
+  T beta_dot_g = 0;  // ⟨β̇, ȳ⟩
+  for (int64_t j = 0; j < n; ++j) beta_dot_g += (c * tx[j] - (beta_tx / r) * beta[j]) * g[j];
+  const T k_dot = beta_dot_g / r - beta_g * r_dot / (r * r);
+  for (int64_t j = 0; j < n; ++j)
+    out[j] += c_dot * g[j] - k_dot * beta[j] - k * (c * tx[j] - (beta_tx / r) * beta[j]);
+}
+
 }  // namespace tapegrad

@@ -40,6 +40,15 @@ Var row_normalize(Var x) {
       },
       [=](std::span<const Tensor> tin, const Tensor& ty) {
         if (tin[0].defined()) jacobian_product(ty, tin[0]);
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        if (!tin[0].defined() || !gin_dot[0].defined()) return;
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          T* po = gin_dot[0].data<T>();
+          const T *pg = g.data<T>(), *pt = tin[0].data<T>(), *py = y.data<T>(), *pr = r.data<T>();
+          for (int64_t i = 0; i < rows; ++i)
+            beta_row_second_order(po + i * cols, pg + i * cols, pt + i * cols, py + i * cols, pr[i], cols);
+        });
       });
 }
 
