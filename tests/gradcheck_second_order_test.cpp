@@ -19,7 +19,7 @@ TEST_CASE("Hessian-vector products agree with differences of the gradient for ev
                                            "gelu", "gelu_erf", "elu", "sigmoid", "square", "sqrt", "abs", "pow",
                                            "sum", "mean", "reshape", "permute", "transpose", "slice", "concat",
                                            "matmul", "linear", "softmax", "log_softmax", "cross_entropy", "mse_loss", "mlp",
-                                           "layer_norm", "row_normalize",
+                                           "layer_norm", "row_normalize", "attention",
                                            "split_heads", "merge_heads", "embedding"};
   int checked = 0, refused = 0;
   for (const OpInfo& op : builtin_registry().ops()) {
@@ -66,11 +66,11 @@ TEST_CASE("hvp of a small function by hand: s = Σ a²·b, H·(ȧ, ḃ) = (2b·�
 TEST_CASE("hvp refuses an op without a second-order rule, by name") {
   Tape tape;
   Var x = tape.leaf(Tensor::randn(DType::f64, {1, 1, 3, 2}, 1));
-  Var s = sum(attention(x, x, x));
+  Var s = sum(linear_attention(x, x, x));
   const Tensor dirs[] = {Tensor::randn(DType::f64, {1, 1, 3, 2}, 2)};
   const Var wrt[] = {x};
   CHECK_THROWS_WITH_AS(tape.hvp(s, Tensor::from<double>({}, {1.0}), wrt, dirs),
-                       doctest::Contains("op 'attention' has no second-order rule"), Error);
+                       doctest::Contains("op 'linear_attention' has no second-order rule"), Error);
 }
 
 TEST_CASE("a slip in a second-order term fails the hvp check") {
