@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "attention.hpp"
 #include "../../engine/gradcheck/registry.hpp"
@@ -189,6 +190,72 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
       dr[0] += sum;
     }
   }
+}
+
+// Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
+// probabilities A (T, Tk): the tangent of the VJP at a fixed G. With dA = GVᵀ and dS = A ⊙ (dA −
+// ⟨A_i, dA_i⟩) as in the VJP, and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
+//   dṠ = Ȧ ⊙ (dA − ⟨A_i, dA_i⟩) − ⟨Ȧ_i, dA_i⟩·A + A ⊙ (GV̇ᵀ − ⟨A_i, (GV̇ᵀ)_i⟩)     (softmax's rule, ops/row_maps.hpp,
+//                                                                             plus its VJP of the moved dA)
+//   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
+// Dense (T, Tk) loops over the slice: A is 0 at masked entries, so the mask needs no other care. Not a training
+// path; every product is a plain loop. Outputs and tangents may be null.
+template <class T>
+void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
+                            const T* a, const T* g, const T* tq, const T* tk, const T* tv, const T* tbias,
+                            const BiasLayout& L, T* out_q, T* out_k, T* out_v, T* out_bias) {
+  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
+  const T s = static_cast<T>(dims.scale);
+  const size_t n = static_cast<size_t>(T_ * Tk);
+  std::vector<T> da(n, T(0)), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
+  for (int64_t i = 0; i < T_; ++i)
+    for (int64_t j = 0; j < Tk; ++j) {
+      T acc = 0, zz = 0, acc_dot = 0;
+      for (int64_t c = 0; c < dv; ++c) {
+        acc += g[i * dv + c] * v[j * dv + c];
+        if (tv) acc_dot += g[i * dv + c] * tv[j * dv + c];
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        if (tq) zz += tq[i * d + c] * k[j * d + c];
+        if (tk) zz += q[i * d + c] * tk[j * d + c];
+      }
+      da[static_cast<size_t>(i * Tk + j)] = acc;
+      da_dot[static_cast<size_t>(i * Tk + j)] = acc_dot;
+      z[static_cast<size_t>(i * Tk + j)] = s * zz;
+    }
+  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);
+  for (int64_t i = 0; i < T_; ++i) {
+    const T* ai = a + i * Tk;
+    T a_da = 0, a_z = 0, a_dad = 0;
+    for (int64_t j = 0; j < Tk; ++j) {
+      const size_t e = static_cast<size_t>(i * Tk + j);
+      a_da += ai[j] * da[e], a_z += ai[j] * z[e], a_dad += ai[j] * da_dot[e];
+    }
+    T adot_da = 0;
+    for (int64_t j = 0; j < Tk; ++j) {
+      const size_t e = static_cast<size_t>(i * Tk + j);
+      ds[e] = ai[j] * (da[e] - a_da);
+      a_dot[e] = ai[j] * (z[e] - a_z);
+      adot_da += a_dot[e] * da[e];
+    }
+    for (int64_t j = 0; j < Tk; ++j) {
+      const size_t e = static_cast<size_t>(i * Tk + j);
+      ds_dot[e] = a_dot[e] * (da[e] - a_da) - adot_da * ai[j] + ai[j] * (da_dot[e] - a_dad);
+    }
+  }
+  for (int64_t i = 0; i < T_; ++i)
+    for (int64_t j = 0; j < Tk; ++j) {
+      const size_t e = static_cast<size_t>(i * Tk + j);
+      if (out_v)
+        for (int64_t c = 0; c < dv; ++c) out_v[j * dv + c] += a_dot[e] * g[i * dv + c];
+      if (out_q)
+        for (int64_t c = 0; c < d; ++c)
+          out_q[i * d + c] += s * (ds_dot[e] * k[j * d + c] + (tk ? ds[e] * tk[j * d + c] : T(0)));
+      if (out_k)
+        for (int64_t c = 0; c < d; ++c)
+          out_k[j * d + c] += s * (ds_dot[e] * q[i * d + c] + (tq ? ds[e] * tq[i * d + c] : T(0)));
+    }
+  if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot.data(), Tk, b, head, 0, T_, 0, Tk);
 }
 
 // Where each chunk of a VJP's parallel (b, h) loop adds its dB. Slices that share bias elements (a bias broadcast

@@ -137,71 +137,6 @@ void attention_jvp(const AttentionDims& dims, const SliceData<T>& x, const T* a,
   });
 }
 
-// Second order (Tape::hvp), one slice: the tangent of the VJP at a fixed G. With dA = GVᵀ and dS = A ⊙ (dA −
-// ⟨A_i, dA_i⟩) as in the VJP, and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
-//   dṠ = Ȧ ⊙ (dA − ⟨A_i, dA_i⟩) − ⟨Ȧ_i, dA_i⟩·A + A ⊙ (GV̇ᵀ − ⟨A_i, (GV̇ᵀ)_i⟩)     (softmax's rule, ops/row_maps.hpp,
-//                                                                             plus its VJP of the moved dA)
-//   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
-// Dense (T, Tk) loops over the slice: A is 0 at masked entries, so the mask needs no other care. Not a training
-// path; every product is a plain loop.
-template <class T>
-void attention_second_order(const AttentionDims& dims, const SliceData<T>& x, const T* a, const T* g, const T* tq,
-                            const T* tk, const T* tv, const T* tbias, const BiasLayout& L, T* out_q, T* out_k,
-                            T* out_v, T* out_bias) {
-  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
-  const T s = static_cast<T>(dims.scale);
-  const size_t n = static_cast<size_t>(T_ * Tk);
-  std::vector<T> da(n, T(0)), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
-  for (int64_t i = 0; i < T_; ++i)
-    for (int64_t j = 0; j < Tk; ++j) {
-      T acc = 0, zz = 0, acc_dot = 0;
-      for (int64_t c = 0; c < dv; ++c) {
-        acc += g[i * dv + c] * x.v[j * dv + c];
-        if (tv) acc_dot += g[i * dv + c] * tv[j * dv + c];
-      }
-      for (int64_t c = 0; c < d; ++c) {
-        if (tq) zz += tq[i * d + c] * x.k[j * d + c];
-        if (tk) zz += x.q[i * d + c] * tk[j * d + c];
-      }
-      da[static_cast<size_t>(i * Tk + j)] = acc;
-      da_dot[static_cast<size_t>(i * Tk + j)] = acc_dot;
-      z[static_cast<size_t>(i * Tk + j)] = s * zz;
-    }
-  if (tbias) add_bias_block(L, z.data(), Tk, tbias, x.b, x.h, 0, T_, 0, Tk);
-  for (int64_t i = 0; i < T_; ++i) {
-    const T* ai = a + i * Tk;
-    T a_da = 0, a_z = 0, a_dad = 0;
-    for (int64_t j = 0; j < Tk; ++j) {
-      const size_t e = static_cast<size_t>(i * Tk + j);
-      a_da += ai[j] * da[e], a_z += ai[j] * z[e], a_dad += ai[j] * da_dot[e];
-    }
-    T adot_da = 0;
-    for (int64_t j = 0; j < Tk; ++j) {
-      const size_t e = static_cast<size_t>(i * Tk + j);
-      ds[e] = ai[j] * (da[e] - a_da);
-      a_dot[e] = ai[j] * (z[e] - a_z);
-      adot_da += a_dot[e] * da[e];
-    }
-    for (int64_t j = 0; j < Tk; ++j) {
-      const size_t e = static_cast<size_t>(i * Tk + j);
-      ds_dot[e] = a_dot[e] * (da[e] - a_da) - adot_da * ai[j] + ai[j] * (da_dot[e] - a_dad);
-    }
-  }
-  for (int64_t i = 0; i < T_; ++i)
-    for (int64_t j = 0; j < Tk; ++j) {
-      const size_t e = static_cast<size_t>(i * Tk + j);
-      if (out_v)
-        for (int64_t c = 0; c < dv; ++c) out_v[j * dv + c] += a_dot[e] * g[i * dv + c];
-      if (out_q)
-        for (int64_t c = 0; c < d; ++c)
-          out_q[i * d + c] += s * (ds_dot[e] * x.k[j * d + c] + (tk ? ds[e] * tk[j * d + c] : T(0)));
-      if (out_k)
-        for (int64_t c = 0; c < d; ++c)
-          out_k[j * d + c] += s * (ds_dot[e] * x.q[i * d + c] + (tq ? ds[e] * tq[i * d + c] : T(0)));
-    }
-  if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot.data(), Tk, x.b, x.h, 0, T_, 0, Tk);
-}
-
 }  // namespace
 
 Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
@@ -274,7 +209,8 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
       for (int64_t bh = 0; bh < heads; ++bh) {  // one thread: slices that share bias elements add in turn
         const int64_t fq = bh * dims.T * dims.d, fk = bh * dims.Tk * dims.d, fv = bh * dims.Tk * dims.dv;
-        attention_second_order<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
+        const SliceData<T> x = slice_data(dims, bh, pq, pk, pv, pb);
+        attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.h, a.data<T>() + bh * dims.T * dims.Tk,
                                   g.data<T>() + bh * dims.T * dims.dv, tq ? tq + fq : nullptr, tk ? tk + fk : nullptr,
                                   tv ? tv + fv : nullptr, data_or_null<T>(tbias), layout, oq ? oq + fq : nullptr,
                                   ok ? ok + fk : nullptr, ov ? ov + fv : nullptr, data_or_null<T>(obias));
