@@ -20,7 +20,7 @@ TEST_CASE("Hessian-vector products agree with differences of the gradient for ev
                                            "sum", "mean", "reshape", "permute", "transpose", "slice", "concat",
                                            "matmul", "linear", "softmax", "log_softmax", "cross_entropy", "mse_loss", "mlp",
                                            "layer_norm", "row_normalize", "attention",
-                                           "tiled_attention",
+                                           "tiled_attention", "beta_attention",
                                            "split_heads", "merge_heads", "embedding"};
   int checked = 0, refused = 0;
   for (const OpInfo& op : builtin_registry().ops()) {

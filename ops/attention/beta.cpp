@@ -16,6 +16,7 @@
 // j < i1 only (Bβ and dP are 0 beyond), so its products stop at column i1.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/blas.hpp"
 #include "engine/gradcheck/registry.hpp"
@@ -102,6 +103,53 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
 }
 
 // Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
+// Second order (Tape::hvp), one slice: the tangent of the VJP at a fixed G. With dP = GVᵀ and dS = dβ(P)·dP
+// (masked to the visible keys) as in the VJP, and the JVP's Ṗ = s(Q̇Kᵀ + QK̇ᵀ) (masked), Ḃβ = dβ(P)·Ṗ:
+//   dṠ_i = (β's second-order rule at p_i along ṗ_i, applied to dP_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
+//   dV̇ += Ḃβᵀ·G,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)
+// Dense loops over the slice, row by row over its visible keys; not a training path. Outputs and tangents may be
+// null.
+template <class T>
+void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb,
+                                 const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
+                                 T* out_v) {
+  const int64_t Tk = dims.Tk, d = dims.d, dv = dims.dv;
+  const T s = static_cast<T>(dims.scale);
+  std::vector<T> dp(static_cast<size_t>(Tk)), ds(static_cast<size_t>(Tk)), pdot(static_cast<size_t>(Tk)),
+      bdot(static_cast<size_t>(Tk)), dpdot(static_cast<size_t>(Tk)), dsdot(static_cast<size_t>(Tk));
+  for (int64_t i = 0; i < dims.T; ++i) {
+    const int64_t vis = dims.visible(i);
+    const T* beta = bb + i * Tk;
+    for (int64_t j = 0; j < vis; ++j) {
+      T a = 0, a_dot = 0, z = 0;
+      for (int64_t c = 0; c < dv; ++c) {
+        a += g[i * dv + c] * v[j * dv + c];
+        if (tv) a_dot += g[i * dv + c] * tv[j * dv + c];
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        if (tq) z += tq[i * d + c] * k[j * d + c];
+        if (tk) z += q[i * d + c] * tk[j * d + c];
+      }
+      dp[static_cast<size_t>(j)] = a, dpdot[static_cast<size_t>(j)] = a_dot, pdot[static_cast<size_t>(j)] = s * z;
+    }
+    beta_row_derivative<Into::replace>(ds.data(), dp.data(), beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(bdot.data(), pdot.data(), beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(dsdot.data(), dpdot.data(), beta, r[i], vis, vis);
+    beta_row_second_order(dsdot.data(), dp.data(), pdot.data(), beta, r[i], vis);
+    for (int64_t j = 0; j < vis; ++j) {
+      const size_t e = static_cast<size_t>(j);
+      if (out_v)
+        for (int64_t c = 0; c < dv; ++c) out_v[j * dv + c] += bdot[e] * g[i * dv + c];
+      if (out_q)
+        for (int64_t c = 0; c < d; ++c)
+          out_q[i * d + c] += s * (dsdot[e] * k[j * d + c] + (tk ? ds[e] * tk[j * d + c] : T(0)));
+      if (out_k)
+        for (int64_t c = 0; c < d; ++c)
+          out_k[j * d + c] += s * (dsdot[e] * q[i * d + c] + (tq ? ds[e] * tq[i * d + c] : T(0)));
+    }
+  }
+}
+
 struct SliceOffsets {
   int64_t q, k, v, o, scores, rows;
   SliceOffsets(const AttentionDims& dims, int64_t bh)
@@ -166,6 +214,19 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
                                     pdot.data<T>() + chunk * scratch);
             }
           });
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        dispatch_float(op, dtype, [&]<class T>(T) {
+          const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
+          T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
+          for (int64_t bh = 0; bh < heads; ++bh) {
+            const SliceOffsets at(dims, bh);
+            beta_attention_second_order<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
+                                           bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
+                                           offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
+                                           offset_or_null(oq, at.q), offset_or_null(ok, at.k), offset_or_null(ov, at.v));
+          }
         });
       });
 }
