@@ -3,25 +3,18 @@
 // second-order term fails.
 #include <doctest/doctest.h>
 
-#include <set>
+#include <cmath>
 #include <string>
 
 #include "engine/gradcheck/registry.hpp"
 #include "engine/gradcheck/second_order.hpp"
-#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
+#include "ops/pointwise.hpp"
 
 using namespace tapegrad;
 
-TEST_CASE("Hessian-vector products agree with differences of the gradient for every op with a second-order rule") {
-  // The ops whose rules are written so far; each of their cases must run the check and pass it.
-  const std::set<std::string> with_rule = {"add", "sub", "mul", "div", "neg", "scale", "exp", "log", "tanh", "relu",
-                                           "gelu", "gelu_erf", "elu", "sigmoid", "square", "sqrt", "abs", "pow",
-                                           "sum", "mean", "reshape", "permute", "transpose", "slice", "concat",
-                                           "matmul", "linear", "softmax", "log_softmax", "cross_entropy", "mse_loss", "mlp",
-                                           "layer_norm", "row_normalize", "attention",
-                                           "tiled_attention", "beta_attention",
-                                           "split_heads", "merge_heads", "embedding"};
+TEST_CASE("Hessian-vector products agree with differences of the gradient on every registered case") {
+  // Every registered op has a second-order rule: each case runs the check and passes it.
   int checked = 0, refused = 0;
   for (const OpInfo& op : builtin_registry().ops()) {
     for (const GradcheckCase& c : op.cases) {
@@ -30,10 +23,6 @@ TEST_CASE("Hessian-vector products agree with differences of the gradient for ev
       const GradcheckReport r = gradcheck_second_order(c, {}, op.name);
       if (c.at_kink) continue;
       const bool skipped = !r.checks.empty() && r.checks[0].skipped;
-      if (with_rule.contains(op.name)) {
-        CHECK_FALSE(skipped);
-        CHECK_MESSAGE(r.passed(), r.str());
-      }
       if (skipped) {
         ++refused;
         CHECK(r.checks[0].worst.find("has no second-order rule") != std::string::npos);
@@ -44,7 +33,8 @@ TEST_CASE("Hessian-vector products agree with differences of the gradient for ev
     }
   }
   MESSAGE(checked, " cases checked to second order, ", refused, " refused (an op without a second-order rule)");
-  CHECK(checked > 50);
+  CHECK(refused == 0);
+  CHECK(checked > 140);
 }
 
 TEST_CASE("hvp of a small function by hand: s = Σ a²·b, H·(ȧ, ḃ) = (2b·ȧ + 2a·ḃ, 2a·ȧ)") {
@@ -65,13 +55,15 @@ TEST_CASE("hvp of a small function by hand: s = Σ a²·b, H·(ȧ, ḃ) = (2b·�
 }
 
 TEST_CASE("hvp refuses an op without a second-order rule, by name") {
+  // pointwise() from f and f′ alone records no second-order rule (with f″ as well, it does).
   Tape tape;
-  Var x = tape.leaf(Tensor::randn(DType::f64, {1, 1, 3, 2}, 1));
-  Var s = sum(linear_attention(x, x, x));
-  const Tensor dirs[] = {Tensor::randn(DType::f64, {1, 1, 3, 2}, 2)};
+  Var x = tape.leaf(Tensor::randn(DType::f64, {2, 3}, 1));
+  Var s = sum(pointwise("softsign", x, [](auto v) { return v / (1 + std::abs(v)); },
+                        [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); }));
+  const Tensor dirs[] = {Tensor::randn(DType::f64, {2, 3}, 2)};
   const Var wrt[] = {x};
   CHECK_THROWS_WITH_AS(tape.hvp(s, Tensor::from<double>({}, {1.0}), wrt, dirs),
-                       doctest::Contains("op 'linear_attention' has no second-order rule"), Error);
+                       doctest::Contains("op 'softsign' has no second-order rule"), Error);
 }
 
 TEST_CASE("a slip in a second-order term fails the hvp check") {

@@ -349,6 +349,78 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
   }
 }
 
+// Second order (Tape::hvp), one slice, dense: the tangent of the VJP at a fixed G. In scores form, with
+// w_ij = q_iᵀk_j (j visible to i), den_i = Σ_j w_ij, Gn_i = G_i/den_i, γ_i = ⟨G_i, O_i⟩/den_i, the VJP is
+//   dw_ij = ⟨Gn_i, v_j⟩ − γ_i,  dq_i = Σ_j dw_ij k_j,  dk_j = Σ_i dw_ij q_i,  dv_j = Σ_i w_ij Gn_i,
+//   dQ = φ′(Q) ⊙ dq,  dK = φ′(K) ⊙ dk.
+// Its tangent, with q̇ = φ′(Q) ⊙ Q̇, k̇ = φ′(K) ⊙ K̇, ẇ_ij = q̇_iᵀk_j + q_iᵀk̇_j, ḋen_i = Σ_j ẇ_ij and Ȯ_i from the JVP:
+//   Ġn_i = −Gn_i·ḋen_i/den_i,  γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i,  ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i,
+//   ḋq_i = Σ_j (ḋw_ij k_j + dw_ij k̇_j),  ḋk_j = Σ_i (ḋw_ij q_i + dw_ij q̇_i),  ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i),
+//   ḋQ = φ′(Q) ⊙ ḋq + φ″(Q) ⊙ Q̇ ⊙ dq  (likewise K),   φ″(x) = 0 (x > 0), eˣ (x < 0): read off φ as φ′ is.
+// Not a training path: O(T·Tk·(d + dv)) loops per slice.
+template <class T>
+void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, const T* Q_dot, const T* K_dot,
+                                   const T* V_dot, const T* q, const T* k, const T* v, const T* O, const T* den,
+                                   const HeadDims& n) {
+  const int64_t tq = n.tq, tk = n.tk, d = n.d, dv = n.dv;
+  auto idx = [](int64_t a, int64_t b, int64_t cols) { return static_cast<size_t>(a * cols + b); };
+  std::vector<T> qd(static_cast<size_t>(tq * d), T(0)), kd(static_cast<size_t>(tk * d), T(0));
+  for (int64_t e = 0; e < tq * d; ++e) qd[static_cast<size_t>(e)] = Q_dot ? phi_prime_of_phi(q[e]) * Q_dot[e] : T(0);
+  for (int64_t e = 0; e < tk * d; ++e) kd[static_cast<size_t>(e)] = K_dot ? phi_prime_of_phi(k[e]) * K_dot[e] : T(0);
+  std::vector<T> dq(static_cast<size_t>(tq * d), T(0)), dk(static_cast<size_t>(tk * d), T(0));
+  std::vector<T> dq_dot(static_cast<size_t>(tq * d), T(0)), dk_dot(static_cast<size_t>(tk * d), T(0));
+  std::vector<T> w(static_cast<size_t>(tk)), w_dot(static_cast<size_t>(tk)), o_dot(static_cast<size_t>(dv));
+  for (int64_t i = 0; i < tq; ++i) {
+    const int64_t vis = n.causal ? i + 1 : tk;
+    T den_dot = 0;
+    for (int64_t j = 0; j < vis; ++j) {
+      T a = 0, b = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        a += q[i * d + c] * k[j * d + c];
+        b += qd[idx(i, c, d)] * k[j * d + c] + q[i * d + c] * kd[idx(j, c, d)];
+      }
+      w[static_cast<size_t>(j)] = a, w_dot[static_cast<size_t>(j)] = b, den_dot += b;
+    }
+    const T inv = 1 / den[i];
+    T gamma = 0, g_odot = 0;
+    for (int64_t c = 0; c < dv; ++c) {
+      T num_dot = 0;
+      for (int64_t j = 0; j < vis; ++j)
+        num_dot += w_dot[static_cast<size_t>(j)] * v[j * dv + c] +
+                   (V_dot ? w[static_cast<size_t>(j)] * V_dot[j * dv + c] : T(0));
+      o_dot[static_cast<size_t>(c)] = (num_dot - O[i * dv + c] * den_dot) * inv;
+      gamma += G[i * dv + c] * O[i * dv + c];
+      g_odot += G[i * dv + c] * o_dot[static_cast<size_t>(c)];
+    }
+    gamma *= inv;
+    const T gamma_dot = (g_odot - gamma * den_dot) * inv;
+    for (int64_t j = 0; j < vis; ++j) {
+      T dw = -gamma, dw_dot = -gamma_dot;
+      for (int64_t c = 0; c < dv; ++c) {
+        const T gn = G[i * dv + c] * inv, gn_dot = -gn * den_dot * inv;
+        dw += gn * v[j * dv + c];
+        dw_dot += gn_dot * v[j * dv + c] + (V_dot ? gn * V_dot[j * dv + c] : T(0));
+        if (out_v) out_v[j * dv + c] += w_dot[static_cast<size_t>(j)] * gn + w[static_cast<size_t>(j)] * gn_dot;
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        dq[idx(i, c, d)] += dw * k[j * d + c];
+        dk[idx(j, c, d)] += dw * q[i * d + c];
+        dq_dot[idx(i, c, d)] += dw_dot * k[j * d + c] + dw * kd[idx(j, c, d)];
+        dk_dot[idx(j, c, d)] += dw_dot * q[i * d + c] + dw * qd[idx(i, c, d)];
+      }
+    }
+  }
+  auto phi_second_of_phi = [](T p) { return p < 1 ? p : T(0); };
+  if (out_q)
+    for (int64_t e = 0; e < tq * d; ++e)
+      out_q[e] += phi_prime_of_phi(q[e]) * dq_dot[static_cast<size_t>(e)] +
+                  (Q_dot ? phi_second_of_phi(q[e]) * Q_dot[e] * dq[static_cast<size_t>(e)] : T(0));
+  if (out_k)
+    for (int64_t e = 0; e < tk * d; ++e)
+      out_k[e] += phi_prime_of_phi(k[e]) * dk_dot[static_cast<size_t>(e)] +
+                  (K_dot ? phi_second_of_phi(k[e]) * K_dot[e] * dk[static_cast<size_t>(e)] : T(0));
+}
+
 template <class T>
 T* slice_or_null(const Tensor& t, int64_t offset) {
   return t.defined() ? t.data<T>() + offset : nullptr;
@@ -408,6 +480,18 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
                                    Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n, w);
             }
           });
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
+          for (int64_t s = 0; s < n.heads; ++s) {
+            const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
+            linear_attention_second_order(slice_or_null<T>(gin_dot[0], oq), slice_or_null<T>(gin_dot[1], ok),
+                                          slice_or_null<T>(gin_dot[2], ov), g.data<T>() + oo,
+                                          slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
+                                          slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
+                                          Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n);
+          }
         });
       });
 }
