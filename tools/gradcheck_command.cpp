@@ -24,6 +24,11 @@ void add_gradcheck_command(CLI::App& app) {
   cmd->add_flag("--json", args->json,
                 "Print a JSON list of {op, case, input, check, max_abs_err, max_rel_err, passed}");
   cmd->add_flag("-v,--verbose", args->verbose, "One row per input and check instead of one per case");
+  cmd->add_option("--order", args->order,
+                  "1: VJP and JVP against finite differences; 2: Hessian-vector products (the ops' second-order "
+                  "rules) against differences of the gradient, and the Hessian's symmetry")
+      ->capture_default_str()
+      ->check(CLI::IsMember({1, 2}));
   cmd->add_option("--atol", args->options.atol, "Absolute tolerance")->capture_default_str()->check(positive());
   cmd->add_option("--rtol", args->options.rtol, "Relative tolerance")->capture_default_str()->check(non_negative());
   cmd->add_option("--eps", args->options.eps, "Finite-difference step")->capture_default_str()->check(positive());

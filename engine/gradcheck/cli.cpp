@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/gradcheck/explain.hpp"
+#include "engine/gradcheck/second_order.hpp"
 #include "engine/parallel.hpp"
 
 namespace tapegrad {
@@ -26,14 +27,16 @@ void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
 }
 
 constexpr const char* kUsage =
-    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X] [--eps X] [--seed N]\n"
-    "          [--full-jacobian-limit N]\n"
+    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2] [--atol X] [--rtol X] [--eps X]\n"
+    "          [--seed N] [--full-jacobian-limit N]\n"
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
     "  --op NAME                only this op (repeatable)\n"
     "  --list                   list the ops, their families, case counts and equations\n"
     "  --json                   a JSON list of {{op, case, input, check, max_abs_err, max_rel_err, passed}}\n"
     "  -v, --verbose            one row per input and check instead of one per case\n"
+    "  --order 2                second order instead: Hessian-vector products against differences of the\n"
+    "                           gradient, and the symmetry of the Hessian\n"
     "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
     "  --eps X                  finite-difference step (default 1e-6)\n"
     "  --seed N                 seed of the random inputs and projections\n"
@@ -132,7 +135,8 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
                "result");
   for (const OpInfo* op : selected) {
     for (const auto& c : op->cases) {
-      GradcheckReport r = gradcheck(c, a.options, op->name);
+      GradcheckReport r =
+          a.order == 2 ? gradcheck_second_order(c, a.options, op->name) : gradcheck(c, a.options, op->name);
       ++cases;
       failed += !r.passed;
       bool skipped = false;
@@ -143,7 +147,8 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
           rows.push_back({{"op", op->name}, {"case", c.name}, {"input", ch.input}, {"check", ch.check},
                           {"max_abs_err", ch.max_abs_err}, {"max_rel_err", ch.max_rel_err}, {"passed", ch.passed}});
         } else if (ch.skipped && a.verbose) {
-          fmt::print(out, "{} {:>11} {:>11}  skipped (no JVP)\n", row(op->name, c.name, ch.input, ch.check), "", "");
+          fmt::print(out, "{} {:>11} {:>11}  skipped ({})\n", row(op->name, c.name, ch.input, ch.check), "", "",
+                     ch.worst.empty() ? "no JVP" : ch.worst);
         } else if (!ch.skipped && (a.verbose || !ch.passed)) {
           fmt::print(out, "{} {:>11.2e} {:>11.2e}  {}{}\n", row(op->name, c.name, ch.input, ch.check), ch.max_abs_err,
                      ch.max_rel_err, ch.passed ? "ok" : "FAIL at ", ch.passed ? "" : ch.worst);
@@ -153,9 +158,11 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
       if (!a.verbose && r.passed) {
         double worst = 0;
         for (const auto& ch : r.checks)
-          if (!ch.skipped && (ch.check == "vjp" || ch.check == "jvp")) worst = std::max(worst, ch.max_abs_err);
-        fmt::print(out, "{} {:>11.2e} {:>11}  ok{}\n", row(op->name, c.name, "all", "all"), worst, "",
-                   skipped ? " (no JVP)" : "");
+          if (!ch.skipped && (ch.check == "vjp" || ch.check == "jvp" || ch.check == "hvp"))
+            worst = std::max(worst, ch.max_abs_err);
+        std::string note;
+        if (skipped) note = a.order == 2 ? fmt::format(" (skipped: {})", r.checks[0].worst) : " (no JVP)";
+        fmt::print(out, "{} {:>11.2e} {:>11}  ok{}\n", row(op->name, c.name, "all", "all"), worst, "", note);
       }
       if (!r.passed || a.verbose) print_diagnosis(r, out);
     }
@@ -193,6 +200,9 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
         const double x = parse_number<double>(arg, value());
         if (!(x >= 0) || (arg != "--rtol" && x == 0)) fail("{} must be {}, got {}", arg, arg == "--rtol" ? "≥ 0" : "> 0", x);
         (arg == "--atol" ? run.options.atol : arg == "--rtol" ? run.options.rtol : run.options.eps) = x;
+      } else if (arg == "--order") {
+        run.order = parse_number<int>(arg, value());
+        if (run.order != 1 && run.order != 2) fail("--order must be 1 or 2, got {}", run.order);
       } else if (arg == "--seed") {
         run.options.seed = parse_number<uint64_t>(arg, value());
       } else if (arg == "--full-jacobian-limit") {

@@ -22,6 +22,7 @@ struct GradcheckRun {
   bool list = false;             // list the ops instead of checking them
   bool json = false;             // [{op, case, input, check, max_abs_err, max_rel_err, passed}, ...]
   bool verbose = false;          // one row per input and check, not one per case
+  int order = 1;                 // 1: VJP, JVP, adjoint, accumulation; 2: second order (engine/gradcheck/second_order.hpp)
   GradcheckOptions options;
 };
 
@@ -29,8 +30,8 @@ struct GradcheckRun {
 // Returns 0 when every case passed, 1 otherwise; throws Error for an op the registry does not have.
 int run_gradcheck(const Registry& registry, const GradcheckRun& run, std::FILE* out = stdout);
 
-// A main for a program of one's own ops: [gradcheck] [--op NAME]... [--list] [--json] [-v] [--atol X] [--rtol X]
-// [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or explain OP [--case NAME] [--shape NAME=D,...]...
+// A main for a program of one's own ops: [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2] [--atol X]
+// [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or explain OP [--case NAME] [--shape NAME=D,...]...
 // [--json] (engine/gradcheck/explain.hpp). Returns the exit code: 0 passed, 1 a check failed, 2 a usage error (printed to
 // stderr on one line).
 int gradcheck_main(const Registry& registry, int argc, const char* const* argv);
