@@ -3,7 +3,10 @@
 // dρ = ⟨x, dx⟩/(Cρ) = ⟨x̂, dx⟩/C, so dx̂ = (dx − x̂·⟨x̂, dx⟩/C)/ρ, and
 //   JVP  ẏ = w ⊙ (ẋ − x̂·⟨x̂, ẋ⟩/C)/ρ + ẇ ⊙ x̂
 //   VJP  x̄ += (g − x̂·⟨x̂, g⟩/C)/ρ  with g = w ⊙ ȳ   (the x-Jacobian (I − x̂x̂ᵀ/C)/ρ is symmetric),   w̄ += Σ_rows ȳ ⊙ x̂
-// The node keeps x̂ and 1/ρ: both derivatives are written in them.
+//   second order (Tape::hvp), the tangent of the VJP at a fixed ȳ, with ġ = ẇ ⊙ ȳ, m = ⟨x̂, g⟩/C and the JVP's
+//   (1/ρ)˙ = −⟨x̂, ẋ⟩/(Cρ²), x̂̇ = (ẋ − x̂·⟨x̂, ẋ⟩/C)/ρ:
+//        ẋ̄ += (1/ρ)˙·(g − x̂·m) + (ġ − x̂̇·m − x̂·ṁ)/ρ,   ṁ = (⟨x̂̇, g⟩ + ⟨x̂, ġ⟩)/C;   ẇ̄ += Σ_rows ȳ ⊙ x̂̇
+// The node keeps x̂ and 1/ρ: every derivative is written in them.
 //
 // A claim, checked against this forward: "x̄ = w ⊙ ȳ/ρ" treats ρ as a constant and drops −x̂·⟨x̂, g⟩/(Cρ), a term
 // of each row; the gradchecker rejects it and names a per-row term.
@@ -63,6 +66,33 @@ void rms_norm_jvp(T* ty, const T* tx, const T* tw, const T* xhat, const T* inv_r
   }
 }
 
+// The second-order term of the header.                                  out_x like x, out_w like w; or null
+template <class T>
+void rms_norm_second_order(T* out_x, T* out_w, const T* g_out, const T* tx, const T* tw, const T* xhat,
+                           const T* inv_rho, const T* w, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *xh = xhat + r * C, *yb = g_out + r * C, *t = tx ? tx + r * C : nullptr;
+    const T inv = inv_rho[r];
+    T xh_t = 0, m = 0, xh_gdot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      if (t) xh_t += xh[c] * t[c];
+      m += xh[c] * w[c] * yb[c];
+      if (tw) xh_gdot += xh[c] * tw[c] * yb[c];
+    }
+    xh_t /= T(C), m /= T(C);
+    const T inv_dot = -inv * inv * xh_t;
+    T m_dot = xh_gdot;
+    for (int64_t c = 0; c < C; ++c) m_dot += (t ? (t[c] - xh[c] * xh_t) * inv : T(0)) * w[c] * yb[c];
+    m_dot /= T(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const T g = w[c] * yb[c], g_dot = tw ? tw[c] * yb[c] : T(0);
+      const T xh_dot = t ? (t[c] - xh[c] * xh_t) * inv : T(0);
+      if (out_x) out_x[r * C + c] += inv_dot * (g - xh[c] * m) + (g_dot - xh_dot * m - xh[c] * m_dot) * inv;
+      if (out_w) out_w[c] += yb[c] * xh_dot;
+    }
+  }
+}
+
 }  // namespace
 
 Var rms_norm(Var x, Var w, double eps) {
@@ -94,6 +124,13 @@ Var rms_norm(Var x, Var w, double eps) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           rms_norm_jvp(ty.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), xhat.data<T>(),
                        inv_rho.data<T>(), wv.data<T>(), rows, C);
+        });
+      },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        dispatch_float(op, g.dtype(), [&]<class T>(T) {
+          rms_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), g.data<T>(),
+                                data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), xhat.data<T>(), inv_rho.data<T>(),
+                                wv.data<T>(), rows, C);
         });
       });
 }
