@@ -140,7 +140,9 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   // A term over a subset of each row, degenerate rows (one entry) included: the subset's indicator, its sizes.
   for (const char* name : {"row_masked_centering", "row_masked_centering_jvp", "row_selected_centering"}) {
     CAPTURE(name);
-    const std::string& subset = check_named(slips, name).find(Finding::per_row_term, "x")->message;
+    const GradcheckReport report = check_named(slips, name);
+    REQUIRE(report.find(Finding::per_row_term, "x") != nullptr);
+    const std::string& subset = report.find(Finding::per_row_term, "x")->message;
     CHECK(subset.find("α_r·1_S·1_Sᵀ with α_r from 0.25 to 1") != std::string::npos);
     CHECK(subset.find("constant on 1 to 4 of its") != std::string::npos);
     CHECK(subset.find("in rows where S_r has one entry the error is that element") != std::string::npos);
