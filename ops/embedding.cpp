@@ -105,7 +105,8 @@ void register_embedding(Registry& r) {
   r.add({.name = "embedding",
          .family = "embedding",
          .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
-         .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name"});
+         .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name",
+         .second_order = kNoSecondOrderTerm});
   auto lookup = [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); };
   r.add_case("embedding", {"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup});
   r.add_case("embedding", {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup});

@@ -133,29 +133,35 @@ Var pow(Var x, double p) {
 }
 
 void register_pointwise(Registry& r) {
-  auto unary = [&r](const char* name, const char* forward, const char* equation, Fill fill, Var (*fn)(Var)) {
-    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward});
+  // second: the second-order rule, ẋ̄ += f″(x)·ẋ·ȳ with the op's f″
+  auto unary = [&r](const char* name, const char* forward, const char* equation, const char* second, Fill fill,
+                    Var (*fn)(Var)) {
+    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward, .second_order = second});
     r.add_case(name, {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }});
   };
-  unary("exp", "y = exp x", "x̄ += y·ȳ; ẏ = y·ẋ", Fill::normal, exp);
-  unary("log", "y = log x", "x̄ += ȳ/x; ẏ = ẋ/x", Fill::positive, log);
-  unary("tanh", "y = tanh x", "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ", Fill::normal, tanh);
-  unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", Fill::away_from_zero, relu);
+  unary("exp", "y = exp x", "x̄ += y·ȳ; ẏ = y·ẋ", "ẋ̄ += y·ẋ·ȳ", Fill::normal, exp);
+  unary("log", "y = log x", "x̄ += ȳ/x; ẏ = ẋ/x", "ẋ̄ −= ẋ·ȳ/x²", Fill::positive, log);
+  unary("tanh", "y = tanh x", "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ", "ẋ̄ −= 2y(1 − y²)·ẋ·ȳ", Fill::normal, tanh);
+  unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", "0 away from x = 0 (f″ = 0)", Fill::away_from_zero, relu);
   unary("gelu", "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
-        "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ", Fill::normal, gelu);
+        "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ",
+        "ẋ̄ += gelu″(x)·ẋ·ȳ, gelu″ = (1 − t²)(u′ − x·t·u′² + ½x·u″), t = tanh u, u = √(2/π)(x + 0.044715x³)", Fill::normal, gelu);
   unary("gelu_erf", "y = x·Φ(x) = ½x(1 + erf(x/√2))", "x̄ += (Φ(x) + x·φ(x))·ȳ; ẏ = (Φ(x) + x·φ(x))·ẋ",
+        "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ",
         Fill::normal, gelu_erf);
-  unary("sigmoid", "y = 1/(1 + e⁻ˣ)", "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ", Fill::normal, sigmoid);
-  unary("square", "y = x²", "x̄ += 2x·ȳ; ẏ = 2x·ẋ", Fill::normal, square);
-  unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", Fill::positive, sqrt);
-  unary("abs", "y = |x|", "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ", Fill::away_from_zero, abs);
+  unary("sigmoid", "y = 1/(1 + e⁻ˣ)", "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ", "ẋ̄ += y(1 − y)(1 − 2y)·ẋ·ȳ", Fill::normal, sigmoid);
+  unary("square", "y = x²", "x̄ += 2x·ȳ; ẏ = 2x·ẋ", "ẋ̄ += 2ẋ·ȳ", Fill::normal, square);
+  unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", "ẋ̄ −= ẋ·ȳ/(4y³)", Fill::positive, sqrt);
+  unary("abs", "y = |x|", "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ",
+        "0 away from x = 0 (f″ = 0); not twice differentiable at 0", Fill::away_from_zero, abs);
   // At x = 0 the central difference (|ε| − |−ε|)/2ε is 0, as f′(0) is taken: the kink is checked too.
   r.add_case("abs", {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); },
                      {}, {}, /*at_kink=*/true});
   r.add({.name = "pow",
          .family = "pointwise",
          .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",
-         .forward = "y = xᵖ, a scalar exponent p"});
+         .forward = "y = xᵖ, a scalar exponent p",
+         .second_order = "ẋ̄ += p(p − 1)·xᵖ⁻²·ẋ·ȳ (0 for p = 0, 1)"});
   auto pow_case = [&r](const char* name, Fill fill, double p) {
     r.add_case("pow", {name, {{"x", {4, 5}, fill}}, [p](Tape&, std::span<const Var> x) { return pow(x[0], p); }});
   };
@@ -167,7 +173,8 @@ void register_pointwise(Registry& r) {
   r.add({.name = "elu",
          .family = "pointwise",
          .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",
-         .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)"});
+         .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)",
+         .second_order = "ẋ̄ += (y + α)·ẋ·ȳ (x ≤ 0), 0 (x > 0)"});
   r.add_case("elu", {"alpha = 1", {{"x", {4, 5}, Fill::away_from_zero}},
                      [](Tape&, std::span<const Var> x) { return elu(x[0]); }});
   r.add_case("elu", {"alpha = 0.5", {{"x", {3, 3}, Fill::away_from_zero}},

@@ -151,7 +151,7 @@ void register_reduce(Registry& r) {
                   "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
         Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
                   "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
-    r.add({.name = f.name, .family = "reduce", .equation = f.equation, .forward = f.forward});
+    r.add({.name = f.name, .family = "reduce", .equation = f.equation, .forward = f.forward, .second_order = kNoSecondOrderTerm});
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };

@@ -65,7 +65,11 @@ void register_row_normalize(Registry& r) {
          },
          .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
          .derivation = "1.2, 1.3",
-         .formulas_at = {{"forward", beta_row_written_at}, {"VJP and JVP", beta_row_derivative_written_at}}});
+         .formulas_at = {{"forward", beta_row_written_at},
+                         {"VJP and JVP", beta_row_derivative_written_at},
+                         {"second order", beta_row_second_order_written_at}},
+         .second_order = "per row, x̄ = c·ȳ − k·y with k = ⟨y, ȳ⟩/r: ẋ̄ += ċ·ȳ − k̇·y − k·ẏ, ṙ = ⟨x, ẋ⟩/r, "
+                         "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)"});
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
   r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});

@@ -126,7 +126,10 @@ void register_softmax(Registry& r) {
          .cost = row_map_cost,
          .forward = "per row: y = exp(x − max x) / Σ exp(x − max x)",
          .derivation = "2.1",
-         .formulas_at = {{"forward", softmax_row_written_at}, {"VJP and JVP", softmax_row_derivative_written_at}}});
+         .formulas_at = {{"forward", softmax_row_written_at},
+                         {"VJP and JVP", softmax_row_derivative_written_at},
+                         {"second order", softmax_row_second_order_written_at}},
+         .second_order = "per row: ẋ̄ += ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y, ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)"});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
@@ -134,7 +137,9 @@ void register_softmax(Registry& r) {
          .forward = "per row: z = x − max x − log Σ exp(x − max x)",
          .formulas_at = {{"forward", log_softmax_row_written_at},
                          {"VJP", log_softmax_row_vjp_written_at},
-                         {"JVP", log_softmax_row_jvp_written_at}}});
+                         {"JVP", log_softmax_row_jvp_written_at},
+                         {"second order", log_softmax_row_second_order_written_at}},
+         .second_order = "per row: ẋ̄ −= (Σz̄)·ṗ, p = exp(z), ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩)"});
   struct RowOp {
     const char* name;
     Var (*fn)(Var);

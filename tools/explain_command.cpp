@@ -53,7 +53,7 @@ void add_explain_command(CLI::App& app) {
       fmt::print("{}\n", explanation_json(e).dump(2));
     else
       fmt::print("{}", format_explanation(e));
-    if (!e.check.passed) set_exit_code(1);
+    if (!e.check.passed || !e.check_second_order.passed) set_exit_code(1);
   });
 }
 

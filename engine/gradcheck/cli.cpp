@@ -78,7 +78,7 @@ int explain_main(const Registry& registry, const std::string& program, int argc,
     if (op.empty()) fail("explain needs an op (gradcheck --list names them)");
     const Explanation e = explain(registry, op, options);
     fmt::print("{}", json ? explanation_json(e).dump(2) + "\n" : format_explanation(e));
-    return e.check.passed ? 0 : 1;
+    return e.check.passed && e.check_second_order.passed ? 0 : 1;
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: error: {}\n", program, e.what());

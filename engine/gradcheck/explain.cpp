@@ -7,6 +7,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/gradcheck/second_order.hpp"
+
 namespace tapegrad {
 
 namespace {
@@ -23,7 +25,11 @@ bool starts_with_tangent(std::string_view s) {
   return s.size() >= 3 && (s.substr(1, 2) == kCombiningDot || (s.size() >= 4 && s.substr(2, 2) == kCombiningDot));
 }
 
-// "2.1, 1.1" → the headings "### 2.1 ..." of the derivations file, or the numbers where it cannot be read.
+// The section that derives the second-order rules.
+constexpr std::string_view kSecondOrderSection = "6";
+
+// "2.1, 1.1" → the headings "### 2.1 ..." (or "## 6. ...") of the derivations file, or the numbers where it cannot
+// be read.
 std::vector<std::string> derivation_sections(const std::string& numbers, const std::string& path, bool& read) {
   std::vector<std::string> wanted, found;
   for (size_t start = 0; start < numbers.size();) {
@@ -40,10 +46,11 @@ std::vector<std::string> derivation_sections(const std::string& numbers, const s
     std::ifstream in(path);
     read = static_cast<bool>(in);
     for (std::string line; std::getline(in, line);)
-      if (line.starts_with("### ")) headings.push_back(line.substr(4));
+      if (line.starts_with("### ") || line.starts_with("## ")) headings.push_back(line.substr(line.find(' ') + 1));
   }
   for (const std::string& n : wanted) {
-    auto h = std::find_if(headings.begin(), headings.end(), [&](const std::string& t) { return t.starts_with(n + " "); });
+    auto h = std::find_if(headings.begin(), headings.end(),
+                          [&](const std::string& t) { return t.starts_with(n + " ") || t.starts_with(n + ". "); });
     found.push_back(h == headings.end() ? n : *h);
   }
   return found;
@@ -137,8 +144,11 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.family = info->family;
   e.forward = info->forward;
   std::tie(e.vjp, e.jvp) = split_equation(info->equation);
+  e.second_order = info->second_order;
   bool read = false;
   e.sections = derivation_sections(info->derivation, options.derivations_path, read);
+  e.second_order_section =
+      derivation_sections(std::string(kSecondOrderSection), options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
   e.registered_at = source_text(info->registered_at);
   for (const FormulaPlace& f : info->formulas_at) e.formulas_at.emplace_back(f.what, source_text(f.at));
@@ -176,6 +186,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   GradcheckCase at_shapes = *c;  // the registered case, at the shapes asked for
   at_shapes.inputs = specs;
   e.check = gradcheck(at_shapes, options.gradcheck, info->name);
+  e.check_second_order = gradcheck_second_order(at_shapes, options.gradcheck, info->name);
   return e;
 }
 
@@ -201,6 +212,7 @@ std::string format_explanation(const Explanation& e) {
   s += fmt::format("  forward    {}\n", e.forward.empty() ? "(not given at registration)" : e.forward);
   s += fmt::format("  VJP        {}\n", e.vjp);
   s += fmt::format("  JVP        {}\n", e.jvp.empty() ? "(none: forward mode is not defined for it)" : e.jvp);
+  s += fmt::format("  2nd order  {}\n", e.second_order.empty() ? "(not given at registration)" : e.second_order);
   s += fmt::format("  code       {} (the node: forward, VJP and JVP); registered at {}\n", e.recorded_at,
                    e.registered_at);
   if (!e.formulas_at.empty()) {
@@ -211,6 +223,7 @@ std::string format_explanation(const Explanation& e) {
   if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
   for (size_t i = 0; i < e.sections.size(); ++i)
     s += fmt::format("  {} {} § {}\n", i == 0 ? "derivation" : "          ", e.derivations_file, e.sections[i]);
+  s += fmt::format("  2nd order  {} § {}\n", e.derivations_file, e.second_order_section);
   std::string in;
   for (const auto& [name, shape] : e.inputs) in += fmt::format("{}{} {}", in.empty() ? "" : ", ", name, shape.str());
   s += fmt::format("\nat case '{}'{}: inputs {} → output {}\n", e.case_name,
@@ -229,27 +242,34 @@ std::string format_explanation(const Explanation& e) {
     s += "  FLOPs      not counted (the op registers no cost function)\n";
   s += "\ngradcheck, float64, there and then:\n";
   s += e.check.str();
+  s += "\nsecond order (H·t by Tape::hvp against differences of the gradient; ⟨w, H v⟩ = ⟨v, H w⟩):\n";
+  s += e.check_second_order.str();
   return s;
 }
 
 nlohmann::json explanation_json(const Explanation& e) {
   nlohmann::json inputs = nlohmann::json::array();
   for (const auto& [name, shape] : e.inputs) inputs.push_back({{"name", name}, {"shape", shape.str()}});
-  nlohmann::json checks = nlohmann::json::array();
-  for (const auto& c : e.check.checks)
-    checks.push_back({{"input", c.input},
-                      {"check", c.check},
-                      {"max_abs_err", c.max_abs_err},
-                      {"max_rel_err", c.max_rel_err},
-                      {"passed", c.passed},
-                      {"skipped", c.skipped}});
-  nlohmann::json diagnoses = nlohmann::json::array();
-  for (const auto& d : e.check.diagnoses) diagnoses.push_back(d.str());
+  auto report_json = [](const GradcheckReport& r) {
+    nlohmann::json checks = nlohmann::json::array();
+    for (const auto& c : r.checks)
+      checks.push_back({{"input", c.input},
+                        {"check", c.check},
+                        {"max_abs_err", c.max_abs_err},
+                        {"max_rel_err", c.max_rel_err},
+                        {"passed", c.passed},
+                        {"skipped", c.skipped}});
+    nlohmann::json diagnoses = nlohmann::json::array();
+    for (const auto& d : r.diagnoses) diagnoses.push_back(d.str());
+    return nlohmann::json{{"passed", static_cast<bool>(r.passed)}, {"checks", checks}, {"diagnoses", diagnoses}};
+  };
   return {{"op", e.op},
           {"family", e.family},
           {"forward", e.forward},
           {"vjp", e.vjp},
           {"jvp", e.jvp},
+          {"second_order", e.second_order},
+          {"second_order_derivation", e.second_order_section},
           {"recorded_at", e.recorded_at},
           {"registered_at", e.registered_at},
           {"formulas_at", [&] {
@@ -275,7 +295,8 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"flops", e.cost ? nlohmann::json{{"forward", e.cost->forward}, {"vjp", e.cost->backward},
                                             {"jvp", e.cost->jvp}}
                            : nlohmann::json(nullptr)},
-          {"gradcheck", {{"passed", static_cast<bool>(e.check.passed)}, {"checks", checks}, {"diagnoses", diagnoses}}}};
+          {"gradcheck", report_json(e.check)},
+          {"gradcheck_second_order", report_json(e.check_second_order)}};
 }
 
 }  // namespace tapegrad

@@ -1,7 +1,7 @@
-// One op on one screen, from what the code already knows: its forward map and derivatives (the registry), where
+// One op on one screen, from what the code already knows: its forward map and derivatives to second order (the registry), where
 // they are written (the node's record call, the registration), the sections of docs/derivations.md that derive
 // them, what its node keeps for backward and what it costs at a shape (the tape, the op's cost function), and its
-// gradcheck there and then. `tapegrad explain OP` prints it; gradcheck_main gives a program of one's own ops the
+// gradcheck there and then, to first and second order. `tapegrad explain OP` prints it; gradcheck_main gives a program of one's own ops the
 // same `explain OP` (engine/gradcheck/cli.hpp).
 #pragma once
 
@@ -26,6 +26,8 @@ struct ExplainOptions {
 
 struct Explanation {
   std::string op, family, forward, vjp, jvp;
+  std::string second_order;          // OpInfo::second_order; empty: not given at registration
+  std::string second_order_section;  // the heading of docs/derivations.md that derives the rules ("6" if not found)
   std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
   std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
@@ -42,6 +44,7 @@ struct Explanation {
   int64_t alignment_padding() const;
   std::optional<OpCost> cost;  // FLOPs of forward, VJP and JVP; nothing when the op has no cost function
   GradcheckReport check;
+  GradcheckReport check_second_order;  // engine/gradcheck/second_order.hpp, at the same point
 };
 
 // Throws Error for an op or case the registry does not have (naming the ones it has), an input name the case

@@ -114,7 +114,12 @@ struct OpInfo {
   std::string derivation{};  // the heading of docs/derivations.md that derives it; empty: a textbook rule
   SourcePlace registered_at{};  // where Registry::add was called: the op's file
   std::vector<FormulaPlace> formulas_at{};  // where its formulas are written, if elsewhere than the node's file
+  // Its second-order rule in one line: the tangent of its VJP at a fixed cotangent, ẋ̄ᵢ += Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
+  // (what Tape::hvp adds beside the VJP of ȳ̇); "0" for an op whose VJP does not depend on its inputs.
+  std::string second_order{};
 };
+// OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
+inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
 
 class Registry {
  public:

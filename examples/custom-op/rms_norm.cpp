@@ -162,7 +162,8 @@ void register_rms_norm(Registry& r) {
          .family = "my_ops",
          .equation = "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; "
                      "ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
-         .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)"});
+         .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)",
+         .second_order = "g = w⊙ȳ, m = ⟨x̂, g⟩/C: ẋ̄ += (1/ρ)˙(g − x̂m) + (ġ − x̂̇m − x̂ṁ)/ρ, ẇ̄ += Σ ȳ⊙x̂̇"});
   r.add_case("rms_norm", {"rows", {{"x", {4, 6}}, {"w", {6}}}, apply_rms_norm});
   r.add_case("rms_norm", {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm});
 }

@@ -20,6 +20,10 @@ Var softsign(Var x) {
 }
 
 void register_softsign(Registry& r) {
-  r.add({"softsign", "my_ops", "x̄ += ȳ/(1 + |x|)²; ẏ = ẋ/(1 + |x|)²", {}});
+  r.add({.name = "softsign",
+         .family = "my_ops",
+         .equation = "x̄ += ȳ/(1 + |x|)²; ẏ = ẋ/(1 + |x|)²",
+         .forward = "y = x/(1 + |x|)",
+         .second_order = "ẋ̄ −= 2·sign(x)·ẋ·ȳ/(1 + |x|)³"});
   r.add_case("softsign", {"matrix", {{"x", {3, 4}}}, [](Tape&, std::span<const Var> x) { return softsign(x[0]); }});
 }

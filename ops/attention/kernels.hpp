@@ -200,6 +200,7 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
 // Dense (T, Tk) loops over the slice: A is 0 at masked entries, so the mask needs no other care. Not a training
 // path; every product is a plain loop. Outputs and tangents may be null.
+inline constexpr SourcePlace attention_second_order_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
                             const T* a, const T* g, const T* tq, const T* tk, const T* tv, const T* tbias,

@@ -503,7 +503,11 @@ void register_linear_attention(Registry& r) {
                      "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
          .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "
                     "φ = elu + 1",
-         .derivation = "4.1, 4.2"});
+         .derivation = "4.1, 4.2",
+         .second_order = "w_ij = q_iᵀk_j, Gn_i = G_i/den_i, γ_i = ⟨G_i, O_i⟩/den_i: Ġn_i = −Gn_i·ḋen_i/den_i, "
+                         "γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i, ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i; "
+                         "ḋQ = φ′(Q) ⊙ Σ_j(ḋw_ij k_j + dw_ij k̇_j) + φ″(Q) ⊙ Q̇ ⊙ dq, likewise K; "
+                         "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)"});
   auto build = [](bool causal) {
     return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
   };

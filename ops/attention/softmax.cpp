@@ -230,7 +230,11 @@ void register_attention(Registry& r) {
          .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
          .derivation = "2.1, 1.1, 5.3, 5.4",
          .formulas_at = {{"softmax rows", softmax_row_written_at},
-                         {"their VJP and JVP", softmax_row_derivative_written_at}}});
+                         {"their VJP and JVP", softmax_row_derivative_written_at},
+                         {"second order", attention_second_order_written_at}},
+         .second_order = "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
+                         "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), "
+                         "dḂ += Σ_bcast dṠ"});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
   };
