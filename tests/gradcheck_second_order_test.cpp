@@ -89,8 +89,150 @@ TEST_CASE("a slip in a second-order term fails the hvp check") {
   const std::string names[] = {"x"};
   const GradcheckReport r = gradcheck_second_order(slipped, std::span<const Tensor>(&x, 1), names);
   CHECK_FALSE(r.passed());
-  REQUIRE(r.checks.size() == 2);
+  REQUIRE(r.checks.size() == 3);  // hvp, symmetry, accumulate
   CHECK(r.checks[0].check == "hvp");
   CHECK_FALSE(r.checks[0].passed);
   CHECK(r.checks[0].analytic == doctest::Approx(r.checks[0].numeric / 2));
+}
+
+namespace {
+
+// y = x² element by element, with the right VJP and JVP and the second-order term ẋ̄ += c·ẋ·ȳ (right: c = 2);
+// assign: the term is assigned into ẋ̄ instead of added; vjp_factor: the VJP's 2x becomes vjp_factor·x.
+Function square_with_rule(double c, bool assign = false, double vjp_factor = 2) {
+  return [=](Tape& tape, std::span<const Var> in) {
+    const Var x = in[0];
+    const Tensor xv = x.value();
+    Tensor y = tape.empty(DType::f64, x.shape());
+    for (int64_t k = 0; k < y.numel(); ++k) y.data<double>()[k] = xv.item(k) * xv.item(k);
+    return tape.record(
+        "square_slipped", {x}, y,
+        [xv, vjp_factor](const Tensor& g, std::span<const Tensor> gin) {
+          for (int64_t k = 0; k < g.numel(); ++k) gin[0].data<double>()[k] += vjp_factor * xv.item(k) * g.item(k);
+        },
+        [xv](std::span<const Tensor> tin, const Tensor& ty) {
+          for (int64_t k = 0; k < ty.numel(); ++k) ty.data<double>()[k] += 2 * xv.item(k) * tin[0].item(k);
+        },
+        [c, assign](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+          for (int64_t k = 0; k < g.numel(); ++k) {
+            double& o = gin_dot[0].data<double>()[k];
+            o = (assign ? 0 : o) + c * tin[0].item(k) * g.item(k);
+          }
+        });
+  };
+}
+
+// y = a ⊙ b with the cross term of b̄ along ȧ dropped (ā̇ += ȳ·ḃ is kept).
+Var mul_without_b_cross_term(Tape& tape, std::span<const Var> in) {
+  const Var a = in[0], b = in[1];
+  const Tensor av = a.value(), bv = b.value();
+  Tensor y = tape.empty(DType::f64, a.shape());
+  for (int64_t k = 0; k < y.numel(); ++k) y.data<double>()[k] = av.item(k) * bv.item(k);
+  return tape.record(
+      "mul_slipped", {a, b}, y,
+      [av, bv](const Tensor& g, std::span<const Tensor> gin) {
+        for (int64_t k = 0; k < g.numel(); ++k) {
+          if (gin[0].defined()) gin[0].data<double>()[k] += g.item(k) * bv.item(k);
+          if (gin[1].defined()) gin[1].data<double>()[k] += g.item(k) * av.item(k);
+        }
+      },
+      [av, bv](std::span<const Tensor> tin, const Tensor& ty) {  // undefined tangents are zero
+        for (int64_t k = 0; k < ty.numel(); ++k)
+          ty.data<double>()[k] += (tin[0].defined() ? tin[0].item(k) * bv.item(k) : 0) +
+                                  (tin[1].defined() ? av.item(k) * tin[1].item(k) : 0);
+      },
+      [](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        for (int64_t k = 0; k < g.numel(); ++k) gin_dot[0].data<double>()[k] += g.item(k) * tin[1].item(k);
+      });
+}
+
+// softmax of each row with its second-order rule missing the term −⟨ẏ, ȳ⟩·y.
+Var softmax_without_row_term(Tape& tape, std::span<const Var> in) {
+  const Var x = in[0];
+  const int64_t n = x.shape().back(), rows = x.shape().numel() / n;
+  const Tensor xv = x.value();
+  Tensor y = tape.empty(DType::f64, x.shape());
+  for (int64_t r = 0; r < rows; ++r) {
+    double z = 0;
+    for (int64_t j = 0; j < n; ++j) z += std::exp(xv.item(r * n + j));
+    for (int64_t j = 0; j < n; ++j) y.data<double>()[r * n + j] = std::exp(xv.item(r * n + j)) / z;
+  }
+  auto row_dot = [n](const Tensor& p, const Tensor& q, int64_t r) {
+    double s = 0;
+    for (int64_t j = 0; j < n; ++j) s += p.item(r * n + j) * q.item(r * n + j);
+    return s;
+  };
+  // out += y ⊙ (u − ⟨y, u⟩) per row: the VJP and the JVP (the Jacobian is symmetric)
+  auto apply = [=](const Tensor& yv, const Tensor& u, const Tensor& out) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const double s = row_dot(yv, u, r);
+      for (int64_t j = 0; j < n; ++j) out.data<double>()[r * n + j] += yv.item(r * n + j) * (u.item(r * n + j) - s);
+    }
+  };
+  return tape.record(
+      "softmax_slipped", {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply(y, g, gin[0]); },
+      [=](std::span<const Tensor> tin, const Tensor& ty) { apply(y, tin[0], ty); },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        Tensor ydot = Tensor::zeros(DType::f64, y.shape());
+        apply(y, tin[0], ydot);
+        for (int64_t r = 0; r < rows; ++r) {
+          const double s = row_dot(y, g, r);
+          for (int64_t j = 0; j < n; ++j)
+            gin_dot[0].data<double>()[r * n + j] += ydot.item(r * n + j) * (g.item(r * n + j) - s);
+        }
+      });
+}
+
+GradcheckReport check_one(const Function& f, std::initializer_list<Tensor> x, std::initializer_list<std::string> names) {
+  const std::vector<Tensor> xs(x);
+  const std::vector<std::string> ns(names);
+  return gradcheck_second_order(f, xs, ns);
+}
+
+}  // namespace
+
+TEST_CASE("second-order slips are named as first-order ones are") {
+  const Tensor x = Tensor::randn(DType::f64, {3, 4}, 5);
+  SUBCASE("a missing factor: scale") {
+    const GradcheckReport r = check_one(square_with_rule(1), {x}, {"x"});
+    CHECK_FALSE(r.passed());
+    CHECK_MESSAGE(r.has(Finding::scale), r.str());
+    CHECK_MESSAGE(r.find(Finding::scale)->message.find("= 1/2") != std::string::npos, r.str());
+  }
+  SUBCASE("a wrong sign") {
+    const GradcheckReport r = check_one(square_with_rule(-2), {x}, {"x"});
+    CHECK_MESSAGE(r.has(Finding::sign), r.str());
+  }
+  SUBCASE("no term at all: an op recorded as if its VJP did not move") {
+    const GradcheckReport r = check_one(square_with_rule(0), {x}, {"x"});
+    CHECK_MESSAGE(r.has(Finding::zero), r.str());
+    CHECK(r.find(Finding::zero)->message.find("second-order term is missing") != std::string::npos);
+  }
+  SUBCASE("a term assigned instead of added") {
+    const GradcheckReport r = check_one(square_with_rule(2, /*assign=*/true), {x}, {"x"});
+    CHECK_FALSE(r.passed());
+    CHECK(r.checks[0].passed);  // alone, the assignment is invisible
+    CHECK_MESSAGE(r.has(Finding::overwrites), r.str());
+  }
+  SUBCASE("a wrong VJP: the first order is named first") {
+    const GradcheckReport r = check_one(square_with_rule(2, false, 3), {x}, {"x"});
+    CHECK_MESSAGE(r.has(Finding::first_order), r.str());
+    CHECK_FALSE(r.has(Finding::scale));
+  }
+  SUBCASE("a dropped cross term: the Hessian block, and H no longer symmetric") {
+    const Tensor b = Tensor::randn(DType::f64, {3, 4}, 6);
+    const GradcheckReport r = check_one(mul_without_b_cross_term, {x, b}, {"a", "b"});
+    CHECK_FALSE(r.passed());
+    REQUIRE_MESSAGE(r.has(Finding::hessian_block), r.str());
+    const std::string& blocks = r.find(Finding::hessian_block)->message;
+    CHECK(blocks.find("the errors sit in ∂b\u0304/∂a and ") != std::string::npos);  // b̄ as b + combining macron
+    CHECK(blocks.find("only cross terms are wrong") != std::string::npos);
+    CHECK(r.has(Finding::asymmetric));
+    CHECK_MESSAGE(r.has(Finding::zero, "∂b\u0304/∂a"), r.str());
+  }
+  SUBCASE("a dropped per-row term") {
+    const GradcheckReport r = check_one(softmax_without_row_term, {Tensor::randn(DType::f64, {3, 5}, 7)}, {"x"});
+    CHECK_FALSE(r.passed());
+    CHECK_MESSAGE(r.has(Finding::per_row_term), r.str());
+  }
 }

@@ -15,7 +15,7 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
   std::vector<Diagnosis> out;
   *all_kinks = false;
   const bool is_vjp = v.check == "vjp";
-  const char* rule = is_vjp ? "VJP" : "JVP";
+  const char* rule = rule_name(v.check);
   const auto bad = failing_elements(v);
   if (bad.empty()) return out;
 
@@ -54,7 +54,11 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
 
   if (std::all_of(v.a.begin(), v.a.end(), [](double e) { return e == 0; })) {
     out.push_back({Finding::zero, v.input, v.check,
-                   is_vjp ? fmt::format("the VJP leaves x̄ of {} at 0 everywhere while y depends on it: it never "
+                   v.check == "hvp"
+                       ? fmt::format("H·t is 0 in {} for every direction of {}: the second-order term is missing (a "
+                                     "rule that adds nothing, or linear_in_inputs for an op whose VJP moves with {})",
+                                     v.y_name, v.input, v.input)
+                   : is_vjp ? fmt::format("the VJP leaves x̄ of {} at 0 everywhere while y depends on it: it never "
                                         "writes that input's gradient",
                                         v.input)
                           : fmt::format("the JVP leaves ẏ at 0 for every tangent of {}: it never adds that input's "

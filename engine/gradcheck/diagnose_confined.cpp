@@ -8,7 +8,7 @@
 namespace tapegrad::gradcheck_detail {
 
 void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<Diagnosis>& out) {
-  const char* rule = v.check == "vjp" ? "VJP" : "JVP";
+  const char* rule = rule_name(v.check);
   const double zero_tol = 1e-12 * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(), [](double p, double q) {
     return std::abs(p) < std::abs(q);
   }));
@@ -48,7 +48,7 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
                        fmt::format("all {} failing elements are on the diagonal of {}'s last two axes ({}[..., i, "
                                    "i]), e.g. {}; elsewhere the {} agrees: the i = j entries (a mask boundary j ≤ i, "
                                    "a self term) are handled wrong",
-                                   bad.size(), on_x ? v.input.c_str() : "y", on_x ? v.input.c_str() : "y",
+                                   bad.size(), on_x ? v.input.c_str() : v.y_name.c_str(), on_x ? v.input.c_str() : v.y_name.c_str(),
                                    examples_str(v, bad), rule)});
         break;
       }
@@ -64,7 +64,7 @@ void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<D
     if (s.numel() / len < 2) continue;
     const int64_t row = (on_x ? bad[0].second : bad[0].first) / len;
     if (confined(v, bad, [&](int64_t j, int64_t k) { return (on_x ? k : j) / len == row; })) {
-      rows_msg += fmt::format("{}{}", rows_msg.empty() ? "" : " and ", row_name(s, on_x ? v.input : "y", row));
+      rows_msg += fmt::format("{}{}", rows_msg.empty() ? "" : " and ", row_name(s, on_x ? v.input : v.y_name, row));
     }
   }
   if (!rows_msg.empty())

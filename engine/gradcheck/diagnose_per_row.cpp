@@ -79,7 +79,7 @@ std::vector<Candidate> candidates(const JacobianView& v, const RowLayout& l, int
     return out;
   };
   if (l.xc == len) c.push_back({"x_r", row_of(l.x_flat, [&](int64_t e) { return v.x.item(e); })});
-  if (l.yc == len) c.push_back({"y_r", row_of(l.y_flat, [&](int64_t e) { return v.y0[static_cast<size_t>(e)]; })});
+  if (l.yc == len) c.push_back({v.y_name + "_r", row_of(l.y_flat, [&](int64_t e) { return v.y0[static_cast<size_t>(e)]; })});
   return c;
 }
 
@@ -261,7 +261,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
                   rows_with_error, rows_with_error == 1 ? "" : "s",
                   l.axis < 0 ? std::string()
                              : fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis),
-                  uname, vname, alpha, is_vjp ? "x̄_r" : "ẏ_r", term, what)};
+                  uname, vname, alpha, is_vjp ? "x̄_r" : v.check == "hvp" ? "ẋ̄_r" : "ẏ_r", term, what)};
 }
 
 }  // namespace

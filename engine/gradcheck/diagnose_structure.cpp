@@ -26,7 +26,7 @@ std::vector<Axis> axes_of(const JacobianView& v) {
     const Shape& s = on_x ? v.xshape : v.yshape;
     const int64_t n = on_x ? v.cols : v.m;
     for (int d = 0; d < s.rank(); ++d) {
-      Axis a{fmt::format("{} axis {}", on_x ? v.input : "y", d), s[d], std::vector<int64_t>(size_t(n)), on_x};
+      Axis a{fmt::format("{} axis {}", on_x ? v.input : v.y_name, d), s[d], std::vector<int64_t>(size_t(n)), on_x};
       for (int64_t e = 0; e < n; ++e) a.index[size_t(e)] = unravel(s, e)[size_t(d)];
       out.push_back(std::move(a));
     }

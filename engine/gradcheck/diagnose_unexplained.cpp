@@ -50,7 +50,7 @@ Diagnosis unexplained(const JacobianView& v, const Elements& bad) {
   if (ys.rank() >= 1 && ys.rows() > 1)
     where.push_back("rows of y: " + concentration(
                                         v, ys.rows(), [&](int64_t j, int64_t) { return j / ys.back(); },
-                                        [&](int64_t r) { return row_name(ys, "y", r); }));
+                                        [&](int64_t r) { return row_name(ys, v.y_name, r); }));
   if (xs.rank() >= 1 && xs.rows() > 1)
     where.push_back(fmt::format("rows of {}: ", v.input) +
                     concentration(

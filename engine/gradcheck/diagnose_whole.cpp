@@ -36,7 +36,7 @@ std::string times(double c) {
 std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v) {
   const std::string& x = v.input;
   const bool is_vjp = v.check == "vjp";
-  const char* rule = is_vjp ? "VJP" : "JVP";
+  const char* rule = rule_name(v.check);
   const size_t count = v.a.size();
   if (auto c = common_factor(v.a, v.n, {}, v.tol)) {
     if (std::abs(*c + 1) <= 1e-3)
@@ -65,7 +65,7 @@ std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v) {
       for (int q = p + 1; q < s.rank(); ++q) {
         if (s[p] != s[q] || s[p] < 2) continue;
         if (auto c = common_factor(v.a, v.n, swap_map(v, on_x, p, q), v.tol)) {
-          const char* name = on_x ? x.c_str() : "y";
+          const char* name = on_x ? x.c_str() : v.y_name.c_str();
           return Diagnosis{on_x ? Finding::transposed_input : Finding::transposed_output, x, v.check,
                            fmt::format("analytic = numeric with axes {} and {} of {} {} swapped{}: the {} "
                                        "{} (a transpose slip: a product taken in the wrong order, or a "
@@ -84,7 +84,7 @@ std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v) {
 // The fast mode keeps only projections: A = c·N over them is all it can tell.
 std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
                                          std::span<const double> a, std::span<const double> n, Tolerance tol) {
-  const char* rule = check == "vjp" ? "VJP" : "JVP";
+  const char* rule = rule_name(check);
   if (std::all_of(a.begin(), a.end(), [](double e) { return e == 0; }) &&
       std::any_of(n.begin(), n.end(), [&](double e) { return std::abs(e) > tol.atol; }))
     return Diagnosis{Finding::zero, input, check, fmt::format("the {} gives 0 for every projection of {}", rule, input)};

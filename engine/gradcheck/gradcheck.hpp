@@ -73,6 +73,10 @@ enum class Finding {
   consistent,          // VJP and JVP fail but agree with each other: one derivation shared by both is wrong
   overwrites,          // backward assigns into the gradient instead of adding to it
   no_jvp,              // the op was recorded without a JVP: forward mode not checked (a note, not a failure)
+  // Second order (engine/gradcheck/second_order.hpp):
+  first_order,         // H·t fails because the first-order VJP already does
+  hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
+  asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
 };
 std::string_view finding_name(Finding f);
 

@@ -80,7 +80,7 @@ std::vector<std::pair<int64_t, int64_t>> failing_elements(const JacobianView& v)
 }
 
 std::string element_str(const JacobianView& v, int64_t j, int64_t k) {
-  return fmt::format("y{} / {}{}", index_str(v.yshape, j), v.input, index_str(v.xshape, k));
+  return fmt::format("{}{} / {}{}", v.y_name, index_str(v.yshape, j), v.input, index_str(v.xshape, k));
 }
 
 std::string examples_str(const JacobianView& v, const std::vector<std::pair<int64_t, int64_t>>& bad) {

@@ -43,7 +43,13 @@ struct JacobianView {
   int64_t m, cols;
   Tolerance tol;
   double eps;
+  std::string y_name = "y";  // what the rows are: y, or x̄_a for a block of a Hessian (∂x̄_a/∂x_b)
 };
+
+// The rule a check tests, for the messages: "VJP", "JVP", or "second-order rule" (check "hvp").
+inline const char* rule_name(std::string_view check) {
+  return check == "vjp" ? "VJP" : check == "jvp" ? "JVP" : "second-order rule";
+}
 
 using Elements = std::vector<std::pair<int64_t, int64_t>>;  // (j, k) pairs
 
@@ -101,5 +107,21 @@ struct InputOutcome {
 // Which rule (VJP, JVP, both, their adjointness) and which input is at fault, over the whole case; a note when an
 // op has no JVP.
 std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcomes, const std::string& no_jvp_op);
+
+// Second order, on s = ⟨u, f(x)⟩ with the float inputs of x in float64 (i32 inputs ride along):
+// H·directions (one per float input) on a fresh tape; empty, with *refused set, when an op has no rule.
+std::vector<Tensor> hessian_times(const Function& f, std::span<const Tensor> x, const Tensor& u,
+                                  std::span<const Tensor> directions, std::string* refused);
+// ∇s at x + c·t (the float inputs moved along t), one gradient per float input.
+std::vector<Tensor> gradient_at(const Function& f, std::span<const Tensor> x, std::span<const Tensor> t, double c,
+                                const Tensor& u);
+
+// A failing second-order check of s = ⟨u, f(x)⟩ (engine/gradcheck/diagnose_second_order.cpp): the first-order check
+// first (a wrong VJP makes every H·t wrong), then the full Hessian in blocks ∂x̄_a/∂x_b, analytic (H·e_k by
+// Tape::hvp) against numeric (differences of the gradient): which blocks fail, and each failing block through
+// diagnose_jacobian. Nothing when the inputs have more than max_elements elements in all.
+std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const Tensor> x,
+                                             std::span<const std::string> names, const Tensor& u,
+                                             const GradcheckOptions& opt, int64_t max_elements = 400);
 
 }  // namespace tapegrad::gradcheck_detail

@@ -33,6 +33,9 @@ std::string_view finding_name(Finding f) {
     case Finding::consistent: return "consistent";
     case Finding::overwrites: return "overwrites";
     case Finding::no_jvp: return "no JVP";
+    case Finding::first_order: return "first order";
+    case Finding::hessian_block: return "Hessian block";
+    case Finding::asymmetric: return "asymmetric";
   }
   return "?";
 }
