@@ -449,4 +449,30 @@ std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const
   return grads;
 }
 
+std::vector<Tensor> hvp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent,
+                        std::span<const Tensor> directions) {
+  if (directions.size() != inputs.size())
+    fail("hvp: {} directions given for {} inputs", directions.size(), inputs.size());
+  Tape tape;
+  auto xs = leaves(tape, inputs);
+  std::vector<Var> wrt;
+  std::vector<Tensor> dirs;
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (inputs[i].dtype() != DType::i32) {
+      wrt.push_back(xs[i]);
+      dirs.push_back(directions[i].defined() ? directions[i] : Tensor::zeros(inputs[i].dtype(), inputs[i].shape()));
+    }
+  Var y = f(tape, xs);
+  std::vector<Tensor> out;
+  if (!y.requires_grad()) {
+    for (const Tensor& x : inputs)
+      out.push_back(x.dtype() == DType::i32 ? Tensor{} : Tensor::zeros(x.dtype(), x.shape()));
+    return out;
+  }
+  const std::vector<Tensor> h = tape.hvp(y, cotangent, wrt, dirs).hvp;
+  for (size_t i = 0, k = 0; i < inputs.size(); ++i)
+    out.push_back(inputs[i].dtype() == DType::i32 ? Tensor{} : h[k++]);
+  return out;
+}
+
 }  // namespace tapegrad

@@ -328,6 +328,10 @@ std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
                               std::span<const Tensor> tangents);
 // Gradients x̄_i = J_iᵀ ȳ for every input (undefined for integer inputs).
 std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent);
+// Hessian-vector products of s = ⟨ȳ, f(x)⟩: (H·ẋ)_i for every input (undefined for integer inputs), one direction
+// per input (undefined = zero). Throws naming an op without a second-order rule (Tape::hvp).
+std::vector<Tensor> hvp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent,
+                        std::span<const Tensor> directions);
 
 // ---- implementation of the template and Var accessors ----
 

@@ -71,6 +71,40 @@ TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their 
   }
 }
 
+// Second-order slips as claims: each named by the kind a first-order slip of its shape gets, plus which block
+// of the Hessian it sits in.
+TEST_CASE("each diagnosis kind names second-order slips (claims with an hvp line)") {
+  const auto slips = claims_in("tests/claims/second_order_slips.txt");
+  const std::string dadb = "∂a\u0304/∂b", dbda = "∂b\u0304/∂a", dxdx = "∂x\u0304/∂x";  // ā: a + combining macron
+  struct Expect {
+    const char* claim;
+    Finding kind;
+    std::string input;
+  };
+  const Expect table[] = {
+      {"hvp_sign_tanh", Finding::sign, dxdx},
+      {"hvp_scale_log_softmax", Finding::scale, dxdx},
+      {"hvp_row_softmax", Finding::per_row_term, dxdx},
+      {"hvp_cross_matmul", Finding::hessian_block, ""},
+      {"hvp_cross_matmul", Finding::asymmetric, ""},
+      {"hvp_cross_matmul", Finding::zero, dbda},
+      {"hvp_transposed_matmul", Finding::transposed_input, dadb},
+      {"hvp_first_order_tanh", Finding::first_order, "x"},
+  };
+  for (const auto& e : table) {
+    CAPTURE(e.claim);
+    const GradcheckReport r = check_named(slips, e.claim);
+    CHECK_FALSE(r.passed());
+    CHECK_MESSAGE(r.has(e.kind, e.input), r.str());
+    CHECK_FALSE(r.has(Finding::unexplained));
+  }
+  const GradcheckReport scale = check_named(slips, "hvp_scale_log_softmax");
+  CHECK(scale.find(Finding::scale)->message.find("c = 2") != std::string::npos);
+  CHECK(scale.find(Finding::scale)->message.find("second-order rule") != std::string::npos);
+  const GradcheckReport first = check_named(slips, "hvp_first_order_tanh");
+  CHECK_FALSE(first.has(Finding::sign));  // nothing said of the second order while the first is wrong
+}
+
 // Each kind, on slips in ops its check was not written for (the gradchecker's own tests plant them in softmax,
 // causal softmax and matmul).
 TEST_CASE("each diagnosis kind names slips of its kind in other ops") {

@@ -225,7 +225,7 @@ TEST_CASE("second-order slips are named as first-order ones are") {
     CHECK_FALSE(r.passed());
     REQUIRE_MESSAGE(r.has(Finding::hessian_block), r.str());
     const std::string& blocks = r.find(Finding::hessian_block)->message;
-    CHECK(blocks.find("the errors sit in ∂b\u0304/∂a and ") != std::string::npos);  // b̄ as b + combining macron
+    CHECK(blocks.find("the errors sit in ∂b\u0304/∂a; ") != std::string::npos);  // b̄ as b + combining macron
     CHECK(blocks.find("only cross terms are wrong") != std::string::npos);
     CHECK(r.has(Finding::asymmetric));
     CHECK_MESSAGE(r.has(Finding::zero, "∂b\u0304/∂a"), r.str());

@@ -18,18 +18,19 @@ namespace {
 constexpr size_t kMaxClaimFileBytes = size_t{16} << 20;  // a file of claims is text of a few kilobytes
 
 struct ClaimArgs {
-  std::vector<std::string> inputs, lets, vjps, files;
+  std::vector<std::string> inputs, lets, vjps, hvps, files;
   std::string name = "claim", forward, jvp;
   bool json = false;
   GradcheckOptions options;
 };
 
-// "NAME = FORMULA" of --let and --vjp; a --vjp without NAME = is the only input's.
+// "NAME = FORMULA" of --let, --vjp and --hvp; a --vjp or --hvp without NAME = is the only input's.
 std::pair<std::string, std::string> split_named(std::string_view option, const std::string& text,
                                                 const std::vector<InputSpec>& inputs) {
   if (auto split = split_named_formula(text)) return *split;
-  if (option == "--vjp" && inputs.size() == 1) return {inputs[0].name, text};
-  fail("{}: expected NAME=FORMULA{}, got '{}'", option, option == "--vjp" ? " (one per input)" : "", text);
+  const bool per_input = option == "--vjp" || option == "--hvp";
+  if (per_input && inputs.size() == 1) return {inputs[0].name, text};
+  fail("{}: expected NAME=FORMULA{}, got '{}'", option, per_input ? " (one per input)" : "", text);
 }
 
 ClaimText claim_from_options(const ClaimArgs& a) {
@@ -47,6 +48,10 @@ ClaimText claim_from_options(const ClaimArgs& a) {
     c.vjp.push_back({name, f, fmt::format("--vjp {}", name)});
   }
   if (!a.jvp.empty()) c.jvp = ClaimText::Line{"", a.jvp, "--jvp"};
+  for (const auto& h : a.hvps) {
+    auto [name, f] = split_named("--hvp", h, c.inputs);
+    c.hvp.push_back({name, f, fmt::format("--hvp {}", name)});
+  }
   return c;
 }
 
@@ -70,7 +75,7 @@ int run_claims(const ClaimArgs& a) {
     claims.insert(claims.end(), more.begin(), more.end());
   }
   if (!a.forward.empty() || !a.inputs.empty()) claims.push_back(claim_from_options(a));
-  if (claims.empty()) fail("claim: nothing to check: give --input, --forward and --vjp or --jvp, or --file");
+  if (claims.empty()) fail("claim: nothing to check: give --input, --forward and --vjp, --jvp or --hvp, or --file");
   // Every formula parsed and shape-checked before the first check runs.
   for (const auto& c : claims) validate_claim(c);
   std::vector<GradcheckReport> reports;
@@ -97,11 +102,13 @@ void add_claim_command(CLI::App& app) {
   auto args = std::make_shared<ClaimArgs>();
   CLI::App* cmd = app.add_subcommand(
       "claim",
-      "Check a claimed derivative written as formulas (a paper's VJP or JVP) against finite differences of its "
+      "Check a claimed derivative written as formulas (a paper's VJP, JVP or Hessian-vector product) against finite "
+      "differences of its "
       "forward, in float64, with the gradchecker's diagnosis (exit 1 when the claim is wrong). Formulas: names, "
       "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu gelu_erf elu softmax log_softmax row_normalize "
       "matmul linear layer_norm, sum(e, axis) mean(e, axis) norm(e, axis) transpose(e, a, b) where(c, a, b) tril(e, k); "
-      "y is the forward's output, g the cotangent (VJP), t_x the tangent of input x (JVP). docs/claims/README.md");
+      "y is the forward's output, g the cotangent (VJP), t_x the tangent of input x (JVP); an hvp reads both. "
+      "docs/claims/README.md");
   cmd->add_option("--input", args->inputs, "An input NAME:D,D,...[:positive|away_from_zero] (repeatable)");
   cmd->add_option("--let", args->lets, "NAME=FORMULA: a name for part of the formulas (repeatable, in order)");
   cmd->add_option("--forward", args->forward, "The forward map y = FORMULA of the inputs");
@@ -109,6 +116,9 @@ void add_claim_command(CLI::App& app) {
                   "NAME=FORMULA: the claimed x̄ of input NAME, in terms of the inputs, y and g (repeatable; "
                   "FORMULA alone with one input)");
   cmd->add_option("--jvp", args->jvp, "FORMULA: the claimed ẏ, in terms of the inputs, y and t_NAME");
+  cmd->add_option("--hvp", args->hvps,
+                  "NAME=FORMULA: the claimed (H·t) of input NAME for s = ⟨g, y⟩, in terms of the inputs, y, g and "
+                  "t_NAME; checked to second order (repeatable; FORMULA alone with one input)");
   cmd->add_option("--name", args->name, "The claim's name in the report")->capture_default_str();
   cmd->add_option("--file", args->files, "A file of claims, one block each (repeatable; docs/claims/README.md)");
   cmd->add_flag("--json", args->json, "Print a JSON list of {claim, where, passed, checks, diagnoses}");

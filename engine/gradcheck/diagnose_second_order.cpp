@@ -94,7 +94,7 @@ std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const 
     const bool cross_only = std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a != B.b; });
     const bool own_only = std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a == B.b; });
     out.push_back({Finding::hessian_block, "", "hvp",
-                   fmt::format("the errors sit in {} and {} agree{}", bad, good.empty() ? "no other block" : good,
+                   fmt::format("the errors sit in {}; {} agree{}", bad, good.empty() ? "no other block" : good,
                                cross_only ? ": only cross terms are wrong, the parts of a VJP that move with another "
                                             "input's tangent (bilinear terms such as ȳ·ḃ)"
                                : own_only ? ": only the terms of each gradient along its own input's tangent are wrong"

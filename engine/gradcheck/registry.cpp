@@ -35,6 +35,12 @@ Function claimed(Claim claim) {
         [c, xs, y](std::span<const Tensor> tin, const Tensor& tout) {
           if (c->jvp) return c->jvp(ClaimPoint{xs, y}, tin, tout);
           tout.accumulate(jvp(c->forward, xs, tin).second);
+        },
+        [c, xs, y](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+          if (c->hvp) return c->hvp(ClaimPoint{xs, y}, g, tin, gin_dot);
+          std::vector<Tensor> own = hvp(c->forward, xs, g, tin);
+          for (size_t i = 0; i < gin_dot.size(); ++i)
+            if (gin_dot[i].defined()) gin_dot[i].accumulate(own[i]);
         });
   };
 }

@@ -8,7 +8,7 @@
 //              An op without a forward-mode rule passes no_jvp(name) as its jvp: forward mode then throws NoJvp,
 //              and the gradchecker reports "no JVP" for it instead of failing its checks.
 //   register   registry.add({name, family, equation, {}}); registry.add_case(name, {case, inputs, build}).
-//   claim      claimed({name, forward, vjp, jvp}) is a Function whose value is an existing forward's and whose
+//   claim      claimed({name, forward, vjp, jvp, hvp}) is a Function whose value is an existing forward's and whose
 //              derivatives are the ones a paper claims: register it like an op and gradcheck the formula before
 //              anyone codes it into a node. A claim without a VJP (or JVP) borrows the forward's own. Without any
 //              C++: the same claim as formulas, check_claim (ops/formulas/claim.hpp), `tapegrad claim`.
@@ -48,12 +48,17 @@ struct ClaimPoint {
 using ClaimedVjp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<const Tensor> gin)>;
 // ẏ += Σ_i (claimed J_i) ẋ_i over the defined ẋ_i.
 using ClaimedJvp = std::function<void(const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout)>;
+// ẋ̄_i += (claimed H_ȳ·ẋ)_i for each defined ẋ̄_i: the Hessian of ⟨ȳ, f⟩ along the tangents (undefined: zero),
+// which is the node's second-order rule (Tape::hvp).
+using ClaimedHvp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<const Tensor> tin,
+                                      std::span<const Tensor> gin_dot)>;
 
 struct Claim {
   std::string name;  // the node's name on the tape, and the op name to register it under
   Function forward;  // an existing forward, e.g. [](Tape&, std::span<const Var> x) { return softmax(x[0]); }
   ClaimedVjp vjp;    // empty: the forward's own VJP
   ClaimedJvp jvp;    // empty: the forward's own JVP
+  ClaimedHvp hvp{};  // empty: the forward's own second order
 };
 
 // A Function computing claim.forward's value as one node named claim.name, with the claimed derivatives.

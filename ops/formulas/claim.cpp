@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "engine/gradcheck/explain.hpp"
+#include "engine/gradcheck/second_order.hpp"
 #include "ops/formulas/expression.hpp"
 
 namespace tapegrad {
@@ -35,6 +36,10 @@ struct Parsed {
   Formula forward;
   std::vector<std::optional<Formula>> vjp;  // per input
   std::optional<Formula> jvp;
+  std::vector<std::optional<Formula>> hvp;  // per input
+  bool has_hvp() const {
+    return std::any_of(hvp.begin(), hvp.end(), [](const auto& f) { return f.has_value(); });
+  }
 };
 
 // Evaluates, in order, the lets whose names are all in `values`, adding them there.
@@ -58,7 +63,8 @@ void define_let_shapes(const std::vector<Parsed::Named>& lets, std::map<std::str
 Parsed parse_formulas(const ClaimText& c) {
   if (c.inputs.empty()) fail("claim '{}' ({}): no input (input NAME: D, D, ...)", c.name, c.where);
   if (c.forward.formula.empty()) fail("claim '{}' ({}): no forward formula", c.name, c.where);
-  if (c.vjp.empty() && !c.jvp) fail("claim '{}' ({}): claims neither a VJP nor a JVP", c.name, c.where);
+  if (c.vjp.empty() && !c.jvp && c.hvp.empty())
+    fail("claim '{}' ({}): claims no VJP, JVP or HVP (a vjp, jvp or hvp line)", c.name, c.where);
   Parsed p;
   p.inputs = c.inputs;
   std::vector<std::string> taken = {"y", "g"};
@@ -77,14 +83,20 @@ Parsed parse_formulas(const ClaimText& c) {
     p.lets.push_back({l.name, Formula::parse(l.formula, l.label)});
   }
   p.forward = Formula::parse(c.forward.formula, c.forward.label);
-  p.vjp.resize(c.inputs.size());
-  for (const auto& v : c.vjp) {
-    auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == v.name; });
-    if (it == c.inputs.end()) fail("{}: vjp names '{}', which is not an input", v.label, v.name);
-    auto& slot = p.vjp[static_cast<size_t>(it - c.inputs.begin())];
-    if (slot) fail("{}: a second vjp for '{}'", v.label, v.name);
-    slot = Formula::parse(v.formula, v.label);
-  }
+  // vjp and hvp lines: one formula per input, at most
+  auto per_input = [&c](const std::vector<ClaimText::Line>& lines, const char* what) {
+    std::vector<std::optional<Formula>> slots(c.inputs.size());
+    for (const auto& v : lines) {
+      auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == v.name; });
+      if (it == c.inputs.end()) fail("{}: {} names '{}', which is not an input", v.label, what, v.name);
+      auto& slot = slots[static_cast<size_t>(it - c.inputs.begin())];
+      if (slot) fail("{}: a second {} for '{}'", v.label, what, v.name);
+      slot = Formula::parse(v.formula, v.label);
+    }
+    return slots;
+  };
+  p.vjp = per_input(c.vjp, "vjp");
+  p.hvp = per_input(c.hvp, "hvp");
   if (c.jvp) p.jvp = Formula::parse(c.jvp->formula, c.jvp->label);
   return p;
 }
@@ -105,15 +117,19 @@ void check_shapes(const Parsed& p) {
   std::map<std::string, Shape> reverse = base, tangent = base;
   reverse.emplace("g", y);
   for (const auto& in : p.inputs) tangent.emplace(fmt::format("t_{}", in.name), in.shape);
+  std::map<std::string, Shape> second = reverse;  // an hvp reads g and the tangents
+  second.insert(tangent.begin(), tangent.end());
   define_let_shapes(p.lets, reverse);
   define_let_shapes(p.lets, tangent);
+  define_let_shapes(p.lets, second);
   for (const auto& l : p.lets)  // a let no rule can evaluate: the name it lacks, with a caret
-    if (!reverse.count(l.name) && !tangent.count(l.name)) {
+    if (!reverse.count(l.name) && !tangent.count(l.name) && !(p.has_hvp() && second.count(l.name))) {
       std::map<std::string, Shape> all = reverse;
       all.insert(tangent.begin(), tangent.end());
       l.formula.check(all);
       throw ExpressionError(l.formula.label(), l.formula.text(), 0,
-                            "this let reads g and a tangent t_NAME together: g belongs to the VJP, t_NAME to the JVP");
+                            "this let reads g and a tangent t_NAME together: g belongs to the VJP, t_NAME to the JVP "
+                            "(both to an hvp line, which this claim does not have)");
     }
   for (size_t i = 0; i < p.inputs.size(); ++i)
     if (p.vjp[i]) {
@@ -124,6 +140,12 @@ void check_shapes(const Parsed& p) {
     const Shape s = p.jvp->check(tangent);
     if (!(s == y)) wrong_shape(*p.jvp, "ẏ", y, s);
   }
+  for (size_t i = 0; i < p.inputs.size(); ++i)
+    if (p.hvp[i]) {
+      const Shape s = p.hvp[i]->check(second);
+      if (!(s == p.inputs[i].shape))
+        wrong_shape(*p.hvp[i], fmt::format("(H·t) of {}", p.inputs[i].name), p.inputs[i].shape, s);
+    }
 }
 
 Fill parse_fill(std::string_view option, std::string_view text, std::string_view fill) {
@@ -216,12 +238,15 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     } else if (key == "vjp") {
       auto [name, f] = named("vjp");
       current(line).vjp.push_back({name, f, fmt::format("{} (vjp {})", where, name)});
+    } else if (key == "hvp") {
+      auto [name, f] = named("hvp");
+      current(line).hvp.push_back({name, f, fmt::format("{} (hvp {})", where, name)});
     } else if (key == "jvp") {
       ClaimText& c = current(line);
       if (c.jvp) fail("{}: a second jvp in claim '{}'", where, c.name);
       c.jvp = ClaimText::Line{"", rest, fmt::format("{} (jvp)", where)};
     } else {
-      fail("{}: '{}' is not a claim line (claim, input, let, forward, vjp, jvp; # starts a comment)", where, key);
+      fail("{}: '{}' is not a claim line (claim, input, let, forward, vjp, jvp, hvp; # starts a comment)", where, key);
     }
   }
   if (claims.empty()) fail("{}: no claim", path);
@@ -278,7 +303,36 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
       define_lets(p->lets, values);
       tout.accumulate(p->jvp->evaluate(values).value());
     };
-  return gradcheck(GradcheckCase{text.name, p->inputs, claimed(std::move(claim))}, opt);
+  if (p->has_hvp())
+    claim.hvp = [p, point, forward](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> tin,
+                                    std::span<const Tensor> gin_dot) {
+      Tape tape;
+      std::map<std::string, Var> values = point(tape, at);
+      values.emplace("g", tape.constant(g));
+      for (size_t i = 0; i < p->inputs.size(); ++i)
+        values.emplace(fmt::format("t_{}", p->inputs[i].name),
+                       tape.constant(tin[i].defined() ? tin[i] : Tensor::zeros(DType::f64, at.inputs[i].shape())));
+      define_lets(p->lets, values);
+      std::vector<Tensor> own;  // the forward's own H·t, for inputs the claim says nothing about
+      for (size_t i = 0; i < gin_dot.size(); ++i) {
+        if (!gin_dot[i].defined()) continue;
+        if (p->hvp[i]) {
+          gin_dot[i].accumulate(p->hvp[i]->evaluate(values).value());
+        } else {
+          if (own.empty()) own = hvp(forward, at.inputs, g, tin);
+          gin_dot[i].accumulate(own[i]);
+        }
+      }
+    };
+  const GradcheckCase c{text.name, p->inputs, claimed(std::move(claim))};
+  GradcheckReport report = gradcheck(c, opt);
+  if (p->has_hvp()) {
+    const GradcheckReport second = gradcheck_second_order(c, opt, text.name);
+    report.checks.insert(report.checks.end(), second.checks.begin(), second.checks.end());
+    report.diagnoses.insert(report.diagnoses.end(), second.diagnoses.begin(), second.diagnoses.end());
+    report.conclude();
+  }
+  return report;
 }
 
 }  // namespace tapegrad

@@ -9,10 +9,14 @@
 //   vjp x = y * (g - s)                    x̄ for the cotangent g (one line per input; an input without one keeps
 //                                          the forward's own VJP)
 //   jvp y * (t_x - sum(y * t_x, -1))       ẏ for the tangents t_x, t_k, ... (absent: the forward's own JVP)
+//   hvp x = FORMULA                        (H·t)_x of s = ⟨g, y⟩, from g and the tangents (one line per input;
+//                                          an input without one keeps the forward's own second order)
 //
 // The claimed VJP and JVP are gradchecked as claimed() derivatives of the forward (engine/gradcheck/registry.hpp):
 // vjp and jvp against central differences in float64, adjoint against the other rule (the forward's own where the
-// claim gives one of the two), with the diagnosis of a failure.
+// claim gives one of the two), with the diagnosis of a failure. A claimed H·t is the second-order rule of that
+// node, checked by gradcheck_second_order (engine/gradcheck/second_order.hpp): against central differences of the
+// gradient, for symmetry and accumulation, with its diagnosis.
 #pragma once
 
 #include <optional>
@@ -39,6 +43,7 @@ struct ClaimText {
   Line forward;
   std::vector<Line> vjp;
   std::optional<Line> jvp;
+  std::vector<Line> hvp;  // name: the input whose block of H·t the formula gives
 };
 
 // "x:4,6", "x: 4, 6: positive". Throws Error naming `option`.
@@ -55,8 +60,9 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
 // Parses every formula and checks its names and shapes; throws Error, or ExpressionError with its caret.
 void validate_claim(const ClaimText& claim);
 
-// Parses every formula, checks names and shapes (x̄ must have x's shape, ẏ y's), then gradchecks the claim with
-// inputs drawn from opt.seed. Throws ExpressionError (with its caret) before evaluating anything.
+// Parses every formula, checks names and shapes (x̄ and (H·t)_x must have x's shape, ẏ y's), then gradchecks the
+// claim with inputs drawn from opt.seed: to first order, and to second order when it claims an hvp (one report,
+// the second-order checks after the first). Throws ExpressionError (with its caret) before evaluating anything.
 GradcheckReport check_claim(const ClaimText& claim, const GradcheckOptions& opt = {});
 
 }  // namespace tapegrad
