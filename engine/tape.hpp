@@ -202,6 +202,7 @@ class Tape {
   bool requires_grad_at(uint32_t id) const { return at(id).requires_grad; }
   bool is_leaf(uint32_t id) const { return at(id).leaf; }    // made by leaf(), param() or constant()
   bool is_param(uint32_t id) const { return at(id).param; }  // made by param(): its gradient is the caller's
+  Var var_at(uint32_t id) { return Var(this, (static_cast<void>(at(id)), id), generation_); }  // the value as a Var
   // The name of the TapeScope open when the value was made ("" outside every scope).
   std::string_view scope_of(uint32_t id) const;
   // The value backward was called on, once it has been in this recording.
