@@ -223,6 +223,7 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
         std::fflush(out);
       }
     }
+    if (fn.after_step) fn.after_step(it, lr);
   }
   res.ms_per_step = median(ms);
   res.mean_ms_per_step = ms.empty() ? 0.0 : std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());

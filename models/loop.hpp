@@ -73,6 +73,9 @@ struct LoopFunctions {
   std::function<void(const Checkpoint&)> restore;
   // Called once the run is set up (resumed, if asked), before its first step, with that step: for a header; optional.
   std::function<void(int64_t first_step)> started;
+  // Called after step `step` (its update done, its progress printed), with the learning rate it used: for
+  // measurements of the model as it trains (models/sharpness.hpp); optional.
+  std::function<void(int64_t step, double lr)> after_step;
 };
 
 struct LoopResult {

@@ -66,34 +66,72 @@ void scale_all(std::vector<Tensor>& v, double c) {
 
 }  // namespace
 
-Sharpness sharpness(const Module& module, const LossFunction& loss, const SharpnessOptions& options) {
-  if (options.iterations < 1) fail("sharpness: iterations must be at least 1, got {}", options.iterations);
+namespace {
+
+struct PowerIteration {
+  double eigenvalue = 0, residual = 0;
+  int iterations = 0;
+  double loss = 0;
+};
+
+// Power iteration on H − shift·I; the eigenvalue returned is H's (the shift added back).
+PowerIteration power_iteration(const Module& module, const LossFunction& loss, const SharpnessOptions& options,
+                               double shift) {
   Rng rng(options.seed ^ 0x5ba1d0e5ull);
   std::vector<Tensor> v;
   for (const Parameter& p : module.parameters()) v.push_back(Tensor::randn(p.value.dtype(), p.value.shape(), rng));
   scale_all(v, 1 / std::sqrt(dot(v, v)));
-  Sharpness s;
+  PowerIteration r;
   double previous = NAN;
   for (int it = 0; it < options.iterations; ++it) {
     ParameterHvp h = parameter_hvp(module, loss, v);
-    s.loss = h.loss;
-    s.iterations = it + 1;
-    s.eigenvalue = dot(v, h.hvp);
-    double r2 = 0;
+    r.loss = h.loss;
+    r.iterations = it + 1;
+    const double lambda = dot(v, h.hvp);  // of H; H − shift·I has λ − shift
+    double r2 = 0, n2 = 0;
     for (size_t i = 0; i < v.size(); ++i)
       for (int64_t k = 0; k < v[i].numel(); ++k) {
-        const double e = h.hvp[i].item(k) - s.eigenvalue * v[i].item(k);
-        r2 += e * e;
+        const double hv = h.hvp[i].item(k), vk = v[i].item(k);
+        r2 += (hv - lambda * vk) * (hv - lambda * vk);
+        n2 += (hv - shift * vk) * (hv - shift * vk);
       }
-    s.residual = std::sqrt(r2) / std::max(std::abs(s.eigenvalue), 1e-300);
-    const double norm = std::sqrt(dot(h.hvp, h.hvp));
+    r.eigenvalue = lambda;
+    r.residual = std::sqrt(r2) / std::max(std::abs(lambda), 1e-300);
+    const double norm = std::sqrt(n2);
     if (!std::isfinite(norm)) fail("sharpness: a Hessian-vector product is not finite (‖H v‖ = {})", norm);
-    if (norm == 0) break;  // H v = 0: λ = 0 along v
-    const bool settled = std::abs(s.eigenvalue - previous) <= options.tolerance * std::abs(s.eigenvalue);
-    previous = s.eigenvalue;
+    if (norm == 0) break;  // (H − shift·I) v = 0
+    const bool settled = std::abs(lambda - previous) <= options.tolerance * std::abs(lambda);
+    previous = lambda;
     if (settled) break;
-    v = std::move(h.hvp);
-    scale_all(v, 1 / norm);
+    // v ← (H − shift·I) v / ‖·‖
+    for (size_t i = 0; i < v.size(); ++i) {
+      Tensor next = h.hvp[i].clone();
+      dispatch_float("sharpness", next.dtype(), [&]<class T>(T) {
+        T* d = next.data<T>();
+        for (int64_t k = 0; k < next.numel(); ++k)
+          d[k] = static_cast<T>((static_cast<double>(d[k]) - shift * v[i].item(k)) / norm);
+      });
+      v[i] = next;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Sharpness sharpness(const Module& module, const LossFunction& loss, const SharpnessOptions& options) {
+  if (options.iterations < 1) fail("sharpness: iterations must be at least 1, got {}", options.iterations);
+  const PowerIteration first = power_iteration(module, loss, options, 0);
+  Sharpness s;
+  s.magnitude = s.largest = first.eigenvalue;
+  s.residual = first.residual;
+  s.iterations = first.iterations;
+  s.loss = first.loss;
+  if (first.eigenvalue < 0) {  // H − λI ≥ 0: its top eigenvalue is λ_max − λ
+    const PowerIteration second = power_iteration(module, loss, options, first.eigenvalue);
+    s.largest = second.eigenvalue;
+    s.residual = second.residual;
+    s.iterations += second.iterations;
   }
   return s;
 }

@@ -3,12 +3,13 @@
 //
 //   parameter_hvp  H·v, with H = ∇²L(θ), for one direction v (one tensor per parameter, their shapes): one
 //                  forward pass with tangents and one backward pass with their cotangents, ≈ 2 gradients of work.
-//   sharpness      the eigenvalue of H of largest magnitude, by power iteration on H·v:
+//   sharpness      the largest eigenvalue λ_max of H (the "sharpness", which gradient descent at learning rate η
+//                  keeps near 2/η: the edge of stability), by power iteration on H·v:
 //                    v ← H v / ‖H v‖,   λ = ⟨v, H v⟩ (‖v‖ = 1),
-//                  until λ moves by less than `tolerance` relatively, or `iterations` products. For a trained
-//                  network's loss it is the largest positive eigenvalue, the "sharpness" that gradient descent at
-//                  learning rate η keeps near 2/η (the edge of stability); the residual ‖H v − λ v‖ says how
-//                  converged it is.
+//                  until λ moves by less than `tolerance` relatively, or `iterations` products. Power iteration
+//                  finds the eigenvalue of largest magnitude; when that one is negative (early in training, a loss
+//                  is far from convex), a second run on H − λI, whose spectrum is shifted to ≥ 0, finds λ_max. The
+//                  residual ‖H v − λ v‖/|λ| says how converged it is.
 // The loss is recorded anew for each product (the function must give the same loss each time: no dropout, fixed
 // data). A parameter the loss reads twice (a tied embedding) gets the sum of both uses' products.
 #pragma once
@@ -37,9 +38,10 @@ struct SharpnessOptions {
 };
 
 struct Sharpness {
-  double eigenvalue = 0;  // λ of largest magnitude
-  double residual = 0;    // ‖H v − λ v‖ at the last v, relative to |λ|
-  int iterations = 0;     // Hessian-vector products taken
+  double largest = 0;     // λ_max, the largest eigenvalue
+  double magnitude = 0;   // the eigenvalue of largest magnitude (λ_max, or a negative one)
+  double residual = 0;    // ‖H v − λ_max v‖ at the last v, relative to |λ_max|
+  int iterations = 0;     // Hessian-vector products taken, both runs
   double loss = 0;        // at θ
 };
 Sharpness sharpness(const Module& module, const LossFunction& loss, const SharpnessOptions& options = {});

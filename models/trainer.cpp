@@ -1,5 +1,7 @@
 #include "models/trainer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +19,8 @@
 #include "models/data.hpp"
 #include "models/files.hpp"
 #include "models/optim.hpp"
+#include "models/plot.hpp"
+#include "models/sharpness.hpp"
 #include "ops/ops.hpp"
 
 namespace tapegrad {
@@ -187,6 +191,8 @@ void TrainConfig::validate() const {
   if (eval_interval <= 0 || eval_iters <= 0) fail("eval_interval and eval_iters must be positive");
   if (!(learning_rate > 0) || !(min_lr >= 0)) fail("learning rates must be positive");
   if (!(grad_clip >= 0)) fail("grad_clip must not be negative");
+  if (sharpness_every < 0) fail("sharpness_every must not be negative, got {}", sharpness_every);
+  if (sharpness_iterations < 1) fail("sharpness_iterations must be at least 1, got {}", sharpness_iterations);
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
 }
 
@@ -303,6 +309,40 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
     if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, first_step);
     std::fflush(out);
   };
+
+  // Sharpness on one batch of its own generator (the training batches and losses do not change with it).
+  Tensor sharp_x = Tensor::empty(DType::i32, {B, T}), sharp_y = Tensor::empty(DType::i32, {B, T});
+  struct SharpnessRow {
+    int64_t step;
+    double lr;
+    Sharpness s;
+  };
+  std::vector<SharpnessRow> sharp_rows;
+  if (cfg.sharpness_every > 0) {
+    Rng sharp_rng(cfg.seed ^ 0x5ba1d0e5ull);
+    sample_batch(data.train, B, T, sharp_rng, sharp_x.data<int32_t>(), sharp_y.data<int32_t>());
+    fn.after_step = [&](int64_t it, double lr) {
+      if ((it + 1) % cfg.sharpness_every != 0) return;
+      const Sharpness s = sharpness(model, [&](Tape& tape) { return model.loss(tape, sharp_x, sharp_y); },
+                                    {.iterations = cfg.sharpness_iterations, .tolerance = 1e-3, .seed = cfg.seed});
+      sharp_rows.push_back({it + 1, lr, s});
+      if (!cfg.quiet)
+        fmt::print(out, "{}sharpness after step {}: λ_max = {:.4g} ({} Hessian-vector products, residual {:.2g}; "
+                        "loss {:.4f} on its batch)\n",
+                   isatty(fileno(out)) ? "\r\033[K" : "", it + 1, s.largest, s.iterations, s.residual, s.loss);
+      if (dir.empty()) return;
+      std::string csv = "step,lr,sharpness,largest_magnitude,iterations,residual,loss\n";
+      PlotSeries curve{"largest Hessian eigenvalue", {}};
+      for (const SharpnessRow& r : sharp_rows) {
+        csv += fmt::format("{},{},{},{},{},{},{}\n", r.step, r.lr, r.s.largest, r.s.magnitude, r.s.iterations,
+                           r.s.residual, r.s.loss);
+        curve.points.emplace_back(static_cast<double>(r.step), r.s.largest);
+      }
+      write_file_atomic(dir + "/sharpness.csv", csv);
+      write_loss_svg(dir + "/sharpness.svg", fmt::format("sharpness of the training loss, {}", lc.title),
+                     std::span<const PlotSeries>(&curve, 1), "step", "λ_max");
+    };
+  }
 
   LoopResult run = train_loop(model, opt, lc, fn);
   res.evals = std::move(run.evals);

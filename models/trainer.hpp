@@ -39,6 +39,11 @@ struct TrainConfig {
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
   bool profile = false;  // time every op and what lies between them (engine/profile.hpp); report at the end
+  // Every this many steps (0: never), the sharpness of the training loss on one fixed batch (models/sharpness.hpp),
+  // printed and written to sharpness.csv and sharpness.svg in the run directory. The batch is drawn from its own
+  // generator, so the training losses are the same with or without it.
+  int64_t sharpness_every = 0;
+  int sharpness_iterations = 20;  // power-iteration steps at most (Hessian-vector products, ≈ 2 gradients each)
   ProductPrecision precision = ProductPrecision::f32;  // of the float32 products (engine/products.hpp)
 
   void validate() const;

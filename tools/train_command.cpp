@@ -115,6 +115,16 @@ CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
   cmd->add_flag("--resume", cfg.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
   cmd->add_option("--stop-after", cfg.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
       ->check(non_negative());
+  cmd->add_option("--sharpness-every", cfg.sharpness_every,
+                  "Every this many steps, the largest Hessian eigenvalue of the training loss on one fixed batch "
+                  "(power iteration on exact Hessian-vector products); printed, and written to OUT/NAME/sharpness.csv "
+                  "and sharpness.svg (0: never)")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--sharpness-iterations", cfg.sharpness_iterations,
+                  "Hessian-vector products per sharpness estimate, at most")
+      ->capture_default_str()
+      ->check(positive());
   cmd->add_flag("--profile", cfg.profile,
                 "Time every op (forward, backward) and the work between them; print the table per step at the end "
                 "and write it to OUT/NAME/profile.json");
