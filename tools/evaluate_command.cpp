@@ -5,6 +5,12 @@
 //   loss = (1/n)·Σ_{i<n} −log softmax(logits_i)[t_{i+1}]       (the loss `tapegrad train` reports)
 // --json also gives the ids and logits_{n−1}, the prediction of the character after the text, so that another
 // implementation of the same model can be compared on the same checkpoint (tools/torch_checkpoint.py).
+// --hvp-out FILE also writes one Hessian-vector product of that loss over the parameters θ (Tape::hvp, every op's
+// second-order rule): for a direction v drawn from --hvp-seed (N(0, 1) per element, ‖v‖ = 1 over all parameters),
+// the tensors "direction.NAME" (v) and "hvp.NAME" (H·v, H = ∇²_θ loss) per parameter NAME, so that PyTorch's double
+// backward can be compared with it on the same checkpoint and text.
+#include <cmath>
+
 #include <fmt/core.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +18,8 @@
 #include "models/checkpoint.hpp"
 #include "models/data.hpp"
 #include "models/gpt.hpp"
+#include "models/sharpness.hpp"
+#include "engine/rng.hpp"
 #include "models/trainer.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
@@ -21,7 +29,8 @@ namespace tapegrad::cli {
 namespace {
 
 struct EvaluateArgs {
-  std::string checkpoint, text;
+  std::string checkpoint, text, hvp_out;
+  uint64_t hvp_seed = 1;
   bool json = false;
 };
 
@@ -45,6 +54,28 @@ void run_evaluate(const EvaluateArgs& a) {
   NoGradGuard no_grad(tape);
   Var logits = model.logits(tape, x);
   const double loss = cross_entropy(logits, tape.constant(y)).value().item();
+  if (!a.hvp_out.empty()) {
+    Rng rng(a.hvp_seed);
+    std::vector<Tensor> v;
+    double vv = 0;
+    for (const Parameter& p : model.parameters()) {
+      v.push_back(Tensor::randn(DType::f64, p.value.shape(), rng));
+      for (int64_t k = 0; k < v.back().numel(); ++k) vv += v.back().item(k) * v.back().item(k);
+    }
+    for (Tensor& t : v) {
+      for (int64_t k = 0; k < t.numel(); ++k) t.data<double>()[k] /= std::sqrt(vv);
+      t = t.to(DType::f32);
+    }
+    const ParameterHvp h = parameter_hvp(model, [&](Tape& t) { return cross_entropy(model.logits(t, x), t.constant(y)); }, v);
+    Checkpoint out;
+    for (size_t p = 0; p < v.size(); ++p) {
+      out.tensors.push_back({"direction." + model.parameters()[p].name, v[p]});
+      out.tensors.push_back({"hvp." + model.parameters()[p].name, h.hvp[p]});
+    }
+    out.metadata["tapegrad.hvp"] = nlohmann::json{{"checkpoint", a.checkpoint}, {"text", a.text}, {"seed", a.hvp_seed},
+                                                   {"loss", h.loss}}.dump();
+    save_checkpoint(a.hvp_out, out);
+  }
 
   if (!a.json) {
     fmt::print("loss {:.7f} (mean of {} next-token predictions; {} attention, {})\n", loss, n,
@@ -68,6 +99,10 @@ void add_evaluate_command(CLI::App& app) {
   cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
   cmd->add_option("--text", args->text, "Text in the checkpoint's vocabulary, 2 to block_size + 1 characters")->required();
   cmd->add_flag("--json", args->json, "One JSON object: tokens, loss, logits of the last position");
+  cmd->add_option("--hvp-out", args->hvp_out,
+                  "Also write a Hessian-vector product of the loss over the parameters to this safetensors file "
+                  "(direction.NAME and hvp.NAME per parameter)");
+  cmd->add_option("--hvp-seed", args->hvp_seed, "Seed of the direction of --hvp-out")->capture_default_str();
   cmd->callback([args] { run_evaluate(*args); });
 }
 

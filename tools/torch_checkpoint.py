@@ -5,7 +5,10 @@
           of fixed texts, and compare with `tapegrad evaluate` on the same checkpoint and texts
   export  build the PyTorch model with random weights, write it as a tapegrad checkpoint, have tapegrad load it
           (`tapegrad evaluate`) and compare the same way; one model per attention kind given
-  test    what ctest runs: `tapegrad train` for 20 steps into a temporary directory, then load, then export
+  hvp     one Hessian-vector product of the loss of a text over the parameters: tapegrad's (`tapegrad evaluate
+          --hvp-out`, from each op's hand-derived second-order rule) against PyTorch's double backward,
+          autograd.grad of the gradient, on the same checkpoint, text and direction
+  test    what ctest runs: `tapegrad train` for 20 steps into a temporary directory, then load, hvp, then export
 
 The model (models/gpt.cpp, nanoGPT's layout and parameter names): token + position embeddings, n_layer pre-norm
 blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with mlp = c_proj(gelu(c_fc(.))), a final ln_f, and the head
@@ -48,6 +51,7 @@ import safetensors_io  # noqa: E402  (tools/safetensors_io.py, next to this scri
 KINDS = ["softmax", "tiled", "beta", "linear", "optimised", "efficient", "super"]
 LOSS_RTOL = 1e-5     # |loss_tapegrad - loss_torch| / |loss_torch|, both float32
 LOGITS_ATOL = 1e-4   # max |logits_tapegrad - logits_torch| at the last position, float32
+HVP_RTOL = 1e-3      # ||Hv_tapegrad - Hv_torch|| / ||Hv_torch||, tapegrad float32 against torch float64
 SAMPLE_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
                "First Citizen:\nYou are all resolved rather to die than to famish?\n")
 
@@ -276,6 +280,40 @@ def mode_load(binary, checkpoint):
                    texts_for(vocab, model.cfg["block_size"]))
 
 
+def mode_hvp(binary, checkpoint, out_dir):
+    """H·v of the loss of a full-context text: tapegrad (float32) against PyTorch's double backward (float32 and
+    float64), for the direction tapegrad drew; returns the failures."""
+    model, vocab = model_from_checkpoint(checkpoint)
+    text = texts_for(vocab, model.cfg["block_size"])[0]
+    ids = encode(text, vocab)
+    path = os.path.join(out_dir, "hvp.safetensors")
+    run = subprocess.run([binary, "evaluate", "--checkpoint", checkpoint, "--text", text, "--hvp-out", path],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"tapegrad evaluate --hvp-out exited with {run.returncode}: {run.stdout}{run.stderr}".strip())
+    tensors, _ = safetensors_io.load(path)
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        m = GPT(model.cfg).to(dtype)
+        m.load_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()})
+        names = [n for n, _ in m.named_parameters()]
+        params = [p for _, p in m.named_parameters()]
+        v = [torch.from_numpy(tensors["direction." + n]).to(dtype) for n in names]
+        _, loss = m(torch.tensor([ids[:-1]]), torch.tensor([ids[1:]]))
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        results[dtype] = torch.autograd.grad(grads, params, grad_outputs=v)
+    mine = torch.cat([torch.from_numpy(tensors["hvp." + n]).double().flatten() for n, _ in model.named_parameters()])
+    ref64 = torch.cat([h.double().flatten() for h in results[torch.float64]])
+    ref32 = torch.cat([h.double().flatten() for h in results[torch.float32]])
+    rel = ((mine - ref64).norm() / ref64.norm()).item()
+    rel32 = ((ref32 - ref64).norm() / ref64.norm()).item()
+    ok = rel <= HVP_RTOL
+    label = f"hvp {model.cfg['attention']} gelu {model.cfg.get('gelu', '(none)')}"
+    print(f"{label:<36} T={len(ids) - 1:<4} ||Hv|| {ref64.norm().item():.6g}  tapegrad f32 vs torch f64 rel "
+          f"{rel:.1e} (torch f32 vs f64 {rel32:.1e}){'' if ok else '  FAIL'}")
+    return [] if ok else [label]
+
+
 def mode_export(binary, kinds, out_dir, bias_values, seed):
     failures = []
     vocab = "".join(sorted(set(SAMPLE_TEXT)))
@@ -292,6 +330,7 @@ def mode_export(binary, kinds, out_dir, bias_values, seed):
             save_tapegrad_checkpoint(path, model, vocab)
             label = f"export {kind}{' bias' if bias else ''} gelu {cfg.get('gelu', '(none)')}"
             failures += compare(label, binary, path, model, vocab, texts_for(vocab, cfg["block_size"]))
+            failures += mode_hvp(binary, path, out_dir)
     return failures
 
 
@@ -310,15 +349,16 @@ def mode_test(binary, data, kinds, keep):
                 print(f"FAILED: tapegrad train exited with {run.returncode}: {run.stdout}{run.stderr}")
                 return [f"train {kind}"]
             failures += mode_load(binary, os.path.join(work, kind, "checkpoint.safetensors"))
+            failures += mode_hvp(binary, os.path.join(work, kind, "checkpoint.safetensors"), work)
         failures += mode_export(binary, kinds, work, (False, True), 7)
     return failures
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["load", "export", "test"])
+    ap.add_argument("mode", choices=["load", "hvp", "export", "test"])
     ap.add_argument("--tapegrad", required=True, help="path of the tapegrad program")
-    ap.add_argument("--checkpoint", help="load: the checkpoint to read")
+    ap.add_argument("--checkpoint", help="load, hvp: the checkpoint to read")
     ap.add_argument("--data", help="test: the text file to train on")
     ap.add_argument("--attention", default=",".join(KINDS), help="export, test: comma-separated kinds")
     ap.add_argument("--out", help="export, test: keep the checkpoints in this directory")
@@ -335,6 +375,11 @@ def main():
             if not args.checkpoint:
                 ap.error("load needs --checkpoint")
             failures = mode_load(args.tapegrad, args.checkpoint)
+        elif args.mode == "hvp":
+            if not args.checkpoint:
+                ap.error("hvp needs --checkpoint")
+            with tempfile.TemporaryDirectory() as tmp:
+                failures = mode_hvp(args.tapegrad, args.checkpoint, tmp)
         elif args.mode == "export":
             with tempfile.TemporaryDirectory() as tmp:
                 out = args.out or tmp
@@ -349,9 +394,10 @@ def main():
         return 1
     if failures:
         print(f"FAILED: {len(failures)} comparisons above the tolerance (loss rel {LOSS_RTOL:.0e}, logits abs "
-              f"{LOGITS_ATOL:.0e}): {', '.join(failures)}")
+              f"{LOGITS_ATOL:.0e}, hvp rel {HVP_RTOL:.0e}): {', '.join(failures)}")
         return 1
-    print(f"PASSED (loss rel <= {LOSS_RTOL:.0e}, logits abs <= {LOGITS_ATOL:.0e}, float32, torch {torch.__version__})")
+    print(f"PASSED (loss rel <= {LOSS_RTOL:.0e}, logits abs <= {LOGITS_ATOL:.0e}, float32; hvp rel <= {HVP_RTOL:.0e}; "
+          f"torch {torch.__version__})")
     return 0
 
 
