@@ -52,5 +52,6 @@
 #include "models/optim.hpp"
 #include "models/plot.hpp"
 #include "models/run_memory.hpp"
+#include "models/sharpness.hpp"
 #include "models/stats.hpp"
 #include "models/trainer.hpp"
