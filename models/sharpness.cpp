@@ -7,6 +7,12 @@
 namespace tapegrad {
 
 ParameterHvp parameter_hvp(const Module& module, const LossFunction& loss, std::span<const Tensor> direction) {
+  Tape tape;
+  return parameter_hvp(module, loss, direction, tape);
+}
+
+ParameterHvp parameter_hvp(const Module& module, const LossFunction& loss, std::span<const Tensor> direction,
+                           Tape& tape) {
   const std::vector<Parameter>& params = module.parameters();
   if (direction.size() != params.size())
     fail("parameter_hvp: {} directions for {} parameters; one each", direction.size(), params.size());
@@ -14,7 +20,7 @@ ParameterHvp parameter_hvp(const Module& module, const LossFunction& loss, std::
     if (!(direction[p].shape() == params[p].value.shape()) || direction[p].dtype() != params[p].value.dtype())
       fail("parameter_hvp: the direction of {} is {} {}, expected {} {}", params[p].name, direction[p].dtype(),
            direction[p].shape(), params[p].value.dtype(), params[p].value.shape());
-  Tape tape;
+  tape.clear();
   const Var L = loss(tape);
   if (L.shape().numel() != 1) fail("parameter_hvp: the loss has shape {}; expected a scalar", L.shape());
   // The parameters' leaves on this recording, by the storage they read (a parameter may have several).
@@ -83,8 +89,9 @@ PowerIteration power_iteration(const Module& module, const LossFunction& loss, c
   scale_all(v, 1 / std::sqrt(dot(v, v)));
   PowerIteration r;
   double previous = NAN;
+  Tape tape;
   for (int it = 0; it < options.iterations; ++it) {
-    ParameterHvp h = parameter_hvp(module, loss, v);
+    ParameterHvp h = parameter_hvp(module, loss, v, tape);
     r.loss = h.loss;
     r.iterations = it + 1;
     const double lambda = dot(v, h.hvp);  // of H; H − shift·I has λ − shift

@@ -31,6 +31,9 @@ struct ParameterHvp {
   std::vector<Tensor> gradient, hvp;  // one per parameter of the module, in its order
 };
 ParameterHvp parameter_hvp(const Module& module, const LossFunction& loss, std::span<const Tensor> direction);
+// The same on `tape`, cleared first: a caller taking many products reuses its memory (no fresh pages each time).
+ParameterHvp parameter_hvp(const Module& module, const LossFunction& loss, std::span<const Tensor> direction,
+                           Tape& tape);
 
 struct SharpnessOptions {
   int iterations = 20;

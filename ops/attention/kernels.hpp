@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "../../engine/blas.hpp"
 #include "../../engine/gradcheck/registry.hpp"
 #include "../../engine/tensor.hpp"
 #include "../common.hpp"
@@ -198,8 +199,8 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
 //   dṠ = Ȧ ⊙ (dA − ⟨A_i, dA_i⟩) − ⟨Ȧ_i, dA_i⟩·A + A ⊙ (GV̇ᵀ − ⟨A_i, (GV̇ᵀ)_i⟩)     (softmax's rule, ops/row_maps.hpp,
 //                                                                             plus its VJP of the moved dA)
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
-// Dense (T, Tk) loops over the slice: A is 0 at masked entries, so the mask needs no other care. Not a training
-// path; every product is a plain loop. Outputs and tangents may be null.
+// Dense over the (T, Tk) slice: A is 0 at masked entries, so the mask needs no other care. The products go through
+// gemm (engine/blas.hpp), the row terms are plain loops. Outputs and tangents may be null.
 inline constexpr SourcePlace attention_second_order_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
@@ -208,23 +209,12 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
   const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
   const T s = static_cast<T>(dims.scale);
   const size_t n = static_cast<size_t>(T_ * Tk);
-  std::vector<T> da(n, T(0)), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
-  for (int64_t i = 0; i < T_; ++i)
-    for (int64_t j = 0; j < Tk; ++j) {
-      T acc = 0, zz = 0, acc_dot = 0;
-      for (int64_t c = 0; c < dv; ++c) {
-        acc += g[i * dv + c] * v[j * dv + c];
-        if (tv) acc_dot += g[i * dv + c] * tv[j * dv + c];
-      }
-      for (int64_t c = 0; c < d; ++c) {
-        if (tq) zz += tq[i * d + c] * k[j * d + c];
-        if (tk) zz += q[i * d + c] * tk[j * d + c];
-      }
-      da[static_cast<size_t>(i * Tk + j)] = acc;
-      da_dot[static_cast<size_t>(i * Tk + j)] = acc_dot;
-      z[static_cast<size_t>(i * Tk + j)] = s * zz;
-    }
-  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);
+  std::vector<T> da(n), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
+  gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(v, dv), T(0), da.data(), Tk);                   // dA = GVᵀ
+  if (tv) gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(tv, dv), T(0), da_dot.data(), Tk);     // GV̇ᵀ
+  if (tq) gemm(T_, Tk, d, s, as_is(tq, d), transposed(k, d), T(0), z.data(), Tk);                // Ż = s·Q̇Kᵀ
+  if (tk) gemm(T_, Tk, d, s, as_is(q, d), transposed(tk, d), T(1), z.data(), Tk);                //   + s·QK̇ᵀ
+  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);                       //   + Ḃ
   for (int64_t i = 0; i < T_; ++i) {
     const T* ai = a + i * Tk;
     T a_da = 0, a_z = 0, a_dad = 0;
@@ -244,18 +234,15 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
       ds_dot[e] = a_dot[e] * (da[e] - a_da) - adot_da * ai[j] + ai[j] * (da_dot[e] - a_dad);
     }
   }
-  for (int64_t i = 0; i < T_; ++i)
-    for (int64_t j = 0; j < Tk; ++j) {
-      const size_t e = static_cast<size_t>(i * Tk + j);
-      if (out_v)
-        for (int64_t c = 0; c < dv; ++c) out_v[j * dv + c] += a_dot[e] * g[i * dv + c];
-      if (out_q)
-        for (int64_t c = 0; c < d; ++c)
-          out_q[i * d + c] += s * (ds_dot[e] * k[j * d + c] + (tk ? ds[e] * tk[j * d + c] : T(0)));
-      if (out_k)
-        for (int64_t c = 0; c < d; ++c)
-          out_k[j * d + c] += s * (ds_dot[e] * q[i * d + c] + (tq ? ds[e] * tq[i * d + c] : T(0)));
-    }
+  if (out_v) gemm(Tk, dv, T_, T(1), transposed(a_dot.data(), Tk), as_is(g, dv), T(1), out_v, dv);  // ȦᵀG
+  if (out_q) {
+    gemm(T_, d, Tk, s, as_is(ds_dot.data(), Tk), as_is(k, d), T(1), out_q, d);                       // s·dṠ·K
+    if (tk) gemm(T_, d, Tk, s, as_is(ds.data(), Tk), as_is(tk, d), T(1), out_q, d);                 // s·dS·K̇
+  }
+  if (out_k) {
+    gemm(Tk, d, T_, s, transposed(ds_dot.data(), Tk), as_is(q, d), T(1), out_k, d);                 // s·dṠᵀ·Q
+    if (tq) gemm(Tk, d, T_, s, transposed(ds.data(), Tk), as_is(tq, d), T(1), out_k, d);            // s·dSᵀ·Q̇
+  }
   if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot.data(), Tk, b, head, 0, T_, 0, Tk);
 }
 

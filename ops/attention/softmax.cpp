@@ -203,18 +203,24 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   };
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
+    const int64_t chunks = parallel_chunks(heads, grain);
+    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
-      for (int64_t bh = 0; bh < heads; ++bh) {  // one thread: slices that share bias elements add in turn
-        const int64_t fq = bh * dims.T * dims.d, fk = bh * dims.Tk * dims.d, fv = bh * dims.Tk * dims.dv;
-        const SliceData<T> x = slice_data(dims, bh, pq, pk, pv, pb);
-        attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.h, a.data<T>() + bh * dims.T * dims.Tk,
-                                  g.data<T>() + bh * dims.T * dims.dv, tq ? tq + fq : nullptr, tk ? tk + fk : nullptr,
-                                  tv ? tv + fv : nullptr, data_or_null<T>(tbias), layout, oq ? oq + fq : nullptr,
-                                  ok ? ok + fk : nullptr, ov ? ov + fv : nullptr, data_or_null<T>(obias));
-      }
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        T* ob = obias_at.target<T>(chunk);
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const int64_t fq = bh * dims.T * dims.d, fk = bh * dims.Tk * dims.d, fv = bh * dims.Tk * dims.dv;
+          const SliceData<T> x = slice_data(dims, bh, pq, pk, pv, pb);
+          attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.h, a.data<T>() + bh * dims.T * dims.Tk,
+                                    g.data<T>() + bh * dims.T * dims.dv, tq ? tq + fq : nullptr,
+                                    tk ? tk + fk : nullptr, tv ? tv + fv : nullptr, data_or_null<T>(tbias), layout,
+                                    oq ? oq + fq : nullptr, ok ? ok + fk : nullptr, ov ? ov + fv : nullptr, ob);
+        }
+      });
+      obias_at.add_parts<T>();
     });
   };
   if (bias.defined()) return tape.record(op, {q, k, v, bias}, o, vjp, jvp, second);

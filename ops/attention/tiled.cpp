@@ -335,19 +335,25 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   // a (T, Tk) matrix at a time, which the first order never holds (a Hessian-vector product is not a training path).
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
+    const int64_t chunks = parallel_chunks(heads, grain);
+    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
-      std::vector<T> a(static_cast<size_t>(dims.T * dims.Tk));
-      for (int64_t bh = 0; bh < heads; ++bh) {  // one thread: slices that share bias elements add in turn
-        const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
-        score_tile(a.data(), at.x, layout, dims, 0, dims.T, 0, dims.Tk);
-        probability_tile(a.data(), lse.data<T>() + at.ol, dims, 0, dims.T, 0, dims.Tk);
-        attention_second_order<T>(dims, at.x.q, at.x.k, at.x.v, at.x.b, at.x.head, a.data(), g.data<T>() + at.oo,
-                                  offset_or_null(tq, at.oq), offset_or_null(tk, at.ok), offset_or_null(tv, at.ov),
-                                  data_or_null<T>(tbias), layout, offset_or_null(oq, at.oq),
-                                  offset_or_null(ok, at.ok), offset_or_null(ov, at.ov), data_or_null<T>(obias));
-      }
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        T* ob = obias_at.target<T>(chunk);
+        std::vector<T> a(static_cast<size_t>(dims.T * dims.Tk));
+        for (int64_t bh = begin; bh < end; ++bh) {
+          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
+          score_tile(a.data(), at.x, layout, dims, 0, dims.T, 0, dims.Tk);
+          probability_tile(a.data(), lse.data<T>() + at.ol, dims, 0, dims.T, 0, dims.Tk);
+          attention_second_order<T>(dims, at.x.q, at.x.k, at.x.v, at.x.b, at.x.head, a.data(), g.data<T>() + at.oo,
+                                    offset_or_null(tq, at.oq), offset_or_null(tk, at.ok), offset_or_null(tv, at.ov),
+                                    data_or_null<T>(tbias), layout, offset_or_null(oq, at.oq),
+                                    offset_or_null(ok, at.ok), offset_or_null(ov, at.ov), ob);
+        }
+      });
+      obias_at.add_parts<T>();
     });
   };
   if (bias.defined()) return tape.record(kOp, {q, k, v, bias}, o, vjp, jvp, second);
