@@ -107,46 +107,38 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
 // (masked to the visible keys) as in the VJP, and the JVP's Ṗ = s(Q̇Kᵀ + QK̇ᵀ) (masked), Ḃβ = dβ(P)·Ṗ:
 //   dṠ_i = (β's second-order rule at p_i along ṗ_i, applied to dP_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
 //   dV̇ += Ḃβᵀ·G,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)
-// Dense loops over the slice, row by row over its visible keys; not a training path. Outputs and tangents may be
-// null.
+// Dense over the slice: the products through gemm, β's rules row by row over each row's visible keys (zeros after
+// them). Outputs and tangents may be null.
 template <class T>
 void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb,
                                  const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
                                  T* out_v) {
-  const int64_t Tk = dims.Tk, d = dims.d, dv = dims.dv;
+  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
   const T s = static_cast<T>(dims.scale);
-  std::vector<T> dp(static_cast<size_t>(Tk)), ds(static_cast<size_t>(Tk)), pdot(static_cast<size_t>(Tk)),
-      bdot(static_cast<size_t>(Tk)), dpdot(static_cast<size_t>(Tk)), dsdot(static_cast<size_t>(Tk));
-  for (int64_t i = 0; i < dims.T; ++i) {
+  const size_t n = static_cast<size_t>(T_ * Tk);
+  // (T, Tk) each; dS, Ḃβ and dṠ stay 0 beyond each row's visible keys
+  std::vector<T> dp(n), dpdot(n, T(0)), pdot(n, T(0)), ds(n, T(0)), bdot(n, T(0)), dsdot(n, T(0));
+  gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(v, dv), T(0), dp.data(), Tk);                 // dP = GVᵀ
+  if (tv) gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(tv, dv), T(0), dpdot.data(), Tk);    // GV̇ᵀ
+  if (tq) gemm(T_, Tk, d, s, as_is(tq, d), transposed(k, d), T(0), pdot.data(), Tk);           // Ṗ = s·Q̇Kᵀ
+  if (tk) gemm(T_, Tk, d, s, as_is(q, d), transposed(tk, d), T(1), pdot.data(), Tk);           //   + s·QK̇ᵀ
+  for (int64_t i = 0; i < T_; ++i) {
     const int64_t vis = dims.visible(i);
     const T* beta = bb + i * Tk;
-    for (int64_t j = 0; j < vis; ++j) {
-      T a = 0, a_dot = 0, z = 0;
-      for (int64_t c = 0; c < dv; ++c) {
-        a += g[i * dv + c] * v[j * dv + c];
-        if (tv) a_dot += g[i * dv + c] * tv[j * dv + c];
-      }
-      for (int64_t c = 0; c < d; ++c) {
-        if (tq) z += tq[i * d + c] * k[j * d + c];
-        if (tk) z += q[i * d + c] * tk[j * d + c];
-      }
-      dp[static_cast<size_t>(j)] = a, dpdot[static_cast<size_t>(j)] = a_dot, pdot[static_cast<size_t>(j)] = s * z;
-    }
-    beta_row_derivative<Into::replace>(ds.data(), dp.data(), beta, r[i], vis, vis);
-    beta_row_derivative<Into::replace>(bdot.data(), pdot.data(), beta, r[i], vis, vis);
-    beta_row_derivative<Into::replace>(dsdot.data(), dpdot.data(), beta, r[i], vis, vis);
-    beta_row_second_order(dsdot.data(), dp.data(), pdot.data(), beta, r[i], vis);
-    for (int64_t j = 0; j < vis; ++j) {
-      const size_t e = static_cast<size_t>(j);
-      if (out_v)
-        for (int64_t c = 0; c < dv; ++c) out_v[j * dv + c] += bdot[e] * g[i * dv + c];
-      if (out_q)
-        for (int64_t c = 0; c < d; ++c)
-          out_q[i * d + c] += s * (dsdot[e] * k[j * d + c] + (tk ? ds[e] * tk[j * d + c] : T(0)));
-      if (out_k)
-        for (int64_t c = 0; c < d; ++c)
-          out_k[j * d + c] += s * (dsdot[e] * q[i * d + c] + (tq ? ds[e] * tq[i * d + c] : T(0)));
-    }
+    T *dp_i = dp.data() + i * Tk, *pdot_i = pdot.data() + i * Tk, *dsdot_i = dsdot.data() + i * Tk;
+    beta_row_derivative<Into::replace>(ds.data() + i * Tk, dp_i, beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(bdot.data() + i * Tk, pdot_i, beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(dsdot_i, dpdot.data() + i * Tk, beta, r[i], vis, vis);
+    beta_row_second_order(dsdot_i, dp_i, pdot_i, beta, r[i], vis);
+  }
+  if (out_v) gemm(Tk, dv, T_, T(1), transposed(bdot.data(), Tk), as_is(g, dv), T(1), out_v, dv);   // Ḃβᵀ·G
+  if (out_q) {
+    gemm(T_, d, Tk, s, as_is(dsdot.data(), Tk), as_is(k, d), T(1), out_q, d);                      // s·dṠ·K
+    if (tk) gemm(T_, d, Tk, s, as_is(ds.data(), Tk), as_is(tk, d), T(1), out_q, d);                // s·dS·K̇
+  }
+  if (out_k) {
+    gemm(Tk, d, T_, s, transposed(dsdot.data(), Tk), as_is(q, d), T(1), out_k, d);                 // s·dṠᵀ·Q
+    if (tq) gemm(Tk, d, T_, s, transposed(ds.data(), Tk), as_is(tq, d), T(1), out_k, d);           // s·dSᵀ·Q̇
   }
 }
 
@@ -220,13 +212,15 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
-          for (int64_t bh = 0; bh < heads; ++bh) {
-            const SliceOffsets at(dims, bh);
-            beta_attention_second_order<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
-                                           bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
-                                           offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
-                                           offset_or_null(oq, at.q), offset_or_null(ok, at.k), offset_or_null(ov, at.v));
-          }
+          parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
+            for (int64_t bh = begin; bh < end; ++bh) {
+              const SliceOffsets at(dims, bh);
+              beta_attention_second_order<T>(
+                  dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v, bb.data<T>() + at.scores,
+                  r.data<T>() + at.rows, g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
+                  offset_or_null(tv, at.v), offset_or_null(oq, at.q), offset_or_null(ok, at.k), offset_or_null(ov, at.v));
+            }
+          });
         });
       });
 }
