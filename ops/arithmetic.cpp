@@ -237,25 +237,28 @@ void register_arithmetic(Registry& r) {
     const char* forward;
     const char* equation;
     const char* second_order;
+    const char* second_order_derivation;
   };
   for (const Binary& op :
-       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ; ẏ = ȧ + ḃ", kNoSecondOrderTerm},
-        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ; ẏ = ȧ − ḃ", kNoSecondOrderTerm},
+       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ; ẏ = ȧ + ḃ", kNoSecondOrderTerm, "6.1"},
+        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ; ẏ = ȧ − ḃ", kNoSecondOrderTerm, "6.1"},
         Binary{"mul", mul, Fill::normal, "y = a·b (broadcast)", "ā += Σ_bcast ȳ·b, b̄ += Σ_bcast ȳ·a; ẏ = ȧ·b + a·ḃ",
-               "ā̇ += Σ_bcast ȳ·ḃ, b̄̇ += Σ_bcast ȳ·ȧ"},
+               "ā̇ += Σ_bcast ȳ·ḃ, b̄̇ += Σ_bcast ȳ·ȧ", "6.2"},
         Binary{"div", div, Fill::positive, "y = a/b (broadcast)",
                "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²; ẏ = ȧ/b − a·ḃ/b²",
-               "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)"}}) {
+               "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)", "6.3"}}) {
     r.add({.name = op.name, .family = "arithmetic", .equation = op.equation, .forward = op.forward,
-           .second_order = op.second_order});
+           .second_order = op.second_order, .second_order_derivation = op.second_order_derivation});
     r.add_case(op.name, {"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)});
   }
-  r.add({.name = "neg", .family = "arithmetic", .equation = "x̄ −= ȳ; ẏ = −ẋ", .forward = "y = −x", .second_order = kNoSecondOrderTerm});
+  r.add({.name = "neg", .family = "arithmetic", .equation = "x̄ −= ȳ; ẏ = −ẋ", .forward = "y = −x",
+         .second_order = kNoSecondOrderTerm});
   r.add_case("neg", {"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }});
-  r.add({.name = "scale", .family = "arithmetic", .equation = "x̄ += s·ȳ; ẏ = s·ẋ", .forward = "y = s·x", .second_order = kNoSecondOrderTerm});
+  r.add({.name = "scale", .family = "arithmetic", .equation = "x̄ += s·ȳ; ẏ = s·ẋ", .forward = "y = s·x",
+         .second_order = kNoSecondOrderTerm});
   r.add_case("scale", {"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }});
 }
 

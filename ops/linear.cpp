@@ -79,7 +79,8 @@ void register_linear(Registry& r) {
            return OpCost{forward, 2 * forward, 2 * forward};
          },
          .forward = "y = xWᵀ + b over the rows of x",
-         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)"});
+         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)",
+         .second_order_derivation = "6.2"});
   r.add_case("linear", {"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                         [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }});
   r.add_case("linear", {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},

@@ -199,7 +199,8 @@ void register_matmul(Registry& r) {
            return OpCost{forward, 2 * forward, 2 * forward};
          },
          .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
-         .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent"});
+         .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent",
+         .second_order_derivation = "6.2"});
   auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add_case("matmul", {"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product});
   r.add_case("matmul", {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product});

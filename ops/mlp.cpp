@@ -212,7 +212,8 @@ void register_mlp(Registry& r) {
          },
          .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
          .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
-                         "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁"});
+                         "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
+         .second_order_derivation = "6.8"});
   r.add_case(kOp, {"exact gelu, biases, x (5, 4), H = 6, out 3",
                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }});

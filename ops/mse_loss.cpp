@@ -102,7 +102,8 @@ void register_mse_loss(Registry& r) {
            return OpCost{3 * n, 4 * n, 3 * n};
          },
          .forward = "L = mean((p − t)²), p and t of one shape",
-         .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)"});
+         .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)",
+         .second_order_derivation = "6.3"});
   auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
   r.add_case("mse_loss", {"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply});
   r.add_case("mse_loss", {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply});

@@ -136,7 +136,8 @@ void register_pointwise(Registry& r) {
   // second: the second-order rule, ẋ̄ += f″(x)·ẋ·ȳ with the op's f″
   auto unary = [&r](const char* name, const char* forward, const char* equation, const char* second, Fill fill,
                     Var (*fn)(Var)) {
-    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward, .second_order = second});
+    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward, .second_order = second,
+           .second_order_derivation = "6.3"});
     r.add_case(name, {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }});
   };
   unary("exp", "y = exp x", "x̄ += y·ȳ; ẏ = y·ẋ", "ẋ̄ += y·ẋ·ȳ", Fill::normal, exp);
@@ -161,7 +162,8 @@ void register_pointwise(Registry& r) {
          .family = "pointwise",
          .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",
          .forward = "y = xᵖ, a scalar exponent p",
-         .second_order = "ẋ̄ += p(p − 1)·xᵖ⁻²·ẋ·ȳ (0 for p = 0, 1)"});
+         .second_order = "ẋ̄ += p(p − 1)·xᵖ⁻²·ẋ·ȳ (0 for p = 0, 1)",
+         .second_order_derivation = "6.3"});
   auto pow_case = [&r](const char* name, Fill fill, double p) {
     r.add_case("pow", {name, {{"x", {4, 5}, fill}}, [p](Tape&, std::span<const Var> x) { return pow(x[0], p); }});
   };
@@ -174,7 +176,8 @@ void register_pointwise(Registry& r) {
          .family = "pointwise",
          .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",
          .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)",
-         .second_order = "ẋ̄ += (y + α)·ẋ·ȳ (x ≤ 0), 0 (x > 0)"});
+         .second_order = "ẋ̄ += (y + α)·ẋ·ȳ (x ≤ 0), 0 (x > 0)",
+         .second_order_derivation = "6.3"});
   r.add_case("elu", {"alpha = 1", {{"x", {4, 5}, Fill::away_from_zero}},
                      [](Tape&, std::span<const Var> x) { return elu(x[0]); }});
   r.add_case("elu", {"alpha = 0.5", {{"x", {3, 3}, Fill::away_from_zero}},

@@ -69,7 +69,8 @@ void register_row_normalize(Registry& r) {
                          {"VJP and JVP", beta_row_derivative_written_at},
                          {"second order", beta_row_second_order_written_at}},
          .second_order = "per row, x̄ = c·ȳ − k·y with k = ⟨y, ȳ⟩/r: ẋ̄ += ċ·ȳ − k̇·y − k·ẏ, ṙ = ⟨x, ẋ⟩/r, "
-                         "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)"});
+                         "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)",
+         .second_order_derivation = "6.6"});
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
   r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});

@@ -129,7 +129,8 @@ void register_softmax(Registry& r) {
          .formulas_at = {{"forward", softmax_row_written_at},
                          {"VJP and JVP", softmax_row_derivative_written_at},
                          {"second order", softmax_row_second_order_written_at}},
-         .second_order = "per row: ẋ̄ += ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y, ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)"});
+         .second_order = "per row: ẋ̄ += ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y, ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
+         .second_order_derivation = "6.4"});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
@@ -139,7 +140,8 @@ void register_softmax(Registry& r) {
                          {"VJP", log_softmax_row_vjp_written_at},
                          {"JVP", log_softmax_row_jvp_written_at},
                          {"second order", log_softmax_row_second_order_written_at}},
-         .second_order = "per row: ẋ̄ −= (Σz̄)·ṗ, p = exp(z), ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩)"});
+         .second_order = "per row: ẋ̄ −= (Σz̄)·ṗ, p = exp(z), ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩)",
+         .second_order_derivation = "6.5"});
   struct RowOp {
     const char* name;
     Var (*fn)(Var);

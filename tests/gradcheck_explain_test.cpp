@@ -175,15 +175,22 @@ TEST_CASE("explain: every op shows its second-order rule, where it is derived, a
   }
   const Explanation e = explain(builtin_registry(), "softmax", with_docs());
   CHECK(e.second_order.find("⟨ẏ, ȳ⟩·y") != std::string::npos);
-  CHECK(e.second_order_section.starts_with("6. Second order"));
+  CHECK(e.second_order_section == "6.4 Softmax");
   CHECK(e.check_second_order.passed());
   const std::string text = format_explanation(e);
   CHECK(text.find("  2nd order  per row: ẋ̄ += ") != std::string::npos);
-  CHECK(text.find("§ 6. Second order") != std::string::npos);
+  CHECK(text.find("§ 6.4 Softmax") != std::string::npos);
   CHECK(text.find("symmetry") != std::string::npos);
   const auto json = explanation_json(e);
   CHECK(json["second_order"] == e.second_order);
   CHECK(json["gradcheck_second_order"]["passed"] == true);
   // A linear op says so rather than leaving the line empty.
-  CHECK(explain(builtin_registry(), "reshape", with_docs()).second_order == kNoSecondOrderTerm);
+  const Explanation reshape = explain(builtin_registry(), "reshape", with_docs());
+  CHECK(reshape.second_order == kNoSecondOrderTerm);
+  CHECK(reshape.second_order_section == "6.1 Ops linear in their inputs");
+  // Every op's section is one of docs/derivations.md's headings (found: more than its number).
+  for (const OpInfo& op : builtin_registry().ops()) {
+    INFO("op: " << op.name);
+    CHECK(explain(builtin_registry(), op.name, with_docs()).second_order_section.find(' ') != std::string::npos);
+  }
 }

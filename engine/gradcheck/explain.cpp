@@ -25,7 +25,7 @@ bool starts_with_tangent(std::string_view s) {
   return s.size() >= 3 && (s.substr(1, 2) == kCombiningDot || (s.size() >= 4 && s.substr(2, 2) == kCombiningDot));
 }
 
-// The section that derives the second-order rules.
+// The section that derives the second-order rules, as a whole.
 constexpr std::string_view kSecondOrderSection = "6";
 
 // "2.1, 1.1" → the headings "### 2.1 ..." (or "## 6. ...") of the derivations file, or the numbers where it cannot
@@ -147,8 +147,10 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.second_order = info->second_order;
   bool read = false;
   e.sections = derivation_sections(info->derivation, options.derivations_path, read);
-  e.second_order_section =
-      derivation_sections(std::string(kSecondOrderSection), options.derivations_path, read).front();
+  const std::string section = !info->second_order_derivation.empty() ? info->second_order_derivation
+                              : info->second_order == kNoSecondOrderTerm ? "6.1"
+                                                                         : std::string(kSecondOrderSection);
+  e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
   e.registered_at = source_text(info->registered_at);
   for (const FormulaPlace& f : info->formulas_at) e.formulas_at.emplace_back(f.what, source_text(f.at));

@@ -122,6 +122,8 @@ struct OpInfo {
   // Its second-order rule in one line: the tangent of its VJP at a fixed cotangent, ẋ̄ᵢ += Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
   // (what Tape::hvp adds beside the VJP of ȳ̇); "0" for an op whose VJP does not depend on its inputs.
   std::string second_order{};
+  std::string second_order_derivation{};  // its section of docs/derivations.md ("6.4"); empty: 6.1 for a
+                                          // kNoSecondOrderTerm op, else the section 6 as a whole
 };
 // OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
 inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";

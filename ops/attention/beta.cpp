@@ -237,7 +237,8 @@ void register_beta_attention(Registry& r) {
                          {"their VJP and JVP", beta_row_derivative_written_at},
                          {"β's second order", beta_row_second_order_written_at}},
          .second_order = "dP = GVᵀ, Ṗ = M ⊙ s(Q̇Kᵀ + QK̇ᵀ): dṠ_i = (β's rule at p_i along ṗ_i, applied to dP_i) + "
-                         "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)"});
+                         "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)",
+         .second_order_derivation = "6.10"});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
   };

@@ -507,7 +507,8 @@ void register_linear_attention(Registry& r) {
          .second_order = "w_ij = q_iᵀk_j, Gn_i = G_i/den_i, γ_i = ⟨G_i, O_i⟩/den_i: Ġn_i = −Gn_i·ḋen_i/den_i, "
                          "γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i, ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i; "
                          "ḋQ = φ′(Q) ⊙ Σ_j(ḋw_ij k_j + dw_ij k̇_j) + φ″(Q) ⊙ Q̇ ⊙ dq, likewise K; "
-                         "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)"});
+                         "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)",
+         .second_order_derivation = "6.11"});
   auto build = [](bool causal) {
     return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
   };

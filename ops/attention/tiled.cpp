@@ -372,7 +372,8 @@ void register_tiled_attention(Registry& r) {
          .formulas_at = {{"second order", attention_second_order_written_at}},
          .second_order = "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
                          "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), "
-                         "dḂ += Σ_bcast dṠ"});
+                         "dḂ += Σ_bcast dṠ",
+         .second_order_derivation = "6.9"});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };
