@@ -113,15 +113,11 @@ template <class T>
 void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb,
                                  const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
                                  T* out_v) {
-  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
-  const T s = static_cast<T>(dims.scale);
+  const int64_t T_ = dims.T, Tk = dims.Tk;
   const size_t n = static_cast<size_t>(T_ * Tk);
   // (T, Tk) each; dS, Ḃβ and dṠ stay 0 beyond each row's visible keys
   std::vector<T> dp(n), dpdot(n, T(0)), pdot(n, T(0)), ds(n, T(0)), bdot(n, T(0)), dsdot(n, T(0));
-  gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(v, dv), T(0), dp.data(), Tk);                 // dP = GVᵀ
-  if (tv) gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(tv, dv), T(0), dpdot.data(), Tk);    // GV̇ᵀ
-  if (tq) gemm(T_, Tk, d, s, as_is(tq, d), transposed(k, d), T(0), pdot.data(), Tk);           // Ṗ = s·Q̇Kᵀ
-  if (tk) gemm(T_, Tk, d, s, as_is(q, d), transposed(tk, d), T(1), pdot.data(), Tk);           //   + s·QK̇ᵀ
+  second_order_scores(dims, q, k, v, g, tq, tk, tv, dp.data(), dpdot.data(), pdot.data());  // dP, GV̇ᵀ, Ṗ
   for (int64_t i = 0; i < T_; ++i) {
     const int64_t vis = dims.visible(i);
     const T* beta = bb + i * Tk;
@@ -131,15 +127,7 @@ void beta_attention_second_order(const AttentionDims& dims, const T* q, const T*
     beta_row_derivative<Into::replace>(dsdot_i, dpdot.data() + i * Tk, beta, r[i], vis, vis);
     beta_row_second_order(dsdot_i, dp_i, pdot_i, beta, r[i], vis);
   }
-  if (out_v) gemm(Tk, dv, T_, T(1), transposed(bdot.data(), Tk), as_is(g, dv), T(1), out_v, dv);   // Ḃβᵀ·G
-  if (out_q) {
-    gemm(T_, d, Tk, s, as_is(dsdot.data(), Tk), as_is(k, d), T(1), out_q, d);                      // s·dṠ·K
-    if (tk) gemm(T_, d, Tk, s, as_is(ds.data(), Tk), as_is(tk, d), T(1), out_q, d);                // s·dS·K̇
-  }
-  if (out_k) {
-    gemm(Tk, d, T_, s, transposed(dsdot.data(), Tk), as_is(q, d), T(1), out_k, d);                 // s·dṠᵀ·Q
-    if (tq) gemm(Tk, d, T_, s, transposed(ds.data(), Tk), as_is(tq, d), T(1), out_k, d);           // s·dSᵀ·Q̇
-  }
+  second_order_products(dims, q, k, g, tq, tk, bdot.data(), ds.data(), dsdot.data(), out_q, out_k, out_v);
 }
 
 struct SliceOffsets {

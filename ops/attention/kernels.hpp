@@ -193,6 +193,38 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
   }
 }
 
+// The products that open the second-order rule of softmax and β attention, one slice, into (T, Tk) matrices:
+// dA = GVᵀ; GV̇ᵀ when V has a tangent; s(Q̇Kᵀ + QK̇ᵀ) from the tangents Q and K have. What a missing tangent would
+// give is left as it was (the callers start from zeros).
+template <class T>
+void second_order_scores(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* g, const T* tq,
+                         const T* tk, const T* tv, T* da, T* gv_dot, T* z) {
+  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
+  const T s = static_cast<T>(dims.scale);
+  gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(v, dv), T(0), da, Tk);
+  if (tv) gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(tv, dv), T(0), gv_dot, Tk);
+  if (tq) gemm(T_, Tk, d, s, as_is(tq, d), transposed(k, d), T(0), z, Tk);
+  if (tk) gemm(T_, Tk, d, s, as_is(q, d), transposed(tk, d), tq ? T(1) : T(0), z, Tk);
+}
+
+// The products that close it, one slice, from the moved weights Ȧ (T, Tk) and the score gradient dS and its
+// tangent dṠ (T, Tk):  dV̇ += ȦᵀG,  dQ̇ += s(dṠ·K + dS·K̇),  dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇). Outputs and tangents may be null.
+template <class T>
+void second_order_products(const AttentionDims& dims, const T* q, const T* k, const T* g, const T* tq, const T* tk,
+                           const T* a_dot, const T* ds, const T* ds_dot, T* out_q, T* out_k, T* out_v) {
+  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
+  const T s = static_cast<T>(dims.scale);
+  if (out_v) gemm(Tk, dv, T_, T(1), transposed(a_dot, Tk), as_is(g, dv), T(1), out_v, dv);
+  if (out_q) {
+    gemm(T_, d, Tk, s, as_is(ds_dot, Tk), as_is(k, d), T(1), out_q, d);
+    if (tk) gemm(T_, d, Tk, s, as_is(ds, Tk), as_is(tk, d), T(1), out_q, d);
+  }
+  if (out_k) {
+    gemm(Tk, d, T_, s, transposed(ds_dot, Tk), as_is(q, d), T(1), out_k, d);
+    if (tq) gemm(Tk, d, T_, s, transposed(ds, Tk), as_is(tq, d), T(1), out_k, d);
+  }
+}
+
 // Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
 // probabilities A (T, Tk): the tangent of the VJP at a fixed G. With dA = GVᵀ and dS = A ⊙ (dA −
 // ⟨A_i, dA_i⟩) as in the VJP, and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
@@ -206,15 +238,11 @@ template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
                             const T* a, const T* g, const T* tq, const T* tk, const T* tv, const T* tbias,
                             const BiasLayout& L, T* out_q, T* out_k, T* out_v, T* out_bias) {
-  const int64_t T_ = dims.T, Tk = dims.Tk, d = dims.d, dv = dims.dv;
-  const T s = static_cast<T>(dims.scale);
+  const int64_t T_ = dims.T, Tk = dims.Tk;
   const size_t n = static_cast<size_t>(T_ * Tk);
   std::vector<T> da(n), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
-  gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(v, dv), T(0), da.data(), Tk);                   // dA = GVᵀ
-  if (tv) gemm(T_, Tk, dv, T(1), as_is(g, dv), transposed(tv, dv), T(0), da_dot.data(), Tk);     // GV̇ᵀ
-  if (tq) gemm(T_, Tk, d, s, as_is(tq, d), transposed(k, d), T(0), z.data(), Tk);                // Ż = s·Q̇Kᵀ
-  if (tk) gemm(T_, Tk, d, s, as_is(q, d), transposed(tk, d), T(1), z.data(), Tk);                //   + s·QK̇ᵀ
-  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);                       //   + Ḃ
+  second_order_scores(dims, q, k, v, g, tq, tk, tv, da.data(), da_dot.data(), z.data());  // dA, GV̇ᵀ, Ż − Ḃ
+  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);
   for (int64_t i = 0; i < T_; ++i) {
     const T* ai = a + i * Tk;
     T a_da = 0, a_z = 0, a_dad = 0;
@@ -234,15 +262,7 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
       ds_dot[e] = a_dot[e] * (da[e] - a_da) - adot_da * ai[j] + ai[j] * (da_dot[e] - a_dad);
     }
   }
-  if (out_v) gemm(Tk, dv, T_, T(1), transposed(a_dot.data(), Tk), as_is(g, dv), T(1), out_v, dv);  // ȦᵀG
-  if (out_q) {
-    gemm(T_, d, Tk, s, as_is(ds_dot.data(), Tk), as_is(k, d), T(1), out_q, d);                       // s·dṠ·K
-    if (tk) gemm(T_, d, Tk, s, as_is(ds.data(), Tk), as_is(tk, d), T(1), out_q, d);                 // s·dS·K̇
-  }
-  if (out_k) {
-    gemm(Tk, d, T_, s, transposed(ds_dot.data(), Tk), as_is(q, d), T(1), out_k, d);                 // s·dṠᵀ·Q
-    if (tq) gemm(Tk, d, T_, s, transposed(ds.data(), Tk), as_is(tq, d), T(1), out_k, d);            // s·dSᵀ·Q̇
-  }
+  second_order_products(dims, q, k, g, tq, tk, a_dot.data(), ds.data(), ds_dot.data(), out_q, out_k, out_v);
   if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot.data(), Tk, b, head, 0, T_, 0, Tk);
 }
 
