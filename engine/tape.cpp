@@ -205,30 +205,38 @@ std::span<const uint32_t> Tape::store_ids(std::span<const Var> inputs) {
   return {ids, inputs.size()};
 }
 
-void Tape::ensure_grad(uint32_t id) {
-  ValueRec& r = values_[id];
-  if (r.grad.defined()) return;
-  const size_t bytes = r.value.nbytes();
+Tensor Tape::zeroed_gradient_buffer(DType dtype, const Shape& shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   size_t best = spare_grads_.size();  // the smallest spare buffer that fits
   for (size_t i = 0; i < spare_grads_.size(); ++i)
     if (spare_grads_[i].bytes >= bytes && (best == spare_grads_.size() || spare_grads_[i].bytes < spare_grads_[best].bytes))
       best = i;
+  Tensor t;
   if (best == spare_grads_.size()) {
-    r.grad = allocate(r.value.dtype(), r.value.shape());
-    r.grad.fill_zero();
-    return;
+    t = allocate(dtype, shape);
+  } else {
+    t = Tensor(dtype, shape, spare_grads_[best].data);
+    spare_grads_[best] = spare_grads_.back();
+    spare_grads_.pop_back();
   }
-  r.grad = Tensor(r.value.dtype(), r.value.shape(), spare_grads_[best].data);
-  r.grad.fill_zero();
-  spare_grads_[best] = spare_grads_.back();
-  spare_grads_.pop_back();
+  t.fill_zero();
+  return t;
+}
+
+void Tape::release_buffer(Tensor& t) {
+  spare_grads_.push_back({t.raw(), t.nbytes()});
+  t = Tensor{};
+}
+
+void Tape::ensure_grad(uint32_t id) {
+  ValueRec& r = values_[id];
+  if (!r.grad.defined()) r.grad = zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
 }
 
 void Tape::release_grad(uint32_t id) {
   ValueRec& r = values_[id];
   if (r.leaf || r.retain_grad || retain_grads_ || !r.grad.defined()) return;
-  spare_grads_.push_back({r.grad.raw(), r.grad.nbytes()});
-  r.grad = Tensor{};
+  release_buffer(r.grad);
 }
 
 void Tape::retain_grad(Var v) {
@@ -335,14 +343,10 @@ Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const 
     set_tangent(wrt[i], directions[i]);
   }
   propagate_tangents();
-  // Cotangents ḡ and their tangents, one pair per value on the way (nothing reused: the rule of a node reads
-  // the cotangent of its output after its inputs' have been written).
+  // Cotangents ḡ and their tangents, a pair per value on the way; an intermediate value's pair is released
+  // once its node has run (as backward releases gradients), the tangents are kept to the end.
   std::vector<Tensor> g(values_.size()), g_dot(values_.size());
-  auto zeros_like = [&](uint32_t id) {
-    Tensor t = allocate(values_[id].value.dtype(), values_[id].value.shape());
-    t.fill_zero();
-    return t;
-  };
+  auto zeros_like = [&](uint32_t id) { return zeroed_gradient_buffer(values_[id].value.dtype(), values_[id].value.shape()); };
   g[y.id_] = zeros_like(y.id_);
   g[y.id_].accumulate(seed);
   g_dot[y.id_] = zeros_like(y.id_);
@@ -367,6 +371,8 @@ Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const 
     n.vjp(g[n.out], gin);
     n.vjp(g_dot[n.out], gin_dot);
     n.vjp_tangent(g[n.out], tin, gin_dot);
+    release_buffer(g[n.out]);
+    release_buffer(g_dot[n.out]);
   }
   HessianVectorProduct r;
   for (const Var& v : wrt) {

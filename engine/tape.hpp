@@ -7,8 +7,10 @@
 //   hvp:       forward mode, then reverse mode that carries the tangent of every cotangent (forward over
 //              reverse): for nodes in reverse,  x̄ += Jᵢᵀȳ  and  ẋ̄ᵢ += Jᵢᵀ ȳ̇ + Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
 //              (the first term is the VJP again; the second, the op's second-order rule, is zero for ops
-//              linear in their inputs). It keeps every value's tangent, cotangent and cotangent's tangent: about
-//              twice the memory and time of a gradient.
+//              linear in their inputs). It keeps every value's tangent to the end, and a value's cotangent
+//              and its tangent until the value's node has run (as backward releases gradients). Work: for a
+//              product Y = AB of cost F a gradient is 3F and an HVP 9F (Ẏ = ȦB + AḂ, the VJPs of ȳ and ȳ̇,
+//              the rule's ȳḂᵀ and Ȧᵀȳ), so about three gradients where products dominate (bench --only hvp).
 //
 // Values are handles (Var) into the tape. Their memory comes from the tape's arena, which clear() rewinds
 // without freeing, so a training step after the first allocates nothing. A Var carries the tape's generation:
@@ -262,6 +264,9 @@ class Tape {
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
   void ensure_grad(uint32_t id);
   void release_grad(uint32_t id);
+  // A zeroed buffer for a gradient: the smallest released one that fits, else a new one from the arena.
+  Tensor zeroed_gradient_buffer(DType dtype, const Shape& shape);
+  void release_buffer(Tensor& t);  // t's memory becomes a spare; t is left undefined
   void destroy_nodes();
 
   Arena arena_;
