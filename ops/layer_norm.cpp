@@ -169,13 +169,13 @@ void expect_affine_shape(const char* what, const Var& p, const Var& x) {
          p.shape());
 }
 
-// The second-order term of the header, row by row on one thread (not a training path).   out_x, out_w: or null
+// Rows [begin, end) of the second-order term; ẇ̄'s sums added into out_w (a range's partial slot).
 template <class T>
-void layer_norm_second_order(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
-                             const T* tx, const T* tw, int64_t rows, int64_t C) {
+void layer_norm_second_order_rows(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
+                                  const T* tx, const T* tw, int64_t begin, int64_t end, int64_t C) {
   std::vector<T> xh(static_cast<size_t>(C)), xh_dot(static_cast<size_t>(C));
   const T inv_c = T(1) / static_cast<T>(C);
-  for (int64_t i = 0; i < rows; ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     const T *xi = x + i * C, *gi = g + i * C, *ti = tx ? tx + i * C : nullptr;
     const T mu = mean[i], rho = rstd[i];
     T t_mean = 0, xh_t = 0, gh_mean = 0, xh_gh = 0, gh_dot_mean = 0;
@@ -204,6 +204,21 @@ void layer_norm_second_order(T* out_x, T* out_w, const T* x, const T* mean, cons
       if (out_w) out_w[j] += gi[j] * xh_dot[k];
     }
   }
+}
+
+// The second-order term of the header, rows on the engine's threads; ẇ̄'s row sums go to one (C) slot of
+// `partials` (chunks × C, zeroed) per range, added in range order.                  out_x, out_w: or null
+template <class T>
+void layer_norm_second_order(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
+                             const T* tx, const T* tw, int64_t rows, int64_t C, T* partials) {
+  const int64_t grain = row_grain(C), chunks = parallel_chunks(rows, grain);
+  parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
+    T* pw = partials + chunk * C;
+    layer_norm_second_order_rows(out_x, out_w ? pw : nullptr, x, mean, rstd, w, g, tx, tw, begin, end, C);
+  });
+  if (out_w)
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t j = 0; j < C; ++j) out_w[j] += partials[c * C + j];
 }
 
 }  // namespace
@@ -254,9 +269,10 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
+          Tensor partials = tp->zeros(g.dtype(), {parallel_chunks(rows, row_grain(C)), C});
           layer_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), xv.data<T>(),
                                   mean.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), data_or_null<T>(tin[0]),
-                                  data_or_null<T>(tin[1]), rows, C);
+                                  data_or_null<T>(tin[1]), rows, C, partials.data<T>());
         });
       });
 }
