@@ -2,8 +2,8 @@
 // second-order rule, docs/derivations.md §6).
 //
 //   parameter_hvp  H·v, with H = ∇²L(θ), for one direction v (one tensor per parameter, their shapes): one
-//                  forward pass with tangents and one backward pass with their cotangents (about twice a gradient's
-//                  operations; slower in time where a second-order rule is a plain loop, as attention's are).
+//                  forward pass with tangents and one backward pass with their cotangents (about three gradients'
+//                  work where matrix products dominate: engine/tape.hpp).
 //   sharpness      the largest eigenvalue λ_max of H (the "sharpness", which gradient descent at learning rate η
 //                  keeps near 2/η: the edge of stability), by power iteration on H·v:
 //                    v ← H v / ‖H v‖,   λ = ⟨v, H v⟩ (‖v‖ = 1),

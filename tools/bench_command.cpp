@@ -1,7 +1,8 @@
 // tapegrad bench: the engine's speed and memory on this machine, optionally side by side with PyTorch.
 //
 // Sections: matmul through the engine next to a raw cblas_sgemm; each attention node forward and forward +
-// backward with the bytes it keeps; one training step of the default model; the peak RSS of a 200-step training
+// backward with the bytes it keeps; one training step of the default model; one Hessian-vector product of its
+// loss against a gradient (tools/bench_curvature.cpp); the peak RSS of a 200-step training
 // run; issue 3's memory table (bytes kept and peak RSS of one forward + backward at long contexts). How each is
 // timed: tools/bench_harness.hpp. Peak RSS figures come from child processes (their VmHWM), one per measurement,
 // since a process' peak never goes down.
@@ -423,10 +424,11 @@ void run_bench(BenchArgs a) {
     if (a.only.empty()) return section != "profile";
     return std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
-  if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
+  if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("hvp") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
   if (wanted("attention")) attention_section(out, a, torch.get(), ceiling);
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
+  if (wanted("hvp")) curvature_section(out, a, torch.get());
   if (wanted("rss")) peak_rss_section(out, a, torch.get());
   if (wanted("memory")) memory_section(out, a);
   if (wanted("profile")) profile_section(out, a);
@@ -438,7 +440,8 @@ void run_bench(BenchArgs a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Measure matmul, the attention nodes, a training step and peak memory; --vs-torch runs PyTorch alongside");
+      "bench", "Measure matmul, the attention nodes, a training step, a Hessian-vector product and peak memory; --vs-torch runs "
+      "PyTorch alongside");
   cmd->add_flag("--quick", args->quick, "Fewer rounds and smaller shapes: checks that the bench runs, in seconds");
   cmd->add_flag("--json", args->json,
                 "Print JSON: {header: {machine, threads, blas (the core in use), torch}, rows: [{workload, shape, "
@@ -450,7 +453,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--rounds", args->rounds, "Timed blocks per workload (default 10, 2 with --quick)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
-      ->check(CLI::IsMember({"matmul", "attention", "training", "rss", "memory", "profile"}))
+      ->check(CLI::IsMember({"matmul", "attention", "training", "hvp", "rss", "memory", "profile"}))
       ->delimiter(',');
   cmd->add_flag("--profile", args->profile,
                 "Profile the training step op by op on 1 thread and on --threads (alone, or with the --only sections)");
@@ -460,8 +463,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--torch-script", args->torch_script,
                   "The PyTorch side of --vs-torch (default: tools/torch_bench.py of tapegrad's share folder)");
-  add_model_options(cmd, args->model, true, "Training step and profile: ");
-  cmd->add_option("--batch-size", args->batch, "Training step and profile: sequences per step")
+  add_model_options(cmd, args->model, true, "Training step, hvp and profile: ");
+  cmd->add_option("--batch-size", args->batch, "Training step, hvp and profile: sequences per step")
       ->capture_default_str()
       ->check(positive());
   add_precision_option(cmd, args->precision);

@@ -124,4 +124,8 @@ struct TrainStep {
 // time goes, and which parts do not speed up with more threads.
 void profile_section(Output& out, const BenchArgs& a);
 
+// A Hessian-vector product of the training step's loss against its gradient and PyTorch's double backward
+// (tools/bench_curvature.cpp).
+void curvature_section(Output& out, const BenchArgs& a, TorchSide* torch);
+
 }  // namespace tapegrad::cli::bench

@@ -36,6 +36,11 @@ Workloads (the names tapegrad bench sends), each with its peer (the string prepa
                                attention runs through scaled_dot_product_attention where PyTorch has it, as
                                nanoGPT's model.py does; with autocast "bf16" the forward runs under
                                torch.autocast("cpu", torch.bfloat16) (peer "eager, bf16 autocast")
+  loss_gradient                the gradient of the GPT's loss over its parameters on one batch
+                               (torch.autograd.grad, no optimizer); peer "autograd.grad"; args as train_step
+  loss_hvp                     H·v of the same loss for a random direction v: double backward, the gradient
+                               with create_graph=True, then the gradient of <g, v> (what
+                               torch.autograd.functional.hvp does); peer "double backward"
   train_step_compiled          the same step with the model's forward under torch.compile (backward, clipping
                                and AdamW unchanged); prepare compiles it and runs it once, and answers an error
                                when torch.compile is missing (before PyTorch 2.0) or fails; peer "torch.compile"
@@ -256,6 +261,29 @@ class CompiledTrainStep(TrainStep):
             raise Unavailable(f"torch.compile failed: {type(err).__name__}: {lines[0] if lines else ''}")
 
 
+class LossDerivative:
+    """The gradient, or one Hessian-vector product by double backward, of the GPT's loss on one batch."""
+
+    def __init__(self, hvp, cfg=DEFAULT_MODEL, batch=BATCH, seed=1337):
+        torch.manual_seed(seed)
+        self.hvp = hvp
+        self.peer = "double backward" if hvp else "autograd.grad"
+        self.model = GPT(cfg)
+        self.params = list(self.model.parameters())
+        gen = torch.Generator().manual_seed(seed)
+        T = cfg["block_size"]
+        self.x = torch.randint(cfg["vocab_size"], (batch, T), generator=gen)
+        self.y = torch.randint(cfg["vocab_size"], (batch, T), generator=gen)
+        self.v = [torch.randn(p.shape, generator=gen) for p in self.params]
+
+    def run(self):
+        _, loss = self.model(self.x, self.y)
+        if not self.hvp:
+            return torch.autograd.grad(loss, self.params)
+        grads = torch.autograd.grad(loss, self.params, create_graph=True)
+        return torch.autograd.grad(grads, self.params, grad_outputs=self.v)
+
+
 def make(workload, args):
     if workload == "matmul":
         return Matmul(*args)
@@ -267,6 +295,9 @@ def make(workload, args):
             step_args = {"cfg": {**DEFAULT_MODEL, **args.get("model", {})}, "batch": args.get("batch", BATCH),
                          "autocast": args.get("autocast")}
         return TrainStep(**step_args) if workload == "train_step" else CompiledTrainStep(**step_args)
+    if workload in ("loss_gradient", "loss_hvp"):
+        return LossDerivative(workload == "loss_hvp", cfg={**DEFAULT_MODEL, **args.get("model", {})},
+                              batch=args.get("batch", BATCH))
     raise ValueError(f"unknown workload {workload}")
 
 
