@@ -357,68 +357,111 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
 //   Ġn_i = −Gn_i·ḋen_i/den_i,  γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i,  ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i,
 //   ḋq_i = Σ_j (ḋw_ij k_j + dw_ij k̇_j),  ḋk_j = Σ_i (ḋw_ij q_i + dw_ij q̇_i),  ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i),
 //   ḋQ = φ′(Q) ⊙ ḋq + φ″(Q) ⊙ Q̇ ⊙ dq  (likewise K),   φ″(x) = 0 (x > 0), eˣ (x < 0): read off φ as φ′ is.
-// Not a training path: O(T·Tk·(d + dv)) loops per slice.
+// In matrix form over the slice, with the mask M (j ≤ i when causal, else all ones), W = M ⊙ qkᵀ and the row
+// scalings a_i = −ḋen_i/den_i (so Ġn = diag(a)·Gn):
+//   Ẇ = M ⊙ (q̇kᵀ + qk̇ᵀ),  ḋen = Ẇ1,  Ȯ = diag(1/den)·(ẆV + WV̇ − diag(ḋen)·O),
+//   DW = M ⊙ (GnVᵀ − γ1ᵀ),  DẆ = M ⊙ (diag(a)·GnVᵀ + GnV̇ᵀ − γ̇1ᵀ),
+//   ḋq = DẆ·k + DW·k̇,  ḋk = DẆᵀ·q + DWᵀ·q̇,  ḋv = Ẇᵀ·Gn + Wᵀ·Ġn,
+// each product a gemm over the dense (T, Tk) slice; dq = DW·k and dk = DWᵀ·q only where a φ″ term needs them.
+template <class T>
+struct SecondOrderWorkspace {
+  explicit SecondOrderWorkspace(const HeadDims& n)
+      : qd(size(n.tq * n.d)), kd(size(n.tk * n.d)), w(size(n.tq * n.tk)), w_dot(size(n.tq * n.tk)),
+        dw(size(n.tq * n.tk)), dw_dot(size(n.tq * n.tk)), gn(size(n.tq * n.dv)), gn_dot(size(n.tq * n.dv)),
+        o_dot(size(n.tq * n.dv)), rows_q(size(n.tq * n.d)), rows_k(size(n.tk * n.d)), den_dot(size(n.tq)),
+        gamma(size(n.tq)), gamma_dot(size(n.tq)) {}
+  static size_t size(int64_t n) { return static_cast<size_t>(n); }
+  std::vector<T> qd, kd, w, w_dot, dw, dw_dot, gn, gn_dot, o_dot, rows_q, rows_k, den_dot, gamma, gamma_dot;
+};
+
+// Zeroes the entries of a (tq, tk) matrix that the causal mask hides (j > i).
+template <class T>
+void apply_mask(T* m, const HeadDims& n) {
+  if (!n.causal) return;
+  for (int64_t i = 0; i < n.tq; ++i) std::fill(m + i * n.tk + std::min(i + 1, n.tk), m + (i + 1) * n.tk, T(0));
+}
+
+// out += φ″ ⊙ Ẋ ⊙ dx over n elements, φ″ read off the saved p = φ(X): eˣ = p where x < 0 (p < 1), 0 where x > 0.
+template <class T>
+void add_phi_curvature(T* out, const T* X_dot, const T* dx, const T* p, int64_t n) {
+  for (int64_t e = 0; e < n; ++e)
+    if (p[e] < 1) out[e] += p[e] * X_dot[e] * dx[e];
+}
+
 template <class T>
 void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, const T* Q_dot, const T* K_dot,
                                    const T* V_dot, const T* q, const T* k, const T* v, const T* O, const T* den,
-                                   const HeadDims& n) {
+                                   const HeadDims& n, SecondOrderWorkspace<T>& ws) {
   const int64_t tq = n.tq, tk = n.tk, d = n.d, dv = n.dv;
-  auto idx = [](int64_t a, int64_t b, int64_t cols) { return static_cast<size_t>(a * cols + b); };
-  std::vector<T> qd(static_cast<size_t>(tq * d), T(0)), kd(static_cast<size_t>(tk * d), T(0));
-  for (int64_t e = 0; e < tq * d; ++e) qd[static_cast<size_t>(e)] = Q_dot ? phi_prime_of_phi(q[e]) * Q_dot[e] : T(0);
-  for (int64_t e = 0; e < tk * d; ++e) kd[static_cast<size_t>(e)] = K_dot ? phi_prime_of_phi(k[e]) * K_dot[e] : T(0);
-  std::vector<T> dq(static_cast<size_t>(tq * d), T(0)), dk(static_cast<size_t>(tk * d), T(0));
-  std::vector<T> dq_dot(static_cast<size_t>(tq * d), T(0)), dk_dot(static_cast<size_t>(tk * d), T(0));
-  std::vector<T> w(static_cast<size_t>(tk)), w_dot(static_cast<size_t>(tk)), o_dot(static_cast<size_t>(dv));
+  const T* qd = nullptr;  // q̇ = φ′(Q) ⊙ Q̇, null without a tangent (likewise k̇)
+  const T* kd = nullptr;
+  if (Q_dot) feature_tangent(ws.qd.data(), Q_dot, q, tq * d), qd = ws.qd.data();
+  if (K_dot) feature_tangent(ws.kd.data(), K_dot, k, tk * d), kd = ws.kd.data();
+  T *w = ws.w.data(), *w_dot = ws.w_dot.data(), *dw = ws.dw.data(), *dw_dot = ws.dw_dot.data();
+  T *gn = ws.gn.data(), *gn_dot = ws.gn_dot.data(), *o_dot = ws.o_dot.data();
+  gemm(tq, tk, d, T(1), as_is(q, d), transposed(k, d), T(0), w, tk);
+  apply_mask(w, n);
+  std::fill(w_dot, w_dot + tq * tk, T(0));
+  if (qd) gemm(tq, tk, d, T(1), as_is(qd, d), transposed(k, d), T(1), w_dot, tk);
+  if (kd) gemm(tq, tk, d, T(1), as_is(q, d), transposed(kd, d), T(1), w_dot, tk);
+  apply_mask(w_dot, n);
+  gemm(tq, dv, tk, T(1), as_is(w_dot, tk), as_is(v, dv), T(0), o_dot, dv);
+  if (V_dot) gemm(tq, dv, tk, T(1), as_is(w, tk), as_is(V_dot, dv), T(1), o_dot, dv);
   for (int64_t i = 0; i < tq; ++i) {
-    const int64_t vis = n.causal ? i + 1 : tk;
-    T den_dot = 0;
-    for (int64_t j = 0; j < vis; ++j) {
-      T a = 0, b = 0;
-      for (int64_t c = 0; c < d; ++c) {
-        a += q[i * d + c] * k[j * d + c];
-        b += qd[idx(i, c, d)] * k[j * d + c] + q[i * d + c] * kd[idx(j, c, d)];
-      }
-      w[static_cast<size_t>(j)] = a, w_dot[static_cast<size_t>(j)] = b, den_dot += b;
-    }
+    const size_t r = static_cast<size_t>(i);
     const T inv = 1 / den[i];
+    T den_dot = 0;
+    for (int64_t j = 0; j < tk; ++j) den_dot += w_dot[i * tk + j];
     T gamma = 0, g_odot = 0;
     for (int64_t c = 0; c < dv; ++c) {
-      T num_dot = 0;
-      for (int64_t j = 0; j < vis; ++j)
-        num_dot += w_dot[static_cast<size_t>(j)] * v[j * dv + c] +
-                   (V_dot ? w[static_cast<size_t>(j)] * V_dot[j * dv + c] : T(0));
-      o_dot[static_cast<size_t>(c)] = (num_dot - O[i * dv + c] * den_dot) * inv;
-      gamma += G[i * dv + c] * O[i * dv + c];
-      g_odot += G[i * dv + c] * o_dot[static_cast<size_t>(c)];
+      const int64_t e = i * dv + c;
+      o_dot[e] = (o_dot[e] - O[e] * den_dot) * inv;
+      gamma += G[e] * O[e];
+      g_odot += G[e] * o_dot[e];
+      gn[e] = G[e] * inv;
+      gn_dot[e] = -gn[e] * den_dot * inv;
     }
-    gamma *= inv;
-    const T gamma_dot = (g_odot - gamma * den_dot) * inv;
-    for (int64_t j = 0; j < vis; ++j) {
-      T dw = -gamma, dw_dot = -gamma_dot;
-      for (int64_t c = 0; c < dv; ++c) {
-        const T gn = G[i * dv + c] * inv, gn_dot = -gn * den_dot * inv;
-        dw += gn * v[j * dv + c];
-        dw_dot += gn_dot * v[j * dv + c] + (V_dot ? gn * V_dot[j * dv + c] : T(0));
-        if (out_v) out_v[j * dv + c] += w_dot[static_cast<size_t>(j)] * gn + w[static_cast<size_t>(j)] * gn_dot;
-      }
-      for (int64_t c = 0; c < d; ++c) {
-        dq[idx(i, c, d)] += dw * k[j * d + c];
-        dk[idx(j, c, d)] += dw * q[i * d + c];
-        dq_dot[idx(i, c, d)] += dw_dot * k[j * d + c] + dw * kd[idx(j, c, d)];
-        dk_dot[idx(j, c, d)] += dw_dot * q[i * d + c] + dw * qd[idx(i, c, d)];
-      }
+    ws.den_dot[r] = den_dot;
+    ws.gamma[r] = gamma * inv;
+    ws.gamma_dot[r] = (g_odot - ws.gamma[r] * den_dot) * inv;
+  }
+  // DW and DẆ from GnVᵀ (and GnV̇ᵀ).
+  gemm(tq, tk, dv, T(1), as_is(gn, dv), transposed(v, dv), T(0), dw, tk);
+  if (V_dot) gemm(tq, tk, dv, T(1), as_is(gn, dv), transposed(V_dot, dv), T(0), dw_dot, tk);
+  for (int64_t i = 0; i < tq; ++i) {
+    const size_t r = static_cast<size_t>(i);
+    const T a = -ws.den_dot[r] / den[i];
+    for (int64_t j = 0; j < tk; ++j) {
+      const int64_t e = i * tk + j;
+      dw_dot[e] = (V_dot ? dw_dot[e] : T(0)) + a * dw[e] - ws.gamma_dot[r];
+      dw[e] -= ws.gamma[r];
     }
   }
-  auto phi_second_of_phi = [](T p) { return p < 1 ? p : T(0); };
-  if (out_q)
-    for (int64_t e = 0; e < tq * d; ++e)
-      out_q[e] += phi_prime_of_phi(q[e]) * dq_dot[static_cast<size_t>(e)] +
-                  (Q_dot ? phi_second_of_phi(q[e]) * Q_dot[e] * dq[static_cast<size_t>(e)] : T(0));
-  if (out_k)
-    for (int64_t e = 0; e < tk * d; ++e)
-      out_k[e] += phi_prime_of_phi(k[e]) * dk_dot[static_cast<size_t>(e)] +
-                  (K_dot ? phi_second_of_phi(k[e]) * K_dot[e] * dk[static_cast<size_t>(e)] : T(0));
+  apply_mask(dw, n);
+  apply_mask(dw_dot, n);
+  T *rows_q = ws.rows_q.data(), *rows_k = ws.rows_k.data();  // ḋq, then dq (likewise k)
+  if (out_q) {
+    gemm(tq, d, tk, T(1), as_is(dw_dot, tk), as_is(k, d), T(0), rows_q, d);
+    if (kd) gemm(tq, d, tk, T(1), as_is(dw, tk), as_is(kd, d), T(1), rows_q, d);
+    add_through_phi(out_q, rows_q, q, tq * d);
+    if (Q_dot) {
+      gemm(tq, d, tk, T(1), as_is(dw, tk), as_is(k, d), T(0), rows_q, d);
+      add_phi_curvature(out_q, Q_dot, rows_q, q, tq * d);
+    }
+  }
+  if (out_k) {
+    gemm(tk, d, tq, T(1), transposed(dw_dot, tk), as_is(q, d), T(0), rows_k, d);
+    if (qd) gemm(tk, d, tq, T(1), transposed(dw, tk), as_is(qd, d), T(1), rows_k, d);
+    add_through_phi(out_k, rows_k, k, tk * d);
+    if (K_dot) {
+      gemm(tk, d, tq, T(1), transposed(dw, tk), as_is(q, d), T(0), rows_k, d);
+      add_phi_curvature(out_k, K_dot, rows_k, k, tk * d);
+    }
+  }
+  if (out_v) {
+    gemm(tk, dv, tq, T(1), transposed(w_dot, tk), as_is(gn, dv), T(1), out_v, dv);
+    gemm(tk, dv, tq, T(1), transposed(w, tk), as_is(gn_dot, dv), T(1), out_v, dv);
+  }
 }
 
 template <class T>
@@ -484,14 +527,18 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          for (int64_t s = 0; s < n.heads; ++s) {
-            const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-            linear_attention_second_order(slice_or_null<T>(gin_dot[0], oq), slice_or_null<T>(gin_dot[1], ok),
-                                          slice_or_null<T>(gin_dot[2], ov), g.data<T>() + oo,
-                                          slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                          slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
-                                          Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n);
-          }
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
+            SecondOrderWorkspace<T> ws(n);
+            for (int64_t s = begin; s < end; ++s) {
+              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
+              linear_attention_second_order(slice_or_null<T>(gin_dot[0], oq), slice_or_null<T>(gin_dot[1], ok),
+                                            slice_or_null<T>(gin_dot[2], ov), g.data<T>() + oo,
+                                            slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
+                                            slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq,
+                                            phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
+                                            den.data<T>() + s * n.tq, n, ws);
+            }
+          });
         });
       });
 }
