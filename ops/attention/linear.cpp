@@ -439,25 +439,20 @@ void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, con
   }
   apply_mask(dw, n);
   apply_mask(dw_dot, n);
-  T *rows_q = ws.rows_q.data(), *rows_k = ws.rows_k.data();  // ḋq, then dq (likewise k)
-  if (out_q) {
-    gemm(tq, d, tk, T(1), as_is(dw_dot, tk), as_is(k, d), T(0), rows_q, d);
-    if (kd) gemm(tq, d, tk, T(1), as_is(dw, tk), as_is(kd, d), T(1), rows_q, d);
-    add_through_phi(out_q, rows_q, q, tq * d);
-    if (Q_dot) {
-      gemm(tq, d, tk, T(1), as_is(dw, tk), as_is(k, d), T(0), rows_q, d);
-      add_phi_curvature(out_q, Q_dot, rows_q, q, tq * d);
-    }
-  }
-  if (out_k) {
-    gemm(tk, d, tq, T(1), transposed(dw_dot, tk), as_is(q, d), T(0), rows_k, d);
-    if (qd) gemm(tk, d, tq, T(1), transposed(dw, tk), as_is(qd, d), T(1), rows_k, d);
-    add_through_phi(out_k, rows_k, k, tk * d);
-    if (K_dot) {
-      gemm(tk, d, tq, T(1), transposed(dw, tk), as_is(q, d), T(0), rows_k, d);
-      add_phi_curvature(out_k, K_dot, rows_k, k, tk * d);
-    }
-  }
+  // One side of the features: out += φ′ ⊙ (DẆ·y + DW·ẏ) + φ″ ⊙ Ẋ ⊙ (DW·y), with (y, ẏ) = (k, k̇) and the score
+  // matrices as they are for Q, (q, q̇) and transposed for K; `rows` holds ḋq (ḋk), then dq (dk).
+  auto close_side = [&](T* out, const T* X_dot, const T* p, const T* y, const T* y_dot, bool keys, T* rows) {
+    const int64_t m = keys ? tk : tq, inner = keys ? tq : tk;
+    auto op = [&](const T* a) { return keys ? transposed(a, tk) : as_is(a, tk); };
+    gemm(m, d, inner, T(1), op(dw_dot), as_is(y, d), T(0), rows, d);
+    if (y_dot) gemm(m, d, inner, T(1), op(dw), as_is(y_dot, d), T(1), rows, d);
+    add_through_phi(out, rows, p, m * d);
+    if (!X_dot) return;
+    gemm(m, d, inner, T(1), op(dw), as_is(y, d), T(0), rows, d);
+    add_phi_curvature(out, X_dot, rows, p, m * d);
+  };
+  if (out_q) close_side(out_q, Q_dot, q, k, kd, false, ws.rows_q.data());
+  if (out_k) close_side(out_k, K_dot, k, q, qd, true, ws.rows_k.data());
   if (out_v) {
     gemm(tk, dv, tq, T(1), transposed(w_dot, tk), as_is(gn, dv), T(1), out_v, dv);
     gemm(tk, dv, tq, T(1), transposed(w, tk), as_is(gn_dot, dv), T(1), out_v, dv);
