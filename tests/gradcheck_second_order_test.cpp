@@ -213,6 +213,17 @@ TEST_CASE("second-order slips are named as first-order ones are") {
     CHECK(r.has(Finding::asymmetric));
     CHECK_MESSAGE(r.has(Finding::zero, "∂b\u0304/∂a"), r.str());
   }
+  SUBCASE("a dropped cross term on inputs too large for whole blocks: the block from sampled columns") {
+    const Tensor a = Tensor::randn(DType::f64, {15, 16}, 8), b = Tensor::randn(DType::f64, {15, 16}, 9);
+    const GradcheckReport r = check_one(mul_without_b_cross_term, {a, b}, {"a", "b"});  // 480 elements
+    CHECK_FALSE(r.passed());
+    REQUIRE_MESSAGE(r.has(Finding::hessian_block), r.str());
+    const std::string& blocks = r.find(Finding::hessian_block)->message;
+    CHECK(blocks.find("the errors sit in ∂b̄/∂a; ") != std::string::npos);
+    CHECK(blocks.find("from at most 12 columns of each block: the inputs have 480 elements") != std::string::npos);
+    CHECK(r.has(Finding::asymmetric));
+    CHECK_FALSE(r.has(Finding::zero));  // no block is diagnosed whole
+  }
   SUBCASE("a dropped per-row term") {
     const GradcheckReport r = check_one(softmax_without_row_term, {Tensor::randn(DType::f64, {3, 5}, 7)}, {"x"});
     CHECK_FALSE(r.passed());

@@ -119,7 +119,8 @@ std::vector<Tensor> gradient_at(const Function& f, std::span<const Tensor> x, st
 // A failing second-order check of s = ⟨u, f(x)⟩ (engine/gradcheck/diagnose_second_order.cpp): the first-order check
 // first (a wrong VJP makes every H·t wrong), then the full Hessian in blocks ∂x̄_a/∂x_b, analytic (H·e_k by
 // Tape::hvp) against numeric (differences of the gradient): which blocks fail, and each failing block through
-// diagnose_jacobian. Nothing when the inputs have more than max_elements elements in all.
+// diagnose_jacobian. When the inputs have more than max_elements elements in all, which blocks fail from a few
+// evenly spaced columns of each, and no block diagnosed as a whole.
 std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const Tensor> x,
                                              std::span<const std::string> names, const Tensor& u,
                                              const GradcheckOptions& opt, int64_t max_elements = 400);
