@@ -102,7 +102,6 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
   });
 }
 
-// Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
 // Second order (Tape::hvp), one slice: the tangent of the VJP at a fixed G. With dP = GVᵀ and dS = dβ(P)·dP
 // (masked to the visible keys) as in the VJP, and the JVP's Ṗ = s(Q̇Kᵀ + QK̇ᵀ) (masked), Ḃβ = dβ(P)·Ṗ:
 //   dṠ_i = (β's second-order rule at p_i along ṗ_i, applied to dP_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
@@ -116,20 +115,21 @@ void beta_attention_second_order(const AttentionDims& dims, const T* q, const T*
   const int64_t T_ = dims.T, Tk = dims.Tk;
   const size_t n = static_cast<size_t>(T_ * Tk);
   // (T, Tk) each; dS, Ḃβ and dṠ stay 0 beyond each row's visible keys
-  std::vector<T> dp(n), dpdot(n, T(0)), pdot(n, T(0)), ds(n, T(0)), bdot(n, T(0)), dsdot(n, T(0));
-  second_order_scores(dims, q, k, v, g, tq, tk, tv, dp.data(), dpdot.data(), pdot.data());  // dP, GV̇ᵀ, Ṗ
+  auto [dp, dpdot, pdot, ds, bdot, dsdot] = zeroed_slice_matrices<T, 6>(n);
+  second_order_scores(dims, q, k, v, g, tq, tk, tv, dp, dpdot, pdot);  // dP, GV̇ᵀ, Ṗ
   for (int64_t i = 0; i < T_; ++i) {
     const int64_t vis = dims.visible(i);
     const T* beta = bb + i * Tk;
-    T *dp_i = dp.data() + i * Tk, *pdot_i = pdot.data() + i * Tk, *dsdot_i = dsdot.data() + i * Tk;
-    beta_row_derivative<Into::replace>(ds.data() + i * Tk, dp_i, beta, r[i], vis, vis);
-    beta_row_derivative<Into::replace>(bdot.data() + i * Tk, pdot_i, beta, r[i], vis, vis);
-    beta_row_derivative<Into::replace>(dsdot_i, dpdot.data() + i * Tk, beta, r[i], vis, vis);
+    T *dp_i = dp + i * Tk, *pdot_i = pdot + i * Tk, *dsdot_i = dsdot + i * Tk;
+    beta_row_derivative<Into::replace>(ds + i * Tk, dp_i, beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(bdot + i * Tk, pdot_i, beta, r[i], vis, vis);
+    beta_row_derivative<Into::replace>(dsdot_i, dpdot + i * Tk, beta, r[i], vis, vis);
     beta_row_second_order(dsdot_i, dp_i, pdot_i, beta, r[i], vis);
   }
-  second_order_products(dims, q, k, g, tq, tk, bdot.data(), ds.data(), dsdot.data(), out_q, out_k, out_v);
+  second_order_products(dims, q, k, g, tq, tk, bdot, ds, dsdot, out_q, out_k, out_v);
 }
 
+// Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
 struct SliceOffsets {
   int64_t q, k, v, o, scores, rows;
   SliceOffsets(const AttentionDims& dims, int64_t bh)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -193,6 +194,18 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
   }
 }
 
+// K zeroed matrices of n elements for a second-order rule's slice, from a buffer each thread keeps from call to
+// call (a slice's (T, Tk) matrices at long contexts are megabytes: fresh ones would cost page faults each time).
+template <class T, size_t K>
+std::array<T*, K> zeroed_slice_matrices(size_t n) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < K * n) buffer.resize(K * n);
+  std::fill(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(K * n), T(0));
+  std::array<T*, K> m;
+  for (size_t i = 0; i < K; ++i) m[i] = buffer.data() + i * n;
+  return m;
+}
+
 // The products that open the second-order rule of softmax and β attention, one slice, into (T, Tk) matrices:
 // dA = GVᵀ; GV̇ᵀ when V has a tangent; s(Q̇Kᵀ + QK̇ᵀ) from the tangents Q and K have. What a missing tangent would
 // give is left as it was (the callers start from zeros).
@@ -240,9 +253,9 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
                             const BiasLayout& L, T* out_q, T* out_k, T* out_v, T* out_bias) {
   const int64_t T_ = dims.T, Tk = dims.Tk;
   const size_t n = static_cast<size_t>(T_ * Tk);
-  std::vector<T> da(n), ds(n), z(n, T(0)), a_dot(n), da_dot(n, T(0)), ds_dot(n);
-  second_order_scores(dims, q, k, v, g, tq, tk, tv, da.data(), da_dot.data(), z.data());  // dA, GV̇ᵀ, Ż − Ḃ
-  if (tbias) add_bias_block(L, z.data(), Tk, tbias, b, head, 0, T_, 0, Tk);
+  auto [da, ds, z, a_dot, da_dot, ds_dot] = zeroed_slice_matrices<T, 6>(n);
+  second_order_scores(dims, q, k, v, g, tq, tk, tv, da, da_dot, z);  // dA, GV̇ᵀ, Ż − Ḃ
+  if (tbias) add_bias_block(L, z, Tk, tbias, b, head, 0, T_, 0, Tk);
   for (int64_t i = 0; i < T_; ++i) {
     const T* ai = a + i * Tk;
     T a_da = 0, a_z = 0, a_dad = 0;
@@ -262,8 +275,8 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
       ds_dot[e] = a_dot[e] * (da[e] - a_da) - adot_da * ai[j] + ai[j] * (da_dot[e] - a_dad);
     }
   }
-  second_order_products(dims, q, k, g, tq, tk, a_dot.data(), ds.data(), ds_dot.data(), out_q, out_k, out_v);
-  if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot.data(), Tk, b, head, 0, T_, 0, Tk);
+  second_order_products(dims, q, k, g, tq, tk, a_dot, ds, ds_dot, out_q, out_k, out_v);
+  if (out_bias) accumulate_bias_grad_block(L, out_bias, ds_dot, Tk, b, head, 0, T_, 0, Tk);
 }
 
 // Where each chunk of a VJP's parallel (b, h) loop adds its dB. Slices that share bias elements (a bias broadcast
