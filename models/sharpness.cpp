@@ -70,10 +70,6 @@ void scale_all(std::vector<Tensor>& v, double c) {
     });
 }
 
-}  // namespace
-
-namespace {
-
 struct PowerIteration {
   double eigenvalue = 0, residual = 0;
   int iterations = 0;

@@ -311,7 +311,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   };
 
   // Sharpness on one batch of its own generator (the training batches and losses do not change with it).
-  Tensor sharp_x = Tensor::empty(DType::i32, {B, T}), sharp_y = Tensor::empty(DType::i32, {B, T});
+  Tensor sharp_x, sharp_y;
   struct SharpnessRow {
     int64_t step;
     double lr;
@@ -320,6 +320,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   std::vector<SharpnessRow> sharp_rows;
   if (cfg.sharpness_every > 0) {
     Rng sharp_rng(cfg.seed ^ 0x5ba1d0e5ull);
+    sharp_x = Tensor::empty(DType::i32, {B, T});
+    sharp_y = Tensor::empty(DType::i32, {B, T});
     sample_batch(data.train, B, T, sharp_rng, sharp_x.data<int32_t>(), sharp_y.data<int32_t>());
     fn.after_step = [&](int64_t it, double lr) {
       if ((it + 1) % cfg.sharpness_every != 0) return;
