@@ -238,6 +238,11 @@ void second_order_products(const AttentionDims& dims, const T* q, const T* k, co
   }
 }
 
+// The rule in one line, as the registry of both nodes gives it to tapegrad explain.
+inline constexpr const char* attention_second_order_rule =
+    "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
+    "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), dḂ += Σ_bcast dṠ";
+
 // Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
 // probabilities A (T, Tk): the tangent of the VJP at a fixed G. With dA = GVᵀ and dS = A ⊙ (dA −
 // ⟨A_i, dA_i⟩) as in the VJP, and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):

@@ -238,9 +238,7 @@ void register_attention(Registry& r) {
          .formulas_at = {{"softmax rows", softmax_row_written_at},
                          {"their VJP and JVP", softmax_row_derivative_written_at},
                          {"second order", attention_second_order_written_at}},
-         .second_order = "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
-                         "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), "
-                         "dḂ += Σ_bcast dṠ",
+         .second_order = attention_second_order_rule,
          .second_order_derivation = "6.9"});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };

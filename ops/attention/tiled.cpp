@@ -370,9 +370,7 @@ void register_tiled_attention(Registry& r) {
          .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
          .derivation = "5.6, 2.1",
          .formulas_at = {{"second order", attention_second_order_written_at}},
-         .second_order = "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
-                         "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), "
-                         "dḂ += Σ_bcast dṠ",
+         .second_order = attention_second_order_rule,
          .second_order_derivation = "6.9"});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
