@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -15,6 +16,8 @@
 #include "models/data.hpp"
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
+#include "ops/formulas/claim.hpp"
+#include "ops/formulas/expression.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 
@@ -97,6 +100,32 @@ int text_input(const uint8_t* data, size_t size) {
       sample_batch(d.train, 2, T, rng, x.data(), y.data());
       for (int32_t id : x)
         if (id < 0 || id >= d.vocab_size()) violated("a batch token outside the vocabulary");
+    }
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+int formula_input(const uint8_t* data, size_t size) {
+  const std::string_view text = bytes_of(data, size);
+  try {
+    const Formula f = Formula::parse(text, "fuzz");
+    std::map<std::string, Shape> shapes;
+    for (const std::string& name : f.names()) shapes[name] = Shape{2, 3};
+    const Shape out = f.check(shapes);
+    Tape tape;
+    std::map<std::string, Var> values;
+    uint64_t seed = 1;
+    for (const auto& [name, shape] : shapes) values[name] = tape.leaf(Tensor::randn(DType::f64, shape, seed++));
+    const Var y = f.evaluate(values);
+    if (!(y.shape() == out)) violated("evaluate's shape differs from check's");
+  } catch (const Error&) {
+  }
+  try {
+    for (const ClaimText& c : parse_claims(text, "fuzz.txt")) {
+      int64_t elements = 0;
+      for (const InputSpec& in : c.inputs) elements += in.shape.numel();
+      if (elements <= 4096) validate_claim(c);
     }
   } catch (const Error&) {
   }

@@ -22,4 +22,9 @@ int config_input(const uint8_t* data, size_t size);
 // The text and vocabulary loader: TextData::from_text, with encode, decode and batches checked against the text.
 int text_input(const uint8_t* data, size_t size);
 
+// The formula language: the text parsed as one formula, its shape checked and the formula evaluated in float64 on
+// (2, 3) inputs for every name it reads; then the same text parsed as a file of claims (tapegrad claim --file), each
+// claim's formulas checked against its inputs' shapes where they are small.
+int formula_input(const uint8_t* data, size_t size);
+
 }  // namespace tapegrad::fuzz

@@ -36,7 +36,8 @@ TEST_CASE("the fuzz targets run clean on their seed corpus and on every input th
     Target run;
   } targets[] = {{"checkpoint", tapegrad::fuzz::checkpoint_input},
                  {"config", tapegrad::fuzz::config_input},
-                 {"text", tapegrad::fuzz::text_input}};
+                 {"text", tapegrad::fuzz::text_input},
+                 {"formula", tapegrad::fuzz::formula_input}};
   for (const auto& t : targets) {
     const std::string name = t.name;
     CAPTURE(name);

@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of fuzz/ with clang (-fsanitize=fuzzer,address,undefined) and runs each for a bounded
 # time from its seed corpus in fuzz/corpus/<target>/ (new inputs go to the build directory, not the repository).
 #   bash tools/fuzz.sh [SECONDS_PER_TARGET]     default 60; needs clang and libclang-rt-14-dev (tools/dev.sh fuzz)
-# Environment: TAPEGRAD_FUZZ_BUILD (default build-fuzz), TAPEGRAD_FUZZ_TARGETS (default "checkpoint config text").
+# Environment: TAPEGRAD_FUZZ_BUILD (default build-fuzz), TAPEGRAD_FUZZ_TARGETS (default "checkpoint config text formula").
 # A crash stops the script with exit code 1 and leaves the input in BUILD/crashes/; put a copy in
 # fuzz/regressions/<target>/ and tests/reliability_fuzz_test.cpp replays it in every test run.
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET=${1:-60}
 BUILD=${TAPEGRAD_FUZZ_BUILD:-build-fuzz}
-TARGETS=${TAPEGRAD_FUZZ_TARGETS:-checkpoint config text}
+TARGETS=${TAPEGRAD_FUZZ_TARGETS:-checkpoint config text formula}
 JOBS=$(nproc 2>/dev/null || echo 2)
 
 cmake -S fuzz -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null

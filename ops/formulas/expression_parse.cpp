@@ -111,8 +111,23 @@ class Parser {
     return std::string(text_.substr(pos_, end - pos_));
   }
 
-  // Nesting (parentheses, calls, unary minus) deeper than this is refused rather than overflowing the stack.
+  // Nesting (parentheses, calls, unary minus) deeper than this is refused rather than overflowing the parser's
+  // stack. The tree itself is bounded too: a chain a + b + c + ... is parsed by a loop but makes a tree one level
+  // deeper per operator, which the evaluator walks recursively, so no node may sit more than kMaxHeight levels
+  // above its deepest leaf.
   static constexpr int kMaxDepth = 200;
+  static constexpr int kMaxHeight = 1000;
+  // Sets n's height from its arguments; refuses a tree deeper than kMaxHeight, at n's column.
+  NodePtr measured(std::shared_ptr<ExpressionNode> n) {
+    int h = 0;
+    for (const auto& a : n->args) h = std::max(h, a->height);
+    n->height = h + 1;
+    if (n->height > kMaxHeight)
+      error(n->offset, fmt::format("the formula is more than {} levels deep here (each operator of a chain such as "
+                                   "a + b + c counts one level); split it with let",
+                                   kMaxHeight));
+    return n;
+  }
   struct Deeper {
     Parser& p;
     explicit Deeper(Parser& parser, size_t at) : p(parser) {
@@ -147,7 +162,7 @@ class Parser {
       Deeper deeper(*this, at);
       auto n = node(Kind::negate, at);
       n->args.push_back(unary());
-      return n;
+      return measured(std::move(n));
     }
     return primary();
   }
@@ -228,14 +243,14 @@ class Parser {
       if (a < count && !literal_int(*n->args[a]))
         error(n->args[a]->offset, fmt::format("argument {} of {} is an axis: a whole number written here, as -1",
                                               a + 1, name));
-    return n;
+    return measured(std::move(n));
   }
 
   NodePtr binary(char op, size_t at, NodePtr left, NodePtr right) {
     auto n = node(Kind::binary, at);
     n->op = op;
     n->args = {std::move(left), std::move(right)};
-    return n;
+    return measured(std::move(n));
   }
 
   std::string_view text_;

@@ -19,6 +19,7 @@ struct ExpressionNode {
   std::string name;    // name, call
   char op = 0;         // binary: + - * /
   std::vector<std::shared_ptr<const ExpressionNode>> args;  // call, binary (2), negate (1)
+  int height = 1;      // levels from this node down to its deepest leaf (the evaluator recurses this deep)
 };
 
 namespace expression_detail {
