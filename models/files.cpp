@@ -45,15 +45,43 @@ bool write_all(int fd, std::string_view bytes) {
   return true;
 }
 
-}  // namespace
-
-void write_file_atomic(const std::string& path, std::string_view bytes) {
-  write_file_atomic(path, std::span<const std::string_view>(&bytes, 1));
+// The file a write to `path` lands in: symlinks followed to the end of their chain (a dangling one to the path it
+// names), so that the real file is replaced and the link is left as it was.
+std::string resolved_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  std::error_code ec;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    if (hops == 40) fail("cannot write '{}': too many levels of symbolic links", path);
+    fs::path next = fs::read_symlink(p, ec);
+    if (ec) fail("cannot write '{}': cannot read the symbolic link '{}': {}", path, p.string(), ec.message());
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  return p.string();
 }
 
-void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
+// Streams the pieces into an existing file that is not a regular one (a fifo, a character device such as
+// /dev/null or /dev/stdout): such a file cannot be replaced, and renaming over it would destroy it.
+void write_into_special_file(const std::string& path, const std::string& real,
+                             std::span<const std::string_view> pieces) {
+  const int fd = ::open(real.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    int err = errno;
+    fail("cannot write '{}': {}", path, errno_text(err));
+  }
+  bool written = true;
+  for (size_t i = 0; written && i < pieces.size(); ++i) written = write_all(fd, pieces[i]);
+  const int err = errno;
+  ::close(fd);
+  if (!written) fail("cannot write '{}': {}", path, errno_text(err));
+}
+
+
+// The temporary goes beside the real file, so that the rename stays within one file system and replaces it.
+void write_regular_file_atomic(const std::string& path, const std::string& real,
+                               std::span<const std::string_view> pieces) {
   namespace fs = std::filesystem;
-  fs::path target(path);
+  fs::path target(real);
   if (!target.has_filename()) fail("cannot write '{}': the path names a directory, not a file", path);
   std::string dir = target.has_parent_path() ? target.parent_path().string() : std::string(".");
 
@@ -70,7 +98,7 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
   tmp.path = name;
 
   struct stat old {};
-  mode_t mode = (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ? (old.st_mode & 07777) : 0644;
+  mode_t mode = (::stat(real.c_str(), &old) == 0 && S_ISREG(old.st_mode)) ? (old.st_mode & 07777) : 0644;
   bool written = ::fchmod(tmp.fd, mode) == 0;
   for (size_t i = 0; written && i < pieces.size(); ++i) written = write_all(tmp.fd, pieces[i]);
   if (!written || ::fsync(tmp.fd) != 0) {
@@ -83,7 +111,7 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
     int err = errno;
     fail("cannot write '{}': closing the temporary file failed: {}", path, errno_text(err));
   }
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.path.c_str(), real.c_str()) != 0) {
     int err = errno;
     fail("cannot write '{}': renaming the temporary file over it failed: {}", path, errno_text(err));
   }
@@ -101,6 +129,35 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
   ::close(dfd);
   if (rc != 0 && err != EINVAL) fail("wrote '{}' but syncing its directory failed: {}", path, errno_text(err));
 }
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, std::span<const std::string_view>(&bytes, 1));
+}
+
+
+void refuse_input_as_output(const std::string& output, std::string_view output_option, const std::string& input,
+                            std::string_view input_option) {
+  struct stat out {}, in {};
+  if (::stat(output.c_str(), &out) != 0 || ::stat(input.c_str(), &in) != 0) return;  // a new file is no input
+  if (!S_ISREG(out.st_mode)) return;  // /dev/stdout and fifos are written into, never replaced
+  if (out.st_dev == in.st_dev && out.st_ino == in.st_ino)
+    fail("{} '{}' is the file {} reads ('{}'): writing it would destroy the input; choose another path",
+         output_option, output, input_option, input);
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
+  if (path.empty()) fail("cannot write a file with an empty name");
+  const std::string real = resolved_target(path);
+  struct stat st {};
+  if (::stat(real.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail("cannot write '{}': it is a directory, not a file", path);
+    if (!S_ISREG(st.st_mode)) return write_into_special_file(path, real, pieces);
+  }
+  write_regular_file_atomic(path, real, pieces);
+}
+
 
 std::string read_file(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -120,6 +177,8 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     fail("cannot read '{}': {}", path, errno_text(err));
   }
   if (S_ISDIR(st.st_mode)) fail("cannot read '{}': it is a directory, not a file", path);
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode))
+    fail("cannot read '{}': it is a device or a socket, not a file (its size cannot be known before reading)", path);
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
     fail("cannot read '{}': it holds {} bytes, above the limit of {} bytes", path, st.st_size, max_bytes);
 

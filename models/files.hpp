@@ -15,10 +15,21 @@ namespace tapegrad {
 // Error names the path and the system's reason.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 // The same for a file made of `pieces` one after the other (no copy of them is made).
+// The one writer of the program's files: every file tapegrad writes goes through it.
+//   - a symbolic link is followed to the file it names, which is replaced (the link stays a link);
+//   - an existing file that is not a regular one (a fifo, /dev/null, /dev/stdout) is written into, never renamed
+//     over, since replacing it would destroy it;
+//   - an empty path or a directory is refused.
 void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces);
 
-// The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, cannot
-// be read, or holds more than max_bytes.
+// Refuses, naming both options, an output path that is the same regular file as an input the command reads
+// (`evaluate --checkpoint c --hvp-out c` would destroy the checkpoint); paths that do not exist yet pass.
+void refuse_input_as_output(const std::string& output, std::string_view output_option, const std::string& input,
+                            std::string_view input_option);
+
+// The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, a device or
+// a socket, cannot be read, or holds more than max_bytes (a regular file is sized before it is read; a fifo is
+// read up to the limit).
 std::string read_file(const std::string& path, size_t max_bytes);
 
 // A file tapegrad ships beside its program (the bundled text, docs/derivations.md, the PyTorch scripts), by its path

@@ -17,6 +17,7 @@
 
 #include "models/checkpoint.hpp"
 #include "models/data.hpp"
+#include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/sharpness.hpp"
 #include "engine/rng.hpp"
@@ -35,6 +36,7 @@ struct EvaluateArgs {
 };
 
 void run_evaluate(const EvaluateArgs& a) {
+  if (!a.hvp_out.empty()) refuse_input_as_output(a.hvp_out, "--hvp-out", a.checkpoint, "--checkpoint");
   const Checkpoint ck = load_checkpoint(a.checkpoint);
   const GPT model = model_from_checkpoint(ck, a.checkpoint);
   auto vocab_text = ck.metadata.find("tapegrad.vocab");
