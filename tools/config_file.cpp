@@ -1,6 +1,7 @@
 // `--config FILE` for any subcommand: the file's `key = value` lines (CLI11's INI reader; keys are the long option
 // names without dashes, `#` starts a comment) become `--key=value` arguments placed before the command line's
-// own, so that a flag given on the command line overrides the file.
+// own, so that a flag given on the command line overrides the file. Several --config files merge in the order
+// given (a later file's key overrides an earlier one's); a key with an empty value is an error.
 #include <sstream>
 
 #include <utf8cpp/utf8.h>
@@ -33,6 +34,9 @@ std::vector<std::string> config_file_arguments(const std::string& path, std::str
     if (item.name == "config") fail("config file {}: a config file cannot name another config file", path);
     std::string value;
     for (size_t i = 0; i < item.inputs.size(); ++i) value += (i ? "," : "") + item.inputs[i];
+    // `name =` would become "--name=", which the parser reads as "--name" followed by the next argument.
+    if (value.empty())
+      fail("config file {}: key '{}' has an empty value; give it a value or remove the line", path, item.name);
     out.push_back("--" + item.name + "=" + value);
   }
   return out;
@@ -40,33 +44,39 @@ std::vector<std::string> config_file_arguments(const std::string& path, std::str
 
 std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
+  // Every --config in order: a later file's keys override an earlier one's, the command line overrides them all.
+  std::vector<std::string> from_files;
+  for (size_t i = 0; i < args.size();) {
     std::string path;
     size_t used = 0;
-    if (args[i] == "--config" && i + 1 < args.size()) {
+    if (args[i] == "--config") {
+      if (i + 1 == args.size()) fail("--config: expected a file name after it");
       path = args[i + 1];
       used = 2;
     } else if (args[i].rfind("--config=", 0) == 0) {
       path = args[i].substr(9);
       used = 1;
     } else {
+      ++i;
       continue;
     }
+    if (path.empty()) fail("--config: the file name is empty");
     std::string text;
     try {
       text = read_file(path, kMaxConfigBytes);
     } catch (const Error& e) {
       fail("config file: {}", e.what());
     }
-    std::vector<std::string> from_file = config_file_arguments(path, text);
+    std::vector<std::string> one = config_file_arguments(path, text);
+    from_files.insert(from_files.end(), one.begin(), one.end());
     args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + used));
-    // After the subcommand's name (the first argument that is not an option), before everything else.
-    size_t at = 0;
-    while (at < args.size() && args[at].rfind("-", 0) == 0) ++at;
-    at = std::min(at + 1, args.size());
-    args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), from_file.begin(), from_file.end());
-    break;
   }
+  if (from_files.empty()) return args;
+  // After the subcommand's name (the first argument that is not an option), before everything else.
+  size_t at = 0;
+  while (at < args.size() && args[at].rfind("-", 0) == 0) ++at;
+  at = std::min(at + 1, args.size());
+  args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), from_files.begin(), from_files.end());
   return args;
 }
 
