@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <cmath>
 #include <set>
 #include <tuple>
 
@@ -198,6 +199,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
     fail("save_checkpoint '{}': a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N, and so the data section, aligned to 8 bytes
+  if (text.size() > kMaxHeaderBytes)  // a file the loader would refuse is not written
+    fail("save_checkpoint '{}': the header would be {} bytes, above the {} bytes the loader accepts (its metadata "
+         "holds {} bytes); nothing was written", path, text.size(), kMaxHeaderBytes, header["__metadata__"].dump().size());
 
   std::string head;
   const uint64_t n = text.size();
@@ -338,6 +342,15 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
     bool ignored = false;
     for (std::string_view prefix : ignore_prefixes) ignored = ignored || std::string_view(nt.name).starts_with(prefix);
     if (!ignored) unexpected.push_back(nt.name);
+  }
+  // A parameter holding NaN or ±∞ would sample garbage and evaluate to "loss nan" without a word: refused by name.
+  for (size_t k = 0; k < found.size() && mismatched.empty(); ++k) {
+    if (!found[k]) continue;
+    const float* v = found[k]->data<float>();
+    for (int64_t i = 0, n = found[k]->numel(); i < n; ++i)
+      if (!std::isfinite(v[i]))
+        fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
+             path, module.parameters()[k].name, v[i], i);
   }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::string why;
