@@ -43,6 +43,13 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch) {
   return e;
 }
 
+void require_memory(double bytes, std::string_view what, std::string_view advice) {
+  const std::optional<double> available = memory_available();
+  if (available && bytes > *available)
+    fail("{} needs about {} of memory, more than the {} available; {}", what, bytes_text(bytes), bytes_text(*available),
+         advice);
+}
+
 namespace {
 
 std::optional<double> read_number(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "gpt.hpp"
 
@@ -28,6 +29,10 @@ TrainingMemory estimate_training_memory(const GPTConfig& model, int64_t batch);
 // Bytes this process may still take: MemAvailable of /proc/meminfo, or the cgroup's memory.max less its
 // memory.current where that is smaller; nothing where neither can be read.
 std::optional<double> memory_available();
+
+// Refuses, in one line, work that needs more memory than memory_available(): "WHAT needs about 8.8 GiB of memory,
+// more than the 6.1 GiB available; ADVICE". Every command calls it with its estimate before it allocates.
+void require_memory(double bytes, std::string_view what, std::string_view advice);
 
 // The process's resident memory now (VmRSS) and at its peak so far (VmHWM), from /proc/self/status; 0 if unknown.
 double resident_bytes();

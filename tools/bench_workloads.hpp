@@ -12,6 +12,7 @@
 #include "engine/rng.hpp"
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
+#include "models/run_memory.hpp"
 #include "models/trainer.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
@@ -83,8 +84,17 @@ struct TrainStep {
   std::vector<std::pair<Tensor, Tensor>> batches;
   size_t next = 0;
   Profile* profile = nullptr;  // when set, the tape's events and the optimizer's sections are charged to it
+  // The model's memory is estimated (and a run that cannot fit refused in one line) before anything is allocated.
+  static const GPTConfig& fits(const GPTConfig& config, int64_t batch_size) {
+    require_memory(estimate_training_memory(config, batch_size).total() +
+                       8.0 * 2 * static_cast<double>(batch_size) * static_cast<double>(config.block_size) * 4,
+                   fmt::format("bench's training step (batch {}, context {}, {} layers, {} wide)", batch_size,
+                               config.block_size, config.n_layer, config.n_embd),
+                   "make the model or the batch smaller");
+    return config;
+  }
   explicit TrainStep(const GPTConfig& config = {}, int64_t batch_size = 12)
-      : cfg(config), batch(batch_size), model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
+      : cfg(fits(config, batch_size)), batch(batch_size), model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
     Rng rng(7);
     for (int i = 0; i < 8; ++i) {
       Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});

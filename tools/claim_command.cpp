@@ -9,6 +9,7 @@
 #include "ops/formulas/claim.hpp"
 #include "ops/formulas/expression.hpp"
 #include "models/files.hpp"
+#include "models/run_memory.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
@@ -76,6 +77,15 @@ int run_claims(const ClaimArgs& a) {
   }
   if (!a.forward.empty() || !a.inputs.empty()) claims.push_back(claim_from_options(a));
   if (claims.empty()) fail("claim: nothing to check: give --input, --forward and --vjp, --jvp or --hvp, or --file");
+  // The memory a claim takes is bounded by its inputs: float64 values on a few tapes (the forward, the claimed
+  // derivatives, the finite differences' perturbed copies) whose intermediates are each at most a handful of inputs'
+  // size. 64 float64 copies of the inputs is the estimate, checked before anything of that size is allocated.
+  for (const auto& c : claims) {
+    double elements = 0;
+    for (const InputSpec& in : c.inputs) elements += static_cast<double>(in.shape.numel());
+    require_memory(64 * 8 * elements, fmt::format("claim {} ({:.4g} input elements)", c.where, elements),
+                   "check the formula on smaller inputs: a derivative that holds on a 4x6 input holds on larger ones");
+  }
   // Every formula parsed and shape-checked before the first check runs.
   for (const auto& c : claims) validate_claim(c);
   std::vector<GradcheckReport> reports;

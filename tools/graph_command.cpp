@@ -13,6 +13,7 @@
 #include "engine/tape_dot.hpp"
 #include "models/files.hpp"
 #include "models/gpt.hpp"
+#include "models/run_memory.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 
@@ -103,6 +104,12 @@ std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
 
 // One training step of a GPT on a batch of random token ids: its loss, and with --backward its gradients.
 std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::unique_ptr<GPT>& model) {
+  // The step's memory, and the drawing's (a few kilobytes of text per node, some 30 nodes a layer), before any of it
+  // is allocated.
+  require_memory(estimate_training_memory(a.gpt, a.batch_size).total() + 30.0 * 4096 * static_cast<double>(a.gpt.n_layer),
+                 fmt::format("graph --model (batch {}, context {}, {} layers, {} wide)", a.batch_size, a.gpt.block_size,
+                             a.gpt.n_layer, a.gpt.n_embd),
+                 "draw a smaller model");
   model = std::make_unique<GPT>(a.gpt, a.seed);
   const GPTConfig& cfg = model->config();
   const Shape shape{a.batch_size, cfg.block_size};
