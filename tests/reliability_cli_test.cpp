@@ -113,7 +113,7 @@ std::vector<Case> cli_cases() {
       {{"graph", "--op", "softmax", "-o", "g.pdf"}, "the extension .pdf names no format"},
       {{"train", "--config", "binary.ini"}, "not a text file"},
       {{"train", "--config", "adir"}, "directory"},
-      {{"train", "--config", "/dev/zero"}, "limit"},
+      {{"train", "--config", "/dev/zero"}, "device"},
       // sample
       {{"sample"}, "--checkpoint"},
       {{"sample", "--checkpoint", "missing.safetensors"}, "missing.safetensors"},

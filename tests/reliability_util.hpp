@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@ struct CliRun {
   int code = -1;    // exit code; -1 if the program died of a signal
   int signal = 0;   // the signal that killed it, or 0
   std::string out;  // stdout and stderr, interleaved
+  long max_rss_kb = 0;  // the child's peak resident memory (ru_maxrss)
 };
 
 // Runs the tapegrad program with `args` (no shell: every byte of an argument is passed as is) in directory `cwd`,
@@ -71,8 +73,10 @@ inline CliRun run_cli(const std::string& cwd, const std::vector<std::string>& ar
     if (n > 0) r.out.append(buf.data(), static_cast<size_t>(n));
   close(fds[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  struct rusage usage {};
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
   }
+  r.max_rss_kb = usage.ru_maxrss;
   if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   return r;
