@@ -449,9 +449,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--vs-torch", args->vs_torch,
                 "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch");
   cmd->add_option("--threads", args->threads, "Threads for tapegrad and PyTorch (default: the CPUs available)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--rounds", args->rounds, "Timed blocks per workload (default 10, 2 with --quick)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
       ->check(CLI::IsMember({"matmul", "attention", "training", "hvp", "rss", "memory", "profile"}))
       ->delimiter(',');

@@ -104,7 +104,9 @@ void add_evaluate_command(CLI::App& app) {
   cmd->add_option("--hvp-out", args->hvp_out,
                   "Also write a Hessian-vector product of the loss over the parameters to this safetensors file "
                   "(direction.NAME and hvp.NAME per parameter)");
-  cmd->add_option("--hvp-seed", args->hvp_seed, "Seed of the direction of --hvp-out")->capture_default_str();
+  cmd->add_option("--hvp-seed", args->hvp_seed, "Seed of the direction of --hvp-out")
+      ->capture_default_str()
+      ->check(non_negative());
   cmd->callback([args] { run_evaluate(*args); });
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,39 @@ void use_best_blas_core(const tapegrad::BlasInfo& blas, char** argv) {
   tapegrad::blas_core_warning_given();
 }
 
+
+
+// An integer option's value beyond its type's range is refused: CLI11 reads 99999999999999999999 into an int64 as
+// INT64_MAX, without a word. Values that are not plain decimal numbers are left to CLI11's own conversion.
+CLI::Validator integer_in_range(bool is_unsigned) {
+  return CLI::Validator(
+      [is_unsigned](std::string& s) -> std::string {
+        const bool negative = !s.empty() && s[0] == '-';
+        const std::string_view digits = std::string_view(s).substr(negative || (!s.empty() && s[0] == '+') ? 1 : 0);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) return {};
+        if (is_unsigned && negative) return fmt::format("must be non-negative, got {}", s);
+        bool fits;
+        if (is_unsigned) {
+          uint64_t v = 0;
+          fits = std::from_chars(digits.data(), digits.data() + digits.size(), v).ec == std::errc();
+        } else {
+          int64_t v = 0;
+          fits = std::from_chars(s.data() + (s[0] == '+' ? 1 : 0), s.data() + s.size(), v).ec == std::errc();
+        }
+        return fits ? std::string() : fmt::format("{} is out of range for a 64-bit {}integer", s, is_unsigned ? "unsigned " : "");
+      },
+      "", "");
+}
+
+void refuse_out_of_range_integers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("UINT", 0) == 0) option->check(integer_in_range(true));
+    else if (type.rfind("INT", 0) == 0) option->check(integer_in_range(false));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_out_of_range_integers(*sub);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,6 +108,7 @@ int main(int argc, char** argv) {
   tapegrad::cli::add_bench_command(app);
   tapegrad::cli::add_graph_command(app);
   tapegrad::cli::refuse_non_finite_numbers(app);
+  refuse_out_of_range_integers(app);
   try {
     std::vector<std::string> args = tapegrad::cli::arguments_with_config_file(argc, argv);
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector of arguments last first
