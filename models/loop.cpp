@@ -2,24 +2,22 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
-#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "models/stats.hpp"
+#include "ops/ops.hpp"
 
 namespace tapegrad {
 
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
-// The files the loop writes into its directory.
+// The files a run writes into its directory.
 constexpr const char* kCheckpointFile = "checkpoint.safetensors";
 constexpr const char* kCsvFile = "losses.csv";
 constexpr const char* kSvgFile = "losses.svg";
@@ -58,191 +56,217 @@ void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profil
   if (profile) profile->mark("optimizer: zero grad");
 }
 
+TrainingRun::TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng)
+    : cfg_(cfg), model_(model), opt_(opt), result_(result), batch_rng_(batch_rng),
+      checkpoint_path_(cfg.dir + "/" + kCheckpointFile),
+      kept_(cfg.dir.empty() ? "; stopped"
+                            : fmt::format("; stopped, the last good checkpoint {} is kept", checkpoint_path_)),
+      tty_(isatty(fileno(cfg.out)) != 0) {
+  if (cfg.profile) result_.profile.emplace(&builtin_registry());
+}
+
+void TrainingRun::resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model,
+                         const std::function<void(const Checkpoint&)>& restore) {
+  if (cfg_.dir.empty()) fail("train_loop: resume needs a run directory");
+  const std::string& path = checkpoint_path_;
+  const Checkpoint ck = load_checkpoint(path);
+  if (same_model) same_model(ck);
+  static constexpr std::string_view kOptimizerState[] = {"optimizer."};
+  load_parameters(ck, model_, path, kOptimizerState);  // all names and shapes checked before any is copied
+  opt_.load_state(ck, path);
+  try {
+    result_.first_step = std::stoll(training_metadata(ck, "tapegrad.step", path));
+    auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
+      if (!v.is_number_integer()) fail("{}: {}: a step in its log is {}, not an integer", flag, path, v.dump());
+      return v.get<int64_t>();
+    };
+    for (const auto& e : json::parse(training_metadata(ck, "tapegrad.evals", path)))
+      result_.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
+    for (const auto& r : json::parse(training_metadata(ck, "tapegrad.log", path)))
+      result_.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
+                              r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
+                              r[4].is_null() ? NAN : r[4].get<double>()});
+    if (batch_rng_) batch_rng_->set_state(std::stoull(training_metadata(ck, "tapegrad.rng", path)));
+    if (restore) restore(ck);
+  } catch (const json::exception& e) {
+    fail("{}: {}: its training state (evaluations, log) cannot be read: {}", flag, path, e.what());
+  } catch (const std::logic_error& e) {  // std::stoll's invalid_argument and out_of_range
+    fail("{}: {}: its training state (step, optimizer, batches) cannot be read: {}", flag, path, e.what());
+  }
+}
+
+void TrainingRun::start() {
+  if (!cfg_.dir.empty()) {
+    std::filesystem::create_directories(cfg_.dir);
+    remove_stale_temporaries(cfg_.dir);
+  }
+  start_ = last_print_ = Clock::now();
+}
+
+int64_t TrainingRun::stop_step() const {
+  return cfg_.stop_after > 0 ? std::min(cfg_.max_steps, first_step() + cfg_.stop_after) : cfg_.max_steps;
+}
+
+void TrainingRun::evaluate(int64_t step, const std::function<Evaluation(int64_t)>& losses) {
+  if (!losses || (!result_.evals.empty() && result_.evals.back().step == step)) return;
+  EvalPoint e{step, 0, 0};
+  try {
+    const Evaluation ev = losses(step);
+    e.train_loss = ev.train_loss;
+    e.val_loss = ev.val_loss;
+  } catch (const Error& err) {
+    fail("evaluation at step {}: {}{}", step, err.what(), kept_);
+  }
+  if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
+    fail("the evaluation loss became {} (train) / {} (val) at step {}{}", e.train_loss, e.val_loss, step, kept_);
+  result_.evals.push_back(e);
+  if (!result_.rows.empty() && result_.rows.back().step == step) result_.rows.back().val_loss = e.val_loss;
+  if (!cfg_.quiet) {
+    fmt::print(cfg_.out, "{}step {:>5}: train loss {:.4f}, val loss {:.4f}\n", line_start(), step, e.train_loss,
+               e.val_loss);
+    std::fflush(cfg_.out);
+  }
+}
+
+void TrainingRun::save_checkpoint(int64_t step, const std::function<void(Checkpoint&)>& add) {
+  if (cfg_.dir.empty()) return;
+  Checkpoint ck;
+  for (const auto& p : model_.parameters()) ck.tensors.push_back({p.name, p.value});
+  opt_.save_state(ck);
+  json evals = json::array(), rows = json::array();
+  for (const auto& e : result_.evals) evals.push_back({e.step, e.train_loss, e.val_loss});
+  for (const auto& r : result_.rows)
+    rows.push_back({r.step, r.lr, r.train_loss, r.val_loss ? json(*r.val_loss) : json(nullptr), r.ms_per_step});
+  ck.metadata["tapegrad.step"] = std::to_string(step);
+  ck.metadata["tapegrad.evals"] = evals.dump();
+  ck.metadata["tapegrad.log"] = rows.dump();
+  if (batch_rng_) ck.metadata["tapegrad.rng"] = std::to_string(batch_rng_->state());
+  if (add) add(ck);
+  tapegrad::save_checkpoint(checkpoint_path_, ck);  // the free function: atomic, checksummed
+}
+
+void TrainingRun::step_started() {
+  step_start_ = Clock::now();
+  if (Profile* prof = profile()) prof->start();
+}
+
+void TrainingRun::step_failed(int64_t step, const Error& e) const {
+  if (!cfg_.detect_anomaly) throw;  // called in a catch block: the error caught, as it is
+  fail("step {}: {}{}", step, e.what(), kept_);
+}
+
+double TrainingRun::finite_loss(int64_t step, const Var& loss) const {
+  const double value = loss.value().item();
+  if (!std::isfinite(value)) fail("the training loss became {} at step {}{}", value, step, kept_);
+  return value;
+}
+
+void TrainingRun::step_done(int64_t step, double lr, double loss) {
+  if (Profile* prof = profile()) {
+    prof->end_step();
+    prof->pause();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - step_start_).count();
+  step_ms_.push_back(ms);
+  result_.step_losses.push_back(loss);
+  result_.rows.push_back({step, lr, loss, std::nullopt, ms});
+  const bool evaluated = !result_.evals.empty() && result_.evals.back().step == step;
+  if (evaluated) result_.rows.back().val_loss = result_.evals.back().val_loss;
+  if (step % cfg_.eval_interval == 0) write_logs();  // with this step's row, which holds the evaluation's val loss
+  if (!cfg_.quiet) print_progress(step, lr, loss);
+}
+
+void TrainingRun::print_progress(int64_t step, double lr, double loss) {
+  const auto recent = static_cast<std::ptrdiff_t>(std::min<size_t>(50, step_ms_.size()));
+  const double med = median(std::vector<double>(step_ms_.end() - recent, step_ms_.end()));  // ms/step, last 50
+  const double eta = med * static_cast<double>(cfg_.max_steps - step - 1) / 1000;
+  const double tok_s = static_cast<double>(cfg_.tokens_per_step) / (med / 1000);
+  if (tty_ && std::chrono::duration<double>(Clock::now() - last_print_).count() > 0.1) {
+    fmt::print(cfg_.out, "\r\033[Kstep {:>5}/{} | loss {:.4f} | {:.1f} ms/step{} | ETA {}", step + 1, cfg_.max_steps,
+               loss, med, cfg_.tokens_per_step > 0 ? fmt::format(" | {:.1f}k tok/s", tok_s / 1000) : "",
+               format_duration(eta));
+    std::fflush(cfg_.out);
+    last_print_ = Clock::now();
+  } else if (!tty_ && ((step + 1) % cfg_.log_interval == 0 || step + 1 == cfg_.max_steps)) {
+    fmt::print(cfg_.out, "step {:>5}/{}: loss {:.4f}, lr {:.2e}, {:.1f} ms/step{}, ETA {}\n", step + 1, cfg_.max_steps,
+               loss, lr, med, cfg_.tokens_per_step > 0 ? fmt::format(", {:.0f} tok/s", tok_s) : "",
+               format_duration(eta));
+    std::fflush(cfg_.out);
+  }
+}
+
+void TrainingRun::write_logs() const {
+  if (cfg_.dir.empty()) return;
+  write_loss_csv(cfg_.dir + "/" + kCsvFile, result_.rows);
+  std::vector<PlotSeries> series(3);
+  series[0].label = "train (batch)";
+  series[1].label = "train (eval)";
+  series[2].label = "validation (eval)";
+  for (const auto& r : result_.rows)
+    if (std::isfinite(r.train_loss)) series[0].points.emplace_back(static_cast<double>(r.step), r.train_loss);
+  for (const auto& e : result_.evals) {
+    series[1].points.emplace_back(static_cast<double>(e.step), e.train_loss);
+    series[2].points.emplace_back(static_cast<double>(e.step), e.val_loss);
+  }
+  if (result_.evals.empty()) series.resize(1);  // a run without evaluations
+  write_loss_svg(cfg_.dir + "/" + kSvgFile, cfg_.title, series);
+}
+
+void TrainingRun::finish(double final_lr, const std::function<Evaluation(int64_t)>& losses,
+                         const std::function<void(Checkpoint&)>& add) {
+  result_.ms_per_step = median(step_ms_);
+  const double total_ms = std::accumulate(step_ms_.begin(), step_ms_.end(), 0.0);
+  result_.mean_ms_per_step = step_ms_.empty() ? 0.0 : total_ms / static_cast<double>(step_ms_.size());
+  const int64_t stop = stop_step();
+  if (stop < cfg_.max_steps) {  // stopped early: a checkpoint to resume from, no final evaluation
+    result_.stopped_early = true;
+    save_checkpoint(stop, add);
+    write_logs();
+    if (!cfg_.quiet && !cfg_.dir.empty())
+      fmt::print(cfg_.out, "{}stopped after step {}; wrote {}\n", line_start(), stop, checkpoint_path_);
+    return;
+  }
+  evaluate(cfg_.max_steps, losses);
+  if (losses && (result_.rows.empty() || result_.rows.back().step != cfg_.max_steps))
+    result_.rows.push_back({cfg_.max_steps, final_lr, NAN, result_.evals.back().val_loss, NAN});
+  save_checkpoint(cfg_.max_steps, add);
+  result_.wall_seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  write_logs();
+}
+
 LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, const LoopFunctions& fn) {
   if (!fn.loss) fail("train_loop: no loss function");
   if (cfg.max_steps < 0 || cfg.eval_interval <= 0)
     fail("train_loop: max_steps must not be negative and eval_interval must be positive, got {} and {}", cfg.max_steps,
          cfg.eval_interval);
-  const bool files = !cfg.dir.empty();
-  const std::string ck_path = cfg.dir + "/" + kCheckpointFile;
-  // How messages end when a run stops on bad numbers: what is left to resume from.
-  const std::string kept = files ? fmt::format("; stopped, the last good checkpoint {} is kept", ck_path) : "; stopped";
-  std::FILE* out = cfg.out;
-  LoopResult res;
-  int64_t step = 0;
+  LoopResult result;
+  TrainingRun run(cfg, model, opt, result);
+  if (cfg.resume) run.resume("resume", {}, fn.restore);
+  run.start();
+  if (fn.started) fn.started(run.first_step());
 
-  if (files) {
-    std::filesystem::create_directories(cfg.dir);
-    remove_stale_temporaries(cfg.dir);
-  }
-  if (cfg.resume) {
-    if (!files && !cfg.resume_from) fail("train_loop: resume needs a run directory");
-    std::optional<Checkpoint> read;
-    if (!cfg.resume_from) read = load_checkpoint(ck_path);
-    const Checkpoint& ck = cfg.resume_from ? *cfg.resume_from : *read;
-    static constexpr std::string_view kOptimizerState[] = {"optimizer."};
-    load_parameters(ck, model, ck_path, kOptimizerState);
-    opt.load_state(ck, ck_path);
-    try {
-      step = std::stoll(training_metadata(ck, "tapegrad.step", ck_path));
-      auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
-        if (!v.is_number_integer()) fail("{}: {}: a step in its log is {}, not an integer", cfg.resume_flag, ck_path, v.dump());
-        return v.get<int64_t>();
-      };
-      for (const auto& e : json::parse(training_metadata(ck, "tapegrad.evals", ck_path)))
-        res.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
-      for (const auto& r : json::parse(training_metadata(ck, "tapegrad.log", ck_path)))
-        res.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
-                            r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
-                            r[4].is_null() ? NAN : r[4].get<double>()});
-      if (fn.restore) fn.restore(ck);
-    } catch (const json::exception& e) {
-      fail("{}: {}: its training state (evaluations, log) cannot be read: {}", cfg.resume_flag, ck_path, e.what());
-    } catch (const std::logic_error& e) {  // std::stoll's invalid_argument and out_of_range
-      fail("{}: {}: its training state (step, optimizer, batches) cannot be read: {}", cfg.resume_flag, ck_path, e.what());
-    }
-  }
-  res.first_step = step;
-  if (fn.started) fn.started(step);
-
-  auto save = [&] {
-    if (!files) return;
-    Checkpoint ck;
-    for (const auto& p : model.parameters()) ck.tensors.push_back({p.name, p.value});
-    opt.save_state(ck);
-    json evals = json::array(), rows = json::array();
-    for (const auto& e : res.evals) evals.push_back({e.step, e.train_loss, e.val_loss});
-    for (const auto& r : res.rows)
-      rows.push_back({r.step, r.lr, r.train_loss, r.val_loss ? json(*r.val_loss) : json(nullptr), r.ms_per_step});
-    ck.metadata["tapegrad.step"] = std::to_string(step);
-    ck.metadata["tapegrad.evals"] = evals.dump();
-    ck.metadata["tapegrad.log"] = rows.dump();
-    if (fn.save) fn.save(ck);
-    save_checkpoint(ck_path, ck);
-  };
-  auto write_logs = [&] {
-    if (!files) return;
-    write_loss_csv(cfg.dir + "/" + kCsvFile, res.rows);
-    std::vector<PlotSeries> series(3);
-    series[0].label = "train (batch)";
-    series[1].label = "train (eval)";
-    series[2].label = "validation (eval)";
-    for (const auto& r : res.rows)
-      if (std::isfinite(r.train_loss)) series[0].points.emplace_back(static_cast<double>(r.step), r.train_loss);
-    for (const auto& e : res.evals) {
-      series[1].points.emplace_back(static_cast<double>(e.step), e.train_loss);
-      series[2].points.emplace_back(static_cast<double>(e.step), e.val_loss);
-    }
-    if (!fn.evaluate) series.resize(1);
-    write_loss_svg(cfg.dir + "/" + kSvgFile, cfg.title, series);
-  };
-
-  const bool tty = isatty(fileno(out)) != 0;
-  auto run_eval = [&](int64_t at) {
-    if (!fn.evaluate || (!res.evals.empty() && res.evals.back().step == at)) return;
-    EvalPoint e{at, 0, 0};
-    try {
-      const Evaluation ev = fn.evaluate(at);
-      e.train_loss = ev.train_loss;
-      e.val_loss = ev.val_loss;
-    } catch (const Error& err) {
-      fail("evaluation at step {}: {}{}", at, err.what(), kept);
-    }
-    if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
-      fail("the evaluation loss became {} (train) / {} (val) at step {}{}", e.train_loss, e.val_loss, at, kept);
-    res.evals.push_back(e);
-    if (!res.rows.empty() && res.rows.back().step == at) res.rows.back().val_loss = e.val_loss;
-    if (!cfg.quiet) {
-      fmt::print(out, "{}step {:>5}: train loss {:.4f}, val loss {:.4f}\n", tty ? "\r\033[K" : "", at, e.train_loss,
-                 e.val_loss);
-      std::fflush(out);
-    }
-  };
   auto lr_at = [&](int64_t it) { return cfg.lr ? cfg.lr(it) : opt.lr(); };
-
   Tape tape;
   tape.set_detect_anomaly(cfg.detect_anomaly);
-  Profile* prof = cfg.profile;
-  if (prof) tape.set_profile(prof);
-  std::vector<double> ms;
-  const auto t_start = Clock::now();
-  auto last_print = t_start;
-  const int64_t first = step;
-  const int64_t last = cfg.stop_after > 0 ? std::min(cfg.max_steps, first + cfg.stop_after) : cfg.max_steps;
-  for (int64_t it = first; it < last; ++it) {
-    const bool eval_step = it % cfg.eval_interval == 0;
-    if (eval_step) {
-      run_eval(it);
-      step = it;
-      save();
+  tape.set_profile(run.profile());
+  for (int64_t it = run.first_step(); it < run.stop_step(); ++it) {
+    if (it % cfg.eval_interval == 0) {
+      run.evaluate(it, fn.evaluate);
+      run.save_checkpoint(it, fn.save);
     }
     const double lr = lr_at(it);
-    const auto t0 = Clock::now();
-    if (prof) prof->start();
-    Var loss;
-    try {  // with detect_anomaly, the first non-finite value throws here, naming its op: add the step
-      loss = fn.loss(tape, it);
-    } catch (const Error& err) {
-      if (!cfg.detect_anomaly) throw;
-      fail("step {}: {}{}", it, err.what(), kept);
-    }
-    const double lv = loss.value().item();
-    if (!std::isfinite(lv)) fail("the training loss became {} at step {}{}", lv, it, kept);
-    try {
-      tape.backward(loss);
-    } catch (const Error& err) {
-      if (!cfg.detect_anomaly) throw;
-      fail("step {}: {}{}", it, err.what(), kept);
-    }
+    run.step_started();
+    Var loss = run.at_step(it, [&] { return fn.loss(tape, it); });
+    const double loss_value = run.finite_loss(it, loss);
+    run.at_step(it, [&] { tape.backward(loss); });
     tape.clear();
-    optimizer_step(opt, lr, cfg.grad_clip, prof);
-    if (prof) {
-      prof->end_step();
-      prof->pause();
-    }
-    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    ms.push_back(step_ms);
-    res.step_losses.push_back(lv);
-    res.rows.push_back({it, lr, lv, std::nullopt, step_ms});
-    if (!res.evals.empty() && res.evals.back().step == it) res.rows.back().val_loss = res.evals.back().val_loss;
-    step = it + 1;
-    if (eval_step) write_logs();  // with this step's row, which holds the evaluation's validation loss
-
-    if (!cfg.quiet) {
-      const double med = median(std::vector<double>(ms.end() - std::min<std::ptrdiff_t>(50, static_cast<std::ptrdiff_t>(ms.size())), ms.end()));
-      const double eta = med * static_cast<double>(cfg.max_steps - it - 1) / 1000;
-      const double tok_s = static_cast<double>(cfg.tokens_per_step) / (med / 1000);
-      if (tty && std::chrono::duration<double>(Clock::now() - last_print).count() > 0.1) {
-        fmt::print(out, "\r\033[Kstep {:>5}/{} | loss {:.4f} | {:.1f} ms/step{} | ETA {}", it + 1, cfg.max_steps, lv, med,
-                   cfg.tokens_per_step > 0 ? fmt::format(" | {:.1f}k tok/s", tok_s / 1000) : "", format_duration(eta));
-        std::fflush(out);
-        last_print = Clock::now();
-      } else if (!tty && ((it + 1) % cfg.log_interval == 0 || it + 1 == cfg.max_steps)) {
-        fmt::print(out, "step {:>5}/{}: loss {:.4f}, lr {:.2e}, {:.1f} ms/step{}, ETA {}\n", it + 1, cfg.max_steps, lv,
-                   lr, med, cfg.tokens_per_step > 0 ? fmt::format(", {:.0f} tok/s", tok_s) : "", format_duration(eta));
-        std::fflush(out);
-      }
-    }
+    optimizer_step(opt, lr, cfg.grad_clip, run.profile());
+    run.step_done(it, lr, loss_value);
     if (fn.after_step) fn.after_step(it, lr);
   }
-  res.ms_per_step = median(ms);
-  res.mean_ms_per_step = ms.empty() ? 0.0 : std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
-  if (prof) tape.set_profile(nullptr);
-  if (last < cfg.max_steps) {  // stopped early: a checkpoint to resume from, no final evaluation
-    res.stopped_early = true;
-    save();
-    write_logs();
-    if (!cfg.quiet && files) fmt::print(out, "{}stopped after step {}; wrote {}\n", tty ? "\r\033[K" : "", last, ck_path);
-    return res;
-  }
-  run_eval(cfg.max_steps);
-  step = cfg.max_steps;
-  if (fn.evaluate && (res.rows.empty() || res.rows.back().step != cfg.max_steps))
-    res.rows.push_back({cfg.max_steps, lr_at(cfg.max_steps), NAN, res.evals.back().val_loss, NAN});
-  save();
-  res.wall_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  write_logs();
-  return res;
+  tape.set_profile(nullptr);
+  run.finish(lr_at(cfg.max_steps), fn.evaluate, fn.save);
+  return result;
 }
 
 }  // namespace tapegrad

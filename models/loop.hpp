@@ -1,8 +1,9 @@
-// A training loop for any module and data: at each step the caller's loss of a batch is recorded on a tape,
-// differentiated, and the optimizer steps (clipping and the learning-rate schedule on the way); every
-// eval_interval steps the caller's evaluation runs, a checkpoint is written, and losses.csv and losses.svg are
-// rewritten (atomically), so a long run can be watched and a killed one keeps its curve. `tapegrad train` is this
-// loop around a GPT.
+// Training loops and the pieces they are built from. A run takes steps (record the loss of a batch on a tape,
+// differentiate it, clip the gradients, update) and, every eval_interval steps and at the end, evaluates and
+// writes a checkpoint; losses.csv and losses.svg are rewritten (atomically) at each evaluation, so a long run can
+// be watched and a killed one keeps its curve.
+//
+// train_loop runs such a loop for any module, around the caller's loss of a step:
 //
 //   MLP mlp("mlp", {2, 16, 16, 2}, 42);
 //   SGD opt(mlp.parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -12,6 +13,9 @@
 //   fn.evaluate = [&](int64_t step) { return Evaluation{train_loss(), val_loss()}; };   // optional
 //   LoopResult r = train_loop(mlp, opt, cfg, fn);
 //
+// `tapegrad train` (models/trainer.cpp) writes its GPT's step out in full and uses the same pieces: TrainingRun
+// keeps the run's record, writes its files, prints its progress and resumes it.
+//
 // The run directory holds checkpoint.safetensors (the module's parameters under their names, the optimizer's
 // state, the step, the evaluations and the log), losses.csv (models/plot.hpp) and losses.svg. With resume, the
 // loop continues from the checkpoint there; the same steps then give the same numbers as a run that was never
@@ -20,13 +24,17 @@
 // when a run starts there.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../engine/profile.hpp"
+#include "../engine/rng.hpp"
 #include "checkpoint.hpp"
 #include "module.hpp"
 #include "optim.hpp"
@@ -43,6 +51,7 @@ struct EvalPoint {
   double train_loss, val_loss;
 };
 
+// The options of a training loop: train_loop's, and the GPT trainer's (TrainConfig::loop).
 struct LoopConfig {
   int64_t max_steps = 1000;
   int64_t eval_interval = 100;  // evaluation, checkpoint and logs every this many steps, and at the end
@@ -51,14 +60,12 @@ struct LoopConfig {
   std::string dir = {};         // run directory; empty: no files
   std::string title = "training loss";  // of losses.svg
   bool resume = false;          // continue from dir/checkpoint.safetensors
-  const Checkpoint* resume_from = nullptr;  // with resume: that checkpoint, already read (else the loop reads it)
-  std::string resume_flag = "resume";       // how errors name resuming ("--resume" for the command line)
   int64_t stop_after = 0;       // stop, with a checkpoint, after this many steps of this call; 0: run to max_steps
   int64_t tokens_per_step = 0;  // for tok/s in the progress line; 0: not shown
   int64_t log_interval = 100;   // a plain progress line every this many steps when `out` is not a terminal
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
-  Profile* profile = nullptr;   // charge the training steps to this profile (engine/profile.hpp)
+  bool profile = false;         // time the training steps' ops and what lies between them (engine/profile.hpp)
   std::FILE* out = stdout;
 };
 
@@ -87,6 +94,7 @@ struct LoopResult {
   double wall_seconds = 0;
   int64_t first_step = 0;           // where this call began (after a resume, the checkpoint's step)
   bool stopped_early = false;       // by stop_after: no final evaluation
+  std::optional<Profile> profile;   // with LoopConfig::profile: the training steps of this call (not evaluation)
 };
 
 // The end of a training step, after backward: clip the gradients' global norm to `grad_clip` (0: no clipping), an
@@ -94,6 +102,102 @@ struct LoopResult {
 void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profile);
 
 LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, const LoopFunctions& fn);
+
+// One run as its steps go: its record (evaluations, log, step times, in a LoopResult), its files, its progress
+// output, and resuming it. A loop of steps uses it so (train_loop in models/loop.cpp, the GPT's in
+// models/trainer.cpp):
+//
+//   TrainingRun run(cfg, model, opt, result);
+//   if (cfg.resume) run.resume("resume");
+//   run.start();
+//   for (int64_t it = run.first_step(); it < run.stop_step(); ++it) {
+//     if (it % cfg.eval_interval == 0) {
+//       run.evaluate(it, losses);
+//       run.save_checkpoint(it);
+//     }
+//     run.step_started();
+//     Var loss = run.at_step(it, [&] { return forward(tape); });
+//     const double loss_value = run.finite_loss(it, loss);
+//     run.at_step(it, [&] { tape.backward(loss); });
+//     tape.clear();
+//     optimizer_step(opt, lr, cfg.grad_clip, run.profile());
+//     run.step_done(it, lr, loss_value);
+//   }
+//   run.finish(lr_after_the_last_step, losses);
+class TrainingRun {
+ public:
+  // `result` receives the record as the run goes. `batch_rng`, when given, draws the training batches: checkpoints
+  // keep its state ("tapegrad.rng") and resume restores it.
+  TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng = nullptr);
+
+  // Continues from dir/checkpoint.safetensors. Loads it, and refuses it, changing nothing, when `same_model` (if
+  // given) throws: a checkpoint of another model. Then restores the parameters (every name and shape checked before
+  // any is copied), the optimizer's state, the step, the evaluations and the log, the batch generator's state, and
+  // what `restore` (if given) reads: the caller's own. Errors name the checkpoint and begin with `flag` ("--resume"
+  // on the command line).
+  void resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model = {},
+              const std::function<void(const Checkpoint&)>& restore = {});
+  // Before the first step: creates the run directory, removes what killed writes left there, starts the clock.
+  void start();
+
+  int64_t first_step() const { return result_.first_step; }  // 0, or the step a resumed checkpoint holds
+  int64_t stop_step() const;  // where this call stops: max_steps, or first_step + stop_after when that is sooner
+  Profile* profile() { return result_.profile ? &*result_.profile : nullptr; }
+  const std::string& checkpoint_path() const { return checkpoint_path_; }
+
+  // The losses on fixed data before step `step`, losses(step), checked finite, kept and printed. Nothing when
+  // `losses` is empty, or when the run has them already (resumed from the checkpoint written at that step).
+  void evaluate(int64_t step, const std::function<Evaluation(int64_t)>& losses);
+  // Writes dir/checkpoint.safetensors (nothing without a directory): the parameters under their names, the
+  // optimizer's state, `step` (the step to continue from), the evaluations and the log, the batch generator's
+  // state, and what `add` (if given) adds: the caller's own.
+  void save_checkpoint(int64_t step, const std::function<void(Checkpoint&)>& add = {});
+
+  void step_started();  // the step's clock (and profile) starts
+  // pass(): the forward or the backward pass of step `step`. With detect_anomaly the tape throws at the first NaN
+  // or ±∞ a node makes, naming the node: the error then names the step and the checkpoint kept too.
+  template <class Pass>
+  auto at_step(int64_t step, Pass&& pass) const -> decltype(pass()) {
+    try {
+      return pass();
+    } catch (const Error& e) {
+      step_failed(step, e);
+    }
+  }
+  // The value of the scalar `loss` of step `step`; a NaN or ±∞ stops the run, keeping the last good checkpoint.
+  double finite_loss(int64_t step, const Var& loss) const;
+  // After the update of step `step`: its loss and time into the log, the progress line; after the step of an
+  // evaluation, losses.csv and losses.svg rewritten with it.
+  void step_done(int64_t step, double lr, double loss);
+
+  // After the steps of this call. Stopped by stop_after: a checkpoint to resume from. Otherwise: the final
+  // evaluation, losses(max_steps), its row in the log (at `final_lr`, the learning rate a next step would have)
+  // and the final checkpoint. Then the step times and the logs.
+  void finish(double final_lr, const std::function<Evaluation(int64_t)>& losses,
+              const std::function<void(Checkpoint&)>& add = {});
+
+  // "\r\033[K" when the output is a terminal (clears the progress line before a line of text), else "".
+  const char* line_start() const { return tty_ ? "\r\033[K" : ""; }
+
+ private:
+  // In the catch block of an error from a step: with detect_anomaly, the message with the step and the checkpoint
+  // kept; otherwise the error rethrown as it is.
+  [[noreturn]] void step_failed(int64_t step, const Error& e) const;
+  void write_logs() const;
+  void print_progress(int64_t step, double lr, double loss);
+
+  using Clock = std::chrono::steady_clock;
+  const LoopConfig& cfg_;
+  Module& model_;
+  Optimizer& opt_;
+  LoopResult& result_;
+  Rng* batch_rng_;
+  std::string checkpoint_path_;
+  std::string kept_;  // how messages end when a run stops on bad numbers: what is left to resume from
+  bool tty_;
+  std::vector<double> step_ms_;
+  Clock::time_point start_, step_start_, last_print_;
+};
 
 // Removes the temporaries that killed atomic writes of checkpoint.safetensors, losses.csv and losses.svg left in
 // `dir`; returns how many.

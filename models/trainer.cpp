@@ -85,15 +85,24 @@ std::string utf8_of(const std::vector<char32_t>& vocab) {
   return s;
 }
 
-// What a run's checkpoint holds besides what the loop keeps (the model under nanoGPT's names, AdamW's moments, the
-// step, evaluations and log): the configuration, the vocabulary and the batch generator's state.
-void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, const TextData& data, uint64_t rng_state) {
+// What a run's checkpoint holds besides what TrainingRun keeps (the model under nanoGPT's names, AdamW's moments,
+// the step, evaluations, log and the batch generator's state): the configuration and the vocabulary.
+void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, const TextData& data) {
   ck.metadata["format"] = "tapegrad-gpt";
   ck.metadata["tapegrad.model"] = model_json(model.config()).dump();
-  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size}, {"max_iters", cfg.max_iters},
+  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size},
+                                        {"max_iters", cfg.loop.max_steps},
                                         {"precision", precision_name(cfg.precision)}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
-  ck.metadata["tapegrad.rng"] = std::to_string(rng_state);
+}
+
+// Refuses to resume from the checkpoint of another model: the attention kind and the sizes must be the run's.
+void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const std::string& path) {
+  const GPTConfig saved = model_from_json(training_metadata(ck, "tapegrad.model", path), path);
+  if (saved.attention != m.attention || saved.n_embd != m.n_embd || saved.n_layer != m.n_layer ||
+      saved.n_head != m.n_head || saved.block_size != m.block_size || saved.vocab_size != m.vocab_size)
+    fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
+         path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
 }
 
 }  // namespace
@@ -127,8 +136,25 @@ GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
 
 namespace {
 
-// Mean loss over fixed batches, without recording anything.
-double evaluate(const GPT& model, Tape& tape, const std::vector<std::pair<Tensor, Tensor>>& batches) {
+// Batches of token ids: x (B, T) and its targets y (B, T), y[b, t] = x[b, t + 1].
+using Batches = std::vector<std::pair<Tensor, Tensor>>;
+
+// The evaluation's batches, `n` of each split, drawn once from a generator of their own: the same for every run
+// with this seed, whatever else it draws.
+std::pair<Batches, Batches> evaluation_batches(const TextData& data, int64_t B, int64_t T, int64_t n, uint64_t seed) {
+  Rng rng(seed + 0x5eed);
+  std::pair<Batches, Batches> splits;
+  for (auto [batches, tokens] : {std::pair{&splits.first, &data.train}, std::pair{&splits.second, &data.val}})
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
+      sample_batch(*tokens, B, T, rng, x.data<int32_t>(), y.data<int32_t>());
+      batches->emplace_back(x, y);
+    }
+  return splits;
+}
+
+// Mean loss over fixed batches, recording nothing; `tape` is cleared after each batch.
+double mean_loss(const GPT& model, Tape& tape, const Batches& batches) {
   double total = 0;
   for (const auto& [x, y] : batches) {
     NoGradGuard no_grad(tape);
@@ -178,6 +204,137 @@ std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, i
   return ids;
 }
 
+// What the memory check before the run found, for the header.
+struct MemoryOutlook {
+  TrainingMemory need;                 // the estimate for the run
+  double resident_at_start;            // the program, its libraries and the text
+  std::optional<double> available;     // what the system has free, when it says
+};
+
+// The run's header: the model and its parameters, the engine, the memory, the data, where a resumed run continues.
+void print_header(std::FILE* out, const TrainConfig& cfg, const std::string& data_path, const TextData& data,
+                  const GPT& model, const MemoryOutlook& memory, const TrainingRun& run) {
+  fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, {} gelu, vocab {}, batch {}\n",
+             cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
+             gelu_form_name(cfg.model.gelu), cfg.model.vocab_size, cfg.batch_size);
+  for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
+  fmt::print(out, "  {:<24} {:>9} parameters\n", "total", model.num_parameters());
+  fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()),
+             products_summary());
+  const TrainingMemory& need = memory.need;
+  fmt::print(out,
+             "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}) "
+             "beside the program's {}; {}\n",
+             bytes_text(need.total()), bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
+             bytes_text(need.tape_bytes), bytes_text(memory.resident_at_start),
+             memory.available ? bytes_text(*memory.available) + " available" : "available unknown");
+  fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n", data_path, data.train.size(),
+             data.val.size(), cfg.loop.dir);
+  if (cfg.loop.resume) fmt::print(out, "resuming from {} at step {}\n", run.checkpoint_path(), run.first_step());
+  std::fflush(out);
+}
+
+// The sharpness of the training loss (models/sharpness.hpp) every sharpness_every steps, on one batch drawn once
+// from a generator of its own (so the training batches, and the losses, are those of a run without it); printed,
+// and written to sharpness.csv and sharpness.svg in the run directory.
+class SharpnessLog {
+ public:
+  SharpnessLog(const TrainConfig& cfg, const TextData& data) : cfg_(cfg) {
+    if (cfg.sharpness_every <= 0) return;
+    const int64_t B = cfg.batch_size, T = cfg.model.block_size;
+    Rng rng(cfg.seed ^ 0x5ba1d0e5ull);
+    x_ = Tensor::empty(DType::i32, {B, T});
+    y_ = Tensor::empty(DType::i32, {B, T});
+    sample_batch(data.train, B, T, rng, x_.data<int32_t>(), y_.data<int32_t>());
+  }
+
+  // λ_max after `steps` steps, the last at learning rate `lr`.
+  void measure(const GPT& model, int64_t steps, double lr, const TrainingRun& run) {
+    const Sharpness s = sharpness(model, [&](Tape& tape) { return model.loss(tape, x_, y_); },
+                                  {.iterations = cfg_.sharpness_iterations, .tolerance = 1e-3, .seed = cfg_.seed});
+    rows_.push_back({steps, lr, s});
+    std::FILE* out = cfg_.loop.out;
+    if (!cfg_.loop.quiet)
+      fmt::print(out, "{}sharpness after step {}: λ_max = {:.4g} ({} Hessian-vector products, residual {:.2g}; "
+                      "loss {:.4f} on its batch)\n",
+                 run.line_start(), steps, s.largest, s.iterations, s.residual, s.loss);
+    const std::string& dir = cfg_.loop.dir;
+    if (dir.empty()) return;
+    std::string csv = "step,lr,sharpness,largest_magnitude,iterations,residual,loss\n";
+    PlotSeries curve{"largest Hessian eigenvalue", {}};
+    for (const Row& r : rows_) {
+      csv += fmt::format("{},{},{},{},{},{},{}\n", r.step, r.lr, r.s.largest, r.s.magnitude, r.s.iterations,
+                         r.s.residual, r.s.loss);
+      curve.points.emplace_back(static_cast<double>(r.step), r.s.largest);
+    }
+    write_file_atomic(dir + "/sharpness.csv", csv);
+    write_loss_svg(dir + "/sharpness.svg", fmt::format("sharpness of the training loss, {}", cfg_.loop.title),
+                   std::span<const PlotSeries>(&curve, 1), "step", "λ_max");
+  }
+
+ private:
+  struct Row {
+    int64_t step;
+    double lr;
+    Sharpness s;
+  };
+  const TrainConfig& cfg_;
+  Tensor x_, y_;
+  std::vector<Row> rows_;
+};
+
+// The training steps, as llm.c's main loop. Before each step that is a multiple of eval_interval, and after the
+// last, the mean losses on the fixed evaluation batches and a checkpoint; each step samples a batch, records the
+// forward pass on the tape, differentiates it and updates the weights with AdamW at the scheduled learning rate.
+void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW& opt, Rng& batch_rng,
+                 TrainingRun& run) {
+  const int64_t B = cfg.batch_size, T = cfg.model.block_size;
+  const auto [eval_train, eval_val] = evaluation_batches(data, B, T, cfg.eval_iters, cfg.seed);
+  Tape tape;       // a step's forward pass, cleared after its backward
+  Tape eval_tape;  // every evaluation's forward passes, recording no gradients, cleared after each batch
+  tape.set_detect_anomaly(cfg.loop.detect_anomaly);
+  eval_tape.set_detect_anomaly(cfg.loop.detect_anomaly);
+  Profile* prof = run.profile();  // the training steps only, not the evaluations
+  tape.set_profile(prof);
+  auto eval_losses = [&](int64_t) {
+    return Evaluation{mean_loss(model, eval_tape, eval_train), mean_loss(model, eval_tape, eval_val)};
+  };
+  auto add_metadata = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data); };
+  // Linear warm-up to learning_rate over warmup_iters steps, then a cosine down to min_lr at lr_decay_iters.
+  auto lr_at = [&](int64_t it) {
+    return learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters);
+  };
+  SharpnessLog sharpness_log(cfg, data);
+  Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
+
+  for (int64_t it = run.first_step(); it < run.stop_step(); ++it) {
+    if (it % cfg.loop.eval_interval == 0) {  // the weights step `it` starts from: evaluated, then kept
+      run.evaluate(it, eval_losses);
+      run.save_checkpoint(it, add_metadata);
+    }
+    const double lr = lr_at(it);
+    run.step_started();
+    // x (B, T): token ids from B random offsets of the train split; y (B, T): the next ones, y[b, t] = x[b, t + 1]
+    sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
+    if (prof) prof->mark("data: batch");
+    // forward: embeddings (B, T, C) → n_layer blocks → logits (B, T, V) = ln_f(h)·wteᵀ;
+    //          loss = −1/(B·T) Σ_b,t log softmax(logits[b, t])[y[b, t]], a scalar
+    Var loss = run.at_step(it, [&] { return model.loss(tape, x, y, dropout_seed(cfg.model, cfg.seed, it)); });
+    const double loss_value = run.finite_loss(it, loss);  // a NaN or ±∞ stops the run
+    // backward: ∂loss/∂θ added into every parameter's gradient (zero since the last update)
+    run.at_step(it, [&] { tape.backward(loss); });
+    tape.clear();  // forgets the step's nodes and values; the arena keeps its memory for the next step
+    // update: g ← g·min(1, grad_clip/(‖g‖₂ + 1e-6)), ‖g‖₂ over all parameters; θ ← AdamW(θ, g) at lr, with
+    // decoupled weight decay on the matrices and embeddings; g ← 0
+    optimizer_step(opt, lr, cfg.loop.grad_clip, prof);
+    run.step_done(it, lr, loss_value);  // the log's row, the progress line
+    if (cfg.sharpness_every > 0 && (it + 1) % cfg.sharpness_every == 0)
+      sharpness_log.measure(model, it + 1, lr, run);  // λ_max of the loss's Hessian at the weights after the step
+  }
+  tape.set_profile(nullptr);
+  run.finish(lr_at(cfg.loop.max_steps), eval_losses, add_metadata);
+}
+
 }  // namespace
 
 std::string default_data_path() {
@@ -187,10 +344,10 @@ std::string default_data_path() {
 void TrainConfig::validate() const {
   model.validate();
   if (batch_size <= 0) fail("batch_size must be positive, got {}", batch_size);
-  if (max_iters < 0) fail("max_iters must not be negative, got {}", max_iters);
-  if (eval_interval <= 0 || eval_iters <= 0) fail("eval_interval and eval_iters must be positive");
+  if (loop.max_steps < 0) fail("max_iters must not be negative, got {}", loop.max_steps);
+  if (loop.eval_interval <= 0 || eval_iters <= 0) fail("eval_interval and eval_iters must be positive");
   if (!(learning_rate > 0) || !(min_lr >= 0)) fail("learning rates must be positive");
-  if (!(grad_clip >= 0)) fail("grad_clip must not be negative");
+  if (!(loop.grad_clip >= 0)) fail("grad_clip must not be negative");
   if (sharpness_every < 0) fail("sharpness_every must not be negative, got {}", sharpness_every);
   if (sharpness_iterations < 1) fail("sharpness_iterations must be at least 1, got {}", sharpness_iterations);
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
@@ -200,34 +357,27 @@ std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() 
 
 TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   TrainConfig cfg = cfg_in;
-  const std::string dir = cfg.run_dir();
-  const std::string ck_path = dir + "/checkpoint.safetensors";
-  TextData data = TextData::load(cfg.data.empty() ? default_data_path() : cfg.data);
-  cfg.model.vocab_size = static_cast<int64_t>(data.vocab.size());
-  if (cfg.lr_decay_iters == 0) cfg.lr_decay_iters = cfg.max_iters;
-
-  std::optional<Checkpoint> resume_ck;
-  if (cfg.resume) {
-    resume_ck = load_checkpoint(ck_path);
-    GPTConfig saved = model_from_json(training_metadata(*resume_ck, "tapegrad.model", ck_path), ck_path);
-    if (saved.attention != cfg.model.attention || saved.n_embd != cfg.model.n_embd || saved.n_layer != cfg.model.n_layer ||
-        saved.n_head != cfg.model.n_head || saved.block_size != cfg.model.block_size || saved.vocab_size != cfg.model.vocab_size)
-      fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
-           ck_path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
-  }
+  const std::string data_path = cfg.data.empty() ? default_data_path() : cfg.data;
+  TextData data = TextData::load(data_path);
+  cfg.model.vocab_size = data.vocab_size();
+  if (cfg.lr_decay_iters == 0) cfg.lr_decay_iters = cfg.loop.max_steps;
+  cfg.loop.dir = cfg.run_dir();
+  cfg.loop.title = fmt::format("{} attention on {}", cfg.model.attention,
+                               std::filesystem::path(data_path).filename().string());
+  cfg.loop.tokens_per_step = cfg.batch_size * cfg.model.block_size;
+  cfg.loop.out = out;
   cfg.validate();
   const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   // Before anything large is allocated: a run that cannot fit is refused in one line.
-  const TrainingMemory need = estimate_training_memory(cfg.model, B);
-  const double resident_at_start = resident_bytes();  // the program, its libraries and the text
-  const std::optional<double> available = memory_available();
-  if (available && need.total() > *available)
+  const MemoryOutlook memory{estimate_training_memory(cfg.model, B), resident_bytes(), memory_available()};
+  const TrainingMemory& need = memory.need;
+  if (memory.available && need.total() > *memory.available)
     fail("the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
          "moments, {} for one step's tape at batch {} and context {}), more than the {} available; make the model "
          "or the batch smaller",
          bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-         bytes_text(need.tape_bytes), B, T, bytes_text(*available));
+         bytes_text(need.tape_bytes), B, T, bytes_text(*memory.available));
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
     fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
          "of {} tokens", data.train.size(), data.val.size(), T);
@@ -235,146 +385,40 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   GPT model(cfg.model, cfg.seed);
   AdamW opt(model.parameters(), {.lr = cfg.learning_rate, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8,
                                  .weight_decay = cfg.weight_decay});
-  Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);
-
-  // Fixed evaluation batches, the same for every run with this seed.
-  Rng eval_rng(cfg.seed + 0x5eed);
-  std::vector<std::pair<Tensor, Tensor>> eval_train, eval_val;
-  for (auto* split : {&eval_train, &eval_val})
-    for (int64_t i = 0; i < cfg.eval_iters; ++i) {
-      Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
-      sample_batch(split == &eval_train ? data.train : data.val, B, T, eval_rng, x.data<int32_t>(), y.data<int32_t>());
-      split->emplace_back(x, y);
-    }
-
+  Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);  // draws the training batches
   TrainResult res;
   res.parameters = model.num_parameters();
-  res.run_dir = dir;
-  if (cfg.profile) res.profile.emplace(&builtin_registry());
-  Profile* prof = cfg.profile ? &*res.profile : nullptr;
-
-  LoopConfig lc;
-  lc.max_steps = cfg.max_iters;
-  lc.eval_interval = cfg.eval_interval;
-  lc.grad_clip = cfg.grad_clip;
-  lc.lr = [&](int64_t it) { return learning_rate(it, cfg.learning_rate, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters); };
-  lc.dir = dir;
-  lc.title = fmt::format("{} attention on {}", cfg.model.attention,
-                         std::filesystem::path(cfg.data.empty() ? default_data_path() : cfg.data).filename().string());
-  lc.resume = cfg.resume;
-  lc.resume_from = resume_ck ? &*resume_ck : nullptr;
-  lc.resume_flag = "--resume";
-  lc.stop_after = cfg.stop_after;
-  lc.tokens_per_step = B * T;
-  lc.log_interval = cfg.log_interval;
-  lc.quiet = cfg.quiet;
-  lc.detect_anomaly = cfg.detect_anomaly;
-  lc.profile = prof;
-  lc.out = out;
-
-  LoopFunctions fn;
-  Tensor x = Tensor::empty(DType::i32, {B, T}), y = Tensor::empty(DType::i32, {B, T});
-  fn.loss = [&](Tape& tape, int64_t it) {
-    sample_batch(data.train, B, T, batch_rng, x.data<int32_t>(), y.data<int32_t>());
-    if (prof) prof->mark("data: batch");
-    return model.loss(tape, x, y, dropout_seed(cfg.model, cfg.seed, it));
-  };
-  fn.evaluate = [&](int64_t) {
-    Tape train_tape, val_tape;
-    train_tape.set_detect_anomaly(cfg.detect_anomaly);
-    val_tape.set_detect_anomaly(cfg.detect_anomaly);
-    return Evaluation{evaluate(model, train_tape, eval_train), evaluate(model, val_tape, eval_val)};
-  };
-  fn.save = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data, batch_rng.state()); };
-  fn.restore = [&](const Checkpoint& ck) {
-    batch_rng.set_state(std::stoull(training_metadata(ck, "tapegrad.rng", ck_path)));
-  };
-  fn.started = [&](int64_t first_step) {
-    if (cfg.quiet) return;
-    fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, {} gelu, vocab {}, batch {}\n",
-               cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, T,
-               gelu_form_name(cfg.model.gelu), cfg.model.vocab_size, B);
-    for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
-    fmt::print(out, "  {:<24} {:>9} parameters\n", "total", res.parameters);
-    fmt::print(out, "threads: {} (the engine's pool); BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()),
-               products_summary());
-    fmt::print(out,
-               "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}) "
-               "beside the program's {}; {}\n",
-               bytes_text(need.total()), bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-               bytes_text(need.tape_bytes), bytes_text(resident_at_start),
-               available ? bytes_text(*available) + " available" : "available unknown");
-    fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n",
-               cfg.data.empty() ? default_data_path() : cfg.data, data.train.size(), data.val.size(), dir);
-    if (cfg.resume) fmt::print(out, "resuming from {} at step {}\n", ck_path, first_step);
-    std::fflush(out);
-  };
-
-  // Sharpness on one batch of its own generator (the training batches and losses do not change with it).
-  Tensor sharp_x, sharp_y;
-  struct SharpnessRow {
-    int64_t step;
-    double lr;
-    Sharpness s;
-  };
-  std::vector<SharpnessRow> sharp_rows;
-  if (cfg.sharpness_every > 0) {
-    Rng sharp_rng(cfg.seed ^ 0x5ba1d0e5ull);
-    sharp_x = Tensor::empty(DType::i32, {B, T});
-    sharp_y = Tensor::empty(DType::i32, {B, T});
-    sample_batch(data.train, B, T, sharp_rng, sharp_x.data<int32_t>(), sharp_y.data<int32_t>());
-    fn.after_step = [&](int64_t it, double lr) {
-      if ((it + 1) % cfg.sharpness_every != 0) return;
-      const Sharpness s = sharpness(model, [&](Tape& tape) { return model.loss(tape, sharp_x, sharp_y); },
-                                    {.iterations = cfg.sharpness_iterations, .tolerance = 1e-3, .seed = cfg.seed});
-      sharp_rows.push_back({it + 1, lr, s});
-      if (!cfg.quiet)
-        fmt::print(out, "{}sharpness after step {}: λ_max = {:.4g} ({} Hessian-vector products, residual {:.2g}; "
-                        "loss {:.4f} on its batch)\n",
-                   isatty(fileno(out)) ? "\r\033[K" : "", it + 1, s.largest, s.iterations, s.residual, s.loss);
-      if (dir.empty()) return;
-      std::string csv = "step,lr,sharpness,largest_magnitude,iterations,residual,loss\n";
-      PlotSeries curve{"largest Hessian eigenvalue", {}};
-      for (const SharpnessRow& r : sharp_rows) {
-        csv += fmt::format("{},{},{},{},{},{},{}\n", r.step, r.lr, r.s.largest, r.s.magnitude, r.s.iterations,
-                           r.s.residual, r.s.loss);
-        curve.points.emplace_back(static_cast<double>(r.step), r.s.largest);
-      }
-      write_file_atomic(dir + "/sharpness.csv", csv);
-      write_loss_svg(dir + "/sharpness.svg", fmt::format("sharpness of the training loss, {}", lc.title),
-                     std::span<const PlotSeries>(&curve, 1), "step", "λ_max");
-    };
-  }
-
-  LoopResult run = train_loop(model, opt, lc, fn);
-  res.evals = std::move(run.evals);
-  res.step_losses = std::move(run.step_losses);
-  res.ms_per_step = run.ms_per_step;
-  res.wall_seconds = run.wall_seconds;
+  res.run_dir = cfg.loop.dir;
+  TrainingRun run(cfg.loop, model, opt, res, &batch_rng);
+  if (cfg.loop.resume)
+    run.resume("--resume", [&](const Checkpoint& ck) { refuse_another_model(ck, cfg.model, run.checkpoint_path()); });
+  run.start();
+  if (!cfg.loop.quiet) print_header(out, cfg, data_path, data, model, memory, run);
+  train_steps(cfg, data, model, opt, batch_rng, run);
 
   // The profile against the mean step time of the same steps (the rows add up to the mean, not the median).
   auto report_profile = [&] {
-    if (!prof) return;
-    write_file_atomic(dir + "/profile.json", profile_json(*prof, run.mean_ms_per_step).dump(2) + "\n");
-    if (!cfg.quiet)
+    if (!res.profile) return;
+    write_file_atomic(res.run_dir + "/profile.json", profile_json(*res.profile, res.mean_ms_per_step).dump(2) + "\n");
+    if (!cfg.loop.quiet)
       fmt::print(out, "\n{}wrote {}/profile.json\n",
-                 format_profile(*prof, run.mean_ms_per_step, "profile (training steps, evaluation excluded)"), dir);
+                 format_profile(*res.profile, res.mean_ms_per_step, "profile (training steps, evaluation excluded)"),
+                 res.run_dir);
   };
-  if (run.stopped_early) {
+  if (res.stopped_early) {
     report_profile();
     return res;
   }
   if (cfg.sample_tokens > 0) {
     Rng rng(cfg.seed);
-    auto ids = sample_tokens(model, data.encode("\n"), cfg.sample_tokens, 0.8, 0, rng);
-    res.sample = data.decode(ids);
+    res.sample = data.decode(sample_tokens(model, data.encode("\n"), cfg.sample_tokens, 0.8, 0, rng));
   }
-  if (!cfg.quiet) {
+  if (!cfg.loop.quiet) {
     const EvalPoint& final_eval = res.evals.back();
     fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall, peak RSS {}\n",
-               cfg.max_iters, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
+               cfg.loop.max_steps, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
                format_duration(res.wall_seconds), bytes_text(peak_resident_bytes()));
-    fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", dir);
+    fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", res.run_dir);
     if (!res.sample.empty()) fmt::print(out, "\nsample:\n{}\n", res.sample);
   }
   report_profile();

@@ -1,14 +1,12 @@
-// Training a GPT on a text file: batches, AdamW, evaluation on fixed batches; the loop of models/loop.hpp does the
-// steps, progress, checkpoints and logs.
+// Training a GPT on a text file: batches, AdamW with nanoGPT's learning-rate schedule, evaluation on fixed batches.
+// The step is written out in models/trainer.cpp (train_steps); the run's record, files, progress and resuming are
+// TrainingRun's (models/loop.hpp), as for train_loop.
 #pragma once
 
 #include <cstdio>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "../engine/products.hpp"
-#include "../engine/profile.hpp"
 #include "gpt.hpp"
 #include "loop.hpp"
 #include "optim.hpp"
@@ -19,26 +17,21 @@ struct TrainConfig {
   GPTConfig model;
   std::string data;  // a UTF-8 text file; empty: the bundled Tiny Shakespeare
   int64_t batch_size = 12;
-  int64_t max_iters = 2000;
+  // The loop's options: max_steps (--max-iters), eval_interval, grad_clip, log_interval, resume, stop_after (stop
+  // with a checkpoint after this many steps of this call), quiet, detect_anomaly, profile (report at the end).
+  // train() sets dir (run_dir()), title, tokens_per_step and out; it does not use lr: the schedule below is the rate.
+  LoopConfig loop{.max_steps = 2000, .eval_interval = 250, .grad_clip = 1.0, .log_interval = 100};
   int64_t warmup_iters = 100;
-  int64_t lr_decay_iters = 0;  // 0: max_iters
+  int64_t lr_decay_iters = 0;  // 0: loop.max_steps
   double learning_rate = 1e-3;
   double min_lr = 1e-4;
   double beta1 = 0.9, beta2 = 0.99;
   double weight_decay = 0.1;
-  double grad_clip = 1.0;
-  int64_t eval_interval = 250;
   int64_t eval_iters = 50;  // fixed batches per split (38,400 tokens each at the defaults)
-  int64_t log_interval = 100;  // plain log lines when the output is not a terminal
   int64_t sample_tokens = 300;
   uint64_t seed = 1337;
   std::string out_dir = "runs";
   std::string name;  // run directory runs/NAME; empty: the attention kind
-  bool resume = false;
-  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this call; 0: run to max_iters
-  bool quiet = false;
-  bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
-  bool profile = false;  // time every op and what lies between them (engine/profile.hpp); report at the end
   // Every this many steps (0: never), the sharpness of the training loss on one fixed batch (models/sharpness.hpp),
   // printed and written to sharpness.csv and sharpness.svg in the run directory. The batch is drawn from its own
   // generator, so the training losses are the same with or without it.
@@ -50,14 +43,10 @@ struct TrainConfig {
   std::string run_dir() const;
 };
 
-struct TrainResult {
+// The loop's record (evaluations, log, step losses and times, the profile with loop.profile), and the run's own.
+struct TrainResult : LoopResult {
   int64_t parameters = 0;
-  std::vector<EvalPoint> evals;
-  std::vector<double> step_losses;  // training loss of every step run by this call
-  double ms_per_step = 0;           // median over the steps of this call (models/stats.hpp); NaN if it ran none
-  double wall_seconds = 0;
   std::string run_dir, sample;
-  std::optional<Profile> profile;  // with TrainConfig::profile: the training steps of this call (not evaluation)
 };
 
 // The text file to train on by default: the bundled Tiny Shakespeare, shared_file("data/tinyshakespeare.txt")

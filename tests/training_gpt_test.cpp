@@ -21,12 +21,12 @@ TrainConfig tiny(const std::string& kind, const std::string& dir) {
   c.model.n_embd = 32;
   c.model.block_size = 16;
   c.batch_size = 4;
-  c.max_iters = 40;
+  c.loop.max_steps = 40;
   c.warmup_iters = 5;
-  c.eval_interval = 10;
+  c.loop.eval_interval = 10;
   c.eval_iters = 2;
   c.sample_tokens = 0;
-  c.quiet = true;
+  c.loop.quiet = true;
   c.out_dir = dir;
   c.name = kind;
   return c;
@@ -129,7 +129,7 @@ TEST_CASE("every attention kind trains: the loss falls and stays finite") {
   for (const auto& kind : attention_kinds()) {
     CAPTURE(kind);
     TrainConfig c = tiny(kind, dir);
-    c.max_iters = 30;
+    c.loop.max_steps = 30;
     TrainResult r = train(c, stdout);
     REQUIRE(r.step_losses.size() == 30);
     for (double l : r.step_losses) CHECK(std::isfinite(l));
@@ -151,10 +151,10 @@ TEST_CASE("resume is exact: 40 steps straight equal 20 + resume + 20, bit for bi
 
     TrainConfig part = tiny(kind, dir);
     part.name = std::string(kind) + "-parts";
-    part.stop_after = 20;
+    part.loop.stop_after = 20;
     TrainResult first = train(part, stdout);
-    part.stop_after = 0;
-    part.resume = true;
+    part.loop.stop_after = 0;
+    part.loop.resume = true;
     TrainResult second = train(part, stdout);
 
     std::vector<double> joined = first.step_losses;
@@ -172,7 +172,7 @@ TEST_CASE("resume is exact: 40 steps straight equal 20 + resume + 20, bit for bi
 TEST_CASE("the same seed gives the same run; another seed another") {
   const std::string dir = temp_dir("seed");
   TrainConfig c = tiny("softmax", dir);
-  c.max_iters = 10;
+  c.loop.max_steps = 10;
   TrainResult a = train(c, stdout);
   TrainResult b = train(c, stdout);
   c.seed = 7;
@@ -185,7 +185,7 @@ TEST_CASE("the same seed gives the same run; another seed another") {
 TEST_CASE("sampling from a checkpoint continues the prompt with characters of the vocabulary") {
   const std::string dir = temp_dir("sample");
   TrainConfig c = tiny("softmax", dir);
-  c.max_iters = 10;
+  c.loop.max_steps = 10;
   train(c, stdout);
   SampleConfig sc;
   sc.prompt = "ROMEO:";

@@ -157,10 +157,10 @@ void check_pinned_losses(const PinnedLosses& pin, GeluForm gelu) {
   c.model.dropout = pin.bias_dropout ? 0.1 : 0.0;
   c.model.gelu = gelu;
   c.batch_size = 4;
-  c.max_iters = 5;  // the warm-up's learning rates do not depend on max_iters
+  c.loop.max_steps = 5;  // the warm-up's learning rates do not depend on max_iters
   c.eval_iters = 1;
   c.sample_tokens = 0;
-  c.quiet = true;
+  c.loop.quiet = true;
   c.out_dir = dir.path.string();
   c.name = fmt::format("{}{}", pin.kind, pin.bias_dropout ? "-bias" : "");
   TrainResult r = train(c, stdout);

@@ -160,11 +160,11 @@ TEST_CASE("the trainer's checkpoint keeps its layout: parameters, then AdamW's m
   c.model.n_head = 2;
   c.model.block_size = 8;
   c.batch_size = 2;
-  c.max_iters = 4;
-  c.eval_interval = 2;
+  c.loop.max_steps = 4;
+  c.loop.eval_interval = 2;
   c.eval_iters = 1;
   c.sample_tokens = 0;
-  c.quiet = true;
+  c.loop.quiet = true;
   c.out_dir = dir.path.string();
   train(c, stdout);
   const Checkpoint ck = load_checkpoint(dir.file("softmax/checkpoint.safetensors"));

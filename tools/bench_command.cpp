@@ -395,11 +395,11 @@ void child_memory(const std::string& spec) {
 // -q` runs, then its peak RSS printed as JSON.
 void child_train(int64_t steps, const std::string& dir) {
   TrainConfig c;
-  c.max_iters = steps;
-  c.eval_interval = steps;
+  c.loop.max_steps = steps;
+  c.loop.eval_interval = steps;
   c.eval_iters = 2;
   c.sample_tokens = 0;
-  c.quiet = true;
+  c.loop.quiet = true;
   c.out_dir = dir;
   c.precision = product_precision();
   train(c, stderr);

@@ -30,8 +30,8 @@ void run(const CompareArgs& a) {
     TrainConfig c = a.base;
     c.model.attention = kind;
     c.name = (a.base.name.empty() ? "compare" : a.base.name) + "/" + kind;
-    c.quiet = true;
-    fmt::print("training {} attention ({} steps)...\n", kind, c.max_iters);
+    c.loop.quiet = true;
+    fmt::print("training {} attention ({} steps)...\n", kind, c.loop.max_steps);
     std::fflush(stdout);
     TrainResult r = train(c, stdout);
     PlotSeries s;
@@ -60,7 +60,7 @@ void add_compare_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--iters", args->base.max_iters, "Training steps per kind")->capture_default_str()->check(non_negative());
+  cmd->add_option("--iters", args->base.loop.max_steps, "Training steps per kind")->capture_default_str()->check(non_negative());
   cmd->callback([args] { run(*args); });
 }
 

@@ -86,7 +86,7 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   cmd->add_option("--data", c.data, "UTF-8 text file to train on (default: the bundled Tiny Shakespeare)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
-  cmd->add_option("--max-iters", c.max_iters, "Training steps")->capture_default_str()->check(non_negative());
+  cmd->add_option("--max-iters", c.loop.max_steps, "Training steps")->capture_default_str()->check(non_negative());
   cmd->add_option("--lr", c.learning_rate, "Peak learning rate")->capture_default_str()->check(positive());
   cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str()->check(non_negative());
   cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warm-up steps")->capture_default_str()->check(non_negative());
@@ -94,26 +94,26 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   cmd->add_option("--beta1", c.beta1, "AdamW β₁")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--beta2", c.beta2, "AdamW β₂")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--weight-decay", c.weight_decay, "Decoupled weight decay on matrices")->capture_default_str()->check(non_negative());
-  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str()->check(non_negative());
-  cmd->add_option("--eval-interval", c.eval_interval, "Evaluate every this many steps")->capture_default_str()->check(positive());
+  cmd->add_option("--grad-clip", c.loop.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str()->check(non_negative());
+  cmd->add_option("--eval-interval", c.loop.eval_interval, "Evaluate every this many steps")->capture_default_str()->check(positive());
   cmd->add_option("--eval-iters", c.eval_iters, "Fixed batches per split for evaluation")->capture_default_str()->check(positive());
-  cmd->add_option("--log-interval", c.log_interval, "Steps between log lines when the output is not a terminal")->capture_default_str()->check(positive());
+  cmd->add_option("--log-interval", c.loop.log_interval, "Steps between log lines when the output is not a terminal")->capture_default_str()->check(positive());
   cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")->capture_default_str()->check(non_negative());
   cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str()->check(non_negative());
   cmd->add_option("--out", c.out_dir, "Directory of run directories")->capture_default_str();
   cmd->add_option("--name", c.name, "Run name: files go to OUT/NAME (default: the attention kind)");
-  cmd->add_flag("-q,--quiet", c.quiet, "No progress output");
+  cmd->add_flag("-q,--quiet", c.loop.quiet, "No progress output");
   cmd->add_option("--config", "Read options from a file of key = value lines (keys are the long option names; the "
                   "command line overrides them)");
-  cmd->add_flag("--detect-anomaly", c.detect_anomaly,
+  cmd->add_flag("--detect-anomaly", c.loop.detect_anomaly,
                 "Stop at the first NaN or infinity a node produces (forward or backward), naming its op and the step");
 }
 
 CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
   add_train_options(cmd, cfg, true);
-  cmd->add_flag("--resume", cfg.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
-  cmd->add_option("--stop-after", cfg.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
+  cmd->add_flag("--resume", cfg.loop.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
+  cmd->add_option("--stop-after", cfg.loop.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
       ->check(non_negative());
   cmd->add_option("--sharpness-every", cfg.sharpness_every,
                   "Every this many steps, the largest Hessian eigenvalue of the training loss on one fixed batch "
@@ -125,7 +125,7 @@ CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
                   "Hessian-vector products per sharpness estimate, at most")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_flag("--profile", cfg.profile,
+  cmd->add_flag("--profile", cfg.loop.profile,
                 "Time every op (forward, backward) and the work between them; print the table per step at the end "
                 "and write it to OUT/NAME/profile.json");
   return cmd;
