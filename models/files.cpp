@@ -1,10 +1,13 @@
 #include "models/files.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -199,6 +202,64 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+namespace {
+
+// The process holding a flock on the file with this device and inode, from /proc/locks
+// ("1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"); 0 when none is listed.
+long flock_holder(dev_t dev, ino_t ino) {
+  std::FILE* f = std::fopen("/proc/locks", "re");
+  if (!f) return 0;
+  char line[512];
+  long pid = 0;
+  const std::string where = fmt::format("{:02x}:{:02x}:{} ", major(dev), minor(dev), ino);
+  while (pid == 0 && std::fgets(line, sizeof line, f)) {
+    const std::string_view l(line);
+    if (l.find("FLOCK") == std::string_view::npos) continue;
+    const size_t at = l.find(where);
+    if (at == std::string_view::npos) continue;
+    size_t end = at;  // the pid is the number before the device
+    while (end > 0 && l[end - 1] == ' ') --end;
+    size_t begin = end;
+    while (begin > 0 && l[begin - 1] >= '0' && l[begin - 1] <= '9') --begin;
+    if (begin < end) pid = std::strtol(std::string(l.substr(begin, end - begin)).c_str(), nullptr, 10);
+  }
+  std::fclose(f);
+  return pid;
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(const std::string& dir, std::string_view advice) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    fail("cannot lock the directory '{}': {}", dir, errno_text(err));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    struct stat st {};
+    const long pid = ::fstat(fd, &st) == 0 ? flock_holder(st.st_dev, st.st_ino) : 0;
+    ::close(fd);
+    if (err != EWOULDBLOCK) fail("cannot lock the directory '{}': {}", dir, errno_text(err));
+    fail("'{}' is in use by {}: one run writes a directory at a time; {}", dir,
+         pid > 0 ? fmt::format("process {}", pid) : std::string("another process"), advice);
+  }
+  fd_ = fd;
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
+DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
 }
 
 std::string shared_file(std::string_view relative) {

@@ -32,6 +32,24 @@ void refuse_input_as_output(const std::string& output, std::string_view output_o
 // read up to the limit).
 std::string read_file(const std::string& path, size_t max_bytes);
 
+// One writer per directory: an exclusive advisory lock (flock) on the directory itself, held while the object
+// lives and released by the kernel when the process ends, however it ends (no lock file to go stale). A second
+// locker is refused at once, naming the process that holds the lock (from /proc/locks) and `advice`.
+class DirectoryLock {
+ public:
+  DirectoryLock() = default;
+  DirectoryLock(const std::string& dir, std::string_view advice);
+  ~DirectoryLock();
+  DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  DirectoryLock& operator=(DirectoryLock&& other) noexcept;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
 // A file tapegrad ships beside its program (the bundled text, docs/derivations.md, the PyTorch scripts), by its path
 // under the share folder: shared_file("data/tinyshakespeare.txt"). The share folder is found from the running
 // executable, so an installed copy, a moved prefix and the build tree all work, and no source tree is needed:
