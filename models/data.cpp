@@ -7,6 +7,7 @@
 #include <utf8cpp/utf8.h>
 
 #include "engine/tensor.hpp"
+#include "models/checkpoint.hpp"
 #include "models/files.hpp"
 
 namespace tapegrad {
@@ -60,6 +61,8 @@ TextData TextData::from_text(std::string_view utf8, double train_fraction) {
     ids.push_back(static_cast<int32_t>(c));
   }
   TextData d;
+  d.text_bytes = utf8.size();
+  d.text_checksum = fnv1a64(utf8);
   for (char32_t c = 0; c <= last; ++c)
     if (present[c]) d.vocab.push_back(c);
   std::vector<int32_t> id_of(static_cast<size_t>(d.vocab.back()) + 1, -1);
@@ -109,6 +112,14 @@ std::string TextData::decode(std::span<const int32_t> ids) const {
       fail("decode: vocabulary entry {} is U+{:X}, not a Unicode scalar value", v, static_cast<uint32_t>(c));
     utf8::unchecked::append(static_cast<uint32_t>(c), std::back_inserter(out));
   }
+  return out;
+}
+
+std::string TextData::default_prompt() const {
+  if (vocab.empty()) fail("default_prompt: the vocabulary is empty");
+  const char32_t first = std::binary_search(vocab.begin(), vocab.end(), U'\n') ? U'\n' : vocab.front();
+  std::string out;
+  utf8::unchecked::append(static_cast<uint32_t>(first), std::back_inserter(out));
   return out;
 }
 
