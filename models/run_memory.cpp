@@ -10,7 +10,7 @@
 
 namespace tapegrad {
 
-TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch) {
+TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64_t eval_iters) {
   const double C = static_cast<double>(m.n_embd), T = static_cast<double>(m.block_size);
   const double V = static_cast<double>(m.vocab_size), L = static_cast<double>(m.n_layer);
   const double H = static_cast<double>(m.n_head), B = static_cast<double>(batch), rows = B * T;
@@ -40,6 +40,7 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch) {
   // Backward holds a few gradients at once (recycled as it goes): room for four of the largest.
   const double largest = std::max({rows * V, rows * 4 * C, map});
   e.tape_bytes = 4 * (L * per_block + head + 4 * largest);
+  e.eval_bytes = 2 * static_cast<double>(eval_iters) * 2 * rows * 4;  // two splits, x and y, int32
   return e;
 }
 

@@ -16,7 +16,8 @@ struct TrainingMemory {
   double parameter_bytes = 0;  // values and gradients, float32
   double optimizer_bytes = 0;  // AdamW's two moments
   double tape_bytes = 0;       // one training step's tape: what forward keeps for backward, and backward's buffers
-  double total() const { return parameter_bytes + optimizer_bytes + tape_bytes; }
+  double eval_bytes = 0;       // the fixed evaluation batches: token ids and targets of eval_iters batches per split
+  double total() const { return parameter_bytes + optimizer_bytes + tape_bytes + eval_bytes; }
 };
 
 // From the shapes alone (in double: a configuration of 10⁵ layers is estimated, not overflowed). The tape's share
@@ -24,7 +25,7 @@ struct TrainingMemory {
 // the heads, the attention map or its O(T) state, the MLP's two hidden tensors, the projections and residuals,
 // dropout masks), then the embeddings, the final norm and the logits, and room for the largest gradients backward
 // holds at once. tests/training_memory_test.cpp holds it against the measured peak.
-TrainingMemory estimate_training_memory(const GPTConfig& model, int64_t batch);
+TrainingMemory estimate_training_memory(const GPTConfig& model, int64_t batch, int64_t eval_iters = 0);
 
 // Bytes this process may still take: MemAvailable of /proc/meminfo, or the cgroup's memory.max less its
 // memory.current where that is smaller; nothing where neither can be read.
