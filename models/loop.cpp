@@ -37,7 +37,7 @@ int remove_stale_temporaries(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return 0;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    for (const char* file : {kCheckpointFile, kCsvFile, kSvgFile})  // write_file_atomic's ".NAME.tmp-XXXXXX"
+    for (const char* file : {kCheckpointFile, kCsvFile, kSvgFile, "sharpness.csv", "sharpness.svg", "profile.json"})
       if (name.starts_with(fmt::format(".{}.tmp-", file)) && e.is_regular_file(ec)) {
         removed += fs::remove(e.path(), ec) ? 1 : 0;
         break;
@@ -63,6 +63,17 @@ TrainingRun::TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, L
                             : fmt::format("; stopped, the last good checkpoint {} is kept", checkpoint_path_)),
       tty_(isatty(fileno(cfg.out)) != 0) {
   if (cfg.profile) result_.profile.emplace(&builtin_registry());
+  if (cfg.dir.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (cfg.resume && !fs::is_directory(cfg.dir, ec))
+    fail("--resume: there is no run to continue in '{}' (the directory does not exist)", cfg.dir);
+  fs::create_directories(cfg.dir, ec);
+  if (ec) fail("cannot make the run directory '{}': {}", cfg.dir, ec.message());
+  lock_ = DirectoryLock(cfg.dir, "wait for that run to end, or give this one another --name");
+  if (!cfg.resume && !cfg.overwrite && fs::exists(checkpoint_path_, ec))
+    fail("'{}' holds a run already ({}): --resume continues it, --overwrite starts it over, --name NAME starts "
+         "another beside it", cfg.dir, kCheckpointFile);
 }
 
 void TrainingRun::resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model,
@@ -96,11 +107,15 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
 }
 
 void TrainingRun::start() {
-  if (!cfg_.dir.empty()) {
-    std::filesystem::create_directories(cfg_.dir);
-    remove_stale_temporaries(cfg_.dir);
-  }
+  if (!cfg_.dir.empty()) remove_stale_temporaries(cfg_.dir);  // the directory is locked: no other writer's
   start_ = last_print_ = Clock::now();
+}
+
+bool TrainingRun::interrupted(int64_t next_step) {
+  if (!cfg_.interrupt || *cfg_.interrupt == 0) return false;
+  interrupted_at_ = next_step;
+  result_.interrupted_by = static_cast<int>(*cfg_.interrupt);
+  return true;
 }
 
 int64_t TrainingRun::stop_step() const {
@@ -217,7 +232,7 @@ void TrainingRun::finish(double final_lr, const std::function<Evaluation(int64_t
   result_.ms_per_step = median(step_ms_);
   const double total_ms = std::accumulate(step_ms_.begin(), step_ms_.end(), 0.0);
   result_.mean_ms_per_step = step_ms_.empty() ? 0.0 : total_ms / static_cast<double>(step_ms_.size());
-  const int64_t stop = stop_step();
+  const int64_t stop = interrupted_at_ >= 0 ? interrupted_at_ : stop_step();
   if (stop < cfg_.max_steps) {  // stopped early: a checkpoint to resume from, no final evaluation
     result_.stopped_early = true;
     save_checkpoint(stop, add);
@@ -263,6 +278,7 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
     optimizer_step(opt, lr, cfg.grad_clip, run.profile());
     run.step_done(it, lr, loss_value);
     if (fn.after_step) fn.after_step(it, lr);
+    if (run.interrupted(it + 1)) break;
   }
   tape.set_profile(nullptr);
   run.finish(lr_at(cfg.max_steps), fn.evaluate, fn.save);

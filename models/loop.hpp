@@ -25,6 +25,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -36,6 +37,7 @@
 #include "../engine/profile.hpp"
 #include "../engine/rng.hpp"
 #include "checkpoint.hpp"
+#include "files.hpp"
 #include "module.hpp"
 #include "optim.hpp"
 #include "plot.hpp"
@@ -66,6 +68,12 @@ struct LoopConfig {
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
   bool profile = false;         // time the training steps' ops and what lies between them (engine/profile.hpp)
+  // A run directory that holds a checkpoint already is refused unless the run resumes it or overwrite says to
+  // start it over.
+  bool overwrite = false;
+  // When set and non-zero (a signal handler stores its signal there), the run stops after the step in progress, as
+  // stop_after does: a checkpoint to resume from, the logs, LoopResult::interrupted_by.
+  const volatile std::sig_atomic_t* interrupt = nullptr;
   std::FILE* out = stdout;
 };
 
@@ -93,7 +101,8 @@ struct LoopResult {
   double mean_ms_per_step = 0;      // mean of the same (0 if none)
   double wall_seconds = 0;
   int64_t first_step = 0;           // where this call began (after a resume, the checkpoint's step)
-  bool stopped_early = false;       // by stop_after: no final evaluation
+  bool stopped_early = false;       // by stop_after or an interrupt: no final evaluation
+  int interrupted_by = 0;           // the signal LoopConfig::interrupt held when the run stopped; 0: none
   std::optional<Profile> profile;   // with LoopConfig::profile: the training steps of this call (not evaluation)
 };
 
@@ -127,7 +136,9 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
 class TrainingRun {
  public:
   // `result` receives the record as the run goes. `batch_rng`, when given, draws the training batches: checkpoints
-  // keep its state ("tapegrad.rng") and resume restores it.
+  // keep its state ("tapegrad.rng") and resume restores it. With a run directory, the constructor makes it (it must
+  // exist to resume), locks it for this run alone (a second run there is refused, naming the process that holds
+  // it) and refuses a directory that holds a run already unless cfg.resume or cfg.overwrite.
   TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng = nullptr);
 
   // Continues from dir/checkpoint.safetensors. Loads it, and refuses it, changing nothing, when `same_model` (if
@@ -137,11 +148,14 @@ class TrainingRun {
   // on the command line).
   void resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model = {},
               const std::function<void(const Checkpoint&)>& restore = {});
-  // Before the first step: creates the run directory, removes what killed writes left there, starts the clock.
+  // Before the first step: removes what killed writes left in the run directory, starts the clock.
   void start();
 
   int64_t first_step() const { return result_.first_step; }  // 0, or the step a resumed checkpoint holds
   int64_t stop_step() const;  // where this call stops: max_steps, or first_step + stop_after when that is sooner
+  // After step next_step − 1: true when cfg.interrupt asks the run to stop (the loop then breaks, and finish() keeps
+  // a checkpoint at next_step).
+  bool interrupted(int64_t next_step);
   Profile* profile() { return result_.profile ? &*result_.profile : nullptr; }
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 
@@ -194,13 +208,15 @@ class TrainingRun {
   Rng* batch_rng_;
   std::string checkpoint_path_;
   std::string kept_;  // how messages end when a run stops on bad numbers: what is left to resume from
+  DirectoryLock lock_;  // the run directory's, held for the run's life
+  int64_t interrupted_at_ = -1;  // the step an interrupted run stopped before; −1: not interrupted
   bool tty_;
   std::vector<double> step_ms_;
   Clock::time_point start_, step_start_, last_print_;
 };
 
-// Removes the temporaries that killed atomic writes of checkpoint.safetensors, losses.csv and losses.svg left in
-// `dir`; returns how many.
+// Removes the temporaries that killed atomic writes of the files a run writes (checkpoint.safetensors, losses.csv,
+// losses.svg, sharpness.csv, sharpness.svg, profile.json) left in `dir`; returns how many.
 int remove_stale_temporaries(const std::string& dir);
 
 // "12.3s", "4m05s", "1h02m".

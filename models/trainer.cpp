@@ -94,15 +94,39 @@ void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, 
                                         {"max_iters", cfg.loop.max_steps},
                                         {"precision", precision_name(cfg.precision)}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
+  ck.metadata["tapegrad.data"] = json{{"bytes", data.text_bytes}, {"checksum", fmt::format("{:016x}", data.text_checksum)}}.dump();
 }
 
-// Refuses to resume from the checkpoint of another model: the attention kind and the sizes must be the run's.
-void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const std::string& path) {
+// Refuses to resume from the checkpoint of another model, or of the same model on other data: every option that
+// changes the function being trained must be the checkpoint's. (The schedule, the number of steps, the evaluation and
+// logging options may change: they decide how the run goes on, not what it trains.)
+void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const TextData& data, const std::string& path) {
   const GPTConfig saved = model_from_json(training_metadata(ck, "tapegrad.model", path), path);
   if (saved.attention != m.attention || saved.n_embd != m.n_embd || saved.n_layer != m.n_layer ||
       saved.n_head != m.n_head || saved.block_size != m.block_size || saved.vocab_size != m.vocab_size)
     fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
          path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
+  if (saved.gelu != m.gelu)
+    fail("--resume: {} was trained with --gelu {}, this run asks for --gelu {}", path, gelu_form_name(saved.gelu),
+         gelu_form_name(m.gelu));
+  if (saved.dropout != m.dropout)
+    fail("--resume: {} was trained with --dropout {}, this run asks for --dropout {}", path, saved.dropout, m.dropout);
+  if (saved.bias != m.bias)
+    fail("--resume: {} was trained {}, this run asks for {}", path, saved.bias ? "with biases (--bias)" : "without biases (--no-bias)",
+         m.bias ? "--bias" : "--no-bias");
+  if (training_metadata(ck, "tapegrad.vocab", path) != utf8_of(data.vocab))
+    fail("--resume: {} was trained on a text with another vocabulary of {} symbols; --data gives another text", path,
+         saved.vocab_size);
+  if (auto it = ck.metadata.find("tapegrad.data"); it != ck.metadata.end()) {  // older checkpoints do not say
+    const json d = json::parse(it->second, nullptr, false);
+    const std::string checksum = fmt::format("{:016x}", data.text_checksum);
+    if (d.is_discarded() || !d.contains("bytes") || !d.contains("checksum") || !d["bytes"].is_number_unsigned() ||
+        !d["checksum"].is_string())
+      fail("--resume: {}: its 'tapegrad.data' metadata cannot be read", path);
+    if (d["bytes"].get<uint64_t>() != data.text_bytes || d["checksum"].get<std::string>() != checksum)
+      fail("--resume: {} was trained on another text ({} bytes, checksum {}); --data gives {} bytes, checksum {}", path,
+           d["bytes"].get<uint64_t>(), d["checksum"].get<std::string>(), data.text_bytes, checksum);
+  }
 }
 
 }  // namespace
@@ -223,10 +247,10 @@ void print_header(std::FILE* out, const TrainConfig& cfg, const std::string& dat
              products_summary());
   const TrainingMemory& need = memory.need;
   fmt::print(out,
-             "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}) "
-             "beside the program's {}; {}\n",
+             "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}, "
+             "evaluation batches {}) beside the program's {}; {}\n",
              bytes_text(need.total()), bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-             bytes_text(need.tape_bytes), bytes_text(memory.resident_at_start),
+             bytes_text(need.tape_bytes), bytes_text(need.eval_bytes), bytes_text(memory.resident_at_start),
              memory.available ? bytes_text(*memory.available) + " available" : "available unknown");
   fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n", data_path, data.train.size(),
              data.val.size(), cfg.loop.dir);
@@ -290,14 +314,18 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
                  TrainingRun& run) {
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   const auto [eval_train, eval_val] = evaluation_batches(data, B, T, cfg.eval_iters, cfg.seed);
-  Tape tape;       // a step's forward pass, cleared after its backward
-  Tape eval_tape;  // every evaluation's forward passes, recording no gradients, cleared after each batch
+  // One tape for the whole run: a step's forward pass, cleared after its backward, and between steps the
+  // evaluations' forward passes (recording no gradients), cleared after each batch. Its arena, sized by the first
+  // step, serves them all.
+  Tape tape;
   tape.set_detect_anomaly(cfg.loop.detect_anomaly);
-  eval_tape.set_detect_anomaly(cfg.loop.detect_anomaly);
   Profile* prof = run.profile();  // the training steps only, not the evaluations
   tape.set_profile(prof);
   auto eval_losses = [&](int64_t) {
-    return Evaluation{mean_loss(model, eval_tape, eval_train), mean_loss(model, eval_tape, eval_val)};
+    tape.set_profile(nullptr);
+    Evaluation e{mean_loss(model, tape, eval_train), mean_loss(model, tape, eval_val)};
+    tape.set_profile(prof);
+    return e;
   };
   auto add_metadata = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data); };
   // Linear warm-up to learning_rate over warmup_iters steps, then a cosine down to min_lr at lr_decay_iters.
@@ -330,6 +358,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
     run.step_done(it, lr, loss_value);  // the log's row, the progress line
     if (cfg.sharpness_every > 0 && (it + 1) % cfg.sharpness_every == 0)
       sharpness_log.measure(model, it + 1, lr, run);  // λ_max of the loss's Hessian at the weights after the step
+    if (run.interrupted(it + 1)) break;  // SIGINT or SIGTERM: a checkpoint at it + 1, then out
   }
   tape.set_profile(nullptr);
   run.finish(lr_at(cfg.loop.max_steps), eval_losses, add_metadata);
@@ -347,6 +376,9 @@ void TrainConfig::validate() const {
   if (loop.max_steps < 0) fail("max_iters must not be negative, got {}", loop.max_steps);
   if (loop.eval_interval <= 0 || eval_iters <= 0) fail("eval_interval and eval_iters must be positive");
   if (!(learning_rate > 0) || !(min_lr >= 0)) fail("learning rates must be positive");
+  if (min_lr > learning_rate)
+    fail("--min-lr ({}) is above --lr ({}): the schedule would rise instead of decaying", min_lr, learning_rate);
+  if (out_dir.empty()) fail("--out: the directory of run directories is empty; give one (the default is runs)");
   if (!(loop.grad_clip >= 0)) fail("grad_clip must not be negative");
   if (sharpness_every < 0) fail("sharpness_every must not be negative, got {}", sharpness_every);
   if (sharpness_iterations < 1) fail("sharpness_iterations must be at least 1, got {}", sharpness_iterations);
@@ -370,14 +402,15 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   // Before anything large is allocated: a run that cannot fit is refused in one line.
-  const MemoryOutlook memory{estimate_training_memory(cfg.model, B), resident_bytes(), memory_available()};
+  const MemoryOutlook memory{estimate_training_memory(cfg.model, B, cfg.eval_iters), resident_bytes(),
+                             memory_available()};
   const TrainingMemory& need = memory.need;
   if (memory.available && need.total() > *memory.available)
     fail("the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
-         "moments, {} for one step's tape at batch {} and context {}), more than the {} available; make the model "
-         "or the batch smaller",
+         "moments, {} for one step's tape at batch {} and context {}, {} for {} evaluation batches per split), more "
+         "than the {} available; make the model, the batch or --eval-iters smaller",
          bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-         bytes_text(need.tape_bytes), B, T, bytes_text(*memory.available));
+         bytes_text(need.tape_bytes), B, T, bytes_text(need.eval_bytes), cfg.eval_iters, bytes_text(*memory.available));
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
     fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
          "of {} tokens", data.train.size(), data.val.size(), T);
@@ -391,7 +424,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   res.run_dir = cfg.loop.dir;
   TrainingRun run(cfg.loop, model, opt, res, &batch_rng);
   if (cfg.loop.resume)
-    run.resume("--resume", [&](const Checkpoint& ck) { refuse_another_model(ck, cfg.model, run.checkpoint_path()); });
+    run.resume("--resume", [&](const Checkpoint& ck) { refuse_another_model(ck, cfg.model, data, run.checkpoint_path()); });
   run.start();
   if (!cfg.loop.quiet) print_header(out, cfg, data_path, data, model, memory, run);
   train_steps(cfg, data, model, opt, batch_rng, run);
@@ -411,7 +444,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   }
   if (cfg.sample_tokens > 0) {
     Rng rng(cfg.seed);
-    res.sample = data.decode(sample_tokens(model, data.encode("\n"), cfg.sample_tokens, 0.8, 0, rng));
+    res.sample = data.decode(sample_tokens(model, data.encode(data.default_prompt()), cfg.sample_tokens, 0.8, 0, rng));
   }
   if (!cfg.loop.quiet) {
     const EvalPoint& final_eval = res.evals.back();
@@ -432,7 +465,7 @@ std::string sample_from_checkpoint(const std::string& path, const SampleConfig& 
   if (!(sc.temperature > 0)) fail("temperature must be positive, got {}", sc.temperature);
   if (sc.tokens < 0 || sc.top_k < 0) fail("tokens and top-k must not be negative");
   Rng rng(sc.seed);
-  std::vector<int32_t> ids = vocab.encode(sc.prompt.empty() ? std::string("\n") : sc.prompt);
+  std::vector<int32_t> ids = vocab.encode(sc.prompt.empty() ? vocab.default_prompt() : sc.prompt);
   return vocab.decode(sample_tokens(model, ids, sc.tokens, sc.temperature, sc.top_k, rng));
 }
 

@@ -58,7 +58,7 @@ std::string default_data_path();
 TrainResult train(const TrainConfig& cfg, std::FILE* out);
 
 struct SampleConfig {
-  std::string prompt = "\n";
+  std::string prompt;  // empty: a newline, or the vocabulary's first symbol when the text had no newline
   int64_t tokens = 300;
   double temperature = 0.8;
   int64_t top_k = 0;  // 0: all

@@ -12,7 +12,7 @@ for args in "--n-layer 2" "--n-layer 4 --n-head 8 --n-embd 256 --block-size 128 
             "--n-layer 2 --n-embd 64 --block-size 512 --batch-size 8 --attention tiled"; do
   # shellcheck disable=SC2086
   "$tapegrad" train $args --max-iters 2 --eval-iters 1 --eval-interval 100 --sample-tokens 0 --out "$work" \
-    --name run > "$work/out.txt"
+    --name run --overwrite > "$work/out.txt"
   awk -v args="$args" '
     function mib(v, u) { return u == "GiB" ? v * 1024 : v }
     /^memory: about / { est = mib($3, $4); for (i = 1; i <= NF; i++) if ($i == "program'"'"'s") own = mib($(i+1), $(i+2)) }

@@ -91,7 +91,7 @@ std::vector<Case> cli_cases() {
       {{"train", "--data", "text.txt", "--block-size", "1024"}, "longer than one context of 1024 tokens"},
       // run directories, resuming, the super kind's context
       {{"train", "--data", "text.txt", "--out", "notes.txt"}, "notes.txt"},
-      {{"train", "--data", "text.txt", "--resume", "--out", "nowhere"}, "no such file"},
+      {{"train", "--data", "text.txt", "--resume", "--out", "nowhere"}, "there is no run to continue in 'nowhere/softmax'"},
       {with({"train", "--attention", "super", "--data", "text.txt", "--resume", "--out", "made"}, with(kTiny, {"--block-size", "16"})),
        "another model"},
       {with({"train", "--attention", "softmax", "--data", "text.txt", "--resume", "--out", "made", "--name", "super"}, kTiny),
@@ -138,7 +138,7 @@ std::vector<Case> cli_cases() {
       {{"evaluate", "--checkpoint", "super.safetensors"}, "--text"},
       // compare, gradcheck, the program itself
       {{"compare", "--attention", "softmax,quadratic"}, "quadratic"},
-      {{"compare", "--iters", "-1"}, "--iters: must be non-negative"},
+      {{"compare", "--iters", "-1"}, "--iters: must be positive"},
       {{"gradcheck", "--op", "no_such_op"}, "no_such_op"},
       {{"gradcheck", "--atol", "-1"}, "--atol: must be positive"},
       {{}, "subcommand"},

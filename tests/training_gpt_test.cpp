@@ -173,6 +173,7 @@ TEST_CASE("the same seed gives the same run; another seed another") {
   const std::string dir = temp_dir("seed");
   TrainConfig c = tiny("softmax", dir);
   c.loop.max_steps = 10;
+  c.loop.overwrite = true;  // the three runs share one run directory
   TrainResult a = train(c, stdout);
   TrainResult b = train(c, stdout);
   c.seed = 7;

@@ -60,7 +60,7 @@ void add_compare_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--iters", args->base.loop.max_steps, "Training steps per kind")->capture_default_str()->check(non_negative());
+  cmd->add_option("--iters", args->base.loop.max_steps, "Training steps per kind")->capture_default_str()->check(positive());
   cmd->callback([args] { run(*args); });
 }
 

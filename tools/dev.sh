@@ -40,7 +40,7 @@ case "${1:-}" in
   build) deps; build build ;;
   demo)
     deps; build build
-    ./build/tapegrad train ;;
+    ./build/tapegrad train --overwrite ;;  # a second demo starts the run over
   test)
     deps; build build
     (cd build && ctest --output-on-failure -j "$JOBS")

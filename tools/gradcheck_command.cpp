@@ -8,13 +8,6 @@
 
 namespace tapegrad::cli {
 
-namespace {
-int g_exit_code = 0;
-}  // namespace
-
-int exit_code() { return g_exit_code; }
-void set_exit_code(int code) { g_exit_code = code; }
-
 void add_gradcheck_command(CLI::App& app) {
   auto args = std::make_shared<GradcheckRun>();
   CLI::App* cmd = app.add_subcommand(

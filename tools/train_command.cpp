@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <string>
 
@@ -10,6 +11,16 @@
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {
+
+// The program's exit code when a command does not fail (gradcheck and claim set 1 for a failed check, train 130 or
+// 143 after a signal). Defined here, in the file every build of the commands links (the program, the tests, the
+// fuzz targets).
+namespace {
+int g_exit_code = 0;
+}  // namespace
+
+int exit_code() { return g_exit_code; }
+void set_exit_code(int code) { g_exit_code = code; }
 
 namespace {
 
@@ -102,6 +113,8 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str()->check(non_negative());
   cmd->add_option("--out", c.out_dir, "Directory of run directories")->capture_default_str();
   cmd->add_option("--name", c.name, "Run name: files go to OUT/NAME (default: the attention kind)");
+  cmd->add_flag("--overwrite", c.loop.overwrite,
+                "Start over in OUT/NAME even if it holds a run (without it, such a directory is refused)");
   cmd->add_flag("-q,--quiet", c.loop.quiet, "No progress output");
   cmd->add_option("--config", "Read options from a file of key = value lines (keys are the long option names; the "
                   "command line overrides them)");
@@ -133,10 +146,34 @@ CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
 
 namespace {
 
+// SIGINT or SIGTERM during a run: stored here, and the run ends after the step in progress with a checkpoint (a
+// second signal ends the process at once, as by default).
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void request_stop(int sig) {
+  g_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
+
 void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   CLI::App* cmd = add_train_subcommand(app, *cfg);
-  cmd->callback([cfg] { train(*cfg, stdout); });
+  cmd->callback([cfg] {
+    TrainConfig c = *cfg;
+    c.loop.interrupt = &g_signal;
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    const TrainResult r = train(c, stdout);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    if (r.interrupted_by != 0) {  // the shell's convention: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
+      std::fflush(stdout);
+      fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
+                 r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
+                 r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
+      set_exit_code(128 + r.interrupted_by);
+    }
+  });
 }
 
 void add_sample_command(CLI::App& app) {
@@ -144,7 +181,8 @@ void add_sample_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint written by tapegrad train");
   cmd->add_option("--checkpoint", *path, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--prompt", sc->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--prompt", sc->prompt, "Text to continue (default: a newline, or the vocabulary's first symbol "
+                                          "when the text had none)");
   cmd->add_option("--tokens", sc->tokens, "Characters to generate")->capture_default_str()->check(non_negative());
   cmd->add_option("--temperature", sc->temperature, "Softmax temperature")->capture_default_str()->check(positive());
   cmd->add_option("--top-k", sc->top_k, "Sample among the k likeliest characters (0: all)")->capture_default_str()->check(non_negative());
