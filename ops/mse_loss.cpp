@@ -6,7 +6,7 @@
 // The node keeps d. The shapes must be equal: p − t broadcasts (N, 1) against (N) to (N, N), whose mean is not
 // the loss anyone meant, so mse_loss refuses it instead. Sums are taken in double (a float32 sum of 10⁶ squares
 // drifts; see ops/reduce.cpp).
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -93,21 +93,23 @@ Var mse_loss(Var prediction, Var target) {
       });
 }
 
-void register_mse_loss(Registry& r) {
+std::vector<OpInfo> mse_loss_ops() {
+  OpList r;
   r.add({.name = "mse_loss",
          .family = "mse_loss",
+         .forward = "L = mean((p − t)²), p and t of one shape",
          .equation = "d = p − t: p̄ += (2/n)·L̄·d, t̄ −= (2/n)·L̄·d; L̇ = (2/n)·Σ d⊙(ṗ − ṫ)",
+         .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)",
+         .second_order_derivation = "6.3",
          .cost = [](std::span<const Shape> in, const Shape&) {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 4 * n, 3 * n};
-         },
-         .forward = "L = mean((p − t)²), p and t of one shape",
-         .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)",
-         .second_order_derivation = "6.3"});
+         }});
   auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
   r.add_case("mse_loss", {"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply});
   r.add_case("mse_loss", {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply});
   r.add_case("mse_loss", {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply});
+  return r.ops;
 }
 
 }  // namespace tapegrad
