@@ -208,3 +208,20 @@ TEST_CASE("explain: every op shows its second-order rule, where it is derived, a
     CHECK(explain(builtin_registry(), op.name, with_docs()).second_order_section.find(' ') != std::string::npos);
   }
 }
+
+TEST_CASE("docs/derivations.md's index by op is what tapegrad explain --index-markdown prints from the sheets") {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  std::string table;
+  bool in_section = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("## ")) in_section = line == "## Index by op";
+    if (in_section && line.starts_with("|")) table += line + "\n";
+  }
+  const std::string generated = index_markdown(builtin_registry());
+  // On a difference: ./build/tapegrad explain --index-markdown, in place of the section's table.
+  CHECK(table == generated);
+  CHECK(generated.find("| `exp` | `ops/pointwise.cpp` | y = exp x | x̄ += y·ȳ; ẏ = y·ẋ | ẋ̄ += y·ẋ·ȳ |") !=
+        std::string::npos);
+  CHECK(generated.find("y = \\|x\\|") != std::string::npos);  // a formula's | is escaped in its cell
+}

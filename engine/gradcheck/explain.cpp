@@ -274,6 +274,43 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
 
 namespace {
 
+// A table cell: '|' escaped, never empty.
+std::string cell(const std::string& text) {
+  std::string c;
+  for (char ch : text) c += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return c.empty() ? "—" : c;
+}
+
+// "§2.1, §1.1; 2nd order §6.4" from a sheet's section numbers.
+std::string sections_of(const OpInfo& op) {
+  std::string s;
+  for (size_t start = 0; start < op.derivation.size();) {
+    size_t end = op.derivation.find(',', start);
+    if (end == std::string::npos) end = op.derivation.size();
+    std::string n = op.derivation.substr(start, end - start);
+    n.erase(0, n.find_first_not_of(' '));
+    n.erase(n.find_last_not_of(' ') + 1);
+    if (!n.empty()) s += (s.empty() ? "§" : ", §") + n;
+    start = end + 1;
+  }
+  const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
+                             : op.second_order == kNoSecondOrderTerm ? "6.1"
+                                                                     : std::string(kSecondOrderSection);
+  return (s.empty() ? "textbook" : s) + "; 2nd order §" + second;
+}
+
+}  // namespace
+
+std::string index_markdown(const Registry& registry) {
+  std::string s = "| op | file | forward | VJP; JVP | second order | derived in |\n|---|---|---|---|---|---|\n";
+  for (const OpInfo& op : registry.ops())
+    s += fmt::format("| `{}` | `ops/{}.cpp` | {} | {} | {} | {} |\n", op.name, op.family, cell(op.forward),
+                     cell(op.equation), cell(op.second_order), sections_of(op));
+  return s;
+}
+
+namespace {
+
 std::string flops(double f) {
   if (f >= 1e9) return fmt::format("{:.3g} GFLOP", f / 1e9);
   if (f >= 1e6) return fmt::format("{:.3g} MFLOP", f / 1e6);

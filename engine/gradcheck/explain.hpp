@@ -65,6 +65,11 @@ nlohmann::json explanation_json(const Explanation& e);
 // header of kernels; 0 when the file cannot be read or does not have it.
 int line_of_function(const std::string& path, const std::string& function);
 
+// The registry as a markdown table, one row per op: its file, forward, VJP and JVP, second-order rule and the
+// sections of docs/derivations.md that derive them, from its sheet. `tapegrad explain --index-markdown` prints it;
+// docs/derivations.md's "Index by op" is this text, and a test keeps the two equal.
+std::string index_markdown(const Registry& registry);
+
 // "x=4,6" → {"x", (4, 6)}; "x=" is a scalar. Throws an Error naming `option` for anything else.
 std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text);
 
