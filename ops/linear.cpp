@@ -1,9 +1,8 @@
 // The affine layer as one node, in PyTorch's weight layout so checkpoints carry over unchanged:
 //   y = x·Wᵀ + b        x (N, in) (any leading axes), W (out, in), b (out) or none  →  y (N, out)
-//   VJP  x̄ += ȳ·W        W̄ += ȳᵀ·x        b̄ += Σ_rows ȳ
-//   JVP  ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ
-//   second order (Tape::hvp): the VJP is bilinear in (x, W) and linear in ȳ, so at a fixed ȳ its tangent is
-//        ẋ̄ += ȳ·Ẇ        Ẇ̄ += ȳᵀ·ẋ        (b̄ does not depend on the inputs)
+// The VJP is bilinear in (x, W) and linear in ȳ, so its tangent at a fixed ȳ (the second-order rule) is the VJP
+// with the other factor's tangent, and b̄ does not move. The VJP, the JVP and that rule are stated once, in the
+// sheet at the end of this file.
 // Three gemm calls each way; the transposes are cblas flags, never copies.
 #include "engine/blas.hpp"
 #include "engine/op_sheet.hpp"

@@ -1,8 +1,7 @@
 // Mean squared error of a prediction p against a target t of the same shape, n elements:
 //   L = (1/n) Σ_i d_i²,   d = p − t                                        p, t, d: one shape; L: ()
-//   VJP  p̄ += (2/n)·L̄·d,   t̄ −= (2/n)·L̄·d
-//   JVP  L̇ = (2/n) Σ_i d_i (ṗ_i − ṫ_i)
-//   second order (Tape::hvp), at a fixed L̄ with ḋ = ṗ − ṫ:  ṗ̄ += (2/n)·L̄·ḋ,   ṫ̄ −= (2/n)·L̄·ḋ
+// dL = (2/n)·⟨d, dp − dt⟩ gives the VJP and the JVP; at a fixed L̄ only d moves in the VJP, by ḋ = ṗ − ṫ, which is
+// the second-order rule. The three are stated once, in the sheet at the end of this file.
 // The node keeps d. The shapes must be equal: p − t broadcasts (N, 1) against (N) to (N, N), whose mean is not
 // the loss anyone meant, so mse_loss refuses it instead. Sums are taken in double (a float32 sum of 10⁶ squares
 // drifts; see ops/reduce.cpp).
