@@ -16,7 +16,9 @@
 #include "engine/gradcheck/registry.hpp"
 #include "engine/gradcheck/second_order.hpp"
 #include "engine/graphviz.hpp"
+#include "engine/no_jvp.hpp"
 #include "engine/onednn_gemm.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "engine/products.hpp"
 #include "engine/profile.hpp"
@@ -28,6 +30,7 @@
 
 // ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the kernels and checks the ops share, and
 // in ops/formulas/ the formula language and claims, which build ops
+#include "ops/all_ops.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"

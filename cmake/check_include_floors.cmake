@@ -4,6 +4,10 @@
 #   ops/formulas/  2  the formula language and claims, which build ops
 #   models/        3  layers, optimizers, the GPT, the training loop
 #   tools/         4  the tapegrad program
+# Within the floors, math below and tooling above: the op kernels and nodes (ops/, ops/attention/) include nothing
+# of the tooling — engine/gradcheck/ (the registry, the checker, explain), the profile, the tape's drawing
+# (engine/profile.hpp, engine/tape_dot.hpp, engine/graphviz.hpp). An op describes itself in its sheet, plain data
+# (engine/op_sheet.hpp), which the tooling reads; ops/formulas/, the floor above, joins the two.
 # Includes are resolved from the source tree's root ("ops/ops.hpp") or relative to the including file
 # ("../../engine/tape.hpp"); system and library headers (<...>) are not looked at.
 #   cmake -D SOURCE_DIR=<tapegrad source> -P check_include_floors.cmake
@@ -33,6 +37,7 @@ foreach(floor engine ops models tools)
 endforeach()
 file(GLOB_RECURSE sources RELATIVE "${SOURCE_DIR}" ${globs})
 set(uphill "")
+set(tooling "")
 set(checked 0)
 foreach(source ${sources})
   floor_of("${source}" own)
@@ -48,9 +53,17 @@ foreach(source ${sources})
     if(floor GREATER own)
       string(APPEND uphill "  ${source} (floor ${own}) includes ${target} (floor ${floor})\n")
     endif()
+    if(source MATCHES "^ops/" AND NOT source MATCHES "^ops/formulas/"
+       AND target MATCHES "^engine/(gradcheck/|profile\\.|tape_dot\\.|graphviz\\.)")
+      string(APPEND tooling "  ${source} includes ${target}\n")
+    endif()
   endforeach()
 endforeach()
 if(uphill)
   message(FATAL_ERROR "includes that run uphill:\n${uphill}")
 endif()
-message(STATUS "${checked} includes checked: every one runs downhill or stays on its floor")
+if(tooling)
+  message(FATAL_ERROR "ops that include the tooling (an op describes itself in its sheet, engine/op_sheet.hpp; "
+                      "the tooling reads it):\n${tooling}")
+endif()
+message(STATUS "${checked} includes checked: every one runs downhill or stays on its floor, and no op includes the tooling")

@@ -16,7 +16,7 @@
 //   div  ∂aa = 0     ∂ab = −1/b²   ∂bb = 2a/b³
 #include <array>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
@@ -226,7 +226,8 @@ Var div(Var a, Var b) { return binary<Div>(a, b); }
 Var neg(Var x) { return linear_scale("neg", x, -1.0); }
 Var scale(Var x, double s) { return linear_scale("scale", x, s); }
 
-void register_arithmetic(Registry& r) {
+std::vector<OpInfo> arithmetic_ops() {
+  OpList r;
   auto bin = [](Var (*op)(Var, Var)) {
     return [op](Tape&, std::span<const Var> x) { return op(x[0], x[1]); };
   };
@@ -247,19 +248,30 @@ void register_arithmetic(Registry& r) {
         Binary{"div", div, Fill::positive, "y = a/b (broadcast)",
                "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²; ẏ = ȧ/b − a·ḃ/b²",
                "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)", "6.3"}}) {
-    r.add({.name = op.name, .family = "arithmetic", .equation = op.equation, .forward = op.forward,
-           .second_order = op.second_order, .second_order_derivation = op.second_order_derivation});
+    r.add({.name = op.name,
+           .family = "arithmetic",
+           .forward = op.forward,
+           .equation = op.equation,
+           .second_order = op.second_order,
+           .second_order_derivation = op.second_order_derivation});
     r.add_case(op.name, {"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)});
     r.add_case(op.name, {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)});
   }
-  r.add({.name = "neg", .family = "arithmetic", .equation = "x̄ −= ȳ; ẏ = −ẋ", .forward = "y = −x",
+  r.add({.name = "neg",
+         .family = "arithmetic",
+         .forward = "y = −x",
+         .equation = "x̄ −= ȳ; ẏ = −ẋ",
          .second_order = kNoSecondOrderTerm});
   r.add_case("neg", {"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }});
-  r.add({.name = "scale", .family = "arithmetic", .equation = "x̄ += s·ȳ; ẏ = s·ẋ", .forward = "y = s·x",
+  r.add({.name = "scale",
+         .family = "arithmetic",
+         .forward = "y = s·x",
+         .equation = "x̄ += s·ȳ; ẏ = s·ẋ",
          .second_order = kNoSecondOrderTerm});
   r.add_case("scale", {"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

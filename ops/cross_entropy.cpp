@@ -20,7 +20,7 @@
 #include <cmath>
 #include <string>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
@@ -174,12 +174,13 @@ Var cross_entropy(Var logits, Var targets) {
       });
 }
 
-void register_cross_entropy(Registry& r) {
+std::vector<OpInfo> cross_entropy_ops() {
+  OpList r;
   r.add({.name = "cross_entropy",
          .family = "cross_entropy",
+         .forward = "L = (1/N)·Σ_r (log Σ_v exp x_r[v] − x_r[t_r]) over the N rows r with targets t_r",
          .equation = "x̄_r += ḡ·(p_r − e_{t_r})/N; L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r]), p_r = softmax(x_r); "
                      "targets not differentiable",
-         .forward = "L = (1/N)·Σ_r (log Σ_v exp x_r[v] − x_r[t_r]) over the N rows r with targets t_r",
          .second_order = "ẋ̄_r += (ḡ/N)·ṗ_r, ṗ_r = p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩)",
          .second_order_derivation = "6.5"});
   auto loss = [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); };
@@ -187,6 +188,7 @@ void register_cross_entropy(Registry& r) {
   r.add_case("cross_entropy",
              {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss});
   r.add_case("cross_entropy", {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss});
+  return r.ops;
 }
 
 }  // namespace tapegrad

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
@@ -101,17 +101,19 @@ Var embedding(Var ids, Var table) {
       }, Tape::linear_in_inputs);
 }
 
-void register_embedding(Registry& r) {
+std::vector<OpInfo> embedding_ops() {
+  OpList r;
   r.add({.name = "embedding",
          .family = "embedding",
-         .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
          .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name",
+         .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
          .second_order = kNoSecondOrderTerm});
   auto lookup = [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); };
   r.add_case("embedding", {"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup});
   r.add_case("embedding", {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup});
   r.add_case("embedding", {"ids (2, 2, 3), V = 4", {{"ids", {2, 2, 3}, Fill::indices, 4}, {"table", {4, 2}}}, lookup});
   r.add_case("embedding", {"scalar id, V = 3", {{"ids", {}, Fill::indices, 3}, {"table", {3, 5}}}, lookup});
+  return r.ops;
 }
 
 }  // namespace tapegrad

@@ -11,7 +11,7 @@
 // Each kernel walks the (b, t, i) rows of d contiguous elements; the (b, t) pairs run on the engine's threads.
 #include <algorithm>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
@@ -124,11 +124,12 @@ Var merge_heads(Var y) {
       }, Tape::linear_in_inputs);
 }
 
-void register_heads(Registry& r) {
+std::vector<OpInfo> heads_ops() {
+  OpList r;
   r.add({.name = "split_heads",
          .family = "heads",
-         .equation = "x̄[b,t,offset+i·d+e] += ȳ[b,i,t,e]; ẏ[b,i,t,e] = ẋ[b,t,offset+i·d+e]",
          .forward = "y[b,i,t,e] = x[b,t,offset+i·d+e]: (B, T, C) columns to (B, h, T, d) heads",
+         .equation = "x̄[b,t,offset+i·d+e] += ȳ[b,i,t,e]; ẏ[b,i,t,e] = ẋ[b,t,offset+i·d+e]",
          .second_order = kNoSecondOrderTerm});
   r.add_case("split_heads", {"x (2, 3, 8), 2 heads from column 2", {{"x", {2, 3, 8}}},
                              [](Tape&, std::span<const Var> x) { return split_heads(x[0], 2, 2, 4); }});
@@ -136,11 +137,12 @@ void register_heads(Registry& r) {
                              [](Tape&, std::span<const Var> x) { return split_heads(x[0], 3, 0, 6); }});
   r.add({.name = "merge_heads",
          .family = "heads",
-         .equation = "ȳ[b,i,t,e] += z̄[b,t,i·d+e]; ż[b,t,i·d+e] = ẏ[b,i,t,e]",
          .forward = "z[b,t,i·d+e] = y[b,i,t,e]: (B, h, T, d) heads to (B, T, h·d)",
+         .equation = "ȳ[b,i,t,e] += z̄[b,t,i·d+e]; ż[b,t,i·d+e] = ẏ[b,i,t,e]",
          .second_order = kNoSecondOrderTerm});
   r.add_case("merge_heads", {"y (2, 3, 4, 2)", {{"y", {2, 3, 4, 2}}},
                              [](Tape&, std::span<const Var> x) { return merge_heads(x[0]); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

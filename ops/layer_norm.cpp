@@ -8,12 +8,9 @@
 //   dx̂ = ρ·(dx − mean(dx) − x̂·mean(x̂ ⊙ dx)),   J_x̂ = ρ·(I − 1 1ᵀ/C − x̂ x̂ᵀ/C)   (symmetric)
 // ε sits inside ρ only, so the formula holds as written for every ε > 0 (mean(x̂²) = v/(v + ε) is never used).
 //
-//   VJP   ĝ = w ⊙ ȳ;  x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ));  w̄ += Σ_rows ȳ ⊙ x̂;  b̄ += Σ_rows ȳ
-//   JVP   ẏ = w ⊙ ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)) + ẇ ⊙ x̂ + ḃ
-// Second order (Tape::hvp), the tangent of the VJP at a fixed ȳ. With m = mean(x̂ ⊙ ĝ), the JVP's pieces
-// ρ̇ = −ρ²·mean(x̂ ⊙ ẋ) and x̂̇ = ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)), and ĝ̇ = ẇ ⊙ ȳ:
-//   ẋ̄ += ρ̇·(ĝ − mean(ĝ) − x̂·m) + ρ·(ĝ̇ − mean(ĝ̇) − x̂̇·m − x̂·ṁ),   ṁ = mean(x̂̇ ⊙ ĝ + x̂ ⊙ ĝ̇)
-//   ẇ̄ += Σ_rows ȳ ⊙ x̂̇                                               (b̄ = Σ_rows ȳ does not move)
+// With ĝ = w ⊙ ȳ the VJP applies J_x̂ to ĝ (and w̄, b̄ sum over rows), the JVP applies it to ẋ; the second-order rule
+// is the tangent of the VJP at a fixed ȳ, built from the JVP's pieces ρ̇ = −ρ²·mean(x̂ ⊙ ẋ) and x̂̇ = J_x̂·ẋ
+// (docs/derivations.md §6.7). The three are stated once, in the sheet at the end of this file.
 // The node keeps μ and ρ (one each per row) and reads x, the input's own value, to rebuild x̂ = (x − μ)·ρ where
 // a direction needs it: two numbers per row instead of a copy of x̂.
 //
@@ -24,7 +21,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
@@ -277,18 +274,21 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       });
 }
 
-void register_layer_norm(Registry& r) {
+// The sheet: what the kernels above implement, in one line each.
+std::vector<OpInfo> layer_norm_ops() {
+  OpList r;
   r.add({.name = "layer_norm",
          .family = "layer_norm",
+         .forward = "per row: y = w⊙x̂ + b, x̂ = (x − mean x)·ρ, ρ = 1/√(var x + ε)",
          .equation = "ĝ = w⊙ȳ: x̄ += ρ(ĝ − mean ĝ − x̂·mean(x̂⊙ĝ)), w̄ += Σ ȳ⊙x̂, b̄ += Σ ȳ; "
                      "ẏ = w⊙ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)) + ẇ⊙x̂ + ḃ",
-         .forward = "per row: y = w⊙x̂ + b, x̂ = (x − mean x)·ρ, ρ = 1/√(var x + ε)",
          .second_order = "m = mean(x̂⊙ĝ), ĝ̇ = ẇ⊙ȳ, ρ̇ = −ρ²·mean(x̂⊙ẋ), x̂̇ = ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)): "
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
          .second_order_derivation = "6.7"});
   auto apply = [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); };
   r.add_case("layer_norm", {"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply});
   r.add_case("layer_norm", {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply});
+  return r.ops;
 }
 
 }  // namespace tapegrad

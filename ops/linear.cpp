@@ -1,12 +1,11 @@
 // The affine layer as one node, in PyTorch's weight layout so checkpoints carry over unchanged:
 //   y = x·Wᵀ + b        x (N, in) (any leading axes), W (out, in), b (out) or none  →  y (N, out)
-//   VJP  x̄ += ȳ·W        W̄ += ȳᵀ·x        b̄ += Σ_rows ȳ
-//   JVP  ẏ = ẋ·Wᵀ + x·Ẇᵀ + ḃ
-//   second order (Tape::hvp): the VJP is bilinear in (x, W) and linear in ȳ, so at a fixed ȳ its tangent is
-//        ẋ̄ += ȳ·Ẇ        Ẇ̄ += ȳᵀ·ẋ        (b̄ does not depend on the inputs)
+// The VJP is bilinear in (x, W) and linear in ȳ, so its tangent at a fixed ȳ (the second-order rule) is the VJP
+// with the other factor's tangent, and b̄ does not move. The VJP, the JVP and that rule are stated once, in the
+// sheet at the end of this file.
 // Three gemm calls each way; the transposes are cblas flags, never copies.
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -69,22 +68,24 @@ Var linear(Var x, Var w, Var b) {
   return tape.record(op, {x, w}, y, vjp, jvp, second);
 }
 
-void register_linear(Registry& r) {
+std::vector<OpInfo> linear_ops() {
+  OpList r;
   r.add({.name = "linear",
          .family = "linear",
+         .forward = "y = xWᵀ + b over the rows of x",
          .equation = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ; ẏ = ẋWᵀ + xẆᵀ + ḃ",
+         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)",
+         .second_order_derivation = "6.2",
          // y = xWᵀ: numel(y)·in multiply-adds; backward and forward mode two products of the same size
          .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
            return OpCost{forward, 2 * forward, 2 * forward};
-         },
-         .forward = "y = xWᵀ + b over the rows of x",
-         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)",
-         .second_order_derivation = "6.2"});
+         }});
   r.add_case("linear", {"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                         [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }});
   r.add_case("linear", {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
                         [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

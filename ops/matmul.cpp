@@ -19,7 +19,7 @@
 #include <climits>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -188,19 +188,20 @@ Var matmul(Var a, Var b) {
       });
 }
 
-void register_matmul(Registry& r) {
+std::vector<OpInfo> matmul_ops() {
+  OpList r;
   r.add({.name = "matmul",
          .family = "matmul",
+         .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
          .equation = "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches); ẏ = ȧ·b + a·ḃ",
+         .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent",
+         .second_order_derivation = "6.2",
          // y (…, m, n) = a (…, m, k) · b (…, k, n): numel(y)·k multiply-adds; ā and b̄ (or ȧ·b and a·ḃ) the same
          // each
          .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
            return OpCost{forward, 2 * forward, 2 * forward};
-         },
-         .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
-         .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent",
-         .second_order_derivation = "6.2"});
+         }});
   auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add_case("matmul", {"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product});
   r.add_case("matmul", {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product});
@@ -212,6 +213,7 @@ void register_matmul(Registry& r) {
   r.add_case("matmul", {"a 2-D, b rank 3: (3, 4) @ (2, 4, 5)", {{"a", {3, 4}}, {"b", {2, 4, 5}}}, product});
   r.add_case("matmul", {"one input on both sides: x @ x, x (4, 4)", {{"x", {4, 4}}},
                         [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

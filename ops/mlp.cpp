@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
@@ -208,11 +208,16 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
   return tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp, second);
 }
 
-void register_mlp(Registry& r) {
+std::vector<OpInfo> mlp_ops() {
+  OpList r;
   r.add({.name = kOp,
          .family = "mlp",
+         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
          .equation = "h = gelu(xW₁ᵀ + b₁): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
                      "x̄ += ūW₁; ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
+         .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
+                         "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
+         .second_order_derivation = "6.8",
          // rows × (C·H + H·out) multiply-adds forward; backward and forward mode twice that (two products for
          // each: x̄ and W̄, or ẋWᵀ and xẆᵀ)
          .cost = [](std::span<const Shape> in, const Shape& y) {
@@ -220,11 +225,7 @@ void register_mlp(Registry& r) {
            const double out = static_cast<double>(y[y.rank() - 1]), rows = static_cast<double>(y.numel()) / out;
            const double forward = 2 * rows * (C * H + H * out);
            return OpCost{forward, 2 * forward, 2 * forward};
-         },
-         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
-         .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
-                         "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
-         .second_order_derivation = "6.8"});
+         }});
   r.add_case(kOp, {"exact gelu, biases, x (5, 4), H = 6, out 3",
                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }});
@@ -236,6 +237,7 @@ void register_mlp(Registry& r) {
   r.add_case(kOp, {"tanh gelu, first bias only, x (3, 5), H = 7",
                    {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

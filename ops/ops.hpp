@@ -9,7 +9,7 @@
 
 namespace tapegrad {
 
-class Registry;  // engine/gradcheck/registry.hpp
+class Registry;  // engine/gradcheck/registry.hpp: the tooling, above the ops; the ops never include it
 
 // arithmetic.cpp — element-wise, NumPy broadcasting; the VJP sums over the broadcast axes.
 Var add(Var a, Var b);
@@ -91,7 +91,8 @@ inline Var operator-(Var x) { return neg(x); }
 inline Var operator*(Var x, double s) { return scale(x, s); }
 inline Var operator*(double s, Var x) { return scale(x, s); }
 
-// The registry of every built-in op with its gradcheck cases (filled on first use).
+// The registry of every built-in op with its gradcheck cases, filled on first use from their sheets
+// (ops/all_ops.hpp); defined above the ops, in ops/formulas/builtin_registry.cpp.
 Registry& builtin_registry();
 
 }  // namespace tapegrad

@@ -1,26 +1,15 @@
 // Element-wise functions y = f(x):  VJP x̄ += f′(x)·ȳ,  JVP ẏ = f′(x)·ẋ  (ops/pointwise.hpp records them); second
 // order (Tape::hvp) ẋ̄ += f″(x)·ẋ·ȳ. Each f′ and f″ is written with whatever of x and y makes it cheapest; the node
-// keeps those two tensors.
-//   exp      f′ = y                                     f″ = y
-//   log      f′ = 1/x                (x > 0)            f″ = −1/x²
-//   tanh     f′ = 1 − y²                                f″ = −2y(1 − y²)
-//   relu     f′ = [x > 0]            (0 at the kink)    f″ = 0
-//   elu      y = x (x > 0), α(eˣ − 1) (x ≤ 0);  f′ = 1 (x > 0), y + α (x ≤ 0);  f″ = 0 (x > 0), y + α (x ≤ 0)
-//   sigmoid  y = 1/(1 + e⁻ˣ);  f′ = y(1 − y)           f″ = y(1 − y)(1 − 2y)     (y from e^(−|x|), which cannot
-//                                                                                overflow)
-//   square   f′ = 2x                                    f″ = 2
-//   sqrt     f′ = 1/(2y)             (x ≥ 0; +∞ at 0)   f″ = −1/(4y³)
-//   abs      f′ = sign x             (0 at the kink x = 0: the central value of [−1, 1], as PyTorch and JAX take
-//                                     it, and what central differences give)          f″ = 0 (not defined at 0)
-//   pow      y = xᵖ;  f′ = p·xᵖ⁻¹    (0 for p = 0)      f″ = p(p − 1)·xᵖ⁻² (0 for p = 0 and p = 1)
-// sqrt and pow refuse inputs where y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with
-// p < 0) instead of returning it.
+// keeps those two tensors. Each function's f′ and f″ are stated once, in its sheet at the end of this file.
+// What the sheets do not say: sigmoid takes y from e^(−|x|), which cannot overflow; abs takes f′(0) = 0, the central
+// value of [−1, 1], as PyTorch and JAX take it, and what central differences give. sqrt and pow refuse inputs where
+// y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with p < 0) instead of returning it.
 // gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps tanh u or Φ(x) instead of y, so that
 // the derivative needs no second tanh or erfc.
 #include <cmath>
 #include <string_view>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
@@ -132,56 +121,73 @@ Var pow(Var x, double p) {
       });
 }
 
-void register_pointwise(Registry& r) {
-  // second: the second-order rule, ẋ̄ += f″(x)·ẋ·ȳ with the op's f″
-  auto unary = [&r](const char* name, const char* forward, const char* equation, const char* second, Fill fill,
-                    Var (*fn)(Var)) {
-    r.add({.name = name, .family = "pointwise", .equation = equation, .forward = forward, .second_order = second,
-           .second_order_derivation = "6.3"});
-    r.add_case(name, {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }});
+// The sheets: each function's forward, f′ as its VJP and JVP, and f″ as its second-order rule ẋ̄ += f″(x)·ẋ·ȳ
+// (docs/derivations.md §6.3). This is where they are written; `tapegrad explain` prints them and the index of
+// docs/derivations.md is generated from them.
+std::vector<OpInfo> pointwise_ops() {
+  auto matrix = [](Var (*fn)(Var), Fill fill = Fill::normal) {
+    return std::vector<GradcheckCase>{
+        {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }}};
   };
-  unary("exp", "y = exp x", "x̄ += y·ȳ; ẏ = y·ẋ", "ẋ̄ += y·ẋ·ȳ", Fill::normal, exp);
-  unary("log", "y = log x", "x̄ += ȳ/x; ẏ = ẋ/x", "ẋ̄ −= ẋ·ȳ/x²", Fill::positive, log);
-  unary("tanh", "y = tanh x", "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ", "ẋ̄ −= 2y(1 − y²)·ẋ·ȳ", Fill::normal, tanh);
-  unary("relu", "y = max(x, 0)", "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ", "0 away from x = 0 (f″ = 0)", Fill::away_from_zero, relu);
-  unary("gelu", "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
-        "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ",
-        "ẋ̄ += gelu″(x)·ẋ·ȳ, gelu″ = (1 − t²)(u′ − x·t·u′² + ½x·u″), t = tanh u, u = √(2/π)(x + 0.044715x³)", Fill::normal, gelu);
-  unary("gelu_erf", "y = x·Φ(x) = ½x(1 + erf(x/√2))", "x̄ += (Φ(x) + x·φ(x))·ȳ; ẏ = (Φ(x) + x·φ(x))·ẋ",
-        "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ",
-        Fill::normal, gelu_erf);
-  unary("sigmoid", "y = 1/(1 + e⁻ˣ)", "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ", "ẋ̄ += y(1 − y)(1 − 2y)·ẋ·ȳ", Fill::normal, sigmoid);
-  unary("square", "y = x²", "x̄ += 2x·ȳ; ẏ = 2x·ẋ", "ẋ̄ += 2ẋ·ȳ", Fill::normal, square);
-  unary("sqrt", "y = √x (x ≥ 0)", "x̄ += ȳ/(2y); ẏ = ẋ/(2y)", "ẋ̄ −= ẋ·ȳ/(4y³)", Fill::positive, sqrt);
-  unary("abs", "y = |x|", "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ",
-        "0 away from x = 0 (f″ = 0); not twice differentiable at 0", Fill::away_from_zero, abs);
-  // At x = 0 the central difference (|ε| − |−ε|)/2ε is 0, as f′(0) is taken: the kink is checked too.
-  r.add_case("abs", {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); },
-                     {}, {}, /*at_kink=*/true});
-  r.add({.name = "pow",
-         .family = "pointwise",
-         .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",
-         .forward = "y = xᵖ, a scalar exponent p",
-         .second_order = "ẋ̄ += p(p − 1)·xᵖ⁻²·ẋ·ȳ (0 for p = 0, 1)",
-         .second_order_derivation = "6.3"});
-  auto pow_case = [&r](const char* name, Fill fill, double p) {
-    r.add_case("pow", {name, {{"x", {4, 5}, fill}}, [p](Tape&, std::span<const Var> x) { return pow(x[0], p); }});
+  auto with_p = [](const char* name, Fill fill, double p) {
+    return GradcheckCase{name, {{"x", {4, 5}, fill}}, [p](Tape&, std::span<const Var> x) { return pow(x[0], p); }};
   };
-  pow_case("p = 3", Fill::normal, 3);
-  pow_case("p = 0.5", Fill::positive, 0.5);
-  pow_case("p = -1.5", Fill::positive, -1.5);
-  pow_case("p = -2", Fill::away_from_zero, -2);
-  pow_case("p = 0", Fill::normal, 0);
-  r.add({.name = "elu",
-         .family = "pointwise",
-         .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",
-         .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)",
-         .second_order = "ẋ̄ += (y + α)·ẋ·ȳ (x ≤ 0), 0 (x > 0)",
-         .second_order_derivation = "6.3"});
-  r.add_case("elu", {"alpha = 1", {{"x", {4, 5}, Fill::away_from_zero}},
-                     [](Tape&, std::span<const Var> x) { return elu(x[0]); }});
-  r.add_case("elu", {"alpha = 0.5", {{"x", {3, 3}, Fill::away_from_zero}},
-                     [](Tape&, std::span<const Var> x) { return elu(x[0], 0.5); }});
+  auto with_alpha = [](const char* name, Shape shape, double alpha) {
+    return GradcheckCase{name, {{"x", shape, Fill::away_from_zero}},
+                         [alpha](Tape&, std::span<const Var> x) { return elu(x[0], alpha); }};
+  };
+  const char* f = "pointwise";
+  const char* d = "6.3";
+  std::vector<OpInfo> sheets{
+      {.name = "exp", .family = f, .forward = "y = exp x",
+       .equation = "x̄ += y·ȳ; ẏ = y·ẋ",
+       .second_order = "ẋ̄ += y·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(exp)},
+      {.name = "log", .family = f, .forward = "y = log x (x > 0)",
+       .equation = "x̄ += ȳ/x; ẏ = ẋ/x",
+       .second_order = "ẋ̄ −= ẋ·ȳ/x²", .second_order_derivation = d, .cases = matrix(log, Fill::positive)},
+      {.name = "tanh", .family = f, .forward = "y = tanh x",
+       .equation = "x̄ += (1 − y²)·ȳ; ẏ = (1 − y²)·ẋ",
+       .second_order = "ẋ̄ −= 2y(1 − y²)·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(tanh)},
+      {.name = "relu", .family = f, .forward = "y = max(x, 0)",
+       .equation = "x̄ += [x > 0]·ȳ; ẏ = [x > 0]·ẋ (0 at the kink)",
+       .second_order = "0 away from x = 0 (f″ = 0)", .second_order_derivation = d,
+       .cases = matrix(relu, Fill::away_from_zero)},
+      {.name = "gelu", .family = f, .forward = "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
+       .equation = "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form; ẏ = gelu′(x)·ẋ",
+       .second_order = "ẋ̄ += gelu″(x)·ẋ·ȳ, gelu″ = (1 − t²)(u′ − x·t·u′² + ½x·u″), t = tanh u, "
+                       "u = √(2/π)(x + 0.044715x³)",
+       .second_order_derivation = d, .cases = matrix(gelu)},
+      {.name = "gelu_erf", .family = f, .forward = "y = x·Φ(x) = ½x(1 + erf(x/√2))",
+       .equation = "x̄ += (Φ(x) + x·φ(x))·ȳ; ẏ = (Φ(x) + x·φ(x))·ẋ",
+       .second_order = "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(gelu_erf)},
+      {.name = "sigmoid", .family = f, .forward = "y = 1/(1 + e⁻ˣ)",
+       .equation = "x̄ += y(1 − y)·ȳ; ẏ = y(1 − y)·ẋ",
+       .second_order = "ẋ̄ += y(1 − y)(1 − 2y)·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(sigmoid)},
+      {.name = "square", .family = f, .forward = "y = x²",
+       .equation = "x̄ += 2x·ȳ; ẏ = 2x·ẋ",
+       .second_order = "ẋ̄ += 2ẋ·ȳ", .second_order_derivation = d, .cases = matrix(square)},
+      {.name = "sqrt", .family = f, .forward = "y = √x (x ≥ 0)",
+       .equation = "x̄ += ȳ/(2y); ẏ = ẋ/(2y) (+∞ at 0)",
+       .second_order = "ẋ̄ −= ẋ·ȳ/(4y³)", .second_order_derivation = d, .cases = matrix(sqrt, Fill::positive)},
+      {.name = "abs", .family = f, .forward = "y = |x|",
+       .equation = "x̄ += sign(x)·ȳ, 0 at x = 0; ẏ = sign(x)·ẋ",
+       .second_order = "0 away from x = 0 (f″ = 0); not twice differentiable at 0", .second_order_derivation = d,
+       .cases = {matrix(abs, Fill::away_from_zero)[0],
+                 // At x = 0 the central difference (|ε| − |−ε|)/2ε is 0, as f′(0) is taken: the kink is checked too.
+                 {"x = 0", {{"x", {3, 4}, Fill::zeros}}, [](Tape&, std::span<const Var> x) { return abs(x[0]); },
+                  {}, {}, /*at_kink=*/true}}},
+      {.name = "pow", .family = f, .forward = "y = xᵖ, a scalar exponent p",
+       .equation = "x̄ += p·xᵖ⁻¹·ȳ; ẏ = p·xᵖ⁻¹·ẋ (0 for p = 0)",
+       .second_order = "ẋ̄ += p(p − 1)·xᵖ⁻²·ẋ·ȳ (0 for p = 0, 1)", .second_order_derivation = d,
+       .cases = {with_p("p = 3", Fill::normal, 3), with_p("p = 0.5", Fill::positive, 0.5),
+                 with_p("p = -1.5", Fill::positive, -1.5), with_p("p = -2", Fill::away_from_zero, -2),
+                 with_p("p = 0", Fill::normal, 0)}},
+      {.name = "elu", .family = f, .forward = "y = x (x > 0), α(eˣ − 1) (x ≤ 0)",
+       .equation = "x̄ += ȳ (x > 0), (y + α)·ȳ (x ≤ 0); ẏ likewise",
+       .second_order = "ẋ̄ += (y + α)·ẋ·ȳ (x ≤ 0), 0 (x > 0)", .second_order_derivation = d,
+       .cases = {with_alpha("alpha = 1", {4, 5}, 1.0), with_alpha("alpha = 0.5", {3, 3}, 0.5)}},
+  };
+  return sheets;
 }
 
 }  // namespace tapegrad

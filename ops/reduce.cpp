@@ -7,7 +7,7 @@
 //   VJP  x̄[o, j, i] += c · ȳ[o, i]                        (ȳ repeated along the reduced axis)
 //   JVP  ẏ[o, i]    += c · Σ_j ẋ[o, j, i]
 // keepdim only puts a 1 in place of the axis in the shape of y; the elements are the same.
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -138,7 +138,8 @@ Var mean(Var x, int axis, bool keepdim) {
   return reduce("mean", x, split_axis("mean", x.shape(), axis, keepdim), true);
 }
 
-void register_reduce(Registry& r) {
+std::vector<OpInfo> reduce_ops() {
+  OpList r;
   struct Reduction {
     const char* name;
     Var (*all)(Var);
@@ -151,7 +152,11 @@ void register_reduce(Registry& r) {
                   "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
         Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
                   "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
-    r.add({.name = f.name, .family = "reduce", .equation = f.equation, .forward = f.forward, .second_order = kNoSecondOrderTerm});
+    r.add({.name = f.name,
+           .family = "reduce",
+           .forward = f.forward,
+           .equation = f.equation,
+           .second_order = kNoSecondOrderTerm});
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };
@@ -164,6 +169,7 @@ void register_reduce(Registry& r) {
     r.add_case(f.name, {"axis 1, keepdim", {{"x", {2, 3, 4}}}, along(1, true)});
     r.add_case(f.name, {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)});
   }
+  return r.ops;
 }
 
 }  // namespace tapegrad

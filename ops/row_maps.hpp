@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <limits>
 
-#include "../engine/source_place.hpp"
 #include "fast_math.hpp"
 
 namespace tapegrad {
@@ -49,7 +48,6 @@ inline void put(T& out, T value) {
 // every ⟨y, ·⟩ below. A row that is entirely −∞ has no finite max (x_j − m would be NaN); it is DEFINED as
 // σ = 0 (a query that may see no key attends to nothing: its attention output is 0), and the derivatives below
 // then give 0 on it as they stand. A +∞ or NaN entry is not a mask and gives a NaN row.
-inline constexpr SourcePlace softmax_row_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n) {
   const T m = lane_max(x, visible, -std::numeric_limits<T>::infinity());
@@ -67,7 +65,6 @@ inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n) {
 //   x̄ = y ⊙ (ȳ − ⟨y, ȳ⟩)          ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)
 // The row term ⟨y, u⟩ is an argument: the attention node has it cheaper than a dot product over the row
 // (⟨A_i, dA_i⟩ = G_i·O_i, docs/derivations.md §2.1); softmax_row_term computes it directly.
-inline constexpr SourcePlace softmax_row_derivative_written_at = SourcePlace::current();  // for tapegrad explain
 template <Into into, class T>
 inline void softmax_row_derivative(T* out, const T* y, const T* u, T row_term, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row_maps_detail::put<into>(out[j], y[j] * (u[j] - row_term));
@@ -80,7 +77,6 @@ inline T softmax_row_term(const T* y, const T* u, int64_t n) {
 // Second order (Tape::hvp): the tangent of x̄ = y ⊙ (ȳ − ⟨y, ȳ⟩) at a fixed ȳ, with ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩):
 //   ẋ̄ = ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y,      ⟨ẏ, ȳ⟩ = ⟨y ⊙ ẋ, ȳ⟩ − ⟨y, ẋ⟩⟨y, ȳ⟩
 // (so ẏ is never stored). Masked entries (y_j = 0) and fully masked rows give 0, as in the first order.
-inline constexpr SourcePlace softmax_row_second_order_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 inline void softmax_row_second_order(T* out, const T* y, const T* g, const T* tx, int64_t n) {
   const T y_g = lane_dot(y, g, n), y_tx = lane_dot(y, tx, n);
@@ -97,7 +93,6 @@ inline void softmax_row_second_order(T* out, const T* y, const T* g, const T* tx
 // dz = (I − 1 yᵀ) dx with y = exp(z) = σ(x):
 //   x̄ = z̄ − exp(z)·Σ_k z̄_k          ż = ẋ − ⟨exp(z), ẋ⟩
 // On a fully masked row y = 0: x̄ = z̄ and ż = ẋ (z = x − lse with nothing left to normalize).
-inline constexpr SourcePlace log_softmax_row_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 inline void log_softmax_row(T* z, const T* x, int64_t n) {
   const T m = lane_max(x, n, -std::numeric_limits<T>::infinity());
@@ -111,14 +106,12 @@ inline void log_softmax_row(T* z, const T* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) z[j] = (x[j] - m) - log_s;
 }
 
-inline constexpr SourcePlace log_softmax_row_vjp_written_at = SourcePlace::current();  // for tapegrad explain
 template <Into into, class T>
 inline void log_softmax_row_vjp(T* dx, const T* z, const T* dz, int64_t n) {
   const T dz_sum = lane_sum(dz, n);
   for (int64_t j = 0; j < n; ++j) row_maps_detail::put<into>(dx[j], dz[j] - fast_exp(z[j]) * dz_sum);
 }
 
-inline constexpr SourcePlace log_softmax_row_jvp_written_at = SourcePlace::current();  // for tapegrad explain
 template <Into into, class T>
 inline void log_softmax_row_jvp(T* tz, const T* z, const T* tx, int64_t n) {
   T y_dot_tx = 0;
@@ -128,7 +121,6 @@ inline void log_softmax_row_jvp(T* tz, const T* z, const T* tx, int64_t n) {
 
 // Second order (Tape::hvp): x̄ = z̄ − p·Σz̄ with p = exp(z) = σ(x), so at a fixed z̄ only p moves, ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩):
 //   ẋ̄ = −(Σ_k z̄_k)·p ⊙ (ẋ − ⟨p, ẋ⟩)
-inline constexpr SourcePlace log_softmax_row_second_order_written_at = SourcePlace::current();  // for explain
 template <class T>
 inline void log_softmax_row_second_order(T* out, const T* z, const T* dz, const T* tx, int64_t n) {
   const T dz_sum = lane_sum(dz, n);
@@ -158,7 +150,6 @@ inline void log_softmax_row_second_order(T* out, const T* z, const T* dz, const 
 // claimed JVP.
 
 // y[0..visible) = β(x[0..visible)), y[visible..n) = 0; returns r = ‖x[0..visible)‖.
-inline constexpr SourcePlace beta_row_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 inline T beta_row(T* y, const T* x, int64_t visible, int64_t n) {
   const T r = std::sqrt(lane_dot(x, x, visible));
@@ -170,7 +161,6 @@ inline T beta_row(T* y, const T* x, int64_t visible, int64_t n) {
 
 // out[0..visible) (+)= dβ(x)·u = c·u − (⟨β, u⟩/r)·β, with β the row's output and r = ‖x‖ (the second term is 0 when
 // r = 0, where dβ(0) = I). With Into::replace, out[visible..n) = 0 (the mask on dP and Ṗ) and out may be u.
-inline constexpr SourcePlace beta_row_derivative_written_at = SourcePlace::current();  // for tapegrad explain
 template <Into into, class T>
 inline void beta_row_derivative(T* out, const T* u, const T* beta, T r, int64_t visible, int64_t n) {
   const T c = 1 / (1 + r);
@@ -183,7 +173,6 @@ inline void beta_row_derivative(T* out, const T* u, const T* beta, T r, int64_t 
 // (1 + r)·⟨β, ẋ⟩/r, ċ = −c²·ṙ and β̇ = c·ẋ − (⟨β, ẋ⟩/r)·β (the JVP above):
 //   ẋ̄ = ċ·ȳ − k̇·β − k·β̇,      k̇ = ⟨β̇, ȳ⟩/r − ⟨β, ȳ⟩·ṙ/r²
 // β is not twice differentiable at x = 0 (r = 0): the term is taken as 0 there.
-inline constexpr SourcePlace beta_row_second_order_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 inline void beta_row_second_order(T* out, const T* g, const T* tx, const T* beta, T r, int64_t n) {
   if (!(r > 0)) return;

@@ -2,7 +2,7 @@
 // The row map and its derivation (the full Jacobian c·I − (c²/r)·x xᵀ, symmetric; the identity at x = 0; why the
 // β-attention post's homogeneity shortcut does not hold) are in ops/row_maps.hpp. The node keeps its output β and
 // r = ‖x‖ per row, which both its VJP and its JVP are written in.
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -52,29 +52,31 @@ Var row_normalize(Var x) {
       });
 }
 
-void register_row_normalize(Registry& r) {
+std::vector<OpInfo> row_normalize_ops() {
+  OpList r;
   r.add({.name = "row_normalize",
          .family = "row_normalize",
+         .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
          .equation =
              "per row, r = ‖x‖, c = 1/(1+r): x̄ += c·ȳ − (⟨y,ȳ⟩/r)·y; ẏ = c·ẋ − (⟨y,ẋ⟩/r)·y; identity at x = 0",
+         .second_order = "per row, x̄ = c·ȳ − k·y with k = ⟨y, ȳ⟩/r: ẋ̄ += ċ·ȳ − k̇·y − k·ẏ, ṙ = ⟨x, ẋ⟩/r, "
+                         "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)",
+         .derivation = "1.2, 1.3",
+         .second_order_derivation = "6.6",
+         .formulas_at = {{"forward", "ops/row_maps.hpp", "beta_row"},
+                         {"VJP and JVP", "ops/row_maps.hpp", "beta_row_derivative"},
+                         {"second order", "ops/row_maps.hpp", "beta_row_second_order"}},
          // Per element, one flop per operation: forward square, sum, scale; VJP and JVP a dot product (2) and
          // c·u − k·x (3); √ and the divisions once per row.
          .cost = [](std::span<const Shape> in, const Shape&) {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 5 * n, 5 * n};
-         },
-         .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
-         .derivation = "1.2, 1.3",
-         .formulas_at = {{"forward", beta_row_written_at},
-                         {"VJP and JVP", beta_row_derivative_written_at},
-                         {"second order", beta_row_second_order_written_at}},
-         .second_order = "per row, x̄ = c·ȳ − k·y with k = ⟨y, ȳ⟩/r: ẋ̄ += ċ·ȳ − k̇·y − k·ẏ, ṙ = ⟨x, ẋ⟩/r, "
-                         "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)",
-         .second_order_derivation = "6.6"});
+         }});
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
   r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});
   r.add_case("row_normalize", {"rank 3", {{"x", {2, 3, 4}}}, apply});
+  return r.ops;
 }
 
 }  // namespace tapegrad

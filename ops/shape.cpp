@@ -13,7 +13,7 @@
 
 #include <fmt/ranges.h>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 
@@ -389,11 +389,12 @@ Var concat(std::span<const Var> xs, int axis) {
       }, Tape::linear_in_inputs);
 }
 
-void register_shape(Registry& r) {
+std::vector<OpInfo> shape_ops() {
+  OpList r;
   r.add({.name = "reshape",
          .family = "shape",
-         .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
          .forward = "y[l] = x[l] in the new shape (the same row-major order)",
+         .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
          .second_order = kNoSecondOrderTerm});
   auto reshaped = [](Shape s) { return [s](Tape&, std::span<const Var> x) { return reshape(x[0], s); }; };
   r.add_case("reshape", {"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})});
@@ -402,8 +403,8 @@ void register_shape(Registry& r) {
 
   r.add({.name = "permute",
          .family = "shape",
-         .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
          .forward = "y[o] = x[off(o)]: the axes of x in the order p",
+         .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
          .second_order = kNoSecondOrderTerm});
   auto permuted = [](std::vector<int> p) {
     return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
@@ -421,8 +422,8 @@ void register_shape(Registry& r) {
 
   r.add({.name = "slice",
          .family = "shape",
-         .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
          .forward = "y[o, j, i] = x[o, start + j, i], 0 ≤ j < stop − start",
+         .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
          .second_order = kNoSecondOrderTerm});
   auto sliced = [](int axis, int64_t start, int64_t stop) {
     return [=](Tape&, std::span<const Var> x) { return slice(x[0], axis, start, stop); };
@@ -434,8 +435,8 @@ void register_shape(Registry& r) {
 
   r.add({.name = "concat",
          .family = "shape",
-         .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
          .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
+         .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
          .second_order = kNoSecondOrderTerm});
   auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
   r.add_case("concat", {"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)});
@@ -448,6 +449,7 @@ void register_shape(Registry& r) {
                                                          slice(x[0], -1, 4, 6)};
                           return concat(heads, -1);
                         }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

@@ -3,7 +3,7 @@
 // ops/row_maps.hpp; a node keeps only its output, which both its VJP and its JVP are written in.
 #include <limits>
 
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -113,7 +113,8 @@ Var add_mask(Tape& tape, Var x) {
 Var softmax(Var x) { return row_distribution<Softmax>(x); }
 Var log_softmax(Var x) { return row_distribution<LogSoftmax>(x); }
 
-void register_softmax(Registry& r) {
+std::vector<OpInfo> softmax_ops() {
+  OpList r;
   // Per element, one flop per operation (exp as one): forward max, subtract, exp, sum, divide; VJP and JVP a
   // product, a sum, a subtraction and a product.
   auto row_map_cost = [](std::span<const Shape> in, const Shape&) {
@@ -122,26 +123,26 @@ void register_softmax(Registry& r) {
   };
   r.add({.name = "softmax",
          .family = "softmax",
-         .equation = "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
-         .cost = row_map_cost,
          .forward = "per row: y = exp(x − max x) / Σ exp(x − max x)",
-         .derivation = "2.1",
-         .formulas_at = {{"forward", softmax_row_written_at},
-                         {"VJP and JVP", softmax_row_derivative_written_at},
-                         {"second order", softmax_row_second_order_written_at}},
+         .equation = "per row: x̄ += y ⊙ (ȳ − ⟨y, ȳ⟩); ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
          .second_order = "per row: ẋ̄ += ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y, ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)",
-         .second_order_derivation = "6.4"});
+         .derivation = "2.1",
+         .second_order_derivation = "6.4",
+         .formulas_at = {{"forward", "ops/row_maps.hpp", "softmax_row"},
+                         {"VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"},
+                         {"second order", "ops/row_maps.hpp", "softmax_row_second_order"}},
+         .cost = row_map_cost});
   r.add({.name = "log_softmax",
          .family = "softmax",
-         .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
-         .cost = row_map_cost,
          .forward = "per row: z = x − max x − log Σ exp(x − max x)",
-         .formulas_at = {{"forward", log_softmax_row_written_at},
-                         {"VJP", log_softmax_row_vjp_written_at},
-                         {"JVP", log_softmax_row_jvp_written_at},
-                         {"second order", log_softmax_row_second_order_written_at}},
+         .equation = "per row: x̄ += z̄ − exp(z)·Σz̄; ż = ẋ − ⟨exp(z), ẋ⟩",
          .second_order = "per row: ẋ̄ −= (Σz̄)·ṗ, p = exp(z), ṗ = p ⊙ (ẋ − ⟨p, ẋ⟩)",
-         .second_order_derivation = "6.5"});
+         .second_order_derivation = "6.5",
+         .formulas_at = {{"forward", "ops/row_maps.hpp", "log_softmax_row"},
+                         {"VJP", "ops/row_maps.hpp", "log_softmax_row_vjp"},
+                         {"JVP", "ops/row_maps.hpp", "log_softmax_row_jvp"},
+                         {"second order", "ops/row_maps.hpp", "log_softmax_row_second_order"}},
+         .cost = row_map_cost});
   struct RowOp {
     const char* name;
     Var (*fn)(Var);
@@ -161,6 +162,7 @@ void register_softmax(Registry& r) {
   // Masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
   r.add_case("softmax", {"masked -inf", {{"x", {4, 6}}},
                          [](Tape& tape, std::span<const Var> x) { return softmax(add_mask(tape, x[0])); }});
+  return r.ops;
 }
 
 }  // namespace tapegrad

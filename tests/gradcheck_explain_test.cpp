@@ -133,39 +133,53 @@ TEST_CASE("explain: the tensors a node keeps, by name") {
 }
 
 TEST_CASE("explain: formulas written outside the node's file are named by file and line, at their function") {
-  // The line named is the marker just above the function that implements the formula.
-  auto lines_at = [](const std::string& place) {
+  // A sheet names the file and the function; explain finds the line where the function is defined.
+  auto line_at = [](const std::string& place) {
     const size_t colon = place.rfind(':');
     REQUIRE(colon != std::string::npos);
     std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + place.substr(0, colon));
     REQUIRE(in.good());
     const int line = std::stoi(place.substr(colon + 1));
-    std::string text, here, after;
-    for (int i = 1; std::getline(in, text) && i <= line + 2; ++i) {
-      if (i == line) here = text;
-      if (i > line) after += text + "\n";
+    std::string text;
+    for (int i = 1; std::getline(in, text) && i < line; ++i) {
     }
-    return std::pair{here, after};
+    return text;
   };
   int places = 0;
   for (const OpInfo& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
-    for (const auto& place : explain(builtin_registry(), op.name, with_docs()).formulas_at) {
-      INFO(place.first << " at " << place.second);
-      const auto lines = lines_at(place.second);
-      CHECK(lines.first.find("_written_at = SourcePlace::current()") != std::string::npos);
-      CHECK((lines.second.find("inline ") != std::string::npos || lines.second.find("template <") != std::string::npos));
+    for (const FormulaLocation& place : explain(builtin_registry(), op.name, with_docs()).formulas_at) {
+      INFO(place.what << " at " << place.at);
+      CHECK(line_at(place.at).find(place.function + "(") != std::string::npos);
       ++places;
     }
   }
   CHECK(places >= 11);  // softmax, log_softmax, row_normalize, attention, beta_attention
   const Explanation row = explain(builtin_registry(), "row_normalize", with_docs());
   REQUIRE(row.formulas_at.size() == 3);
-  CHECK(row.formulas_at[0].first == "forward");
-  CHECK(lines_at(row.formulas_at[0].second).second.find("beta_row(") != std::string::npos);
-  CHECK(lines_at(row.formulas_at[1].second).second.find("beta_row_derivative(") != std::string::npos);
+  CHECK(row.formulas_at[0].what == "forward");
+  CHECK(line_at(row.formulas_at[0].at).find("beta_row(") != std::string::npos);
+  CHECK(line_at(row.formulas_at[1].at).find("beta_row_derivative(") != std::string::npos);
   CHECK(explanation_json(row)["formulas_at"][1]["what"] == "VJP and JVP");
-  CHECK(lines_at(row.formulas_at[2].second).second.find("beta_row_second_order(") != std::string::npos);
+  CHECK(line_at(row.formulas_at[2].at).find("beta_row_second_order(") != std::string::npos);
+  // A tree that does not have the file is passed over; the place starts with the file, and the function is named.
+  ExplainOptions elsewhere;
+  elsewhere.source_dir = "/nonexistent";
+  const FormulaLocation f = explain(builtin_registry(), "softmax", elsewhere).formulas_at.front();
+  CHECK(f.function == "softmax_row");
+  CHECK(f.at.starts_with("ops/row_maps.hpp"));
+}
+
+TEST_CASE("every function an op's sheet names is defined in the file it names") {
+  int named = 0;
+  for (const OpInfo& op : builtin_registry().ops())
+    for (const FormulaPlace& f : op.formulas_at) {
+      INFO(op.name << ": " << f.what << " in " << f.file << ", function " << f.function);
+      CHECK(line_of_function(std::string(TAPEGRAD_SOURCE_DIR) + "/" + f.file, f.function) > 0);
+      ++named;
+    }
+  CHECK(named >= 11);
+  CHECK(line_of_function(std::string(TAPEGRAD_SOURCE_DIR) + "/ops/row_maps.hpp", "no_such_function") == 0);
 }
 
 TEST_CASE("explain: every op shows its second-order rule, where it is derived, and its second-order check") {
@@ -193,4 +207,21 @@ TEST_CASE("explain: every op shows its second-order rule, where it is derived, a
     INFO("op: " << op.name);
     CHECK(explain(builtin_registry(), op.name, with_docs()).second_order_section.find(' ') != std::string::npos);
   }
+}
+
+TEST_CASE("docs/derivations.md's index by op is what tapegrad explain --index-markdown prints from the sheets") {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  std::string table;
+  bool in_section = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("## ")) in_section = line == "## Index by op";
+    if (in_section && line.starts_with("|")) table += line + "\n";
+  }
+  const std::string generated = index_markdown(builtin_registry());
+  // On a difference: ./build/tapegrad explain --index-markdown, in place of the section's table.
+  CHECK(table == generated);
+  CHECK(generated.find("| `exp` | `ops/pointwise.cpp` | y = exp x | x̄ += y·ȳ; ẏ = y·ẋ | ẋ̄ += y·ẋ·ȳ |") !=
+        std::string::npos);
+  CHECK(generated.find("y = \\|x\\|") != std::string::npos);  // a formula's | is escaped in its cell
 }

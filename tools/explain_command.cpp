@@ -19,6 +19,7 @@ struct ExplainArgs {
   std::string op;
   std::vector<std::string> shapes;  // NAME=D,D,...
   bool json = false;
+  bool index_markdown = false;
   ExplainOptions options;
 };
 
@@ -34,7 +35,13 @@ void add_explain_command(CLI::App& app) {
   cmd->add_option("--shape", args->shapes,
                   "An input's shape in place of the case's, NAME=D,D,... (repeatable; NAME= for a scalar)");
   cmd->add_flag("--json", args->json, "Print the same as one JSON object");
+  cmd->add_flag("--index-markdown", args->index_markdown,
+                "Print every op's formulas as the markdown table of docs/derivations.md's \"Index by op\"");
   cmd->callback([args] {
+    if (args->index_markdown) {
+      fmt::print("{}", index_markdown(builtin_registry()));
+      return;
+    }
     if (args->op.empty()) {
       GradcheckRun list;
       list.list = true;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/core.h>
@@ -56,6 +57,66 @@ std::vector<std::string> derivation_sections(const std::string& numbers, const s
   return found;
 }
 
+#ifndef TAPEGRAD_SOURCE_DIR
+#define TAPEGRAD_SOURCE_DIR ""
+#endif
+
+bool identifier_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// The source trees to look in: the one asked for, the one holding docs/derivations.md (the share folder's copy is
+// a link into the sources in a build tree), the one the library was built from.
+std::vector<std::filesystem::path> source_roots(const ExplainOptions& options) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> roots;
+  if (!options.source_dir.empty()) roots.emplace_back(options.source_dir);
+  if (!options.derivations_path.empty()) {
+    std::error_code ec;
+    const fs::path docs = fs::canonical(options.derivations_path, ec);
+    if (!ec) roots.push_back(docs.parent_path().parent_path());
+  }
+  if (std::string_view(TAPEGRAD_SOURCE_DIR) != "") roots.emplace_back(TAPEGRAD_SOURCE_DIR);
+  return roots;
+}
+
+// "file:line" of the first definition of `function` in `file` (from a tree's top folder), or "file" alone.
+std::string function_place(const std::vector<std::filesystem::path>& roots, const std::string& file,
+                           const std::string& function) {
+  for (const auto& root : roots)
+    if (const int line = line_of_function((root / file).string(), function); line > 0)
+      return fmt::format("{}:{}", file, line);
+  return file;
+}
+
+// The last line of `path` that holds `text`, 0 if none.
+int last_line_with(const std::string& path, const std::string& text) {
+  std::ifstream in(path);
+  int found = 0, n = 0;
+  for (std::string line; std::getline(in, line);)
+    if (++n, line.find(text) != std::string::npos) found = n;
+  return found;
+}
+
+// Where the op's sheet is: its registration's place when one was taken, else the last line of its family's file
+// (or of the node's own file, for ops outside tapegrad) that names it in quotes; the file alone if none does.
+std::string sheet_place(const OpInfo& info, const std::vector<std::filesystem::path>& roots,
+                        const SourcePlace& recorded) {
+  if (info.registered_at.line() != 0) return source_text(info.registered_at);
+  const std::string quoted = "\"" + info.name + "\"";
+  const std::string file = "ops/" + info.family + ".cpp";
+  for (const auto& root : roots)
+    if (const int line = last_line_with((root / file).string(), quoted); line > 0)
+      return fmt::format("{}:{}", file, line);
+  if (recorded.line() != 0) {
+    std::string at = source_text(recorded);
+    at.erase(at.rfind(':'));
+    if (const int line = last_line_with(recorded.file_name(), quoted); line > 0) return fmt::format("{}:{}", at, line);
+    return at;
+  }
+  return file;
+}
+
 std::string names_of(const std::vector<std::string>& names) {
   std::string s;
   for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
@@ -94,6 +155,21 @@ std::pair<std::string, std::string> split_equation(std::string_view equation) {
     if (starts_with_tangent(equation.substr(at + 2)))
       return {std::string(equation.substr(0, at)), std::string(equation.substr(at + 2))};
   return {std::string(equation), ""};
+}
+
+int line_of_function(const std::string& path, const std::string& function) {
+  std::ifstream in(path);
+  const std::string call = function + "(";
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    const size_t code = line.find_first_not_of(' ');
+    if (code == std::string::npos || line.compare(code, 2, "//") == 0) continue;
+    const size_t comment = line.find("//");
+    for (size_t at = line.find(call); at != std::string::npos && at < comment; at = line.find(call, at + 1))
+      if (at == 0 || !identifier_char(line[at - 1])) return n;
+  }
+  return 0;
 }
 
 int64_t Explanation::alignment_padding() const {
@@ -152,8 +228,9 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
                                                                          : std::string(kSecondOrderSection);
   e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
-  e.registered_at = source_text(info->registered_at);
-  for (const FormulaPlace& f : info->formulas_at) e.formulas_at.emplace_back(f.what, source_text(f.at));
+  const std::vector<std::filesystem::path> roots = source_roots(options);
+  for (const FormulaPlace& f : info->formulas_at)
+    e.formulas_at.push_back({f.what, function_place(roots, f.file, f.function), f.function});
   e.case_name = c->name;
   e.shapes_given = !options.shapes.empty();
   for (const auto& s : specs) e.inputs.emplace_back(s.name, s.shape);
@@ -169,7 +246,10 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     for (size_t i = 0; i < tape.num_nodes(); ++i) {
       const Node& n = tape.node(i);
       if (n.op != info->name) continue;
-      if (e.nodes++ == 0) e.recorded_at = source_text(n.where);
+      if (e.nodes++ == 0) {
+        e.recorded_at = source_text(n.where);
+        e.registered_at = sheet_place(*info, roots, n.where);
+      }
       e.bytes_kept += static_cast<int64_t>(n.bytes_kept);
       for (const Tape::Allocation& a : tape.allocations(i)) e.kept.push_back(a);
       e.output = tape.value_at(n.out).shape();
@@ -190,6 +270,43 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.check = gradcheck(at_shapes, options.gradcheck, info->name);
   e.check_second_order = gradcheck_second_order(at_shapes, options.gradcheck, info->name);
   return e;
+}
+
+namespace {
+
+// A table cell: '|' escaped, never empty.
+std::string cell(const std::string& text) {
+  std::string c;
+  for (char ch : text) c += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return c.empty() ? "—" : c;
+}
+
+// "§2.1, §1.1; 2nd order §6.4" from a sheet's section numbers.
+std::string sections_of(const OpInfo& op) {
+  std::string s;
+  for (size_t start = 0; start < op.derivation.size();) {
+    size_t end = op.derivation.find(',', start);
+    if (end == std::string::npos) end = op.derivation.size();
+    std::string n = op.derivation.substr(start, end - start);
+    n.erase(0, n.find_first_not_of(' '));
+    n.erase(n.find_last_not_of(' ') + 1);
+    if (!n.empty()) s += (s.empty() ? "§" : ", §") + n;
+    start = end + 1;
+  }
+  const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
+                             : op.second_order == kNoSecondOrderTerm ? "6.1"
+                                                                     : std::string(kSecondOrderSection);
+  return (s.empty() ? "textbook" : s) + "; 2nd order §" + second;
+}
+
+}  // namespace
+
+std::string index_markdown(const Registry& registry) {
+  std::string s = "| op | file | forward | VJP; JVP | second order | derived in |\n|---|---|---|---|---|---|\n";
+  for (const OpInfo& op : registry.ops())
+    s += fmt::format("| `{}` | `ops/{}.cpp` | {} | {} | {} | {} |\n", op.name, op.family, cell(op.forward),
+                     cell(op.equation), cell(op.second_order), sections_of(op));
+  return s;
 }
 
 namespace {
@@ -219,7 +336,8 @@ std::string format_explanation(const Explanation& e) {
                    e.registered_at);
   if (!e.formulas_at.empty()) {
     std::string places;
-    for (const auto& [what, at] : e.formulas_at) places += fmt::format("{}{} {}", places.empty() ? "" : "; ", what, at);
+    for (const FormulaLocation& f : e.formulas_at)
+      places += fmt::format("{}{} {} ({})", places.empty() ? "" : "; ", f.what, f.at, f.function);
     s += fmt::format("  formulas   {}\n", places);
   }
   if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
@@ -276,7 +394,8 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"registered_at", e.registered_at},
           {"formulas_at", [&] {
              nlohmann::json f = nlohmann::json::array();
-             for (const auto& [what, at] : e.formulas_at) f.push_back({{"what", what}, {"at", at}});
+             for (const FormulaLocation& p : e.formulas_at)
+               f.push_back({{"what", p.what}, {"at", p.at}, {"function", p.function}});
              return f;
            }()},
           {"derivation", e.sections},

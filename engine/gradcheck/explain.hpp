@@ -21,7 +21,15 @@ struct ExplainOptions {
   std::string case_name;                              // the gradcheck case to run; empty: the op's first
   std::vector<std::pair<std::string, Shape>> shapes;  // input name → shape, in place of the case's
   std::string derivations_path;  // docs/derivations.md, to name its sections; empty or unreadable: numbers only
+  // A source tree in which to find the lines of the files a sheet names (its formulas, its registration); empty:
+  // the tree that holds derivations_path, then the one the library was built from. Not found: file and function.
+  std::string source_dir;
   GradcheckOptions gradcheck;
+};
+
+// One of OpInfo::formulas_at, found: "ops/row_maps.hpp:70" when the file was read, else "ops/row_maps.hpp".
+struct FormulaLocation {
+  std::string what, at, function;
 };
 
 struct Explanation {
@@ -31,13 +39,13 @@ struct Explanation {
   std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
   std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
-  std::string registered_at;           // file:line of its registration
+  std::string registered_at;           // file:line of its sheet (or its registration)
   std::string case_name;
   bool shapes_given = false;  // the case's map at shapes of ExplainOptions::shapes
   std::vector<std::pair<std::string, Shape>> inputs;  // the case's inputs at the shapes explained
   Shape output;
   int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
-  std::vector<std::pair<std::string, std::string>> formulas_at;  // (what, file:line) where written elsewhere
+  std::vector<FormulaLocation> formulas_at;  // where its formulas are written, when not in the node's file
   int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
   std::vector<Tape::Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128
@@ -52,6 +60,15 @@ struct Explanation {
 Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options = {});
 std::string format_explanation(const Explanation& e);
 nlohmann::json explanation_json(const Explanation& e);
+
+// The first line of `path` (1-based) that holds `function(` outside a comment: where that function is defined in a
+// header of kernels; 0 when the file cannot be read or does not have it.
+int line_of_function(const std::string& path, const std::string& function);
+
+// The registry as a markdown table, one row per op: its file, forward, VJP and JVP, second-order rule and the
+// sections of docs/derivations.md that derive them, from its sheet. `tapegrad explain --index-markdown` prints it;
+// docs/derivations.md's "Index by op" is this text, and a test keeps the two equal.
+std::string index_markdown(const Registry& registry);
 
 // "x=4,6" → {"x", (4, 6)}; "x=" is a scalar. Throws an Error naming `option` for anything else.
 std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text);

@@ -10,10 +10,6 @@
 
 namespace tapegrad {
 
-NoJvp::NoJvp(std::string op_name)
-    : Error(fmt::format("forward mode: op '{}' has no JVP (it was recorded with no_jvp)", op_name)),
-      op(std::move(op_name)) {}
-
 // The claim's node: y = forward(x) evaluated off the tape; the claimed VJP and JVP (or the forward's own, taken
 // from a private tape) at the point (x, y).
 Function claimed(Claim claim) {
@@ -43,6 +39,17 @@ Function claimed(Claim claim) {
             if (gin_dot[i].defined()) gin_dot[i].accumulate(own[i]);
         });
   };
+}
+
+Registry::Registry(std::initializer_list<std::vector<OpInfo>> sheets) {
+  for (const auto& s : sheets) add(s);
+}
+
+void Registry::add(std::vector<OpInfo> sheets) {
+  for (OpInfo& op : sheets) {
+    const SourcePlace at = op.registered_at;
+    add(std::move(op), at);
+  }
 }
 
 void Registry::add(OpInfo op, SourcePlace where) {

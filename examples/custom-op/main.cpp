@@ -7,10 +7,7 @@
 #include "ops/ops.hpp"
 
 int main(int argc, char** argv) {
-  tapegrad::Registry ops, claims;
-  register_rms_norm(ops);
-  register_softsign(ops);
-  register_rms_norm_claims(claims);
+  const tapegrad::Registry ops{rms_norm_ops(), softsign_ops()}, claims{rms_norm_claims()};
   if (argc > 1 && std::string_view(argv[1]) == "claims") return tapegrad::gradcheck_main(claims, argc - 1, argv + 1);
   return tapegrad::gradcheck_main(ops, argc, argv);
 }

@@ -157,19 +157,22 @@ void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<const Ten
 
 }  // namespace
 
-void register_rms_norm(Registry& r) {
-  r.add({.name = "rms_norm",
-         .family = "my_ops",
-         .equation = "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; "
-                     "ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
-         .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)",
-         .second_order = "g = w⊙ȳ, m = ⟨x̂, g⟩/C: ẋ̄ += (1/ρ)˙(g − x̂m) + (ġ − x̂̇m − x̂ṁ)/ρ, ẇ̄ += Σ ȳ⊙x̂̇"});
-  r.add_case("rms_norm", {"rows", {{"x", {4, 6}}, {"w", {6}}}, apply_rms_norm});
-  r.add_case("rms_norm", {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm});
+std::vector<OpInfo> rms_norm_ops() {
+  return {{.name = "rms_norm",
+           .family = "my_ops",
+           .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)",
+           .equation = "ρ = √(mean x² + ε), x̂ = x/ρ: x̄ += (w⊙ȳ − x̂⟨x̂, w⊙ȳ⟩/C)/ρ, w̄ += Σ ȳ⊙x̂; "
+                       "ẏ = w⊙(ẋ − x̂⟨x̂, ẋ⟩/C)/ρ + ẇ⊙x̂",
+           .second_order = "g = w⊙ȳ, m = ⟨x̂, g⟩/C: ẋ̄ += (1/ρ)˙(g − x̂m) + (ġ − x̂̇m − x̂ṁ)/ρ, ẇ̄ += Σ ȳ⊙x̂̇",
+           .cases = {{"rows", {{"x", {4, 6}}, {"w", {6}}}, apply_rms_norm},
+                     {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm}}}};
 }
 
-void register_rms_norm_claims(Registry& r) {
-  r.add({"rms_norm_constant_rms", "claims", "x̄ = w⊙ȳ/ρ (ρ held constant), w̄ = Σ ȳ⊙x̂", {}});
-  r.add_case("rms_norm_constant_rms",
-             {"rows", {{"x", {4, 6}}, {"w", {6}}}, claimed({"rms_norm_constant_rms", apply_rms_norm, constant_rms_vjp, {}})});
+std::vector<OpInfo> rms_norm_claims() {
+  return {{.name = "rms_norm_constant_rms",
+           .family = "claims",
+           .equation = "x̄ = w⊙ȳ/ρ (ρ held constant), w̄ = Σ ȳ⊙x̂",
+           .cases = {{"rows",
+                      {{"x", {4, 6}}, {"w", {6}}},
+                      claimed({"rms_norm_constant_rms", apply_rms_norm, constant_rms_vjp, {}})}}}};
 }

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
@@ -213,20 +213,21 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
       });
 }
 
-void register_beta_attention(Registry& r) {
+std::vector<OpInfo> beta_attention_ops() {
+  OpList r;
   r.add({.name = "beta_attention",
          .family = "attention/beta",
+         .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
          .equation = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; "
                      "dK += s·dPᵀ·Q; Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
-         .cost = attention_cost,
-         .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
-         .derivation = "1.4, 1.2",
-         .formulas_at = {{"β rows", beta_row_written_at},
-                         {"their VJP and JVP", beta_row_derivative_written_at},
-                         {"β's second order", beta_row_second_order_written_at}},
          .second_order = "dP = GVᵀ, Ṗ = M ⊙ s(Q̇Kᵀ + QK̇ᵀ): dṠ_i = (β's rule at p_i along ṗ_i, applied to dP_i) + "
                          "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)",
-         .second_order_derivation = "6.10"});
+         .derivation = "1.4, 1.2",
+         .second_order_derivation = "6.10",
+         .formulas_at = {{"β rows", "ops/row_maps.hpp", "beta_row"},
+                         {"their VJP and JVP", "ops/row_maps.hpp", "beta_row_derivative"},
+                         {"β's second order", "ops/row_maps.hpp", "beta_row_second_order"}},
+         .cost = attention_cost});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
   };
@@ -248,6 +249,7 @@ void register_beta_attention(Registry& r) {
   r.add_case("beta_attention", {"Q = 0 (β at 0)",
                                 {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
                                 qkv(plain)});
+  return r.ops;
 }
 
 }  // namespace tapegrad

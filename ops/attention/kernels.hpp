@@ -11,7 +11,7 @@
 
 #include "attention.hpp"
 #include "../../engine/blas.hpp"
-#include "../../engine/gradcheck/registry.hpp"
+#include "../../engine/op_sheet.hpp"
 #include "../../engine/tensor.hpp"
 #include "../common.hpp"
 
@@ -251,7 +251,6 @@ inline constexpr const char* attention_second_order_rule =
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
 // Dense over the (T, Tk) slice: A is 0 at masked entries, so the mask needs no other care. The products go through
 // gemm (engine/blas.hpp), the row terms are plain loops. Outputs and tangents may be null.
-inline constexpr SourcePlace attention_second_order_written_at = SourcePlace::current();  // for tapegrad explain
 template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
                             const T* a, const T* g, const T* tq, const T* tk, const T* tv, const T* tbias,

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
@@ -538,18 +538,19 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
       });
 }
 
-void register_linear_attention(Registry& r) {
+std::vector<OpInfo> linear_attention_ops() {
+  OpList r;
   r.add({.name = kOp,
          .family = "attention/linear",
-         .equation = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
-                     "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
          .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "
                     "φ = elu + 1",
-         .derivation = "4.1, 4.2",
+         .equation = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
+                     "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
          .second_order = "w_ij = q_iᵀk_j, Gn_i = G_i/den_i, γ_i = ⟨G_i, O_i⟩/den_i: Ġn_i = −Gn_i·ḋen_i/den_i, "
                          "γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i, ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i; "
                          "ḋQ = φ′(Q) ⊙ Σ_j(ḋw_ij k_j + dw_ij k̇_j) + φ″(Q) ⊙ Q̇ ⊙ dq, likewise K; "
                          "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)",
+         .derivation = "4.1, 4.2",
          .second_order_derivation = "6.11"});
   auto build = [](bool causal) {
     return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
@@ -573,6 +574,7 @@ void register_linear_attention(Registry& r) {
   r.add_case(kOp, {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)});
   r.add_case(kOp, {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)});
   r.add_case(kOp, {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)});
+  return r.ops;
 }
 
 }  // namespace tapegrad

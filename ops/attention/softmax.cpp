@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
@@ -227,19 +227,20 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   return tape.record(op, {q, k, v}, o, vjp, jvp, second);
 }
 
-void register_attention(Registry& r) {
+std::vector<OpInfo> attention_ops() {
+  OpList r;
   r.add({.name = "attention",
          .family = "attention/softmax",
+         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
          .equation = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS; "
                      "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
-         .cost = attention_cost,
-         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
-         .derivation = "2.1, 1.1, 5.3, 5.4",
-         .formulas_at = {{"softmax rows", softmax_row_written_at},
-                         {"their VJP and JVP", softmax_row_derivative_written_at},
-                         {"second order", attention_second_order_written_at}},
          .second_order = attention_second_order_rule,
-         .second_order_derivation = "6.9"});
+         .derivation = "2.1, 1.1, 5.3, 5.4",
+         .second_order_derivation = "6.9",
+         .formulas_at = {{"softmax rows", "ops/row_maps.hpp", "softmax_row"},
+                         {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"},
+                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .cost = attention_cost});
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
   };
@@ -277,6 +278,7 @@ void register_attention(Registry& r) {
                              {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", c.bias}},
                              qkv_bias(AttentionOptions{0, c.causal})});
   }
+  return r.ops;
 }
 
 }  // namespace tapegrad

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "engine/blas.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
@@ -360,18 +360,19 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   return tape.record(kOp, {q, k, v}, o, vjp, jvp, second);
 }
 
-void register_tiled_attention(Registry& r) {
+std::vector<OpInfo> tiled_attention_ops() {
+  OpList r;
   r.add({.name = kOp,
          .family = "attention/tiled",
+         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
          .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
                      "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
                      "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
-         .cost = attention_cost,
-         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
-         .derivation = "5.6, 2.1",
-         .formulas_at = {{"second order", attention_second_order_written_at}},
          .second_order = attention_second_order_rule,
-         .second_order_derivation = "6.9"});
+         .derivation = "5.6, 2.1",
+         .second_order_derivation = "6.9",
+         .formulas_at = {{"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .cost = attention_cost});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };
@@ -414,6 +415,7 @@ void register_tiled_attention(Registry& r) {
   std::vector<InputSpec> sub_inputs = qkv_inputs(1, 1, 40, 40, 3, 2);
   sub_inputs.push_back({"bias", {40, 40}});
   r.add_case(kOp, {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", sub_inputs, qkv_bias(causal, 40)});
+  return r.ops;
 }
 
 }  // namespace tapegrad

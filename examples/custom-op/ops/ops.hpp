@@ -3,6 +3,8 @@
 // tapegrad's, and neither shadows the other.
 #pragma once
 
+#include <vector>
+
 #include <tapegrad/tapegrad.hpp>
 
 // rms_norm.cpp — y = w ⊙ x/ρ per row, ρ = √(mean(x²) + ε): x (..., C), w (C).
@@ -11,8 +13,8 @@ tapegrad::Var rms_norm(tapegrad::Var x, tapegrad::Var w, double eps = 1e-6);
 // softsign.cpp — y = x/(1 + |x|) element-wise, from f and f′ by tapegrad::pointwise().
 tapegrad::Var softsign(tapegrad::Var x);
 
-// Each op with its gradcheck cases.
-void register_rms_norm(tapegrad::Registry& registry);
-void register_softsign(tapegrad::Registry& registry);
+// Each op's sheet (<tapegrad/engine/op_sheet.hpp>): its formulas and its gradcheck cases.
+std::vector<tapegrad::OpInfo> rms_norm_ops();
+std::vector<tapegrad::OpInfo> softsign_ops();
 // A derivative as claimed elsewhere, recorded against rms_norm's own forward (and rejected by the gradchecker).
-void register_rms_norm_claims(tapegrad::Registry& registry);
+std::vector<tapegrad::OpInfo> rms_norm_claims();

@@ -1,0 +1,126 @@
+// Registering an op is one sheet function at the end of its file and one line in ops/all_ops.cpp; forgetting either
+// fails here, naming the op or the file: every op a registered case or a GPT of each attention kind records on its
+// tape has a sheet, and every file of ops/ that records nodes has its sheet listed.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "engine/gradcheck/registry.hpp"
+#include "models/gpt.hpp"
+#include "ops/all_ops.hpp"
+#include "ops/ops.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+std::string read(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot read " << path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The ops recorded on `tape` that the built-in registry does not know.
+std::set<std::string> unregistered_ops(const Tape& tape) {
+  std::set<std::string> missing;
+  for (size_t i = 0; i < tape.num_nodes(); ++i)
+    if (!builtin_registry().find(tape.node(i).op)) missing.insert(tape.node(i).op);
+  return missing;
+}
+
+std::string listed(const std::set<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("every op a registered case records has a sheet") {
+  int cases = 0;
+  for (const OpInfo& op : builtin_registry().ops())
+    for (const GradcheckCase& c : op.cases) {
+      Tape tape;
+      std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, 1);
+      std::vector<Var> vars;
+      for (size_t i = 0; i < xs.size(); ++i) vars.push_back(tape.leaf(xs[i], c.inputs[i].differentiable()));
+      c.build(tape, vars);
+      const std::set<std::string> missing = unregistered_ops(tape);
+      CHECK_MESSAGE(missing.empty(), "case '" << c.name << "' of '" << op.name << "' records ops without a sheet: "
+                                              << listed(missing));
+      ++cases;
+    }
+  CHECK(cases > 140);
+}
+
+TEST_CASE("every op a GPT of each attention kind records, forward and backward, has a sheet") {
+  for (const std::string& kind : attention_kinds()) {
+    CAPTURE(kind);
+    GPTConfig cfg;
+    cfg.n_layer = 1;
+    cfg.n_head = 2;
+    cfg.n_embd = 16;
+    cfg.block_size = 8;
+    cfg.attention = kind;
+    GPT model(cfg, 1);
+    Tensor idx = Tensor::empty(DType::i32, {2, 8}), targets = Tensor::empty(DType::i32, {2, 8});
+    for (int64_t i = 0; i < 16; ++i) {
+      idx.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % cfg.vocab_size);
+      targets.data<int32_t>()[i] = static_cast<int32_t>((i * 11 + 3) % cfg.vocab_size);
+    }
+    Tape tape;
+    Var loss = model.loss(tape, idx, targets);
+    tape.backward(loss);
+    const std::set<std::string> missing = unregistered_ops(tape);
+    CHECK_MESSAGE(missing.empty(), "a GPT with " << kind << " attention records ops without a sheet: "
+                                                 << listed(missing));
+  }
+}
+
+TEST_CASE("every file of ops/ that records a node has one sheet function, listed in ops/all_ops.cpp") {
+  namespace fs = std::filesystem;
+  const fs::path root(TAPEGRAD_SOURCE_DIR);
+  const std::string all_ops = read(root / "ops/all_ops.cpp");
+  const std::regex sheet_definition(R"(\nstd::vector<OpInfo> (\w+)\(\) \{)");
+  int files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root / "ops")) {
+    const fs::path rel = fs::relative(entry.path(), root);
+    if (entry.path().extension() != ".cpp" || rel.string().starts_with("ops/formulas/")) continue;
+    const std::string text = read(entry.path());
+    if (text.find("record(") == std::string::npos && text.find("pointwise(") == std::string::npos) continue;
+    INFO("file: " << rel.string());
+    std::vector<std::string> sheets;
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), sheet_definition); m != std::sregex_iterator(); ++m)
+      sheets.push_back((*m)[1]);
+    CHECK_MESSAGE(sheets.size() == 1, rel.string() << " records nodes: it should define one sheet function, "
+                                                   << "std::vector<OpInfo> <family>_ops(), at its end");
+    for (const std::string& s : sheets)
+      CHECK_MESSAGE(all_ops.find("X(" + s + ")") != std::string::npos,
+                    rel.string() << "'s sheet function " << s << " is not listed in ops/all_ops.cpp: add X(" << s
+                                 << ") to TAPEGRAD_OP_SHEETS");
+    ++files;
+  }
+  CHECK(files >= 18);
+  // And each sheet's family names the file that holds it.
+  for (const OpInfo& op : builtin_ops()) {
+    INFO("op: " << op.name);
+    CHECK(fs::is_regular_file(root / ("ops/" + op.family + ".cpp")));
+  }
+}
+
+TEST_CASE("a registry refuses an op registered twice and a case for an op it does not have, by name") {
+  Registry r{builtin_ops()};
+  CHECK(r.ops().size() == builtin_registry().ops().size());
+  CHECK_THROWS_WITH_AS(r.add(std::vector<OpInfo>{{.name = "softmax", .family = "softmax"}}),
+                       doctest::Contains("op 'softmax' is registered twice"), Error);
+  OpList list;
+  list.add({.name = "mine", .family = "mine"});
+  CHECK_THROWS_WITH_AS(list.add_case("yours", {"c", {}, {}}), doctest::Contains("names op 'yours'"), Error);
+}
