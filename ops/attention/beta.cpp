@@ -129,18 +129,6 @@ void beta_attention_second_order(const AttentionDims& dims, const T* q, const T*
   second_order_products(dims, q, k, g, tq, tk, bdot, ds, dsdot, out_q, out_k, out_v);
 }
 
-// Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
-struct SliceOffsets {
-  int64_t q, k, v, o, scores, rows;
-  SliceOffsets(const AttentionDims& dims, int64_t bh)
-      : q(bh * dims.T * dims.d),
-        k(bh * dims.Tk * dims.d),
-        v(bh * dims.Tk * dims.dv),
-        o(bh * dims.T * dims.dv),
-        scores(bh * dims.T * dims.Tk),
-        rows(bh * dims.T) {}
-};
-
 }  // namespace
 
 Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
@@ -199,14 +187,16 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-          T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
+          T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);
+          T* dv_dot = data_or_null<T>(gin_dot[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
             for (int64_t bh = begin; bh < end; ++bh) {
               const SliceOffsets at(dims, bh);
               beta_attention_second_order<T>(
                   dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v, bb.data<T>() + at.scores,
                   r.data<T>() + at.rows, g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
-                  offset_or_null(tv, at.v), offset_or_null(oq, at.q), offset_or_null(ok, at.k), offset_or_null(ov, at.v));
+                  offset_or_null(tv, at.v), offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
+                  offset_or_null(dv_dot, at.v));
             }
           });
         });

@@ -1,6 +1,6 @@
 // What the attention nodes share (softmax.cpp, tiled.cpp, beta.cpp, linear.cpp): the shape checks and dims of
-// Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv), the query blocks, the cost of a softmax-family node, and the
-// layout of an additive bias on the scores and its broadcast.
+// Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv), where each (b, h) slice starts in the tensors, the query blocks,
+// the cost of a softmax-family node, and the layout of an additive bias on the scores and its broadcast.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +32,37 @@ struct AttentionDims {
     return std::max<int64_t>(1, (int64_t{1} << 16) / work);
   }
 };
+
+// Slice bh = b·H + head: the element offset where it starts in each tensor of the attention nodes, and its (b, head),
+// which place it in a bias (BiasLayout::offset: a bias broadcast over b or h has no slice of its own). The gradients
+// and tangents of Q, K, V and O share their tensors' offsets.
+struct SliceOffsets {
+  int64_t q, k, v;  // Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv)
+  int64_t o;        // O and its gradient G (B, h, T, dv)
+  int64_t scores;   // a (B, h, T, Tk) matrix of the scores' shape: A, Bβ
+  int64_t rows;     // a (B, h, T) vector of one value per query: L, r, den
+  int64_t b, head;
+  SliceOffsets(const AttentionDims& dims, int64_t bh)
+      : q(bh * dims.T * dims.d),
+        k(bh * dims.Tk * dims.d),
+        v(bh * dims.Tk * dims.dv),
+        o(bh * dims.T * dims.dv),
+        scores(bh * dims.T * dims.Tk),
+        rows(bh * dims.T),
+        b(bh / dims.H),
+        head(bh % dims.H) {}
+};
+
+// One slice's inputs for the kernels: its Q, K, V, and the whole bias (null without one) with the slice's (b, head).
+template <class T>
+struct SliceInputs {
+  const T *q, *k, *v, *bias;
+  int64_t b, head;
+};
+template <class T>
+SliceInputs<T> slice_inputs(const SliceOffsets& at, const T* q, const T* k, const T* v, const T* bias) {
+  return {q + at.q, k + at.k, v + at.v, bias, at.b, at.head};
+}
 
 // The query blocks of attention() and beta_attention(): within a slice the queries go in blocks I = [i0, i1) of
 // at most kQueryBlock rows. Under the causal mask block I sees keys j < i1 only, so every product of the block

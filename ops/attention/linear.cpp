@@ -46,10 +46,7 @@ struct HeadDims {
   bool causal = false;
 };
 
-HeadDims check_shapes(const Var& q, const Var& k, const Var& v, bool causal) {
-  const AttentionDims a = attention_dims(kOp, q, k, v, {.scale = 0, .causal = causal});
-  return {a.heads(), a.T, a.Tk, a.d, a.dv, causal};
-}
+HeadDims head_dims(const AttentionDims& a) { return {a.heads(), a.T, a.Tk, a.d, a.dv, a.causal}; }
 
 // Slices per range of the loops over slices on the engine's threads: ~2¹⁶ multiply-adds per range at least
 // (the state updates d·dv per row and the in-chunk scores C·(d + dv) per row).
@@ -459,16 +456,12 @@ void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, con
   }
 }
 
-template <class T>
-T* slice_or_null(const Tensor& t, int64_t offset) {
-  return t.defined() ? t.data<T>() + offset : nullptr;
-}
-
 }  // namespace
 
 Var linear_attention(Var q, Var k, Var v, bool causal) {
   Tape& tape = tape_of(kOp, {q, k, v});
-  const HeadDims n = check_shapes(q, k, v, causal);
+  const AttentionDims dims = attention_dims(kOp, q, k, v, {.scale = 0, .causal = causal});
+  const HeadDims n = head_dims(dims);
   const DType dtype = q.dtype();
   const Tensor Qv = q.value(), Kv = k.value(), Vv = v.value();
   // Saved for backward and forward mode: φ(Q), φ(K), V (the input's own value), O, den.
@@ -481,13 +474,12 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
     parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
       Workspace<T> w(n);
       for (int64_t s = begin; s < end; ++s) {
-        const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d;
-        const T *Q = Qv.data<T>() + oq, *K = Kv.data<T>() + ok;
-        T *pq = phi_q.data<T>() + oq, *pk = phi_k.data<T>() + ok;
+        const SliceOffsets at(dims, s);
+        const T *Q = Qv.data<T>() + at.q, *K = Kv.data<T>() + at.k;
+        T *pq = phi_q.data<T>() + at.q, *pk = phi_k.data<T>() + at.k;
         for (int64_t i = 0; i < n.tq * n.d; ++i) pq[i] = phi(Q[i]);
         for (int64_t i = 0; i < n.tk * n.d; ++i) pk[i] = phi(K[i]);
-        linear_attention_forward(out.data<T>() + s * n.tq * n.dv, den.data<T>() + s * n.tq, pq, pk,
-                                 Vv.data<T>() + s * n.tk * n.dv, n, w);
+        linear_attention_forward(out.data<T>() + at.o, den.data<T>() + at.rows, pq, pk, Vv.data<T>() + at.v, n, w);
       }
     });
   });
@@ -498,11 +490,12 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_vjp(slice_or_null<T>(gin[0], oq), slice_or_null<T>(gin[1], ok),
-                                   slice_or_null<T>(gin[2], ov), g.data<T>() + oo, phi_q.data<T>() + oq,
-                                   phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
-                                   den.data<T>() + s * n.tq, n, w);
+              const SliceOffsets at(dims, s);
+              linear_attention_vjp(offset_or_null(data_or_null<T>(gin[0]), at.q),
+                                   offset_or_null(data_or_null<T>(gin[1]), at.k),
+                                   offset_or_null(data_or_null<T>(gin[2]), at.v), g.data<T>() + at.o,
+                                   phi_q.data<T>() + at.q, phi_k.data<T>() + at.k, Vv.data<T>() + at.v,
+                                   out.data<T>() + at.o, den.data<T>() + at.rows, n, w);
             }
           });
         });
@@ -512,10 +505,12 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_jvp(tout.data<T>() + oo, slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                   slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
-                                   Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n, w);
+              const SliceOffsets at(dims, s);
+              linear_attention_jvp(tout.data<T>() + at.o, offset_or_null(data_or_null<T>(tin[0]), at.q),
+                                   offset_or_null(data_or_null<T>(tin[1]), at.k),
+                                   offset_or_null(data_or_null<T>(tin[2]), at.v), phi_q.data<T>() + at.q,
+                                   phi_k.data<T>() + at.k, Vv.data<T>() + at.v, out.data<T>() + at.o,
+                                   den.data<T>() + at.rows, n, w);
             }
           });
         });
@@ -525,13 +520,13 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             SecondOrderWorkspace<T> ws(n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_second_order(slice_or_null<T>(gin_dot[0], oq), slice_or_null<T>(gin_dot[1], ok),
-                                            slice_or_null<T>(gin_dot[2], ov), g.data<T>() + oo,
-                                            slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                            slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq,
-                                            phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
-                                            den.data<T>() + s * n.tq, n, ws);
+              const SliceOffsets at(dims, s);
+              linear_attention_second_order(
+                  offset_or_null(data_or_null<T>(gin_dot[0]), at.q), offset_or_null(data_or_null<T>(gin_dot[1]), at.k),
+                  offset_or_null(data_or_null<T>(gin_dot[2]), at.v), g.data<T>() + at.o,
+                  offset_or_null(data_or_null<T>(tin[0]), at.q), offset_or_null(data_or_null<T>(tin[1]), at.k),
+                  offset_or_null(data_or_null<T>(tin[2]), at.v), phi_q.data<T>() + at.q, phi_k.data<T>() + at.k,
+                  Vv.data<T>() + at.v, out.data<T>() + at.o, den.data<T>() + at.rows, n, ws);
             }
           });
         });
