@@ -6,7 +6,8 @@
 //   S = s·QKᵀ + B + M        M_ij = 0 where key j is visible to query i, −∞ where it is masked (causal: j > i)
 //   A = softmax_row(S)        (T, Tk), exactly 0 at masked entries
 //   O = A·V                   (T, dv)
-// The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) scratch per thread.
+// The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) matrix of scratch per range
+// of its loop over slices (engine/scratch.hpp).
 //
 // Work. The slices (b, h) are independent and run on the engine's threads, each slice on one thread. Within a
 // slice, the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees
@@ -137,6 +138,17 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "A = softmax(S)");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
+  // Scratch (engine/scratch.hpp), per range of the loops over slices: a (block, Tk) matrix for the VJP's dS or the
+  // JVP's Ż, or the second-order rule's six (T, Tk) matrices; and copies of dB where slices share bias elements.
+  const int64_t block_scores = max_query_block_rows(dims) * dims.Tk;
+  auto block_need = [=](int64_t chunks) { return scratch_need(dtype, {block_scores}, chunks); };
+  auto slices_need = [=](int64_t chunks) { return scratch_need(dtype, {second_order_slice_elements(dims)}, chunks); };
+  {
+    const int64_t chunks = parallel_chunks(heads, grain);
+    const bool bias_grad = bias.defined() && bias.requires_grad();
+    const size_t parts = BiasGradChunks::need(dtype, bias_grad, bv.numel(), layout, dims, chunks).bytes();
+    reserve_scratch(tape, block_need(chunks).bytes() + parts, slices_need(chunks).bytes() + parts);
+  }
   dispatch_float(op, dtype, [&]<class T>(T) {
     const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
     T *pa = a.data<T>(), *po = o.data<T>();
@@ -148,23 +160,24 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     });
   });
   Tape* tp = &tape;
-  const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    Tensor ds = tp->empty(dtype, {chunks, scratch});
-    const BiasGradChunks dbias_at(*tp, dbias, layout, dims, chunks);
+    const auto [ds_chunks, parts] =
+        tp->scratch().take(block_need(chunks), BiasGradChunks::need(dbias, layout, dims, chunks));
+    const BiasGradChunks dbias_at(dbias, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
       T* dv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         T* db_chunk = dbias_at.target<T>(chunk);
+        T* ds = ds_chunks.chunk(chunk).take<T>(block_scores);
         for (int64_t bh = begin; bh < end; ++bh) {
           const SliceOffsets at(dims, bh);
           attention_vjp<T>(dims, slice_inputs(at, pq, pk, pv, pb), a.data<T>() + at.scores, o.data<T>() + at.o,
                            g.data<T>() + at.o, layout, offset_or_null(dq, at.q), offset_or_null(dk, at.k),
-                           offset_or_null(dv, at.v), db_chunk, ds.data<T>() + chunk * scratch);
+                           offset_or_null(dv, at.v), db_chunk, ds);
         }
       });
       dbias_at.add_parts<T>();
@@ -172,17 +185,17 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    const int64_t chunks = parallel_chunks(heads, grain);
-    Tensor z = tp->empty(dtype, {chunks, scratch});
+    const auto [z_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        T* z = z_chunks.chunk(chunk).take<T>(block_scores);
         for (int64_t bh = begin; bh < end; ++bh) {
           const SliceOffsets at(dims, bh);
           attention_jvp<T>(dims, slice_inputs(at, pq, pk, pv, pb), a.data<T>() + at.scores, o.data<T>() + at.o,
                            offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
-                           data_or_null<T>(tbias), layout, tout.data<T>() + at.o, z.data<T>() + chunk * scratch);
+                           data_or_null<T>(tbias), layout, tout.data<T>() + at.o, z);
         }
       });
     });
@@ -190,7 +203,9 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks dbias_dot_at(*tp, dbias_dot, layout, dims, chunks);
+    const auto [work_chunks, parts] =
+        tp->scratch().take(slices_need(chunks), BiasGradChunks::need(dbias_dot, layout, dims, chunks));
+    const BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>();
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
@@ -198,13 +213,14 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       T* dv_dot = data_or_null<T>(gin_dot[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         T* db_dot_chunk = dbias_dot_at.target<T>(chunk);
+        T* work = work_chunks.chunk(chunk).take<T>(second_order_slice_elements(dims));
         for (int64_t bh = begin; bh < end; ++bh) {
           const SliceOffsets at(dims, bh);
           attention_second_order<T>(dims, pq + at.q, pk + at.k, pv + at.v, at.b, at.head, a.data<T>() + at.scores,
                                     g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
                                     offset_or_null(tv, at.v), data_or_null<T>(tbias), layout,
                                     offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
-                                    offset_or_null(dv_dot, at.v), db_dot_chunk);
+                                    offset_or_null(dv_dot, at.v), db_dot_chunk, work);
         }
       });
       dbias_dot_at.add_parts<T>();
