@@ -23,6 +23,7 @@
 #include "engine/products.hpp"
 #include "engine/profile.hpp"
 #include "engine/rng.hpp"
+#include "engine/scratch.hpp"
 #include "engine/source_place.hpp"
 #include "engine/tape.hpp"
 #include "engine/tape_dot.hpp"

@@ -82,6 +82,11 @@ const T* rows_of(const T* a, bool trans_a, int64_t lda, int64_t r0) { return tra
 // with A rounded whole before the split, a block of a transposed A is read with A's wider leading dimension, which
 // sends oneDNN to its generic gemm:jit instead of its brgemm kernels, and the default model's bf16 step took
 // 31-32 ms instead of 17.7-18.0 (AMD EPYC Zen 4, 2 threads, alternating runs).
+// The rounded copies are thread_local because a product has no tape to take scratch from (engine/scratch.hpp is a
+// tape's, for nodes): gemm() is called by ops, tools and tests alike, inside a node's parallel loop or outside any.
+// B's copy is made by the calling thread and only read by the pool while this product runs; each thread rounds its
+// own block of A into its own a16, since the blocks run at once. Both are kept from product to product (resized to
+// the largest a thread has rounded) so that a training step's products allocate nothing after the first.
 inline void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   thread_local std::vector<uint16_t> b16;

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "arena.hpp"
+#include "scratch.hpp"
 #include "source_place.hpp"
 #include "tensor.hpp"
 
@@ -190,6 +191,7 @@ class Tape {
   size_t num_values() const { return values_.size(); }
   const Node& node(size_t i) const { return *nodes_[i]; }
   const Arena& arena() const { return arena_; }
+  Scratch& scratch() const { return op_scratch_; }  // the rules' working memory (engine/scratch.hpp), kept by clear()
   uint32_t generation() const { return generation_; }
 
   // Used by Var; throw if v is not a live value of this tape.
@@ -270,6 +272,7 @@ class Tape {
   void destroy_nodes();
 
   Arena arena_;
+  mutable Scratch op_scratch_;  // not the recording's state: a const tape's rules use it too
   std::vector<ValueRec> values_;
   std::vector<Node*> nodes_;
   std::vector<Tensor> scratch_;

@@ -35,8 +35,9 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64
   const double map = keeps_map ? B * H * T * T : B * H * T * 4;
   const double per_block = 2 * (rows * C + 2 * rows) + 2 * rows * proj * C + 2 * rows * C + rows * C +
                            2 * rows * C + 2 * rows * 4 * C + rows * C + dropout_masks + map;
-  // Embeddings (token and position rows, their sum), ln_f, the logits and cross-entropy's softmax.
-  const double head = 3 * rows * C + (rows * C + 2 * rows) + 2 * rows * V;
+  // Embeddings (token and position rows, their sum), ln_f and the logits (cross-entropy keeps two numbers per row:
+  // its exp(x − m) is one row at a time of the tape's scratch).
+  const double head = 3 * rows * C + (rows * C + 2 * rows) + rows * V;
   // Backward holds a few gradients at once (recycled as it goes): room for four of the largest.
   const double largest = std::max({rows * V, rows * 4 * C, map});
   e.tape_bytes = 4 * (L * per_block + head + 4 * largest);

@@ -34,14 +34,15 @@ namespace {
 // in double and added in range order: the same result in every run for a given thread count.
 int64_t row_grain(int64_t classes) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(classes, 1)); }
 
-// Σ_r f(r) over rows [0, rows) on the engine's threads, each range summing in double, the ranges added in order.
+// Σ_r f(r, chunk) over rows [0, rows) on the engine's threads, each range (chunk) summing in double, the ranges
+// added in order.
 template <class F>
 double sum_over_rows(int64_t rows, int64_t classes, F&& f) {
   const int64_t grain = row_grain(classes);
   double partial[256] = {};  // one per range: at most 256 threads (set_num_threads' limit)
   parallel_for(rows, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
     double acc = 0;
-    for (int64_t r = begin; r < end; ++r) acc += f(r);
+    for (int64_t r = begin; r < end; ++r) acc += f(r, chunk);
     partial[chunk] = acc;
   });
   double total = 0;
@@ -49,14 +50,19 @@ double sum_over_rows(int64_t rows, int64_t classes, F&& f) {
   return total;
 }
 
-// X (N, V), t (N) → L = (1/N)·Σ_r ((m_r − x_r[t_r]) + log σ_r); writes m (N) and log σ (N).
-// float32 takes exp from ops/fast_math.hpp; the max and σ run in eight lanes.
+// The forward's scratch: one row of exp(x − m) per range of rows.
+ScratchNeed forward_need(DType dtype, int64_t rows, int64_t classes) {
+  return scratch_need(dtype, {classes}, parallel_chunks(rows, row_grain(classes)));
+}
+
+// X (N, V), t (N) → L = (1/N)·Σ_r ((m_r − x_r[t_r]) + log σ_r); writes m (N) and log σ (N). `exps`: forward_need's
+// chunks. float32 takes exp from ops/fast_math.hpp; the max and σ run in eight lanes.
 template <class T>
 T cross_entropy_forward(const T* x, const int32_t* targets, int64_t rows, int64_t classes, T* row_max,
-                        T* row_log_sum, T* scratch) {
-  const double total = sum_over_rows(rows, classes, [&](int64_t r) {
+                        T* row_log_sum, const ScratchChunks& exps) {
+  const double total = sum_over_rows(rows, classes, [&](int64_t r, int64_t chunk) {
     const T* xr = x + r * classes;
-    T* e = scratch + r * classes;
+    T* e = exps.chunk(chunk).take<T>(classes);
     const T m = lane_max(xr + 1, classes - 1, xr[0]);
     for (int64_t j = 0; j < classes; ++j) e[j] = fast_exp(xr[j] - m);
     const T log_sigma = std::log(lane_sum(e, classes));
@@ -87,7 +93,7 @@ void cross_entropy_vjp(const T* x, const int32_t* targets, const T* row_max, con
 template <class T>
 T cross_entropy_jvp(const T* x, const int32_t* targets, const T* row_max, const T* row_log_sum, int64_t rows,
                     int64_t classes, const T* tx) {
-  const double total = sum_over_rows(rows, classes, [&](int64_t r) {
+  const double total = sum_over_rows(rows, classes, [&](int64_t r, int64_t) {
     const T* xr = x + r * classes;
     const T* tr = tx + r * classes;
     const T m = row_max[r], log_sigma = row_log_sum[r];
@@ -143,10 +149,11 @@ Var cross_entropy(Var logits, Var targets) {
   Tensor loss = tape.empty(xv.dtype(), Shape{});
   Tensor row_max = tape.empty(xv.dtype(), Shape{rows}, "m: row max");
   Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows}, "log Σ exp(x − m) per row");
+  reserve_scratch(tape, forward_need(xv.dtype(), rows, classes).bytes());
+  const auto [exps] = tape.scratch().take(forward_need(xv.dtype(), rows, classes));
   dispatch_float(op, xv.dtype(), [&]<class T>(T) {
-    Tensor scratch = tape.empty(xv.dtype(), xv.shape(), "scratch: exp(x − m)");  // read only here
     loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
-                                              row_log_sum.data<T>(), scratch.data<T>());
+                                              row_log_sum.data<T>(), exps);
   });
   return tape.record(
       op, {logits, targets}, loss,

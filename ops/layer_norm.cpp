@@ -15,11 +15,10 @@
 // a direction needs it: two numbers per row instead of a copy of x̂.
 //
 // Work: rows run on the engine's threads; each row's sums run in independent lanes (ops/fast_math.hpp), so they
-// vectorize and their order is fixed. w̄ and b̄ (sums over rows) go to one partial pair per thread, added in
-// thread order afterwards.
+// vectorize and their order is fixed. w̄ and b̄ (sums over rows) go to one partial pair per range of rows (a chunk of
+// the tape's scratch, engine/scratch.hpp), added in range order afterwards.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
@@ -103,14 +102,20 @@ void layer_norm_vjp_x(T* dx, const T* x, const T* mean, const T* rstd, const T* 
   });
 }
 
-// w̄ += Σ_rows ȳ ⊙ x̂,  b̄ += Σ_rows ȳ; either may be null. Each range of rows sums into its own (2, C) slot of
-// `partials` (chunks × 2C, zeroed), added into w̄ and b̄ in range order.     x, dy: (rows, C); mean, rstd: (rows)
+// The scratch of layer_norm_vjp_affine: one (2, C) partial per range of rows.
+ScratchNeed affine_partials_need(DType dtype, int64_t rows, int64_t C) {
+  return scratch_need(dtype, {2 * C}, parallel_chunks(rows, row_grain(C)));
+}
+
+// w̄ += Σ_rows ȳ ⊙ x̂,  b̄ += Σ_rows ȳ; either may be null. Each range of rows sums into its own zeroed (2, C) partial,
+// its chunk of `partials` (affine_partials_need), added into w̄ and b̄ in range order.
+//                                                                            x, dy: (rows, C); mean, rstd: (rows)
 template <class T>
 void layer_norm_vjp_affine(T* dw, T* db, const T* x, const T* mean, const T* rstd, const T* dy, int64_t rows,
-                           int64_t C, T* partials) {
+                           int64_t C, const ScratchChunks& partials) {
   const int64_t grain = row_grain(C), chunks = parallel_chunks(rows, grain);
   parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
-    T* pw = partials + chunk * 2 * C;
+    T* pw = partials.chunk(chunk).zeroed<T>(2 * C);
     T* pb = pw + C;
     for (int64_t i = begin; i < end; ++i) {
       const T* xi = x + i * C;
@@ -123,7 +128,7 @@ void layer_norm_vjp_affine(T* dw, T* db, const T* x, const T* mean, const T* rst
     }
   });
   for (int64_t c = 0; c < chunks; ++c) {
-    const T* pw = partials + c * 2 * C;
+    const T* pw = partials.chunk(c).take<T>(2 * C);
     const T* pb = pw + C;
     if (dw)
       for (int64_t j = 0; j < C; ++j) dw[j] += pw[j];
@@ -166,56 +171,63 @@ void expect_affine_shape(const char* what, const Var& p, const Var& x) {
          p.shape());
 }
 
-// Rows [begin, end) of the second-order term; ẇ̄'s sums added into out_w (a range's partial slot).
+// Rows [begin, end) of the second-order term; ẇ̄'s sums added into out_w (a range's partial). xh and xh_dot are
+// (C) arrays for x̂ and x̂̇ of a row.
 template <class T>
 void layer_norm_second_order_rows(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
-                                  const T* tx, const T* tw, int64_t begin, int64_t end, int64_t C) {
-  std::vector<T> xh(static_cast<size_t>(C)), xh_dot(static_cast<size_t>(C));
+                                  const T* tx, const T* tw, int64_t begin, int64_t end, int64_t C, T* xh, T* xh_dot) {
   const T inv_c = T(1) / static_cast<T>(C);
   for (int64_t i = begin; i < end; ++i) {
     const T *xi = x + i * C, *gi = g + i * C, *ti = tx ? tx + i * C : nullptr;
     const T mu = mean[i], rho = rstd[i];
     T t_mean = 0, xh_t = 0, gh_mean = 0, xh_gh = 0, gh_dot_mean = 0;
     for (int64_t j = 0; j < C; ++j) {
-      xh[static_cast<size_t>(j)] = (xi[j] - mu) * rho;
-      if (ti) t_mean += ti[j], xh_t += xh[static_cast<size_t>(j)] * ti[j];
+      xh[j] = (xi[j] - mu) * rho;
+      if (ti) t_mean += ti[j], xh_t += xh[j] * ti[j];
       gh_mean += w[j] * gi[j];
-      xh_gh += xh[static_cast<size_t>(j)] * w[j] * gi[j];
+      xh_gh += xh[j] * w[j] * gi[j];
       if (tw) gh_dot_mean += tw[j] * gi[j];
     }
     t_mean *= inv_c, xh_t *= inv_c, gh_mean *= inv_c, xh_gh *= inv_c, gh_dot_mean *= inv_c;
     const T rho_dot = -rho * rho * xh_t;
     T m_dot = 0;
     for (int64_t j = 0; j < C; ++j) {
-      const size_t k = static_cast<size_t>(j);
-      xh_dot[k] = ti ? rho * (ti[j] - t_mean - xh[k] * xh_t) : T(0);
-      m_dot += xh_dot[k] * w[j] * gi[j] + (tw ? xh[k] * tw[j] * gi[j] : T(0));
+      xh_dot[j] = ti ? rho * (ti[j] - t_mean - xh[j] * xh_t) : T(0);
+      m_dot += xh_dot[j] * w[j] * gi[j] + (tw ? xh[j] * tw[j] * gi[j] : T(0));
     }
     m_dot *= inv_c;
     for (int64_t j = 0; j < C; ++j) {
-      const size_t k = static_cast<size_t>(j);
       const T gh = w[j] * gi[j], gh_dot = tw ? tw[j] * gi[j] : T(0);
       if (out_x)
-        out_x[i * C + j] += rho_dot * (gh - gh_mean - xh[k] * xh_gh) +
-                            rho * (gh_dot - gh_dot_mean - xh_dot[k] * xh_gh - xh[k] * m_dot);
-      if (out_w) out_w[j] += gi[j] * xh_dot[k];
+        out_x[i * C + j] += rho_dot * (gh - gh_mean - xh[j] * xh_gh) +
+                            rho * (gh_dot - gh_dot_mean - xh_dot[j] * xh_gh - xh[j] * m_dot);
+      if (out_w) out_w[j] += gi[j] * xh_dot[j];
     }
   }
 }
 
-// The second-order term of the header, rows on the engine's threads; ẇ̄'s row sums go to one (C) slot of
-// `partials` (chunks × C, zeroed) per range, added in range order.                  out_x, out_w: or null
+// The scratch of layer_norm_second_order: per range of rows, a (C) partial of ẇ̄ and x̂, x̂̇ of a row.
+ScratchNeed second_order_need(DType dtype, int64_t rows, int64_t C) {
+  return scratch_need(dtype, {C, C, C}, parallel_chunks(rows, row_grain(C)));
+}
+
+// The second-order term of the header, rows on the engine's threads, each range with its chunk of `scratch`
+// (second_order_need): ẇ̄'s row sums go to the range's zeroed (C) partial, added in range order. out_x, out_w: or null
 template <class T>
 void layer_norm_second_order(T* out_x, T* out_w, const T* x, const T* mean, const T* rstd, const T* w, const T* g,
-                             const T* tx, const T* tw, int64_t rows, int64_t C, T* partials) {
+                             const T* tx, const T* tw, int64_t rows, int64_t C, const ScratchChunks& scratch) {
   const int64_t grain = row_grain(C), chunks = parallel_chunks(rows, grain);
   parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
-    T* pw = partials + chunk * C;
-    layer_norm_second_order_rows(out_x, out_w ? pw : nullptr, x, mean, rstd, w, g, tx, tw, begin, end, C);
+    ScratchChunk mine = scratch.chunk(chunk);
+    T* pw = mine.zeroed<T>(C);
+    T *xh = mine.zeroed<T>(C), *xh_dot = mine.zeroed<T>(C);
+    layer_norm_second_order_rows(out_x, out_w ? pw : nullptr, x, mean, rstd, w, g, tx, tw, begin, end, C, xh, xh_dot);
   });
   if (out_w)
-    for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t j = 0; j < C; ++j) out_w[j] += partials[c * C + j];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const T* pw = scratch.chunk(c).take<T>(C);
+      for (int64_t j = 0; j < C; ++j) out_w[j] += pw[j];
+    }
 }
 
 }  // namespace
@@ -239,6 +251,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   Tensor mean = tape.empty(x.dtype(), {rows}, "μ per row");
   Tensor rstd = tape.empty(x.dtype(), {rows}, "ρ = 1/√(var + ε) per row");
+  reserve_scratch(tape, affine_partials_need(x.dtype(), rows, C).bytes(), second_order_need(x.dtype(), rows, C).bytes());
   dispatch_float(kOp, x.dtype(), [&]<class T>(T) {
     layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),
                        static_cast<T>(eps), rows, C);
@@ -252,9 +265,9 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
             layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                              g.data<T>(), rows, C);
           if (gin[1].defined() || gin[2].defined()) {
-            Tensor partials = tp->zeros(g.dtype(), {parallel_chunks(rows, row_grain(C)), 2 * C});
+            const auto [partials] = tp->scratch().take(affine_partials_need(g.dtype(), rows, C));
             layer_norm_vjp_affine(data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xv.data<T>(), mean.data<T>(),
-                                  rstd.data<T>(), g.data<T>(), rows, C, partials.data<T>());
+                                  rstd.data<T>(), g.data<T>(), rows, C, partials);
           }
         });
       },
@@ -266,10 +279,10 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          Tensor partials = tp->zeros(g.dtype(), {parallel_chunks(rows, row_grain(C)), C});
+          const auto [scratch] = tp->scratch().take(second_order_need(g.dtype(), rows, C));
           layer_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), xv.data<T>(),
                                   mean.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), data_or_null<T>(tin[0]),
-                                  data_or_null<T>(tin[1]), rows, C, partials.data<T>());
+                                  data_or_null<T>(tin[1]), rows, C, scratch);
         });
       });
 }

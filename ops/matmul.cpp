@@ -8,8 +8,10 @@
 //   VJP  ā_α += Σ_{β: α(β) = α} ȳ_β · b_γᵀ                                    (m, k)
 //        b̄_γ += Σ_{β: γ(β) = γ} a_αᵀ · ȳ_β                                    (k, n)
 //   JVP  ẏ_β  = ȧ_α · b_γ + a_α · ḃ_γ                                         (product rule)
-// Every product is one cblas gemm. The sums over broadcast batch axes come from gemm accumulating (β = 1) into
-// the same ā_α or b̄_γ once per β that reads it; nothing is ever overwritten.
+// Every product is one call of gemm() (engine/blas.hpp), which runs a float64 product on OpenBLAS and a float32 one
+// on OpenBLAS or oneDNN, in f32 or bf16, by the rule of engine/products.hpp. The sums over broadcast batch axes
+// come from gemm accumulating (β = 1) into the same ā_α or b̄_γ once per β that reads it; nothing is ever
+// overwritten.
 //
 // Fast path: when b holds a single matrix (b 2-D, or all of …b is 1), the matrices of a are consecutive rows of
 // one (Π…a·m, k) matrix A and y is the (Π…a·m, n) matrix A·b: the forward, ā += ȳ·bᵀ, b̄ += Aᵀ·ȳ and both JVP

@@ -47,7 +47,8 @@ Var transpose(Var x, int axis0 = -2, int axis1 = -1);
 Var slice(Var x, int axis, int64_t start, int64_t stop);  // [start, stop) along axis
 Var concat(std::span<const Var> xs, int axis);
 
-// matmul.cpp — (..., m, k) @ (..., k, n) → (..., m, n), batch dimensions broadcast; cblas for every product.
+// matmul.cpp — (..., m, k) @ (..., k, n) → (..., m, n), batch dimensions broadcast; every product through gemm() of
+// engine/blas.hpp: float64 on OpenBLAS, float32 on OpenBLAS or oneDNN, in f32 or bf16, by engine/products.hpp's rule.
 Var matmul(Var a, Var b);
 
 // linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).

@@ -6,8 +6,11 @@
 // A row is x[0..n) of which the first `visible` entries take part: the attention nodes pass the causal prefix of a
 // score row, the standalone nodes visible = n. A forward writes its map of x[0..visible) and zeros over
 // [visible, n) (a masked score has probability 0 and passes nothing back).
-// Reductions run in the eight lanes of ops/fast_math.hpp (lane_max, lane_sum, lane_dot), and float32 takes exp
-// from there (≤ 1.4 ulp); float64, the gradchecker's precision, stays on libm.
+// Which sums run in the eight lanes of ops/fast_math.hpp (lane_max, lane_sum, lane_dot): softmax's max, sum and row
+// term ⟨y, u⟩, log-softmax's max and its VJP's Σz̄, β's norm and ⟨β, u⟩, and the plain dot products of the second-order
+// rules (⟨y, ȳ⟩, ⟨y, ẋ⟩, ⟨β, ẋ⟩, ⟨β, ȳ⟩, Σz̄). The others are serial loops in index order: log-softmax's Σ exp(x − m),
+// the ⟨exp(z), ẋ⟩ of its JVP and second-order rule, softmax's second-order ⟨y ⊙ ẋ, ȳ⟩ and β's ⟨β̇, ȳ⟩.
+// float32 takes exp from ops/fast_math.hpp (≤ 1.4 ulp); float64, the gradchecker's precision, stays on libm.
 //
 // Into: a VJP or JVP either adds its result into `out` (a node's gradient and tangent buffers) or replaces `out`
 // with it, in which case `out` may be the very buffer it reads the cotangent or tangent from (the attention nodes

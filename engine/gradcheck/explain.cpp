@@ -251,6 +251,9 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
         e.registered_at = sheet_place(*info, roots, n.where);
       }
       e.bytes_kept += static_cast<int64_t>(n.bytes_kept);
+      const Scratch::Reservation r = scratch_reserved_by(tape, i);
+      e.scratch_first_order = std::max(e.scratch_first_order, static_cast<int64_t>(r.first_order));
+      e.scratch_second_order = std::max(e.scratch_second_order, static_cast<int64_t>(r.second_order));
       for (const Tape::Allocation& a : tape.allocations(i)) e.kept.push_back(a);
       e.output = tape.value_at(n.out).shape();
       if (info->cost) {
@@ -355,6 +358,10 @@ std::string format_explanation(const Explanation& e) {
                      bytes(static_cast<int64_t>(a.bytes)));
   if (const int64_t padding = e.alignment_padding(); padding != 0)
     s += fmt::format("             {:<28} {:<24} {}\n", "alignment padding", "(64-byte arena blocks)", bytes(padding));
+  if (e.scratch_first_order != 0 || e.scratch_second_order != 0)
+    s += fmt::format("  scratch    {} while its forward, VJP or JVP runs, {} while its second-order rule runs (the "
+                     "tape's one scratch, shared by all its nodes: not kept)\n",
+                     bytes(e.scratch_first_order), bytes(e.scratch_second_order));
   if (e.cost)
     s += fmt::format("  FLOPs      forward {}, VJP {}, JVP {}\n", flops(e.cost->forward), flops(e.cost->backward),
                      flops(e.cost->jvp));
@@ -407,6 +414,7 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"nodes", e.nodes},
           {"bytes_kept", e.bytes_kept},
           {"alignment_padding", e.alignment_padding()},
+          {"scratch", {{"first_order", e.scratch_first_order}, {"second_order", e.scratch_second_order}}},
           {"kept", [&] {
              nlohmann::json k = nlohmann::json::array();
              for (const Tape::Allocation& a : e.kept)

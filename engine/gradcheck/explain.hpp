@@ -50,6 +50,9 @@ struct Explanation {
   std::vector<Tape::Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128
   int64_t alignment_padding() const;
+  // Bytes of the tape's scratch (engine/scratch.hpp) the largest of those nodes reserves for its forward, VJP and JVP,
+  // and for its second-order rule: working memory while a rule runs, shared by every node of a tape, not kept.
+  int64_t scratch_first_order = 0, scratch_second_order = 0;
   std::optional<OpCost> cost;  // FLOPs of forward, VJP and JVP; nothing when the op has no cost function
   GradcheckReport check;
   GradcheckReport check_second_order;  // engine/gradcheck/second_order.hpp, at the same point

@@ -107,15 +107,14 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
 //   dṠ_i = (β's second-order rule at p_i along ṗ_i, applied to dP_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
 //   dV̇ += Ḃβᵀ·G,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)
 // Dense over the slice: the products through gemm, β's rules row by row over each row's visible keys (zeros after
-// them). Outputs and tangents may be null.
+// them). Outputs and tangents may be null. `work` holds second_order_slice_elements(dims) elements of scratch.
 template <class T>
 void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb,
                                  const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
-                                 T* out_v) {
+                                 T* out_v, T* work) {
   const int64_t T_ = dims.T, Tk = dims.Tk;
-  const size_t n = static_cast<size_t>(T_ * Tk);
   // (T, Tk) each; dS, Ḃβ and dṠ stay 0 beyond each row's visible keys
-  auto [dp, dpdot, pdot, ds, bdot, dsdot] = zeroed_slice_matrices<T, 6>(n);
+  auto [dp, dpdot, pdot, ds, bdot, dsdot] = zeroed_slice_matrices(work, T_ * Tk);
   second_order_scores(dims, q, k, v, g, tq, tk, tv, dp, dpdot, pdot);  // dP, GV̇ᵀ, Ṗ
   for (int64_t i = 0; i < T_; ++i) {
     const int64_t vis = dims.visible(i);
@@ -129,18 +128,6 @@ void beta_attention_second_order(const AttentionDims& dims, const T* q, const T*
   second_order_products(dims, q, k, g, tq, tk, bdot, ds, dsdot, out_q, out_k, out_v);
 }
 
-// Element offsets of slice bh in Q, K, V, O (and the (T, Tk) scores, the T norms).
-struct SliceOffsets {
-  int64_t q, k, v, o, scores, rows;
-  SliceOffsets(const AttentionDims& dims, int64_t bh)
-      : q(bh * dims.T * dims.d),
-        k(bh * dims.Tk * dims.d),
-        v(bh * dims.Tk * dims.dv),
-        o(bh * dims.T * dims.dv),
-        scores(bh * dims.T * dims.Tk),
-        rows(bh * dims.T) {}
-};
-
 }  // namespace
 
 Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
@@ -153,6 +140,13 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   Tensor r = tape.empty(dtype, {dims.B, dims.H, dims.T}, "r = ‖P‖ per row");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
+  // Scratch (engine/scratch.hpp), per range of the loops over slices: a (block, Tk) matrix for the VJP's dP or the
+  // JVP's Ṗ, or the second-order rule's six (T, Tk) matrices.
+  const int64_t block_scores = max_query_block_rows(dims) * dims.Tk;
+  auto block_need = [=](int64_t chunks) { return scratch_need(dtype, {block_scores}, chunks); };
+  auto slices_need = [=](int64_t chunks) { return scratch_need(dtype, {second_order_slice_elements(dims)}, chunks); };
+  reserve_scratch(tape, block_need(parallel_chunks(heads, grain)).bytes(),
+                  slices_need(parallel_chunks(heads, grain)).bytes());
   dispatch_float(op, dtype, [&]<class T>(T) {
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -163,50 +157,55 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
     });
   });
   Tape* tp = &tape;
-  const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   return tape.record(
       op, {q, k, v}, o,
       [=](const Tensor& g, std::span<const Tensor> gin) {
-        Tensor dp = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
+        const auto [dp_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            T* dp = dp_chunks.chunk(chunk).take<T>(block_scores);
             for (int64_t bh = begin; bh < end; ++bh) {
               const SliceOffsets at(dims, bh);
               beta_attention_vjp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
                                     bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
                                     offset_or_null(dq, at.q), offset_or_null(dk, at.k), offset_or_null(dv, at.v),
-                                    dp.data<T>() + chunk * scratch);
+                                    dp);
             }
           });
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
-        Tensor pdot = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
+        const auto [pdot_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            T* pdot = pdot_chunks.chunk(chunk).take<T>(block_scores);
             for (int64_t bh = begin; bh < end; ++bh) {
               const SliceOffsets at(dims, bh);
               beta_attention_jvp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
                                     bb.data<T>() + at.scores, r.data<T>() + at.rows, offset_or_null(tq, at.q),
                                     offset_or_null(tk, at.k), offset_or_null(tv, at.v), tout.data<T>() + at.o,
-                                    pdot.data<T>() + chunk * scratch);
+                                    pdot);
             }
           });
         });
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        const auto [work_chunks] = tp->scratch().take(slices_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-          T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
-          parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
+          T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);
+          T* dv_dot = data_or_null<T>(gin_dot[2]);
+          parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            T* work = work_chunks.chunk(chunk).take<T>(second_order_slice_elements(dims));
             for (int64_t bh = begin; bh < end; ++bh) {
               const SliceOffsets at(dims, bh);
               beta_attention_second_order<T>(
                   dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v, bb.data<T>() + at.scores,
                   r.data<T>() + at.rows, g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
-                  offset_or_null(tv, at.v), offset_or_null(oq, at.q), offset_or_null(ok, at.k), offset_or_null(ov, at.v));
+                  offset_or_null(tv, at.v), offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
+                  offset_or_null(dv_dot, at.v), work);
             }
           });
         });

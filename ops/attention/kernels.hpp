@@ -1,13 +1,12 @@
 // What the attention nodes share (softmax.cpp, tiled.cpp, beta.cpp, linear.cpp): the shape checks and dims of
-// Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv), the query blocks, the cost of a softmax-family node, and the
-// layout of an additive bias on the scores and its broadcast.
+// Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv), where each (b, h) slice starts in the tensors, the query blocks,
+// the cost of a softmax-family node, and the layout of an additive bias on the scores and its broadcast.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "attention.hpp"
 #include "../../engine/blas.hpp"
@@ -32,6 +31,37 @@ struct AttentionDims {
     return std::max<int64_t>(1, (int64_t{1} << 16) / work);
   }
 };
+
+// Slice bh = b·H + head: the element offset where it starts in each tensor of the attention nodes, and its (b, head),
+// which place it in a bias (BiasLayout::offset: a bias broadcast over b or h has no slice of its own). The gradients
+// and tangents of Q, K, V and O share their tensors' offsets.
+struct SliceOffsets {
+  int64_t q, k, v;  // Q (B, h, T, d), K (B, h, Tk, d), V (B, h, Tk, dv)
+  int64_t o;        // O and its gradient G (B, h, T, dv)
+  int64_t scores;   // a (B, h, T, Tk) matrix of the scores' shape: A, Bβ
+  int64_t rows;     // a (B, h, T) vector of one value per query: L, r, den
+  int64_t b, head;
+  SliceOffsets(const AttentionDims& dims, int64_t bh)
+      : q(bh * dims.T * dims.d),
+        k(bh * dims.Tk * dims.d),
+        v(bh * dims.Tk * dims.dv),
+        o(bh * dims.T * dims.dv),
+        scores(bh * dims.T * dims.Tk),
+        rows(bh * dims.T),
+        b(bh / dims.H),
+        head(bh % dims.H) {}
+};
+
+// One slice's inputs for the kernels: its Q, K, V, and the whole bias (null without one) with the slice's (b, head).
+template <class T>
+struct SliceInputs {
+  const T *q, *k, *v, *bias;
+  int64_t b, head;
+};
+template <class T>
+SliceInputs<T> slice_inputs(const SliceOffsets& at, const T* q, const T* k, const T* v, const T* bias) {
+  return {q + at.q, k + at.k, v + at.v, bias, at.b, at.head};
+}
 
 // The query blocks of attention() and beta_attention(): within a slice the queries go in blocks I = [i0, i1) of
 // at most kQueryBlock rows. Under the causal mask block I sees keys j < i1 only, so every product of the block
@@ -194,15 +224,20 @@ void accumulate_bias_grad_block(const BiasLayout& L, T* dbias, const T* ds, int6
   }
 }
 
-// K zeroed matrices of n elements for a second-order rule's slice, from a buffer each thread keeps from call to
-// call (a slice's (T, Tk) matrices at long contexts are megabytes: fresh ones would cost page faults each time).
-template <class T, size_t K>
-std::array<T*, K> zeroed_slice_matrices(size_t n) {
-  thread_local std::vector<T> buffer;
-  if (buffer.size() < K * n) buffer.resize(K * n);
-  std::fill(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(K * n), T(0));
-  std::array<T*, K> m;
-  for (size_t i = 0; i < K; ++i) m[i] = buffer.data() + i * n;
+// The (T, Tk) matrices the second-order rule of softmax or β attention works in: six per slice, in one array of
+// 6·T·Tk elements per range of its loop over slices (a chunk of the tape's scratch, engine/scratch.hpp: at long
+// contexts they are megabytes, which fresh buffers would pay in page faults on every call).
+inline constexpr int64_t kSecondOrderSliceMatrices = 6;
+inline int64_t second_order_slice_elements(const AttentionDims& dims) {
+  return kSecondOrderSliceMatrices * dims.T * dims.Tk;
+}
+// The six matrices of n elements each in `work`, zeroed (for each slice: the rule leaves what a missing tangent would
+// give as it was).
+template <class T>
+std::array<T*, kSecondOrderSliceMatrices> zeroed_slice_matrices(T* work, int64_t n) {
+  std::fill(work, work + kSecondOrderSliceMatrices * n, T(0));
+  std::array<T*, kSecondOrderSliceMatrices> m;
+  for (int64_t i = 0; i < kSecondOrderSliceMatrices; ++i) m[static_cast<size_t>(i)] = work + i * n;
   return m;
 }
 
@@ -250,14 +285,14 @@ inline constexpr const char* attention_second_order_rule =
 //                                                                             plus its VJP of the moved dA)
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
 // Dense over the (T, Tk) slice: A is 0 at masked entries, so the mask needs no other care. The products go through
-// gemm (engine/blas.hpp), the row terms are plain loops. Outputs and tangents may be null.
+// gemm (engine/blas.hpp), the row terms are plain loops. Outputs and tangents may be null. `work` holds
+// second_order_slice_elements(dims) elements of scratch.
 template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,
                             const T* a, const T* g, const T* tq, const T* tk, const T* tv, const T* tbias,
-                            const BiasLayout& L, T* out_q, T* out_k, T* out_v, T* out_bias) {
+                            const BiasLayout& L, T* out_q, T* out_k, T* out_v, T* out_bias, T* work) {
   const int64_t T_ = dims.T, Tk = dims.Tk;
-  const size_t n = static_cast<size_t>(T_ * Tk);
-  auto [da, ds, z, a_dot, da_dot, ds_dot] = zeroed_slice_matrices<T, 6>(n);
+  auto [da, ds, z, a_dot, da_dot, ds_dot] = zeroed_slice_matrices(work, T_ * Tk);
   second_order_scores(dims, q, k, v, g, tq, tk, tv, da, da_dot, z);  // dA, GV̇ᵀ, Ż − Ḃ
   if (tbias) add_bias_block(L, z, Tk, tbias, b, head, 0, T_, 0, Tk);
   for (int64_t i = 0; i < T_; ++i) {
@@ -285,20 +320,35 @@ void attention_second_order(const AttentionDims& dims, const T* q, const T* k, c
 
 // Where each chunk of a VJP's parallel (b, h) loop adds its dB. Slices that share bias elements (a bias broadcast
 // over b or h) must not add into them at once: then every chunk but the first sums into its own zeroed copy of dB
-// (on the tape), which add_parts adds to dB in chunk order afterwards, so the sum is the same in every run.
-// Without a dB (an undefined tensor) every target is null.
+// (chunks − 1 copies of the tape's scratch, engine/scratch.hpp: need() says how much), which add_parts adds to dB in
+// chunk order afterwards, so the sum is the same in every run. Without a dB (an undefined tensor) every target is
+// null.
 class BiasGradChunks {
  public:
-  BiasGradChunks(Tape& tape, const Tensor& dbias, const BiasLayout& L, const AttentionDims& dims, int64_t chunks)
-      : dbias_(dbias),
-        shared_(dbias.defined() && chunks > 1 && ((L.stride_b == 0 && dims.B > 1) || (L.stride_h == 0 && dims.H > 1))),
-        parts_(shared_ ? tape.zeros(dbias.dtype(), {chunks - 1, dbias.numel()}) : Tensor{}),
-        chunks_(chunks) {}
+  // Whether the copies are needed, for a dB (has_grad) of a bias of this layout, the loop in `chunks` ranges.
+  static bool shared(bool has_grad, const BiasLayout& L, const AttentionDims& dims, int64_t chunks) {
+    return has_grad && chunks > 1 && ((L.stride_b == 0 && dims.B > 1) || (L.stride_h == 0 && dims.H > 1));
+  }
+  // The scratch of the copies of a dB of `numel` elements: none where they are not needed.
+  static ScratchNeed need(DType dtype, bool has_grad, int64_t numel, const BiasLayout& L, const AttentionDims& dims,
+                          int64_t chunks) {
+    return shared(has_grad, L, dims, chunks) ? scratch_need(dtype, {numel}, chunks - 1) : ScratchNeed{};
+  }
+  static ScratchNeed need(const Tensor& dbias, const BiasLayout& L, const AttentionDims& dims, int64_t chunks) {
+    return need(dbias.dtype(), dbias.defined(), dbias.numel(), L, dims, chunks);
+  }
 
+  // `parts`: what the scratch gave for need(dbias, L, dims, chunks).
+  BiasGradChunks(const Tensor& dbias, const BiasLayout& L, const AttentionDims& dims, int64_t chunks,
+                 const ScratchChunks& parts)
+      : dbias_(dbias), shared_(shared(dbias.defined(), L, dims, chunks)), parts_(parts), chunks_(chunks) {}
+
+  // The dB of range `chunk`: call it once per range, at the range's start (a copy is zeroed here).
   template <class T>
   T* target(int64_t chunk) const {
     if (!dbias_.defined()) return nullptr;
-    return shared_ && chunk > 0 ? parts_.data<T>() + (chunk - 1) * dbias_.numel() : dbias_.data<T>();
+    if (!shared_ || chunk == 0) return dbias_.data<T>();
+    return parts_.chunk(chunk - 1).zeroed<T>(dbias_.numel());
   }
 
   template <class T>
@@ -306,7 +356,7 @@ class BiasGradChunks {
     if (!shared_) return;
     T* db = dbias_.data<T>();
     for (int64_t c = 0; c + 1 < chunks_; ++c) {
-      const T* part = parts_.data<T>() + c * dbias_.numel();
+      const T* part = parts_.chunk(c).take<T>(dbias_.numel());
       for (int64_t e = 0; e < dbias_.numel(); ++e) db[e] += part[e];
     }
   }
@@ -314,7 +364,7 @@ class BiasGradChunks {
  private:
   Tensor dbias_;
   bool shared_;
-  Tensor parts_;
+  ScratchChunks parts_;
   int64_t chunks_;
 };
 

@@ -15,7 +15,8 @@
 // scores P = tril(q_I k_Iᵀ) (c×c, key j ≤ query i),
 //   num_I = q_I S + P v_I,   den_I = q_I z + P1,   then  S += k_Iᵀ v_I,  z += k_Iᵀ1,
 // so every product is a gemm and the state is O(d·dv + C²) per head. Non-causal: S, z are the full sums
-// and there is no in-chunk term. The slices (b, h) run on the engine's threads, each range with its workspace.
+// and there is no in-chunk term. The slices (b, h) run on the engine's threads, each range with its workspace (a
+// chunk of the tape's scratch, engine/scratch.hpp).
 // Causal sweeps skip the products with a state that is still zero (S, z before the first chunk; R, r after the
 // last) and the state update after the last chunk, and the VJP's two sweeps share Gn, γ and W of the chunk
 // where they meet: at T ≤ C a causal slice is a handful of products.
@@ -46,10 +47,7 @@ struct HeadDims {
   bool causal = false;
 };
 
-HeadDims check_shapes(const Var& q, const Var& k, const Var& v, bool causal) {
-  const AttentionDims a = attention_dims(kOp, q, k, v, {.scale = 0, .causal = causal});
-  return {a.heads(), a.T, a.Tk, a.d, a.dv, causal};
-}
+HeadDims head_dims(const AttentionDims& a) { return {a.heads(), a.T, a.Tk, a.d, a.dv, a.causal}; }
 
 // Slices per range of the loops over slices on the engine's threads: ~2¹⁶ multiply-adds per range at least
 // (the state updates d·dv per row and the in-chunk scores C·(d + dv) per row).
@@ -67,17 +65,21 @@ T dot(const T* a, const T* b, int64_t n) {
   return lane_dot(a, b, n);
 }
 
-// Scratch for one call, sized once and reused by every (b, h) slice.
+// The arrays of one range of slices, reused by each of its (b, h) slices: a chunk of the tape's scratch
+// (engine/scratch.hpp), zeroed when the range starts. workspace_need lists the same arrays.
+inline int64_t rows_per_chunk(const HeadDims& n) { return std::min(kChunk, std::max(n.tq, n.tk)); }
+ScratchNeed workspace_need(DType dtype, const HeadDims& n, int64_t chunks) {
+  const int64_t c = rows_per_chunk(n);
+  return scratch_need(dtype, {n.d * n.dv, n.d, n.d * n.dv, n.d, c * c, c * c, c * n.d, c * n.d, c * n.dv, c}, chunks);
+}
 template <class T>
 struct Workspace {
-  explicit Workspace(const HeadDims& n)
-      : c(std::min(kChunk, std::max(n.tq, n.tk))),
-        S(size(n.d * n.dv)), z(size(n.d)), S_dot(size(n.d * n.dv)), z_dot(size(n.d)),
-        P(size(c * c)), W(size(c * c)), rows_d(size(c * n.d)), rows_d2(size(c * n.d)),
-        rows_dv(size(c * n.dv)), col(size(c)) {}
-  static size_t size(int64_t n) { return static_cast<size_t>(n); }
+  Workspace(ScratchChunk s, const HeadDims& n)
+      : c(rows_per_chunk(n)), S(s.zeroed<T>(n.d * n.dv)), z(s.zeroed<T>(n.d)), S_dot(s.zeroed<T>(n.d * n.dv)),
+        z_dot(s.zeroed<T>(n.d)), P(s.zeroed<T>(c * c)), W(s.zeroed<T>(c * c)), rows_d(s.zeroed<T>(c * n.d)),
+        rows_d2(s.zeroed<T>(c * n.d)), rows_dv(s.zeroed<T>(c * n.dv)), col(s.zeroed<T>(c)) {}
   int64_t c;
-  std::vector<T> S, z, S_dot, z_dot, P, W, rows_d, rows_d2, rows_dv, col;
+  T *S, *z, *S_dot, *z_dot, *P, *W, *rows_d, *rows_d2, *rows_dv, *col;
 };
 
 // S += kᵀv (d×dv), z += kᵀ1 (d), over `rows` rows of k (rows×d) and v (rows×dv).
@@ -102,8 +104,8 @@ void chunk_scores(T* P, const T* qI, const T* kI, int64_t c, int64_t d) {
 }
 
 template <class T>
-void zero(std::vector<T>& x) {
-  std::fill(x.begin(), x.end(), T(0));
+void zero(T* x, int64_t n) {
+  std::fill(x, x + n, T(0));
 }
 
 // ---- forward ----
@@ -113,9 +115,9 @@ template <class T>
 void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, const HeadDims& n,
                               Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
-  T *S = w.S.data(), *z = w.z.data(), *P = w.P.data();
-  zero(w.S);
-  zero(w.z);
+  T *S = w.S, *z = w.z, *P = w.P;
+  zero(w.S, n.d * n.dv);
+  zero(w.z, n.d);
   if (!n.causal) add_key_sums(S, z, k, v, n.tk, d, dv);
   for (int64_t a = 0; a < n.tq; a += kChunk) {
     const int64_t c = std::min(kChunk, n.tq - a);
@@ -187,14 +189,14 @@ template <class T>
 void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* k, const T* v, const T* O,
                           const T* den, const HeadDims& n, Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
-  T *S = w.S.data(), *z = w.z.data(), *P = w.P.data(), *W = w.W.data();
-  T *Gn = w.rows_dv.data(), *gamma = w.col.data(), *dx = w.rows_d.data();
+  T *S = w.S, *z = w.z, *P = w.P, *W = w.W;
+  T *Gn = w.rows_dv, *gamma = w.col, *dx = w.rows_d;
   // Gn, γ and W of a chunk are the same in both sweeps: the chunk whose values the workspace holds is not redone.
   int64_t cotangent_chunk = -1, w_chunk = -1;
 
   if (gq) {  // forward sweep: dq
-    zero(w.S);
-    zero(w.z);
+    zero(w.S, n.d * n.dv);
+    zero(w.z, n.d);
     if (!n.causal) add_key_sums(S, z, k, v, n.tk, d, dv);
     for (int64_t a = 0; a < n.tq; a += kChunk) {
       const int64_t c = std::min(kChunk, n.tq - a);
@@ -221,8 +223,8 @@ void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* 
   if (!gk && !gv) return;
   // reverse sweep: dk, dv. S and z hold R and r.
   T *R = S, *r = z;
-  zero(w.S);
-  zero(w.z);
+  zero(w.S, n.d * n.dv);
+  zero(w.z, n.d);
   auto add_query_sums = [&](int64_t a, int64_t c) {  // R += q_Iᵀ Gn_I, r += q_Iᵀ γ_I
     const T* qI = q + a * d;
     gemm(d, dv, c, T(1), transposed(qI, d), as_is(Gn, dv), T(1), R, dv);
@@ -290,13 +292,13 @@ template <class T>
 void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_dot, const T* q, const T* k,
                           const T* v, const T* O, const T* den, const HeadDims& n, Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
-  T *S = w.S.data(), *z = w.z.data(), *S_dot = w.S_dot.data(), *z_dot = w.z_dot.data();
-  T *P = w.P.data(), *P_dot = w.W.data(), *q_dot = w.rows_d.data(), *k_dot = w.rows_d2.data();
-  T *num_dot = w.rows_dv.data(), *den_dot = w.col.data();
-  zero(w.S);
-  zero(w.z);
-  zero(w.S_dot);
-  zero(w.z_dot);
+  T *S = w.S, *z = w.z, *S_dot = w.S_dot, *z_dot = w.z_dot;
+  T *P = w.P, *P_dot = w.W, *q_dot = w.rows_d, *k_dot = w.rows_d2;
+  T *num_dot = w.rows_dv, *den_dot = w.col;
+  zero(w.S, n.d * n.dv);
+  zero(w.z, n.d);
+  zero(w.S_dot, n.d * n.dv);
+  zero(w.z_dot, n.d);
   // k_dot = k̇_J for rows [a, a + c) of the keys.
   auto key_tangent = [&](int64_t a, int64_t c) { feature_tangent(k_dot, K_dot + a * d, k + a * d, c * d); };
   // S, z, Ṡ, ż += the sums over key rows [a, a + c) (k_dot already holds k̇_J if K_dot is given).
@@ -363,15 +365,22 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
 //   DW = M ⊙ (GnVᵀ − γ1ᵀ),  DẆ = M ⊙ (diag(a)·GnVᵀ + GnV̇ᵀ − γ̇1ᵀ),
 //   ḋq = DẆ·k + DW·k̇,  ḋk = DẆᵀ·q + DWᵀ·q̇,  ḋv = Ẇᵀ·Gn + Wᵀ·Ġn,
 // each product a gemm over the dense (T, Tk) slice; dq = DW·k and dk = DWᵀ·q only where a φ″ term needs them.
+// Its arrays, for one range of slices: a chunk of the tape's scratch, zeroed when the range starts
+// (second_order_need lists the same arrays).
+ScratchNeed second_order_need(DType dtype, const HeadDims& n, int64_t chunks) {
+  const int64_t tq = n.tq, tk = n.tk, d = n.d, dv = n.dv;
+  return scratch_need(dtype, {tq * d, tk * d, tq * tk, tq * tk, tq * tk, tq * tk, tq * dv, tq * dv, tq * dv, tq * d,
+                              tk * d, tq, tq, tq}, chunks);
+}
 template <class T>
 struct SecondOrderWorkspace {
-  explicit SecondOrderWorkspace(const HeadDims& n)
-      : qd(size(n.tq * n.d)), kd(size(n.tk * n.d)), w(size(n.tq * n.tk)), w_dot(size(n.tq * n.tk)),
-        dw(size(n.tq * n.tk)), dw_dot(size(n.tq * n.tk)), gn(size(n.tq * n.dv)), gn_dot(size(n.tq * n.dv)),
-        o_dot(size(n.tq * n.dv)), rows_q(size(n.tq * n.d)), rows_k(size(n.tk * n.d)), den_dot(size(n.tq)),
-        gamma(size(n.tq)), gamma_dot(size(n.tq)) {}
-  static size_t size(int64_t n) { return static_cast<size_t>(n); }
-  std::vector<T> qd, kd, w, w_dot, dw, dw_dot, gn, gn_dot, o_dot, rows_q, rows_k, den_dot, gamma, gamma_dot;
+  SecondOrderWorkspace(ScratchChunk s, const HeadDims& n)
+      : qd(s.zeroed<T>(n.tq * n.d)), kd(s.zeroed<T>(n.tk * n.d)), w(s.zeroed<T>(n.tq * n.tk)),
+        w_dot(s.zeroed<T>(n.tq * n.tk)), dw(s.zeroed<T>(n.tq * n.tk)), dw_dot(s.zeroed<T>(n.tq * n.tk)),
+        gn(s.zeroed<T>(n.tq * n.dv)), gn_dot(s.zeroed<T>(n.tq * n.dv)), o_dot(s.zeroed<T>(n.tq * n.dv)),
+        rows_q(s.zeroed<T>(n.tq * n.d)), rows_k(s.zeroed<T>(n.tk * n.d)), den_dot(s.zeroed<T>(n.tq)),
+        gamma(s.zeroed<T>(n.tq)), gamma_dot(s.zeroed<T>(n.tq)) {}
+  T *qd, *kd, *w, *w_dot, *dw, *dw_dot, *gn, *gn_dot, *o_dot, *rows_q, *rows_k, *den_dot, *gamma, *gamma_dot;
 };
 
 // Zeroes the entries of a (tq, tk) matrix that the causal mask hides (j > i).
@@ -395,10 +404,10 @@ void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, con
   const int64_t tq = n.tq, tk = n.tk, d = n.d, dv = n.dv;
   const T* qd = nullptr;  // q̇ = φ′(Q) ⊙ Q̇, null without a tangent (likewise k̇)
   const T* kd = nullptr;
-  if (Q_dot) feature_tangent(ws.qd.data(), Q_dot, q, tq * d), qd = ws.qd.data();
-  if (K_dot) feature_tangent(ws.kd.data(), K_dot, k, tk * d), kd = ws.kd.data();
-  T *w = ws.w.data(), *w_dot = ws.w_dot.data(), *dw = ws.dw.data(), *dw_dot = ws.dw_dot.data();
-  T *gn = ws.gn.data(), *gn_dot = ws.gn_dot.data(), *o_dot = ws.o_dot.data();
+  if (Q_dot) feature_tangent(ws.qd, Q_dot, q, tq * d), qd = ws.qd;
+  if (K_dot) feature_tangent(ws.kd, K_dot, k, tk * d), kd = ws.kd;
+  T *w = ws.w, *w_dot = ws.w_dot, *dw = ws.dw, *dw_dot = ws.dw_dot;
+  T *gn = ws.gn, *gn_dot = ws.gn_dot, *o_dot = ws.o_dot;
   gemm(tq, tk, d, T(1), as_is(q, d), transposed(k, d), T(0), w, tk);
   apply_mask(w, n);
   std::fill(w_dot, w_dot + tq * tk, T(0));
@@ -451,24 +460,20 @@ void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, con
     gemm(m, d, inner, T(1), op(dw), as_is(y, d), T(0), rows, d);
     add_phi_curvature(out, X_dot, rows, p, m * d);
   };
-  if (out_q) close_side(out_q, Q_dot, q, k, kd, false, ws.rows_q.data());
-  if (out_k) close_side(out_k, K_dot, k, q, qd, true, ws.rows_k.data());
+  if (out_q) close_side(out_q, Q_dot, q, k, kd, false, ws.rows_q);
+  if (out_k) close_side(out_k, K_dot, k, q, qd, true, ws.rows_k);
   if (out_v) {
     gemm(tk, dv, tq, T(1), transposed(w_dot, tk), as_is(gn, dv), T(1), out_v, dv);
     gemm(tk, dv, tq, T(1), transposed(w, tk), as_is(gn_dot, dv), T(1), out_v, dv);
   }
 }
 
-template <class T>
-T* slice_or_null(const Tensor& t, int64_t offset) {
-  return t.defined() ? t.data<T>() + offset : nullptr;
-}
-
 }  // namespace
 
 Var linear_attention(Var q, Var k, Var v, bool causal) {
   Tape& tape = tape_of(kOp, {q, k, v});
-  const HeadDims n = check_shapes(q, k, v, causal);
+  const AttentionDims dims = attention_dims(kOp, q, k, v, {.scale = 0, .causal = causal});
+  const HeadDims n = head_dims(dims);
   const DType dtype = q.dtype();
   const Tensor Qv = q.value(), Kv = k.value(), Vv = v.value();
   // Saved for backward and forward mode: φ(Q), φ(K), V (the input's own value), O, den.
@@ -476,62 +481,71 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   Tensor out = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq, n.dv});
   Tensor den = tape.empty(dtype, {q.shape()[0], q.shape()[1], n.tq}, "den = q_iᵀz_i");
   const int64_t grain = slice_grain(n);
-  // The slices (b, h) run on the engine's threads, each with its own workspace.
+  reserve_scratch(tape, workspace_need(dtype, n, parallel_chunks(n.heads, grain)).bytes(),
+                  second_order_need(dtype, n, parallel_chunks(n.heads, grain)).bytes());
+  Tape* tp = &tape;
+  // The slices (b, h) run on the engine's threads, each range with its own workspace.
+  const auto [forward_chunks] = tape.scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
   dispatch_float(kOp, dtype, [&]<class T>(T) {
-    parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
-      Workspace<T> w(n);
+    parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+      Workspace<T> w(forward_chunks.chunk(chunk), n);
       for (int64_t s = begin; s < end; ++s) {
-        const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d;
-        const T *Q = Qv.data<T>() + oq, *K = Kv.data<T>() + ok;
-        T *pq = phi_q.data<T>() + oq, *pk = phi_k.data<T>() + ok;
+        const SliceOffsets at(dims, s);
+        const T *Q = Qv.data<T>() + at.q, *K = Kv.data<T>() + at.k;
+        T *pq = phi_q.data<T>() + at.q, *pk = phi_k.data<T>() + at.k;
         for (int64_t i = 0; i < n.tq * n.d; ++i) pq[i] = phi(Q[i]);
         for (int64_t i = 0; i < n.tk * n.d; ++i) pk[i] = phi(K[i]);
-        linear_attention_forward(out.data<T>() + s * n.tq * n.dv, den.data<T>() + s * n.tq, pq, pk,
-                                 Vv.data<T>() + s * n.tk * n.dv, n, w);
+        linear_attention_forward(out.data<T>() + at.o, den.data<T>() + at.rows, pq, pk, Vv.data<T>() + at.v, n, w);
       }
     });
   });
   return tape.record(
       kOp, {q, k, v}, out,
       [=](const Tensor& g, std::span<const Tensor> gin) {
+        const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
-            Workspace<T> w(n);
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            Workspace<T> w(w_chunks.chunk(chunk), n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_vjp(slice_or_null<T>(gin[0], oq), slice_or_null<T>(gin[1], ok),
-                                   slice_or_null<T>(gin[2], ov), g.data<T>() + oo, phi_q.data<T>() + oq,
-                                   phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
-                                   den.data<T>() + s * n.tq, n, w);
+              const SliceOffsets at(dims, s);
+              linear_attention_vjp(offset_or_null(data_or_null<T>(gin[0]), at.q),
+                                   offset_or_null(data_or_null<T>(gin[1]), at.k),
+                                   offset_or_null(data_or_null<T>(gin[2]), at.v), g.data<T>() + at.o,
+                                   phi_q.data<T>() + at.q, phi_k.data<T>() + at.k, Vv.data<T>() + at.v,
+                                   out.data<T>() + at.o, den.data<T>() + at.rows, n, w);
             }
           });
         });
       },
       [=](std::span<const Tensor> tin, const Tensor& tout) {
+        const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, tout.dtype(), [&]<class T>(T) {
-          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
-            Workspace<T> w(n);
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            Workspace<T> w(w_chunks.chunk(chunk), n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_jvp(tout.data<T>() + oo, slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                   slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq, phi_k.data<T>() + ok,
-                                   Vv.data<T>() + ov, out.data<T>() + oo, den.data<T>() + s * n.tq, n, w);
+              const SliceOffsets at(dims, s);
+              linear_attention_jvp(tout.data<T>() + at.o, offset_or_null(data_or_null<T>(tin[0]), at.q),
+                                   offset_or_null(data_or_null<T>(tin[1]), at.k),
+                                   offset_or_null(data_or_null<T>(tin[2]), at.v), phi_q.data<T>() + at.q,
+                                   phi_k.data<T>() + at.k, Vv.data<T>() + at.v, out.data<T>() + at.o,
+                                   den.data<T>() + at.rows, n, w);
             }
           });
         });
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        const auto [ws_chunks] = tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
-            SecondOrderWorkspace<T> ws(n);
+          parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+            SecondOrderWorkspace<T> ws(ws_chunks.chunk(chunk), n);
             for (int64_t s = begin; s < end; ++s) {
-              const int64_t oq = s * n.tq * n.d, ok = s * n.tk * n.d, ov = s * n.tk * n.dv, oo = s * n.tq * n.dv;
-              linear_attention_second_order(slice_or_null<T>(gin_dot[0], oq), slice_or_null<T>(gin_dot[1], ok),
-                                            slice_or_null<T>(gin_dot[2], ov), g.data<T>() + oo,
-                                            slice_or_null<T>(tin[0], oq), slice_or_null<T>(tin[1], ok),
-                                            slice_or_null<T>(tin[2], ov), phi_q.data<T>() + oq,
-                                            phi_k.data<T>() + ok, Vv.data<T>() + ov, out.data<T>() + oo,
-                                            den.data<T>() + s * n.tq, n, ws);
+              const SliceOffsets at(dims, s);
+              linear_attention_second_order(
+                  offset_or_null(data_or_null<T>(gin_dot[0]), at.q), offset_or_null(data_or_null<T>(gin_dot[1]), at.k),
+                  offset_or_null(data_or_null<T>(gin_dot[2]), at.v), g.data<T>() + at.o,
+                  offset_or_null(data_or_null<T>(tin[0]), at.q), offset_or_null(data_or_null<T>(tin[1]), at.k),
+                  offset_or_null(data_or_null<T>(tin[2]), at.v), phi_q.data<T>() + at.q, phi_k.data<T>() + at.k,
+                  Vv.data<T>() + at.v, out.data<T>() + at.o, den.data<T>() + at.rows, n, ws);
             }
           });
         });

@@ -6,7 +6,8 @@
 //   S = s·QKᵀ + B + M        M_ij = 0 where key j is visible to query i, −∞ where it is masked (causal: j > i)
 //   A = softmax_row(S)        (T, Tk), exactly 0 at masked entries
 //   O = A·V                   (T, dv)
-// The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) scratch per thread.
+// The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) matrix of scratch per range
+// of its loop over slices (engine/scratch.hpp).
 //
 // Work. The slices (b, h) are independent and run on the engine's threads, each slice on one thread. Within a
 // slice, the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees
@@ -30,28 +31,15 @@ namespace tapegrad {
 
 namespace {
 
-// One (b, h) slice's inputs and outputs; bias is null without a bias.
-template <class T>
-struct SliceData {
-  const T *q, *k, *v, *bias;
-  int64_t b, h;
-};
-
-template <class T>
-SliceData<T> slice_data(const AttentionDims& dims, int64_t bh, const T* q, const T* k, const T* v, const T* bias) {
-  return {
-      q + bh * dims.T * dims.d, k + bh * dims.Tk * dims.d, v + bh * dims.Tk * dims.dv, bias, bh / dims.H, bh % dims.H};
-}
-
 // Forward of one slice, block by block:  S_I = s·Q_I Kᵀ (gemm) + B_I (broadcast),  A_I = softmax_row(S_I + M_I),
 // O_I = A_I·V (gemm).                                                       a (T, Tk), o (T, dv) of the slice
 template <class T>
-void attention_forward(const AttentionDims& dims, const SliceData<T>& x, const BiasLayout& L, T* a, T* o) {
+void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const BiasLayout& L, T* a, T* o) {
   const T s = static_cast<T>(dims.scale);
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
     T* a_blk = a + i0 * dims.Tk;
     gemm(rows, key_end, dims.d, s, as_is(x.q + i0 * dims.d, dims.d), transposed(x.k, dims.d), T(0), a_blk, dims.Tk);
-    if (x.bias) add_bias_block(L, a_blk, dims.Tk, x.bias, x.b, x.h, i0, rows, 0, key_end);
+    if (x.bias) add_bias_block(L, a_blk, dims.Tk, x.bias, x.b, x.head, i0, rows, 0, key_end);
     for (int64_t i = 0; i < rows; ++i) {
       T* a_i = a_blk + i * dims.Tk;
       softmax_row(a_i, a_i, dims.visible(i0 + i), dims.Tk);  // ops/row_maps.hpp
@@ -79,7 +67,7 @@ void attention_forward(const AttentionDims& dims, const SliceData<T>& x, const B
 // dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
 // One slice; gq, gk, gv, gbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
 template <class T>
-void attention_vjp(const AttentionDims& dims, const SliceData<T>& x, const T* a, const T* o, const T* g,
+void attention_vjp(const AttentionDims& dims, const SliceInputs<T>& x, const T* a, const T* o, const T* g,
                    const BiasLayout& L, T* gq, T* gk, T* gv, T* gbias, T* ds) {
   const T s = static_cast<T>(dims.scale);
   const bool need_ds = gq || gk || gbias;
@@ -96,7 +84,7 @@ void attention_vjp(const AttentionDims& dims, const SliceData<T>& x, const T* a,
     }
     if (gq) gemm(rows, dims.d, key_end, s, as_is(ds, key_end), as_is(x.k, dims.d), T(1), gq + i0 * dims.d, dims.d);
     if (gk) gemm(key_end, dims.d, rows, s, transposed(ds, key_end), as_is(x.q + i0 * dims.d, dims.d), T(1), gk, dims.d);
-    if (gbias) accumulate_bias_grad_block(L, gbias, ds, key_end, x.b, x.h, i0, rows, 0, key_end);
+    if (gbias) accumulate_bias_grad_block(L, gbias, ds, key_end, x.b, x.head, i0, rows, 0, key_end);
   });
 }
 
@@ -108,7 +96,7 @@ void attention_vjp(const AttentionDims& dims, const SliceData<T>& x, const T* a,
 // One slice; tq, tk, tv, tbias may be null (no tangent); z is a (block, Tk) scratch; the result is added into
 // tout.
 template <class T>
-void attention_jvp(const AttentionDims& dims, const SliceData<T>& x, const T* a, const T* o, const T* tq,
+void attention_jvp(const AttentionDims& dims, const SliceInputs<T>& x, const T* a, const T* o, const T* tq,
                    const T* tk, const T* tv, const T* tbias, const BiasLayout& L, T* tout, T* z) {
   const T s = static_cast<T>(dims.scale);
   const bool need_z = tq || tk || tbias;
@@ -122,7 +110,7 @@ void attention_jvp(const AttentionDims& dims, const SliceData<T>& x, const T* a,
       if (tk)
         gemm(rows, key_end, dims.d, s, as_is(x.q + i0 * dims.d, dims.d), transposed(tk, dims.d), T(tq ? 1 : 0), z,
              key_end);
-      if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.h, i0, rows, 0, key_end);
+      if (tbias) add_bias_block(L, z, key_end, tbias, x.b, x.head, i0, rows, 0, key_end);
       for (int64_t i = 0; i < rows; ++i) {
         const T* a_i = a_blk + i * dims.Tk;
         T* z_i = z + i * key_end;
@@ -150,34 +138,46 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   Tensor a = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.Tk}, "A = softmax(S)");
   Tensor o = tape.empty(dtype, {dims.B, dims.H, dims.T, dims.dv});
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
+  // Scratch (engine/scratch.hpp), per range of the loops over slices: a (block, Tk) matrix for the VJP's dS or the
+  // JVP's Ż, or the second-order rule's six (T, Tk) matrices; and copies of dB where slices share bias elements.
+  const int64_t block_scores = max_query_block_rows(dims) * dims.Tk;
+  auto block_need = [=](int64_t chunks) { return scratch_need(dtype, {block_scores}, chunks); };
+  auto slices_need = [=](int64_t chunks) { return scratch_need(dtype, {second_order_slice_elements(dims)}, chunks); };
+  {
+    const int64_t chunks = parallel_chunks(heads, grain);
+    const bool bias_grad = bias.defined() && bias.requires_grad();
+    const size_t parts = BiasGradChunks::need(dtype, bias_grad, bv.numel(), layout, dims, chunks).bytes();
+    reserve_scratch(tape, block_need(chunks).bytes() + parts, slices_need(chunks).bytes() + parts);
+  }
   dispatch_float(op, dtype, [&]<class T>(T) {
     const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
     T *pa = a.data<T>(), *po = o.data<T>();
     parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t bh = begin; bh < end; ++bh)
-        attention_forward<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), layout, pa + bh * dims.T * dims.Tk,
-                             po + bh * dims.T * dims.dv);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const SliceOffsets at(dims, bh);
+        attention_forward<T>(dims, slice_inputs(at, pq, pk, pv, pb), layout, pa + at.scores, po + at.o);
+      }
     });
   });
   Tape* tp = &tape;
-  const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    Tensor ds = tp->empty(dtype, {chunks, scratch});
-    const BiasGradChunks dbias_at(*tp, dbias, layout, dims, chunks);
+    const auto [ds_chunks, parts] =
+        tp->scratch().take(block_need(chunks), BiasGradChunks::need(dbias, layout, dims, chunks));
+    const BiasGradChunks dbias_at(dbias, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
       T* dv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
         T* db_chunk = dbias_at.target<T>(chunk);
+        T* ds = ds_chunks.chunk(chunk).take<T>(block_scores);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
-          attention_vjp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
-                           o.data<T>() + bh * dims.T * dims.dv, g.data<T>() + bh * dims.T * dims.dv, layout,
-                           dq ? dq + oq : nullptr, dk ? dk + ok : nullptr, dv ? dv + ov : nullptr, db_chunk,
-                           ds.data<T>() + chunk * scratch);
+          const SliceOffsets at(dims, bh);
+          attention_vjp<T>(dims, slice_inputs(at, pq, pk, pv, pb), a.data<T>() + at.scores, o.data<T>() + at.o,
+                           g.data<T>() + at.o, layout, offset_or_null(dq, at.q), offset_or_null(dk, at.k),
+                           offset_or_null(dv, at.v), db_chunk, ds);
         }
       });
       dbias_at.add_parts<T>();
@@ -185,42 +185,45 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    const int64_t chunks = parallel_chunks(heads, grain);
-    Tensor z = tp->empty(dtype, {chunks, scratch});
+    const auto [z_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        T* z = z_chunks.chunk(chunk).take<T>(block_scores);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
-          attention_jvp<T>(dims, slice_data(dims, bh, pq, pk, pv, pb), a.data<T>() + bh * dims.T * dims.Tk,
-                           o.data<T>() + bh * dims.T * dims.dv, tq ? tq + oq : nullptr, tk ? tk + ok : nullptr,
-                           tv ? tv + ov : nullptr, data_or_null<T>(tbias), layout,
-                           tout.data<T>() + bh * dims.T * dims.dv, z.data<T>() + chunk * scratch);
+          const SliceOffsets at(dims, bh);
+          attention_jvp<T>(dims, slice_inputs(at, pq, pk, pv, pb), a.data<T>() + at.scores, o.data<T>() + at.o,
+                           offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
+                           data_or_null<T>(tbias), layout, tout.data<T>() + at.o, z);
         }
       });
     });
   };
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
-    const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
+    const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
+    const auto [work_chunks, parts] =
+        tp->scratch().take(slices_need(chunks), BiasGradChunks::need(dbias_dot, layout, dims, chunks));
+    const BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
-      const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
+      const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>();
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-      T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
+      T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);
+      T* dv_dot = data_or_null<T>(gin_dot[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
-        T* ob = obias_at.target<T>(chunk);
+        T* db_dot_chunk = dbias_dot_at.target<T>(chunk);
+        T* work = work_chunks.chunk(chunk).take<T>(second_order_slice_elements(dims));
         for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t fq = bh * dims.T * dims.d, fk = bh * dims.Tk * dims.d, fv = bh * dims.Tk * dims.dv;
-          const SliceData<T> x = slice_data(dims, bh, pq, pk, pv, pb);
-          attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.h, a.data<T>() + bh * dims.T * dims.Tk,
-                                    g.data<T>() + bh * dims.T * dims.dv, tq ? tq + fq : nullptr,
-                                    tk ? tk + fk : nullptr, tv ? tv + fv : nullptr, data_or_null<T>(tbias), layout,
-                                    oq ? oq + fq : nullptr, ok ? ok + fk : nullptr, ov ? ov + fv : nullptr, ob);
+          const SliceOffsets at(dims, bh);
+          attention_second_order<T>(dims, pq + at.q, pk + at.k, pv + at.v, at.b, at.head, a.data<T>() + at.scores,
+                                    g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
+                                    offset_or_null(tv, at.v), data_or_null<T>(tbias), layout,
+                                    offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
+                                    offset_or_null(dv_dot, at.v), db_dot_chunk, work);
         }
       });
-      obias_at.add_parts<T>();
+      dbias_dot_at.add_parts<T>();
     });
   };
   if (bias.defined()) return tape.record(op, {q, k, v, bias}, o, vjp, jvp, second);

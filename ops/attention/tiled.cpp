@@ -9,12 +9,11 @@
 // query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped,
 // and a tile that crosses the diagonal goes in sub-blocks of kSubRows query rows, each multiplied against the
 // keys it sees only (at block = 64 this skips a quarter of a diagonal tile's products).
-// Scratch per thread: two block×block tiles and a few block-long rows, whatever T. The slices (b, h) run on the
+// Scratch per range of slices: two block×block tiles and a few block-long rows, whatever T. The slices (b, h) run on the
 // engine's threads; float32 takes exp from ops/fast_math.hpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <memory>
 #include <vector>
 
 #include "engine/blas.hpp"
@@ -32,20 +31,15 @@ namespace {
 
 constexpr const char* kOp = "tiled_attention";
 
-// One slice's inputs and where the bias of slice (b, head) starts; bias is null without a bias.
-template <class T>
-struct Slice {
-  const T *q, *k, *v, *bias;
-  int64_t b, head;
-};
-
-// Uninitialized: every entry is written before it is read.
+// The arrays of one range of slices: two block×block tiles and two block-long rows, from a chunk of the tape's
+// scratch (engine/scratch.hpp; workspace_need gives its size). Not zeroed: every entry is written before it is read.
+ScratchNeed workspace_need(DType dtype, int64_t block, int64_t chunks) {
+  return scratch_need(dtype, {block * block, block * block, block, block}, chunks);
+}
 template <class T>
 struct Workspace {
-  explicit Workspace(int64_t block)
-      : buffer(std::make_unique_for_overwrite<T[]>(static_cast<size_t>(2 * block * block + 2 * block))),
-        tile(buffer.get()), tile2(tile + block * block), row(tile2 + block * block), row2(row + block) {}
-  std::unique_ptr<T[]> buffer;
+  Workspace(ScratchChunk s, int64_t block)
+      : tile(s.take<T>(block * block)), tile2(s.take<T>(block * block)), row(s.take<T>(block)), row2(s.take<T>(block)) {}
   T *tile, *tile2, *row, *row2;
 };
 
@@ -78,7 +72,7 @@ void for_each_visible_part(const AttentionDims& dims, int64_t i0, int64_t r, int
 // not written here: the entries of keys j > query i are left as computed, and the softmax steps below read only
 // each row's visible_cols and set the rest of the row to exp(−∞) = 0.
 template <class T>
-void score_tile(T* S, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t i0, int64_t r,
+void score_tile(T* S, const SliceInputs<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t i0, int64_t r,
                 int64_t j0, int64_t c) {
   gemm(r, c, dims.d, static_cast<T>(dims.scale), as_is(x.q + i0 * dims.d, dims.d),
        transposed(x.k + j0 * dims.d, dims.d), T(0), S, c);
@@ -133,7 +127,7 @@ void online_softmax_step(T* P, T* m, T* l, T* acc, const AttentionDims& dims, in
 
 // o (T, dv), lse (T) of one slice.
 template <class T>
-void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims,
+void tiled_attention_forward(T* o, T* lse, const SliceInputs<T>& x, const BiasLayout& L, const AttentionDims& dims,
                              int64_t block, Workspace<T>& w) {
   T *P = w.tile, *m = w.row, *l = w.row2;
   for (int64_t i0 = 0; i0 < dims.T; i0 += block) {
@@ -175,7 +169,7 @@ void tiled_attention_forward(T* o, T* lse, const Slice<T>& x, const BiasLayout& 
 // I′ ⊆ I, keys J′ ⊆ J, for_each_visible_part): the masked rest of A and dS is 0 and adds nothing.
 // gq, gk, gv, gbias are added into; null ones are not computed.
 template <class T>
-void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, const T* lse, const Slice<T>& x,
+void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, const T* lse, const SliceInputs<T>& x,
                          const BiasLayout& L, const AttentionDims& dims, int64_t block, Workspace<T>& w) {
   T *A = w.tile, *dS = w.tile2, *D = w.row;
   const T s = static_cast<T>(dims.scale);
@@ -217,7 +211,7 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
 // q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
 template <class T>
 void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_dot, const T* bias_dot, const T* o,
-                         const T* lse, const Slice<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t block,
+                         const T* lse, const SliceInputs<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t block,
                          Workspace<T>& w) {
   T *A = w.tile, *Z = w.tile2, *iota = w.row;
   const T s = static_cast<T>(dims.scale);
@@ -258,20 +252,6 @@ void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_do
   }
 }
 
-// Slice bh = b·H + head: its inputs and the element offsets of its Q, K, V, O and L.
-template <class T>
-struct SliceAt {
-  Slice<T> x;
-  int64_t oq, ok, ov, oo, ol;
-};
-template <class T>
-SliceAt<T> slice_at(const AttentionDims& dims, int64_t bh, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const Tensor& bias) {
-  const int64_t oq = bh * dims.T * dims.d, ok = bh * dims.Tk * dims.d, ov = bh * dims.Tk * dims.dv;
-  return {{q.data<T>() + oq, k.data<T>() + ok, v.data<T>() + ov, data_or_null<T>(bias), bh / dims.H, bh % dims.H},
-          oq, ok, ov, bh * dims.T * dims.dv, bh * dims.T};
-}
-
 }  // namespace
 
 Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, int64_t block) {
@@ -287,29 +267,44 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   Tensor lse = tape.empty(dtype, {dims.B, dims.H, dims.T}, "L = m + log ℓ per row");
   const int64_t blk = std::min(block, std::max(dims.T, dims.Tk));
   const int64_t heads = dims.heads(), grain = dims.slice_grain();
+  // Scratch (engine/scratch.hpp), per range of the loops over slices: the forward's, VJP's and JVP's Workspace; for
+  // the second-order rule, A and the rule's six (T, Tk) matrices; and copies of dB where slices share bias elements.
+  const int64_t slice_scores = dims.T * dims.Tk, work_elements = second_order_slice_elements(dims);
+  auto slices_need = [=](int64_t chunks) { return scratch_need(dtype, {slice_scores, work_elements}, chunks); };
+  {
+    const int64_t chunks = parallel_chunks(heads, grain);
+    const bool bias_grad = bias.defined() && bias.requires_grad();
+    const size_t parts = BiasGradChunks::need(dtype, bias_grad, bv.numel(), layout, dims, chunks).bytes();
+    reserve_scratch(tape, workspace_need(dtype, blk, chunks).bytes() + parts, slices_need(chunks).bytes() + parts);
+  }
+  Tape* tp = &tape;
+  const auto [forward_chunks] = tape.scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)));
   dispatch_float(kOp, dtype, [&]<class T>(T) {
-    parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
-      Workspace<T> w(blk);
+    parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+      Workspace<T> w(forward_chunks.chunk(chunk), blk);
       for (int64_t bh = begin; bh < end; ++bh) {
-        const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
-        tiled_attention_forward(o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x, layout, dims, blk, w);
+        const SliceOffsets at(dims, bh);
+        const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
+        tiled_attention_forward(o.data<T>() + at.o, lse.data<T>() + at.rows, x, layout, dims, blk, w);
       }
     });
   });
-  Tape* tp = &tape;
   auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks gbias_at(*tp, gbias, layout, dims, chunks);
+    const auto [w_chunks, parts] =
+        tp->scratch().take(workspace_need(dtype, blk, chunks), BiasGradChunks::need(gbias, layout, dims, chunks));
+    const BiasGradChunks gbias_at(gbias, layout, dims, chunks, parts);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
-        Workspace<T> w(blk);
+        Workspace<T> w(w_chunks.chunk(chunk), blk);
         T* gb_chunk = gbias_at.target<T>(chunk);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
-          tiled_attention_vjp(offset_or_null(gq, at.oq), offset_or_null(gk, at.ok), offset_or_null(gv, at.ov),
-                              gb_chunk, g.data<T>() + at.oo, o.data<T>() + at.oo, lse.data<T>() + at.ol, at.x,
+          const SliceOffsets at(dims, bh);
+          const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
+          tiled_attention_vjp(offset_or_null(gq, at.q), offset_or_null(gk, at.k), offset_or_null(gv, at.v),
+                              gb_chunk, g.data<T>() + at.o, o.data<T>() + at.o, lse.data<T>() + at.rows, x,
                               layout, dims, blk, w);
         }
       });
@@ -318,15 +313,17 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   };
   auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
+    const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)));
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-      parallel_for(heads, grain, [&](int64_t begin, int64_t end) {
-        Workspace<T> w(blk);
+      parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
+        Workspace<T> w(w_chunks.chunk(chunk), blk);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
-          tiled_attention_jvp(tout.data<T>() + at.oo, offset_or_null(tq, at.oq), offset_or_null(tk, at.ok),
-                              offset_or_null(tv, at.ov), data_or_null<T>(tbias), o.data<T>() + at.oo,
-                              lse.data<T>() + at.ol, at.x, layout, dims, blk, w);
+          const SliceOffsets at(dims, bh);
+          const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
+          tiled_attention_jvp(tout.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
+                              offset_or_null(tv, at.v), data_or_null<T>(tbias), o.data<T>() + at.o,
+                              lse.data<T>() + at.rows, x, layout, dims, blk, w);
         }
       });
     });
@@ -334,26 +331,31 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   // Second order: the fused node's rule (ops/attention/kernels.hpp) on A = exp(S − L) rebuilt per slice, whole:
   // a (T, Tk) matrix at a time, which the first order never holds (a Hessian-vector product is not a training path).
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
-    const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
+    const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
+    const auto [work_chunks, parts] =
+        tp->scratch().take(slices_need(chunks), BiasGradChunks::need(dbias_dot, layout, dims, chunks));
+    const BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
-      T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
+      T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);
+      T* dv_dot = data_or_null<T>(gin_dot[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
-        T* ob = obias_at.target<T>(chunk);
-        std::vector<T> a(static_cast<size_t>(dims.T * dims.Tk));
+        T* db_dot_chunk = dbias_dot_at.target<T>(chunk);
+        ScratchChunk mine = work_chunks.chunk(chunk);
+        T *a = mine.zeroed<T>(slice_scores), *work = mine.take<T>(work_elements);
         for (int64_t bh = begin; bh < end; ++bh) {
-          const SliceAt<T> at = slice_at<T>(dims, bh, qv, kv, vv, bv);
-          score_tile(a.data(), at.x, layout, dims, 0, dims.T, 0, dims.Tk);
-          probability_tile(a.data(), lse.data<T>() + at.ol, dims, 0, dims.T, 0, dims.Tk);
-          attention_second_order<T>(dims, at.x.q, at.x.k, at.x.v, at.x.b, at.x.head, a.data(), g.data<T>() + at.oo,
-                                    offset_or_null(tq, at.oq), offset_or_null(tk, at.ok), offset_or_null(tv, at.ov),
-                                    data_or_null<T>(tbias), layout, offset_or_null(oq, at.oq),
-                                    offset_or_null(ok, at.ok), offset_or_null(ov, at.ov), ob);
+          const SliceOffsets at(dims, bh);
+          const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
+          score_tile(a, x, layout, dims, 0, dims.T, 0, dims.Tk);
+          probability_tile(a, lse.data<T>() + at.rows, dims, 0, dims.T, 0, dims.Tk);
+          attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.head, a, g.data<T>() + at.o,
+                                    offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
+                                    data_or_null<T>(tbias), layout, offset_or_null(dq_dot, at.q),
+                                    offset_or_null(dk_dot, at.k), offset_or_null(dv_dot, at.v), db_dot_chunk, work);
         }
       });
-      obias_at.add_parts<T>();
+      dbias_dot_at.add_parts<T>();
     });
   };
   if (bias.defined()) return tape.record(kOp, {q, k, v, bias}, o, vjp, jvp, second);
