@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/anomaly.hpp"
 #include "models/stats.hpp"
 
 namespace tapegrad {
@@ -161,9 +162,9 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
   auto lr_at = [&](int64_t it) { return cfg.lr ? cfg.lr(it) : opt.lr(); };
 
   Tape tape;
-  tape.set_detect_anomaly(cfg.detect_anomaly);
+  AnomalyCheck anomaly(tape, cfg.detect_anomaly);
   Profile* prof = cfg.profile;
-  if (prof) tape.set_profile(prof);
+  if (prof) tape.add_observer(prof);
   std::vector<double> ms;
   const auto t_start = Clock::now();
   auto last_print = t_start;
@@ -227,7 +228,7 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
   }
   res.ms_per_step = median(ms);
   res.mean_ms_per_step = ms.empty() ? 0.0 : std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
-  if (prof) tape.set_profile(nullptr);
+  if (prof) tape.remove_observer(prof);
   if (last < cfg.max_steps) {  // stopped early: a checkpoint to resume from, no final evaluation
     res.stopped_early = true;
     save();

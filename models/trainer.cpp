@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/anomaly.hpp"
 #include "engine/blas_info.hpp"
 #include "engine/products.hpp"
 #include "models/run_memory.hpp"
@@ -281,8 +282,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   };
   fn.evaluate = [&](int64_t) {
     Tape train_tape, val_tape;
-    train_tape.set_detect_anomaly(cfg.detect_anomaly);
-    val_tape.set_detect_anomaly(cfg.detect_anomaly);
+    AnomalyCheck train_check(train_tape, cfg.detect_anomaly);
+    AnomalyCheck val_check(val_tape, cfg.detect_anomaly);
     return Evaluation{evaluate(model, train_tape, eval_train), evaluate(model, val_tape, eval_val)};
   };
   fn.save = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data, batch_rng.state()); };

@@ -98,7 +98,7 @@ std::pair<std::string, std::string> split_equation(std::string_view equation) {
 
 int64_t Explanation::alignment_padding() const {
   int64_t listed = 0;
-  for (const Tape::Allocation& a : kept) listed += static_cast<int64_t>(a.bytes);
+  for (const Allocation& a : kept) listed += static_cast<int64_t>(a.bytes);
   return bytes_kept - listed;
 }
 
@@ -161,7 +161,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   // The node in float32, as it trains: what it keeps, and its cost at these shapes.
   {
     Tape tape;
-    tape.set_track_allocations(true);
+    AllocationLog log(tape);
     std::vector<Tensor> xs = make_inputs(specs, DType::f32, options.gradcheck.seed);
     std::vector<Var> vars;
     for (size_t i = 0; i < xs.size(); ++i) vars.push_back(tape.leaf(xs[i], specs[i].differentiable()));
@@ -171,7 +171,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
       if (n.op != info->name) continue;
       if (e.nodes++ == 0) e.recorded_at = source_text(n.where);
       e.bytes_kept += static_cast<int64_t>(n.bytes_kept);
-      for (const Tape::Allocation& a : tape.allocations(i)) e.kept.push_back(a);
+      for (const Allocation& a : log.of(i)) e.kept.push_back(a);
       e.output = tape.value_at(n.out).shape();
       if (info->cost) {
         std::vector<Shape> in;
@@ -232,7 +232,7 @@ std::string format_explanation(const Explanation& e) {
                    e.shapes_given ? " (its map, at the shapes given)" : "", in, e.output.str());
   s += fmt::format("  keeps      {} in float32 for backward ({} node{}: the output and what its VJP and JVP reuse)\n",
                    bytes(e.bytes_kept), e.nodes, e.nodes == 1 ? "" : "s");
-  for (const Tape::Allocation& a : e.kept)
+  for (const Allocation& a : e.kept)
     s += fmt::format("             {:<28} {} {:<16} {}\n", a.what ? a.what : "(unnamed)", a.dtype, a.shape.str(),
                      bytes(static_cast<int64_t>(a.bytes)));
   if (const int64_t padding = e.alignment_padding(); padding != 0)
@@ -290,7 +290,7 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"alignment_padding", e.alignment_padding()},
           {"kept", [&] {
              nlohmann::json k = nlohmann::json::array();
-             for (const Tape::Allocation& a : e.kept)
+             for (const Allocation& a : e.kept)
                k.push_back({{"what", a.what ? a.what : ""}, {"shape", a.shape.str()}, {"bytes", a.bytes}});
              return k;
            }()},

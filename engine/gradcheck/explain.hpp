@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "../allocation_log.hpp"
 #include "gradcheck.hpp"
 
 namespace tapegrad {
@@ -39,7 +40,7 @@ struct Explanation {
   int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
   std::vector<std::pair<std::string, std::string>> formulas_at;  // (what, file:line) where written elsewhere
   int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
-  std::vector<Tape::Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
+  std::vector<Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128
   int64_t alignment_padding() const;
   std::optional<OpCost> cost;  // FLOPs of forward, VJP and JVP; nothing when the op has no cost function
