@@ -6,9 +6,12 @@
 #pragma once
 
 // engine/: tensors, the tape, forward and reverse mode, the products, the registry and the gradchecker
+#include "engine/allocation_log.hpp"
+#include "engine/anomaly.hpp"
 #include "engine/arena.hpp"
 #include "engine/blas.hpp"
 #include "engine/blas_info.hpp"
+#include "engine/functions.hpp"
 #include "engine/gradcheck/cli.hpp"
 #include "engine/gradcheck/explain.hpp"
 #include "engine/gradcheck/gradcheck.hpp"
@@ -24,9 +27,11 @@
 #include "engine/profile.hpp"
 #include "engine/rng.hpp"
 #include "engine/scratch.hpp"
+#include "engine/scope_names.hpp"
 #include "engine/source_place.hpp"
 #include "engine/tape.hpp"
 #include "engine/tape_dot.hpp"
+#include "engine/tape_observer.hpp"
 #include "engine/tensor.hpp"
 
 // ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the kernels and checks the ops share, and

@@ -5,12 +5,6 @@
 // once, so the blocks a merge replaces and the arena of a destroyed tape leave the resident set (glibc keeps
 // freed heap blocks it cannot trim, and after a large free serves even megabyte blocks from that heap).
 // Pages are resident only once touched: the unused tail of a block costs address space, not memory.
-//
-// Idle arenas lend their block. An arena is idle from a reset (or its creation) to its next allocation; the
-// single block of an idle arena may be taken by an arena that has no block yet (a fresh tape, e.g. the tapes a
-// training loop evaluates on between steps), which then works in pages that are already resident instead of
-// mapping as many new ones. The owner takes its block back at its next allocation if the borrower is idle by
-// then (or gone); if the borrower is still busy, the owner maps a new block, as it would have without lending.
 #pragma once
 
 #include <cstddef>
@@ -21,28 +15,29 @@ namespace tapegrad {
 class Arena {
  public:
   explicit Arena(size_t block_bytes = size_t{16} << 20) : block_bytes_(block_bytes) {}
-  ~Arena();
+  ~Arena() { release_blocks(); }
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
   // 64-byte aligned, uninitialized; valid until reset().
   void* allocate(size_t bytes);
+  // Everything allocated is forgotten; the memory is kept (in one block, if the step needed several).
   void reset();
 
-  size_t bytes_in_use() const;   // since the last reset
-  size_t bytes_reserved() const; // held from the system (own blocks and borrowed ones)
+  size_t bytes_in_use() const;    // since the last reset
+  size_t bytes_reserved() const;  // held from the system
   size_t high_water() const { return high_water_; }
 
-  struct Block;  // a mapped block, its owner (which unmaps it) and its holder (which allocates from it)
-
  private:
-  std::vector<Block*> blocks_;  // held, in filling order
-  size_t current_ = 0;          // index of the block being filled
-  size_t offset_ = 0;           // bytes used in it
+  struct Block {
+    std::byte* data;
+    size_t size;
+  };
+  std::vector<Block> blocks_;  // in filling order
+  size_t current_ = 0;         // index of the block being filled
+  size_t offset_ = 0;          // bytes used in it
   size_t block_bytes_;
   size_t high_water_ = 0;
-  bool idle_ = true;
-  void activate();
   void add_block(size_t bytes);
   void release_blocks();
 };

@@ -43,8 +43,24 @@ void Profile::mark(std::string_view name) {
   ++r.calls;
 }
 
-void Profile::op_recorded(const char* op, std::span<const Shape> inputs, const Shape& output) {
+namespace {
+constexpr const char* kLeavesAndGlue = "tape: leaves and glue";
+constexpr const char* kGradientBuffers = "tape: gradient buffers";
+constexpr const char* kBackwardOther = "tape: backward (other)";
+constexpr const char* kClear = "tape: clear";
+}  // namespace
+
+void Profile::on_leaf(const Tape&, const Tensor&) { mark(kLeavesAndGlue); }
+void Profile::on_backward_begin(const Tape&, const Tensor&) { mark(kLeavesAndGlue); }
+void Profile::on_backward_end(const Tape&) { mark(kBackwardOther); }
+void Profile::on_clear(const Tape&) { mark(kClear); }
+
+void Profile::on_output(const Tape&, const char* op, std::span<const Var> in, const Tensor& out) {
   if (!running_) return;
+  std::vector<Shape> inputs;
+  inputs.reserve(in.size());
+  for (const Var& v : in) inputs.push_back(v.shape());
+  const Shape& output = out.shape();
   const double ms = lap();
   Row& r = row(op, true);
   r.forward_ms += ms;
@@ -58,18 +74,18 @@ void Profile::op_recorded(const char* op, std::span<const Shape> inputs, const S
   last_ = Clock::now();  // the cost function's time is the profile's own
 }
 
-void Profile::vjp_starting(const char* tape_section) {
+void Profile::on_vjp_begin(const Tape&, const Node&) {
   if (!running_) return;
   const double ms = lap();
-  Row& r = row(tape_section, false);
+  Row& r = row(kGradientBuffers, false);
   r.forward_ms += ms;
   ++r.calls;
 }
 
-void Profile::vjp_done(const char* op) {
+void Profile::on_vjp_end(const Tape&, const Node& n, std::span<const Tensor>) {
   if (!running_) return;
   const double ms = lap();
-  row(op, true).backward_ms += ms;
+  row(n.op, true).backward_ms += ms;
 }
 
 double Profile::total_ms() const {

@@ -1,6 +1,6 @@
 // Where the time of a step goes, op by op.
 //
-// A Profile attached to a tape (Tape::set_profile) reads the clock at each event and charges the time since the
+// A Profile attached to a tape (tape.add_observer(&profile), engine/tape_observer.hpp) reads the clock at each event and charges the time since the
 // previous event to what the event ends:
 //   a node recorded          → its op's forward   (the op computed its output just before recording it)
 //   a node's VJP returned    → its op's backward  (timed around the call)
@@ -23,13 +23,13 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "tensor.hpp"
+#include "tape_observer.hpp"
 
 namespace tapegrad {
 
 class Registry;
 
-class Profile {
+class Profile final : public TapeObserver {
  public:
   // `costs`: where ops' cost functions are found (nullptr: no FLOPs).
   explicit Profile(const Registry* costs = nullptr) : costs_(costs) {}
@@ -52,10 +52,14 @@ class Profile {
   // Charges the time since the last event to section `name` outside ops.
   void mark(std::string_view name);
 
-  // Tape events (engine/tape.cpp).
-  void op_recorded(const char* op, std::span<const Shape> inputs, const Shape& output);
-  void vjp_starting(const char* tape_section);  // charges the time before a VJP (gradient buffers) to the section
-  void vjp_done(const char* op);
+  // Tape events (engine/tape_observer.hpp).
+  void on_leaf(const Tape&, const Tensor&) override;
+  void on_output(const Tape&, const char* op, std::span<const Var> inputs, const Tensor& out) override;
+  void on_backward_begin(const Tape&, const Tensor&) override;
+  void on_vjp_begin(const Tape&, const Node&) override;  // the time before a VJP: its zeroed gradient buffers
+  void on_vjp_end(const Tape&, const Node& n, std::span<const Tensor>) override;
+  void on_backward_end(const Tape&) override;
+  void on_clear(const Tape&) override;
 
   const std::vector<Row>& rows() const { return rows_; }
   int64_t steps() const { return steps_; }

@@ -22,20 +22,16 @@
 // retain_grad(v) keeps v's gradient readable after backward, set_retain_grads(true) every value's (at the cost of
 // one gradient per value). Leaves (inputs, parameters) always keep theirs.
 //
-// Anomaly detection (off by default): every recorded output, every leaf, every gradient a VJP adds into and
-// every tangent a JVP produces is checked for NaN and ±∞; the first one found throws an Error
-// "non-finite value from <op> ...", naming the node's op and the shapes. A log_softmax of a −∞-masked row
-// legitimately holds −∞; anomaly detection reports it too.
+// The tape itself only records and differentiates. What watches it (anomaly detection, the profile, scope names
+// for the drawing, what each node allocated) is a TapeObserver (engine/tape_observer.hpp) attached to it.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 #include <new>
 #include <optional>
 #include <ostream>
 #include <span>
-#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -48,8 +44,7 @@
 namespace tapegrad {
 
 class Tape;
-class TapeScope;
-class Profile;
+struct TapeObserver;  // engine/tape_observer.hpp
 
 class Var {
  public:
@@ -109,54 +104,51 @@ class Tape {
   Var param(const Tensor& value, const Tensor& grad);
   Var constant(const Tensor& value) { return leaf(value, false); }
 
-  // Arena memory, valid until clear(). `what` names the tensor for tools that list what a node keeps
-  // (set_track_allocations): "A" for attention's probabilities, "μ" and "ρ" for layer_norm's statistics.
+  // Arena memory, valid until clear(). `what` names the tensor for observers that list what a node keeps
+  // (engine/allocation_log.hpp): "A" for attention's probabilities, "μ" and "ρ" for layer_norm's statistics.
   Tensor empty(DType dtype, Shape shape, const char* what = nullptr);
-  Tensor zeros(DType dtype, Shape shape, const char* what = nullptr);
+  Tensor zeros(DType dtype, Shape shape, const char* what = nullptr) {
+    Tensor t = empty(dtype, shape, what);
+    t.fill_zero();
+    return t;
+  }
 
-  // What each op allocated between the previous node or leaf and its record: its output ("output") and the
-  // tensors its VJP and JVP keep, by name where the op names them. Off by default (tools turn it on: explain,
-  // tape_to_dot); allocations(i) is empty for node i when it was off.
-  struct Allocation {
-    const char* what;  // nullptr: unnamed
-    DType dtype;
-    Shape shape;
-    size_t bytes;
-  };
-  void set_track_allocations(bool on) { track_allocations_ = on; }
-  std::span<const Allocation> allocations(size_t node) const;
-
+  struct NoSecondOrder {};   // recorded without a second-order rule: hvp refuses the op
+  struct LinearInInputs {};  // the second-order rule of an op linear in its inputs: Σⱼ ∂ⱼ(Jᵢᵀȳ) = 0
+  static constexpr LinearInInputs linear_in_inputs{};
   // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<const Tensor> gin);
-  // jvp: (std::span<const Tensor> tin, const Tensor& tout). The closures hold exactly what they reuse.
+  // jvp: (std::span<const Tensor> tin, const Tensor& tout); the closures hold exactly what they reuse. `second`,
+  // the op's second-order rule (for hvp), when given: (const Tensor& gout, std::span<const Tensor> tin,
+  // std::span<const Tensor> gin_dot) (see Node), or linear_in_inputs for an op whose VJP does not depend on its inputs.
+  template <class Vjp, class Jvp, class Second>
+  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, Second&& second,
+             SourcePlace where = SourcePlace::current()) {
+    using N = NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>, std::decay_t<Second>>;
+    return record_node<N>(op, inputs, std::move(out), where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp),
+                          std::forward<Second>(second));
+  }
+  template <class Vjp, class Jvp, class Second>
+  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, Second&& second,
+             SourcePlace where = SourcePlace::current()) {
+    return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out), std::forward<Vjp>(vjp),
+                  std::forward<Jvp>(jvp), std::forward<Second>(second), where);
+  }
   template <class Vjp, class Jvp>
   Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-             SourcePlace where = SourcePlace::current());
+             SourcePlace where = SourcePlace::current()) {
+    return record(op, inputs, std::move(out), std::forward<Vjp>(vjp), std::forward<Jvp>(jvp), NoSecondOrder{}, where);
+  }
   template <class Vjp, class Jvp>
   Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
              SourcePlace where = SourcePlace::current()) {
-    return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out),
-                  std::forward<Vjp>(vjp), std::forward<Jvp>(jvp), where);
-  }
-
-  // The same with the op's second-order rule, (const Tensor& gout, std::span<const Tensor> tin,
-  // std::span<const Tensor> gin_dot), or linear_in_inputs for an op whose VJP does not depend on its inputs.
-  template <class Vjp, class Jvp, class VjpTangent>
-  Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, VjpTangent&& second,
-             SourcePlace where = SourcePlace::current());
-  template <class Vjp, class Jvp, class VjpTangent>
-  Var record(const char* op, std::initializer_list<Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-             VjpTangent&& second, SourcePlace where = SourcePlace::current()) {
     return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out), std::forward<Vjp>(vjp),
-                  std::forward<Jvp>(jvp), std::forward<VjpTangent>(second), where);
+                  std::forward<Jvp>(jvp), NoSecondOrder{}, where);
   }
-  struct LinearInInputs {};  // the second-order rule of an op linear in its inputs: Σⱼ ∂ⱼ(Jᵢᵀȳ) = 0
-  static constexpr LinearInInputs linear_in_inputs{};
 
   // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
-  void backward(Var y);
-  void backward(Var y, const Tensor& seed);
+  void backward(Var y, const Tensor& seed = {});
   // Keeps the gradient of v, an intermediate value, readable through v.grad() after backward.
-  void retain_grad(Var v);
+  void retain_grad(Var v) { values_[(rec(v, "retain_grad"), v.id_)].retain_grad = true; }
   // Keeps the gradients of all intermediate values (as retain_grad does for one), from the next backward on.
   void set_retain_grads(bool on) { retain_grads_ = on; }
   bool retain_grads() const { return retain_grads_; }
@@ -165,26 +157,21 @@ class Tape {
   // directions (one each, their shapes), by forward over reverse (top of this file), and s's gradient with respect
   // to them (gradient[i]). Throws naming the first op on the way without a second-order rule. Runs forward mode
   // over the recording (the leaves' tangents become the directions); backward may still be called after.
-  struct HessianVectorProduct {
-    std::vector<Tensor> gradient, hvp;
-  };
+  struct HessianVectorProduct { std::vector<Tensor> gradient, hvp; };
   HessianVectorProduct hvp(Var y, const Tensor& seed, std::span<const Var> wrt, std::span<const Tensor> directions);
 
   // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
   void set_tangent(Var leaf, const Tensor& tangent);
   void propagate_tangents();
-  Tensor tangent(Var v) const;  // undefined if v does not depend on a value with a tangent
+  Tensor tangent(Var v) const { return rec(v).tangent; }  // undefined if v depends on no value with a tangent
 
   // Forgets every node and value; Vars from before become invalid. Keeps the arena's memory.
   void clear();
 
-  // Anomaly detection: off by default; see the top of this file.
-  void set_detect_anomaly(bool on) { detect_anomaly_ = on; }
-  bool detect_anomaly() const { return detect_anomaly_; }
-
-  // Charges the time of what this tape records and differentiates to `p` (engine/profile.hpp); nullptr: off.
-  void set_profile(Profile* p) { profile_ = p; }
-  Profile* profile() const { return profile_; }
+  // Observers (engine/tape_observer.hpp), called in the order added. The tape does not own them.
+  void add_observer(TapeObserver* o) { observers_.push_back(o); }
+  void remove_observer(TapeObserver* o) { std::erase(observers_, o); }
+  std::span<TapeObserver* const> observers() const { return observers_; }
 
   bool recording() const { return recording_; }
   size_t num_nodes() const { return nodes_.size(); }
@@ -207,10 +194,10 @@ class Tape {
   bool is_leaf(uint32_t id) const { return at(id).leaf; }    // made by leaf(), param() or constant()
   bool is_param(uint32_t id) const { return at(id).param; }  // made by param(): its gradient is the caller's
   Var var_at(uint32_t id) { return Var(this, (static_cast<void>(at(id)), id), generation_); }  // the value as a Var
-  // The name of the TapeScope open when the value was made ("" outside every scope).
-  std::string_view scope_of(uint32_t id) const;
   // The value backward was called on, once it has been in this recording.
-  std::optional<uint32_t> backward_output() const;
+  std::optional<uint32_t> backward_output() const {
+    return backward_done_ ? std::optional<uint32_t>(backward_output_) : std::nullopt;
+  }
 
  private:
   friend class NoGradGuard;
@@ -221,23 +208,12 @@ class Tape {
     bool leaf = true;          // not the output of a recorded node
     bool retain_grad = false;  // an intermediate whose gradient outlives backward
     bool param = false;        // made by param()
-    uint32_t scope = 0;        // 1 + its index in scopes_; 0: outside every scope
   };
-  struct ScopeRec {
-    std::string name;  // the full name, "transformer.h.0.attn"
-    uint32_t parent;   // as ValueRec::scope
-    size_t last;       // where its last component starts in name
-  };
-  struct SpareGrad {  // an arena buffer of a released gradient
-    void* data;
-    size_t bytes;
-  };
-  struct NoSecondOrder {};
-  template <class Vjp, class Jvp, class Second = NoSecondOrder>
+  template <class Vjp, class Jvp, class Second>
   struct NodeImpl final : Node {
-    NodeImpl(const char* op_name, uint32_t out_id, std::span<const uint32_t> in, size_t kept, SourcePlace at,
-             Vjp v, Jvp j, Second s = {})
-        : Node(op_name, out_id, in, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)), second_fn(std::move(s)) {}
+    NodeImpl(const char* name, uint32_t y, std::span<const uint32_t> xs, size_t kept, SourcePlace at, Vjp v, Jvp j,
+             Second s)
+        : Node(name, y, xs, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)), second_fn(std::move(s)) {}
     void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
     void jvp(std::span<const Tensor> tin, const Tensor& tout) const override { jvp_fn(tin, tout); }
     bool has_second_order() const override { return !std::is_same_v<Second, NoSecondOrder>; }
@@ -249,53 +225,52 @@ class Tape {
     Jvp jvp_fn;
     [[no_unique_address]] Second second_fn;
   };
+
+  // The output becomes a value; when recording, the node (in the arena, with its inputs' ids) follows it.
   template <class N, class... Closures>
-  Var record_node(const char* op, std::span<const Var> inputs, Tensor out, SourcePlace where, Closures&&... fns);
+  Var record_node(const char* op, std::span<const Var> inputs, Tensor out, SourcePlace where, Closures&&... fns) {
+    Var y = add_output(op, inputs, std::move(out));
+    if (!recording_) return y;
+    static_assert(alignof(N) <= 64);
+    const size_t kept = arena_.bytes_in_use() - arena_mark_;
+    auto ids = store_ids(inputs);
+    add_node(new (arena_.allocate(sizeof(N))) N(op, y.id_, ids, kept, where, std::forward<Closures>(fns)...));
+    return y;
+  }
+  Var add_output(const char* op, std::span<const Var> inputs, Tensor out);
+  void add_node(Node* n);
+  template <class Hook>
+  void notify(Hook&& hook) const;  // hook(o) for every observer o (tape.cpp)
+  // The one reverse sweep, for backward (one lane: x̄) and hvp (two: x̄ and its tangent).
+  template <size_t Lanes, class Cotangent, class Step>
+  void reverse_sweep(Cotangent&& cotangent, Step&& step);
 
   // The record of v; throws naming `op` (when given) if v is not a live value of this tape.
   const ValueRec& rec(const Var& v, std::string_view op = {}) const;
   const ValueRec& at(uint32_t id) const;
-  // Anomaly detection: throws if `out`, the output of `op` on `inputs` (or a leaf), holds a NaN or ±∞.
-  void check_output(const char* op, std::span<const Var> inputs, const Tensor& out) const;
-  // Anomaly detection after node n's VJP (gin = the gradients it added into) or JVP (tout).
-  void check_vjp(const Node& n, std::span<const Tensor> gin) const;
-  void check_jvp(const Node& n, const Tensor& tout) const;
-  void profile_recorded(const char* op, std::span<const Var> inputs, const Tensor& out) const;
   Var add_value(Tensor value, bool requires_grad);
-  bool inputs_require_grad(std::span<const Var> inputs, const char* op) const;
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
-  void ensure_grad(uint32_t id);
-  void release_grad(uint32_t id);
   // A zeroed buffer for a gradient: the smallest released one that fits, else a new one from the arena.
   Tensor zeroed_gradient_buffer(DType dtype, const Shape& shape);
   void release_buffer(Tensor& t);  // t's memory becomes a spare; t is left undefined
+  Tensor allocate(DType dtype, const Shape& shape) {  // unobserved: gradient and tangent buffers
+    return Tensor(dtype, shape, arena_.allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype)));
+  }
   void destroy_nodes();
 
   Arena arena_;
   mutable Scratch op_scratch_;  // not the recording's state: a const tape's rules use it too
   std::vector<ValueRec> values_;
   std::vector<Node*> nodes_;
-  std::vector<Tensor> scratch_;
-  std::vector<SpareGrad> spare_grads_;
-  std::vector<ScopeRec> scopes_;  // every scope opened since clear(), each name once
+  std::vector<Tensor> scratch_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
+  std::vector<Tensor> spare_grads_;  // arena buffers of released gradients
+  std::vector<TapeObserver*> observers_;
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
-  bool track_allocations_ = false;
-  struct PendingAllocation {
-    Allocation a;
-    const void* data;
-  };
-  std::vector<PendingAllocation> pending_allocations_;  // since the last node or leaf
-  std::vector<std::vector<Allocation>> node_allocations_;  // by node index, while tracking
-  void take_allocations(const Tensor& out);  // the pending ones become the last node's
-  Tensor allocate(DType dtype, const Shape& shape);  // untracked: gradient and tangent buffers
   uint32_t generation_ = 1;
-  uint32_t scope_ = 0;     // the open scope, as ValueRec::scope
   uint32_t backward_output_ = 0;  // the value backward was called on, once backward_done_
   bool recording_ = true;
   bool backward_done_ = false;
   bool retain_grads_ = false;
-  bool detect_anomaly_ = false;
-  Profile* profile_ = nullptr;
 };
 
 // Within its scope nothing is recorded: ops compute values only (no gradients, no tangents).
@@ -311,74 +286,19 @@ class NoGradGuard {
   bool was_;
 };
 
-// Names what is recorded while it lives: each value made within it records the scope's name, nested scopes
-// joined with '.' (TapeScope(tape, "transformer.h.0") around TapeScope(tape, "attn"): "transformer.h.0.attn"),
-// for the drawing to group by (engine/tape_dot.hpp). Values and numbers are otherwise unchanged. A name is stored
-// once per recording, so a value costs a 4-byte index; clear() forgets the names unless a scope is open across it.
+// Names what is recorded while it lives (TapeScope(tape, "transformer.h.0") around TapeScope(tape, "attn"):
+// "transformer.h.0.attn"), for the drawing to group by. The tape only tells its observers; ScopeNames
+// (engine/scope_names.hpp) remembers each value's scope. Values and numbers are unchanged.
 class TapeScope {
  public:
   TapeScope(Tape& t, std::string_view name);
-  ~TapeScope() { tape_.scope_ = previous_; }
+  ~TapeScope();
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
 
  private:
   Tape& tape_;
-  uint32_t previous_;
 };
-
-// A differentiable function of tensors, built from ops on a tape.
-using Function = std::function<Var(Tape&, std::span<const Var>)>;
-
-// y = f(x) and its derivatives at x, on a private tape. Integer inputs are constants.
-Tensor evaluate(const Function& f, std::span<const Tensor> inputs);
-// Total derivative dF(x)·ẋ: one tangent per input (undefined = zero). Returns {y, ẏ}.
-std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
-                              std::span<const Tensor> tangents);
-// Gradients x̄_i = J_iᵀ ȳ for every input (undefined for integer inputs).
-std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent);
-// Hessian-vector products of s = ⟨ȳ, f(x)⟩: (H·ẋ)_i for every input (undefined for integer inputs), one direction
-// per input (undefined = zero). Throws naming an op without a second-order rule (Tape::hvp).
-std::vector<Tensor> hvp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent,
-                        std::span<const Tensor> directions);
-
-// ---- implementation of the template and Var accessors ----
-
-template <class Vjp, class Jvp>
-Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp,
-                 SourcePlace where) {
-  return record_node<NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>>>(op, inputs, std::move(out), where,
-                                                                      std::forward<Vjp>(vjp), std::forward<Jvp>(jvp));
-}
-
-template <class Vjp, class Jvp, class VjpTangent>
-Var Tape::record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, VjpTangent&& second,
-                 SourcePlace where) {
-  return record_node<NodeImpl<std::decay_t<Vjp>, std::decay_t<Jvp>, std::decay_t<VjpTangent>>>(
-      op, inputs, std::move(out), where, std::forward<Vjp>(vjp), std::forward<Jvp>(jvp),
-      std::forward<VjpTangent>(second));
-}
-
-template <class N, class... Closures>
-Var Tape::record_node(const char* op, std::span<const Var> inputs, Tensor out, SourcePlace where, Closures&&... fns) {
-  bool rg = inputs_require_grad(inputs, op);
-  if (detect_anomaly_) [[unlikely]]
-    check_output(op, inputs, out);
-  if (profile_) [[unlikely]]
-    profile_recorded(op, inputs, out);
-  Var y = add_value(std::move(out), rg && recording_);
-  if (!recording_) return y;
-  values_.back().leaf = false;
-  static_assert(alignof(N) <= 64);
-  const size_t kept = arena_.bytes_in_use() - arena_mark_;
-  auto ids = store_ids(inputs);
-  Node* n = new (arena_.allocate(sizeof(N))) N(op, y.id_, ids, kept, where, std::forward<Closures>(fns)...);
-  nodes_.push_back(n);
-  arena_mark_ = arena_.bytes_in_use();
-  if (track_allocations_) [[unlikely]]
-    take_allocations(values_[y.id_].value);
-  return y;
-}
 
 inline bool Var::live() const { return tape_ != nullptr && gen_ == tape_->generation() && id_ < tape_->num_values(); }
 inline Tape& Var::tape() const {
@@ -405,3 +325,5 @@ struct fmt::formatter<tapegrad::Var> : fmt::formatter<std::string> {
     return fmt::formatter<std::string>::format(tapegrad::to_string(v), ctx);
   }
 };
+
+#include "functions.hpp"  // evaluate, jvp, vjp and hvp of a whole function, each on a private tape

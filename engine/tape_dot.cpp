@@ -196,6 +196,8 @@ class Drawer {
   }
 
  private:
+  std::string_view scope_of(uint32_t id) const { return opt_.scopes ? opt_.scopes->scope_of(id) : std::string_view(); }
+
   // ---- which values go in which box ----
 
   void make_boxes() {
@@ -211,7 +213,7 @@ class Drawer {
     }
     std::set<std::string, std::less<>> scopes;
     for (uint32_t id = 0; id < n; ++id)
-      if (auto s = tape_.scope_of(id); !s.empty()) scopes.emplace(s);
+      if (auto s = scope_of(id); !s.empty()) scopes.emplace(s);
     // An innermost scope: no other scope's name continues it with a '.'.
     auto innermost = [&](std::string_view s) {
       auto next = scopes.upper_bound(s);
@@ -222,7 +224,7 @@ class Drawer {
     std::map<std::string, size_t, std::less<>> folded;
     std::vector<uint32_t> outside;  // leaves outside every scope: placed by their first use
     for (uint32_t id = 0; id < n; ++id) {
-      const std::string_view s = tape_.scope_of(id);
+      const std::string_view s = scope_of(id);
       if (!s.empty() && innermost(s)) {
         auto [it, added] = folded.try_emplace(std::string(s), boxes_.size());
         if (added) boxes_.push_back(Box{std::string(s), true, {}});
@@ -238,7 +240,7 @@ class Drawer {
       const Node& nd = tape_.node(k);
       const int64_t user = box_of_[nd.out];
       for (uint32_t in : nd.inputs)
-        if (box_of_[in] < 0 && tape_.is_leaf(in) && tape_.scope_of(in).empty() && boxes_[user].folded)
+        if (box_of_[in] < 0 && tape_.is_leaf(in) && scope_of(in).empty() && boxes_[user].folded)
           add(static_cast<size_t>(user), in);
     }
     for (uint32_t id : outside)
@@ -345,7 +347,7 @@ class Drawer {
 
   std::string value_node(uint32_t id) const {
     const Tensor& v = tape_.value_at(id);
-    const std::string name = name_of(id), scope(tape_.scope_of(id));
+    const std::string name = name_of(id), scope(scope_of(id));
     const bool loss = loss_ && *loss_ == id;
     std::vector<std::string> lines;
     std::string tip;
@@ -354,10 +356,11 @@ class Drawer {
       const Node& nd = tape_.node(static_cast<size_t>(producer_[id]));
       lines.push_back(fmt::format("<b>{}</b>{}", html(nd.op), name.empty() ? std::string() : fmt::format(" {}", html(name))));
       lines.push_back(small(html(shape_text(v))));
-      // What the bytes are, where the tape tracked allocations (Tape::set_track_allocations): named tensors.
-      const auto kept = tape_.allocations(static_cast<size_t>(producer_[id]));
+      // What the bytes are, where an AllocationLog watched the recording (DotOptions::allocations): named tensors.
+      const auto kept = opt_.allocations ? opt_.allocations->of(static_cast<size_t>(producer_[id]))
+                                         : std::span<const Allocation>();
       std::string kept_names;
-      for (const Tape::Allocation& a : kept)
+      for (const Allocation& a : kept)
         if (a.what && std::string_view(a.what) != "output") kept_names += fmt::format(" + {}", a.what);
       lines.push_back(small(html(fmt::format("keeps {} (output{})", bytes_text(nd.bytes_kept),
                                              kept.empty() ? std::string(" + saved tensors") : kept_names))));
@@ -369,7 +372,7 @@ class Drawer {
       else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no equation\n", nd.op);
       tip += fmt::format("recorded at {}\nkeeps {} bytes: its output and what its VJP and JVP saved",
                          source_text(nd.where), nd.bytes_kept);
-      for (const Tape::Allocation& a : kept)
+      for (const Allocation& a : kept)
         tip += fmt::format("\n  {} {} {}: {} bytes", a.what ? a.what : "(unnamed)", a.dtype, a.shape.str(), a.bytes);
       if (c.forward + c.backward > 0) tip += fmt::format("\nFLOPs: {} forward, {} backward", c.forward, c.backward);
     } else {

@@ -3,6 +3,7 @@
 //
 //   DotOptions opt;
 //   opt.registry = &builtin_registry();                      // equations and FLOPs (ops/ops.hpp)
+//   opt.scopes = &scopes;  opt.allocations = &log;            // ScopeNames, AllocationLog attached before recording
 //   write_file_atomic("tape.dot", tape_to_dot(tape, opt));    // then: dot -Tsvg tape.dot -o tape.svg
 //
 // A node shows its op (leaf, param or constant for a leaf, with its name from DotOptions::names), its dtype and
@@ -14,9 +15,10 @@
 // value backward was called on (the loss) has a double border. The caption gives the node count, the bytes the
 // tape keeps and the FLOPs of the ops with a registered cost, forward and backward.
 //
-// group: the values of each innermost scope (TapeScope) fold into one box, inside a cluster per enclosing scope
-// (the '.'-prefixes of the names: transformer ⊃ transformer.h ⊃ transformer.h.0 ⊃ transformer.h.0.attn). A leaf
-// made outside every scope (a model's parameters) folds into the box of the first node that uses it.
+// group: the values of each innermost scope (TapeScope, as DotOptions::scopes recorded them) fold into one box,
+// inside a cluster per enclosing scope (the '.'-prefixes of the names: transformer ⊃ transformer.h ⊃
+// transformer.h.0 ⊃ transformer.h.0.attn). A leaf made outside every scope (a model's parameters) folds into the
+// box of the first node that uses it.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +28,9 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "allocation_log.hpp"
 #include "graphviz.hpp"
+#include "scope_names.hpp"
 #include "tape.hpp"
 
 namespace tapegrad {
@@ -35,7 +39,11 @@ class Registry;
 
 struct DotOptions {
   const Registry* registry = nullptr;  // where equations and cost functions are found; nullptr: neither is shown
-  bool group = false;                  // fold scopes into boxes (above)
+  bool group = false;                  // fold scopes into boxes (above), as `scopes` names them
+  // Observers that watched the recording: the scope of each value (needed by group), and what each node
+  // allocated (listed on its node). nullptr: not shown.
+  const ScopeNames* scopes = nullptr;
+  const AllocationLog* allocations = nullptr;
   std::string title;                   // the caption's first line
   // Graphviz takes minutes on tens of thousands of nodes: more than this many boxes to draw throw an Error.
   size_t max_nodes = 2000;

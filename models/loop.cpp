@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/anomaly.hpp"
 #include "models/stats.hpp"
 #include "ops/ops.hpp"
 
@@ -262,8 +263,8 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
 
   auto lr_at = [&](int64_t it) { return cfg.lr ? cfg.lr(it) : opt.lr(); };
   Tape tape;
-  tape.set_detect_anomaly(cfg.detect_anomaly);
-  tape.set_profile(run.profile());
+  AnomalyCheck anomaly(tape, cfg.detect_anomaly);
+  if (Profile* prof = run.profile()) tape.add_observer(prof);
   for (int64_t it = run.first_step(); it < run.stop_step(); ++it) {
     if (it % cfg.eval_interval == 0) {
       run.evaluate(it, fn.evaluate);
@@ -280,7 +281,7 @@ LoopResult train_loop(Module& model, Optimizer& opt, const LoopConfig& cfg, cons
     if (fn.after_step) fn.after_step(it, lr);
     if (run.interrupted(it + 1)) break;
   }
-  tape.set_profile(nullptr);
+  if (Profile* prof = run.profile()) tape.remove_observer(prof);
   run.finish(lr_at(cfg.max_steps), fn.evaluate, fn.save);
   return result;
 }

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/anomaly.hpp"
 #include "engine/blas_info.hpp"
 #include "engine/products.hpp"
 #include "models/run_memory.hpp"
@@ -318,13 +319,13 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
   // evaluations' forward passes (recording no gradients), cleared after each batch. Its arena, sized by the first
   // step, serves them all.
   Tape tape;
-  tape.set_detect_anomaly(cfg.loop.detect_anomaly);
+  AnomalyCheck anomaly(tape, cfg.loop.detect_anomaly);  // with --detect-anomaly: the first NaN or ±∞ a node makes
   Profile* prof = run.profile();  // the training steps only, not the evaluations
-  tape.set_profile(prof);
+  if (prof) tape.add_observer(prof);
   auto eval_losses = [&](int64_t) {
-    tape.set_profile(nullptr);
+    if (prof) tape.remove_observer(prof);
     Evaluation e{mean_loss(model, tape, eval_train), mean_loss(model, tape, eval_val)};
-    tape.set_profile(prof);
+    if (prof) tape.add_observer(prof);
     return e;
   };
   auto add_metadata = [&](Checkpoint& ck) { add_run_metadata(ck, model, cfg, data); };
@@ -360,7 +361,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
       sharpness_log.measure(model, it + 1, lr, run);  // λ_max of the loss's Hessian at the weights after the step
     if (run.interrupted(it + 1)) break;  // SIGINT or SIGTERM: a checkpoint at it + 1, then out
   }
-  tape.set_profile(nullptr);
+  if (prof) tape.remove_observer(prof);
   run.finish(lr_at(cfg.loop.max_steps), eval_losses, add_metadata);
 }
 

@@ -1,71 +1,53 @@
-// Arena blocks lent between tapes: an idle arena's block serves a fresh arena, and comes back to its owner.
+// The arena: a bump allocator of 64-byte aligned pieces, rewound by reset() without giving its memory back,
+// the blocks of a step that outgrew it merged into one.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstring>
-#include <memory>
 
 #include "engine/arena.hpp"
 
 using namespace tapegrad;
 
-namespace {
-
-bool inside(const void* p, const void* block_start, size_t bytes) {
-  auto a = reinterpret_cast<uintptr_t>(p), s = reinterpret_cast<uintptr_t>(block_start);
-  return a >= s && a < s + bytes;
+TEST_CASE("allocations are 64-byte aligned, consecutive, and reset() starts over in the same memory") {
+  Arena arena(1 << 16);
+  void* first = arena.allocate(1);
+  void* second = arena.allocate(100);
+  CHECK(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+  CHECK(static_cast<char*>(second) == static_cast<char*>(first) + 64);
+  CHECK(arena.bytes_in_use() == 64 + 128);
+  std::memset(second, 1, 100);
+  const size_t reserved = arena.bytes_reserved();
+  arena.reset();
+  CHECK(arena.bytes_in_use() == 0);
+  CHECK(arena.allocate(8) == first);
+  CHECK(arena.bytes_reserved() == reserved);
+  CHECK(arena.high_water() == 64 + 128);
 }
 
-}  // namespace
-
-TEST_CASE("a fresh arena borrows the block of an idle one, which takes it back afterwards") {
-  Arena owner(1 << 20);
-  void* first = owner.allocate(1000);
-  std::memset(first, 1, 1000);
-  owner.reset();  // idle: its single block may be lent
-  const size_t block = owner.bytes_reserved();
-  REQUIRE(block >= (1 << 20));
-  {
-    Arena borrower(1 << 20);
-    void* p = borrower.allocate(4096);
-    CHECK(inside(p, first, block));  // the owner's pages, already mapped
-    CHECK(borrower.bytes_reserved() == block);
-    CHECK(owner.bytes_reserved() == 0);
-    borrower.reset();
-  }
-  CHECK(owner.allocate(64) == first);  // back with its owner
-  CHECK(owner.bytes_reserved() == block);
+TEST_CASE("a step that outgrows the block gets more, merged into one block at the next reset") {
+  Arena arena(1 << 16);
+  void* first = arena.allocate(1 << 15);
+  std::memset(arena.allocate(1 << 17), 2, 1 << 17);  // does not fit: a second block
+  CHECK(arena.bytes_reserved() >= (1 << 16) + (1 << 17));
+  const size_t reserved = arena.bytes_reserved();
+  arena.reset();
+  CHECK(arena.bytes_reserved() == reserved);  // one block of the size of both
+  void* a = arena.allocate(1 << 15);
+  void* b = arena.allocate(1 << 17);
+  CHECK(static_cast<char*>(b) == static_cast<char*>(a) + (1 << 15));  // the whole step fits in it
+  CHECK(arena.bytes_reserved() == reserved);
+  (void)first;
 }
 
-TEST_CASE("an owner whose block is in use elsewhere maps a new one; everyone keeps working") {
-  auto owner = std::make_unique<Arena>(1 << 16);
-  void* first = owner->allocate(100);
-  owner->reset();
-  Arena borrower(1 << 16);
-  auto* b = static_cast<char*>(borrower.allocate(100));  // borrowed, and the borrower stays busy
-  CHECK(b == first);
-  auto* o = static_cast<char*>(owner->allocate(100));
-  CHECK(o != b);
-  std::memset(b, 2, 100);
-  std::memset(o, 3, 100);
-  CHECK(b[99] == 2);
-  owner.reset();  // the owner goes away while its block is lent: the borrower keeps it and unmaps it later
-  std::memset(borrower.allocate(1000), 4, 1000);
-  borrower.reset();
-  Arena next(1 << 16);
-  CHECK(next.allocate(8) == first);  // the orphaned block, lent on again
-}
-
-TEST_CASE("a borrower that outgrows the block merges into a block of its own and returns the borrowed one") {
-  Arena owner(1 << 16);
-  void* first = owner.allocate(64);
-  owner.reset();
-  {
-    Arena borrower(1 << 16);
-    CHECK(borrower.allocate(1 << 15) == first);
-    borrower.allocate(1 << 17);  // does not fit: a block of its own
-    borrower.reset();            // merged into one own block; the borrowed one waits for its owner
-    CHECK(borrower.allocate(64) != first);
-  }
-  CHECK(owner.allocate(64) == first);
+TEST_CASE("two arenas never share memory") {
+  Arena one(1 << 16), two(1 << 16);
+  auto* p = static_cast<char*>(one.allocate(100));
+  one.reset();
+  auto* q = static_cast<char*>(two.allocate(100));
+  CHECK(p != q);
+  std::memset(p, 3, 100);
+  std::memset(q, 4, 100);
+  CHECK(p[99] == 3);
+  CHECK(q[99] == 4);
 }

@@ -239,6 +239,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
     targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(65));
   }
   Tape tape;
+  ScopeNames scopes(tape);
   tape.set_retain_grads(true);
   Var loss = model.loss(tape, idx, targets);
   tape.backward(loss);
@@ -246,7 +247,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
   // The scopes each node recorded.
   std::map<std::string, std::vector<std::string>> ops_in;
   for (size_t k = 0; k < tape.num_nodes(); ++k)
-    ops_in[std::string(tape.scope_of(tape.node(k).out))].push_back(tape.node(k).op);
+    ops_in[std::string(scopes.scope_of(tape.node(k).out))].push_back(tape.node(k).op);
   CHECK(ops_in["transformer.wte"] == std::vector<std::string>{"embedding"});
   CHECK(ops_in["transformer.wpe"] == std::vector<std::string>{"embedding"});
   CHECK(ops_in["transformer.h.0.ln_1"] == std::vector<std::string>{"layer_norm"});
@@ -265,6 +266,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
 
   DotOptions opt = with_registry();
   opt.group = true;
+  opt.scopes = &scopes;
   const std::string grouped_dot = tape_to_dot(tape, opt);
   const Drawing grouped = parse(grouped_dot);
   // Boxes: wte, wpe, ln_1, attn, ln_2, mlp, ln_f, lm_head; values: the three adds, the loss and the targets.
@@ -290,6 +292,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
 
 TEST_CASE("TapeScope names nest with '.', live until clear(), and only label values") {
   Tape tape;
+  ScopeNames scopes(tape);
   Var x = tape.leaf(testing::random_tensor({3}, 1));
   Var a, b, c;
   {
@@ -305,21 +308,21 @@ TEST_CASE("TapeScope names nest with '.', live until clear(), and only label val
     }
   }
   Var d = exp(c);
-  CHECK(tape.scope_of(x.id()).empty());
-  CHECK(tape.scope_of(a.id()) == "h.0");
-  CHECK(tape.scope_of(b.id()) == "h.0.attn");
-  CHECK(tape.scope_of(c.id()) == "h.0.attn");
-  CHECK(tape.scope_of(d.id()).empty());
+  CHECK(scopes.scope_of(x.id()).empty());
+  CHECK(scopes.scope_of(a.id()) == "h.0");
+  CHECK(scopes.scope_of(b.id()) == "h.0.attn");
+  CHECK(scopes.scope_of(c.id()) == "h.0.attn");
+  CHECK(scopes.scope_of(d.id()).empty());
   CHECK(testing::contains(testing::error_of([&] { TapeScope bad(tape, ""); }), "needs a name"));
-  CHECK(testing::contains(testing::error_of([&] { (void)tape.scope_of(99); }), "value #99 does not exist"));
+  CHECK(testing::contains(testing::error_of([&] { (void)scopes.scope_of(99); }), "value #99 does not exist"));
   tape.clear();
   Var e = tape.leaf(testing::random_tensor({3}, 1));
-  CHECK(tape.scope_of(e.id()).empty());
+  CHECK(scopes.scope_of(e.id()).empty());
   {
     TapeScope open(tape, "step");
     tape.clear();  // the open scope's name outlives the clear
     Var f = tape.leaf(testing::random_tensor({3}, 1));
-    CHECK(tape.scope_of(f.id()) == "step");
+    CHECK(scopes.scope_of(f.id()) == "step");
   }
 }
 

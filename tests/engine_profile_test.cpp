@@ -32,7 +32,7 @@ TEST_CASE("profile: each op's forward and backward, and its FLOPs from the regis
   const Tensor a = testing::random_tensor({6, 5}, DType::f64, 1), b = testing::random_tensor({5, 7}, DType::f64, 2);
   Profile prof(&builtin_registry());
   Tape tape;
-  tape.set_profile(&prof);
+  tape.add_observer(&prof);
   prof.start();
   Var loss = small_loss(tape, a, b);
   tape.backward(loss);
@@ -61,7 +61,7 @@ TEST_CASE("profile: the rows add up to the time between start and pause; paused 
   const Tensor a = testing::random_tensor({8, 8}, DType::f64, 3), b = testing::random_tensor({8, 8}, DType::f64, 4);
   Profile prof;
   Tape tape;
-  tape.set_profile(&prof);
+  tape.add_observer(&prof);
   const auto t0 = std::chrono::steady_clock::now();
   prof.start();
   Var loss = small_loss(tape, a, b);
@@ -92,7 +92,7 @@ TEST_CASE("profile: a profiled computation gives the same values and gradients, 
   auto run = [&](bool profiled) {
     Profile prof(&builtin_registry());
     Tape tape;
-    if (profiled) tape.set_profile(&prof);
+    if (profiled) tape.add_observer(&prof);
     prof.start();
     Var x = tape.leaf(a);
     Var loss = sum(softmax(matmul(x, tape.leaf(b))));
@@ -109,7 +109,7 @@ TEST_CASE("profile: the table and the JSON carry every row, per step") {
   const Tensor a = testing::random_tensor({4, 4}, DType::f64, 7), b = testing::random_tensor({4, 4}, DType::f64, 8);
   Profile prof(&builtin_registry());
   Tape tape;
-  tape.set_profile(&prof);
+  tape.add_observer(&prof);
   for (int step = 0; step < 3; ++step) {
     prof.start();
     tape.backward(small_loss(tape, a, b));

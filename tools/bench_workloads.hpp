@@ -107,7 +107,7 @@ struct TrainStep {
   }
   void run() {
     const auto& [x, y] = batches[next++ % batches.size()];
-    tape.set_profile(profile);
+    if (profile && tape.observers().empty()) tape.add_observer(profile);
     if (profile) profile->start();
     Var loss = model.loss(tape, x, y);
     tape.backward(loss);

@@ -165,8 +165,11 @@ void run(const GraphArgs& args) {
 
   Tape tape;
   tape.set_retain_grads(true);       // every value's gradient is drawn
-  tape.set_track_allocations(true);  // and what each node keeps
+  AllocationLog allocations(tape);   // what each node keeps
+  ScopeNames scopes(tape);           // and the scope each value was made in
   DotOptions opt;
+  opt.allocations = &allocations;
+  opt.scopes = &scopes;
   opt.registry = &builtin_registry();
   opt.group = a.group;
   opt.max_nodes = a.max_nodes;

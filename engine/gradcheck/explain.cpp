@@ -174,7 +174,7 @@ int line_of_function(const std::string& path, const std::string& function) {
 
 int64_t Explanation::alignment_padding() const {
   int64_t listed = 0;
-  for (const Tape::Allocation& a : kept) listed += static_cast<int64_t>(a.bytes);
+  for (const Allocation& a : kept) listed += static_cast<int64_t>(a.bytes);
   return bytes_kept - listed;
 }
 
@@ -238,7 +238,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   // The node in float32, as it trains: what it keeps, and its cost at these shapes.
   {
     Tape tape;
-    tape.set_track_allocations(true);
+    AllocationLog log(tape);
     std::vector<Tensor> xs = make_inputs(specs, DType::f32, options.gradcheck.seed);
     std::vector<Var> vars;
     for (size_t i = 0; i < xs.size(); ++i) vars.push_back(tape.leaf(xs[i], specs[i].differentiable()));
@@ -254,7 +254,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
       const Scratch::Reservation r = scratch_reserved_by(tape, i);
       e.scratch_first_order = std::max(e.scratch_first_order, static_cast<int64_t>(r.first_order));
       e.scratch_second_order = std::max(e.scratch_second_order, static_cast<int64_t>(r.second_order));
-      for (const Tape::Allocation& a : tape.allocations(i)) e.kept.push_back(a);
+      for (const Allocation& a : log.of(i)) e.kept.push_back(a);
       e.output = tape.value_at(n.out).shape();
       if (info->cost) {
         std::vector<Shape> in;
@@ -353,7 +353,7 @@ std::string format_explanation(const Explanation& e) {
                    e.shapes_given ? " (its map, at the shapes given)" : "", in, e.output.str());
   s += fmt::format("  keeps      {} in float32 for backward ({} node{}: the output and what its VJP and JVP reuse)\n",
                    bytes(e.bytes_kept), e.nodes, e.nodes == 1 ? "" : "s");
-  for (const Tape::Allocation& a : e.kept)
+  for (const Allocation& a : e.kept)
     s += fmt::format("             {:<28} {} {:<16} {}\n", a.what ? a.what : "(unnamed)", a.dtype, a.shape.str(),
                      bytes(static_cast<int64_t>(a.bytes)));
   if (const int64_t padding = e.alignment_padding(); padding != 0)
@@ -417,7 +417,7 @@ nlohmann::json explanation_json(const Explanation& e) {
           {"scratch", {{"first_order", e.scratch_first_order}, {"second_order", e.scratch_second_order}}},
           {"kept", [&] {
              nlohmann::json k = nlohmann::json::array();
-             for (const Tape::Allocation& a : e.kept)
+             for (const Allocation& a : e.kept)
                k.push_back({{"what", a.what ? a.what : ""}, {"shape", a.shape.str()}, {"bytes", a.bytes}});
              return k;
            }()},

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "../allocation_log.hpp"
 #include "gradcheck.hpp"
 
 namespace tapegrad {
@@ -47,7 +48,7 @@ struct Explanation {
   int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
   std::vector<FormulaLocation> formulas_at;  // where its formulas are written, when not in the node's file
   int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
-  std::vector<Tape::Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
+  std::vector<Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128
   int64_t alignment_padding() const;
   // Bytes of the tape's scratch (engine/scratch.hpp) the largest of those nodes reserves for its forward, VJP and JVP,
