@@ -166,7 +166,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
   return tape.record(
       op, {q, k, v}, o,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         Tensor dp = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
         dispatch_float(op, dtype, [&]<class T>(T) {
           T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
@@ -181,7 +181,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
           });
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         Tensor pdot = tp->empty(dtype, {parallel_chunks(heads, grain), scratch});
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
@@ -196,7 +196,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
           });
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);

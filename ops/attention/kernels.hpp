@@ -297,13 +297,13 @@ class BiasGradChunks {
         chunks_(chunks) {}
 
   template <class T>
-  T* target(int64_t chunk) const {
+  T* target(int64_t chunk) {
     if (!dbias_.defined()) return nullptr;
     return shared_ && chunk > 0 ? parts_.data<T>() + (chunk - 1) * dbias_.numel() : dbias_.data<T>();
   }
 
   template <class T>
-  void add_parts() const {
+  void add_parts() {
     if (!shared_) return;
     T* db = dbias_.data<T>();
     for (int64_t c = 0; c + 1 < chunks_; ++c) {

@@ -460,7 +460,11 @@ void linear_attention_second_order(T* out_q, T* out_k, T* out_v, const T* G, con
 }
 
 template <class T>
-T* slice_or_null(const Tensor& t, int64_t offset) {
+const T* slice_or_null(const Tensor& t, int64_t offset) {
+  return t.defined() ? t.data<T>() + offset : nullptr;
+}
+template <class T>
+T* slice_or_null(Tensor& t, int64_t offset) {
   return t.defined() ? t.data<T>() + offset : nullptr;
 }
 
@@ -493,7 +497,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   });
   return tape.record(
       kOp, {q, k, v}, out,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
@@ -507,7 +511,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           });
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         dispatch_float(kOp, tout.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             Workspace<T> w(n);
@@ -520,7 +524,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           });
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end) {
             SecondOrderWorkspace<T> ws(n);

@@ -161,11 +161,11 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   });
   Tape* tp = &tape;
   const int64_t scratch = max_query_block_rows(dims) * dims.Tk;
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     Tensor ds = tp->empty(dtype, {chunks, scratch});
-    const BiasGradChunks dbias_at(*tp, dbias, layout, dims, chunks);
+    BiasGradChunks dbias_at(*tp, dbias, layout, dims, chunks);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
@@ -183,7 +183,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       dbias_at.add_parts<T>();
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     Tensor z = tp->empty(dtype, {chunks, scratch});
@@ -201,10 +201,10 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       });
     });
   };
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
+    BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);

@@ -297,10 +297,10 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
     });
   });
   Tape* tp = &tape;
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks gbias_at(*tp, gbias, layout, dims, chunks);
+    BiasGradChunks gbias_at(*tp, gbias, layout, dims, chunks);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -316,7 +316,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
       gbias_at.add_parts<T>();
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
@@ -333,10 +333,10 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   };
   // Second order: the fused node's rule (ops/attention/kernels.hpp) on A = exp(S − L) rebuilt per slice, whole:
   // a (T, Tk) matrix at a time, which the first order never holds (a Hessian-vector product is not a training path).
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, obias = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
+    BiasGradChunks obias_at(*tp, obias, layout, dims, chunks);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       T *oq = data_or_null<T>(gin_dot[0]), *ok = data_or_null<T>(gin_dot[1]), *ov = data_or_null<T>(gin_dot[2]);
