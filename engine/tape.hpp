@@ -69,20 +69,20 @@ class Var {
   uint32_t gen_ = 0;
 };
 
-// A recorded node. gin[i] / tin[i] are undefined tensors where input i needs no gradient / has no tangent.
-// Both VJP and JVP add into their outputs (gin and tout), which the tape allocates zeroed.
+// A recorded node. gin[i] / tin[i] are undefined where input i needs no gradient / has no tangent. VJP and JVP add
+// into gin and tout (zeroed by the tape), the only tensors they may write: gout, tin and saved values are const.
 class Node {
  public:
   Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept,
        SourcePlace at)
       : op(op_name), out(out_id), inputs(input_ids), bytes_kept(kept), where(at) {}
   virtual ~Node() = default;
-  virtual void vjp(const Tensor& gout, std::span<const Tensor> gin) const = 0;
-  virtual void jvp(std::span<const Tensor> tin, const Tensor& tout) const = 0;
+  virtual void vjp(const Tensor& gout, std::span<Tensor> gin) const = 0;
+  virtual void jvp(std::span<const Tensor> tin, Tensor& tout) const = 0;
   // Second order: the tangent of the VJP at a fixed cotangent, gin_dot[i] += Σⱼ ∂ⱼ(Jᵢᵀ gout)[tin[j]] (tin[j]
   // undefined: no tangent). has_second_order() is false for an op recorded without the rule.
   virtual bool has_second_order() const { return false; }
-  virtual void vjp_tangent(const Tensor&, std::span<const Tensor>, std::span<const Tensor>) const {}
+  virtual void vjp_tangent(const Tensor&, std::span<const Tensor>, std::span<Tensor>) const {}
   const char* op;
   uint32_t out;
   std::span<const uint32_t> inputs;
@@ -116,10 +116,10 @@ class Tape {
   struct NoSecondOrder {};   // recorded without a second-order rule: hvp refuses the op
   struct LinearInInputs {};  // the second-order rule of an op linear in its inputs: Σⱼ ∂ⱼ(Jᵢᵀȳ) = 0
   static constexpr LinearInInputs linear_in_inputs{};
-  // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<const Tensor> gin);
-  // jvp: (std::span<const Tensor> tin, const Tensor& tout); the closures hold exactly what they reuse. `second`,
+  // Records `out` as the result of `op` on `inputs`. vjp: (const Tensor& gout, std::span<Tensor> gin);
+  // jvp: (std::span<const Tensor> tin, Tensor& tout); the closures hold exactly what they reuse. `second`,
   // the op's second-order rule (for hvp), when given: (const Tensor& gout, std::span<const Tensor> tin,
-  // std::span<const Tensor> gin_dot) (see Node), or linear_in_inputs for an op whose VJP does not depend on its inputs.
+  // std::span<Tensor> gin_dot) (see Node), or linear_in_inputs for an op whose VJP does not depend on its inputs.
   template <class Vjp, class Jvp, class Second>
   Var record(const char* op, std::span<const Var> inputs, Tensor out, Vjp&& vjp, Jvp&& jvp, Second&& second,
              SourcePlace where = SourcePlace::current()) {
@@ -214,16 +214,16 @@ class Tape {
     NodeImpl(const char* name, uint32_t y, std::span<const uint32_t> xs, size_t kept, SourcePlace at, Vjp v, Jvp j,
              Second s)
         : Node(name, y, xs, kept, at), vjp_fn(std::move(v)), jvp_fn(std::move(j)), second_fn(std::move(s)) {}
-    void vjp(const Tensor& gout, std::span<const Tensor> gin) const override { vjp_fn(gout, gin); }
-    void jvp(std::span<const Tensor> tin, const Tensor& tout) const override { jvp_fn(tin, tout); }
+    void vjp(const Tensor& gout, std::span<Tensor> gin) const override { vjp_fn(gout, gin); }
+    void jvp(std::span<const Tensor> tin, Tensor& tout) const override { jvp_fn(tin, tout); }
     bool has_second_order() const override { return !std::is_same_v<Second, NoSecondOrder>; }
-    void vjp_tangent(const Tensor& gout, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) const override {
+    void vjp_tangent(const Tensor& gout, std::span<const Tensor> tin, std::span<Tensor> gin_dot) const override {
       if constexpr (!std::is_same_v<Second, NoSecondOrder> && !std::is_same_v<Second, LinearInInputs>)
         second_fn(gout, tin, gin_dot);
     }
-    Vjp vjp_fn;
-    Jvp jvp_fn;
-    [[no_unique_address]] Second second_fn;
+    mutable Vjp vjp_fn;  // mutable: a closure may write scratch it captured, saying so with a `mutable` lambda
+    mutable Jvp jvp_fn;
+    [[no_unique_address]] mutable Second second_fn;
   };
 
   // The output becomes a value; when recording, the node (in the arena, with its inputs' ids) follows it.

@@ -269,7 +269,7 @@ Tensor Tensor::to(DType dtype) const {
 // per range of 16 KiB pieces, so from 128 KiB up. The default model's gradient buffers are mostly 384 KiB (B·T·C
 // floats); split at 64 KiB pieces (from 512 KiB) they stayed whole and took 0.80-0.84 ms a step on 2 threads
 // against 0.55-0.68 on 1; split at 16 KiB, 0.41-0.44 ms (AMD EPYC Zen 4, three alternating runs each).
-void Tensor::fill_zero() const {
+void Tensor::fill_zero() {
   const size_t bytes = nbytes();
   if (bytes == 0) return;
   constexpr size_t kPiece = size_t{16} << 10;
@@ -280,13 +280,13 @@ void Tensor::fill_zero() const {
   });
 }
 
-void Tensor::copy_from(const Tensor& src) const {
+void Tensor::copy_from(const Tensor& src) {
   if (src.dtype_ != dtype_ || !(src.shape_ == shape_))
     fail("copy: source {} {} does not match destination {} {}", src.dtype_, src.shape_, dtype_, shape_);
   if (numel()) std::memcpy(data_, src.data_, nbytes());
 }
 
-void Tensor::accumulate(const Tensor& src) const {
+void Tensor::accumulate(const Tensor& src) {
   if (src.dtype_ != dtype_ || !(src.shape_ == shape_))
     fail("accumulate: {} {} cannot be added into {} {}", src.dtype_, src.shape_, dtype_, shape_);
   dispatch_float("accumulate", dtype_, [&]<class T>(T) {

@@ -102,10 +102,16 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   void* raw() const { return data_; }
 
+  // A const Tensor is read-only: its data are const T*. Writing needs a non-const handle (a copy of a Tensor is
+  // another handle to the same data, so a node's VJP that writes a saved tensor says so with a non-const one).
   template <class T>
-  T* data() const {
-    if (dtype_of<T>() != dtype_)
-      fail("tensor of dtype {} read as {}", dtype_name(dtype_), dtype_name(dtype_of<T>()));
+  const T* data() const {
+    check_dtype(dtype_of<T>());
+    return static_cast<const T*>(data_);
+  }
+  template <class T>
+  T* data() {
+    check_dtype(dtype_of<T>());
     return static_cast<T*>(data_);
   }
   // Element i of a float tensor, as double (for tests and reports, not for kernels).
@@ -125,12 +131,15 @@ class Tensor {
   Tensor clone() const;
   // A deep copy converted to another float dtype.
   Tensor to(DType dtype) const;
-  void fill_zero() const;
-  void copy_from(const Tensor& src) const;
+  void fill_zero();
+  void copy_from(const Tensor& src);
   // this += src (same dtype and shape): how gradients accumulate.
-  void accumulate(const Tensor& src) const;
+  void accumulate(const Tensor& src);
 
  private:
+  void check_dtype(DType asked) const {
+    if (asked != dtype_) fail("tensor of dtype {} read as {}", dtype_name(dtype_), dtype_name(asked));
+  }
   DType dtype_ = DType::f32;
   Shape shape_;
   void* data_ = nullptr;

@@ -193,7 +193,8 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
   if (coef < 1) {
     const float scale = static_cast<float>(coef);
     for_each_parameter_range(params, [=, &params](size_t k, int64_t begin, int64_t end) {
-      float* g = params[k].grad.data<float>();
+      Tensor grad = params[k].grad;  // a Parameter is a handle: its gradient is written through a copy of it
+      float* g = grad.data<float>();
       for (int64_t i = begin; i < end; ++i) g[i] *= scale;
     });
   }

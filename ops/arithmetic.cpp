@@ -128,7 +128,7 @@ struct Div {
 // The second-order rule of the header for Op (mul, div).
 template <class Op>
 auto binary_second_order(const Broadcast& bc, const Tensor& av, const Tensor& bv) {
-  return [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  return [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
       const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
       const T* ta = tin[0].defined() ? tin[0].data<T>() : nullptr;
@@ -166,7 +166,7 @@ Var binary(Var a, Var b) {
     T* py = y.data<T>();
     for_each_broadcast(bc, [&](int64_t o, int64_t i, int64_t j) { py[o] = Op::f(pa[i], pb[j]); });
   });
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(Op::name, g.dtype(), [&]<class T>(T) {
       const T *pa = av.data<T>(), *pb = bv.data<T>(), *pg = g.data<T>();
       if (gin[0].defined()) {
@@ -179,7 +179,7 @@ Var binary(Var a, Var b) {
       }
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
     dispatch_float(Op::name, ty.dtype(), [&]<class T>(T) {
       const T *pa = av.data<T>(), *pb = bv.data<T>();
       T* pt = ty.data<T>();
@@ -203,7 +203,7 @@ Var linear_scale(const char* op, Var x, double s) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
-  auto axpy = [s](const char* name, const Tensor& dst, const Tensor& src) {  // dst += s·src
+  auto axpy = [s](const char* name, Tensor& dst, const Tensor& src) {  // dst += s·src
     dispatch_float(name, dst.dtype(), [&]<class T>(T) {
       T* d = dst.data<T>();
       const T* p = src.data<T>();
@@ -213,8 +213,8 @@ Var linear_scale(const char* op, Var x, double s) {
   y.fill_zero();
   axpy(op, y, xv);
   return tape.record(
-      op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { axpy(op, gin[0], g); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { axpy(op, ty, tin[0]); }, Tape::linear_in_inputs);
+      op, {x}, y, [=](const Tensor& g, std::span<Tensor> gin) { axpy(op, gin[0], g); },
+      [=](std::span<const Tensor> tin, Tensor& ty) { axpy(op, ty, tin[0]); }, Tape::linear_in_inputs);
 }
 
 }  // namespace

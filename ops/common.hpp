@@ -47,7 +47,15 @@ inline void expect_same_dtype(const char* op, const Var& a, const Var& b) {
 // The elements of an optional tensor: nullptr when it is undefined (an absent bias, an input whose gradient or
 // tangent is not requested), so the kernels test one pointer instead of the tensor.
 template <class T>
-T* data_or_null(const Tensor& t) {
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <class T>
+T* data_or_null(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <class T>
+T* data_or_null(Tensor&& t) {  // a handle made for the call (a slot picked from gin): writable
   return t.defined() ? t.data<T>() : nullptr;
 }
 // p + offset, or nullptr where p is: one slice of an optional buffer.

@@ -157,14 +157,14 @@ Var cross_entropy(Var logits, Var targets) {
   });
   return tape.record(
       op, {logits, targets}, loss,
-      [xv, tv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<const Tensor> gin) {
+      [xv, tv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           cross_entropy_vjp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(), row_log_sum.data<T>(), rows,
                             classes, g.data<T>()[0], gin[0].data<T>());
         });
       },
-      [xv, tv, row_max, row_log_sum, rows, classes](std::span<const Tensor> tin, const Tensor& ty) {
+      [xv, tv, row_max, row_log_sum, rows, classes](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           ty.data<T>()[0] += cross_entropy_jvp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(),
@@ -172,7 +172,7 @@ Var cross_entropy(Var logits, Var targets) {
         });
       },
       [xv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<const Tensor> tin,
-                                                std::span<const Tensor> gin_dot) {
+                                                std::span<Tensor> gin_dot) {
         if (!tin[0].defined() || !gin_dot[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           cross_entropy_second_order(xv.data<T>(), row_max.data<T>(), row_log_sum.data<T>(), rows, classes,

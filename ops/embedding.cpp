@@ -87,13 +87,13 @@ Var embedding(Var ids, Var table) {
   });
   return tape.record(
       op, {ids, table}, y,
-      [idv, n, channels, vocab](const Tensor& g, std::span<const Tensor> gin) {
+      [idv, n, channels, vocab](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[1].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           embedding_vjp(idv.data<int32_t>(), n, g.data<T>(), channels, vocab, gin[1].data<T>());
         });
       },
-      [idv, n, channels](std::span<const Tensor> tin, const Tensor& ty) {
+      [idv, n, channels](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[1].defined()) return;
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           embedding_jvp(idv.data<int32_t>(), n, tin[1].data<T>(), channels, ty.data<T>());

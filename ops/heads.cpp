@@ -84,13 +84,13 @@ Var split_heads(Var x, int64_t heads, int64_t offset, int64_t width) {
   });
   return tape.record(
       op, {x}, y,
-      [g](const Tensor& gy, std::span<const Tensor> gin) {
+      [g](const Tensor& gy, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(op, gy.dtype(), [&]<class T>(T) {
           add_to_rows(g, gy.data<T>(), gin[0].data<T>());
         });
       },
-      [g](std::span<const Tensor> tin, const Tensor& ty) {
+      [g](std::span<const Tensor> tin, Tensor& ty) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           add_to_heads(g, tin[0].data<T>(), ty.data<T>());
         });
@@ -111,13 +111,13 @@ Var merge_heads(Var y) {
   });
   return tape.record(
       op, {y}, z,
-      [g](const Tensor& gz, std::span<const Tensor> gin) {
+      [g](const Tensor& gz, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(op, gz.dtype(), [&]<class T>(T) {
           add_to_heads(g, gz.data<T>(), gin[0].data<T>());
         });
       },
-      [g](std::span<const Tensor> tin, const Tensor& tz) {
+      [g](std::span<const Tensor> tin, Tensor& tz) {
         dispatch_float(op, tz.dtype(), [&]<class T>(T) {
           add_to_rows(g, tin[0].data<T>(), tz.data<T>());
         });

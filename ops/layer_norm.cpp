@@ -259,7 +259,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   Tape* tp = &tape;
   return tape.record(
       kOp, {x, weight, bias}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           if (gin[0].defined())
             layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
@@ -271,13 +271,13 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
           }
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         dispatch_float(kOp, ty.dtype(), [&]<class T>(T) {
           layer_norm_jvp(ty.data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                          data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(tin[2]), rows, C);
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           const auto [scratch] = tp->scratch().take(second_order_need(g.dtype(), rows, C));
           layer_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), xv.data<T>(),

@@ -35,7 +35,7 @@ Var linear(Var x, Var w, Var b) {
     gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(wv.data<T>(), in), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(op, g.dtype(), [&]<class T>(T) {
       const T* pg = g.data<T>();
       if (gin[0].defined())
@@ -45,7 +45,7 @@ Var linear(Var x, Var w, Var b) {
       if (gin.size() > 2 && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
     dispatch_float(op, ty.dtype(), [&]<class T>(T) {
       T* pt = ty.data<T>();
       if (tin[0].defined())
@@ -55,7 +55,7 @@ Var linear(Var x, Var w, Var b) {
       if (tin.size() > 2 && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
     });
   };
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     dispatch_float(op, g.dtype(), [&]<class T>(T) {
       const T* pg = g.data<T>();
       if (gin_dot[0].defined() && tin[1].defined())

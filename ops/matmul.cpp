@@ -162,14 +162,14 @@ Var matmul(Var a, Var b) {
     });
   return tape.record(
       "matmul", {a, b}, y,
-      [=](const Tensor& gy, std::span<const Tensor> gin) {
+      [=](const Tensor& gy, std::span<Tensor> gin) {
         if (g.empty()) return;
         dispatch_float("matmul", gy.dtype(), [&]<class T>(T) {
           matmul_vjp(g, av.data<T>(), bv.data<T>(), gy.data<T>(), gin[0].defined() ? gin[0].data<T>() : nullptr,
                      gin[1].defined() ? gin[1].data<T>() : nullptr);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (g.empty()) return;
         dispatch_float("matmul", ty.dtype(), [&]<class T>(T) {
           matmul_jvp(g, av.data<T>(), bv.data<T>(), tin[0].defined() ? tin[0].data<T>() : nullptr,
@@ -178,7 +178,7 @@ Var matmul(Var a, Var b) {
       },
       // Second order: the VJP is bilinear, so its tangent is the VJP with the other input's tangent,
       // ā̇ += ȳ·ḃᵀ and ḃ̄ += ȧᵀ·ȳ (the products above with b → ḃ, a → ȧ).
-      [=](const Tensor& gy, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& gy, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         if (g.empty()) return;
         dispatch_float("matmul", gy.dtype(), [&]<class T>(T) {
           T* none = nullptr;

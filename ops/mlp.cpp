@@ -179,7 +179,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
     if (which == 1) return has_b1 ? slots[i1] : Tensor{};
     return has_b2 ? slots[i2] : Tensor{};
   };
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       ScratchChunk scratch = tp->scratch().take_one(two);
       T *h = scratch.take<T>(d.n * d.h), *hbar = scratch.take<T>(d.n * d.h);
@@ -188,7 +188,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
               data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar);
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       ScratchChunk scratch = tp->scratch().take_one(two);
       T *h = scratch.take<T>(d.n * d.h), *hdot = scratch.take<T>(d.n * d.h);
@@ -197,7 +197,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
               data_or_null<T>(bias_slot(tin, 2)), ty.data<T>(), h, hdot);
     });
   };
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       mlp_second_order(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), g.data<T>(),
                        data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), data_or_null<T>(bias_slot(tin, 1)),

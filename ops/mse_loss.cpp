@@ -67,18 +67,18 @@ Var mse_loss(Var prediction, Var target) {
   });
   return tape.record(
       op, {prediction, target}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           const T c = static_cast<T>(2 * static_cast<double>(g.data<T>()[0]) / static_cast<double>(n));
           mse_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), d.data<T>(), c, n);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           ty.data<T>()[0] += mse_jvp(d.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), n);
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           const T c = static_cast<T>(2 * static_cast<double>(g.data<T>()[0]) / static_cast<double>(n));
           const T *tp = data_or_null<T>(tin[0]), *tt = data_or_null<T>(tin[1]);

@@ -43,15 +43,15 @@ static Var gelu_node(const char* op, GeluForm form, Var x) {
   Tensor s = tape.empty(x.dtype(), x.shape(), form == GeluForm::exact ? "Φ(x) of gelu_erf" : "tanh of gelu's argument");
   const int64_t n = y.numel();
   dispatch_float(op, x.dtype(), [&]<class T>(T) { gelu_forward(form, y.data<T>(), s.data<T>(), xv.data<T>(), n); });
-  auto apply_derivative = [op, form, xv, s, n](const Tensor& out, const Tensor& in) {
+  auto apply_derivative = [op, form, xv, s, n](Tensor& out, const Tensor& in) {
     dispatch_float(op, out.dtype(), [&]<class T>(T) {
       gelu_derivative(form, out.data<T>(), xv.data<T>(), s.data<T>(), in.data<T>(), n);
     });
   };
   return tape.record(
-      op, {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply_derivative(gin[0], g); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { apply_derivative(ty, tin[0]); },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      op, {x}, y, [=](const Tensor& g, std::span<Tensor> gin) { apply_derivative(gin[0], g); },
+      [=](std::span<const Tensor> tin, Tensor& ty) { apply_derivative(ty, tin[0]); },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         if (!tin[0].defined() || !gin_dot[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           gelu_curvature(form, gin_dot[0].data<T>(), xv.data<T>(), s.data<T>(), tin[0].data<T>(), g.data<T>(), n);

@@ -49,24 +49,24 @@ Var record(const char* name, Var x, F f, DF df, D2F d2f, SourcePlace where) {
     for (int64_t i = 0; i < n; ++i) py[i] = static_cast<T>(f(px[i]));
   });
   // out += f′(x) ⊙ in: the VJP with (out, in) = (x̄, ȳ), the JVP with (ẏ, ẋ).
-  auto apply_derivative = [=](const Tensor& out, const Tensor& in) {
+  auto apply_derivative = [=](Tensor& out, const Tensor& in) {
     dispatch_float(name, out.dtype(), [&]<class T>(T) {
       const T *px = xv.data<T>(), *py = y.data<T>(), *pi = in.data<T>();
       T* po = out.data<T>();
       for (int64_t i = 0; i < n; ++i) po[i] += pointwise_derivative(df, px[i], py[i]) * pi[i];
     });
   };
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     if (gin[0].defined()) apply_derivative(gin[0], g);
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& ty) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
     if (tin[0].defined()) apply_derivative(ty, tin[0]);
   };
   if constexpr (std::is_same_v<D2F, NoCurvature>) {
     return tape.record(name, {x}, y, vjp, jvp, where);
   } else {
     // Second order: ẋ̄ += f″(x)·ẋ·ȳ, the tangent of x̄ = f′(x)·ȳ at a fixed ȳ.
-    auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+    auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
       if (!tin[0].defined() || !gin_dot[0].defined()) return;
       dispatch_float(name, g.dtype(), [&]<class T>(T) {
         const T *px = xv.data<T>(), *py = y.data<T>(), *pt = tin[0].data<T>(), *pg = g.data<T>();

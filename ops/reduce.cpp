@@ -105,13 +105,13 @@ Var reduce(const char* op, Var x, const AxisSplit& sp, bool is_mean) {
   });
   return tape.record(
       op, {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           reduce_vjp(g.data<T>(), gin[0].data<T>(), outer, n, inner, c);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           reduce_jvp(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c);

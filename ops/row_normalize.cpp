@@ -35,13 +35,13 @@ Var row_normalize(Var x) {
   };
   return tape.record(
       op, {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (gin[0].defined()) jacobian_product(gin[0], g);
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (tin[0].defined()) jacobian_product(ty, tin[0]);
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         if (!tin[0].defined() || !gin_dot[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           T* po = gin_dot[0].data<T>();

@@ -207,7 +207,7 @@ void concat_forward(const ConcatGeometry& c, std::span<const Var> xs, std::byte*
   }
 }
 template <class T>
-void concat_vjp(const ConcatGeometry& c, const T* gy, std::span<const Tensor> gin) {
+void concat_vjp(const ConcatGeometry& c, const T* gy, std::span<Tensor> gin) {
   int64_t off = 0;
   for (size_t k = 0; k < c.count; ++k) {
     const int64_t block = c.sizes[k] * c.inner;
@@ -242,13 +242,13 @@ Var reshape(Var x, Shape shape) {
   const int64_t n = x.shape().numel();
   return tape.record(
       "reshape", {x}, x.value().view(shape),
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float("reshape", g.dtype(), [&]<class T>(T) {
           reshape_vjp(g.data<T>(), gin[0].data<T>(), n);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float("reshape", ty.dtype(), [&]<class T>(T) {
           reshape_jvp(tin[0].data<T>(), ty.data<T>(), n);
@@ -283,13 +283,13 @@ Var permute(Var x, std::span<const int> perm) {
   });
   return tape.record(
       "permute", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float("permute", g.dtype(), [&]<class T>(T) {
           permute_vjp(w, g.data<T>(), gin[0].data<T>());
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float("permute", ty.dtype(), [&]<class T>(T) {
           permute_jvp(w, tin[0].data<T>(), ty.data<T>());
@@ -328,13 +328,13 @@ Var slice(Var x, int axis, int64_t start, int64_t stop) {
   slice_forward(s, static_cast<const std::byte*>(xv.raw()), static_cast<std::byte*>(y.raw()), dtype_size(x.dtype()));
   return tape.record(
       "slice", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float("slice", g.dtype(), [&]<class T>(T) {
           slice_vjp(s, g.data<T>(), gin[0].data<T>());
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float("slice", ty.dtype(), [&]<class T>(T) {
           slice_jvp(s, tin[0].data<T>(), ty.data<T>());
@@ -377,12 +377,12 @@ Var concat(std::span<const Var> xs, int axis) {
   concat_forward(c, xs, static_cast<std::byte*>(y.raw()), dtype_size(first.dtype()));
   return tape.record(
       "concat", xs, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float("concat", g.dtype(), [&]<class T>(T) {
           concat_vjp(c, g.data<T>(), gin);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         dispatch_float("concat", ty.dtype(), [&]<class T>(T) {
           concat_jvp(c, tin, ty.data<T>());
         });

@@ -69,7 +69,7 @@ Var row_distribution(Var x) {
   });
   return tape.record(
       K::name, {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(K::name, g.dtype(), [&]<class T>(T) {
           T* pgx = gin[0].data<T>();
@@ -77,7 +77,7 @@ Var row_distribution(Var x) {
           for (int64_t i = 0; i < rows; ++i) K::vjp(pgx + i * cols, py + i * cols, pg + i * cols, cols);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
         dispatch_float(K::name, ty.dtype(), [&]<class T>(T) {
           T* pty = ty.data<T>();
@@ -85,7 +85,7 @@ Var row_distribution(Var x) {
           for (int64_t i = 0; i < rows; ++i) K::jvp(pty + i * cols, py + i * cols, ptx + i * cols, cols);
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         if (!tin[0].defined() || !gin_dot[0].defined()) return;
         dispatch_float(K::name, g.dtype(), [&]<class T>(T) {
           T* po = gin_dot[0].data<T>();

@@ -119,7 +119,7 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
   };
   return tape.record(
       "beta_attention_claimed", {q, k, v}, out,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         std::vector<double> dp(static_cast<size_t>(S.T * S.Tk), 0);  // dBβ = GVᵀ, then dP
         for (int64_t i = 0; i < S.T; ++i)
           for (int64_t j = 0; j < S.Tk; ++j)
@@ -140,7 +140,7 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
               gin[2].data<double>()[j * S.dv + c] += S.beta[static_cast<size_t>(i * S.Tk + j)] * g.item(i * S.dv + c);
           }
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         // ż = (s(Q̇Kᵀ + QK̇ᵀ)) ⊙ M, the post's z̃_i row by row
         std::vector<double> zdot(static_cast<size_t>(S.T * S.Tk), 0);
         for (int64_t i = 0; i < S.T; ++i)

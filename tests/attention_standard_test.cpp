@@ -106,7 +106,7 @@ Var attention_with_claimed_vjp(Var q, Var k, Var v, Var bias, ScoreGradient vari
   const std::vector<double> a = naive_probabilities(xs[0], xs[1], xs[3], s);
   return tape.record(
       "attention_claimed_vjp", {q, k, v, bias}, out,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         const Shape& qs = xs[0].shape();
         const int64_t BH = qs[0] * qs[1], T = qs[2], d = qs[3], dv = xs[2].shape()[3];
         auto A = [&](int64_t bh, int64_t i, int64_t j) { return a[static_cast<size_t>((bh * T + i) * T + j)]; };
@@ -158,7 +158,7 @@ Var attention_with_claimed_vjp(Var q, Var k, Var v, Var bias, ScoreGradient vari
           for (int64_t i = 0; i < T * T; ++i) gin[3].data<double>()[bh * T * T + i] += dS[static_cast<size_t>(i)];
         }
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         std::vector<Tensor> ts;
         for (size_t i = 0; i < 4; ++i) ts.push_back(tin[i]);
         tout.accumulate(jvp(real, xs, ts).second);

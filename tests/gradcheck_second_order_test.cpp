@@ -78,13 +78,13 @@ Function square_with_rule(double c, bool assign = false, double vjp_factor = 2) 
     for (int64_t k = 0; k < y.numel(); ++k) y.data<double>()[k] = xv.item(k) * xv.item(k);
     return tape.record(
         "square_slipped", {x}, y,
-        [xv, vjp_factor](const Tensor& g, std::span<const Tensor> gin) {
+        [xv, vjp_factor](const Tensor& g, std::span<Tensor> gin) {
           for (int64_t k = 0; k < g.numel(); ++k) gin[0].data<double>()[k] += vjp_factor * xv.item(k) * g.item(k);
         },
-        [xv](std::span<const Tensor> tin, const Tensor& ty) {
+        [xv](std::span<const Tensor> tin, Tensor& ty) {
           for (int64_t k = 0; k < ty.numel(); ++k) ty.data<double>()[k] += 2 * xv.item(k) * tin[0].item(k);
         },
-        [c, assign](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        [c, assign](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
           for (int64_t k = 0; k < g.numel(); ++k) {
             double& o = gin_dot[0].data<double>()[k];
             o = (assign ? 0 : o) + c * tin[0].item(k) * g.item(k);
@@ -101,18 +101,18 @@ Var mul_without_b_cross_term(Tape& tape, std::span<const Var> in) {
   for (int64_t k = 0; k < y.numel(); ++k) y.data<double>()[k] = av.item(k) * bv.item(k);
   return tape.record(
       "mul_slipped", {a, b}, y,
-      [av, bv](const Tensor& g, std::span<const Tensor> gin) {
+      [av, bv](const Tensor& g, std::span<Tensor> gin) {
         for (int64_t k = 0; k < g.numel(); ++k) {
           if (gin[0].defined()) gin[0].data<double>()[k] += g.item(k) * bv.item(k);
           if (gin[1].defined()) gin[1].data<double>()[k] += g.item(k) * av.item(k);
         }
       },
-      [av, bv](std::span<const Tensor> tin, const Tensor& ty) {  // undefined tangents are zero
+      [av, bv](std::span<const Tensor> tin, Tensor& ty) {  // undefined tangents are zero
         for (int64_t k = 0; k < ty.numel(); ++k)
           ty.data<double>()[k] += (tin[0].defined() ? tin[0].item(k) * bv.item(k) : 0) +
                                   (tin[1].defined() ? av.item(k) * tin[1].item(k) : 0);
       },
-      [](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         for (int64_t k = 0; k < g.numel(); ++k) gin_dot[0].data<double>()[k] += g.item(k) * tin[1].item(k);
       });
 }
@@ -134,16 +134,16 @@ Var softmax_without_row_term(Tape& tape, std::span<const Var> in) {
     return s;
   };
   // out += y ⊙ (u − ⟨y, u⟩) per row: the VJP and the JVP (the Jacobian is symmetric)
-  auto apply = [=](const Tensor& yv, const Tensor& u, const Tensor& out) {
+  auto apply = [=](const Tensor& yv, const Tensor& u, Tensor& out) {
     for (int64_t r = 0; r < rows; ++r) {
       const double s = row_dot(yv, u, r);
       for (int64_t j = 0; j < n; ++j) out.data<double>()[r * n + j] += yv.item(r * n + j) * (u.item(r * n + j) - s);
     }
   };
   return tape.record(
-      "softmax_slipped", {x}, y, [=](const Tensor& g, std::span<const Tensor> gin) { apply(y, g, gin[0]); },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { apply(y, tin[0], ty); },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      "softmax_slipped", {x}, y, [=](const Tensor& g, std::span<Tensor> gin) { apply(y, g, gin[0]); },
+      [=](std::span<const Tensor> tin, Tensor& ty) { apply(y, tin[0], ty); },
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         Tensor ydot = Tensor::zeros(DType::f64, y.shape());
         apply(y, tin[0], ydot);
         for (int64_t r = 0; r < rows; ++r) {

@@ -39,7 +39,7 @@ const CheckResult* find_check(const GradcheckReport& r, std::string_view check, 
   return nullptr;
 }
 
-double* data(const Tensor& t) { return t.data<double>(); }
+double* data(Tensor t) { return t.data<double>(); }  // a handle: writes the same data
 
 // The engine single-threaded within a scope, as the gradcheck command runs: the problems are tiny.
 struct SerialEngine {
@@ -64,14 +64,14 @@ Var planted_square(Var x, SquareSlip s) {
   for (int64_t i = 0; i < n; ++i) data(y)[i] = data(xv)[i] * data(xv)[i];
   return tape.record(
       "planted_square", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         for (int64_t i = 0; i < n; ++i) {
           const double gi = s.quadratic ? data(g)[i] * data(g)[i] : data(g)[i];
           const double v = s.vjp_factor * data(xv)[i] * gi;
           data(gin[0])[i] = s.overwrite ? v : data(gin[0])[i] + v;
         }
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         for (int64_t i = 0; i < n; ++i) data(ty)[i] += s.jvp_factor * data(xv)[i] * data(tin[0])[i];
       });
 }
@@ -88,7 +88,7 @@ Var softmax_of(Tape&, std::span<const Var> x) { return softmax(x[0]); }
 enum class SoftmaxSlip { none, no_normalizer, no_diagonal, wrong_row, row_term_without_p };
 
 ClaimedVjp softmax_vjp(SoftmaxSlip slip) {
-  return [slip](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  return [slip](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const Tensor& p = at.output;
     const int64_t cols = p.shape().back(), rows = p.numel() / cols;
     std::vector<double> d(static_cast<size_t>(rows));
@@ -122,7 +122,7 @@ GradcheckReport check_causal_softmax_mask_off_by_one() {
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = i + 1; j < T; ++j) data(mask)[i * T + j] = -INFINITY;
   Function forward = [mask](Tape& tape, std::span<const Var> x) { return softmax(x[0] + tape.constant(mask)); };
-  ClaimedVjp off_by_one = [T](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp off_by_one = [T](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const double* p = data(at.output);
     for (int64_t i = 0; i < T; ++i) {
       double d = 0;
@@ -135,7 +135,7 @@ GradcheckReport check_causal_softmax_mask_off_by_one() {
 
 // y = x·W; the planted VJP gives W̄ = ȲᵀX, the transpose of XᵀȲ.            x (3, 4), w (4, 4), y (3, 4)
 GradcheckReport check_matmul_transposed_weight_gradient() {
-  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const Tensor &x = at.inputs[0], &w = at.inputs[1];
     for (int64_t i = 0; i < 3; ++i)
       for (int64_t k = 0; k < 4; ++k)
@@ -151,7 +151,7 @@ GradcheckReport check_matmul_transposed_weight_gradient() {
 
 // y = x·W with square y; the planted VJP reads ȳ transposed: X̄ = ȲᵀWᵀ.                  x, w, y (4, 4)
 GradcheckReport check_matmul_cotangent_read_transposed() {
-  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const Tensor &x = at.inputs[0], &w = at.inputs[1];
     for (int64_t i = 0; i < 4; ++i)
       for (int64_t k = 0; k < 4; ++k)
@@ -169,7 +169,7 @@ GradcheckReport check_matmul_cotangent_read_transposed() {
 GradcheckReport check_jacobian_applied_untransposed() {
   Tensor m = random_tensor({4, 4}, 11);
   Function forward = [m](Tape& tape, std::span<const Var> x) { return matmul(tape.constant(m), x[0]); };
-  ClaimedVjp vjp = [m](const ClaimPoint&, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp vjp = [m](const ClaimPoint&, const Tensor& g, std::span<Tensor> gin) {
     for (int64_t i = 0; i < 4; ++i)
       for (int64_t j = 0; j < 4; ++j) data(gin[0])[i] += data(m)[i * 4 + j] * data(g)[j];  // M ȳ, not Mᵀ ȳ
   };
@@ -178,7 +178,7 @@ GradcheckReport check_jacobian_applied_untransposed() {
 
 // y = a ⊙ b; the planted VJP gives b̄ = ȳ ⊙ b (it should be ȳ ⊙ a).
 GradcheckReport check_mul_wrong_second_gradient() {
-  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     for (int64_t i = 0; i < g.numel(); ++i) {
       data(gin[0])[i] += data(g)[i] * data(at.inputs[1])[i];
       data(gin[1])[i] += data(g)[i] * data(at.inputs[1])[i];
@@ -191,7 +191,7 @@ GradcheckReport check_mul_wrong_second_gradient() {
 
 // β(x) = x/(1+‖x‖) per row; the planted VJP x̄ = c·ȳ drops the per-row term −c²(⟨x, ȳ⟩/r)·x.
 GradcheckReport check_row_normalize_without_normalizer_term() {
-  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  ClaimedVjp vjp = [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const Tensor& x = at.inputs[0];
     const int64_t cols = x.shape().back(), rows = x.numel() / cols;
     for (int64_t r = 0; r < rows; ++r) {
@@ -222,12 +222,12 @@ Var prefix_mean(Var x, bool forget_mask) {
   apply(data(y), data(xv));
   return tape.record(
       "prefix_mean", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         for (int64_t j = 0; j < T; ++j)
           for (int64_t i = forget_mask ? 0 : j; i < T; ++i)
             for (int64_t c = 0; c < C; ++c) data(gin[0])[j * C + c] += data(g)[i * C + c] / static_cast<double>(i + 1);
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) { apply(data(ty), data(tin[0])); });
+      [=](std::span<const Tensor> tin, Tensor& ty) { apply(data(ty), data(tin[0])); });
 }
 
 // y = x² with its VJP and no forward-mode rule.
@@ -238,7 +238,7 @@ Var square_without_jvp(Var x) {
   for (int64_t i = 0; i < y.numel(); ++i) data(y)[i] = data(xv)[i] * data(xv)[i];
   return tape.record(
       "square_without_jvp", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         for (int64_t i = 0; i < g.numel(); ++i) data(gin[0])[i] += 2 * data(xv)[i] * data(g)[i];
       },
       no_jvp("square_without_jvp"));
@@ -248,7 +248,7 @@ Var square_without_jvp(Var x) {
 
 // The β-attention post: dβ(x)·h = f(x, h)·β(x), f = ⟨x, h⟩/(r²(1 + r)), r = ‖x‖, per row.
 ClaimedJvp claimed_homogeneity_jvp() {
-  return [](const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout) {
+  return [](const ClaimPoint& at, std::span<const Tensor> tin, Tensor& tout) {
     const Tensor &x = at.inputs[0], &beta = at.output;
     const int64_t cols = x.shape().back(), rows = x.numel() / cols;
     for (int64_t r = 0; r < rows; ++r) {
@@ -275,7 +275,7 @@ GradcheckReport check_homogeneity_claim() {
 enum class ScoreGradientClaim { corrected, prose_ds, prose_qk };
 
 ClaimedVjp claimed_score_gradient_vjp(ScoreGradientClaim variant) {
-  return [variant](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+  return [variant](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
     const Tensor &q = at.inputs[0], &k = at.inputs[1], &v = at.inputs[2], &b = at.inputs[3];
     const int64_t T = q.shape()[2], d = q.shape()[3], dv = v.shape()[3];
     const double s = 1 / std::sqrt(static_cast<double>(d));

@@ -51,12 +51,12 @@ Var row_normalize_with_claimed_jvp(Var x) {
     r.data<double>()[i] = beta_row(y.data<double>() + i * cols, xv.data<double>() + i * cols, cols, cols);
   return tape.record(
       "row_normalize_claimed_jvp", {x}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         for (int64_t i = 0; i < rows; ++i)
           beta_row_derivative<Into::add>(gin[0].data<double>() + i * cols, g.data<double>() + i * cols,
                                          y.data<double>() + i * cols, r.data<double>()[i], cols, cols);
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         claimed_homogeneity_jvp(ty.data<double>(), xv.data<double>(), tin[0].data<double>(), rows, cols);
       });
 }

@@ -251,7 +251,8 @@ namespace {
 Checkpoint versioned(const std::vector<Tensor>& tensors, int64_t version) {
   Checkpoint ck;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    float* p = tensors[i].data<float>();
+    Tensor t = tensors[i];  // a handle to the caller's data, which this fills
+    float* p = t.data<float>();
     for (int64_t j = 0; j < tensors[i].numel(); ++j) p[j] = static_cast<float>(version);
     ck.tensors.push_back({fmt::format("layer.{}.weight", i), tensors[i]});
   }

@@ -22,17 +22,17 @@ Function claimed(Claim claim) {
     Tensor y = evaluate(c->forward, xs);
     return tape.record(
         c->name.c_str(), x, y,
-        [c, xs, y](const Tensor& g, std::span<const Tensor> gin) {
+        [c, xs, y](const Tensor& g, std::span<Tensor> gin) {
           if (c->vjp) return c->vjp(ClaimPoint{xs, y}, g, gin);
           std::vector<Tensor> own = vjp(c->forward, xs, g);
           for (size_t i = 0; i < gin.size(); ++i)
             if (gin[i].defined()) gin[i].accumulate(own[i]);
         },
-        [c, xs, y](std::span<const Tensor> tin, const Tensor& tout) {
+        [c, xs, y](std::span<const Tensor> tin, Tensor& tout) {
           if (c->jvp) return c->jvp(ClaimPoint{xs, y}, tin, tout);
           tout.accumulate(jvp(c->forward, xs, tin).second);
         },
-        [c, xs, y](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+        [c, xs, y](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
           if (c->hvp) return c->hvp(ClaimPoint{xs, y}, g, tin, gin_dot);
           std::vector<Tensor> own = hvp(c->forward, xs, g, tin);
           for (size_t i = 0; i < gin_dot.size(); ++i)

@@ -38,13 +38,13 @@ struct ClaimPoint {
   const Tensor& output;
 };
 // x̄_i += (claimed J_iᵀ) ȳ for each defined x̄_i.
-using ClaimedVjp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<const Tensor> gin)>;
+using ClaimedVjp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<Tensor> gin)>;
 // ẏ += Σ_i (claimed J_i) ẋ_i over the defined ẋ_i.
-using ClaimedJvp = std::function<void(const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout)>;
+using ClaimedJvp = std::function<void(const ClaimPoint& at, std::span<const Tensor> tin, Tensor& tout)>;
 // ẋ̄_i += (claimed H_ȳ·ẋ)_i for each defined ẋ̄_i: the Hessian of ⟨ȳ, f⟩ along the tangents (undefined: zero),
 // which is the node's second-order rule (Tape::hvp).
 using ClaimedHvp = std::function<void(const ClaimPoint& at, const Tensor& gout, std::span<const Tensor> tin,
-                                      std::span<const Tensor> gin_dot)>;
+                                      std::span<Tensor> gin_dot)>;
 
 struct Claim {
   std::string name;  // the node's name on the tape, and the op name to register it under

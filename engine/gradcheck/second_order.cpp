@@ -72,11 +72,11 @@ Var twice(const Function& f, Tape& tape, std::span<const Var> x) {
   const Var ab[] = {a, b};
   return tape.record(
       "checker: f(x) + f(x)", ab, y,
-      [](const Tensor& g, std::span<const Tensor> gin) {
-        for (const Tensor& gi : gin)
+      [](const Tensor& g, std::span<Tensor> gin) {
+        for (Tensor& gi : gin)
           if (gi.defined()) gi.accumulate(g);
       },
-      [](std::span<const Tensor> tin, const Tensor& ty) {
+      [](std::span<const Tensor> tin, Tensor& ty) {
         for (const Tensor& t : tin)
           if (t.defined()) ty.accumulate(t);
       },

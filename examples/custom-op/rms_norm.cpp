@@ -114,19 +114,19 @@ Var rms_norm(Var x, Var w, double eps) {
   });
   return tape.record(
       op, {x, w}, y,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           rms_norm_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), g.data<T>(), xhat.data<T>(),
                        inv_rho.data<T>(), wv.data<T>(), rows, C);
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& ty) {
+      [=](std::span<const Tensor> tin, Tensor& ty) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           rms_norm_jvp(ty.data<T>(), data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), xhat.data<T>(),
                        inv_rho.data<T>(), wv.data<T>(), rows, C);
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
           rms_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), g.data<T>(),
                                 data_or_null<T>(tin[0]), data_or_null<T>(tin[1]), xhat.data<T>(), inv_rho.data<T>(),
@@ -140,7 +140,7 @@ namespace {
 Var apply_rms_norm(Tape&, std::span<const Var> x) { return rms_norm(x[0], x[1]); }
 
 // The claim: x̄ = w ⊙ ȳ/ρ (ρ held constant), w̄ = Σ_rows ȳ ⊙ x̂, in float64 at the forward's point.
-void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
   const Tensor &x = at.inputs[0], &w = at.inputs[1];
   const int64_t C = x.shape().back(), rows = x.shape().rows();
   const double *px = x.data<double>(), *pw = w.data<double>(), *pg = g.data<double>();

@@ -159,7 +159,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   Tape* tp = &tape;
   return tape.record(
       op, {q, k, v}, o,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         const auto [dp_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
@@ -175,7 +175,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
           });
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         const auto [pdot_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
@@ -191,7 +191,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
           });
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         const auto [work_chunks] = tp->scratch().take(slices_need(parallel_chunks(heads, grain)));
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);

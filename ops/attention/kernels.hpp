@@ -345,14 +345,14 @@ class BiasGradChunks {
 
   // The dB of range `chunk`: call it once per range, at the range's start (a copy is zeroed here).
   template <class T>
-  T* target(int64_t chunk) const {
+  T* target(int64_t chunk) {
     if (!dbias_.defined()) return nullptr;
     if (!shared_ || chunk == 0) return dbias_.data<T>();
     return parts_.chunk(chunk - 1).zeroed<T>(dbias_.numel());
   }
 
   template <class T>
-  void add_parts() const {
+  void add_parts() {
     if (!shared_) return;
     T* db = dbias_.data<T>();
     for (int64_t c = 0; c + 1 < chunks_; ++c) {

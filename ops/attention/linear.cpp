@@ -501,7 +501,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   });
   return tape.record(
       kOp, {q, k, v}, out,
-      [=](const Tensor& g, std::span<const Tensor> gin) {
+      [=](const Tensor& g, std::span<Tensor> gin) {
         const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -517,7 +517,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           });
         });
       },
-      [=](std::span<const Tensor> tin, const Tensor& tout) {
+      [=](std::span<const Tensor> tin, Tensor& tout) {
         const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, tout.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -533,7 +533,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
           });
         });
       },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         const auto [ws_chunks] = tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)));
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {

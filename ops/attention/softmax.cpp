@@ -160,7 +160,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
     });
   });
   Tape* tp = &tape;
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     const auto [ds_chunks, parts] =
@@ -183,7 +183,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       dbias_at.add_parts<T>();
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     const auto [z_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
     dispatch_float(op, dtype, [&]<class T>(T) {
@@ -200,7 +200,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
       });
     });
   };
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     const auto [work_chunks, parts] =

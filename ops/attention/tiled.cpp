@@ -289,7 +289,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
       }
     });
   });
-  auto vjp = [=](const Tensor& g, std::span<const Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     const auto [w_chunks, parts] =
@@ -311,7 +311,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
       gbias_at.add_parts<T>();
     });
   };
-  auto jvp = [=](std::span<const Tensor> tin, const Tensor& tout) {
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
     const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)));
     dispatch_float(kOp, dtype, [&]<class T>(T) {
@@ -330,7 +330,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   };
   // Second order: the fused node's rule (ops/attention/kernels.hpp) on A = exp(S − L) rebuilt per slice, whole:
   // a (T, Tk) matrix at a time, which the first order never holds (a Hessian-vector product is not a training path).
-  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<const Tensor> gin_dot) {
+  auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
     const auto [work_chunks, parts] =

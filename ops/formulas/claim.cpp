@@ -277,7 +277,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
   };
   Claim claim{text.name, forward, {}, {}};
   if (std::any_of(p->vjp.begin(), p->vjp.end(), [](const auto& f) { return f.has_value(); }))
-    claim.vjp = [p, point, forward](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> gin) {
+    claim.vjp = [p, point, forward](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
       Tape tape;
       std::map<std::string, Var> values = point(tape, at);
       values.emplace("g", tape.constant(g));
@@ -294,7 +294,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
       }
     };
   if (p->jvp)
-    claim.jvp = [p, point](const ClaimPoint& at, std::span<const Tensor> tin, const Tensor& tout) {
+    claim.jvp = [p, point](const ClaimPoint& at, std::span<const Tensor> tin, Tensor& tout) {
       Tape tape;
       std::map<std::string, Var> values = point(tape, at);
       for (size_t i = 0; i < p->inputs.size(); ++i)
@@ -305,7 +305,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
     };
   if (p->has_hvp())
     claim.hvp = [p, point, forward](const ClaimPoint& at, const Tensor& g, std::span<const Tensor> tin,
-                                    std::span<const Tensor> gin_dot) {
+                                    std::span<Tensor> gin_dot) {
       Tape tape;
       std::map<std::string, Var> values = point(tape, at);
       values.emplace("g", tape.constant(g));
