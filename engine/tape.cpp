@@ -131,7 +131,7 @@ void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
     const Node& n = *nodes_[k];
     const ValueRec& o = values_[n.out];
     if (!o.requires_grad || !cotangent(0, n.out).defined()) continue;
-    for (size_t lane = 0; lane < Lanes; ++lane) scratch_[lane].assign(n.inputs.size(), Tensor{});
+    for (size_t lane = 0; lane < Lanes; ++lane) sweep_[lane].assign(n.inputs.size(), Tensor{});
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const uint32_t id = n.inputs[i];
       const ValueRec& r = values_[id];
@@ -139,12 +139,12 @@ void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
       for (size_t lane = 0; lane < Lanes; ++lane) {
         Tensor& c = cotangent(lane, id);
         if (!c.defined()) c = zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
-        scratch_[lane][i] = c;
+        sweep_[lane][i] = c;
       }
     }
     notify([&](TapeObserver& ob) { ob.on_vjp_begin(*this, n); });
-    step(n, scratch_);
-    notify([&](TapeObserver& ob) { ob.on_vjp_end(*this, n, scratch_[0]); });
+    step(n, sweep_);
+    notify([&](TapeObserver& ob) { ob.on_vjp_end(*this, n, sweep_[0]); });
     if (o.leaf || o.retain_grad || retain_grads_) continue;
     for (size_t lane = 0; lane < Lanes; ++lane) release_buffer(cotangent(lane, n.out));
   }
@@ -191,7 +191,7 @@ void Tape::set_tangent(Var v, const Tensor& t) {
 
 // ẏ = Jẋ node by node, in recording order; a node none of whose inputs has a tangent gets none.
 void Tape::propagate_tangents() {
-  std::vector<Tensor>& tin = scratch_[2];
+  std::vector<Tensor>& tin = sweep_[2];
   for (Node* n : nodes_) {
     tin.assign(n->inputs.size(), Tensor{});
     bool any = false;
@@ -235,7 +235,7 @@ Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const 
   g[y.id_] = zeroed_gradient_buffer(seed.dtype(), ys);
   g[y.id_].accumulate(seed);
   g_dot[y.id_] = zeroed_gradient_buffer(seed.dtype(), ys);
-  std::vector<Tensor>& tin = scratch_[2];
+  std::vector<Tensor>& tin = sweep_[2];
   reverse_sweep<2>([&](size_t lane, uint32_t id) -> Tensor& { return (lane == 0 ? g : g_dot)[id]; },
                    [&](const Node& n, std::vector<Tensor>* gin) {
                      tin.assign(n.inputs.size(), Tensor{});
@@ -261,7 +261,7 @@ void Tape::destroy_nodes() {
 void Tape::clear() {
   destroy_nodes();
   values_.clear();
-  for (auto& s : scratch_) s.clear();
+  for (auto& s : sweep_) s.clear();
   spare_grads_.clear();
   arena_.reset();
   arena_mark_ = 0;

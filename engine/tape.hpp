@@ -109,8 +109,7 @@ class Tape {
   Tensor empty(DType dtype, Shape shape, const char* what = nullptr);
   Tensor zeros(DType dtype, Shape shape, const char* what = nullptr) {
     Tensor t = empty(dtype, shape, what);
-    t.fill_zero();
-    return t;
+    return t.fill_zero(), t;
   }
 
   struct NoSecondOrder {};   // recorded without a second-order rule: hvp refuses the op
@@ -178,7 +177,7 @@ class Tape {
   size_t num_values() const { return values_.size(); }
   const Node& node(size_t i) const { return *nodes_[i]; }
   const Arena& arena() const { return arena_; }
-  Scratch& scratch() const { return op_scratch_; }  // the rules' working memory (engine/scratch.hpp), kept by clear()
+  Scratch& scratch() const { return scratch_; }  // the rules' working memory (engine/scratch.hpp), kept by clear()
   uint32_t generation() const { return generation_; }
 
   // Used by Var; throw if v is not a live value of this tape.
@@ -259,10 +258,10 @@ class Tape {
   void destroy_nodes();
 
   Arena arena_;
-  mutable Scratch op_scratch_;  // not the recording's state: a const tape's rules use it too
+  mutable Scratch scratch_;  // not the recording's state: a const tape's rules use it too
   std::vector<ValueRec> values_;
   std::vector<Node*> nodes_;
-  std::vector<Tensor> scratch_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
+  std::vector<Tensor> sweep_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
   std::vector<Tensor> spare_grads_;  // arena buffers of released gradients
   std::vector<TapeObserver*> observers_;
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
@@ -280,7 +279,6 @@ class NoGradGuard {
   ~NoGradGuard() { tape_.recording_ = was_; }
   NoGradGuard(const NoGradGuard&) = delete;
   NoGradGuard& operator=(const NoGradGuard&) = delete;
-
  private:
   Tape& tape_;
   bool was_;
@@ -295,7 +293,6 @@ class TapeScope {
   ~TapeScope();
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
-
  private:
   Tape& tape_;
 };
