@@ -100,7 +100,8 @@ class Tensor {
   int rank() const { return shape_.rank(); }
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
-  void* raw() const { return data_; }
+  const void* raw() const { return data_; }
+  void* raw() { return data_; }
 
   // A const Tensor is read-only: its data are const T*. Writing needs a non-const handle (a copy of a Tensor is
   // another handle to the same data, so a node's VJP that writes a saved tensor says so with a non-const one).

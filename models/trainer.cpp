@@ -314,7 +314,8 @@ class SharpnessLog {
 void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW& opt, Rng& batch_rng,
                  TrainingRun& run) {
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
-  const auto [eval_train, eval_val] = evaluation_batches(data, B, T, cfg.eval_iters, cfg.seed);
+  const std::pair<Batches, Batches> eval_batches = evaluation_batches(data, B, T, cfg.eval_iters, cfg.seed);
+  const Batches &eval_train = eval_batches.first, &eval_val = eval_batches.second;
   // One tape for the whole run: a step's forward pass, cleared after its backward, and between steps the
   // evaluations' forward passes (recording no gradients), cleared after each batch. Its arena, sized by the first
   // step, serves them all.

@@ -150,7 +150,7 @@ Var cross_entropy(Var logits, Var targets) {
   Tensor row_max = tape.empty(xv.dtype(), Shape{rows}, "m: row max");
   Tensor row_log_sum = tape.empty(xv.dtype(), Shape{rows}, "log Σ exp(x − m) per row");
   reserve_scratch(tape, forward_need(xv.dtype(), rows, classes).bytes());
-  const auto [exps] = tape.scratch().take(forward_need(xv.dtype(), rows, classes));
+  const ScratchChunks exps = tape.scratch().take(forward_need(xv.dtype(), rows, classes))[0];
   dispatch_float(op, xv.dtype(), [&]<class T>(T) {
     loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
                                               row_log_sum.data<T>(), exps);

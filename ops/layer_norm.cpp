@@ -265,7 +265,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
             layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
                              g.data<T>(), rows, C);
           if (gin[1].defined() || gin[2].defined()) {
-            const auto [partials] = tp->scratch().take(affine_partials_need(g.dtype(), rows, C));
+            const ScratchChunks partials = tp->scratch().take(affine_partials_need(g.dtype(), rows, C))[0];
             layer_norm_vjp_affine(data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xv.data<T>(), mean.data<T>(),
                                   rstd.data<T>(), g.data<T>(), rows, C, partials);
           }
@@ -279,7 +279,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          const auto [scratch] = tp->scratch().take(second_order_need(g.dtype(), rows, C));
+          const ScratchChunks scratch = tp->scratch().take(second_order_need(g.dtype(), rows, C))[0];
           layer_norm_second_order(data_or_null<T>(gin_dot[0]), data_or_null<T>(gin_dot[1]), xv.data<T>(),
                                   mean.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), data_or_null<T>(tin[0]),
                                   data_or_null<T>(tin[1]), rows, C, scratch);

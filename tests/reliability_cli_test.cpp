@@ -82,7 +82,8 @@ std::vector<Case> cli_cases() {
       {{"train", "--no-bias=99999999999999999999999"}, "out of range"},  // found by fuzz_config
       {{"train", "--batch-size"}, "--batch-size"},
       // data files
-      {{"train", "--data", "missing.txt"}, "missing.txt"},
+      {{"train", "--data", "missing.txt"}, "no such file: missing.txt"},
+      {{"train", "--data", "text.txt/inner.txt"}, "cannot reach text.txt/inner.txt: Not a directory"},
       {{"train", "--data", "empty.txt"}, "empty"},
       {{"train", "--data", "binary.bin"}, "binary"},
       {{"train", "--data", "latin1.txt"}, "invalid UTF-8 at byte offset 3"},

@@ -22,6 +22,10 @@ const CLI::Validator& positive();
 // and its subcommands, options and config-file keys alike: main calls it once, after every command is added.
 void refuse_non_finite_numbers(CLI::App& app);
 const CLI::Validator& non_negative();
+// An input file that exists and can be reached: "no such file", "is a directory", or the system's reason
+// ("Permission denied" for a file in a directory the user cannot enter), in place of CLI11's ExistingFile, which
+// says "does not exist" for all of them.
+const CLI::Validator& existing_file();
 
 // The GPT's options (--attention when asked, --n-layer, --n-head, --n-embd, --block-size, --dropout, --bias),
 // each help text after `lead`.

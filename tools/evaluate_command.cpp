@@ -98,7 +98,7 @@ void add_evaluate_command(CLI::App& app) {
   auto args = std::make_shared<EvaluateArgs>();
   CLI::App* cmd = app.add_subcommand("evaluate", "Mean next-token loss of a text under a checkpoint (with --json: "
                                                  "also the logits of the last position)");
-  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")->required()->check(existing_file());
   cmd->add_option("--text", args->text, "Text in the checkpoint's vocabulary, 2 to block_size + 1 characters")->required();
   cmd->add_flag("--json", args->json, "One JSON object: tokens, loss, logits of the last position");
   cmd->add_option("--hvp-out", args->hvp_out,

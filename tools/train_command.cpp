@@ -1,10 +1,14 @@
 // tapegrad train: a GPT on a text file (Tiny Shakespeare by default); tapegrad sample: text from a checkpoint.
 #include <fmt/core.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <string>
+#include <system_error>
 
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
@@ -57,6 +61,22 @@ const CLI::Validator& positive() {
   static const CLI::Validator v = number_check([](double x) { return x > 0; }, "positive");
   return v;
 }
+const CLI::Validator& existing_file() {
+  static const CLI::Validator v(
+      [](std::string& path) -> std::string {
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) {
+          const int err = errno;
+          if (err == ENOENT) return fmt::format("no such file: {}", path);
+          return fmt::format("cannot reach {}: {}", path, std::generic_category().message(err));
+        }
+        if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory, not a file", path);
+        return {};
+      },
+      "FILE", "");
+  return v;
+}
+
 const CLI::Validator& non_negative() {
   static const CLI::Validator v = number_check([](double x) { return x >= 0; }, "non-negative");
   return v;
@@ -95,7 +115,7 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   add_model_options(cmd, c.model, attention_option, "");
   add_precision_option(cmd, c.precision);
   cmd->add_option("--data", c.data, "UTF-8 text file to train on (default: the bundled Tiny Shakespeare)")
-      ->check(CLI::ExistingFile);
+      ->check(existing_file());
   cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
   cmd->add_option("--max-iters", c.loop.max_steps, "Training steps")->capture_default_str()->check(non_negative());
   cmd->add_option("--lr", c.learning_rate, "Peak learning rate")->capture_default_str()->check(positive());
@@ -180,7 +200,7 @@ void add_sample_command(CLI::App& app) {
   auto sc = std::make_shared<SampleConfig>();
   auto path = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint written by tapegrad train");
-  cmd->add_option("--checkpoint", *path, "checkpoint.safetensors of a run")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", *path, "checkpoint.safetensors of a run")->required()->check(existing_file());
   cmd->add_option("--prompt", sc->prompt, "Text to continue (default: a newline, or the vocabulary's first symbol "
                                           "when the text had none)");
   cmd->add_option("--tokens", sc->tokens, "Characters to generate")->capture_default_str()->check(non_negative());

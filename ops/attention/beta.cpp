@@ -160,7 +160,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
   return tape.record(
       op, {q, k, v}, o,
       [=](const Tensor& g, std::span<Tensor> gin) {
-        const auto [dp_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
+        const ScratchChunks dp_chunks = tp->scratch().take(block_need(parallel_chunks(heads, grain)))[0];
         dispatch_float(op, dtype, [&]<class T>(T) {
           T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]), *dv = data_or_null<T>(gin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -176,7 +176,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
         });
       },
       [=](std::span<const Tensor> tin, Tensor& tout) {
-        const auto [pdot_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
+        const ScratchChunks pdot_chunks = tp->scratch().take(block_need(parallel_chunks(heads, grain)))[0];
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -192,7 +192,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
         });
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
-        const auto [work_chunks] = tp->scratch().take(slices_need(parallel_chunks(heads, grain)));
+        const ScratchChunks work_chunks = tp->scratch().take(slices_need(parallel_chunks(heads, grain)))[0];
         dispatch_float(op, dtype, [&]<class T>(T) {
           const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
           T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);

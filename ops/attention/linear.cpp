@@ -485,7 +485,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
                   second_order_need(dtype, n, parallel_chunks(n.heads, grain)).bytes());
   Tape* tp = &tape;
   // The slices (b, h) run on the engine's threads, each range with its own workspace.
-  const auto [forward_chunks] = tape.scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
+  const ScratchChunks forward_chunks = tape.scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
       Workspace<T> w(forward_chunks.chunk(chunk), n);
@@ -502,7 +502,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
   return tape.record(
       kOp, {q, k, v}, out,
       [=](const Tensor& g, std::span<Tensor> gin) {
-        const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
+        const ScratchChunks w_chunks = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             Workspace<T> w(w_chunks.chunk(chunk), n);
@@ -518,7 +518,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
         });
       },
       [=](std::span<const Tensor> tin, Tensor& tout) {
-        const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)));
+        const ScratchChunks w_chunks = tp->scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
         dispatch_float(kOp, tout.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             Workspace<T> w(w_chunks.chunk(chunk), n);
@@ -534,7 +534,7 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
         });
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
-        const auto [ws_chunks] = tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)));
+        const ScratchChunks ws_chunks = tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             SecondOrderWorkspace<T> ws(ws_chunks.chunk(chunk), n);

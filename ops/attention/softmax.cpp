@@ -163,9 +163,11 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor dbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const auto [ds_chunks, parts] =
+    const std::array<ScratchChunks, 2> taken =
         tp->scratch().take(block_need(chunks), BiasGradChunks::need(dbias, layout, dims, chunks));
-    const BiasGradChunks dbias_at(dbias, layout, dims, chunks, parts);
+    const ScratchChunks& ds_chunks = taken[0];
+    const ScratchChunks& parts = taken[1];
+    BiasGradChunks dbias_at(dbias, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       T *dq = data_or_null<T>(gin[0]), *dk = data_or_null<T>(gin[1]);
@@ -185,7 +187,7 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    const auto [z_chunks] = tp->scratch().take(block_need(parallel_chunks(heads, grain)));
+    const ScratchChunks z_chunks = tp->scratch().take(block_need(parallel_chunks(heads, grain)))[0];
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>(), *pb = data_or_null<T>(bv);
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
@@ -203,9 +205,11 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const auto [work_chunks, parts] =
+    const std::array<ScratchChunks, 2> taken =
         tp->scratch().take(slices_need(chunks), BiasGradChunks::need(dbias_dot, layout, dims, chunks));
-    const BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
+    const ScratchChunks& work_chunks = taken[0];
+    const ScratchChunks& parts = taken[1];
+    BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *pq = qv.data<T>(), *pk = kv.data<T>(), *pv = vv.data<T>();
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);

@@ -278,7 +278,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
     reserve_scratch(tape, workspace_need(dtype, blk, chunks).bytes() + parts, slices_need(chunks).bytes() + parts);
   }
   Tape* tp = &tape;
-  const auto [forward_chunks] = tape.scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)));
+  const ScratchChunks forward_chunks = tape.scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)))[0];
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
       Workspace<T> w(forward_chunks.chunk(chunk), blk);
@@ -292,9 +292,11 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     const Tensor gbias = gin.size() > 3 ? gin[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const auto [w_chunks, parts] =
+    const std::array<ScratchChunks, 2> taken =
         tp->scratch().take(workspace_need(dtype, blk, chunks), BiasGradChunks::need(gbias, layout, dims, chunks));
-    const BiasGradChunks gbias_at(gbias, layout, dims, chunks, parts);
+    const ScratchChunks& w_chunks = taken[0];
+    const ScratchChunks& parts = taken[1];
+    BiasGradChunks gbias_at(gbias, layout, dims, chunks, parts);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       T *gq = data_or_null<T>(gin[0]), *gk = data_or_null<T>(gin[1]), *gv = data_or_null<T>(gin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -313,7 +315,7 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{};
-    const auto [w_chunks] = tp->scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)));
+    const ScratchChunks w_chunks = tp->scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)))[0];
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
@@ -333,9 +335,11 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
     const Tensor tbias = tin.size() > 3 ? tin[3] : Tensor{}, dbias_dot = gin_dot.size() > 3 ? gin_dot[3] : Tensor{};
     const int64_t chunks = parallel_chunks(heads, grain);
-    const auto [work_chunks, parts] =
+    const std::array<ScratchChunks, 2> taken =
         tp->scratch().take(slices_need(chunks), BiasGradChunks::need(dbias_dot, layout, dims, chunks));
-    const BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
+    const ScratchChunks& work_chunks = taken[0];
+    const ScratchChunks& parts = taken[1];
+    BiasGradChunks dbias_dot_at(dbias_dot, layout, dims, chunks, parts);
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       const T *tq = data_or_null<T>(tin[0]), *tk = data_or_null<T>(tin[1]), *tv = data_or_null<T>(tin[2]);
       T *dq_dot = data_or_null<T>(gin_dot[0]), *dk_dot = data_or_null<T>(gin_dot[1]);
