@@ -213,7 +213,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   write_file_atomic(path, pieces);
 }
 
-Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, kMaxCheckpointBytes), path); }
+Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, kMaxCheckpointBytes, 2), path); }
 
 Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   if (file.size() < 8)

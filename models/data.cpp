@@ -76,7 +76,8 @@ TextData TextData::from_text(std::string_view utf8, double train_fraction) {
 }
 
 TextData TextData::load(const std::string& path, size_t max_bytes) {
-  std::string text = read_file(path, max_bytes);
+  // Held per byte of text: the text, and its token ids (an int32 per character) twice, as read and split.
+  std::string text = read_file(path, max_bytes, 9);
   try {
     return from_text(text);
   } catch (const Error& e) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/tensor.hpp"
+#include "models/run_memory.hpp"
 
 namespace tapegrad {
 
@@ -162,7 +163,7 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
 }
 
 
-std::string read_file(const std::string& path, size_t max_bytes) {
+std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -184,6 +185,10 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     fail("cannot read '{}': it is a device or a socket, not a file (its size cannot be known before reading)", path);
   if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
     fail("cannot read '{}': it holds {} bytes, above the limit of {} bytes", path, st.st_size, max_bytes);
+  if (S_ISREG(st.st_mode))
+    require_memory(held_per_byte * static_cast<double>(st.st_size),
+                   fmt::format("reading '{}' ({})", path, bytes_text(static_cast<double>(st.st_size))),
+                   "free memory, or give a smaller file");
 
   // A regular file is read to its size; a pipe or device until end of file, within the same limit.
   std::string out;

@@ -29,8 +29,10 @@ void refuse_input_as_output(const std::string& output, std::string_view output_o
 
 // The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, a device or
 // a socket, cannot be read, or holds more than max_bytes (a regular file is sized before it is read; a fifo is
-// read up to the limit).
-std::string read_file(const std::string& path, size_t max_bytes);
+// read up to the limit). Before a regular file is read, the memory the caller will hold for it, its size times
+// held_per_byte (2 for a checkpoint: the bytes and the tensors copied out of them), is checked against what the
+// system has available (require_memory, models/run_memory.hpp).
+std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte = 1);
 
 // One writer per directory: an exclusive advisory lock (flock) on the directory itself, held while the object
 // lives and released by the kernel when the process ends, however it ends (no lock file to go stale). A second

@@ -14,7 +14,7 @@ for args in "--n-layer 2" "--n-layer 4 --n-head 8 --n-embd 256 --block-size 128 
   "$tapegrad" train $args --max-iters 2 --eval-iters 1 --eval-interval 100 --sample-tokens 0 --out "$work" \
     --name run --overwrite > "$work/out.txt"
   awk -v args="$args" '
-    function mib(v, u) { return u == "GiB" ? v * 1024 : v }
+    function mib(v, u) { return u == "GiB" ? v * 1024 : u == "KiB" ? v / 1024 : u == "bytes" ? v / 1048576 : v }
     /^memory: about / { est = mib($3, $4); for (i = 1; i <= NF; i++) if ($i == "program'"'"'s") own = mib($(i+1), $(i+2)) }
     /^done: / { for (i = 1; i <= NF; i++) if ($i == "RSS") peak = mib($(i+1), $(i+2)) }
     END {

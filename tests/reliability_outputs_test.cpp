@@ -171,4 +171,22 @@ TEST_CASE("the program: outputs that are inputs, special files, deep formulas, c
     check_refused(run_cli(dir.path.string(), {"bench", "--quick", "--only", "training", "--block-size", "1000000"}),
                   "of memory");
   }
+  SUBCASE("a file is sized against the memory before it is read; TAPEGRAD_MEMORY_LIMIT caps what may be used") {
+    // The checkpoint is some 100 KB, held twice once read (its bytes and its tensors); the text 3000 bytes, held
+    // nine times over (the text, its ids as read and as split).
+    const auto ck_size = static_cast<double>(fs::file_size(dir.path / ck));
+    setenv("TAPEGRAD_MEMORY_LIMIT", fmt::format("{:.0f}", 1.5 * ck_size).c_str(), 1);
+    check_refused(run_cli(dir.path.string(), {"sample", "--checkpoint", ck}), "reading '" + ck + "'");
+    check_refused(run_cli(dir.path.string(), {"evaluate", "--checkpoint", ck, "--text", "the"}), "of memory");
+    setenv("TAPEGRAD_MEMORY_LIMIT", "20K", 1);
+    check_refused(run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "small"}, kTiny)),
+                  "reading 'text.txt'");
+    setenv("TAPEGRAD_MEMORY_LIMIT", "lots", 1);
+    check_refused(run_cli(dir.path.string(), {"sample", "--checkpoint", ck}), "TAPEGRAD_MEMORY_LIMIT=lots");
+    unsetenv("TAPEGRAD_MEMORY_LIMIT");
+    CliRun header = run_cli(dir.path.string(), {"bench", "--quick", "--only", "training", "--rounds", "1"});
+    CHECK_MESSAGE(header.code == 0, header.out);
+    CHECK_MESSAGE(header.out.find("memory    bench's training step (batch 12, context 64, 4 layers, 128 wide): about ") !=
+                      std::string::npos, header.out);
+  }
 }

@@ -43,7 +43,8 @@ using namespace bench;
 
 // ---- sections -------------------------------------------------------------------------------------------------
 
-void header(Output& out, const BenchArgs& a, TorchSide* torch) {
+// with_step: a section runs bench's training step, whose memory estimate the header shows.
+void header(Output& out, const BenchArgs& a, TorchSide* torch, bool with_step) {
   std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
@@ -57,6 +58,10 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
   out.print("tapegrad  {} threads (the engine's pool); OpenBLAS single-threaded under it: {} kernels ({}), {}\n",
             num_threads(), blas.core, blas_summary(blas), blas_libs.empty() ? "?" : blas_libs.front());
   out.print("          {}\n", products_summary());
+  if (with_step) {
+    const double step_bytes = TrainStep::memory_needed(a.model, a.batch);
+    out.print("memory    {}: {}\n", TrainStep::describe(a.model, a.batch), memory_outlook(step_bytes));
+  }
   out.header = {{"date", date},
                 {"machine", {{"cpu", cpu}, {"cpus", std::thread::hardware_concurrency()}, {"memory", mem},
                              {"load_average", load_average()}}},
@@ -68,6 +73,7 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch) {
                 {"block_ms", g_block_ms},
                 {"quick", a.quick}};
   if (torch) out.header["torch"] = torch->ok() ? torch->info() : json{{"error", torch->why()}};
+  if (with_step) out.header["step_memory_estimate_bytes"] = TrainStep::memory_needed(a.model, a.batch);
   if (torch) {
     if (torch->ok()) {
       const json& i = torch->info();
@@ -417,13 +423,13 @@ void run_bench(BenchArgs a) {
   std::unique_ptr<TorchSide> torch;
   if (a.vs_torch && a.torch_script.empty()) a.torch_script = shared_file("tools/torch_bench.py");
   if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
-  header(out, a, torch.get());
   // --profile runs the profile alone, or with the sections --only names; the profile is not among the defaults.
   if (a.profile && std::find(a.only.begin(), a.only.end(), "profile") == a.only.end()) a.only.push_back("profile");
   auto wanted = [&](const std::string& section) {
     if (a.only.empty()) return section != "profile";
     return std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
+  header(out, a, torch.get(), wanted("training") || wanted("hvp") || wanted("profile"));
   if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("hvp") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
   if (wanted("attention")) attention_section(out, a, torch.get(), ceiling);

@@ -85,12 +85,17 @@ struct TrainStep {
   size_t next = 0;
   Profile* profile = nullptr;  // when set, the tape's events and the optimizer's sections are charged to it
   // The model's memory is estimated (and a run that cannot fit refused in one line) before anything is allocated.
+  // The step's estimate: the training run's, and its 8 batches of token ids and targets.
+  static double memory_needed(const GPTConfig& config, int64_t batch_size) {
+    return estimate_training_memory(config, batch_size).total() +
+           8.0 * 2 * static_cast<double>(batch_size) * static_cast<double>(config.block_size) * 4;
+  }
+  static std::string describe(const GPTConfig& config, int64_t batch_size) {
+    return fmt::format("bench's training step (batch {}, context {}, {} layers, {} wide)", batch_size,
+                       config.block_size, config.n_layer, config.n_embd);
+  }
   static const GPTConfig& fits(const GPTConfig& config, int64_t batch_size) {
-    require_memory(estimate_training_memory(config, batch_size).total() +
-                       8.0 * 2 * static_cast<double>(batch_size) * static_cast<double>(config.block_size) * 4,
-                   fmt::format("bench's training step (batch {}, context {}, {} layers, {} wide)", batch_size,
-                               config.block_size, config.n_layer, config.n_embd),
-                   "make the model or the batch smaller");
+    require_memory(memory_needed(config, batch_size), describe(config, batch_size), "make the model or the batch smaller");
     return config;
   }
   explicit TrainStep(const GPTConfig& config = {}, int64_t batch_size = 12)
