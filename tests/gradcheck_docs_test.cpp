@@ -94,12 +94,28 @@ std::string anchor_of(const std::string& heading) {
   return a;
 }
 
+// The lines of a Markdown file outside its ``` fences, each with its number (from 1).
+struct ProseLine {
+  int n;
+  std::string text;
+};
+std::vector<ProseLine> prose_lines(const fs::path& md) {
+  std::vector<ProseLine> prose;
+  bool fenced = false;
+  int n = 0;
+  for (std::string& line : lines_of(read(md))) {
+    ++n;
+    if (line.starts_with("```")) fenced = !fenced;
+    if (!fenced) prose.push_back({n, std::move(line)});
+  }
+  return prose;
+}
+
 std::set<std::string> anchors(const fs::path& md) {
   std::set<std::string> found;
-  bool fenced = false;
-  for (const std::string& line : lines_of(read(md))) {
-    if (line.starts_with("```")) fenced = !fenced;
-    if (fenced || !line.starts_with("#")) continue;
+  for (const ProseLine& prose : prose_lines(md)) {
+    const std::string& line = prose.text;
+    if (!line.starts_with("#")) continue;
     const size_t text = line.find_first_not_of('#');
     if (text == std::string::npos || line[text] != ' ') continue;
     found.insert(anchor_of(line.substr(text + 1)));
@@ -112,12 +128,9 @@ std::set<std::string> anchors(const fs::path& md) {
 TEST_CASE("docs: every backquoted path to a file of the repository exists") {
   int paths = 0;
   for (const fs::path& md : docs()) {
-    bool fenced = false;
-    int n = 0;
-    for (const std::string& line : lines_of(read(md))) {
-      ++n;
-      if (line.starts_with("```")) fenced = !fenced;
-      if (fenced) continue;
+    for (const ProseLine& prose : prose_lines(md)) {
+      const int n = prose.n;
+      const std::string& line = prose.text;
       for (std::string span : code_spans(line)) {
         if (!is_repo_path(span) || span.find('*') != std::string::npos) continue;
         if (const size_t colon = span.find(':'); colon != std::string::npos) span.erase(colon);
@@ -134,12 +147,9 @@ TEST_CASE("docs: every link to a file of the repository resolves, and every #anc
   const std::regex link(R"(\]\(([^)\s]+)\))");
   int links = 0;
   for (const fs::path& md : docs()) {
-    bool fenced = false;
-    int n = 0;
-    for (const std::string& line : lines_of(read(md))) {
-      ++n;
-      if (line.starts_with("```")) fenced = !fenced;
-      if (fenced) continue;
+    for (const ProseLine& prose : prose_lines(md)) {
+      const int n = prose.n;
+      const std::string& line = prose.text;
       for (auto m = std::sregex_iterator(line.begin(), line.end(), link); m != std::sregex_iterator(); ++m) {
         const std::string target = (*m)[1];
         if (target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:"))
@@ -165,12 +175,10 @@ TEST_CASE("docs: every code fragment a table quotes from a file occurs in that f
   int fragments = 0;
   for (const fs::path& md : docs()) {
     std::vector<std::string> header_files;
-    int code_column = -1, n = 0;
-    bool fenced = false;
-    for (const std::string& line : lines_of(read(md))) {
-      ++n;
-      if (line.starts_with("```")) fenced = !fenced;
-      if (fenced) continue;
+    int code_column = -1;
+    for (const ProseLine& prose : prose_lines(md)) {
+      const int n = prose.n;
+      const std::string& line = prose.text;
       if (!line.starts_with("|")) {
         code_column = -1;
         continue;
