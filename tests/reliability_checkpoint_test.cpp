@@ -170,11 +170,9 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
 
 TEST_CASE("damaged checkpoints are refused by the loader and by tapegrad sample, with one clear line") {
   ScratchDir dir;
-  spit(dir.file("text.txt"), text_of_length(3000));
-  CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval",
-                                                 "2", "--out", "made"}, kTiny));
+  CliRun made = make_tiny_run(dir.path, 4);
   REQUIRE_MESSAGE(made.code == 0, made.out);
-  const std::string good = slurp(dir.file("made/softmax/checkpoint.safetensors"));
+  const std::string good = slurp(dir.file(kTinyCheckpoint));
   REQUIRE(good.size() > 1000);
   // The good file loads, and samples.
   spit(dir.file("good.safetensors"), good);
@@ -220,11 +218,9 @@ TEST_CASE("damaged checkpoints are refused by the loader and by tapegrad sample,
 
 TEST_CASE("every single-bit flip in the header, and in every 64th byte of the data, is refused by the loader") {
   ScratchDir dir;
-  spit(dir.file("text.txt"), text_of_length(3000));
-  CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval",
-                                                 "2", "--out", "made"}, kTiny));
+  CliRun made = make_tiny_run(dir.path, 4);
   REQUIRE_MESSAGE(made.code == 0, made.out);
-  const std::string good = slurp(dir.file("made/softmax/checkpoint.safetensors"));
+  const std::string good = slurp(dir.file(kTinyCheckpoint));
   const size_t header_end = good.size() - split(good).data.size();
   size_t tried = 0, refused = 0;
   for (size_t at = 0; at < good.size(); at += at < header_end ? 1 : 64)

@@ -104,11 +104,9 @@ TEST_CASE("load_parameters refuses a NaN or infinite weight by name") {
 
 TEST_CASE("the program: outputs that are inputs, special files, deep formulas, config files, memory") {
   ScratchDir dir;
-  spit(dir.file("text.txt"), text_of_length(3000));
-  CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "2", "--eval-interval",
-                                                 "2", "--out", "made"}, kTiny));
+  CliRun made = make_tiny_run(dir.path, 2);
   REQUIRE_MESSAGE(made.code == 0, made.out);
-  const std::string ck = "made/softmax/checkpoint.safetensors";
+  const std::string ck = kTinyCheckpoint;
   const std::string ck_bytes = slurp(dir.file(ck));
 
   SUBCASE("an output that is the command's input is refused, and the input kept") {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "training_test_util.hpp"
+
 namespace tapegrad::testing {
 
 // Options of a model that trains in a fraction of a second.
@@ -80,6 +82,15 @@ inline CliRun run_cli(const std::string& cwd, const std::vector<std::string>& ar
   if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   return r;
+}
+
+// In dir: text.txt (3000 bytes of text_of_length) and a tiny softmax run on it of `steps` steps, evaluated every 2,
+// in made/softmax/ (its checkpoint is kTinyCheckpoint). The run's exit, for the caller to require.
+inline const std::string kTinyCheckpoint = "made/softmax/checkpoint.safetensors";
+inline CliRun make_tiny_run(const std::filesystem::path& dir, int steps) {
+  spit((dir / "text.txt").string(), text_of_length(3000));
+  return run_cli(dir.string(), with({"train", "--data", "text.txt", "--max-iters", std::to_string(steps),
+                                     "--eval-interval", "2", "--out", "made"}, kTiny));
 }
 
 // Every file and directory under `root` with its size and modification time: equal snapshots mean nothing was
