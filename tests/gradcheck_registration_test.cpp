@@ -2,6 +2,7 @@
 // fails here, naming the op or the file: every op a registered case or a GPT of each attention kind records on its
 // tape has a sheet, and every file of ops/ that records nodes has its sheet listed.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -35,12 +36,6 @@ std::set<std::string> unregistered_ops(const Tape& tape) {
   return missing;
 }
 
-std::string listed(const std::set<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("every op a registered case records has a sheet") {
@@ -54,7 +49,7 @@ TEST_CASE("every op a registered case records has a sheet") {
       c.build(tape, vars);
       const std::set<std::string> missing = unregistered_ops(tape);
       CHECK_MESSAGE(missing.empty(), "case '" << c.name << "' of '" << op.name << "' records ops without a sheet: "
-                                              << listed(missing));
+                                              << fmt::format("{}", fmt::join(missing, ", ")));
       ++cases;
     }
   CHECK(cases > 140);
@@ -80,7 +75,7 @@ TEST_CASE("every op a GPT of each attention kind records, forward and backward, 
     tape.backward(loss);
     const std::set<std::string> missing = unregistered_ops(tape);
     CHECK_MESSAGE(missing.empty(), "a GPT with " << kind << " attention records ops without a sheet: "
-                                                 << listed(missing));
+                                                 << fmt::format("{}", fmt::join(missing, ", ")));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/gradcheck/second_order.hpp"
@@ -117,12 +118,6 @@ std::string sheet_place(const OpInfo& info, const std::vector<std::filesystem::p
   return file;
 }
 
-std::string names_of(const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
 }  // namespace
 
 std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text) {
@@ -183,7 +178,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   if (!info) {
     std::vector<std::string> names;
     for (const auto& o : registry.ops()) names.push_back(o.name);
-    fail("explain: no op '{}'; the registered ops are {}", op, names_of(names));
+    fail("explain: no op '{}'; the registered ops are {}", op, fmt::join(names, ", "));
   }
   if (info->cases.empty()) fail("explain: op '{}' has no gradcheck case to run", op);
   const GradcheckCase* c = &info->cases.front();
@@ -193,7 +188,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     if (it == info->cases.end()) {
       std::vector<std::string> names;
       for (const auto& x : info->cases) names.push_back("'" + x.name + "'");
-      fail("explain: op '{}' has no case '{}'; its cases are {}", op, options.case_name, names_of(names));
+      fail("explain: op '{}' has no case '{}'; its cases are {}", op, options.case_name, fmt::join(names, ", "));
     }
     c = &*it;
   }
@@ -205,7 +200,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     if (it == specs.end()) {
       std::vector<std::string> names;
       for (const auto& s : specs) names.push_back(s.name);
-      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name, names_of(names));
+      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name, fmt::join(names, ", "));
     }
     // explain runs the case in float64 with finite differences per element: keep it to a screenful of work
     constexpr int64_t kMaxElements = int64_t{1} << 20;
