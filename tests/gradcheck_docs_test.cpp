@@ -1,6 +1,7 @@
 // Docs that cannot drift: every path the docs give in backquotes exists, every link to a file of the repository
-// resolves and every #anchor names a heading, and every code fragment a table quotes from a file occurs in that
-// file (a "…" in a fragment stands for any text; spaces are not compared). The docs are docs/*.md and README.md.
+// resolves and every #anchor names a heading, every code fragment a table quotes from a file occurs in that file (a
+// "…" in a fragment stands for any text; spaces are not compared), every function or type a backquoted span of
+// running text names is a word of the code, and no doc gives a line number. The docs are docs/*.md and README.md.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -145,6 +146,58 @@ TEST_CASE("docs: every backquoted path to a file of the repository exists, with 
     }
   }
   CHECK(paths > 50);
+}
+
+namespace {
+
+// Every identifier in the project's code and build files (engine, ops, models, tools, tests, examples, fuzz, cmake,
+// python, CMakeLists.txt): the words a doc may name.
+std::set<std::string> code_words() {
+  std::set<std::string> words;
+  const std::regex word(R"([A-Za-z_][A-Za-z0-9_]*)");
+  auto add = [&](const fs::path& file) {
+    const std::string text = read(file);
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), word); m != std::sregex_iterator(); ++m)
+      words.insert(m->str());
+  };
+  add(kRoot / "CMakeLists.txt");
+  for (const char* dir : {"engine", "ops", "models", "tools", "tests", "examples", "fuzz", "cmake", "python"}) {
+    if (!fs::exists(kRoot / dir)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".cpp" || ext == ".hpp" || ext == ".py" || ext == ".sh" ||
+                                  ext == ".cmake" || e.path().filename() == "CMakeLists.txt"))
+        add(e.path());
+    }
+  }
+  return words;
+}
+
+}  // namespace
+
+TEST_CASE("docs: every function or type that running text names in backquotes exists in the code") {
+  // A name called or qualified in a span (`pointwise(name, x, f, df)`, `Tape::hvp`, `std::vector<OpInfo>`): its last
+  // part must be a word of the code, so that renaming a function fails here instead of leaving the docs behind.
+  // The standard library's names (std::…) are not the project's.
+  const std::set<std::string> words = code_words();
+  const std::regex named(R"(([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)\s*[(<{]|\b([A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*))");
+  int names = 0;
+  for (const fs::path& md : docs()) {
+    for (const ProseLine& prose : prose_lines(md)) {
+      for (const std::string& span : code_spans(prose.text)) {
+        for (auto m = std::sregex_iterator(span.begin(), span.end(), named); m != std::sregex_iterator(); ++m) {
+          const std::string name = (*m)[1].matched ? (*m)[1].str() : (*m)[2].str();
+          if (name.starts_with("std::")) continue;
+          const size_t colons = name.rfind("::");
+          const std::string last = colons == std::string::npos ? name : name.substr(colons + 2);
+          INFO(fs::relative(md, kRoot).string() << ":" << prose.n << ": `" << span << "` names " << name);
+          CHECK(words.count(last) == 1);
+          ++names;
+        }
+      }
+    }
+  }
+  CHECK(names > 100);
 }
 
 TEST_CASE("docs: every link to a file of the repository resolves, and every #anchor names a heading") {
