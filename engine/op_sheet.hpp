@@ -11,7 +11,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -85,22 +84,14 @@ struct OpInfo {
                                 // explain finds the op's name in its family's file
 };
 
-// A file's sheets built one op and one case at a time, where that reads better than one initializer per op:
-//   OpList ops;  ops.add({.name = "matmul", ...});  ops.add_case("matmul", {...});  return ops.ops;
+// A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:
+//   OpList ops;  ops.add({.name = "matmul", ..., .cases = {...}});  return ops.ops;
 struct OpList {
   std::vector<OpInfo> ops;
 
   void add(OpInfo op, SourcePlace where = SourcePlace::current()) {
     op.registered_at = where;
     ops.push_back(std::move(op));
-  }
-  void add_case(std::string_view op, GradcheckCase c) {
-    for (auto& o : ops)
-      if (o.name == op) {
-        o.cases.push_back(std::move(c));
-        return;
-      }
-    fail("op sheets: gradcheck case '{}' names op '{}', which has no sheet here", c.name, op);
   }
 };
 

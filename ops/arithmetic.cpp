@@ -253,24 +253,24 @@ std::vector<OpInfo> arithmetic_ops() {
            .forward = op.forward,
            .equation = op.equation,
            .second_order = op.second_order,
-           .second_order_derivation = op.second_order_derivation});
-    r.add_case(op.name, {"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)});
-    r.add_case(op.name, {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)});
-    r.add_case(op.name, {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)});
-    r.add_case(op.name, {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)});
+           .second_order_derivation = op.second_order_derivation,
+           .cases = {{"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)},
+                     {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)},
+                     {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)},
+                     {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)}}});
   }
   r.add({.name = "neg",
          .family = "arithmetic",
          .forward = "y = −x",
          .equation = "x̄ −= ȳ; ẏ = −ẋ",
-         .second_order = kNoSecondOrderTerm});
-  r.add_case("neg", {"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }}}});
   r.add({.name = "scale",
          .family = "arithmetic",
          .forward = "y = s·x",
          .equation = "x̄ += s·ȳ; ẏ = s·ẋ",
-         .second_order = kNoSecondOrderTerm});
-  r.add_case("scale", {"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }}}});
   return r.ops;
 }
 

@@ -183,18 +183,17 @@ Var cross_entropy(Var logits, Var targets) {
 
 std::vector<OpInfo> cross_entropy_ops() {
   OpList r;
+  auto loss = [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); };
   r.add({.name = "cross_entropy",
          .family = "cross_entropy",
          .forward = "L = (1/N)·Σ_r (log Σ_v exp x_r[v] − x_r[t_r]) over the N rows r with targets t_r",
          .equation = "x̄_r += ḡ·(p_r − e_{t_r})/N; L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r]), p_r = softmax(x_r); "
                      "targets not differentiable",
          .second_order = "ẋ̄_r += (ḡ/N)·ṗ_r, ṗ_r = p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩)",
-         .second_order_derivation = "6.5"});
-  auto loss = [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); };
-  r.add_case("cross_entropy", {"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss});
-  r.add_case("cross_entropy",
-             {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss});
-  r.add_case("cross_entropy", {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss});
+         .second_order_derivation = "6.5",
+         .cases = {{"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss},
+                   {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss},
+                   {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}}});
   return r.ops;
 }
 

@@ -103,16 +103,16 @@ Var embedding(Var ids, Var table) {
 
 std::vector<OpInfo> embedding_ops() {
   OpList r;
+  auto lookup = [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); };
   r.add({.name = "embedding",
          .family = "embedding",
          .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name",
          .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
-         .second_order = kNoSecondOrderTerm});
-  auto lookup = [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); };
-  r.add_case("embedding", {"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup});
-  r.add_case("embedding", {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup});
-  r.add_case("embedding", {"ids (2, 2, 3), V = 4", {{"ids", {2, 2, 3}, Fill::indices, 4}, {"table", {4, 2}}}, lookup});
-  r.add_case("embedding", {"scalar id, V = 3", {{"ids", {}, Fill::indices, 3}, {"table", {3, 5}}}, lookup});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup},
+                   {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup},
+                   {"ids (2, 2, 3), V = 4", {{"ids", {2, 2, 3}, Fill::indices, 4}, {"table", {4, 2}}}, lookup},
+                   {"scalar id, V = 3", {{"ids", {}, Fill::indices, 3}, {"table", {3, 5}}}, lookup}}});
   return r.ops;
 }
 

@@ -290,6 +290,7 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
 // The sheet: what the kernels above implement, in one line each.
 std::vector<OpInfo> layer_norm_ops() {
   OpList r;
+  auto apply = [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); };
   r.add({.name = "layer_norm",
          .family = "layer_norm",
          .forward = "per row: y = w⊙x̂ + b, x̂ = (x − mean x)·ρ, ρ = 1/√(var x + ε)",
@@ -297,10 +298,9 @@ std::vector<OpInfo> layer_norm_ops() {
                      "ẏ = w⊙ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)) + ẇ⊙x̂ + ḃ",
          .second_order = "m = mean(x̂⊙ĝ), ĝ̇ = ẇ⊙ȳ, ρ̇ = −ρ²·mean(x̂⊙ẋ), x̂̇ = ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)): "
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
-         .second_order_derivation = "6.7"});
-  auto apply = [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); };
-  r.add_case("layer_norm", {"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply});
-  r.add_case("layer_norm", {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply});
+         .second_order_derivation = "6.7",
+         .cases = {{"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply},
+                   {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}}});
   return r.ops;
 }
 

@@ -80,11 +80,11 @@ std::vector<OpInfo> linear_ops() {
          .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
            return OpCost{forward, 2 * forward, 2 * forward};
-         }});
-  r.add_case("linear", {"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
-                        [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }});
-  r.add_case("linear", {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
-                        [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }});
+         },
+         .cases = {{"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }},
+                   {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }}}});
   return r.ops;
 }
 

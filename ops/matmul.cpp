@@ -192,6 +192,7 @@ Var matmul(Var a, Var b) {
 
 std::vector<OpInfo> matmul_ops() {
   OpList r;
+  auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add({.name = "matmul",
          .family = "matmul",
          .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
@@ -203,18 +204,18 @@ std::vector<OpInfo> matmul_ops() {
          .cost = [](std::span<const Shape> in, const Shape& y) {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
            return OpCost{forward, 2 * forward, 2 * forward};
-         }});
-  auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
-  r.add_case("matmul", {"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product});
-  r.add_case("matmul", {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product});
-  r.add_case("matmul", {"batched (2, 3, 4) @ (2, 4, 5)", {{"a", {2, 3, 4}}, {"b", {2, 4, 5}}}, product});
-  r.add_case("matmul", {"broadcast batch (2, 1, 3, 4) @ (5, 4, 6)", {{"a", {2, 1, 3, 4}}, {"b", {5, 4, 6}}}, product});
-  r.add_case("matmul", {"b 2-D, a rank 3: (2, 3, 4) @ (4, 5)", {{"a", {2, 3, 4}}, {"b", {4, 5}}}, product});
-  r.add_case("matmul", {"b one matrix with batch axes: (2, 3, 4) @ (1, 1, 4, 5)", {{"a", {2, 3, 4}}, {"b", {1, 1, 4, 5}}},
-                        product});
-  r.add_case("matmul", {"a 2-D, b rank 3: (3, 4) @ (2, 4, 5)", {{"a", {3, 4}}, {"b", {2, 4, 5}}}, product});
-  r.add_case("matmul", {"one input on both sides: x @ x, x (4, 4)", {{"x", {4, 4}}},
-                        [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }});
+         },
+         .cases = {{"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product},
+                   {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product},
+                   {"batched (2, 3, 4) @ (2, 4, 5)", {{"a", {2, 3, 4}}, {"b", {2, 4, 5}}}, product},
+                   {"broadcast batch (2, 1, 3, 4) @ (5, 4, 6)", {{"a", {2, 1, 3, 4}}, {"b", {5, 4, 6}}}, product},
+                   {"b 2-D, a rank 3: (2, 3, 4) @ (4, 5)", {{"a", {2, 3, 4}}, {"b", {4, 5}}}, product},
+                   {"b one matrix with batch axes: (2, 3, 4) @ (1, 1, 4, 5)",
+                    {{"a", {2, 3, 4}}, {"b", {1, 1, 4, 5}}},
+                    product},
+                   {"a 2-D, b rank 3: (3, 4) @ (2, 4, 5)", {{"a", {3, 4}}, {"b", {2, 4, 5}}}, product},
+                   {"one input on both sides: x @ x, x (4, 4)", {{"x", {4, 4}}},
+                    [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }}}});
   return r.ops;
 }
 

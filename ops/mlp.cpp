@@ -226,18 +226,18 @@ std::vector<OpInfo> mlp_ops() {
            const double out = static_cast<double>(y[y.rank() - 1]), rows = static_cast<double>(y.numel()) / out;
            const double forward = 2 * rows * (C * H + H * out);
            return OpCost{forward, 2 * forward, 2 * forward};
-         }});
-  r.add_case(kOp, {"exact gelu, biases, x (5, 4), H = 6, out 3",
-                   {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
-                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }});
-  r.add_case(kOp, {"tanh gelu, biases, x (5, 4), H = 6, out 3",
-                   {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
-                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::tanh); }});
-  r.add_case(kOp, {"exact gelu, no biases, x (2, 3, 4), H = 8", {{"x", {2, 3, 4}}, {"w1", {8, 4}}, {"w2", {4, 8}}},
-                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }});
-  r.add_case(kOp, {"tanh gelu, first bias only, x (3, 5), H = 7",
-                   {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
-                   [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }});
+         },
+         .cases = {{"exact gelu, biases, x (5, 4), H = 6, out 3",
+                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }},
+                   {"tanh gelu, biases, x (5, 4), H = 6, out 3",
+                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::tanh); }},
+                   {"exact gelu, no biases, x (2, 3, 4), H = 8", {{"x", {2, 3, 4}}, {"w1", {8, 4}}, {"w2", {4, 8}}},
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }},
+                   {"tanh gelu, first bias only, x (3, 5), H = 7",
+                    {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }}}});
   return r.ops;
 }
 

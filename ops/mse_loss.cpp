@@ -94,6 +94,7 @@ Var mse_loss(Var prediction, Var target) {
 
 std::vector<OpInfo> mse_loss_ops() {
   OpList r;
+  auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
   r.add({.name = "mse_loss",
          .family = "mse_loss",
          .forward = "L = mean((p − t)²), p and t of one shape",
@@ -103,11 +104,10 @@ std::vector<OpInfo> mse_loss_ops() {
          .cost = [](std::span<const Shape> in, const Shape&) {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 4 * n, 3 * n};
-         }});
-  auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
-  r.add_case("mse_loss", {"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply});
-  r.add_case("mse_loss", {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply});
-  r.add_case("mse_loss", {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply});
+         },
+         .cases = {{"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply},
+                   {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply},
+                   {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply}}});
   return r.ops;
 }
 

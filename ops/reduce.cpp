@@ -152,22 +152,22 @@ std::vector<OpInfo> reduce_ops() {
                   "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
         Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
                   "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
-    r.add({.name = f.name,
-           .family = "reduce",
-           .forward = f.forward,
-           .equation = f.equation,
-           .second_order = kNoSecondOrderTerm});
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };
     };
-    r.add_case(f.name, {"all elements", {{"x", {3, 4}}}, whole});
-    r.add_case(f.name, {"all elements of a scalar", {{"x", {}}}, whole});
-    r.add_case(f.name, {"axis 0", {{"x", {3, 4, 2}}}, along(0, false)});
-    r.add_case(f.name, {"last axis", {{"x", {2, 3, 5}}}, along(2, false)});
-    r.add_case(f.name, {"axis -2", {{"x", {2, 4, 3}}}, along(-2, false)});
-    r.add_case(f.name, {"axis 1, keepdim", {{"x", {2, 3, 4}}}, along(1, true)});
-    r.add_case(f.name, {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)});
+    r.add({.name = f.name,
+           .family = "reduce",
+           .forward = f.forward,
+           .equation = f.equation,
+           .second_order = kNoSecondOrderTerm,
+           .cases = {{"all elements", {{"x", {3, 4}}}, whole},
+                     {"all elements of a scalar", {{"x", {}}}, whole},
+                     {"axis 0", {{"x", {3, 4, 2}}}, along(0, false)},
+                     {"last axis", {{"x", {2, 3, 5}}}, along(2, false)},
+                     {"axis -2", {{"x", {2, 4, 3}}}, along(-2, false)},
+                     {"axis 1, keepdim", {{"x", {2, 3, 4}}}, along(1, true)},
+                     {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)}}});
   }
   return r.ops;
 }

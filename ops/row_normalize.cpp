@@ -54,6 +54,7 @@ Var row_normalize(Var x) {
 
 std::vector<OpInfo> row_normalize_ops() {
   OpList r;
+  auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add({.name = "row_normalize",
          .family = "row_normalize",
          .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
@@ -71,11 +72,10 @@ std::vector<OpInfo> row_normalize_ops() {
          .cost = [](std::span<const Shape> in, const Shape&) {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 5 * n, 5 * n};
-         }});
-  auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
-  r.add_case("row_normalize", {"rows", {{"x", {4, 6}}}, apply});
-  r.add_case("row_normalize", {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply});
-  r.add_case("row_normalize", {"rank 3", {{"x", {2, 3, 4}}}, apply});
+         },
+         .cases = {{"rows", {{"x", {4, 6}}}, apply},
+                   {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply},
+                   {"rank 3", {{"x", {2, 3, 4}}}, apply}}});
   return r.ops;
 }
 

@@ -391,64 +391,64 @@ Var concat(std::span<const Var> xs, int axis) {
 
 std::vector<OpInfo> shape_ops() {
   OpList r;
+  auto reshaped = [](Shape s) { return [s](Tape&, std::span<const Var> x) { return reshape(x[0], s); }; };
   r.add({.name = "reshape",
          .family = "shape",
          .forward = "y[l] = x[l] in the new shape (the same row-major order)",
          .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
-         .second_order = kNoSecondOrderTerm});
-  auto reshaped = [](Shape s) { return [s](Tape&, std::span<const Var> x) { return reshape(x[0], s); }; };
-  r.add_case("reshape", {"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})});
-  r.add_case("reshape", {"(4, 6) → (2, 2, 6)", {{"x", {4, 6}}}, reshaped({2, 2, 6})});
-  r.add_case("reshape", {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})},
+                   {"(4, 6) → (2, 2, 6)", {{"x", {4, 6}}}, reshaped({2, 2, 6})},
+                   {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})}}});
 
+  auto permuted = [](std::vector<int> p) {
+    return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
+  };
   r.add({.name = "permute",
          .family = "shape",
          .forward = "y[o] = x[off(o)]: the axes of x in the order p",
          .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
-         .second_order = kNoSecondOrderTerm});
-  auto permuted = [](std::vector<int> p) {
-    return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
-  };
-  r.add_case("permute", {"(B, T, h, d) → (B, h, T, d)", {{"x", {2, 3, 2, 4}}}, permuted({0, 2, 1, 3})});
-  r.add_case("permute", {"(B, h, T, d) → (B, h, d, T)", {{"x", {2, 2, 3, 4}}}, permuted({0, 1, 3, 2})});
-  r.add_case("permute", {"cyclic (2, 3, 4) → (4, 2, 3)", {{"x", {2, 3, 4}}}, permuted({2, 0, 1})});
-  r.add_case("permute", {"transpose (3, 5) → (5, 3)", {{"x", {3, 5}}},
-                         [](Tape&, std::span<const Var> x) { return transpose(x[0]); }});
-  r.add_case("permute", {"heads: reshape (B, T, C) to (B, T, h, d), permute to (B, h, T, d)", {{"x", {2, 3, 8}}},
-                         [](Tape&, std::span<const Var> x) {
-                           const std::array<int, 4> p{0, 2, 1, 3};
-                           return permute(reshape(x[0], {2, 3, 2, 4}), p);
-                         }});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"(B, T, h, d) → (B, h, T, d)", {{"x", {2, 3, 2, 4}}}, permuted({0, 2, 1, 3})},
+                   {"(B, h, T, d) → (B, h, d, T)", {{"x", {2, 2, 3, 4}}}, permuted({0, 1, 3, 2})},
+                   {"cyclic (2, 3, 4) → (4, 2, 3)", {{"x", {2, 3, 4}}}, permuted({2, 0, 1})},
+                   {"transpose (3, 5) → (5, 3)", {{"x", {3, 5}}},
+                    [](Tape&, std::span<const Var> x) { return transpose(x[0]); }},
+                   {"heads: reshape (B, T, C) to (B, T, h, d), permute to (B, h, T, d)", {{"x", {2, 3, 8}}},
+                    [](Tape&, std::span<const Var> x) {
+                      const std::array<int, 4> p{0, 2, 1, 3};
+                      return permute(reshape(x[0], {2, 3, 2, 4}), p);
+                    }}}});
 
+  auto sliced = [](int axis, int64_t start, int64_t stop) {
+    return [=](Tape&, std::span<const Var> x) { return slice(x[0], axis, start, stop); };
+  };
   r.add({.name = "slice",
          .family = "shape",
          .forward = "y[o, j, i] = x[o, start + j, i], 0 ≤ j < stop − start",
          .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
-         .second_order = kNoSecondOrderTerm});
-  auto sliced = [](int axis, int64_t start, int64_t stop) {
-    return [=](Tape&, std::span<const Var> x) { return slice(x[0], axis, start, stop); };
-  };
-  r.add_case("slice", {"head 1 of 2 along the last axis: (2, 3, 8)[..., 4:8]", {{"x", {2, 3, 8}}}, sliced(-1, 4, 8)});
-  r.add_case("slice", {"head 0 of 4 along the last axis: (3, 8)[:, 0:2]", {{"x", {3, 8}}}, sliced(1, 0, 2)});
-  r.add_case("slice", {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)});
-  r.add_case("slice", {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"head 1 of 2 along the last axis: (2, 3, 8)[..., 4:8]", {{"x", {2, 3, 8}}}, sliced(-1, 4, 8)},
+                   {"head 0 of 4 along the last axis: (3, 8)[:, 0:2]", {{"x", {3, 8}}}, sliced(1, 0, 2)},
+                   {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)},
+                   {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)}}});
 
+  auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
   r.add({.name = "concat",
          .family = "shape",
          .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
          .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
-         .second_order = kNoSecondOrderTerm});
-  auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
-  r.add_case("concat", {"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)});
-  r.add_case("concat", {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}},
-                        joined(1)});
-  r.add_case("concat", {"2 inputs along axis 0", {{"a", {2, 3}}, {"b", {1, 3}}}, joined(0)});
-  r.add_case("concat", {"heads cut along the last axis and joined back", {{"x", {2, 3, 6}}},
-                        [](Tape&, std::span<const Var> x) {
-                          const std::array<Var, 3> heads{slice(x[0], -1, 0, 2), slice(x[0], -1, 2, 4),
-                                                         slice(x[0], -1, 4, 6)};
-                          return concat(heads, -1);
-                        }});
+         .second_order = kNoSecondOrderTerm,
+         .cases = {{"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)},
+                   {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}},
+                    joined(1)},
+                   {"2 inputs along axis 0", {{"a", {2, 3}}, {"b", {1, 3}}}, joined(0)},
+                   {"heads cut along the last axis and joined back", {{"x", {2, 3, 6}}},
+                    [](Tape&, std::span<const Var> x) {
+                      const std::array<Var, 3> heads{slice(x[0], -1, 0, 2), slice(x[0], -1, 2, 4),
+                                                     slice(x[0], -1, 4, 6)};
+                      return concat(heads, -1);
+                    }}}});
   return r.ops;
 }
 

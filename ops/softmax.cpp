@@ -121,6 +121,22 @@ std::vector<OpInfo> softmax_ops() {
     const double n = static_cast<double>(in[0].numel());
     return OpCost{5 * n, 4 * n, 4 * n};
   };
+  // The cases softmax and log_softmax share, then those of one op alone (own).
+  auto row_cases = [](Var (*fn)(Var), std::vector<GradcheckCase> own = {}) {
+    auto apply = [fn](Tape&, std::span<const Var> x) { return fn(x[0]); };
+    std::vector<GradcheckCase> cases{
+        {"width 5", {{"x", {4, 5}}}, apply},
+        {"width 13", {{"x", {2, 13}}}, apply},
+        {"rank 3", {{"x", {2, 3, 4}}}, apply},
+        {"width 1", {{"x", {3, 1}}}, apply},
+        // Logits near 1e4: the shift by the row max keeps the exponents in range.
+        {"logits + 1e4", {{"x", {3, 6}}}, [fn](Tape& tape, std::span<const Var> x) {
+           Tensor shift = Tensor::from<double>(Shape{}, {1e4});
+           return fn(add(x[0], tape.constant(shift.to(x[0].dtype()))));
+         }}};
+    for (GradcheckCase& c : own) cases.push_back(std::move(c));
+    return cases;
+  };
   r.add({.name = "softmax",
          .family = "softmax",
          .forward = "per row: y = exp(x − max x) / Σ exp(x − max x)",
@@ -131,7 +147,11 @@ std::vector<OpInfo> softmax_ops() {
          .formulas_at = {{"forward", "ops/row_maps.hpp", "softmax_row"},
                          {"VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"},
                          {"second order", "ops/row_maps.hpp", "softmax_row_second_order"}},
-         .cost = row_map_cost});
+         .cost = row_map_cost,
+         // Then masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
+         .cases = row_cases(softmax, {{"masked -inf", {{"x", {4, 6}}}, [](Tape& tape, std::span<const Var> x) {
+                                         return softmax(add_mask(tape, x[0]));
+                                       }}})});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .forward = "per row: z = x − max x − log Σ exp(x − max x)",
@@ -142,26 +162,8 @@ std::vector<OpInfo> softmax_ops() {
                          {"VJP", "ops/row_maps.hpp", "log_softmax_row_vjp"},
                          {"JVP", "ops/row_maps.hpp", "log_softmax_row_jvp"},
                          {"second order", "ops/row_maps.hpp", "log_softmax_row_second_order"}},
-         .cost = row_map_cost});
-  struct RowOp {
-    const char* name;
-    Var (*fn)(Var);
-  };
-  for (const RowOp& op : {RowOp{"softmax", softmax}, RowOp{"log_softmax", log_softmax}}) {
-    auto apply = [fn = op.fn](Tape&, std::span<const Var> x) { return fn(x[0]); };
-    r.add_case(op.name, {"width 5", {{"x", {4, 5}}}, apply});
-    r.add_case(op.name, {"width 13", {{"x", {2, 13}}}, apply});
-    r.add_case(op.name, {"rank 3", {{"x", {2, 3, 4}}}, apply});
-    r.add_case(op.name, {"width 1", {{"x", {3, 1}}}, apply});
-    // Logits near 1e4: the shift by the row max keeps the exponents in range.
-    r.add_case(op.name, {"logits + 1e4", {{"x", {3, 6}}}, [fn = op.fn](Tape& tape, std::span<const Var> x) {
-                           Tensor shift = Tensor::from<double>(Shape{}, {1e4});
-                           return fn(add(x[0], tape.constant(shift.to(x[0].dtype()))));
-                         }});
-  }
-  // Masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
-  r.add_case("softmax", {"masked -inf", {{"x", {4, 6}}},
-                         [](Tape& tape, std::span<const Var> x) { return softmax(add_mask(tape, x[0])); }});
+         .cost = row_map_cost,
+         .cases = row_cases(log_softmax)});
   return r.ops;
 }
 

@@ -214,6 +214,10 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
 
 std::vector<OpInfo> beta_attention_ops() {
   OpList r;
+  auto qkv = [](AttentionOptions opt) {
+    return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
+  };
+  const AttentionOptions plain{}, causal{0, true};
   r.add({.name = "beta_attention",
          .family = "attention/beta",
          .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
@@ -226,28 +230,20 @@ std::vector<OpInfo> beta_attention_ops() {
          .formulas_at = {{"β rows", "ops/row_maps.hpp", "beta_row"},
                          {"their VJP and JVP", "ops/row_maps.hpp", "beta_row_derivative"},
                          {"β's second order", "ops/row_maps.hpp", "beta_row_second_order"}},
-         .cost = attention_cost});
-  auto qkv = [](AttentionOptions opt) {
-    return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
-  };
-  const AttentionOptions plain{}, causal{0, true};
-  r.add_case("beta_attention", {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}},
-                                qkv(plain)});
-  r.add_case("beta_attention",
-             {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)});
-  r.add_case("beta_attention", {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
-                                qkv(AttentionOptions{0.7, false})});
-  r.add_case("beta_attention",
-             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
-  r.add_case("beta_attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
-                                qkv(causal)});
-  // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.
-  r.add_case("beta_attention", {"causal T=70 (three blocks)",
-                                {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}}, qkv(causal)});
-  // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
-  r.add_case("beta_attention", {"Q = 0 (β at 0)",
-                                {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
-                                qkv(plain)});
+         .cost = attention_cost,
+         .cases = {
+             {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
+             {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
+             {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
+              qkv(AttentionOptions{0.7, false})},
+             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
+             {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
+             // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.
+             {"causal T=70 (three blocks)", {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}},
+              qkv(causal)},
+             // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
+             {"Q = 0 (β at 0)", {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
+              qkv(plain)}}});
   return r.ops;
 }
 

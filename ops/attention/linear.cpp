@@ -554,6 +554,15 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
 
 std::vector<OpInfo> linear_attention_ops() {
   OpList r;
+  auto build = [](bool causal) {
+    return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
+  };
+  // φ has a kink in its second derivative at 0: Q and K stay away from it.
+  auto inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
+    return std::vector<InputSpec>{{"q", {B, h, T, d}, Fill::away_from_zero},
+                                  {"k", {B, h, Tk, d}, Fill::away_from_zero},
+                                  {"v", {B, h, Tk, dv}}};
+  };
   r.add({.name = kOp,
          .family = "attention/linear",
          .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "
@@ -565,29 +574,22 @@ std::vector<OpInfo> linear_attention_ops() {
                          "ḋQ = φ′(Q) ⊙ Σ_j(ḋw_ij k_j + dw_ij k̇_j) + φ″(Q) ⊙ Q̇ ⊙ dq, likewise K; "
                          "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)",
          .derivation = "4.1, 4.2",
-         .second_order_derivation = "6.11"});
-  auto build = [](bool causal) {
-    return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
-  };
-  // φ has a kink in its second derivative at 0: Q and K stay away from it.
-  auto inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
-    return std::vector<InputSpec>{{"q", {B, h, T, d}, Fill::away_from_zero},
-                                  {"k", {B, h, Tk, d}, Fill::away_from_zero},
-                                  {"v", {B, h, Tk, dv}}};
-  };
-  r.add_case(kOp, {"non-causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(false)});
-  r.add_case(kOp, {"causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(true)});
-  r.add_case(kOp, {"non-causal, T=6 Tk=9", inputs(1, 2, 6, 9, 4, 3), build(false)});
-  // Causal with T = 1 is O = V whatever Q and K: their Jacobians are zero, and the adjoint check cannot compare
-  // two rounding residues. Q and K enter as constants; tests/attention_linear_test.cpp checks dQ = dK = 0.
-  r.add_case(kOp, {"causal, T=1 (O = V)", {{"v", {2, 1, 1, 2}}}, [](Tape& tape, std::span<const Var> x) {
-                     const Tensor qk = Tensor::from<double>({2, 1, 1, 3}, {0.5, -1.2, 0.3, 1.1, -0.4, 0.8});
-                     Var q = tape.constant(qk.to(x[0].dtype())), k = tape.constant(qk.to(x[0].dtype()));
-                     return linear_attention(q, k, x[0], true);
-                   }});
-  r.add_case(kOp, {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)});
-  r.add_case(kOp, {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)});
-  r.add_case(kOp, {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)});
+         .second_order_derivation = "6.11",
+         .cases = {{"non-causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(false)},
+                   {"causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(true)},
+                   {"non-causal, T=6 Tk=9", inputs(1, 2, 6, 9, 4, 3), build(false)},
+                   // Causal with T = 1 is O = V whatever Q and K: their Jacobians are zero, and the adjoint check
+                   // cannot compare two rounding residues. Q and K enter as constants;
+                   // tests/attention_linear_test.cpp checks dQ = dK = 0.
+                   {"causal, T=1 (O = V)", {{"v", {2, 1, 1, 2}}},
+                    [](Tape& tape, std::span<const Var> x) {
+                      const Tensor qk = Tensor::from<double>({2, 1, 1, 3}, {0.5, -1.2, 0.3, 1.1, -0.4, 0.8});
+                      Var q = tape.constant(qk.to(x[0].dtype())), k = tape.constant(qk.to(x[0].dtype()));
+                      return linear_attention(q, k, x[0], true);
+                    }},
+                   {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)},
+                   {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)},
+                   {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}}});
   return r.ops;
 }
 

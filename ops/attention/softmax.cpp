@@ -236,6 +236,19 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
 
 std::vector<OpInfo> attention_ops() {
   OpList r;
+  auto qkv = [](AttentionOptions opt) {
+    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
+  };
+  auto qkv_bias = [](AttentionOptions opt) {
+    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt, x[3]); };
+  };
+  const AttentionOptions plain{}, causal{0, true};
+  // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
+  auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
+    const int64_t tk = causal_mask ? 4 : 5;
+    return GradcheckCase{name, {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", bias}},
+                         qkv_bias(AttentionOptions{0, causal_mask})};
+  };
   r.add({.name = "attention",
          .family = "attention/softmax",
          .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
@@ -247,44 +260,24 @@ std::vector<OpInfo> attention_ops() {
          .formulas_at = {{"softmax rows", "ops/row_maps.hpp", "softmax_row"},
                          {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"},
                          {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
-         .cost = attention_cost});
-  auto qkv = [](AttentionOptions opt) {
-    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
-  };
-  auto qkv_bias = [](AttentionOptions opt) {
-    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt, x[3]); };
-  };
-  const AttentionOptions plain{}, causal{0, true};
-  r.add_case("attention", {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}},
-                           qkv(plain)});
-  r.add_case("attention", {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}},
-                           qkv(causal)});
-  r.add_case("attention", {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
-                           qkv(AttentionOptions{0.7, false})});
-  r.add_case("attention", {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)});
-  r.add_case("attention", {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}},
-                           qkv(causal)});
-  // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the bias
-  // shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
-  r.add_case("attention", {"causal T=70 bias (T,Tk)",
-                           {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
-                           qkv_bias(causal)});
-  // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
-  struct BiasCase {
-    const char* name;
-    Shape bias;
-    bool causal;
-  };
-  for (const BiasCase& c : {BiasCase{"bias (B,h,T,Tk)", {2, 3, 4, 5}, false},
-                            BiasCase{"bias (h,T,Tk) causal", {3, 4, 4}, true},
-                            BiasCase{"bias (T,Tk)", {4, 5}, false},
-                            BiasCase{"bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true},
-                            BiasCase{"bias (B,1,1,Tk)", {2, 1, 1, 5}, false}}) {
-    const int64_t tk = c.causal ? 4 : 5;
-    r.add_case("attention", {c.name,
-                             {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", c.bias}},
-                             qkv_bias(AttentionOptions{0, c.causal})});
-  }
+         .cost = attention_cost,
+         .cases = {
+             {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
+             {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
+             {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
+              qkv(AttentionOptions{0.7, false})},
+             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
+             {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
+             // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the
+             // bias shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
+             {"causal T=70 bias (T,Tk)",
+              {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
+              qkv_bias(causal)},
+             bias_case("bias (B,h,T,Tk)", {2, 3, 4, 5}, false),
+             bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
+             bias_case("bias (T,Tk)", {4, 5}, false),
+             bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
+             bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)}});
   return r.ops;
 }
 

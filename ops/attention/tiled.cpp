@@ -368,17 +368,6 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
 
 std::vector<OpInfo> tiled_attention_ops() {
   OpList r;
-  r.add({.name = kOp,
-         .family = "attention/tiled",
-         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
-         .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
-                     "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
-                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
-         .second_order = attention_second_order_rule,
-         .derivation = "5.6, 2.1",
-         .second_order_derivation = "6.9",
-         .formulas_at = {{"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
-         .cost = attention_cost});
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };
@@ -390,37 +379,47 @@ std::vector<OpInfo> tiled_attention_ops() {
   auto qkv_inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
     return std::vector<InputSpec>{{"q", {B, h, T, d}}, {"k", {B, h, Tk, d}}, {"v", {B, h, Tk, dv}}};
   };
-  const AttentionOptions plain{}, causal{0, true};
-  r.add_case(kOp, {"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)});
-  r.add_case(kOp, {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)});
-  r.add_case(kOp, {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)});
-  r.add_case(kOp, {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)});
-  r.add_case(kOp, {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)});
-  r.add_case(kOp, {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)});
-  // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70 the
-  // second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
-  r.add_case(kOp, {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)});
-  r.add_case(kOp, {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)});
-  // One case per bias layout; B=2, h=2, T=7, Tk=7 (causal) or 5, block=3.
-  struct BiasCase {
-    const char* name;
-    Shape bias;
-    bool causal;
+  auto with_bias = [](std::vector<InputSpec> inputs, Shape bias) {
+    inputs.push_back({"bias", bias});
+    return inputs;
   };
-  for (const BiasCase& c : {BiasCase{"bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false},
-                            BiasCase{"bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true},
-                            BiasCase{"bias (h,T,Tk) causal block=3", {2, 7, 7}, true},
-                            BiasCase{"bias (T,Tk) block=3", {7, 5}, false},
-                            BiasCase{"bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true},
-                            BiasCase{"bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false}}) {
-    const int64_t tk = c.causal ? 7 : 5;
-    std::vector<InputSpec> inputs = qkv_inputs(2, 2, 7, tk, 3, 2);
-    inputs.push_back({"bias", c.bias});
-    r.add_case(kOp, {c.name, inputs, qkv_bias(AttentionOptions{0, c.causal}, 3)});
-  }
-  std::vector<InputSpec> sub_inputs = qkv_inputs(1, 1, 40, 40, 3, 2);
-  sub_inputs.push_back({"bias", {40, 40}});
-  r.add_case(kOp, {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", sub_inputs, qkv_bias(causal, 40)});
+  const AttentionOptions plain{}, causal{0, true};
+  // One case per bias layout; B=2, h=2, T=7, Tk=7 (causal) or 5, block=3.
+  auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
+    const int64_t tk = causal_mask ? 7 : 5;
+    return GradcheckCase{name, with_bias(qkv_inputs(2, 2, 7, tk, 3, 2), bias),
+                         qkv_bias(AttentionOptions{0, causal_mask}, 3)};
+  };
+  r.add({.name = kOp,
+         .family = "attention/tiled",
+         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
+         .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
+                     "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
+                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
+         .second_order = attention_second_order_rule,
+         .derivation = "5.6, 2.1",
+         .second_order_derivation = "6.9",
+         .formulas_at = {{"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .cost = attention_cost,
+         .cases = {
+             {"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)},
+             {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)},
+             {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)},
+             {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)},
+             {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)},
+             {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)},
+             // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70
+             // the second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
+             {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)},
+             {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)},
+             bias_case("bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false),
+             bias_case("bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true),
+             bias_case("bias (h,T,Tk) causal block=3", {2, 7, 7}, true),
+             bias_case("bias (T,Tk) block=3", {7, 5}, false),
+             bias_case("bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true),
+             bias_case("bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false),
+             {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}),
+              qkv_bias(causal, 40)}}});
   return r.ops;
 }
 
