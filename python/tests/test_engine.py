@@ -1,0 +1,74 @@
+"""The engine on numpy arrays: ops by name, backward, grad, jvp, hvp, explain; the GIL released in C++ work."""
+
+import threading
+import time
+
+import numpy as np
+
+import tapegrad
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_softmax_forward_backward_jvp_and_hvp():
+    rng = np.random.default_rng(0)
+    x, g, t = (rng.standard_normal((3, 5)) for _ in range(3))
+    tape = tapegrad.Tape()
+    v = tape.leaf(x)
+    y = tape.op("softmax", v)
+    np.testing.assert_allclose(y.value, softmax(x), rtol=1e-12)
+    tape.backward(y, g)
+    p = softmax(x)
+    np.testing.assert_allclose(v.grad, p * (g - (p * g).sum(-1, keepdims=True)), rtol=1e-10)
+    np.testing.assert_allclose(tape.jvp(y, [v], [t]), p * (t - (p * t).sum(-1, keepdims=True)), rtol=1e-10)
+    s = tape.op("sum", tape.op("square", tape.op("scale", v, s=0.5)))
+    gradient, hv = tape.hvp(s, [v], [t])
+    np.testing.assert_allclose(gradient[0], 0.5 * x, rtol=1e-12)
+    np.testing.assert_allclose(hv[0], 0.5 * t, rtol=1e-12)
+
+
+def test_float32_in_float32_out_and_the_leaf_shares_the_array():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tape = tapegrad.Tape()
+    v = tape.leaf(x)
+    x[0, 0] = 5.0  # no copy: the leaf reads the array's memory
+    y = tape.op("sum", v)
+    assert y.value.dtype == np.float32 and y.value == 20.0
+    tape.backward(y)
+    assert v.grad.dtype == np.float32 and np.all(v.grad == 1)
+
+
+def test_explain_is_a_dict_of_the_op_record():
+    e = tapegrad.explain("softmax")
+    assert e["op"] == "softmax"
+    text = str(e)
+    assert "ops/" in text and "vjp" in text.lower()
+
+
+def test_the_gil_is_released_while_an_op_runs():
+    a = np.random.default_rng(0).standard_normal((700, 700))
+    tape = tapegrad.Tape()
+    va = tape.leaf(a)
+    ticks = []
+    done = threading.Event()
+
+    def count():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    time.sleep(0.01)
+    started = len(ticks)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        tape.op("matmul", va, va)
+    elapsed = time.perf_counter() - t0
+    done.set()
+    thread.join()
+    during = len(ticks) - started
+    assert elapsed < 0.02 or during >= 3, f"the other thread ran {during} times in {elapsed:.3f} s of C++ work"
