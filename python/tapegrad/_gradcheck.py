@@ -117,13 +117,14 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError(f"gradcheck: {len(all_names)} names for {len(inputs)} inputs")
     checked_names = [str(all_names[i]) for i in slots]
 
+    name = name or _op_name(fn)
     if vjp is not None:
         impl = NumpyOp(fn, inputs, slots, vjp, jvp, hvp)
     else:
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         from ._torch_op import TorchOp
-        impl = TorchOp(fn, inputs, slots, second_order=int(order) == 2)
+        impl = TorchOp(fn, inputs, slots, name, second_order=int(order) == 2)
 
     options = _tapegrad._Options()
     options.eps, options.atol, options.rtol = float(eps), float(atol), float(rtol)
@@ -134,7 +135,7 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         options.full_jacobian_limit = 0
     elif fast_mode is False:
         options.full_jacobian_limit = 2**62
-    report = _tapegrad._check(impl, name or _op_name(fn), arrays, checked_names, int(order), options)
+    report = _tapegrad._check(impl, name, arrays, checked_names, int(order), options)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
     return report

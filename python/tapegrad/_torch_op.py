@@ -20,8 +20,8 @@ def _lacks_forward_mode(error):
 
 
 class TorchOp:
-    def __init__(self, fn, inputs, slots, second_order=False):
-        self.fn = fn
+    def __init__(self, fn, inputs, slots, name, second_order=False):
+        self.fn, self.name = fn, name
         self.slots = slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                       for x in inputs]
@@ -102,7 +102,7 @@ class TorchOp:
                 # Jᵀȳ depends on ȳ linearly: a backward built from differentiable ops leaves a graph behind it.
                 opaque = [i for i, g in enumerate(grads) if g is not None and g.grad_fn is None]
                 if opaque:
-                    return (f"its backward is not differentiable (the gradient of input {opaque[0]} has no graph: "
+                    return (f"op '{self.name}': its backward is not differentiable (the gradient of input {opaque[0]} has no graph: "
                             "the backward is not built from differentiable torch ops), so its second order "
                             "cannot be checked")
                 s = sum(((g * torch.from_numpy(t)).sum() for g, t in zip(grads, tangents)
@@ -112,6 +112,7 @@ class TorchOp:
                 second = torch.autograd.grad(s, xs, allow_unused=True)
         except RuntimeError as error:
             if "differentiable" in str(error) or "does not require grad" in str(error):
-                return f"its backward is not differentiable ({error}), so its second order cannot be checked"
+                return (f"op '{self.name}': its backward is not differentiable ({error}), so its second order cannot "
+                        "be checked")
             raise
         return [None if g is None else g.detach().to(torch.float64).numpy() for g in second]
