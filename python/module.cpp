@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/gradcheck/second_order.hpp"
+#include "ops/formulas/claim.hpp"
 #include "python/engine_bindings.hpp"
 #include "python/numpy_tensor.hpp"
 #include "python/python_function.hpp"
@@ -37,6 +38,16 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
   report.op = name;
   return report;
+}
+
+// The claims of a text in the format of docs/claims/README.md, each checked as `tapegrad claim` does.
+std::vector<GradcheckReport> check_claims(const std::string& text, const GradcheckOptions& options) {
+  const std::vector<ClaimText> claims = parse_claims(text, "the claim text");
+  if (claims.empty()) fail("claim: the text holds no claim block (claim NAME, input ..., forward ..., vjp ...)");
+  std::vector<GradcheckReport> reports;
+  py::gil_scoped_release nogil;
+  for (const ClaimText& c : claims) reports.push_back(check_claim(c, options));
+  return reports;
 }
 
 void bind_report(py::module_& m) {
@@ -111,6 +122,7 @@ PYBIND11_MODULE(_tapegrad, m) {
   bind_report(m);
   m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
         py::arg("options"));
+  m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
   py::class_<GradcheckOptions>(m, "_Options")
       .def(py::init<>())
       .def_readwrite("eps", &GradcheckOptions::eps)

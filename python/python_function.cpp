@@ -24,9 +24,9 @@ py::list copies(std::span<const Tensor> ts) {
 
 // What a rule of the Python op returned for each input, added into the tape's buffers (undefined: not wanted).
 void add_per_input(const py::object& result, std::span<Tensor> into, const char* op, const char* what) {
-  const auto items = py::reinterpret_borrow<py::sequence>(result);
-  if (!py::isinstance<py::sequence>(result) || static_cast<size_t>(py::len(items)) != into.size())
+  if (!py::isinstance<py::sequence>(result) || py::len(result) != into.size())
     fail("{}: the {} must be a list of {} arrays (one per input, None for zero)", op, what, into.size());
+  const auto items = py::reinterpret_borrow<py::sequence>(result);
   for (size_t i = 0; i < into.size(); ++i) {
     const py::object item = items[i];
     if (!into[i].defined() || item.is_none()) continue;

@@ -20,6 +20,9 @@ The backward is made of torch ops, so torch can differentiate it again (double b
 tapegrad.gradcheck(..., order=2) checks H·t. It recomputes P from the saved Q and K: a P saved by forward (where
 autograd does not record) is a constant to the double backward, which then misses every term through P — first
 order is right, second order is not, and make_attention(saved_p=True) shows the checker saying so.
+
+with_jvp=True adds the forward-mode rule (always right here), so that forward mode is checked too:
+    Ṡ = (Q̇·Kᵀ + Q·K̇ᵀ)/√d,   Ṗ = P ⊙ (Ṡ − rowsum(Ṡ ⊙ P)),   Ȯ = Ṗ·V + P·V̇
 """
 
 import math
@@ -30,7 +33,7 @@ import torch
 SLIPS = ("transposed_dK", "no_row_term", "no_scale_dQ")
 
 
-def make_attention(slip=None, saved_p=False):
+def make_attention(slip=None, saved_p=False, with_jvp=False):
     if slip is not None and slip not in SLIPS:
         raise ValueError(f"no slip {slip!r}; the slips: {', '.join(SLIPS)}")
 
@@ -40,6 +43,7 @@ def make_attention(slip=None, saved_p=False):
             inv_sqrt_d = 1.0 / math.sqrt(q.shape[-1])
             p = torch.softmax(q @ k.transpose(-2, -1) * inv_sqrt_d, dim=-1)
             ctx.save_for_backward(q, k, v, p)
+            ctx.forward_inputs = (q, k, v, p)  # for jvp (forward mode has no saved_tensors)
             return p @ v
 
         @staticmethod
@@ -58,6 +62,16 @@ def make_attention(slip=None, saved_p=False):
             d_k = d_s @ q * inv_sqrt_d if slip == "transposed_dK" else d_s.transpose(-2, -1) @ q * inv_sqrt_d
             return d_q, d_k, d_v
 
+        @staticmethod
+        def jvp(ctx, dq, dk, dv):
+            q, k, v, p = ctx.forward_inputs
+            inv_sqrt_d = 1.0 / math.sqrt(q.shape[-1])
+            d_s = (dq @ k.transpose(-2, -1) + q @ dk.transpose(-2, -1)) * inv_sqrt_d
+            d_p = p * (d_s - (d_s * p).sum(dim=-1, keepdim=True))
+            return d_p @ v + p @ dv
+
+    if not with_jvp:
+        del Attention.jvp
     name = "attention" if slip is None else f"attention[{slip}]"
     Attention.__name__ = Attention.__qualname__ = name + ("[saved P]" if saved_p else "")
     return Attention

@@ -9,10 +9,10 @@ one node whose forward, VJP, JVP and second-order rule call back into Python (do
 """
 
 from ._tapegrad import Check, Diagnosis, Error, NoJvp, Report, Tape, Var, finding_kinds, ops
-from ._gradcheck import GradcheckError, gradcheck
+from ._gradcheck import GradcheckError, claim, gradcheck
 from ._explain import explain
 
 __all__ = [
-    "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "explain", "finding_kinds",
+    "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "claim", "explain", "finding_kinds",
     "gradcheck", "ops",
 ]

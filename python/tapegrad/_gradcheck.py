@@ -78,6 +78,25 @@ def _as_float64_array(x, i):
     return np.ascontiguousarray(x, dtype=np.float64)
 
 
+def _options(eps, atol, rtol, fast_mode, projections, seed, diagnose):
+    options = _tapegrad._Options()
+    options.eps, options.atol, options.rtol = float(eps), float(atol), float(rtol)
+    options.projections = int(projections)
+    options.seed = int(seed)
+    options.diagnose = bool(diagnose)
+    if fast_mode is True:
+        options.full_jacobian_limit = 0
+    elif fast_mode is False:
+        options.full_jacobian_limit = 2**62
+    return options
+
+
+def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4, seed=20240809, diagnose=True):
+    """Checks derivatives claimed as formulas, in the format of docs/claims/README.md (`tapegrad claim --file`):
+    one Report per `claim NAME` block. The formulas are evaluated in C++ and the checks are the CLI's."""
+    return _tapegrad._claim(text, _options(eps, atol, rtol, fast_mode, projections, seed, diagnose))
+
+
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
               fast_mode=None, projections=4, inputs_to_check=None, names=None, seed=20240809, diagnose=True,
               raise_exception=False, name=None):
@@ -126,15 +145,7 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         from ._torch_op import TorchOp
         impl = TorchOp(fn, inputs, slots, name, second_order=int(order) == 2)
 
-    options = _tapegrad._Options()
-    options.eps, options.atol, options.rtol = float(eps), float(atol), float(rtol)
-    options.projections = int(projections)
-    options.seed = int(seed)
-    options.diagnose = bool(diagnose)
-    if fast_mode is True:
-        options.full_jacobian_limit = 0
-    elif fast_mode is False:
-        options.full_jacobian_limit = 2**62
+    options = _options(eps, atol, rtol, fast_mode, projections, seed, diagnose)
     report = _tapegrad._check(impl, name, arrays, checked_names, int(order), options)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
