@@ -137,9 +137,11 @@ void bind_engine(py::module_& m) {
       .def(py::init<>())
       // The leaf's memory is the array's own (no copy) when it is a C-contiguous float32/float64 array; the tape
       // keeps a reference to it until clear().
+      // A Var points at its tape: each one returned keeps the Python tape alive (keep_alive<0, 1>).
       .def("leaf", [](Tape& t, const py::object& a, bool requires_grad) { return t.leaf(view_of(a, "leaf"), requires_grad); },
-           py::arg("array"), py::arg("requires_grad") = true)
-      .def("constant", [](Tape& t, const py::object& a) { return t.constant(view_of(a, "constant")); })
+           py::arg("array"), py::arg("requires_grad") = true, py::keep_alive<0, 1>())
+      .def("constant", [](Tape& t, const py::object& a) { return t.constant(view_of(a, "constant")); },
+           py::keep_alive<0, 1>())
       .def("op", [](Tape&, const std::string& name, py::args values, const py::kwargs& kw) {
              std::vector<Var> xs;
              for (const py::handle v : values) {
@@ -147,7 +149,7 @@ void bind_engine(py::module_& m) {
                xs.push_back(v.cast<Var>());
              }
              return call_op(name, xs, kw);
-           })
+           }, py::keep_alive<0, 1>())
       .def("backward", [](Tape& t, const Var& y, const py::object& seed) {
              const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
              py::gil_scoped_release nogil;

@@ -81,3 +81,11 @@ def test_engine_bad_input():
     with pytest.raises(tapegrad.Error, match="softmax"):
         tape.op("softmax", a)
     assert issubclass(tapegrad.Error, ValueError)
+
+
+def test_a_var_keeps_its_tape_alive():
+    import gc
+
+    v = tapegrad.Tape().leaf(np.arange(3.0))
+    gc.collect()
+    assert list(v.value) == [0.0, 1.0, 2.0]
