@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/gradcheck/explain.hpp"
+#include "engine/tape_dot.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "python/numpy_tensor.hpp"
@@ -188,6 +189,18 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("num_nodes", &Tape::num_nodes)
       .def_property_readonly("num_values", &Tape::num_values);
 
+  // The tape drawn (engine/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...).
+  m.def("_draw", [](const Tape& t, const std::string& format, const std::string& title) {
+    DotOptions o;
+    o.registry = &builtin_registry();
+    o.title = title;
+    std::string out = tape_to_dot(t, o);
+    if (format != "dot") {
+      py::gil_scoped_release nogil;
+      out = render_dot(out, format);
+    }
+    return py::bytes(out);
+  }, py::arg("tape"), py::arg("format"), py::arg("title") = "");
   m.def("ops", [] {
     std::vector<std::string> names;
     for (const auto& [n, e] : op_table()) names.push_back(n);

@@ -11,8 +11,9 @@ one node whose forward, VJP, JVP and second-order rule call back into Python (do
 from ._tapegrad import Check, Diagnosis, Error, NoJvp, Report, Tape, Var, finding_kinds, ops
 from ._gradcheck import GradcheckError, claim, gradcheck
 from ._explain import explain
+from ._graph import graph
 
 __all__ = [
     "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "claim", "explain", "finding_kinds",
-    "gradcheck", "ops",
+    "gradcheck", "graph", "ops",
 ]

@@ -72,3 +72,13 @@ def test_the_gil_is_released_while_an_op_runs():
     thread.join()
     during = len(ticks) - started
     assert elapsed < 0.02 or during >= 3, f"the other thread ran {during} times in {elapsed:.3f} s of C++ work"
+
+
+def test_graph_draws_the_tape(tmp_path):
+    tape = tapegrad.Tape()
+    x = tape.leaf(np.ones((2, 3)))
+    tape.backward(tape.op("sum", tape.op("softmax", x)))
+    dot = tapegrad.graph(tape)
+    assert dot.startswith("digraph") and "softmax" in dot
+    svg = tapegrad.graph(tape, tmp_path / "tape.svg")
+    assert svg.read_text().lstrip().startswith("<?xml") and "softmax" in svg.read_text()
