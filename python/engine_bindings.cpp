@@ -16,18 +16,36 @@ namespace tapegrad::python {
 
 namespace {
 
-// An op applied to its input values, with its numeric options (axis, p, eps, ...) from Python keywords.
+// An op applied to its input values, with its numeric options (axis, p, eps, ...) from Python keywords. It runs
+// without the GIL (call_op): reading a keyword takes the GIL back for that moment.
 using OpCall = std::function<Var(std::span<const Var>, const py::kwargs&)>;
 
 template <class T>
 T keyword(const py::kwargs& kw, const char* key, T fallback) {
+  py::gil_scoped_acquire gil;
   return kw.contains(key) ? kw[key].cast<T>() : fallback;
+}
+template <class T>
+T required(const py::kwargs& kw, const char* op, const char* key) {
+  py::gil_scoped_acquire gil;
+  if (!kw.contains(key)) fail("{}: needs the keyword {}=", op, key);
+  return kw[key].cast<T>();
+}
+GeluForm gelu_form(const py::kwargs& kw) {
+  const std::string name = keyword<std::string>(kw, "form", "tanh");
+  if (auto f = gelu_form_named(name)) return *f;
+  fail("mlp: form must be exact or tanh, got '{}'", name);
+}
+AttentionOptions attention_options(const py::kwargs& kw) {
+  return {keyword(kw, "scale", 0.0), keyword(kw, "causal", false)};
 }
 
 struct OpEntry {
-  size_t inputs;  // how many values it takes (SIZE_MAX: one or more)
+  size_t inputs;  // how many values it takes (kAny: one or more)
   OpCall call;
 };
+
+constexpr size_t kAny = SIZE_MAX;
 
 const std::map<std::string, OpEntry>& op_table() {
   using S = std::span<const Var>;
@@ -60,6 +78,23 @@ const std::map<std::string, OpEntry>& op_table() {
                                             : mean(x[0]);
                 }}},
       {"transpose", {1, [](S x, K k) { return transpose(x[0], keyword(k, "axis0", -2), keyword(k, "axis1", -1)); }}},
+      {"permute", {1, [](S x, K k) { return permute(x[0], required<std::vector<int>>(k, "permute", "perm")); }}},
+      {"reshape", {1, [](S x, K k) {
+                     const auto dims = required<std::vector<int64_t>>(k, "reshape", "shape");
+                     return reshape(x[0], Shape(std::span<const int64_t>(dims)));
+                   }}},
+      {"slice", {1, [](S x, K k) {
+                   return slice(x[0], required<int>(k, "slice", "axis"), required<int64_t>(k, "slice", "start"),
+                                required<int64_t>(k, "slice", "stop"));
+                 }}},
+      {"concat", {kAny, [](S x, K k) { return concat(x, keyword(k, "axis", 0)); }}},
+      {"embedding", {2, [](S x, K) { return embedding(x[0], x[1]); }}},
+      {"mlp", {5, [](S x, K k) { return mlp(x[0], x[1], x[2], x[3], x[4], gelu_form(k)); }}},
+      {"split_heads", {1, [](S x, K k) {
+                         return split_heads(x[0], required<int64_t>(k, "split_heads", "heads"), keyword<int64_t>(k, "offset", 0),
+                                            required<int64_t>(k, "split_heads", "width"));
+                       }}},
+      {"merge_heads", {1, [](S x, K) { return merge_heads(x[0]); }}},
       {"matmul", {2, [](S x, K) { return matmul(x[0], x[1]); }}},
       {"linear", {3, [](S x, K) { return linear(x[0], x[1], x[2]); }}},
       {"softmax", {1, [](S x, K) { return softmax(x[0]); }}},
@@ -68,14 +103,12 @@ const std::map<std::string, OpEntry>& op_table() {
       {"layer_norm", {3, [](S x, K k) { return layer_norm(x[0], x[1], x[2], keyword(k, "eps", 1e-5)); }}},
       {"mse_loss", {2, [](S x, K) { return mse_loss(x[0], x[1]); }}},
       {"cross_entropy", {2, [](S x, K) { return cross_entropy(x[0], x[1]); }}},
-      {"attention", {3, [](S x, K k) {
-                       AttentionOptions o{keyword(k, "scale", 0.0), keyword(k, "causal", false)};
-                       return attention(x[0], x[1], x[2], o);
-                     }}},
-      {"beta_attention", {3, [](S x, K k) {
-                            AttentionOptions o{keyword(k, "scale", 0.0), keyword(k, "causal", false)};
-                            return beta_attention(x[0], x[1], x[2], o);
-                          }}},
+      {"attention", {3, [](S x, K k) { return attention(x[0], x[1], x[2], attention_options(k)); }}},
+      {"tiled_attention", {3, [](S x, K k) {
+                             return tiled_attention(x[0], x[1], x[2], attention_options(k), {},
+                                                    keyword<int64_t>(k, "block", 64));
+                           }}},
+      {"beta_attention", {3, [](S x, K k) { return beta_attention(x[0], x[1], x[2], attention_options(k)); }}},
       {"linear_attention", {3, [](S x, K k) {
                               return linear_attention(x[0], x[1], x[2], keyword(k, "causal", false));
                             }}},
@@ -99,7 +132,9 @@ Var call_op(const std::string& name, const std::vector<Var>& xs, const py::kwarg
     for (const auto& [n, e] : table) known += (known.empty() ? "" : ", ") + n;
     fail("Tape.op: no op '{}' here; the ops: {}", name, known);
   }
-  if (xs.size() != it->second.inputs) fail("{}: takes {} values, got {}", name, it->second.inputs, xs.size());
+  if (it->second.inputs == kAny ? xs.empty() : xs.size() != it->second.inputs)
+    fail("{}: takes {} values, got {}", name, it->second.inputs == kAny ? "one or more" : std::to_string(it->second.inputs),
+         xs.size());
   for (const Var& x : xs)
     if (!x.live()) fail("{}: an input is {}", name, to_string(x));
   const std::string shapes = shapes_of(xs);
@@ -206,6 +241,11 @@ void bind_engine(py::module_& m) {
     for (const auto& [n, e] : op_table()) names.push_back(n);
     return names;
   }, "The ops Tape.op calls by name");
+  m.def("registered_ops", [] {
+    std::vector<std::string> names;
+    for (const OpInfo& op : builtin_registry().ops()) names.push_back(op.name);
+    return names;
+  }, "The ops of tapegrad's registry (what tapegrad gradcheck --list and explain know)");
   // explain(op) as `tapegrad explain OP --json` prints it, parsed by Python's json module.
   m.def("_explain_json", [](const std::string& op, const std::string& derivations_path) {
     ExplainOptions o;

@@ -27,8 +27,9 @@ Tensor view_of(const py::object& array, std::string_view op) {
   DType dtype;
   if (a.dtype().is(py::dtype::of<float>())) dtype = DType::f32;
   else if (a.dtype().is(py::dtype::of<double>())) dtype = DType::f64;
+  else if (a.dtype().is(py::dtype::of<int32_t>())) dtype = DType::i32;
   else
-    fail("{}: an array of dtype {} and shape {}; tapegrad takes float32 or float64", op,
+    fail("{}: an array of dtype {} and shape {}; tapegrad takes float32, float64, or int32 (indices)", op,
          std::string(py::str(a.dtype())), shape_text(a));
   if (!(a.flags() & py::array::c_style))
     fail("{}: the array of shape {} is not C-contiguous (a transpose or a slice); pass np.ascontiguousarray(x)", op,

@@ -4,6 +4,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import tapegrad
 
@@ -82,3 +83,23 @@ def test_graph_draws_the_tape(tmp_path):
     assert dot.startswith("digraph") and "softmax" in dot
     svg = tapegrad.graph(tape, tmp_path / "tape.svg")
     assert svg.read_text().lstrip().startswith("<?xml") and "softmax" in svg.read_text()
+
+
+def test_every_registered_op_is_callable_by_name():
+    assert set(tapegrad._tapegrad.registered_ops()) <= set(tapegrad.ops())
+
+
+def test_ops_with_indices_and_keywords():
+    rng = np.random.default_rng(0)
+    tape = tapegrad.Tape()
+    table = tape.leaf(rng.standard_normal((4, 3)))
+    rows = tape.op("embedding", tape.constant(np.array([1, 0, 2], dtype=np.int32)), table)
+    both = tape.op("concat", rows, rows, axis=0)
+    part = tape.op("slice", both, axis=0, start=1, stop=4)
+    loss = tape.op("cross_entropy", part, tape.constant(np.array([0, 1, 2], dtype=np.int32)))
+    tape.backward(loss)
+    assert table.grad.shape == (4, 3) and np.abs(table.grad[3]).max() == 0  # row 3 is never looked up
+    with pytest.raises(tapegrad.Error, match="needs the keyword stop="):
+        tape.op("slice", both, axis=0, start=1)
+    with pytest.raises(tapegrad.Error, match="int32 tensor of shape \\(3\\) cannot require a gradient"):
+        tape.leaf(np.array([1, 2, 3], dtype=np.int32))
