@@ -1,6 +1,7 @@
 """tapegrad.gradcheck: the inputs and options of a Python call, handed to the C++ checker (python/module.cpp)."""
 
 import inspect
+import sys
 
 import numpy as np
 
@@ -22,7 +23,7 @@ def _is_torch_tensor(x):
 
 
 def _torch_if_loaded():
-    import sys
+    """torch if the caller has imported it (its tensors can only come from there); tapegrad does not load it."""
     return sys.modules.get("torch")
 
 
