@@ -38,4 +38,6 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built[-1], target)
 
 
-setup(ext_modules=[CMakeExtension("tapegrad._tapegrad")], cmdclass={"build_ext": CMakeBuild})
+# setuptools' own folder is build-pip/, away from the project's CMake folder build/.
+setup(ext_modules=[CMakeExtension("tapegrad._tapegrad")], cmdclass={"build_ext": CMakeBuild},
+      options={"build": {"build_base": "build-pip"}})
