@@ -4,6 +4,7 @@
 #   ops/formulas/  2  the formula language and claims, which build ops
 #   models/        3  layers, optimizers, the GPT, the training loop
 #   tools/         4  the tapegrad program
+#   python/        5  the Python module (python/CMakeLists.txt), above everything: nothing includes it
 # Within the floors, math below and tooling above: the op kernels and nodes (ops/, ops/attention/) include nothing
 # of the tooling — engine/gradcheck/ (the registry, the checker, explain), the profile, the tape's drawing
 # (engine/profile.hpp, engine/tape_dot.hpp, engine/graphviz.hpp). An op describes itself in its sheet, plain data
@@ -26,13 +27,15 @@ function(floor_of path out)
     set(${out} 3 PARENT_SCOPE)
   elseif(path MATCHES "^tools/")
     set(${out} 4 PARENT_SCOPE)
+  elseif(path MATCHES "^python/")
+    set(${out} 5 PARENT_SCOPE)
   else()
     set(${out} -1 PARENT_SCOPE)  # outside the floors (tapegrad.hpp, tests, fuzz, examples)
   endif()
 endfunction()
 
 set(globs "")
-foreach(floor engine ops models tools)
+foreach(floor engine ops models tools python)
   list(APPEND globs "${SOURCE_DIR}/${floor}/*.hpp" "${SOURCE_DIR}/${floor}/*.cpp")
 endforeach()
 file(GLOB_RECURSE sources RELATIVE "${SOURCE_DIR}" ${globs})
@@ -45,7 +48,7 @@ foreach(source ${sources})
   file(STRINGS "${SOURCE_DIR}/${source}" includes REGEX "^#include \"")
   foreach(line ${includes})
     string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" target "${line}")
-    if(NOT target MATCHES "^(engine|ops|models|tools)/")
+    if(NOT target MATCHES "^(engine|ops|models|tools|python)/")
       cmake_path(SET target NORMALIZE "${dir}/${target}")
     endif()
     floor_of("${target}" floor)

@@ -6,7 +6,10 @@
 # Depends: what the program links, computed by dpkg-shlibdeps from the shared libraries it loads (OpenBLAS, fmt,
 # oneDNN, OpenMP's libgomp, the C++ runtime), and the development packages that find_package(tapegrad) and
 # pkg-config --libs tapegrad look up for the library (cmake/tapegradConfig.cmake.in, cmake/tapegrad.pc.in).
-# Recommends: Graphviz (tapegrad graph --format svg|png) and PyTorch (bench --vs-torch, the cross-checks).
+# Where the Python module is built (python/CMakeLists.txt), the package holds it in Debian's python3 path
+# (/usr/lib/python3/dist-packages/tapegrad) and depends on that python3 and python3-numpy.
+# Recommends: Graphviz (tapegrad graph --format svg|png) and PyTorch (bench --vs-torch, the cross-checks, and
+# tapegrad.gradcheck on torch ops).
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME tapegrad)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -20,7 +23,8 @@ bundled Tiny Shakespeare.
 .
 This package holds the tapegrad program (train, gradcheck, explain, claim, graph, bench), the
 static library with its headers, CMake package (find_package(tapegrad)) and pkg-config file,
-and the files the program reads, under /usr/share/tapegrad.")
+and the files the program reads, under /usr/share/tapegrad; where built, the Python module
+tapegrad (the gradchecker on PyTorch and numpy ops, the engine on numpy arrays).")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # tapegrad_<version>_<arch>.deb
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "The tapegrad developers")
@@ -29,6 +33,9 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(TAPEGRAD_DEB_DEV_DEPENDS "libopenblas-dev, libfmt-dev, nlohmann-json3-dev")
 if(TAPEGRAD_HAVE_ONEDNN)
   string(APPEND TAPEGRAD_DEB_DEV_DEPENDS ", libdnnl-dev")
+endif()
+if(TAPEGRAD_PYTHON_DEB_DEPENDS)
+  string(APPEND TAPEGRAD_DEB_DEV_DEPENDS ", ${TAPEGRAD_PYTHON_DEB_DEPENDS}")
 endif()
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "${TAPEGRAD_DEB_DEV_DEPENDS}")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "graphviz, python3-torch")

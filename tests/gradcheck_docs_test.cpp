@@ -55,7 +55,7 @@ std::vector<std::string> code_spans(const std::string& line) {
 }
 
 bool is_repo_path(const std::string& s) {
-  static const std::regex path(R"((ops|engine|models|tools|examples|tests|cmake|fuzz|docs)/[A-Za-z0-9_./+-]*)");
+  static const std::regex path(R"((ops|engine|models|tools|examples|tests|cmake|fuzz|docs|python)/[A-Za-z0-9_./+-]*)");
   return std::regex_match(s, path);
 }
 

@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libdnnl-dev libfmt-dev libcli11-dev nlohmann-json3-dev doctest-dev libutfcpp-dev graphviz)
+PACKAGES=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libdnnl-dev libfmt-dev libcli11-dev nlohmann-json3-dev doctest-dev libutfcpp-dev graphviz
+          python3-dev pybind11-dev python3-pytest)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

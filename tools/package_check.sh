@@ -2,7 +2,8 @@
 # Checks a Debian package of tapegrad (tools/dev.sh package): its fields and dependencies (dpkg-deb -I), its
 # contents (dpkg-deb -c), and the program run from an unpacked copy in a scratch folder. With --install, also
 # apt-get installs it, trains with /usr/bin/tapegrad, builds examples/custom-op with a plain
-# find_package(tapegrad) and runs its gradcheck, builds a program with pkg-config, then removes the package again.
+# find_package(tapegrad) and runs its gradcheck, builds a program with pkg-config, imports the Python module (where
+# the package has it), then removes the package again.
 #   bash tools/package_check.sh tapegrad_<version>_<arch>.deb [--install]
 set -euo pipefail
 deb=$(realpath "$1")
@@ -47,6 +48,15 @@ cd "$scratch/work"
   fail "explain from the unpacked copy names no derivation section"
 echo "package check: the unpacked program trains and explains"
 
+# The Python module, where the package has it: imported from the unpacked copy, it checks a numpy op.
+if grep -q '/dist-packages/tapegrad/_tapegrad.*\.so$' <<<"$contents"; then
+  [[ "$depends" == *python3-numpy* ]] || fail "the package holds the Python module but Depends lacks python3-numpy"
+  PYTHONPATH="$scratch/unpacked/usr/lib/python3/dist-packages" /usr/bin/python3 -c \
+    "import numpy as np, tapegrad; assert tapegrad.gradcheck(np.sin, (np.ones(3),), vjp=lambda g, x: g * np.cos(x))" ||
+    fail "the unpacked Python module does not import or check"
+  echo "package check: the unpacked Python module imports and checks"
+fi
+
 if [ "$install" = --install ]; then
   as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
@@ -62,5 +72,9 @@ if [ "$install" = --install ]; then
   # shellcheck disable=SC2046  # pkg-config's flags are words
   g++ -std=c++20 "$scratch/pc.cpp" -o "$scratch/pc" $(pkg-config --cflags --libs tapegrad) && "$scratch/pc" ||
     fail "a program built with pkg-config --cflags --libs tapegrad did not build or run"
-  echo "package check: installed with apt-get; train, find_package(tapegrad) and pkg-config work"
+  if grep -q '/dist-packages/tapegrad/' <<<"$contents"; then
+    (cd "$scratch" && /usr/bin/python3 -c "import tapegrad; print('import tapegrad:', tapegrad.__file__)") ||
+      fail "python3 -c 'import tapegrad' fails with the package installed"
+  fi
+  echo "package check: installed with apt-get; train, find_package(tapegrad), pkg-config and import tapegrad work"
 fi

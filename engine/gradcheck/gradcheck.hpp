@@ -78,7 +78,8 @@ enum class Finding {
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
 };
-std::string_view finding_name(Finding f);
+std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
+std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
 
 struct Diagnosis {
   Finding kind;

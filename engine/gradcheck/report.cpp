@@ -40,6 +40,38 @@ std::string_view finding_name(Finding f) {
   return "?";
 }
 
+std::string_view finding_key(Finding f) {
+  switch (f) {
+    case Finding::not_finite: return "not_finite";
+    case Finding::zero: return "zero";
+    case Finding::nonlinear: return "nonlinear";
+    case Finding::sign: return "sign";
+    case Finding::scale: return "scale";
+    case Finding::transposed_jacobian: return "transposed_jacobian";
+    case Finding::transposed_input: return "transposed_input";
+    case Finding::transposed_output: return "transposed_output";
+    case Finding::masked_positions: return "masked_positions";
+    case Finding::diagonal: return "diagonal";
+    case Finding::one_row: return "one_row";
+    case Finding::per_row_term: return "per_row_term";
+    case Finding::unexplained: return "unexplained";
+    case Finding::radial: return "radial";
+    case Finding::kink: return "kink";
+    case Finding::tolerance: return "tolerance";
+    case Finding::one_input: return "one_input";
+    case Finding::jvp_only: return "jvp_only";
+    case Finding::vjp_only: return "vjp_only";
+    case Finding::adjoint: return "adjoint";
+    case Finding::consistent: return "consistent";
+    case Finding::overwrites: return "overwrites";
+    case Finding::no_jvp: return "no_jvp";
+    case Finding::first_order: return "first_order";
+    case Finding::hessian_block: return "hessian_block";
+    case Finding::asymmetric: return "asymmetric";
+  }
+  return "?";
+}
+
 std::string Diagnosis::str() const {
   std::string where = input.empty() ? "" : check.empty() ? input + ": " : input + ", " + check + ": ";
   return fmt::format("[{}] {}{}", finding_name(kind), where, message);
@@ -70,9 +102,9 @@ std::string GradcheckReport::str() const {
   s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode", "max_abs_err",
                    "max_rel_err", "worst element", "result");
   for (const auto& c : checks) {
-    if (c.skipped) {
+    if (c.skipped) {  // first order: no JVP; second order: the reason, in `worst`
       s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", c.input, c.check, c.mode, "", "", "",
-                       "skipped (no JVP)");
+                       c.worst.empty() ? std::string("skipped (no JVP)") : "skipped: " + c.worst);
       continue;
     }
     s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode,

@@ -1,0 +1,136 @@
+// tapegrad's Python module, _tapegrad (wrapped by the package tapegrad/, python/tapegrad/__init__.py): the C++
+// gradchecker on a Python op (python/python_function.hpp), its report as Python objects, and the engine
+// (python/engine_bindings.cpp). tapegrad::Error becomes tapegrad.Error, a ValueError, with the C++ message.
+#include <pybind11/stl.h>
+
+#include "engine/gradcheck/second_order.hpp"
+#include "ops/formulas/claim.hpp"
+#include "python/engine_bindings.hpp"
+#include "python/numpy_tensor.hpp"
+#include "python/python_function.hpp"
+
+namespace tapegrad::python {
+
+namespace {
+
+std::optional<Finding> finding_named(std::string_view kind) {
+  for (int k = 0; k <= static_cast<int>(Finding::asymmetric); ++k)
+    if (finding_key(static_cast<Finding>(k)) == kind || finding_name(static_cast<Finding>(k)) == kind)
+      return static_cast<Finding>(k);
+  return std::nullopt;
+}
+
+Finding finding_or_fail(std::string_view kind) {
+  if (auto f = finding_named(kind)) return *f;
+  fail("no finding kind '{}' (tapegrad.finding_kinds() lists them)", kind);
+}
+
+// Runs the first- or second-order check of a Python op at float64 inputs (arrays, copied into the checker).
+GradcheckReport check(const py::object& impl, const std::string& name, const py::list& inputs,
+                      const std::vector<std::string>& names, int order, const GradcheckOptions& options) {
+  if (order != 1 && order != 2) fail("gradcheck: order must be 1 or 2, got {}", order);
+  std::vector<Tensor> xs;
+  for (const py::handle input : inputs) {
+    const Tensor view = view_of(py::reinterpret_borrow<py::object>(input), "gradcheck");
+    xs.push_back(view.to(DType::f64).clone());
+  }
+  const Function f = python_function({impl, name, order == 2});
+  GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
+  report.op = name;
+  return report;
+}
+
+// The claims of a text in the format of docs/claims/README.md, each checked as `tapegrad claim` does.
+std::vector<GradcheckReport> check_claims(const std::string& text, const GradcheckOptions& options) {
+  const std::vector<ClaimText> claims = parse_claims(text, "the claim text");
+  if (claims.empty()) fail("claim: the text holds no claim block (claim NAME, input ..., forward ..., vjp ...)");
+  std::vector<GradcheckReport> reports;
+  py::gil_scoped_release nogil;
+  for (const ClaimText& c : claims) reports.push_back(check_claim(c, options));
+  return reports;
+}
+
+void bind_report(py::module_& m) {
+  py::class_<CheckResult>(m, "Check", "One row of the report: one check of one input")
+      .def_readonly("input", &CheckResult::input)
+      .def_readonly("check", &CheckResult::check)
+      .def_readonly("mode", &CheckResult::mode)
+      .def_readonly("max_abs_err", &CheckResult::max_abs_err)
+      .def_readonly("max_rel_err", &CheckResult::max_rel_err)
+      .def_readonly("worst", &CheckResult::worst)
+      .def_readonly("analytic", &CheckResult::analytic)
+      .def_readonly("numeric", &CheckResult::numeric)
+      .def_readonly("passed", &CheckResult::passed)
+      .def_readonly("skipped", &CheckResult::skipped)
+      .def("__repr__", [](const CheckResult& c) {
+        return fmt::format("Check(input='{}', check='{}', mode='{}', max_abs_err={:.3g}, passed={}{})", c.input,
+                           c.check, c.mode, c.max_abs_err, c.passed ? "True" : "False", c.skipped ? ", skipped" : "");
+      });
+  py::class_<Diagnosis>(m, "Diagnosis", "What a failure looks like: one finding, with the numbers that back it")
+      .def_property_readonly("kind", [](const Diagnosis& d) { return std::string(finding_key(d.kind)); })
+      .def_property_readonly("title", [](const Diagnosis& d) { return std::string(finding_name(d.kind)); })
+      .def_readonly("input", &Diagnosis::input)
+      .def_readonly("check", &Diagnosis::check)
+      .def_readonly("message", &Diagnosis::message)
+      .def("__str__", &Diagnosis::str)
+      .def("__repr__", [](const Diagnosis& d) { return "<Diagnosis " + d.str() + ">"; });
+  py::class_<GradcheckReport>(m, "Report", "The gradchecker's report: the checks, the diagnosis, the verdict")
+      .def_readonly("op", &GradcheckReport::op)
+      .def_readonly("checks", &GradcheckReport::checks)
+      .def_readonly("diagnoses", &GradcheckReport::diagnoses)
+      .def_property_readonly("passed", [](const GradcheckReport& r) { return r.passed.ok; })
+      .def("__bool__", [](const GradcheckReport& r) { return r.passed.ok; })
+      .def_property_readonly("kinds", [](const GradcheckReport& r) {
+        std::vector<std::string> kinds;
+        for (const Diagnosis& d : r.diagnoses) kinds.emplace_back(finding_key(d.kind));
+        return kinds;
+      })
+      .def(
+          "has", [](const GradcheckReport& r, std::string_view kind, std::string_view input) {
+            return r.has(finding_or_fail(kind), input);
+          },
+          py::arg("kind"), py::arg("input") = "", "Whether a diagnosis of that kind (for that input) is in the report")
+      .def("__str__", &GradcheckReport::str)
+      .def("__repr__", &GradcheckReport::str);
+  m.def("finding_kinds", [] {
+    std::vector<std::string> kinds;
+    for (int k = 0; k <= static_cast<int>(Finding::asymmetric); ++k)
+      kinds.emplace_back(finding_key(static_cast<Finding>(k)));
+    return kinds;
+  });
+}
+
+}  // namespace
+
+}  // namespace tapegrad::python
+
+PYBIND11_MODULE(_tapegrad, m) {
+  using namespace tapegrad;
+  using namespace tapegrad::python;
+  m.doc() = "tapegrad's C++ core: the diagnosing gradchecker on Python ops, and the engine";
+  static py::exception<Error> error(m, "Error", PyExc_ValueError);
+  static py::exception<NoJvp> no_jvp(m, "NoJvp", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const NoJvp& e) {
+      no_jvp(e.what());
+    } catch (const Error& e) {
+      error(e.what());
+    }
+  });
+  bind_report(m);
+  m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
+        py::arg("options"));
+  m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
+  py::class_<GradcheckOptions>(m, "_Options")
+      .def(py::init<>())
+      .def_readwrite("eps", &GradcheckOptions::eps)
+      .def_readwrite("atol", &GradcheckOptions::atol)
+      .def_readwrite("rtol", &GradcheckOptions::rtol)
+      .def_readwrite("full_jacobian_limit", &GradcheckOptions::full_jacobian_limit)
+      .def_readwrite("projections", &GradcheckOptions::projections)
+      .def_readwrite("seed", &GradcheckOptions::seed)
+      .def_readwrite("diagnose", &GradcheckOptions::diagnose);
+  bind_engine(m);
+}

@@ -1,0 +1,77 @@
+#include "python/python_function.hpp"
+
+#include <unordered_set>
+#include <vector>
+
+#include "engine/no_jvp.hpp"
+#include "python/numpy_tensor.hpp"
+
+namespace tapegrad::python {
+
+namespace {
+
+// A node keeps its op's name as a const char*: one stable copy per name (called under the GIL).
+const char* interned(const std::string& name) {
+  static std::unordered_set<std::string> names;
+  return names.insert(name).first->c_str();
+}
+
+py::list copies(std::span<const Tensor> ts) {
+  py::list out;
+  for (const Tensor& t : ts) out.append(t.defined() ? py::object(copy_to_numpy(t)) : py::object(py::none()));
+  return out;
+}
+
+// What a rule of the Python op returned for each input, added into the tape's buffers (undefined: not wanted).
+void add_per_input(const py::object& result, std::span<Tensor> into, const char* op, const char* what) {
+  if (!py::isinstance<py::sequence>(result) || py::len(result) != into.size())
+    fail("{}: the {} must be a list of {} arrays (one per input, None for zero)", op, what, into.size());
+  const auto items = py::reinterpret_borrow<py::sequence>(result);
+  for (size_t i = 0; i < into.size(); ++i) {
+    const py::object item = items[i];
+    if (!into[i].defined() || item.is_none()) continue;
+    const auto a = float64_result(item, into[i].shape(), op, fmt::format("{} of input {}", what, i));
+    into[i].accumulate(Tensor(DType::f64, into[i].shape(), const_cast<double*>(a.data())));
+  }
+}
+
+}  // namespace
+
+Function python_function(const PythonOp& op) {
+  const char* name = interned(op.name);
+  const py::object impl = op.impl;
+  const bool second_order = op.second_order;
+  return [name, impl, second_order](Tape& tape, std::span<const Var> xs) -> Var {
+    py::list arrays;
+    for (const Var& x : xs) arrays.append(copy_to_numpy(x.value().to(DType::f64)));
+    const py::tuple result = impl.attr("forward")(arrays, tape.recording());
+    if (result.size() != 2) fail("{}: forward must return (y, state)", name);
+    const py::object y_obj = result[0];
+    const auto y_any = py::array::ensure(y_obj);
+    if (!y_any) fail("{}: the output is not an array", name);
+    const Shape yshape = shape_of(y_any, name);
+    const auto y64 = float64_result(y_obj, yshape, name, "output");
+    Tensor y = tape.empty(DType::f64, yshape);
+    y.copy_from(Tensor(DType::f64, yshape, const_cast<double*>(y64.data())));
+    const py::object state = result[1];
+
+    auto vjp = [name, impl, state](const Tensor& gout, std::span<Tensor> gin) {
+      add_per_input(impl.attr("vjp")(state, copy_to_numpy(gout)), gin, name, "VJP");
+    };
+    auto jvp = [name, impl, state, yshape](std::span<const Tensor> tin, Tensor& tout) {
+      const py::object t = impl.attr("jvp")(state, copies(tin));
+      if (t.is_none()) throw NoJvp(name);
+      const auto a = float64_result(t, yshape, name, "JVP");
+      tout.accumulate(Tensor(DType::f64, yshape, const_cast<double*>(a.data())));
+    };
+    if (!second_order) return tape.record(name, xs, std::move(y), std::move(vjp), std::move(jvp));
+    auto second = [name, impl, state](const Tensor& gout, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
+      const py::object r = impl.attr("vjp_tangent")(state, copy_to_numpy(gout), copies(tin));
+      if (py::isinstance<py::str>(r)) fail("{}", std::string(py::str(r)));
+      add_per_input(r, gin_dot, name, "second-order rule");
+    };
+    return tape.record(name, xs, std::move(y), std::move(vjp), std::move(jvp), std::move(second));
+  };
+}
+
+}  // namespace tapegrad::python

@@ -1,0 +1,103 @@
+"""The engine on numpy arrays: ops by name, backward, grad, jvp, hvp, explain; the GIL released in C++ work."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tapegrad
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_softmax_forward_backward_jvp_and_hvp():
+    rng = np.random.default_rng(0)
+    x, g, t = (rng.standard_normal((3, 5)) for _ in range(3))
+    tape = tapegrad.Tape()
+    v = tape.leaf(x)
+    y = tape.op("softmax", v)
+    np.testing.assert_allclose(y.value, softmax(x), rtol=1e-12)
+    tape.backward(y, g)
+    p = softmax(x)
+    np.testing.assert_allclose(v.grad, p * (g - (p * g).sum(-1, keepdims=True)), rtol=1e-10)
+    np.testing.assert_allclose(tape.jvp(y, [v], [t]), p * (t - (p * t).sum(-1, keepdims=True)), rtol=1e-10)
+    s = tape.op("sum", tape.op("square", tape.op("scale", v, s=0.5)))
+    gradient, hv = tape.hvp(s, [v], [t])
+    np.testing.assert_allclose(gradient[0], 0.5 * x, rtol=1e-12)
+    np.testing.assert_allclose(hv[0], 0.5 * t, rtol=1e-12)
+
+
+def test_float32_in_float32_out_and_the_leaf_shares_the_array():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    tape = tapegrad.Tape()
+    v = tape.leaf(x)
+    x[0, 0] = 5.0  # no copy: the leaf reads the array's memory
+    y = tape.op("sum", v)
+    assert y.value.dtype == np.float32 and y.value == 20.0
+    tape.backward(y)
+    assert v.grad.dtype == np.float32 and np.all(v.grad == 1)
+
+
+def test_explain_is_a_dict_of_the_op_record():
+    e = tapegrad.explain("softmax")
+    assert e["op"] == "softmax"
+    text = str(e)
+    assert "ops/" in text and "vjp" in text.lower()
+
+
+def test_the_gil_is_released_while_an_op_runs():
+    a = np.random.default_rng(0).standard_normal((1200, 1200))
+    tape = tapegrad.Tape()
+    va = tape.leaf(a)
+    ticks = []
+    done = threading.Event()
+
+    def count():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    time.sleep(0.01)
+    t0 = time.perf_counter()
+    tape.op("matmul", va, va)  # one call into C++: without the GIL released, the other thread would stand still
+    t1 = time.perf_counter()
+    done.set()
+    thread.join()
+    during = sum(t0 < t < t1 for t in ticks)
+    assert t1 - t0 < 0.02 or during >= 5, f"the other thread ran {during} times in {t1 - t0:.3f} s of C++ work"
+
+
+def test_graph_draws_the_tape(tmp_path):
+    tape = tapegrad.Tape()
+    x = tape.leaf(np.ones((2, 3)))
+    tape.backward(tape.op("sum", tape.op("softmax", x)))
+    dot = tapegrad.graph(tape)
+    assert dot.startswith("digraph") and "softmax" in dot
+    svg = tapegrad.graph(tape, tmp_path / "tape.svg")
+    assert svg.read_text().lstrip().startswith("<?xml") and "softmax" in svg.read_text()
+
+
+def test_every_registered_op_is_callable_by_name():
+    assert set(tapegrad._tapegrad.registered_ops()) <= set(tapegrad.ops())
+
+
+def test_ops_with_indices_and_keywords():
+    rng = np.random.default_rng(0)
+    tape = tapegrad.Tape()
+    table = tape.leaf(rng.standard_normal((4, 3)))
+    rows = tape.op("embedding", tape.constant(np.array([1, 0, 2], dtype=np.int32)), table)
+    both = tape.op("concat", rows, rows, axis=0)
+    part = tape.op("slice", both, axis=0, start=1, stop=4)
+    loss = tape.op("cross_entropy", part, tape.constant(np.array([0, 1, 2], dtype=np.int32)))
+    tape.backward(loss)
+    assert table.grad.shape == (4, 3) and np.abs(table.grad[3]).max() == 0  # row 3 is never looked up
+    with pytest.raises(tapegrad.Error, match="needs the keyword stop="):
+        tape.op("slice", both, axis=0, start=1)
+    with pytest.raises(tapegrad.Error, match="int32 tensor of shape \\(3\\) cannot require a gradient"):
+        tape.leaf(np.array([1, 2, 3], dtype=np.int32))

@@ -1,0 +1,29 @@
+"""The examples of examples/python/ run, and say what their docstrings say."""
+
+import runpy
+
+import pytest
+
+import tapegrad
+from attention_bias import inputs as bias_inputs, make_attention_bias
+from conftest import SOURCE_DIR
+
+EXAMPLES = sorted((SOURCE_DIR / "examples" / "python").glob("*.py"))
+
+
+def test_there_are_examples():
+    assert {p.name for p in EXAMPLES} >= {"attention_gradient.py", "attention_bias.py", "engine_row_normalize.py"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_an_example_runs(path, capsys):
+    main = runpy.run_path(str(path))["main"]
+    assert main() == 0
+    assert capsys.readouterr().out
+
+
+def test_the_attention_bias_code_passes_and_its_prose_is_not_linear_in_the_cotangent():
+    assert tapegrad.gradcheck(make_attention_bias("code").apply, bias_inputs())
+    prose = tapegrad.gradcheck(make_attention_bias("prose").apply, bias_inputs())
+    assert not prose
+    assert {"q", "k", "b"} <= {d.input for d in prose.diagnoses if d.kind == "nonlinear"}, prose
