@@ -1,0 +1,64 @@
+"""The Python the docs show is run: README's example and the output it quotes, docs/python.md's complete blocks, and
+every tapegrad.X and tape.X its other blocks name."""
+
+import contextlib
+import io
+import re
+
+import tapegrad
+from conftest import SOURCE_DIR
+
+
+def fenced_blocks(path, language):
+    """The ```language blocks of a Markdown file, each with the block that follows it when that one is untyped."""
+    text = (SOURCE_DIR / path).read_text()
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```\n", text, flags=re.S | re.M)
+    return [(body, blocks[i + 1][1] if i + 1 < len(blocks) and blocks[i + 1][0] == "" else None)
+            for i, (lang, body) in enumerate(blocks) if lang == language]
+
+
+def run(code):
+    out = io.StringIO()
+    namespace = {}
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<docs>", "exec"), namespace)
+    return out.getvalue(), namespace
+
+
+def test_readme_example_prints_what_the_readme_quotes():
+    (code, quoted), = fenced_blocks("README.md", "python")
+    printed, _ = run(code)
+    printed_lines = printed.splitlines()
+    # The quoted output, but for its "..." and the table's numbers: the verdict, each row's input, check and mode,
+    # and every diagnosis line word for word.
+    for line in quoted.splitlines():
+        if line.strip() == "...":
+            continue
+        if line.lstrip().startswith("[") or line.endswith(": FAILED") or line.strip() == "diagnosis:":
+            assert line in printed_lines, f"README quotes {line!r}; the example printed:\n{printed}"
+        elif re.match(r"\s+\w+\s+(vjp|jvp|adjoint|accumulate)\s", line):
+            head = line.split()[:3]
+            assert any(p.split()[:3] == head for p in printed_lines), f"no row {head}:\n{printed}"
+
+
+def test_python_md_complete_blocks_run():
+    complete = [code for code, _ in fenced_blocks("docs/python.md", "python") if "..." not in code]
+    assert complete
+    namespace = {}
+    for code in complete:
+        if "tapegrad.gradcheck(" not in code:
+            continue
+        _, namespace = run(code)
+        assert namespace["report"], namespace["report"]
+    assert "report" in namespace
+
+
+def test_python_md_names_only_what_exists():
+    tape = tapegrad.Tape()
+    named = 0
+    for code, _ in fenced_blocks("docs/python.md", "python"):
+        code = re.sub(r"#.*|\"[^\"\n]*\"|'[^'\n]*'", "", code)  # names in strings and comments are not code
+        for owner, attribute in re.findall(r"\b(tapegrad|tape)\.(\w+)", code):
+            assert hasattr(tapegrad if owner == "tapegrad" else tape, attribute), f"{owner}.{attribute}"
+            named += 1
+    assert named > 5
