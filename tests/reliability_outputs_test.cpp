@@ -34,7 +34,7 @@ void check_refused(const CliRun& r, const std::string& expect) {
   CHECK_MESSAGE(r.signal == 0, r.out);
   CHECK_MESSAGE(r.code == 2, r.out);
   CHECK_MESSAGE(r.out.find(expect) != std::string::npos, r.out);
-  CHECK_MESSAGE(r.max_rss_kb < 100 * 1024, r.max_rss_kb, " KiB");
+  CHECK_MESSAGE(refused_in_little_memory(r), r.max_rss_kb, " KiB");
 }
 
 }  // namespace

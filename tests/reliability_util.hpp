@@ -45,6 +45,23 @@ struct CliRun {
   long max_rss_kb = 0;  // the child's peak resident memory (ru_maxrss)
 };
 
+// Whether this build (and so the program it tests) runs under AddressSanitizer, whose shadow memory and quarantine
+// make up most of a process's resident memory: the bound on a refusal's memory is checked in unsanitized builds.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
+// A refusal takes under 100 MB of resident memory at its peak (not checked under AddressSanitizer, above).
+inline bool refused_in_little_memory(const CliRun& r) { return kAddressSanitizer || r.max_rss_kb < 100 * 1024; }
+
 // Runs the tapegrad program with `args` (no shell: every byte of an argument is passed as is) in directory `cwd`,
 // killed by SIGALRM after `timeout_s` seconds.
 inline CliRun run_cli(const std::string& cwd, const std::vector<std::string>& args, unsigned timeout_s = 300) {
