@@ -61,7 +61,7 @@ if [ "$install" = --install ]; then
   as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
   trap 'as_root apt-get remove -y -qq tapegrad >/dev/null; rm -rf "$scratch"' EXIT
-  /usr/bin/tapegrad train --max-iters 3 --eval-interval 3 --eval-iters 1 --n-layer 1 | tail -2
+  /usr/bin/tapegrad train --max-iters 3 --eval-interval 3 --eval-iters 1 --n-layer 1 --name installed | tail -2
   cmake -S "$source_dir/examples/custom-op" -B "$scratch/custom-op" -G Ninja -D CMAKE_BUILD_TYPE=Release >/dev/null
   grep -q '^tapegrad_DIR:PATH=/usr/lib/' "$scratch/custom-op/CMakeCache.txt" ||
     fail "find_package(tapegrad) did not take the installed package: $(grep '^tapegrad_DIR' "$scratch/custom-op/CMakeCache.txt")"
