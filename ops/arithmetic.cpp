@@ -254,6 +254,7 @@ std::vector<OpInfo> arithmetic_ops() {
            .equation = op.equation,
            .second_order = op.second_order,
            .second_order_derivation = op.second_order_derivation,
+           // Its gradcheck cases, each checked to first and second order by the suite:
            .cases = {{"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)},
                      {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)},
                      {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)},
@@ -264,12 +265,14 @@ std::vector<OpInfo> arithmetic_ops() {
          .forward = "y = −x",
          .equation = "x̄ −= ȳ; ẏ = −ẋ",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }}}});
   r.add({.name = "scale",
          .family = "arithmetic",
          .forward = "y = s·x",
          .equation = "x̄ += s·ȳ; ẏ = s·ẋ",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }}}});
   return r.ops;
 }

@@ -191,6 +191,7 @@ std::vector<OpInfo> cross_entropy_ops() {
                      "targets not differentiable",
          .second_order = "ẋ̄_r += (ḡ/N)·ṗ_r, ṗ_r = p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩)",
          .second_order_derivation = "6.5",
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss},
                    {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss},
                    {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}}});

@@ -109,6 +109,7 @@ std::vector<OpInfo> embedding_ops() {
          .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name",
          .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup},
                    {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup},
                    {"ids (2, 2, 3), V = 4", {{"ids", {2, 2, 3}, Fill::indices, 4}, {"table", {4, 2}}}, lookup},

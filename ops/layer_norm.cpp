@@ -299,6 +299,7 @@ std::vector<OpInfo> layer_norm_ops() {
          .second_order = "m = mean(x̂⊙ĝ), ĝ̇ = ẇ⊙ȳ, ρ̇ = −ρ²·mean(x̂⊙ẋ), x̂̇ = ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)): "
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
          .second_order_derivation = "6.7",
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply},
                    {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}}});
   return r.ops;

@@ -81,6 +81,7 @@ std::vector<OpInfo> linear_ops() {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
            return OpCost{forward, 2 * forward, 2 * forward};
          },
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }},
                    {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},

@@ -205,6 +205,7 @@ std::vector<OpInfo> matmul_ops() {
            const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
            return OpCost{forward, 2 * forward, 2 * forward};
          },
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product},
                    {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product},
                    {"batched (2, 3, 4) @ (2, 4, 5)", {{"a", {2, 3, 4}}, {"b", {2, 4, 5}}}, product},

@@ -227,6 +227,7 @@ std::vector<OpInfo> mlp_ops() {
            const double forward = 2 * rows * (C * H + H * out);
            return OpCost{forward, 2 * forward, 2 * forward};
          },
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"exact gelu, biases, x (5, 4), H = 6, out 3",
                     {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
                     [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }},

@@ -105,6 +105,7 @@ std::vector<OpInfo> mse_loss_ops() {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 4 * n, 3 * n};
          },
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply},
                    {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply},
                    {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply}}});

@@ -161,6 +161,7 @@ std::vector<OpInfo> reduce_ops() {
            .forward = f.forward,
            .equation = f.equation,
            .second_order = kNoSecondOrderTerm,
+           // Its gradcheck cases, each checked to first and second order by the suite:
            .cases = {{"all elements", {{"x", {3, 4}}}, whole},
                      {"all elements of a scalar", {{"x", {}}}, whole},
                      {"axis 0", {{"x", {3, 4, 2}}}, along(0, false)},

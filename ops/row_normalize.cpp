@@ -73,6 +73,7 @@ std::vector<OpInfo> row_normalize_ops() {
            const double n = static_cast<double>(in[0].numel());
            return OpCost{3 * n, 5 * n, 5 * n};
          },
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"rows", {{"x", {4, 6}}}, apply},
                    {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply},
                    {"rank 3", {{"x", {2, 3, 4}}}, apply}}});

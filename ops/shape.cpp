@@ -397,6 +397,7 @@ std::vector<OpInfo> shape_ops() {
          .forward = "y[l] = x[l] in the new shape (the same row-major order)",
          .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})},
                    {"(4, 6) → (2, 2, 6)", {{"x", {4, 6}}}, reshaped({2, 2, 6})},
                    {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})}}});
@@ -409,6 +410,7 @@ std::vector<OpInfo> shape_ops() {
          .forward = "y[o] = x[off(o)]: the axes of x in the order p",
          .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(B, T, h, d) → (B, h, T, d)", {{"x", {2, 3, 2, 4}}}, permuted({0, 2, 1, 3})},
                    {"(B, h, T, d) → (B, h, d, T)", {{"x", {2, 2, 3, 4}}}, permuted({0, 1, 3, 2})},
                    {"cyclic (2, 3, 4) → (4, 2, 3)", {{"x", {2, 3, 4}}}, permuted({2, 0, 1})},
@@ -428,6 +430,7 @@ std::vector<OpInfo> shape_ops() {
          .forward = "y[o, j, i] = x[o, start + j, i], 0 ≤ j < stop − start",
          .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"head 1 of 2 along the last axis: (2, 3, 8)[..., 4:8]", {{"x", {2, 3, 8}}}, sliced(-1, 4, 8)},
                    {"head 0 of 4 along the last axis: (3, 8)[:, 0:2]", {{"x", {3, 8}}}, sliced(1, 0, 2)},
                    {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)},
@@ -439,6 +442,7 @@ std::vector<OpInfo> shape_ops() {
          .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
          .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
          .second_order = kNoSecondOrderTerm,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)},
                    {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}},
                     joined(1)},

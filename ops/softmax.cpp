@@ -149,6 +149,7 @@ std::vector<OpInfo> softmax_ops() {
                          {"second order", "ops/row_maps.hpp", "softmax_row_second_order"}},
          .cost = row_map_cost,
          // Then masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = row_cases(softmax, {{"masked -inf", {{"x", {4, 6}}}, [](Tape& tape, std::span<const Var> x) {
                                          return softmax(add_mask(tape, x[0]));
                                        }}})});
@@ -163,6 +164,7 @@ std::vector<OpInfo> softmax_ops() {
                          {"JVP", "ops/row_maps.hpp", "log_softmax_row_jvp"},
                          {"second order", "ops/row_maps.hpp", "log_softmax_row_second_order"}},
          .cost = row_map_cost,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = row_cases(log_softmax)});
   return r.ops;
 }

@@ -231,6 +231,7 @@ std::vector<OpInfo> beta_attention_ops() {
                          {"their VJP and JVP", "ops/row_maps.hpp", "beta_row_derivative"},
                          {"β's second order", "ops/row_maps.hpp", "beta_row_second_order"}},
          .cost = attention_cost,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {
              {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
              {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},

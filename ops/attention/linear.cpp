@@ -575,6 +575,7 @@ std::vector<OpInfo> linear_attention_ops() {
                          "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)",
          .derivation = "4.1, 4.2",
          .second_order_derivation = "6.11",
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"non-causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(false)},
                    {"causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(true)},
                    {"non-causal, T=6 Tk=9", inputs(1, 2, 6, 9, 4, 3), build(false)},

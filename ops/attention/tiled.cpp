@@ -401,6 +401,7 @@ std::vector<OpInfo> tiled_attention_ops() {
          .second_order_derivation = "6.9",
          .formulas_at = {{"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
          .cost = attention_cost,
+         // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {
              {"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)},
              {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)},
