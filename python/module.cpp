@@ -14,9 +14,8 @@ namespace tapegrad::python {
 namespace {
 
 std::optional<Finding> finding_named(std::string_view kind) {
-  for (int k = 0; k <= static_cast<int>(Finding::asymmetric); ++k)
-    if (finding_key(static_cast<Finding>(k)) == kind || finding_name(static_cast<Finding>(k)) == kind)
-      return static_cast<Finding>(k);
+  for (const Finding f : all_findings())
+    if (finding_key(f) == kind || finding_name(f) == kind) return f;
   return std::nullopt;
 }
 
@@ -94,8 +93,7 @@ void bind_report(py::module_& m) {
       .def("__repr__", &GradcheckReport::str);
   m.def("finding_kinds", [] {
     std::vector<std::string> kinds;
-    for (int k = 0; k <= static_cast<int>(Finding::asymmetric); ++k)
-      kinds.emplace_back(finding_key(static_cast<Finding>(k)));
+    for (const Finding f : all_findings()) kinds.emplace_back(finding_key(f));
     return kinds;
   });
 }

@@ -17,6 +17,7 @@
 
 #include <initializer_list>
 #include <iosfwd>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,6 +81,7 @@ enum class Finding {
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
+std::span<const Finding> all_findings();   // every kind, in the order above
 
 struct Diagnosis {
   Finding kind;

@@ -1,5 +1,7 @@
 // The report: findings by name, the table, the verdict.
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -8,68 +10,62 @@
 
 namespace tapegrad {
 
-std::string_view finding_name(Finding f) {
-  switch (f) {
-    case Finding::not_finite: return "not finite";
-    case Finding::zero: return "zero";
-    case Finding::nonlinear: return "nonlinear";
-    case Finding::sign: return "sign";
-    case Finding::scale: return "scale";
-    case Finding::transposed_jacobian: return "transposed Jacobian";
-    case Finding::transposed_input: return "transposed input";
-    case Finding::transposed_output: return "transposed output";
-    case Finding::masked_positions: return "masked positions";
-    case Finding::diagonal: return "diagonal";
-    case Finding::one_row: return "one row";
-    case Finding::per_row_term: return "per-row term";
-    case Finding::unexplained: return "no known kind";
-    case Finding::radial: return "radial";
-    case Finding::kink: return "kink";
-    case Finding::tolerance: return "tolerance";
-    case Finding::one_input: return "one input";
-    case Finding::jvp_only: return "JVP only";
-    case Finding::vjp_only: return "VJP only";
-    case Finding::adjoint: return "adjoint";
-    case Finding::consistent: return "consistent";
-    case Finding::overwrites: return "overwrites";
-    case Finding::no_jvp: return "no JVP";
-    case Finding::first_order: return "first order";
-    case Finding::hessian_block: return "Hessian block";
-    case Finding::asymmetric: return "asymmetric";
-  }
-  return "?";
-}
+namespace {
 
-std::string_view finding_key(Finding f) {
-  switch (f) {
-    case Finding::not_finite: return "not_finite";
-    case Finding::zero: return "zero";
-    case Finding::nonlinear: return "nonlinear";
-    case Finding::sign: return "sign";
-    case Finding::scale: return "scale";
-    case Finding::transposed_jacobian: return "transposed_jacobian";
-    case Finding::transposed_input: return "transposed_input";
-    case Finding::transposed_output: return "transposed_output";
-    case Finding::masked_positions: return "masked_positions";
-    case Finding::diagonal: return "diagonal";
-    case Finding::one_row: return "one_row";
-    case Finding::per_row_term: return "per_row_term";
-    case Finding::unexplained: return "unexplained";
-    case Finding::radial: return "radial";
-    case Finding::kink: return "kink";
-    case Finding::tolerance: return "tolerance";
-    case Finding::one_input: return "one_input";
-    case Finding::jvp_only: return "jvp_only";
-    case Finding::vjp_only: return "vjp_only";
-    case Finding::adjoint: return "adjoint";
-    case Finding::consistent: return "consistent";
-    case Finding::overwrites: return "overwrites";
-    case Finding::no_jvp: return "no_jvp";
-    case Finding::first_order: return "first_order";
-    case Finding::hessian_block: return "hessian_block";
-    case Finding::asymmetric: return "asymmetric";
-  }
-  return "?";
+// Each kind of finding, in the enum's order: the enumerator's name (for programs) and the name the report prints.
+struct FindingNames {
+  Finding kind;
+  std::string_view key, title;
+};
+constexpr FindingNames kFindingNames[] = {
+    {Finding::not_finite, "not_finite", "not finite"},
+    {Finding::zero, "zero", "zero"},
+    {Finding::nonlinear, "nonlinear", "nonlinear"},
+    {Finding::sign, "sign", "sign"},
+    {Finding::scale, "scale", "scale"},
+    {Finding::transposed_jacobian, "transposed_jacobian", "transposed Jacobian"},
+    {Finding::transposed_input, "transposed_input", "transposed input"},
+    {Finding::transposed_output, "transposed_output", "transposed output"},
+    {Finding::masked_positions, "masked_positions", "masked positions"},
+    {Finding::diagonal, "diagonal", "diagonal"},
+    {Finding::one_row, "one_row", "one row"},
+    {Finding::per_row_term, "per_row_term", "per-row term"},
+    {Finding::unexplained, "unexplained", "no known kind"},
+    {Finding::radial, "radial", "radial"},
+    {Finding::kink, "kink", "kink"},
+    {Finding::tolerance, "tolerance", "tolerance"},
+    {Finding::one_input, "one_input", "one input"},
+    {Finding::jvp_only, "jvp_only", "JVP only"},
+    {Finding::vjp_only, "vjp_only", "VJP only"},
+    {Finding::adjoint, "adjoint", "adjoint"},
+    {Finding::consistent, "consistent", "consistent"},
+    {Finding::overwrites, "overwrites", "overwrites"},
+    {Finding::no_jvp, "no_jvp", "no JVP"},
+    {Finding::first_order, "first_order", "first order"},
+    {Finding::hessian_block, "hessian_block", "Hessian block"},
+    {Finding::asymmetric, "asymmetric", "asymmetric"},
+};
+constexpr bool in_enum_order() {
+  for (size_t i = 0; i < std::size(kFindingNames); ++i)
+    if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::asymmetric) + 1;
+}
+static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
+
+const FindingNames& names_of(Finding f) { return kFindingNames[static_cast<size_t>(f)]; }
+
+}  // namespace
+
+std::string_view finding_name(Finding f) { return names_of(f).title; }
+std::string_view finding_key(Finding f) { return names_of(f).key; }
+
+std::span<const Finding> all_findings() {
+  static const auto kinds = [] {
+    std::array<Finding, std::size(kFindingNames)> k{};
+    for (size_t i = 0; i < k.size(); ++i) k[i] = kFindingNames[i].kind;
+    return k;
+  }();
+  return kinds;
 }
 
 std::string Diagnosis::str() const {
