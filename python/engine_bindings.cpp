@@ -20,6 +20,10 @@ namespace {
 // without the GIL (call_op): reading a keyword takes the GIL back for that moment.
 using OpCall = std::function<Var(std::span<const Var>, const py::kwargs&)>;
 
+bool has_keyword(const py::kwargs& kw, const char* key) {
+  py::gil_scoped_acquire gil;
+  return kw.contains(key);
+}
 template <class T>
 T keyword(const py::kwargs& kw, const char* key, T fallback) {
   py::gil_scoped_acquire gil;
@@ -70,11 +74,11 @@ const std::map<std::string, OpEntry>& op_table() {
       {"abs", {1, [](S x, K) { return abs(x[0]); }}},
       {"pow", {1, [](S x, K k) { return pow(x[0], keyword(k, "p", 2.0)); }}},
       {"sum", {1, [](S x, K k) {
-                 return k.contains("axis") ? sum(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
+                 return has_keyword(k, "axis") ? sum(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
                                            : sum(x[0]);
                }}},
       {"mean", {1, [](S x, K k) {
-                  return k.contains("axis") ? mean(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
+                  return has_keyword(k, "axis") ? mean(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
                                             : mean(x[0]);
                 }}},
       {"transpose", {1, [](S x, K k) { return transpose(x[0], keyword(k, "axis0", -2), keyword(k, "axis1", -1)); }}},
