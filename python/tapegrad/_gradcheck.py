@@ -31,11 +31,17 @@ def _is_float_array(x):
     return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating)
 
 
+def _function_class(fn):
+    """The class whose `apply` fn is (a torch.autograd.Function), or None."""
+    target = getattr(fn, "__self__", None)
+    return target if getattr(fn, "__name__", "") == "apply" and isinstance(target, type) else None
+
+
 def _parameter_names(fn, count):
     """The callable's parameter names (a torch.autograd.Function's forward without ctx), when it has `count`."""
-    target = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", "") == "apply" and isinstance(target, type):
-        fn = target.forward
+    function_class = _function_class(fn)
+    if function_class is not None:
+        fn = function_class.forward
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -48,9 +54,9 @@ def _parameter_names(fn, count):
 
 
 def _op_name(fn):
-    target = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", "") == "apply" and isinstance(target, type):
-        return target.__name__
+    function_class = _function_class(fn)
+    if function_class is not None:
+        return function_class.__name__
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
