@@ -14,6 +14,17 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 
+def _numpy(t):
+    """A torch tensor's values as a float64 numpy array, apart from any graph."""
+    return t.detach().to(torch.float64).numpy()
+
+
+def _inner_product(grads, tangents, like):
+    """Σᵢ ⟨gᵢ, tᵢ⟩ over the gradients that depend on what is differentiated (a scalar of like's dtype)."""
+    return sum(((g * torch.from_numpy(t)).sum() for g, t in zip(grads, tangents)
+                if g is not None and t is not None and g.requires_grad), torch.zeros((), dtype=like.dtype))
+
+
 def _lacks_forward_mode(error):
     text = str(error)
     return isinstance(error, NotImplementedError) or "jvp" in text or "forward AD" in text or "forward-mode" in text
@@ -47,18 +58,18 @@ class TorchOp:
         if not keep:
             with torch.no_grad():
                 y = self._call(xs)
-            return y.detach().to(torch.float64).numpy(), None
+            return _numpy(y), None
         xs = [x.requires_grad_() for x in xs]
         with torch.enable_grad():
             y = self._call(xs)
-        return y.detach().to(torch.float64).numpy(), (xs, y)
+        return _numpy(y), (xs, y)
 
     def vjp(self, state, gout):
         xs, y = state
         if not y.requires_grad:
             return [None] * len(xs)
         grads = torch.autograd.grad(y, xs, torch.from_numpy(gout).to(y.dtype), retain_graph=True, allow_unused=True)
-        return [None if g is None else g.detach().to(torch.float64).numpy() for g in grads]
+        return [None if g is None else _numpy(g) for g in grads]
 
     def jvp(self, state, tangents):
         if self.no_forward_mode is not None:
@@ -70,7 +81,7 @@ class TorchOp:
                          for x, t in zip(xs, tangents)]
                 y = self._call(duals)
                 tangent = fwAD.unpack_dual(y).tangent
-                return (torch.zeros_like(y) if tangent is None else tangent).detach().to(torch.float64).numpy()
+                return _numpy(torch.zeros_like(y) if tangent is None else tangent)
         except (NotImplementedError, RuntimeError) as error:
             if not _lacks_forward_mode(error):
                 raise
@@ -84,12 +95,11 @@ class TorchOp:
         u = torch.zeros_like(y, requires_grad=True)
         with torch.enable_grad():
             grads = torch.autograd.grad(y, xs, u, create_graph=True, allow_unused=True)
-            s = sum(((g * torch.from_numpy(t)).sum() for g, t in zip(grads, tangents)
-                     if g is not None and t is not None and g.requires_grad), torch.zeros((), dtype=y.dtype))
+            s = _inner_product(grads, tangents, y)
             if not s.requires_grad:
-                return torch.zeros_like(y).detach().numpy()
+                return _numpy(torch.zeros_like(y))
             (jt,) = torch.autograd.grad(s, u, allow_unused=True)
-        return (torch.zeros_like(y) if jt is None else jt).detach().to(torch.float64).numpy()
+        return _numpy(torch.zeros_like(y) if jt is None else jt)
 
     def vjp_tangent(self, state, gout, tangents):
         xs, y = state
@@ -105,8 +115,7 @@ class TorchOp:
                     return (f"op '{self.name}': its backward is not differentiable (the gradient of input {opaque[0]} has no graph: "
                             "the backward is not built from differentiable torch ops), so its second order "
                             "cannot be checked")
-                s = sum(((g * torch.from_numpy(t)).sum() for g, t in zip(grads, tangents)
-                         if g is not None and t is not None), torch.zeros((), dtype=y.dtype))
+                s = _inner_product(grads, tangents, y)
                 if not s.requires_grad:
                     return [None] * len(xs)
                 second = torch.autograd.grad(s, xs, allow_unused=True)
@@ -115,4 +124,4 @@ class TorchOp:
                 return (f"op '{self.name}': its backward is not differentiable ({error}), so its second order cannot "
                         "be checked")
             raise
-        return [None if g is None else g.detach().to(torch.float64).numpy() for g in second]
+        return [None if g is None else _numpy(g) for g in second]
