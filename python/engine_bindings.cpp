@@ -8,6 +8,7 @@
 
 #include "engine/gradcheck/explain.hpp"
 #include "engine/tape_dot.hpp"
+#include "models/files.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "python/numpy_tensor.hpp"
@@ -228,18 +229,20 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("num_nodes", &Tape::num_nodes)
       .def_property_readonly("num_values", &Tape::num_values);
 
-  // The tape drawn (engine/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...).
-  m.def("_draw", [](const Tape& t, const std::string& format, const std::string& title) {
+  // The tape drawn (engine/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
+  // or with a path written there by the program's one file writer (models/files.hpp: atomic, links followed).
+  m.def("_draw", [](const Tape& t, const std::string& format, const std::string& title, const std::string& path) {
     DotOptions o;
     o.registry = &builtin_registry();
     o.title = title;
     std::string out = tape_to_dot(t, o);
-    if (format != "dot") {
+    {
       py::gil_scoped_release nogil;
-      out = render_dot(out, format);
+      if (format != "dot") out = render_dot(out, format);
+      if (!path.empty()) write_file_atomic(path, out);
     }
-    return py::bytes(out);
-  }, py::arg("tape"), py::arg("format"), py::arg("title") = "");
+    return path.empty() ? py::object(py::bytes(out)) : py::object(py::none());
+  }, py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "");
   m.def("ops", [] {
     std::vector<std::string> names;
     for (const auto& [n, e] : op_table()) names.push_back(n);

@@ -14,5 +14,5 @@ def graph(tape, path=None, *, format=None, title=""):
         return _tapegrad._draw(tape, "dot", title).decode()
     path = Path(path)
     format = format or (path.suffix[1:] if path.suffix else "svg")
-    path.write_bytes(_tapegrad._draw(tape, format, title))
+    _tapegrad._draw(tape, format, title, str(path))  # written atomically, as the CLI writes its files
     return path
