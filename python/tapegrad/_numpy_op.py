@@ -14,6 +14,11 @@ def _per_input(result, count):
     return list(result) if len(result) == count else result
 
 
+def _with_zeros(arrays, tangents):
+    """The tangents, zeros where the checker leaves one out."""
+    return [np.zeros_like(a) if t is None else t for a, t in zip(arrays, tangents)]
+
+
 class NumpyOp:
     def __init__(self, fn, inputs, slots, vjp, jvp, hvp):
         self.fn, self.rule_vjp, self.rule_jvp, self.rule_hvp = fn, vjp, jvp, hvp
@@ -34,11 +39,9 @@ class NumpyOp:
     def jvp(self, arrays, tangents):
         if self.rule_jvp is None:
             return None
-        full = [np.zeros_like(a) if t is None else t for a, t in zip(arrays, tangents)]
-        return self.rule_jvp(full, *self._args(arrays))
+        return self.rule_jvp(_with_zeros(arrays, tangents), *self._args(arrays))
 
     def vjp_tangent(self, arrays, gout, tangents):
         if self.rule_hvp is None:
             return "no second-order rule given (gradcheck(..., hvp=...))"
-        full = [np.zeros_like(a) if t is None else t for a, t in zip(arrays, tangents)]
-        return _per_input(self.rule_hvp(gout, full, *self._args(arrays)), len(arrays))
+        return _per_input(self.rule_hvp(gout, _with_zeros(arrays, tangents), *self._args(arrays)), len(arrays))
