@@ -143,6 +143,9 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
       {"row_masked_centering", Finding::per_row_term, "x"},
       {"row_masked_centering_jvp", Finding::per_row_term, "x"},
       {"row_selected_centering", Finding::per_row_term, "x"},
+      {"transposed_term_attention_k", Finding::transposed_term, "k"},
+      {"transposed_term_gram", Finding::transposed_term, "x"},
+      {"transposed_term_gram_taken", Finding::transposed_term, "x"},
       {"unexplained_layer_norm", Finding::unexplained, "x"},
   };
   CHECK(std::size(table) == slips.size());
@@ -153,6 +156,10 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
     CHECK_MESSAGE(r.has(e.kind, e.input), r.str());
     // One kind per slip: a structured finding never comes with "no known kind".
     if (e.kind != Finding::unexplained) CHECK_FALSE(r.has(Finding::unexplained));
+    // The edit search names a transpose only where there is one.
+    const bool a_transpose = e.kind == Finding::transposed_jacobian || e.kind == Finding::transposed_input ||
+                             e.kind == Finding::transposed_output || e.kind == Finding::transposed_term;
+    if (!a_transpose) CHECK_MESSAGE(!r.has(Finding::transposed_term), r.str());
   }
   // What the messages name: the structure of a mask, the axis of a per-row term, where an unknown error sits.
   const GradcheckReport causal = check_named(slips, "mask_causal_linear_k");
@@ -181,6 +188,18 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
     CHECK(subset.find("constant on 1 to 4 of its") != std::string::npos);
     CHECK(subset.find("in rows where S_r has one entry the error is that element") != std::string::npos);
   }
+  // A transposed term: which value, where it is read, the formula before and after the edit.
+  const GradcheckReport dk = check_named(slips, "transposed_term_attention_k");
+  CHECK(dk.find(Finding::transposed_term, "k")->message.find(
+            "once `Omega` (2, 4, 4), made at tests/claims/slips.txt:") != std::string::npos);
+  CHECK(dk.find(Finding::transposed_term, "k")->message.find(
+            "matmul(Omega, q) → matmul(transpose(Omega), q);") != std::string::npos);
+  const GradcheckReport gram = check_named(slips, "transposed_term_gram");
+  CHECK(gram.find(Finding::transposed_term, "x")->message.find("(1 other edit of this kind does too)") !=
+        std::string::npos);
+  const GradcheckReport taken = check_named(slips, "transposed_term_gram_taken");
+  CHECK(taken.find(Finding::transposed_term, "x")->message.find("the transpose is taken from `transpose(g)`") !=
+        std::string::npos);
   const GradcheckReport unknown = check_named(slips, "unexplained_layer_norm");
   const std::string& where = unknown.find(Finding::unexplained, "x")->message;
   CHECK(where.find("the error concentrates in rows of y") != std::string::npos);

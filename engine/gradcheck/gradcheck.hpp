@@ -58,6 +58,9 @@ enum class Finding {
   transposed_jacobian, // A = Nᵀ: J applied where Jᵀ belongs (or the reverse)
   transposed_input,    // A = N with two equal-size axes of x swapped: x̄ (or its use) transposed
   transposed_output,   // A = N with two equal-size axes of y swapped
+  transposed_term,     // a square value inside the rule used where its transpose belongs: the rule, written as
+                       // formulas, agrees once transpose() is put around that value or taken from it (found by
+                       // editing the formulas: ops/formulas/edits.hpp)
   masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
   diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
   one_row,             // all errors in one row (last axis) of y or of x

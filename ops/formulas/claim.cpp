@@ -8,6 +8,7 @@
 
 #include "engine/gradcheck/explain.hpp"
 #include "engine/gradcheck/second_order.hpp"
+#include "ops/formulas/edits.hpp"
 #include "ops/formulas/expression.hpp"
 
 namespace tapegrad {
@@ -326,6 +327,17 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
     };
   const GradcheckCase c{text.name, p->inputs, claimed(std::move(claim))};
   GradcheckReport report = gradcheck(c, opt);
+  if (opt.diagnose && !report.passed) {  // a slip inside the formulas: try editing them (ops/formulas/edits.hpp)
+    std::vector<std::string> names;
+    for (const auto& in : text.inputs) names.push_back(in.name);
+    VjpFormulas formulas{text.lets, {}, {}};
+    for (const auto& in : text.inputs) {
+      auto line = std::find_if(text.vjp.begin(), text.vjp.end(), [&](const ClaimText::Line& l) { return l.name == in.name; });
+      formulas.vjp.push_back(line == text.vjp.end() ? std::nullopt : std::optional(*line));
+    }
+    diagnose_by_edits(report, c.build, make_inputs(c.inputs, DType::f64, opt.seed), names,
+                      [&](std::span<const Tensor>, const Tensor&) { return std::optional(formulas); }, opt);
+  }
   if (p->has_hvp()) {
     const GradcheckReport second = gradcheck_second_order(c, opt, text.name);
     report.checks.insert(report.checks.end(), second.checks.begin(), second.checks.end());

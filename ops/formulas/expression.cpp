@@ -197,6 +197,18 @@ void collect_names(const ExpressionNode& n, std::vector<std::string>& out) {
   for (const auto& a : n.args) collect_names(*a, out);
 }
 
+// The parts of n's subtree that may hold a tensor: every node but numbers (and -number), and no axis argument.
+void collect_parts(const ExpressionNode& n, std::vector<Formula::Part>& out) {
+  if (literal_int(n) || n.kind == Kind::number || (n.kind == Kind::negate && n.args[0]->kind == Kind::number)) return;
+  Formula::Part part{n.begin, n.end, std::nullopt};
+  if (n.kind == Kind::call && n.name == "transpose" && n.args.size() == 1)
+    part.argument = std::pair(n.args[0]->begin, n.args[0]->end);
+  out.push_back(part);
+  const FunctionSpec* spec = n.kind == Kind::call ? find_function(n.name) : nullptr;
+  for (size_t i = 0; i < n.args.size(); ++i)
+    if (!spec || std::find(spec->axes.begin(), spec->axes.end(), i) == spec->axes.end()) collect_parts(*n.args[i], out);
+}
+
 }  // namespace
 
 Formula Formula::parse(std::string_view text, std::string label) {
@@ -210,6 +222,12 @@ Formula Formula::parse(std::string_view text, std::string label) {
 std::vector<std::string> Formula::names() const {
   std::vector<std::string> out;
   collect_names(*root_, out);
+  return out;
+}
+
+std::vector<Formula::Part> Formula::parts() const {
+  std::vector<Part> out;
+  collect_parts(*root_, out);
   return out;
 }
 

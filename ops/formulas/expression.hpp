@@ -25,6 +25,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +54,14 @@ class Formula {
 
   // The names the formula reads, each once, in order of first use.
   std::vector<std::string> names() const;
+  // Its subexpressions that hold a tensor (names, calls, operators; not numbers or axes), in reading order, as
+  // spans [begin, end) of text(): where an edit may apply (ops/formulas/edits.hpp). For a part that is
+  // transpose(e) of one argument, `argument` is e's span.
+  struct Part {
+    size_t begin = 0, end = 0;
+    std::optional<std::pair<size_t, size_t>> argument;
+  };
+  std::vector<Part> parts() const;
   // The shape of the result for inputs of these shapes, from a trial on zeros: throws ExpressionError at the name
   // not given, or at the call or operator whose op rejects its operands' shapes.
   Shape check(const std::map<std::string, Shape>& shapes) const;

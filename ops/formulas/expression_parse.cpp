@@ -52,7 +52,7 @@ namespace {
 std::shared_ptr<ExpressionNode> node(Kind kind, size_t offset) {
   auto n = std::make_shared<ExpressionNode>();
   n->kind = kind;
-  n->offset = offset;
+  n->offset = n->begin = offset;
   return n;
 }
 
@@ -162,6 +162,7 @@ class Parser {
       Deeper deeper(*this, at);
       auto n = node(Kind::negate, at);
       n->args.push_back(unary());
+      n->end = n->args[0]->end;
       return measured(std::move(n));
     }
     return primary();
@@ -203,6 +204,7 @@ class Parser {
     pos_ = end;
     auto n = node(Kind::number, at);
     n->number = v;
+    n->end = end;
     return n;
   }
 
@@ -211,10 +213,12 @@ class Parser {
     while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_'))
       ++pos_;
     std::string name(text_.substr(at, pos_ - at));
+    const size_t name_end = pos_;
     skip_space();
     if (!accept('(')) {
       auto n = node(Kind::name, at);
       n->name = name;
+      n->end = name_end;
       return n;
     }
     const FunctionSpec* f = find_function(name);
@@ -229,6 +233,7 @@ class Parser {
       if (!accept(')')) error(pos_, fmt::format("expected ',' or ')' in the arguments of {}, found {}", name,
                                                 quoted_token()));
     }
+    n->end = pos_;
     const size_t count = n->args.size();
     const bool transpose_two = f->name == "transpose" && count == 2;
     if (count < f->min_args || count > f->max_args || transpose_two) {
@@ -249,6 +254,8 @@ class Parser {
   NodePtr binary(char op, size_t at, NodePtr left, NodePtr right) {
     auto n = node(Kind::binary, at);
     n->op = op;
+    n->begin = left->begin;
+    n->end = right->end;
     n->args = {std::move(left), std::move(right)};
     return measured(std::move(n));
   }

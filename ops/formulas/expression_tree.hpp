@@ -15,6 +15,7 @@ namespace tapegrad {
 struct ExpressionNode {
   enum class Kind { number, name, call, binary, negate } kind = Kind::number;
   size_t offset = 0;   // where the node starts (a binary node: its operator)
+  size_t begin = 0, end = 0;  // the subexpression's text, [begin, end) (inside any parentheses around it)
   double number = 0;   // number
   std::string name;    // name, call
   char op = 0;         // binary: + - * /

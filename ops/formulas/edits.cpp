@@ -1,0 +1,253 @@
+#include "ops/formulas/edits.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "engine/rng.hpp"
+#include "ops/formulas/expression.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// The formulas parsed: the lets (name, formula) and x̄ per input.
+struct Rule {
+  std::vector<std::pair<std::string, Formula>> lets;
+  std::vector<std::optional<Formula>> vjp;
+};
+
+Rule parse_rule(const VjpFormulas& text) {
+  Rule r;
+  for (const auto& l : text.lets) r.lets.emplace_back(l.name, Formula::parse(l.formula, l.label));
+  for (const auto& v : text.vjp) r.vjp.push_back(v ? std::optional(Formula::parse(v->formula, v->label)) : std::nullopt);
+  return r;
+}
+
+// The point's values, as constants on `tape`: the inputs by name, y, g and the named constants.
+std::map<std::string, Var> point_values(Tape& tape, std::span<const Tensor> x, std::span<const std::string> names,
+                                        const Tensor& y, const Tensor& g, const VjpFormulas& text) {
+  std::map<std::string, Var> values;
+  for (size_t i = 0; i < x.size(); ++i) values.emplace(names[i], tape.constant(x[i]));
+  values.emplace("y", tape.constant(y));
+  values.emplace("g", tape.constant(g));
+  for (const auto& [name, c] : text.constants) values.emplace(name, tape.constant(c));
+  return values;
+}
+
+// Adds each let whose names are all defined (a let of a claim may read a tangent, which a VJP does not have).
+void define_lets(const Rule& rule, std::map<std::string, Var>& values) {
+  for (const auto& [name, f] : rule.lets) {
+    const auto read = f.names();
+    if (std::all_of(read.begin(), read.end(), [&](const std::string& n) { return values.count(n) > 0; }))
+      values.insert_or_assign(name, f.evaluate(values));
+  }
+}
+
+// x̄ per input from the rule's formulas (undefined where it has none); nothing when an op refuses the shapes or
+// an x̄ has the wrong shape (an edit can do both).
+std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, std::map<std::string, Var> values,
+                                                 std::span<const Tensor> x) {
+  try {
+    define_lets(rule, values);
+    std::vector<Tensor> out(rule.vjp.size());
+    for (size_t i = 0; i < rule.vjp.size(); ++i) {
+      if (!rule.vjp[i]) continue;
+      Tensor v = rule.vjp[i]->evaluate(values).value();
+      if (!(v.shape() == x[i].shape())) return std::nullopt;
+      out[i] = v.to(DType::f64);
+    }
+    return out;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, for the inputs the rule writes.
+std::vector<Tensor> differences(const Function& f, std::span<const Tensor> x, const Tensor& g, const Rule& rule,
+                                double eps) {
+  auto inner = [&](std::span<const Tensor> at) {
+    const Tensor y = evaluate(f, at).to(DType::f64);
+    double s = 0;
+    for (int64_t k = 0; k < y.numel(); ++k) s += g.data<double>()[k] * y.data<double>()[k];
+    return s;
+  };
+  std::vector<Tensor> out(x.size());
+  std::vector<Tensor> at(x.begin(), x.end());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!rule.vjp[i]) continue;
+    out[i] = Tensor::zeros(DType::f64, x[i].shape());
+    at[i] = x[i].clone();
+    double* p = at[i].data<double>();
+    for (int64_t k = 0; k < x[i].numel(); ++k) {
+      const double keep = p[k];
+      p[k] = keep + eps;
+      const double up = inner(at);
+      p[k] = keep - eps;
+      const double down = inner(at);
+      p[k] = keep;
+      out[i].data<double>()[k] = (up - down) / (2 * eps);
+    }
+    at[i] = x[i];
+  }
+  return out;
+}
+
+// The largest |a − n| over the elements, and whether every one is within atol + rtol·|n|.
+struct Agreement {
+  bool ok = true;
+  double worst = 0;
+};
+Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) {
+  Agreement r;
+  for (int64_t k = 0; k < a.numel(); ++k) {
+    const double av = a.data<double>()[k], nv = n.data<double>()[k], e = std::abs(av - nv);
+    if (!(e <= atol + rtol * std::abs(nv))) r.ok = false;
+    r.worst = std::max(r.worst, std::isfinite(e) ? e : INFINITY);
+  }
+  return r;
+}
+
+struct Edit {
+  size_t line;          // index into lets, then vjp (lets.size() + i)
+  std::string edited;   // the formula after the edit
+  std::string what;     // "`Omega` (5, 5) is transposed", "the transpose is taken from `transpose(k)`"
+};
+
+}  // namespace
+
+void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
+                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt) {
+  // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
+  // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
+  // is the better name.
+  std::vector<size_t> failing;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
+          return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
+        }))
+      failing.push_back(i);
+  int64_t elements = 0;
+  for (const Tensor& xi : x) elements += xi.numel();
+  if (failing.empty() || elements > kEditSearchElements) return;
+
+  Rng rng(opt.seed ^ 0x65646974ULL);  // "edit": its own stream, apart from the checks' draws
+  const Tensor y = evaluate(f, x).to(DType::f64);
+  const Tensor g = Tensor::randn(DType::f64, y.shape(), rng);
+  const std::optional<VjpFormulas> text = formulas(x, g);
+  if (!text || text->vjp.size() != x.size()) return;
+  const Rule rule = parse_rule(*text);
+  for (size_t i : failing)
+    if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
+
+  Tape tape;
+  NoGradGuard no_grad(tape);
+  const std::map<std::string, Var> values = point_values(tape, x, names, y, g, *text);
+  const auto unedited = evaluate_rule(rule, values, x);
+  if (!unedited) return;
+  const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
+  for (size_t i = 0; i < x.size(); ++i)
+    if (rule.vjp[i] && own[i].defined() && !agreement((*unedited)[i], own[i].to(DType::f64), 1e-9, 1e-7).ok) return;
+  const std::vector<Tensor> numeric = differences(f, x, g, rule, opt.eps);
+  auto agrees = [&](const std::vector<Tensor>& a) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (rule.vjp[i] && !agreement(a[i], numeric[i], opt.atol, opt.rtol).ok) return false;
+    return true;
+  };
+  if (agrees(*unedited)) return;
+
+  // The values of the lets, to read the shape of a part.
+  std::map<std::string, Var> with_lets = values;
+  define_lets(rule, with_lets);
+  auto shape_of = [&](const std::string& part) -> std::optional<Shape> {
+    try {
+      return Formula::parse(part).evaluate(with_lets).shape();
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+
+  const size_t lines = rule.lets.size() + rule.vjp.size();
+  // ", made at LABEL," for a part that is the name of a let defined before line `before`.
+  auto made_at = [&](const std::string& part, size_t before) -> std::string {
+    for (size_t l = std::min(before, rule.lets.size()); l-- > 0;)
+      if (rule.lets[l].first == part)
+        return text->lets[l].label.empty() ? "" : fmt::format(", made at {},", text->lets[l].label);
+    return "";
+  };
+  auto formula_at = [&](size_t line) -> const Formula* {
+    if (line < rule.lets.size()) return &rule.lets[line].second;
+    const auto& v = rule.vjp[line - rule.lets.size()];
+    return v ? &*v : nullptr;
+  };
+  std::vector<Edit> found;
+  std::vector<Tensor> fixed;
+  for (size_t line = 0; line < lines; ++line) {
+    const Formula* formula = formula_at(line);
+    if (!formula) continue;
+    const std::string& t = formula->text();
+    const std::vector<Formula::Part> parts = formula->parts();
+    auto is_transposed_argument = [&](const Formula::Part& p) {  // e in transpose(e): the removal covers it
+      return std::any_of(parts.begin(), parts.end(), [&](const Formula::Part& t) {
+        return t.argument && t.argument->first == p.begin && t.argument->second == p.end;
+      });
+    };
+    for (const Formula::Part& part : parts) {
+      if (is_transposed_argument(part)) continue;
+      const std::string inside = t.substr(part.begin, part.end - part.begin);
+      Edit edit{line, {}, {}};
+      if (part.argument) {  // transpose(e) → e (putting another transpose around it would do the same)
+        const auto [b, e] = *part.argument;
+        edit.edited = t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end);
+        edit.what = fmt::format("the transpose is taken from `{}`", inside);
+      } else {
+        const auto shape = shape_of(inside);
+        if (!shape || shape->rank() < 2 || (*shape)[shape->rank() - 1] != (*shape)[shape->rank() - 2] ||
+            shape->back() < 2)
+          continue;
+        edit.edited = t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end);
+        edit.what = fmt::format("`{}` {}{} is transposed", inside, *shape, made_at(inside, line));
+      }
+      Rule edited = rule;
+      try {
+        if (line < rule.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula->label());
+        else edited.vjp[line - rule.lets.size()] = Formula::parse(edit.edited, formula->label());
+      } catch (const Error&) {
+        continue;
+      }
+      const auto result = evaluate_rule(edited, values, x);
+      if (!result || !agrees(*result)) continue;
+      if (found.empty()) fixed = *result;
+      found.push_back(std::move(edit));
+    }
+  }
+  if (found.empty()) return;
+
+  // Where a line was written: its label, else what it defines.
+  auto where_written = [&](size_t at) {
+    const ClaimText::Line& l = at < rule.lets.size() ? text->lets[at] : *text->vjp[at - rule.lets.size()];
+    if (!l.label.empty()) return l.label;
+    return at < rule.lets.size() ? fmt::format("let {}", l.name) : fmt::format("x̄ of {}", names[at - rule.lets.size()]);
+  };
+  const Edit& first = found.front();
+  const bool in_let = first.line < rule.lets.size();
+  const ClaimText::Line& line = in_let ? text->lets[first.line] : *text->vjp[first.line - rule.lets.size()];
+  const std::string others =
+      found.size() == 2 ? " (1 other edit of this kind does too)"
+      : found.size() > 2 ? fmt::format(" ({} other edits of this kind do too)", found.size() - 1)
+                         : std::string();
+  for (size_t i : failing) {
+    const double before = agreement((*unedited)[i], numeric[i], opt.atol, opt.rtol).worst;
+    const double after = agreement(fixed[i], numeric[i], opt.atol, opt.rtol).worst;
+    Diagnosis d{Finding::transposed_term, names[i], "vjp",
+                fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {} where {} "
+                            "reads it: {} → {}{}; a square value of the rule is used where its transpose belongs",
+                            after, before, first.what, where_written(first.line), line.formula, first.edited, others)};
+    *std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
+      return e.kind == Finding::unexplained && e.input == names[i] && e.check == "vjp";
+    }) = std::move(d);
+  }
+}
+
+}  // namespace tapegrad
