@@ -35,13 +35,14 @@
 #include "engine/tensor.hpp"
 
 // ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the kernels and checks the ops share, and
-// in ops/formulas/ the formula language and claims, which build ops
+// in ops/formulas/ the formula language, claims and the edit search, which build ops
 #include "ops/all_ops.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/formulas/claim.hpp"
+#include "ops/formulas/edits.hpp"
 #include "ops/formulas/expression.hpp"
 #include "ops/formulas/expression_tree.hpp"
 #include "ops/gelu.hpp"

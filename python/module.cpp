@@ -5,6 +5,7 @@
 
 #include "engine/gradcheck/second_order.hpp"
 #include "ops/formulas/claim.hpp"
+#include "ops/formulas/edits.hpp"
 #include "python/engine_bindings.hpp"
 #include "python/numpy_tensor.hpp"
 #include "python/python_function.hpp"
@@ -24,6 +25,31 @@ Finding finding_or_fail(std::string_view kind) {
   fail("no finding kind '{}' (tapegrad.finding_kinds() lists them)", kind);
 }
 
+// The op's backward as formulas at (x, ȳ), from impl.vjp_formulas (tapegrad/_trace.py): {"lets": [(name,
+// formula, label)], "vjp": [formula or None per input], "constants": {name: array}}, or None.
+std::optional<VjpFormulas> vjp_formulas_of(const py::object& impl, std::span<const Tensor> x, const Tensor& g,
+                                           const std::vector<std::string>& names) {
+  py::list arrays;
+  for (const Tensor& xi : x) arrays.append(copy_to_numpy(xi));
+  const py::object got = impl.attr("vjp_formulas")(arrays, copy_to_numpy(g), names);
+  if (got.is_none()) return std::nullopt;
+  VjpFormulas formulas;
+  for (const py::handle let : got["lets"]) {
+    const auto [name, formula, label] = let.cast<std::tuple<std::string, std::string, std::string>>();
+    formulas.lets.push_back({name, formula, label});
+  }
+  size_t i = 0;
+  for (const py::handle v : got["vjp"]) {
+    if (v.is_none()) formulas.vjp.emplace_back();
+    else formulas.vjp.push_back(ClaimText::Line{names.at(i), v.cast<std::string>(), ""});
+    ++i;
+  }
+  for (const auto& [name, value] : got["constants"].cast<py::dict>())
+    formulas.constants.emplace(name.cast<std::string>(),
+                               view_of(py::reinterpret_borrow<py::object>(value), "gradcheck").to(DType::f64).clone());
+  return formulas;
+}
+
 // Runs the first- or second-order check of a Python op at float64 inputs (arrays, copied into the checker).
 GradcheckReport check(const py::object& impl, const std::string& name, const py::list& inputs,
                       const std::vector<std::string>& names, int order, const GradcheckOptions& options) {
@@ -36,6 +62,10 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   const Function f = python_function({impl, name, order == 2});
   GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
   report.op = name;
+  if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas"))
+    diagnose_by_edits(report, f, xs, names, [&](std::span<const Tensor> x, const Tensor& g) {
+      return vjp_formulas_of(impl, x, g, names);
+    }, options);
   return report;
 }
 

@@ -10,9 +10,10 @@ formula for the gradient of the standard attention map" (docs/derivations.md, se
 make_attention(slip) builds it as a torch.autograd.Function, right (slip=None) or with one of three slips a
 derivation easily makes; what the checker says of each (run this file to see the reports):
 
-    "transposed_dK"   dK = dS·Q/√d: the transpose of dS forgotten         → one_input (k), and unexplained (k):
-                      an intermediate (n, n) transposed is no axis swap of k or y, so no kind fits; the report
-                      confines it to k's term and says where the error concentrates
+    "transposed_dK"   dK = dS·Q/√d: the transpose of dS forgotten         → transposed_term (k), one_input (k):
+                      an (n, n) value of the backward transposed is no axis of k or of y, so no kind of the
+                      Jacobian fits; the checker traces this backward into formulas and finds that transposing
+                      d_s where the dK line reads it puts the rule right
     "no_row_term"     dS = P ⊙ dP: the −p·pᵀ part of softmax's Jacobian   → per_row_term (q)
     "no_scale_dQ"     dQ = dS·K: the 1/√d left out                        → scale (c = √d, printed), one_input (q)
 

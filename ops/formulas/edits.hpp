@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/formulas/claim.hpp"
+#include "claim.hpp"
 
 namespace tapegrad {
 

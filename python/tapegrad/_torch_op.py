@@ -6,6 +6,8 @@
     jvp          forward-mode AD (dual tensors); None when the op has none, e.g. a Function without `jvp`
     vjp_tangent  ẋ̄ = ∂/∂x ⟨grad(⟨ȳ, f(x)⟩, x, create_graph=True), ẋ⟩: double backward; a str naming the reason
                  when the backward is not differentiable
+    vjp_formulas the backward of a torch.autograd.Function as tapegrad formulas (tapegrad/_trace.py), for the
+                 checker's edit search; None for any other callable
 In the second-order check a Function without `jvp` gets its tangent ẏ = Jẋ from the backward instead
 (∂/∂ȳ ⟨Jᵀȳ, ẋ⟩), which the forward-over-reverse sweep needs only to carry on.
 """
@@ -52,6 +54,14 @@ class TorchOp:
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"tapegrad.gradcheck: the op returns {type(y).__name__}, not a torch.Tensor")
         return y
+
+    def vjp_formulas(self, arrays, gout, names):
+        from ._gradcheck import _function_class
+        from ._trace import vjp_formulas
+        function_class = _function_class(self.fn)
+        if function_class is None:
+            return None
+        return vjp_formulas(function_class, self.fixed, self.slots, names, arrays, gout)
 
     def forward(self, arrays, keep):
         xs = [torch.from_numpy(a) for a in arrays]

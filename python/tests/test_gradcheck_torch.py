@@ -43,16 +43,21 @@ def test_a_function_without_jvp_gets_the_no_jvp_note_not_a_failure():
 
 def test_attention_passes_and_each_slip_is_named():
     assert tapegrad.gradcheck(make_attention().apply, attention_inputs())
-    # dK = Ω·Q for Ωᵀ·Q transposes an intermediate (n, n), not an axis of k or of y: no kind fits it, and the
-    # checker says so, confining it to k (one_input) with where the error concentrates (unexplained).
-    expected = {"transposed_dK": ("unexplained", "k"), "no_row_term": ("per_row_term", "q"),
+    # dK = Ω·Q for Ωᵀ·Q transposes an intermediate (n, n), not an axis of k or of y: no kind of the Jacobian fits
+    # it; the backward traced into formulas, one transpose put around Ω puts it right (transposed_term).
+    expected = {"transposed_dK": ("transposed_term", "k"), "no_row_term": ("per_row_term", "q"),
                 "no_scale_dQ": ("scale", "q")}
     assert set(expected) == set(ATTENTION_SLIPS)
     for slip, (kind, input_name) in expected.items():
         report = tapegrad.gradcheck(make_attention(slip).apply, attention_inputs())
         assert not report, slip
         assert report.has(kind, input_name), f"{slip}: expected {kind} for {input_name}\n{report}"
-    assert tapegrad.gradcheck(make_attention("transposed_dK").apply, attention_inputs()).has("one_input", "k")
+    transposed = tapegrad.gradcheck(make_attention("transposed_dK").apply, attention_inputs())
+    assert transposed.has("one_input", "k") and not transposed.has("unexplained")
+    message = [d for d in transposed.diagnoses if d.kind == "transposed_term"][0].message
+    # the value by its name in the backward, the lines that make it and read it, the formula before and after
+    assert "once `d_s` (8, 8), made at attention_gradient.py:" in message, message
+    assert "matmul(d_s, q) * 0.25 → matmul(transpose(d_s), q) * 0.25" in message, message
 
 
 def test_the_scale_slip_names_its_factor():
