@@ -6,7 +6,8 @@ It edits formulas in tapegrad's expression language (docs/claims/README.md), so 
 written in it: the Function's forward and backward run once at the point, outside autograd, under a dispatch mode
 that records each aten op and the user's source line that called it. The ops the language has become formulas:
 
-    mm, bmm, matmul → matmul     t, transpose → transpose     _softmax, _log_softmax (last axis)
+    mm, bmm, matmul → matmul     t, transpose, permute (one swap) → transpose
+    _softmax, _log_softmax (over the last axis)
     add, sub, mul, div (tensors or a number)   neg, exp, log, tanh, relu, sqrt    sum, mean (one axis, kept)
     where     detach, clone, alias, views of the same shape → the value itself
 
@@ -155,6 +156,17 @@ class _Recorder(TorchDispatchMode):
             a, b = sorted(d % x.dim() for d in args[1:3])
             if a == b:
                 return self._bind(out, "{0}", [x])
+            if (a, b) == (x.dim() - 2, x.dim() - 1):
+                return self._bind(out, "transpose({0})", [x])
+            return self._bind(out, f"transpose({{0}}, {a}, {b})", [x])
+        if base == "permute":  # a permutation that swaps two axes is a transpose
+            order = [d % x.dim() for d in args[1]]
+            moved = [d for d in range(x.dim()) if order[d] != d]
+            if not moved:
+                return self._bind(out, "{0}", [x])
+            if len(moved) != 2:
+                raise _Untraceable(f"aten.permute by {list(args[1])}, more than one swap")
+            a, b = moved
             if (a, b) == (x.dim() - 2, x.dim() - 1):
                 return self._bind(out, "transpose({0})", [x])
             return self._bind(out, f"transpose({{0}}, {a}, {b})", [x])
