@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -64,9 +65,10 @@ constexpr int64_t kSplitUnit = 16;
 
 // Runs rows_product(r0, r1), the product's rows [r0, r1) of C, whole on this thread when the product is small or
 // inside a parallel loop, else on blocks of rows across the pool.
+inline bool splits(int64_t m, int64_t n, int64_t k) { return m * n * k >= kSplitMacs && !in_parallel_region(); }
 template <class F>
 void by_row_blocks(int64_t m, int64_t n, int64_t k, F&& rows_product) {
-  if (m * n * k < kSplitMacs || in_parallel_region()) return rows_product(int64_t{0}, m);
+  if (!splits(m, n, k)) return rows_product(int64_t{0}, m);
   const int64_t units = (m + kSplitUnit - 1) / kSplitUnit;
   const int64_t macs_per_unit = kSplitUnit * n * k;
   const int64_t grain = std::max<int64_t>(1, (kSplitMacs / 2 + macs_per_unit - 1) / macs_per_unit);
@@ -131,15 +133,24 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
   blas_detail::check_core();
   const blas_detail::Route via = blas_detail::route<T>(m, n, k);
-  if constexpr (std::is_same_v<T, float>)
-    if (via == blas_detail::Route::onednn_bf16)
-      return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
-                                       c, ldc);
-  blas_detail::by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
-    blas_detail::gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha,
-                           blas_detail::rows_of(a.data, a.transposed, a.ld, r0), a.ld, b.data, b.ld, beta, c + r0 * ldc,
-                           ldc);
-  });
+  auto product = [&] {
+    if constexpr (std::is_same_v<T, float>)
+      if (via == blas_detail::Route::onednn_bf16)
+        return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
+                                         c, ldc);
+    blas_detail::by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+      blas_detail::gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha,
+                             blas_detail::rows_of(a.data, a.transposed, a.ld, r0), a.ld, b.data, b.ld, beta,
+                             c + r0 * ldc, ldc);
+    });
+  };
+  ProductLog* log = std::is_same_v<T, float> ? product_log() : nullptr;
+  if (!log) return product();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool split = blas_detail::splits(m, n, k);
+  product();
+  log->record({m, n, k, a.transposed, b.transposed, split, via == blas_detail::Route::onednn_bf16,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
 }
 
 }  // namespace tapegrad

@@ -86,12 +86,14 @@ struct Key {
   bool bf16, trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   uint32_t alpha, beta;  // bit patterns
+  int threads = 1;       // the OpenMP team the primitive is made for (oneDNN sizes its work by it)
   bool operator==(const Key&) const = default;
 };
 struct KeyHash {
   size_t operator()(const Key& key) const {
     size_t h = (size_t{key.bf16} << 2) | (size_t{key.trans_a} << 1) | size_t{key.trans_b};
-    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, int64_t{key.alpha}, int64_t{key.beta}})
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, int64_t{key.alpha}, int64_t{key.beta},
+                      int64_t{key.threads}})
       h = h * 0x9e3779b97f4a7c15ull + static_cast<size_t>(v);
     return h;
   }
@@ -181,6 +183,30 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   run(p, a, b, c);
 }
 
+// A team of `threads` for oneDNN on this thread while it lives; one thread again after.
+struct Team {
+  explicit Team(int threads) { omp_set_num_threads(std::max(threads, 1)); }
+  ~Team() { omp_set_num_threads(1); }
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+};
+
+bool team_sgemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float* c, int64_t ldc) {
+  Team team(threads);
+  Product& p = product_for({false, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
+  if (!p.usable) return false;
+  run(p, a, b, c);
+  return true;
+}
+
+void team_bf16_gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                    int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  Team team(threads);
+  Product& p = product_for({true, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
+  run(p, a, b, c);
+}
+
 std::vector<std::string> implementations_used() {
   std::lock_guard lock(implementations_mutex);
   return {implementations.begin(), implementations.end()};
@@ -200,6 +226,14 @@ bool sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, 
 }
 void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                float, float*, int64_t) {
+  throw not_built();
+}
+bool team_sgemm(int, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,
+                int64_t) {
+  throw not_built();
+}
+void team_bf16_gemm(int, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                    float*, int64_t) {
   throw not_built();
 }
 std::vector<std::string> implementations_used() { return {}; }

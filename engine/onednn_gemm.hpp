@@ -19,6 +19,14 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// The same products (α = 1, β = 0) on a team of `threads` OpenMP threads of oneDNN's own, for the bench's ceilings:
+// how fast oneDNN runs a shape on all the cores when nothing else runs. The engine never calls these (its pool is
+// the only one: docs/products.md), and the team is held to one thread again on return.
+bool team_sgemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float* c, int64_t ldc);
+void team_bf16_gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                    int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
+
 // `rows` rows of `cols` floats at leading dimension ld, rounded to bfloat16 into out (leading dimension cols):
 // round to nearest, ties to even; NaN stays a (quiet) NaN; float32 subnormals become zeros of their sign, as the
 // CPU's conversion instruction (vcvtneps2bf16), which does the work where the CPU has AVX512_BF16.

@@ -63,6 +63,7 @@ const Choice& choice() {
 }
 
 std::atomic<ProductPrecision> precision{ProductPrecision::f32};
+std::atomic<ProductLog*> log{nullptr};
 
 }  // namespace
 
@@ -112,6 +113,9 @@ void set_product_precision(ProductPrecision p) {
 }
 
 ProductPrecision product_precision() { return precision.load(std::memory_order_relaxed); }
+
+void set_product_log(ProductLog* l) { log.store(l, std::memory_order_release); }
+ProductLog* product_log() { return log.load(std::memory_order_acquire); }
 
 bool runs_in_bf16(int64_t m, int64_t n, int64_t k) {
   return product_precision() == ProductPrecision::bf16 && m * n * k >= kOneDnnMinMacs;

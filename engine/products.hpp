@@ -78,6 +78,26 @@ std::string bf16_unavailable_reason();
 // Parses "f32" or "bf16"; throws tapegrad::Error naming the value otherwise.
 ProductPrecision parse_precision(const std::string& text);
 
+// A float32 product as gemm() (engine/blas.hpp) ran it, for a ProductLog.
+struct ProductRun {
+  int64_t m, n, k;          // C (m, n) = op(A) (m, k) · op(B) (k, n)
+  bool trans_a, trans_b;    // op(A) = Aᵀ, op(B) = Bᵀ
+  bool split;               // cut by rows of C across the pool; else run whole on the calling thread (small, or
+                            // inside an op's parallel loop, where the other threads run products of their own)
+  bool bf16;                // rounded to bfloat16, on oneDNN
+  double seconds;           // its wall time on the calling thread, rounding included
+};
+// Something that sees every float32 product while it is installed: `tapegrad bench` reads a training step's
+// products through one (tools/bench_products.cpp). record() is called from whichever thread ran the product,
+// several at once. Installed, a product costs two clock reads more; not installed, one relaxed load.
+class ProductLog {
+ public:
+  virtual ~ProductLog() = default;
+  virtual void record(const ProductRun& run) = 0;
+};
+void set_product_log(ProductLog* log);  // nullptr removes it; install and remove between steps, not during one
+ProductLog* product_log();
+
 // One line for headers and --version: "float32 products: oneDNN 2.6.3 where ≥ 2^19 multiply-adds and the width is
 // a multiple of 16, else OpenBLAS (rule for AVX-512 CPUs); precision f32".
 std::string products_summary();

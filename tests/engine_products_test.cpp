@@ -271,3 +271,44 @@ TEST_CASE("bf16 is refused in one line where the CPU has no bf16 units") {
   CHECK_ERROR_HAS(parse_precision("fp16"), "fp16", "f32 or bf16");
   CHECK(parse_precision("bf16") == ProductPrecision::bf16);
 }
+
+TEST_CASE("a ProductLog sees each float32 product once, with its shape, its transposes and whether it was split") {
+  struct Log : ProductLog {
+    std::vector<ProductRun> runs;
+    void record(const ProductRun& r) override { runs.push_back(r); }  // called from this thread here
+  } log;
+  Rng rng(5);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = static_cast<float>(rng.normal());
+    return v;
+  };
+  const std::vector<float> a = values(256 * 128), b = values(128 * 96);
+  std::vector<float> c(256 * 96);
+  std::vector<double> c64(256 * 96), a64(a.begin(), a.end()), b64(b.begin(), b.end());
+  set_product_log(&log);
+  gemm(256, 96, 128, 1.0f, as_is(a.data(), 128), as_is(b.data(), 96), 0.0f, c.data(), 96);      // 2^21.6: split
+  gemm(96, 32, 128, 1.0f, transposed(b.data(), 96), as_is(a.data(), 128), 0.0f, c.data(), 32);  // small: whole
+  gemm(256, 96, 128, 1.0, as_is(a64.data(), 128), as_is(b64.data(), 96), 0.0, c64.data(), 96);  // float64: not seen
+  set_product_log(nullptr);
+  gemm(96, 32, 128, 1.0f, transposed(b.data(), 96), as_is(a.data(), 128), 0.0f, c.data(), 32);  // removed: not seen
+  REQUIRE(log.runs.size() == 2);
+  const ProductRun& big = log.runs[0];
+  CHECK((big.m == 256 && big.n == 96 && big.k == 128 && !big.trans_a && !big.trans_b));
+  CHECK(big.split == (in_parallel_region() ? false : true));
+  CHECK(big.bf16 == (product_precision() == ProductPrecision::bf16));
+  CHECK(big.seconds > 0);
+  const ProductRun& small = log.runs[1];
+  CHECK((small.m == 96 && small.n == 32 && small.k == 128 && small.trans_a && !small.trans_b && !small.split));
+}
+
+TEST_CASE("oneDNN on a team of threads (the bench's ceilings) gives the float32 product to its bound") {
+  if (!onednn_built()) return;
+  for_each_product(101, {{1.0f, 0.0f}}, [](const Product& p) {
+    std::vector<float> team = p.c;
+    if (!onednn_detail::team_sgemm(2, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, team.data(),
+                                   p.ldc))
+      return;
+    CHECK(compare(p, team, float32_bound(p.k)).error_over_bound <= 1.0);
+  });
+}

@@ -429,11 +429,13 @@ void run_bench(BenchArgs a) {
     if (a.only.empty()) return section != "profile";
     return std::find(a.only.begin(), a.only.end(), section) != a.only.end();
   };
-  header(out, a, torch.get(), wanted("training") || wanted("hvp") || wanted("profile"));
-  if (wanted("matmul") || wanted("attention") || wanted("training") || wanted("hvp") || wanted("profile")) warm_up_cores(a.quick ? 20 : 500);
+  const bool steps = wanted("training") || wanted("products") || wanted("hvp") || wanted("profile");
+  header(out, a, torch.get(), steps);
+  if (steps || wanted("matmul") || wanted("attention")) warm_up_cores(a.quick ? 20 : 500);
   const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
   if (wanted("attention")) attention_section(out, a, torch.get(), ceiling);
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
+  if (wanted("products")) products_section(out, a);
   if (wanted("hvp")) curvature_section(out, a, torch.get());
   if (wanted("rss")) peak_rss_section(out, a, torch.get());
   if (wanted("memory")) memory_section(out, a);
@@ -459,7 +461,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--rounds", args->rounds, "Timed blocks per workload (default 10, 2 with --quick)")
       ->check(positive());
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
-      ->check(CLI::IsMember({"matmul", "attention", "training", "hvp", "rss", "memory", "profile"}))
+      ->check(CLI::IsMember({"matmul", "attention", "training", "products", "hvp", "rss", "memory", "profile"}))
       ->delimiter(',');
   cmd->add_flag("--profile", args->profile,
                 "Profile the training step op by op on 1 thread and on --threads (alone, or with the --only sections)");

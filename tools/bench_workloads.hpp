@@ -139,6 +139,10 @@ struct TrainStep {
 // time goes, and which parts do not speed up with more threads.
 void profile_section(Output& out, const BenchArgs& a);
 
+// The training step's matrix products shape by shape, each against the ceiling of that shape alone in the same
+// run and precision (tools/bench_products.cpp).
+void products_section(Output& out, const BenchArgs& a);
+
 // A Hessian-vector product of the training step's loss against its gradient and PyTorch's double backward
 // (tools/bench_curvature.cpp).
 void curvature_section(Output& out, const BenchArgs& a, TorchSide* torch);
