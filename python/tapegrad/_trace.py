@@ -9,7 +9,8 @@ that records each aten op and the user's source line that called it. The ops the
     mm, bmm, matmul → matmul     t, transpose, permute (one swap) → transpose
     _softmax, _log_softmax (over the last axis)
     add, sub, mul, div (tensors or a number)   neg, exp, log, tanh, relu, sqrt    sum, mean (one axis, kept)
-    where     detach, clone, alias, views of the same shape → the value itself
+    where     detach, clone, alias; views and reshapes that keep the last two axes → the value itself
+(Axes are written from the end, -1 the last, so that they mean the same where torch.matmul merged batch axes.)
 
 A value made on one source line and read once, on that line, is written inside the formula that reads it, so that a
 line of the backward becomes one formula; a value an assignment `name = ...` leaves is called by that name. A value
@@ -147,9 +148,16 @@ class _Recorder(TorchDispatchMode):
 
         if base in ("mm", "bmm", "matmul"):
             return self._bind(out, "matmul({0}, {1})", args[:2])
-        if base in ("detach", "clone", "alias", "lift_fresh", "_to_copy", "contiguous") or (
-                base in ("view", "reshape", "_unsafe_view", "expand") and tuple(out.shape) == tuple(x.shape)):
+        if base in ("detach", "clone", "alias", "lift_fresh", "_to_copy", "contiguous"):
             return self._bind(out, "{0}", [x])
+        if base in ("view", "reshape", "_reshape_alias", "_unsafe_view", "expand"):
+            # torch.matmul on batches: leading axes merged for bmm and split again (or broadcast), the matrices
+            # kept. The formulas keep the value's own shape (their matmul takes any batch axes); should the
+            # shapes part ways, the checker finds the formulas differ from the backward and edits nothing.
+            if tuple(out.shape) == tuple(x.shape) or (
+                    x.dim() >= 2 and out.dim() >= 2 and tuple(out.shape[-2:]) == tuple(x.shape[-2:])):
+                return self._bind(out, "{0}", [x])
+            raise _Untraceable(f"aten.{name} from {tuple(x.shape)} to {tuple(out.shape)}")
         if base == "t":
             return self._bind(out, "transpose({0})" if x.dim() == 2 else "{0}", [x])
         if base == "transpose":
@@ -158,7 +166,7 @@ class _Recorder(TorchDispatchMode):
                 return self._bind(out, "{0}", [x])
             if (a, b) == (x.dim() - 2, x.dim() - 1):
                 return self._bind(out, "transpose({0})", [x])
-            return self._bind(out, f"transpose({{0}}, {a}, {b})", [x])
+            return self._bind(out, f"transpose({{0}}, {a - x.dim()}, {b - x.dim()})", [x])
         if base == "permute":  # a permutation that swaps two axes is a transpose
             order = [d % x.dim() for d in args[1]]
             moved = [d for d in range(x.dim()) if order[d] != d]
@@ -169,7 +177,7 @@ class _Recorder(TorchDispatchMode):
             a, b = moved
             if (a, b) == (x.dim() - 2, x.dim() - 1):
                 return self._bind(out, "transpose({0})", [x])
-            return self._bind(out, f"transpose({{0}}, {a}, {b})", [x])
+            return self._bind(out, f"transpose({{0}}, {a - x.dim()}, {b - x.dim()})", [x])
         if base in ("_softmax", "_log_softmax"):
             if args[1] % x.dim() != x.dim() - 1:
                 raise _Untraceable(f"aten.{name} over axis {args[1]}, not the last")
@@ -185,7 +193,7 @@ class _Recorder(TorchDispatchMode):
             keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
             if dims is None or len(dims) != 1 or not keep:
                 raise _Untraceable(f"aten.{name} over {dims} without keepdim=True")
-            return self._bind(out, f"{base}({{0}}, {int(dims[0])})", [x])
+            return self._bind(out, f"{base}({{0}}, {int(dims[0]) % x.dim() - x.dim()})", [x])
         if base == "pow" and scalar(args[1]) == "2.0":
             return self._bind(out, "mul({0}, {0})", [x])
         if base == "where":

@@ -1,6 +1,7 @@
 """A Function's backward traced into formulas (tapegrad/_trace.py) for the checker's edit search."""
 
 import numpy as np
+import pytest
 import torch
 
 import tapegrad
@@ -66,3 +67,12 @@ def test_names_that_are_not_identifiers_are_not_traced_and_the_check_still_runs(
     q, k, v = attention_inputs(n=4, d=4)
     report = tapegrad.gradcheck(make_attention("transposed_dK").apply, (q, k, v), names=["Q[0]", "K[0]", "V[0]"])
     assert report.has("unexplained", "K[0]") and not report.has("transposed_term"), report
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4), (2, 2, 5, 4)])
+@pytest.mark.parametrize("saved_p", [False, True])
+def test_batched_attention_dk_slip_is_named_through_torch_matmuls_reshapes(shape, saved_p):
+    gen = torch.Generator().manual_seed(1)
+    xs = tuple(torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    report = tapegrad.gradcheck(make_attention("transposed_dK", saved_p=saved_p).apply, xs)
+    assert report.has("transposed_term", "k") and not report.has("unexplained"), report
