@@ -146,6 +146,7 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
       {"transposed_term_attention_k", Finding::transposed_term, "k"},
       {"transposed_term_gram", Finding::transposed_term, "x"},
       {"transposed_term_gram_taken", Finding::transposed_term, "x"},
+      {"term_sign_layer_norm", Finding::term_sign, "x"},
       {"unexplained_layer_norm", Finding::unexplained, "x"},
   };
   CHECK(std::size(table) == slips.size());
@@ -156,10 +157,11 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
     CHECK_MESSAGE(r.has(e.kind, e.input), r.str());
     // One kind per slip: a structured finding never comes with "no known kind".
     if (e.kind != Finding::unexplained) CHECK_FALSE(r.has(Finding::unexplained));
-    // The edit search names a transpose only where there is one.
+    // The edit search names a transpose only where there is one, and a term's sign only where that is the slip.
     const bool a_transpose = e.kind == Finding::transposed_jacobian || e.kind == Finding::transposed_input ||
                              e.kind == Finding::transposed_output || e.kind == Finding::transposed_term;
     if (!a_transpose) CHECK_MESSAGE(!r.has(Finding::transposed_term), r.str());
+    if (e.kind != Finding::term_sign) CHECK_MESSAGE(!r.has(Finding::term_sign), r.str());
   }
   // What the messages name: the structure of a mask, the axis of a per-row term, where an unknown error sits.
   const GradcheckReport causal = check_named(slips, "mask_causal_linear_k");
@@ -199,6 +201,12 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
         std::string::npos);
   const GradcheckReport taken = check_named(slips, "transposed_term_gram_taken");
   CHECK(taken.find(Finding::transposed_term, "x")->message.find("the transpose is taken from `transpose(g)`") !=
+        std::string::npos);
+  const GradcheckReport term = check_named(slips, "term_sign_layer_norm");
+  CHECK(term.find(Finding::term_sign, "x")->message.find(
+            "once the sign of `xh * mean(gh * xh, -1)` is flipped at tests/claims/slips.txt:") != std::string::npos);
+  CHECK(term.find(Finding::term_sign, "x")->message.find(
+            "→ (gh - mean(gh, -1) - xh * mean(gh * xh, -1)) / sd; a term of the rule has the wrong sign") !=
         std::string::npos);
   const GradcheckReport unknown = check_named(slips, "unexplained_layer_norm");
   const std::string& where = unknown.find(Finding::unexplained, "x")->message;

@@ -61,6 +61,8 @@ enum class Finding {
   transposed_term,     // a square value inside the rule used where its transpose belongs: the rule, written as
                        // formulas, agrees once transpose() is put around that value or taken from it (found by
                        // editing the formulas: ops/formulas/edits.hpp)
+  term_sign,           // one term of the rule has the wrong sign: the formulas agree once a + b becomes a − b (or
+                       // the reverse), or −u becomes u (found by editing them, as transposed_term)
   masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
   diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
   one_row,             // all errors in one row (last axis) of y or of x

@@ -27,6 +27,7 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::transposed_input, "transposed_input", "transposed input"},
     {Finding::transposed_output, "transposed_output", "transposed output"},
     {Finding::transposed_term, "transposed_term", "transposed term"},
+    {Finding::term_sign, "term_sign", "sign of a term"},
     {Finding::masked_positions, "masked_positions", "masked positions"},
     {Finding::diagonal, "diagonal", "diagonal"},
     {Finding::one_row, "one_row", "one row"},

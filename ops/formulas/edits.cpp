@@ -120,8 +120,9 @@ Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) 
 
 struct Edit {
   size_t line;          // index into lets, then vjp (lets.size() + i)
+  Finding kind;         // transposed_term, term_sign
   std::string edited;   // the formula after the edit
-  std::string what;     // "`Omega` (5, 5) is transposed", "the transpose is taken from `transpose(k)`"
+  std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
 };
 
 }  // namespace
@@ -228,8 +229,14 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     const auto& v = rule.vjp[line - rule.lets.size()];
     return v ? &*v : nullptr;
   };
-  std::vector<Edit> found;
-  std::vector<Tensor> fixed;
+  // Where a line was written: its label, else what it defines.
+  auto where_written = [&](size_t at) {
+    const ClaimText::Line& l = at < rule.lets.size() ? text->lets[at] : *text->vjp[at - rule.lets.size()];
+    if (!l.label.empty()) return l.label;
+    return at < rule.lets.size() ? fmt::format("let {}", l.name) : fmt::format("x̄ of {}", names[at - rule.lets.size()]);
+  };
+  std::vector<Edit> found;                  // every edit that puts the rule right,
+  std::vector<std::vector<Tensor>> fixed;   // and the x̄ it then gives
   for (size_t line = 0; line < lines; ++line) {
     const Formula* formula = formula_at(line);
     if (!formula) continue;
@@ -243,54 +250,72 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     for (const Formula::Part& part : parts) {
       if (is_transposed_argument(part)) continue;
       const std::string inside = t.substr(part.begin, part.end - part.begin);
-      Edit edit{line, {}, {}};
+      std::vector<Edit> candidates;
       if (part.argument) {  // transpose(e) → e (putting another transpose around it would do the same)
         const auto [b, e] = *part.argument;
-        edit.edited = t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end);
-        edit.what = fmt::format("the transpose is taken from `{}`", inside);
-      } else {
-        const auto shape = shape_of(inside);
-        if (!shape || shape->rank() < 2 || (*shape)[shape->rank() - 1] != (*shape)[shape->rank() - 2] ||
-            shape->back() < 2)
+        candidates.push_back({line, Finding::transposed_term,
+                              t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end),
+                              fmt::format("the transpose is taken from `{}` where {} reads it", inside,
+                                          where_written(line))});
+      } else if (const auto shape = shape_of(inside);
+                 shape && shape->rank() >= 2 && (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
+                 shape->back() >= 2) {
+        candidates.push_back({line, Finding::transposed_term,
+                              t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end),
+                              fmt::format("`{}` {}{} is transposed where {} reads it", inside, *shape,
+                                          made_at(inside, line), where_written(line))});
+      }
+      if (part.sign) {
+        const size_t at = *part.sign;
+        const std::string term = t.substr(part.term.first, part.term.second - part.term.first);
+        if (at == part.begin)  // −u → u
+          candidates.push_back({line, Finding::term_sign, t.substr(0, at) + t.substr(at + 1),
+                                fmt::format("the minus is taken from `{}` at {}", inside, where_written(line))});
+        else  // a + b ↔ a − b
+          candidates.push_back({line, Finding::term_sign,
+                                t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
+                                fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
+      }
+      for (Edit& edit : candidates) {
+        Rule edited = rule;
+        try {
+          if (line < rule.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula->label());
+          else edited.vjp[line - rule.lets.size()] = Formula::parse(edit.edited, formula->label());
+        } catch (const Error&) {
           continue;
-        edit.edited = t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end);
-        edit.what = fmt::format("`{}` {}{} is transposed", inside, *shape, made_at(inside, line));
+        }
+        const auto result = evaluate_rule(edited, values, x);
+        if (!result || !agrees(*result)) continue;
+        found.push_back(std::move(edit));
+        fixed.push_back(*result);
       }
-      Rule edited = rule;
-      try {
-        if (line < rule.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula->label());
-        else edited.vjp[line - rule.lets.size()] = Formula::parse(edit.edited, formula->label());
-      } catch (const Error&) {
-        continue;
-      }
-      const auto result = evaluate_rule(edited, values, x);
-      if (!result || !agrees(*result)) continue;
-      if (found.empty()) fixed = *result;
-      found.push_back(std::move(edit));
     }
   }
   if (found.empty()) return;
 
-  // Where a line was written: its label, else what it defines.
-  auto where_written = [&](size_t at) {
-    const ClaimText::Line& l = at < rule.lets.size() ? text->lets[at] : *text->vjp[at - rule.lets.size()];
-    if (!l.label.empty()) return l.label;
-    return at < rule.lets.size() ? fmt::format("let {}", l.name) : fmt::format("x̄ of {}", names[at - rule.lets.size()]);
-  };
-  const Edit& first = found.front();
-  const bool in_let = first.line < rule.lets.size();
-  const ClaimText::Line& line = in_let ? text->lets[first.line] : *text->vjp[first.line - rule.lets.size()];
-  const std::string others =
-      found.size() == 2 ? " (1 other edit of this kind does too)"
-      : found.size() > 2 ? fmt::format(" ({} other edits of this kind do too)", found.size() - 1)
-                         : std::string();
+  // A transpose first, when one puts the rule right; the other edits of the same kind are counted.
+  const Finding kind = std::any_of(found.begin(), found.end(), [](const Edit& e) {
+    return e.kind == Finding::transposed_term;
+  }) ? Finding::transposed_term : Finding::term_sign;
+  const size_t chosen = static_cast<size_t>(
+      std::find_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; }) - found.begin());
+  const Edit& first = found[chosen];
+  const auto same = std::count_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; });
+  const ClaimText::Line& line =
+      first.line < rule.lets.size() ? text->lets[first.line] : *text->vjp[first.line - rule.lets.size()];
+  const std::string others = same == 2  ? " (1 other edit of this kind does too)"
+                             : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
+                                        : std::string();
+  const char* meaning = kind == Finding::transposed_term
+                            ? "a square value of the rule is used where its transpose belongs"
+                            : "a term of the rule has the wrong sign";
   for (size_t i : failing) {
     const double before = agreement((*unedited)[i], numeric[i], opt.atol, opt.rtol).worst;
-    const double after = agreement(fixed[i], numeric[i], opt.atol, opt.rtol).worst;
-    Diagnosis d{Finding::transposed_term, names[i], "vjp",
-                fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {} where {} "
-                            "reads it: {} → {}{}; a square value of the rule is used where its transpose belongs",
-                            after, before, first.what, where_written(first.line), line.formula, first.edited, others)};
+    const double after = agreement(fixed[chosen][i], numeric[i], opt.atol, opt.rtol).worst;
+    Diagnosis d{kind, names[i], "vjp",
+                fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
+                            "{}",
+                            after, before, first.what, line.formula, first.edited, others, meaning)};
     *std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
       return e.kind == Finding::unexplained && e.input == names[i] && e.check == "vjp";
     }) = std::move(d);

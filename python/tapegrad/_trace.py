@@ -1,7 +1,8 @@
 """A torch.autograd.Function's hand-written backward as tapegrad formulas, for the checker's edit search.
 
-When no kind of the Jacobian explains a failing VJP, the C++ checker tries editing the rule, one transpose put
-around a square value or taken from one at a time, and names the edit that puts it right (ops/formulas/edits.hpp).
+When no kind of the Jacobian explains a failing VJP, the C++ checker tries editing the rule one edit at a time (a
+transpose put around a square value or taken from one, the sign of a term flipped) and names the edit that puts it
+right (ops/formulas/edits.hpp).
 It edits formulas in tapegrad's expression language (docs/claims/README.md), so a torch op's backward is first
 written in it: the Function's forward and backward run once at the point, outside autograd, under a dispatch mode
 that records each aten op and the user's source line that called it. The ops the language has become formulas:
@@ -214,8 +215,8 @@ class _Recorder(TorchDispatchMode):
             if left is not None:
                 return self._bind(out, f"{left} {op} {{0}}", [args[1]], infix=True)
             if base in ("add", "sub") and alpha != 1:
-                return self._bind(out, f"{base}({{0}}, {{1}} * {_number(alpha)})", args[:2])
-            return self._bind(out, f"{base}({{0}}, {{1}})", args[:2])
+                return self._bind(out, f"{{0}} {op} {{1}} * {_number(alpha)}", args[:2], infix=True)
+            return self._bind(out, f"{{0}} {op} {{1}}", args[:2], infix=True)
         raise _Untraceable(f"aten.{name}, which the formula language does not have")
 
 
@@ -244,11 +245,13 @@ def _formulas(recorder, outputs):
     names = {}
     text = {}
 
-    def reference(kind, ref):
+    def reference(kind, ref, inside_infix=False):
+        """A read of a value: its name, or its formula where it is written inline (in parentheses where both it and
+        the formula that reads it are operators: a * (b + c))."""
         if kind != "node":
             return ref
         if ref in inlined:
-            return f"({text[ref]})" if recorder.nodes[ref].infix else text[ref]
+            return f"({text[ref]})" if inside_infix and recorder.nodes[ref].infix else text[ref]
         return names[ref]
 
     def fresh(node):
@@ -276,7 +279,7 @@ def _formulas(recorder, outputs):
     for i, node in enumerate(recorder.nodes):
         if i not in needed:
             continue
-        text[i] = node.template.format(*(reference(*read) for read in node.reads))
+        text[i] = node.template.format(*(reference(*read, node.infix) for read in node.reads))
         if i in inlined:
             continue
         names[i] = fresh(node)

@@ -5,7 +5,7 @@ import torch
 
 
 def function(name, forward, backward):
-    """A torch.autograd.Function of one or two inputs from a forward and a backward(inputs, y, ȳ) → gradients."""
+    """A torch.autograd.Function of its inputs from a forward and a backward(inputs, y, ȳ) → gradients."""
 
     class Op(torch.autograd.Function):
         @staticmethod
@@ -25,6 +25,17 @@ def function(name, forward, backward):
 
 def softmax_rows(x):
     return torch.softmax(x, dim=-1)
+
+
+def gated(x, w):
+    """y = (x·W) ⊙ x: a product gated by its input."""
+    return (x @ w) * x
+
+
+def gated_vjp(x, w, g, slip=False):
+    """x̄ = (ȳ ⊙ x)·Wᵀ + ȳ ⊙ (x·W), W̄ = xᵀ·(ȳ ⊙ x); slip=True subtracts the first term of x̄ instead."""
+    d_x = g * (x @ w) - (g * x) @ w.T if slip else (g * x) @ w.T + g * (x @ w)
+    return d_x, x.T @ (g * x)
 
 
 # slip → (op, input shapes, the finding kind the checker must name, the input it names)
@@ -47,6 +58,8 @@ SLIPS = {
     "transposed_term": (function("gram[ȳ for ȳᵀ]", lambda x: x @ x.T,
                                  lambda xs, y, g: (g @ xs[0] + g @ xs[0],)),
                         [(4, 3)], "transposed_term", "x0"),
+    "term_sign": (function("gated[− for +]", gated, lambda xs, y, g: gated_vjp(*xs, g, slip=True)),
+                  [(4, 3), (3, 3)], "term_sign", "x0"),
     "diagonal": (function("softmax[no p ⊙ ȳ]", softmax_rows,
                           lambda xs, y, g: (-y * (y * g).sum(-1, keepdim=True),)),
                  [(4, 5)], "diagonal", "x0"),
@@ -55,6 +68,7 @@ SLIPS = {
 CORRECT = {
     "sin": (function("sin", torch.sin, lambda xs, y, g: (torch.cos(xs[0]) * g,)), [(3, 4)]),
     "matmul": (function("matmul", torch.matmul, lambda xs, y, g: (g @ xs[1].T, xs[0].T @ g)), [(3, 4), (4, 4)]),
+    "gated": (function("gated", gated, lambda xs, y, g: gated_vjp(*xs, g)), [(4, 3), (3, 3)]),
     "softmax": (function("softmax", softmax_rows,
                          lambda xs, y, g: (y * (g - (y * g).sum(-1, keepdim=True)),)), [(4, 5)]),
 }
