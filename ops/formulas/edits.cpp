@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -45,11 +46,18 @@ void define_lets(const Rule& rule, std::map<std::string, Var>& values) {
   }
 }
 
-// x̄ per input from the rule's formulas (undefined where it has none); nothing when an op refuses the shapes or
-// an x̄ has the wrong shape (an edit can do both).
-std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, std::map<std::string, Var> values,
+// The values a rule reads, as constants on a tape.
+using PointValues = std::function<std::map<std::string, Var>(Tape&)>;
+
+// x̄ per input from the rule's formulas (undefined where it has none), on a tape of its own, so that no evaluation
+// keeps its intermediates after it; nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can
+// do both).
+std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point,
                                                  std::span<const Tensor> x) {
   try {
+    Tape tape;
+    NoGradGuard no_grad(tape);
+    std::map<std::string, Var> values = point(tape);
     define_lets(rule, values);
     std::vector<Tensor> out(rule.vjp.size());
     for (size_t i = 0; i < rule.vjp.size(); ++i) {
@@ -156,9 +164,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   for (size_t i : failing)
     if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
 
-  Tape tape;
-  NoGradGuard no_grad(tape);
-  const std::map<std::string, Var> values = point_values(tape, x, names, y, g, *text);
+  const PointValues values = [&](Tape& tape) { return point_values(tape, x, names, y, g, *text); };
   const auto unedited = evaluate_rule(rule, values, x);
   if (!unedited) return;
   const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
@@ -205,12 +211,18 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   };
   if (along_probes(*unedited)) return;  // the rule agrees for this ȳ: the failure lies elsewhere
 
-  // The values of the lets, to read the shape of a part.
-  std::map<std::string, Var> with_lets = values;
-  define_lets(rule, with_lets);
+  // The shapes of the values the formulas read, the lets' included, to read the shape of a part.
+  std::map<std::string, Shape> shapes;
+  {
+    Tape tape;
+    NoGradGuard no_grad(tape);
+    std::map<std::string, Var> with_lets = values(tape);
+    define_lets(rule, with_lets);
+    for (const auto& [name, v] : with_lets) shapes.emplace(name, v.shape());
+  }
   auto shape_of = [&](const std::string& part) -> std::optional<Shape> {
     try {
-      return Formula::parse(part).evaluate(with_lets).shape();
+      return Formula::parse(part).check(shapes);
     } catch (const Error&) {
       return std::nullopt;
     }
