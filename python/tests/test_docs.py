@@ -41,6 +41,19 @@ def test_readme_example_prints_what_the_readme_quotes():
             assert any(p.split()[:3] == head for p in printed_lines), f"no row {head}:\n{printed}"
 
 
+def test_python_md_quotes_the_reports_of_the_examples_slips_word_for_word():
+    """Every diagnosis line docs/python.md quotes from the attention example is one that example's report prints."""
+    from attention_gradient import SLIPS, inputs, make_attention
+    printed = set()
+    for slip in SLIPS:
+        printed.update(str(tapegrad.gradcheck(make_attention(slip).apply, inputs(8, 16))).splitlines())
+    text = (SOURCE_DIR / "docs/python.md").read_text()
+    quoted = [line for line in text.splitlines() if re.match(r"    \[[a-zA-Z -]+\] [qkv][,:]", line)]
+    assert quoted
+    for line in quoted:
+        assert line in printed, f"docs/python.md quotes {line!r}, which no report of the example prints"
+
+
 def test_python_md_complete_blocks_run():
     complete = [code for code, _ in fenced_blocks("docs/python.md", "python") if "..." not in code]
     assert complete
