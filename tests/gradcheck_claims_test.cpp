@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "ops/formulas/claim.hpp"
@@ -299,4 +300,17 @@ TEST_CASE("claims check their shapes and names before anything runs") {
   REQUIRE(joined.size() == 1);
   CHECK(joined[0].jvp->formula == "y * t_x");
   CHECK(check_claim(joined[0]).passed());
+}
+
+TEST_CASE("docs/gradchecking.md quotes the diagnoses of tests/claims/slips.txt word for word") {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/gradchecking.md");
+  REQUIRE(in);
+  std::vector<std::string> quoted;
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("    [") && line.find("tests/claims/slips.txt:") != std::string::npos) quoted.push_back(line);
+  REQUIRE(!quoted.empty());
+  std::set<std::string> printed;
+  for (const ClaimText& c : claims_in("tests/claims/slips.txt"))
+    for (const Diagnosis& d : check_claim(c).diagnoses) printed.insert("    " + d.str());
+  for (const std::string& line : quoted) CHECK_MESSAGE(printed.count(line) == 1, "docs/gradchecking.md quotes " << line);
 }
