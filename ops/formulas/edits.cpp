@@ -255,8 +255,8 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     const std::string& t = formula->text();
     const std::vector<Formula::Part> parts = formula->parts();
     auto is_transposed_argument = [&](const Formula::Part& p) {  // e in transpose(e): the removal covers it
-      return std::any_of(parts.begin(), parts.end(), [&](const Formula::Part& t) {
-        return t.argument && t.argument->first == p.begin && t.argument->second == p.end;
+      return std::any_of(parts.begin(), parts.end(), [&](const Formula::Part& call) {
+        return call.argument && call.argument->first == p.begin && call.argument->second == p.end;
       });
     };
     for (const Formula::Part& part : parts) {

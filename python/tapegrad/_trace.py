@@ -111,11 +111,15 @@ class _Recorder(TorchDispatchMode):
         return isinstance(t, torch.Tensor) and self.value_of.get(id(t), ("const",))[0] != "const"
 
     def _operand(self, t):
-        """A read of tensor t: its value's reference, a constant named for it."""
+        """A read of tensor t: its value's reference; a tensor not seen before is a constant, named here."""
         if not isinstance(t, torch.Tensor):
             raise _Untraceable(f"an operand of type {type(t).__name__}")
         if id(t) not in self.value_of:
-            name = f"c{len(self.constants)}"
+            leaves = {name for kind, name in self.value_of.values() if kind == "leaf"}
+            n = len(self.constants)
+            while f"c{n}" in leaves or f"c{n}" in self.constants:
+                n += 1
+            name = f"c{n}"
             self.constants[name] = t.detach().to(torch.float64).numpy().copy()
             self.alive.append(t)
             self.value_of[id(t)] = ("const", name)
