@@ -46,6 +46,16 @@ void define_lets(const Rule& rule, std::map<std::string, Var>& values) {
   }
 }
 
+// The shape without its leading axes of size 1: a formula's sum over axis 0 keeps that axis, where torch's
+// x.sum(0) drops it; either is x̄ of a bias of shape (n).
+Shape without_leading_ones(const Shape& s) {
+  int first = 0;
+  while (first < s.rank() - 1 && s[first] == 1) ++first;
+  std::vector<int64_t> dims;
+  for (int d = first; d < s.rank(); ++d) dims.push_back(s[d]);
+  return Shape(std::span<const int64_t>(dims));
+}
+
 // The values a rule reads, as constants on a tape.
 using PointValues = std::function<std::map<std::string, Var>(Tape&)>;
 
@@ -63,8 +73,8 @@ std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointVa
     for (size_t i = 0; i < rule.vjp.size(); ++i) {
       if (!rule.vjp[i]) continue;
       Tensor v = rule.vjp[i]->evaluate(values).value();
-      if (!(v.shape() == x[i].shape())) return std::nullopt;
-      out[i] = v.to(DType::f64);
+      if (!(without_leading_ones(v.shape()) == without_leading_ones(x[i].shape()))) return std::nullopt;
+      out[i] = v.to(DType::f64).view(x[i].shape());
     }
     return out;
   } catch (const Error&) {

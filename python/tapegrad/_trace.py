@@ -9,7 +9,8 @@ that records each aten op and the user's source line that called it. The ops the
 
     mm, bmm, matmul → matmul     t, transpose, permute (one swap) → transpose
     _softmax, _log_softmax (over the last axis)
-    add, sub, mul, div (tensors or a number)   neg, exp, log, tanh, relu, sqrt    sum, mean (one axis, kept)
+    add, sub, mul, div (tensors or a number)   neg, exp, log, tanh, relu, sqrt
+    sum, mean over one axis, kept, or the leading one dropped (a bias's x.sum(0))
     where     detach, clone, alias; views and reshapes that keep the last two axes → the value itself
 (Axes are written from the end, -1 the last, so that they mean the same where torch.matmul merged batch axes.)
 
@@ -196,9 +197,12 @@ class _Recorder(TorchDispatchMode):
         if base in ("sum", "mean"):
             dims = args[1] if len(args) > 1 else kwargs.get("dim")
             keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-            if dims is None or len(dims) != 1 or not keep:
-                raise _Untraceable(f"aten.{name} over {dims} without keepdim=True")
-            return self._bind(out, f"{base}({{0}}, {int(dims[0]) % x.dim() - x.dim()})", [x])
+            if dims is None or len(dims) != 1:
+                raise _Untraceable(f"aten.{name} over {dims}: the formulas sum over one axis")
+            axis = int(dims[0]) % x.dim()
+            if not keep and axis != 0:  # a dropped leading axis broadcasts as the kept one of size 1; another not
+                raise _Untraceable(f"aten.{name} over axis {axis} without keepdim=True")
+            return self._bind(out, f"{base}({{0}}, {axis - x.dim()})", [x])
         if base == "pow" and scalar(args[1]) == "2.0":
             return self._bind(out, "mul({0}, {0})", [x])
         if base == "where":

@@ -76,3 +76,13 @@ def test_batched_attention_dk_slip_is_named_through_torch_matmuls_reshapes(shape
     xs = tuple(torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
     report = tapegrad.gradcheck(make_attention("transposed_dK", saved_p=saved_p).apply, xs)
     assert report.has("transposed_term", "k") and not report.has("unexplained"), report
+
+
+def test_a_bias_gradient_summed_over_the_leading_axis_is_traced():
+    from slips import SLIPS, random_inputs
+    op, shapes, _, _ = SLIPS["term_sign"]
+    xs = [x.detach() for x in random_inputs(shapes)]
+    traced = vjp_formulas(op.__self__, tuple(xs), [0, 1, 2], ["x", "w", "b"], [x.numpy() for x in xs],
+                          np.ones((4, 3)))
+    assert traced is not None and traced["vjp"][2] is not None, traced
+    assert "sum(g, -2)" in traced["vjp"][2] or any("sum(g, -2)" in f for _, f, _ in traced["lets"]), traced
