@@ -54,23 +54,6 @@ class StepProducts : public ProductLog {
   std::map<ShapeKey, Calls> by_shape_;
 };
 
-// The median over `rounds` blocks of the ms per call of `call`, each block ~20 ms long.
-double median_ms(const std::function<void()>& call, int rounds) {
-  call();
-  const auto t0 = Clock::now();
-  call();
-  const double once = std::max(ms_since(t0), 1e-4);
-  const int reps = std::clamp(static_cast<int>(20.0 / once), 1, 10000);
-  std::vector<double> ms;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t = Clock::now();
-    for (int i = 0; i < reps; ++i) call();
-    ms.push_back(ms_since(t) / reps);
-  }
-  std::nth_element(ms.begin(), ms.begin() + static_cast<long>(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
-}
-
 struct Ceiling {
   double gflops = 0;
   std::string by;  // which of the candidates reached it
@@ -85,7 +68,7 @@ Ceiling ceiling_of(const ShapeKey& s, int rounds) {
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
   Ceiling best;
   auto consider = [&](const std::string& by, const std::function<void()>& call) {
-    const double gf = flops / median_ms(call, rounds) / 1e6;
+    const double gf = flops / measure(call, rounds).ms / 1e6;
     if (gf > best.gflops) best = {gf, by};
   };
   const float* ap = a.data<float>();
