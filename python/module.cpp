@@ -46,7 +46,7 @@ std::optional<VjpFormulas> vjp_formulas_of(const py::object& impl, std::span<con
   }
   for (const auto& [name, value] : got["constants"].cast<py::dict>())
     formulas.constants.emplace(name.cast<std::string>(),
-                               view_of(py::reinterpret_borrow<py::object>(value), "gradcheck").to(DType::f64).clone());
+                               view_of(py::reinterpret_borrow<py::object>(value), "gradcheck").to(DType::f64));
   return formulas;
 }
 
@@ -57,7 +57,7 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   std::vector<Tensor> xs;
   for (const py::handle input : inputs) {
     const Tensor view = view_of(py::reinterpret_borrow<py::object>(input), "gradcheck");
-    xs.push_back(view.to(DType::f64).clone());
+    xs.push_back(view.to(DType::f64));
   }
   const Function f = python_function({impl, name, order == 2});
   GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
