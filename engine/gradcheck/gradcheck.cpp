@@ -25,10 +25,12 @@ struct ErrorTracker {
   void add(double a, double n, Where&& where) {
     double err = std::abs(a - n);
     double ratio = err / (tol.atol + tol.rtol * std::abs(n));
+    ++r.compared;
     if (!tol.ok(a, n)) r.passed = false;
     r.max_abs_err = std::max(r.max_abs_err, err);
     r.max_rel_err = std::max(r.max_rel_err, err / std::max(std::abs(n), tol.atol));
     if (std::isnan(err)) ratio = INFINITY, r.max_abs_err = r.max_rel_err = NAN;
+    else if (!std::isfinite(n)) ratio = INFINITY;  // an infinite difference quotient explains nothing
     if (ratio > worst_ratio) {
       worst_ratio = ratio;
       r.worst = where();
@@ -64,6 +66,7 @@ class Checker {
   Checker(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
           const GradcheckOptions& opt)
       : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed) {
+    validate(opt);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].dtype() == DType::f32)
         fail("gradcheck: input {} is float32; finite differences need float64 inputs", i);
@@ -145,6 +148,11 @@ class Checker {
     if (m_ * xs_[i].numel() <= opt_.full_jacobian_limit) compare_full(i, has_jvp, c);
     else compare_fast(i, has_jvp, c);
     if (!has_jvp) c.jvp.r.mode = "none", c.jvp.r.skipped = true;
+    for (CheckResult* r : {&c.vjp.r, &c.jvp.r})
+      if (!r->skipped && r->compared == 0) {  // an input or output with no elements: nothing to compare
+        r->passed = false;
+        r->worst = fmt::format("nothing compared: {} has no elements", xs_[i].numel() == 0 ? name(i) : "y");
+      }
     checks_.push_back(c.vjp.r);
     checks_.push_back(c.jvp.r);
 
@@ -222,7 +230,8 @@ class Checker {
     adj.max_abs_err = std::abs(lhs - rhs);
     adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
     adj.analytic = lhs, adj.numeric = rhs;
-    adj.passed = std::abs(lhs - rhs) <= bound;
+    adj.compared = 1;
+    adj.passed = std::isfinite(lhs) && std::isfinite(rhs) && std::abs(lhs - rhs) <= bound;
     return adj;
   }
 
@@ -242,6 +251,7 @@ class Checker {
     CheckResult ac{name(i), "accumulate", "exact", 0, 0, "", 0, 0, true, false};
     double worst = -1;
     bool lost_r = true;  // acc = J_iᵀu: what an assignment leaves
+    ac.compared = n;
     for (int64_t k = 0; k < n; ++k) {
       double got = acc.item(k) - r.item(k), want = ju.item(k);
       double err = std::abs(got - want);
@@ -388,6 +398,15 @@ class Checker {
 };
 
 }  // namespace
+
+void validate(const GradcheckOptions& opt) {
+  if (!(std::isfinite(opt.eps) && opt.eps > 0)) fail("gradcheck: eps must be finite and > 0, got {}", opt.eps);
+  if (!(std::isfinite(opt.atol) && opt.atol >= 0)) fail("gradcheck: atol must be finite and ≥ 0, got {}", opt.atol);
+  if (!(std::isfinite(opt.rtol) && opt.rtol >= 0)) fail("gradcheck: rtol must be finite and ≥ 0, got {}", opt.rtol);
+  if (opt.projections < 1) fail("gradcheck: projections must be at least 1, got {}", opt.projections);
+  if (opt.full_jacobian_limit < 0)
+    fail("gradcheck: full_jacobian_limit must not be negative, got {}", opt.full_jacobian_limit);
+}
 
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
                           const GradcheckOptions& opt) {

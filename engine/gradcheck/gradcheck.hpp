@@ -4,7 +4,9 @@
 //   jvp        J_i t from forward mode vs  (f(x+εt) − f(x−εt)) / 2ε, element by element of y
 //   adjoint    ⟨J_i t, u⟩ = ⟨t, J_iᵀu⟩  (two analytic results; exact up to rounding)
 //   accumulate backward adds J_iᵀu into a gradient that already holds r (it must not overwrite r)
-// An element passes when |analytic − numeric| ≤ atol + rtol·|numeric|.
+// An element passes when |analytic − numeric| ≤ atol + rtol·|numeric|, both sides finite. A report passes only
+// when something was compared (a check of an input with no elements, or a report whose every check was skipped,
+// is not a pass) and every check passed.
 //
 // When a check fails, the report also says what the error looks like (a Diagnosis per finding): the analytic
 // Jacobian A against the numeric N as a whole (A = c·N: a scale or a sign; A = N with axes swapped: a
@@ -35,6 +37,9 @@ struct GradcheckOptions {
   uint64_t seed = 20240809;
   bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
 };
+// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol and
+// rtol finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
+void validate(const GradcheckOptions& opt);
 
 struct CheckResult {
   std::string input;  // the input's name
@@ -46,6 +51,7 @@ struct CheckResult {
   double analytic = 0, numeric = 0;  // at the worst element
   bool passed = true;
   bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
+  int64_t compared = 0;  // how many values were compared (elements, projections); a check that compared none fails
 };
 
 // What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.
@@ -101,6 +107,7 @@ struct Diagnosis {
 struct Verdict {
   bool ok = true;
   std::string report;
+  std::string not_checked;  // non-empty when nothing was compared (every check skipped): why; ok is then false
   operator bool() const { return ok; }
   bool operator()() const { return ok; }
 };

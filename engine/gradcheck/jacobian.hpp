@@ -25,7 +25,10 @@ std::string row_name(const Shape& s, const std::string& name, int64_t row);
 // |a − ref| ≤ atol + rtol·|ref|: the element test of every comparison (NaN fails).
 struct Tolerance {
   double atol, rtol;
-  bool ok(double a, double ref) const { return std::abs(a - ref) <= atol + rtol * std::abs(ref); }
+  // Both sides finite: an infinite reference would make the bound itself infinite and pass anything.
+  bool ok(double a, double ref) const {
+    return std::isfinite(a) && std::isfinite(ref) && std::abs(a - ref) <= atol + rtol * std::abs(ref);
+  }
 };
 
 double dot(std::span<const double> a, std::span<const double> b);

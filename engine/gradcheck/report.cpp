@@ -79,8 +79,23 @@ std::ostream& operator<<(std::ostream& os, const Verdict& v) {
   return v.report.empty() ? os << (v.ok ? "passed" : "FAILED") : os << "\n" << v.report;
 }
 
+namespace {
+
+// Why nothing was checked, when every check was skipped (or there are none); empty when something was compared.
+std::string nothing_checked(const std::vector<CheckResult>& checks) {
+  if (checks.empty()) return "no check was made";
+  for (const auto& c : checks)
+    if (!c.skipped) return "";
+  const std::string& why = checks.front().worst;
+  return "every check was skipped (" + (why.empty() ? std::string("no JVP") : why) + ")";
+}
+
+}  // namespace
+
 void GradcheckReport::conclude() {
-  passed.ok = std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
+  passed.not_checked = nothing_checked(checks);
+  passed.ok = passed.not_checked.empty() &&
+              std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.skipped || c.passed; });
   passed.report = str();
 }
 
@@ -93,10 +108,12 @@ const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const 
 bool GradcheckReport::has(Finding f, std::string_view input) const { return find(f, input) != nullptr; }
 
 std::string GradcheckReport::str() const {
-  const bool ok = std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.passed; });
+  const std::string why_not = nothing_checked(checks);
+  const bool ok = why_not.empty() &&
+                  std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.skipped || c.passed; });
   std::string title = op.empty() ? (case_name.empty() ? "gradcheck" : case_name)
                                   : (case_name.empty() ? op : fmt::format("{} / {}", op, case_name));
-  std::string s = fmt::format("{}: {}\n", title, ok ? "passed" : "FAILED");
+  std::string s = fmt::format("{}: {}\n", title, ok ? "passed" : why_not.empty() ? "FAILED" : "NOT CHECKED: " + why_not);
   s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode", "max_abs_err",
                    "max_rel_err", "worst element", "result");
   for (const auto& c : checks) {

@@ -87,6 +87,7 @@ Var twice(const Function& f, Tape& tape, std::span<const Var> x) {
 
 GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
                                        std::span<const std::string> names, const GradcheckOptions& opt) {
+  validate(opt);
   GradcheckReport rep;
   std::vector<Tensor> x;
   std::vector<std::string> all_names, float_names;
@@ -130,6 +131,8 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
       }
       if (!(excess <= 0)) r.passed = false;
     }
+    r.compared = hv[i].numel();
+    if (r.compared == 0) r.passed = false, r.worst = fmt::format("nothing compared: {} has no elements", float_names[i]);
     hvp_ok = hvp_ok && r.passed;
     rep.checks.push_back(r);
   }
