@@ -1,7 +1,9 @@
 #include "engine/parallel.hpp"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -117,6 +119,12 @@ class Pool {
 
  private:
   void work(int w) {
+    // A worker runs kernels, some of them generated (oneDNN's): it never takes an asynchronous signal, whose
+    // handler would run on its stack in the middle of one. The program's signals go to its other threads.
+    sigset_t asynchronous;
+    sigemptyset(&asynchronous);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE}) sigaddset(&asynchronous, sig);
+    pthread_sigmask(SIG_BLOCK, &asynchronous, nullptr);
     t_in_region = true;
     uint64_t seen = 0;
     for (;;) {

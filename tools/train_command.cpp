@@ -1,14 +1,18 @@
 // tapegrad train: a GPT on a text file (Tiny Shakespeare by default); tapegrad sample: text from a checkpoint.
 #include <fmt/core.h>
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
@@ -175,17 +179,63 @@ extern "C" void request_stop(int sig) {
   std::signal(sig, SIG_DFL);
 }
 
+// While a run trains, SIGINT and SIGTERM are taken by a thread that does nothing else. The threads that compute
+// block them (the main thread here, the engine's workers always: engine/parallel.cpp): a handler run on a
+// computing thread runs on its stack, below the frame of whatever kernel it interrupted, and oneDNN's generated
+// kernels do not all survive that (the heap was found corrupted inside a oneDNN product after a SIGINT, now and
+// then). The kernel delivers a process-wide signal to a thread that does not block it: this one (or a library's
+// idle thread; the handler only stores the signal).
+class StopSignals {
+ public:
+  StopSignals() {
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    taker_ = std::thread([this] {
+      std::unique_lock lock(mutex_);
+      done_cv_.wait(lock, [this] { return done_; });
+    });
+    sigset_t set = stop_set();
+    pthread_sigmask(SIG_BLOCK, &set, &saved_);
+  }
+  ~StopSignals() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_one();
+    taker_.join();
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static sigset_t stop_set() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    return set;
+  }
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread taker_;
+  sigset_t saved_{};
+};
+
 void add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   CLI::App* cmd = add_train_subcommand(app, *cfg);
   cmd->callback([cfg] {
     TrainConfig c = *cfg;
     c.loop.interrupt = &g_signal;
-    std::signal(SIGINT, request_stop);
-    std::signal(SIGTERM, request_stop);
-    const TrainResult r = train(c, stdout);
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
+    const TrainResult r = [&] {
+      StopSignals signals;
+      return train(c, stdout);
+    }();
     if (r.interrupted_by != 0) {  // the shell's convention: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
       std::fflush(stdout);
       fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
