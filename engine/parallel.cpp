@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -33,14 +34,41 @@ inline void cpu_relax() {
 // a worker that found nothing for this long leaves its core to the rest of the machine.
 constexpr auto kSpin = std::chrono::microseconds(300);
 
-int default_threads() {
-  if (const char* env = std::getenv("TAPEGRAD_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return std::min(n, 256);
-  }
+constexpr int kMaxThreads = 256;  // set_num_threads clamps to the same
+
+int cpu_threads() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// TAPEGRAD_NUM_THREADS when it is a whole number from 1 to kMaxThreads; anything else ("abc", "-5", "0", "4x") is
+// said on stderr, naming the variable and the value, and the CPUs are used instead; a larger number is said and
+// capped. The pool is made lazily, from library code, so a warning (once) rather than an exception.
+int default_threads() {
+  const char* env = std::getenv("TAPEGRAD_NUM_THREADS");
+  if (!env || !*env) return cpu_threads();  // unset, or set empty as shells unset a variable for one command
+  const std::string text(env);
+  long long n = 0;
+  bool whole = !text.empty() && text.size() <= 18;
+  for (char c : text) {
+    whole = whole && c >= '0' && c <= '9';
+    if (whole) n = n * 10 + (c - '0');
+  }
+  if (!whole || n < 1) {
+    const int cpus = cpu_threads();
+    std::fprintf(stderr,
+                 "tapegrad: warning: TAPEGRAD_NUM_THREADS=%s is not a number of threads (a whole number from 1 to %d); "
+                 "using %d, the CPUs this process may run on\n",
+                 text.substr(0, 40).c_str(), kMaxThreads, cpus);
+    return cpus;
+  }
+  if (n > kMaxThreads) {
+    std::fprintf(stderr, "tapegrad: warning: TAPEGRAD_NUM_THREADS=%s is above the limit of %d threads; using %d\n",
+                 text.substr(0, 40).c_str(), kMaxThreads, kMaxThreads);
+    return kMaxThreads;
+  }
+  return static_cast<int>(n);
 }
 
 // A parallel_for in progress. It lives on the caller's stack; the caller does not return before every chunk is

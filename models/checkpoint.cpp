@@ -373,4 +373,16 @@ const std::string& training_metadata(const Checkpoint& ck, const std::string& ke
   return it->second;
 }
 
+std::optional<uint64_t> metadata_count(std::string_view text, uint64_t max) {
+  if (text.empty()) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (__builtin_mul_overflow(v, uint64_t{10}, &v) || __builtin_add_overflow(v, uint64_t(c - '0'), &v))
+      return std::nullopt;
+  }
+  if (v > max) return std::nullopt;
+  return v;
+}
+
 }  // namespace tapegrad

@@ -17,7 +17,9 @@
 // 4 million JSON values.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,6 +47,10 @@ struct Checkpoint {
 
 // The metadata value under `key` of a training checkpoint read from `path`; throws naming both when it is missing.
 const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path);
+
+// A count in the metadata (a step, a generator's state), as the writer writes it: decimal digits only, from 0 to
+// `max`. Anything else ("20abc", "-5", "+5", " 5", "1e3", "", a value above max) gives nullopt.
+std::optional<uint64_t> metadata_count(std::string_view text, uint64_t max = UINT64_MAX);
 
 // The metadata keys under which the writer records the data section's and the header's checksums.
 inline constexpr std::string_view kChecksumKey = "tapegrad.checksum";

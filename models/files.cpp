@@ -151,6 +151,12 @@ void refuse_input_as_output(const std::string& output, std::string_view output_o
          output_option, output, input_option, input);
 }
 
+bool same_regular_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
+  return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
   if (path.empty()) fail("cannot write a file with an empty name");
   const std::string real = resolved_target(path);
@@ -235,6 +241,35 @@ long flock_holder(dev_t dev, ino_t ino) {
 }
 
 }  // namespace
+
+bool is_run_directory(const std::string& dir) {
+  struct stat st {};
+  const std::string d = dir.empty() ? std::string(".") : dir;
+  if (::stat((d + "/checkpoint.safetensors").c_str(), &st) == 0) return true;
+  // A run that has not written its first checkpoint yet holds the directory's lock; reading /proc/locks takes none.
+  return ::stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && flock_holder(st.st_dev, st.st_ino) != 0;
+}
+
+void refuse_replacing_run_files(const std::string& path, std::string_view option, const std::string& own_run_dir) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return;
+  const std::string real = resolved_target(path);
+  struct stat st {};
+  if (::stat(real.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // a new file, or one written into
+  const fs::path parent = fs::path(real).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  if (!is_run_directory(dir)) return;
+  struct stat d {}, own {};
+  if (!own_run_dir.empty() && ::stat(dir.c_str(), &d) == 0 && ::stat(own_run_dir.c_str(), &own) == 0 &&
+      d.st_dev == own.st_dev && d.st_ino == own.st_ino)
+    return;
+  // Named as a reader would (made/x/../y is made/y); the checks above use the path itself.
+  const std::string through =
+      real == path ? std::string() : fmt::format(" (through a symbolic link, '{}')", fs::path(real).lexically_normal().string());
+  fail("{} '{}'{} is a file of the run in '{}': it would be replaced; write it outside the run's directory, or "
+       "remove the file first",
+       option, path, through, parent.empty() ? std::string(".") : parent.lexically_normal().string());
+}
 
 DirectoryLock::DirectoryLock(const std::string& dir, std::string_view advice) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

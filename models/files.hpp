@@ -27,6 +27,19 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
 void refuse_input_as_output(const std::string& output, std::string_view output_option, const std::string& input,
                             std::string_view input_option);
 
+// Whether `a` and `b` (symbolic links followed) are one existing regular file: the same device and inode, whatever
+// the names (a link, a hard link, "./x" and "x").
+bool same_regular_file(const std::string& a, const std::string& b);
+
+// Whether `dir` holds a run: a checkpoint.safetensors, or a run's lock on it (DirectoryLock, seen in /proc/locks).
+bool is_run_directory(const std::string& dir);
+
+// Refuses, naming `option`, the path and the run directory, a write to `path` that would replace an existing file
+// (symbolic links followed) in a run directory other than `own_run_dir` (empty: the command has none): a command
+// never replaces a run's checkpoint, logs or plots, nor a run another's. A new file there, or a fifo or device
+// (written into, never replaced), passes.
+void refuse_replacing_run_files(const std::string& path, std::string_view option, const std::string& own_run_dir = {});
+
 // The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, a device or
 // a socket, cannot be read, or holds more than max_bytes (a regular file is sized before it is read; a fifo is
 // read up to the limit). Before a regular file is read, the memory the caller will hold for it, its size times

@@ -38,7 +38,7 @@ int remove_stale_temporaries(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return 0;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    for (const char* file : {kCheckpointFile, kCsvFile, kSvgFile, "sharpness.csv", "sharpness.svg", "profile.json"})
+    for (const char* file : kRunFiles)
       if (name.starts_with(fmt::format(".{}.tmp-", file)) && e.is_regular_file(ec)) {
         removed += fs::remove(e.path(), ec) ? 1 : 0;
         break;
@@ -83,11 +83,26 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
   const std::string& path = checkpoint_path_;
   const Checkpoint ck = load_checkpoint(path);
   if (same_model) same_model(ck);
+  // A count the writer writes as decimal digits; "20abc", "-5", " 7" or "1e3" is a damaged or edited checkpoint.
+  auto count = [&](const std::string& key, uint64_t max) {
+    const std::string& text = training_metadata(ck, key, path);
+    if (const std::optional<uint64_t> v = metadata_count(text, max)) return *v;
+    fail("{}: {}: its training state cannot be read: '{}' is '{}', not a whole number from 0 to {}", flag, path, key,
+         text.substr(0, 40), max);
+  };
+  const auto step = static_cast<int64_t>(count("tapegrad.step", static_cast<uint64_t>(INT64_MAX)));
+  // A run continued to fewer steps than it has taken would be written back as an earlier step with later weights and
+  // optimizer state, its log going back in time.
+  if (step > cfg_.max_steps)
+    fail("{}: {} is at step {}, past the run's last step {} (--max-iters): a run's step cannot move backwards; "
+         "continue it with --max-iters {} or more, or start another run with --name",
+         flag, path, step, cfg_.max_steps, step);
+  const uint64_t rng_state = batch_rng_ ? count("tapegrad.rng", UINT64_MAX) : 0;
   static constexpr std::string_view kOptimizerState[] = {"optimizer."};
   load_parameters(ck, model_, path, kOptimizerState);  // all names and shapes checked before any is copied
   opt_.load_state(ck, path);
   try {
-    result_.first_step = std::stoll(training_metadata(ck, "tapegrad.step", path));
+    result_.first_step = step;
     auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
       if (!v.is_number_integer()) fail("{}: {}: a step in its log is {}, not an integer", flag, path, v.dump());
       return v.get<int64_t>();
@@ -98,12 +113,12 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
       result_.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
                               r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
                               r[4].is_null() ? NAN : r[4].get<double>()});
-    if (batch_rng_) batch_rng_->set_state(std::stoull(training_metadata(ck, "tapegrad.rng", path)));
+    if (batch_rng_) batch_rng_->set_state(rng_state);
     if (restore) restore(ck);
   } catch (const json::exception& e) {
     fail("{}: {}: its training state (evaluations, log) cannot be read: {}", flag, path, e.what());
-  } catch (const std::logic_error& e) {  // std::stoll's invalid_argument and out_of_range
-    fail("{}: {}: its training state (step, optimizer, batches) cannot be read: {}", flag, path, e.what());
+  } catch (const std::logic_error& e) {  // a std::stoll of `restore`: invalid_argument, out_of_range
+    fail("{}: {}: its training state cannot be read: {}", flag, path, e.what());
   }
 }
 
@@ -120,7 +135,9 @@ bool TrainingRun::interrupted(int64_t next_step) {
 }
 
 int64_t TrainingRun::stop_step() const {
-  return cfg_.stop_after > 0 ? std::min(cfg_.max_steps, first_step() + cfg_.stop_after) : cfg_.max_steps;
+  // first_step() ≤ max_steps (resume refuses a step past it), so the difference cannot overflow; the sum could.
+  if (cfg_.stop_after <= 0 || cfg_.stop_after >= cfg_.max_steps - first_step()) return cfg_.max_steps;
+  return first_step() + cfg_.stop_after;
 }
 
 void TrainingRun::evaluate(int64_t step, const std::function<Evaluation(int64_t)>& losses) {

@@ -63,6 +63,7 @@ struct LoopConfig {
   std::string title = "training loss";  // of losses.svg
   bool resume = false;          // continue from dir/checkpoint.safetensors
   int64_t stop_after = 0;       // stop, with a checkpoint, after this many steps of this call; 0: run to max_steps
+                                // (the command line's --stop-after must be at least 1)
   int64_t tokens_per_step = 0;  // for tok/s in the progress line; 0: not shown
   int64_t log_interval = 100;   // a plain progress line every this many steps when `out` is not a terminal
   bool quiet = false;
@@ -142,7 +143,8 @@ class TrainingRun {
   TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng = nullptr);
 
   // Continues from dir/checkpoint.safetensors. Loads it, and refuses it, changing nothing, when `same_model` (if
-  // given) throws: a checkpoint of another model. Then restores the parameters (every name and shape checked before
+  // given) throws: a checkpoint of another model. Its step and batch generator state must be whole decimal numbers
+  // (a step from 0 to max_steps: a run's step never moves backwards). Then restores the parameters (every name and shape checked before
   // any is copied), the optimizer's state, the step, the evaluations and the log, the batch generator's state, and
   // what `restore` (if given) reads: the caller's own. Errors name the checkpoint and begin with `flag` ("--resume"
   // on the command line).
@@ -152,7 +154,9 @@ class TrainingRun {
   void start();
 
   int64_t first_step() const { return result_.first_step; }  // 0, or the step a resumed checkpoint holds
-  int64_t stop_step() const;  // where this call stops: max_steps, or first_step + stop_after when that is sooner
+  // Where this call stops: max_steps, or first_step + stop_after when that is sooner (without overflow: a stop_after
+  // near 2⁶³ means max_steps).
+  int64_t stop_step() const;
   // After step next_step − 1: true when cfg.interrupt asks the run to stop (the loop then breaks, and finish() keeps
   // a checkpoint at next_step).
   bool interrupted(int64_t next_step);
@@ -215,8 +219,11 @@ class TrainingRun {
   Clock::time_point start_, step_start_, last_print_;
 };
 
-// Removes the temporaries that killed atomic writes of the files a run writes (checkpoint.safetensors, losses.csv,
-// losses.svg, sharpness.csv, sharpness.svg, profile.json) left in `dir`; returns how many.
+// The files a run writes into its directory (the GPT trainer's sharpness and profile files included).
+inline constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "losses.csv", "losses.svg",
+                                            "sharpness.csv",          "sharpness.svg", "profile.json"};
+
+// Removes the temporaries that killed atomic writes of the run's files (kRunFiles) left in `dir`; returns how many.
 int remove_stale_temporaries(const std::string& dir);
 
 // "12.3s", "4m05s", "1h02m".

@@ -103,6 +103,7 @@ void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, 
 // logging options may change: they decide how the run goes on, not what it trains.)
 void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const TextData& data, const std::string& path) {
   const GPTConfig saved = model_from_json(training_metadata(ck, "tapegrad.model", path), path);
+  checkpoint_vocabulary(ck, saved.vocab_size, path);  // the vocabulary the model was made for, or refused
   if (saved.attention != m.attention || saved.n_embd != m.n_embd || saved.n_layer != m.n_layer ||
       saved.n_head != m.n_head || saved.block_size != m.block_size || saved.vocab_size != m.vocab_size)
     fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
@@ -130,7 +131,74 @@ void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const TextDa
   }
 }
 
+// Refuses to resume with another seed, batch size or precision than the checkpoint's unless cfg.allow_change: the
+// run would go on drawing other batches, or computing its products otherwise, than the run it continues. A key the
+// checkpoint does not record (an older checkpoint) is not compared.
+void refuse_another_training(const Checkpoint& ck, const TrainConfig& cfg, const std::string& path) {
+  const json t = json::parse(training_metadata(ck, "tapegrad.train", path), nullptr, false);
+  if (t.is_discarded() || !t.is_object()) fail("--resume: {}: its 'tapegrad.train' metadata cannot be read", path);
+  auto compare = [&](const char* key, std::string_view option, bool integer, const std::string& asked) {
+    if (!t.contains(key)) return;
+    const json& v = t[key];
+    if (integer ? !v.is_number_integer() : !v.is_string())
+      fail("--resume: {}: its 'tapegrad.train' metadata has {} = {}, not {}", path, key, v.dump().substr(0, 40),
+           integer ? "an integer" : "a string");
+    const std::string saved = integer ? v.dump() : v.get<std::string>();
+    if (saved != asked && !cfg.allow_change)
+      fail("--resume: {} was trained with {} {}, this run asks for {} {}; --allow-change lets the seed, the batch "
+           "size and the precision change on resume",
+           path, option, saved, option, asked);
+  };
+  compare("seed", "--seed", true, std::to_string(cfg.seed));
+  compare("batch_size", "--batch-size", true, std::to_string(cfg.batch_size));
+  compare("precision", "--precision", false, precision_name(cfg.precision));
+}
+
+// The run's outputs are not its inputs: each file the run writes (kRunFiles, symbolic links followed) must be neither
+// the text, a config file, nor (the checkpoint excepted, which a resumed run replaces by design) the checkpoint the
+// run continues from; and none may lie in another run's directory. Checked before anything is written.
+void refuse_outputs_that_are_inputs(const TrainConfig& cfg, const std::string& data_path) {
+  const std::string& dir = cfg.loop.dir;
+  const std::string checkpoint = dir + "/" + kRunFiles[0];
+  std::vector<std::pair<std::string, std::string>> inputs{{"--data", data_path}};
+  for (const std::string& config : cfg.config_files) inputs.emplace_back("--config", config);
+  for (const char* file : kRunFiles) {
+    const std::string output = dir + "/" + file;
+    for (const auto& [option, input] : inputs)
+      if (same_regular_file(output, input))
+        fail("the run's {} '{}' is the file {} reads ('{}'): the run would overwrite its own input; give another {}, "
+             "or another --out or --name",
+             file, output, option, input, option);
+    if (cfg.loop.resume && output != checkpoint && same_regular_file(output, checkpoint))
+      fail("the run's {} '{}' is its checkpoint '{}', which --resume reads: the run would overwrite it; remove the "
+           "link", file, output, checkpoint);
+    refuse_replacing_run_files(output, fmt::format("the run's {}", file), dir);
+  }
+}
+
 }  // namespace
+
+void validate_run_name(const std::string& name) {
+  if (name == "." || name == ".." || name.find('/') != std::string::npos)
+    fail("--name '{}': a run's name is one directory name below --out (no '/', not '.' or '..')", name);
+}
+
+TextData checkpoint_vocabulary(const Checkpoint& ck, int64_t vocab_size, const std::string& path) {
+  const std::string& text = training_metadata(ck, "tapegrad.vocab", path);
+  TextData vocab;
+  try {
+    vocab = TextData::from_text(text, 1.0);
+  } catch (const Error& e) {
+    fail("checkpoint {}: its vocabulary ('tapegrad.vocab') cannot be read: {}", path, e.what());
+  }
+  if (vocab.vocab_size() != vocab_size)
+    fail("checkpoint {}: its vocabulary ('tapegrad.vocab') holds {} symbols, but its model's vocab_size is {} (the "
+         "file was edited, or is damaged)", path, vocab.vocab_size(), vocab_size);
+  if (utf8_of(vocab.vocab) != text)
+    fail("checkpoint {}: its vocabulary ('tapegrad.vocab') is not its {} symbols once each, in order (the file was "
+         "edited, or is damaged)", path, vocab_size);
+  return vocab;
+}
 
 GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
   const GPTConfig cfg = model_from_json(training_metadata(ck, "tapegrad.model", path), path);
@@ -385,6 +453,10 @@ void TrainConfig::validate() const {
   if (sharpness_every < 0) fail("sharpness_every must not be negative, got {}", sharpness_every);
   if (sharpness_iterations < 1) fail("sharpness_iterations must be at least 1, got {}", sharpness_iterations);
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
+  validate_run_name(name);
+  if (loop.resume && loop.overwrite)
+    fail("--resume continues the run in its directory and --overwrite starts it over: give one of them");
+  if (loop.stop_after < 0) fail("--stop-after must not be negative, got {}", loop.stop_after);
 }
 
 std::string TrainConfig::run_dir() const { return out_dir + "/" + (name.empty() ? model.attention : name); }
@@ -401,6 +473,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   cfg.loop.tokens_per_step = cfg.batch_size * cfg.model.block_size;
   cfg.loop.out = out;
   cfg.validate();
+  refuse_outputs_that_are_inputs(cfg, data_path);
   const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   // Before anything large is allocated: a run that cannot fit is refused in one line.
@@ -426,7 +499,10 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   res.run_dir = cfg.loop.dir;
   TrainingRun run(cfg.loop, model, opt, res, &batch_rng);
   if (cfg.loop.resume)
-    run.resume("--resume", [&](const Checkpoint& ck) { refuse_another_model(ck, cfg.model, data, run.checkpoint_path()); });
+    run.resume("--resume", [&](const Checkpoint& ck) {
+      refuse_another_model(ck, cfg.model, data, run.checkpoint_path());
+      refuse_another_training(ck, cfg, run.checkpoint_path());
+    });
   run.start();
   if (!cfg.loop.quiet) print_header(out, cfg, data_path, data, model, memory, run);
   train_steps(cfg, data, model, opt, batch_rng, run);
@@ -463,7 +539,7 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
 std::string sample_from_checkpoint(const std::string& path, const SampleConfig& sc) {
   Checkpoint ck = load_checkpoint(path);
   GPT model = model_from_checkpoint(ck, path);
-  TextData vocab = TextData::from_text(training_metadata(ck, "tapegrad.vocab", path), 1.0);
+  const TextData vocab = checkpoint_vocabulary(ck, model.config().vocab_size, path);
   if (!(sc.temperature > 0)) fail("temperature must be positive, got {}", sc.temperature);
   if (sc.tokens < 0 || sc.top_k < 0) fail("tokens and top-k must not be negative");
   Rng rng(sc.seed);

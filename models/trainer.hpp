@@ -5,8 +5,10 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "../engine/products.hpp"
+#include "data.hpp"
 #include "gpt.hpp"
 #include "loop.hpp"
 #include "optim.hpp"
@@ -38,10 +40,19 @@ struct TrainConfig {
   int64_t sharpness_every = 0;
   int sharpness_iterations = 20;  // power-iteration steps at most (Hessian-vector products, ≈ 2 gradients each)
   ProductPrecision precision = ProductPrecision::f32;  // of the float32 products (engine/products.hpp)
+  // With loop.resume: let the seed, the batch size and the precision differ from the checkpoint's (without it such a
+  // resume is refused, naming the option: the run would go on as another run than the one it was).
+  bool allow_change = false;
+  // The --config files the options were read from: inputs, which no file of the run may be.
+  std::vector<std::string> config_files;
 
   void validate() const;
   std::string run_dir() const;
 };
+
+// Refuses a run name that is not one path component below --out: empty is allowed (the attention kind), ".",
+// "..", and a name with a '/' are not (`--name ../../x` would write outside --out).
+void validate_run_name(const std::string& name);
 
 // The loop's record (evaluations, log, step losses and times, the profile with loop.profile), and the run's own.
 struct TrainResult : LoopResult {
@@ -68,6 +79,10 @@ struct SampleConfig {
 struct Checkpoint;
 // The model a checkpoint written by train() holds: configuration from "tapegrad.model", float32 weights by name.
 GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path);
+
+// The vocabulary of a checkpoint written by train() ("tapegrad.vocab"): its distinct symbols in order, exactly
+// `vocab_size` of them (the model's), or an Error naming the checkpoint.
+TextData checkpoint_vocabulary(const Checkpoint& ck, int64_t vocab_size, const std::string& path);
 
 // Generates text from a checkpoint written by train().
 std::string sample_from_checkpoint(const std::string& path, const SampleConfig& sc);

@@ -402,7 +402,15 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
   for (const Bad& b : {Bad{"tapegrad.step", "two", "cannot be read"}, Bad{"tapegrad.rng", "-", "cannot be read"},
                        Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "not an integer"},
                        Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"},
-                       Bad{"tapegrad.log", "[[1.8e20, 0.001, 4.2, null, 1.0]]", "not an integer"}}) {
+                       Bad{"tapegrad.log", "[[1.8e20, 0.001, 4.2, null, 1.0]]", "not an integer"},
+                       // A count is decimal digits, whole, in range: nothing read as its prefix, no sign, no wrap.
+                       Bad{"tapegrad.step", "20abc", "'tapegrad.step' is '20abc', not a whole number from 0 to"},
+                       Bad{"tapegrad.step", "-5", "'tapegrad.step' is '-5', not a whole number"},
+                       Bad{"tapegrad.step", "+2", "'tapegrad.step' is '+2', not a whole number"},
+                       Bad{"tapegrad.step", " 2", "'tapegrad.step' is ' 2', not a whole number"},
+                       Bad{"tapegrad.step", "9223372036854775808", "not a whole number from 0 to 9223372036854775807"},
+                       Bad{"tapegrad.rng", "-1", "'tapegrad.rng' is '-1', not a whole number"},
+                       Bad{"tapegrad.rng", "18446744073709551616", "'tapegrad.rng' is '18446744073709551616'"}}) {
     const std::string key = b.key, value = b.value;
     CAPTURE(key);
     CAPTURE(value);
@@ -418,4 +426,47 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
     CHECK(r.out.find(b.expect) != std::string::npos);
     CHECK(r.out.find('\n') == r.out.size() - 1);
   }
+}
+
+TEST_CASE("a checkpoint's vocabulary must be its model's, and --resume refuses another precision by name") {
+  ScratchDir dir;
+  CliRun made = make_tiny_run(dir.path, 2);
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string path = dir.file(kTinyCheckpoint);
+  const std::string good = slurp(path);
+  auto edited = [&](const char* key, const std::string& value) {
+    Parts p = split(good);
+    p.header["__metadata__"][key] = value;
+    p.header["__metadata__"].erase(std::string(kChecksumKey));
+    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+    spit(path, join(p.header, p.data));
+  };
+  const auto resume = with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "made",
+                            "--resume"}, kTiny);
+  const std::string vocab = load_checkpoint(path).metadata.at("tapegrad.vocab");
+  for (const std::string& bad : {std::string("abc"), vocab.substr(1) + vocab.substr(0, 1), vocab + vocab.substr(0, 1)}) {
+    CAPTURE(bad);
+    edited("tapegrad.vocab", bad);
+    const std::string expect = bad == "abc" ? "holds 3 symbols, but its model's vocab_size is" : "is not its";
+    for (const auto& args : {std::vector<std::string>{"sample", "--checkpoint", kTinyCheckpoint, "--tokens", "5"},
+                             std::vector<std::string>{"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the"},
+                             resume}) {
+      CliRun r = run_cli(dir.path.string(), args);
+      CAPTURE(r.out);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("its vocabulary ('tapegrad.vocab') " + expect) != std::string::npos);
+    }
+  }
+  // The precision of the products: refused by name, allowed with --allow-change (which needs no bf16 unit when the
+  // run asks for f32, as this one does).
+  nlohmann::json train = nlohmann::json::parse(split(good).header["__metadata__"]["tapegrad.train"].get<std::string>());
+  train["precision"] = "bf16";
+  edited("tapegrad.train", train.dump());
+  CliRun r = run_cli(dir.path.string(), resume);
+  CAPTURE(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("was trained with --precision bf16, this run asks for --precision f32; --allow-change") !=
+        std::string::npos);
+  CliRun allowed = run_cli(dir.path.string(), with(resume, {"--allow-change"}));
+  CHECK_MESSAGE(allowed.code == 0, allowed.out);
 }

@@ -1,7 +1,9 @@
 // A run directory has one writer, and what it holds is not lost: a second run there is refused while the first
-// writes, a finished run is not replaced without --overwrite, --resume refuses a different model or text by name,
+// writes, a finished run is not replaced without --overwrite, a run's files are never its inputs nor replaced by
+// another command, --resume refuses a different model, text, seed or batch size by name and never moves a step back,
 // SIGINT and SIGTERM end a run after its step with a checkpoint, a text without a newline trains and samples.
 #include <doctest/doctest.h>
+#include <fmt/core.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -163,4 +165,175 @@ TEST_CASE("options that would lose or misplace a run are refused in one line") {
   check_refused(big, "evaluation batches");
   CHECK_MESSAGE(refused_in_little_memory(big), big.max_rss_kb, " KiB");
   CHECK_FALSE(fs::exists(dir.path / "runs"));
+}
+
+TEST_CASE("train refuses a file of its run that is one of its inputs, through symbolic links, before writing anything") {
+  ScratchDir dir;
+  CliRun made = make_tiny_run(dir.path, 2);
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string text = slurp(dir.file("text.txt"));
+  const fs::path run = dir.path / "made" / "softmax";
+  const auto train = [&](std::vector<std::string> extra) {
+    return run_cli(dir.path.string(), with(with({"train", "--out", "made", "--max-iters", "2", "--eval-interval", "2"},
+                                                extra), kTiny));
+  };
+  SUBCASE("losses.csv a link to the text") {
+    fs::remove(run / "losses.csv");
+    fs::create_symlink("../../text.txt", run / "losses.csv");
+    const auto before = snapshot(dir.path);
+    check_refused(train({"--data", "text.txt", "--overwrite"}), "the run's losses.csv 'made/softmax/losses.csv' is the "
+                                                                 "file --data reads ('text.txt')");
+    CHECK(snapshot(dir.path) == before);
+    CHECK(slurp(dir.file("text.txt")) == text);
+  }
+  SUBCASE("--data the run's own log") {
+    const std::string csv = slurp((run / "losses.csv").string());
+    const auto before = snapshot(dir.path);
+    check_refused(train({"--data", "made/softmax/losses.csv", "--overwrite"}), "is the file --data reads");
+    CHECK(snapshot(dir.path) == before);
+    CHECK(slurp((run / "losses.csv").string()) == csv);
+  }
+  SUBCASE("a plot that is the config file") {
+    spit(dir.file("run.ini"), "eval-iters = 2\n");
+    fs::create_symlink("../../run.ini", run / "sharpness.svg");
+    check_refused(train({"--data", "text.txt", "--overwrite", "--config", "run.ini"}),
+                  "the run's sharpness.svg 'made/softmax/sharpness.svg' is the file --config reads ('run.ini')");
+    CHECK(slurp(dir.file("run.ini")) == "eval-iters = 2\n");
+  }
+  SUBCASE("with --resume, a log that is the checkpoint it continues from") {
+    const std::string ck = slurp((run / "checkpoint.safetensors").string());
+    fs::remove(run / "losses.svg");
+    fs::create_symlink("checkpoint.safetensors", run / "losses.svg");
+    check_refused(train({"--data", "text.txt", "--resume", "--max-iters", "4"}),
+                  "is its checkpoint 'made/softmax/checkpoint.safetensors', which --resume reads");
+    CHECK(slurp((run / "checkpoint.safetensors").string()) == ck);
+  }
+  SUBCASE("a log that is another run's") {
+    fs::create_directories(dir.path / "made" / "other");
+    fs::create_symlink("../softmax/losses.csv", dir.path / "made" / "other" / "losses.csv");
+    const auto before = snapshot(dir.path);
+    check_refused(train({"--data", "text.txt", "--name", "other"}), "is a file of the run in 'made/softmax'");
+    CHECK(snapshot(dir.path) == before);
+  }
+}
+
+TEST_CASE("no command replaces a file of a run: evaluate --hvp-out, graph -o, compare's plot") {
+  ScratchDir dir;
+  CliRun made = make_tiny_run(dir.path, 2);
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const auto before = snapshot(dir.path);
+  check_refused(run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick",
+                                            "--hvp-out", "made/softmax/losses.csv"}),
+                "--hvp-out 'made/softmax/losses.csv' is a file of the run in 'made/softmax'");
+  check_refused(run_cli(dir.path.string(), {"graph", "--op", "softmax", "--format", "dot", "-o", "made/softmax/losses.csv"}),
+                "graph: -o 'made/softmax/losses.csv' is a file of the run in 'made/softmax'");
+  fs::create_symlink("made/softmax/losses.svg", dir.path / "plot.svg");  // through a link too
+  check_refused(run_cli(dir.path.string(), {"graph", "--op", "softmax", "-o", "plot.svg"}), "through a symbolic link");
+  fs::remove(dir.path / "plot.svg");
+  CHECK(snapshot(dir.path) == before);
+  // A new file in a run's directory, and any file outside one, are written.
+  CliRun dot = run_cli(dir.path.string(), {"graph", "--op", "softmax", "-o", "made/softmax/softmax.dot"});
+  CHECK_MESSAGE(dot.code == 0, dot.out);
+  CliRun hvp = run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick",
+                                           "--hvp-out", "hvp.safetensors"});
+  CHECK_MESSAGE(hvp.code == 0, hvp.out);
+  hvp = run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick", "--hvp-out",
+                                    "hvp.safetensors"});
+  CHECK_MESSAGE(hvp.code == 0, hvp.out);
+  // compare's plot goes beside its runs; in a directory that holds a run, an existing one is not replaced.
+  spit(dir.file("made/softmax/val_loss.svg"), "<svg/>");
+  check_refused(run_cli(dir.path.string(), {"compare", "--out", "made", "--name", "softmax", "--attention", "softmax",
+                                            "--iters", "1", "--data", "text.txt"}),
+                "compare's plot 'made/softmax/val_loss.svg' is a file of the run in 'made/softmax'");
+}
+
+TEST_CASE("a resumed run's step never moves backwards; --stop-after near 2^63 runs to the end; 0 is refused") {
+  ScratchDir dir;
+  CliRun made = make_tiny_run(dir.path, 4);
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string ck = slurp(dir.file(kTinyCheckpoint));
+  const std::string csv = slurp(dir.file("made/softmax/losses.csv"));
+  auto resume = [&](std::vector<std::string> extra) {
+    return run_cli(dir.path.string(), with(with({"train", "--data", "text.txt", "--out", "made", "--eval-interval", "2",
+                                                 "--resume"}, extra), kTiny));
+  };
+  check_refused(resume({"--max-iters", "2"}), "is at step 4, past the run's last step 2 (--max-iters)");
+  CHECK(slurp(dir.file(kTinyCheckpoint)) == ck);
+  CHECK(slurp(dir.file("made/softmax/losses.csv")) == csv);
+  check_refused(resume({"--max-iters", "6", "--stop-after", "0"}), "--stop-after: must be positive, got 0");
+  CHECK(slurp(dir.file(kTinyCheckpoint)) == ck);
+  // first step + stop-after would overflow int64: the run goes to --max-iters, and can be resumed again.
+  CliRun far = resume({"--max-iters", "6", "--stop-after", "9223372036854775807"});
+  REQUIRE_MESSAGE(far.code == 0, far.out);
+  CHECK(load_checkpoint(dir.file(kTinyCheckpoint)).metadata.at("tapegrad.step") == "6");
+  CliRun again = resume({"--max-iters", "8", "--stop-after", "9223372036854775806"});
+  CHECK_MESSAGE(again.code == 0, again.out);
+  CHECK(load_checkpoint(dir.file(kTinyCheckpoint)).metadata.at("tapegrad.step") == "8");
+}
+
+TEST_CASE("--resume refuses another seed or batch size by name unless --allow-change") {
+  ScratchDir dir;
+  CliRun made = make_tiny_run(dir.path, 2);
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string ck = slurp(dir.file(kTinyCheckpoint));
+  auto resume = [&](std::vector<std::string> extra) {
+    return run_cli(dir.path.string(), with(with({"train"}, kTiny), with({"--data", "text.txt", "--out", "made",
+                                                                         "--eval-interval", "2", "--max-iters", "4",
+                                                                         "--resume"}, extra)));
+  };
+  check_refused(resume({"--seed", "7"}), "was trained with --seed 1337, this run asks for --seed 7; --allow-change lets");
+  check_refused(resume({"--batch-size", "5"}), "was trained with --batch-size 4, this run asks for --batch-size 5");
+  CHECK(slurp(dir.file(kTinyCheckpoint)) == ck);
+  CliRun allowed = resume({"--seed", "7", "--batch-size", "5", "--allow-change"});
+  CHECK_MESSAGE(allowed.code == 0, allowed.out);
+}
+
+TEST_CASE("run names, --resume with --overwrite, compare's kinds, config lines without a key, TAPEGRAD_NUM_THREADS") {
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  const auto train = [&](std::vector<std::string> extra) {
+    return run_cli(dir.path.string(), with(with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "1",
+                                                 "--eval-interval", "1"}, extra), kTiny));
+  };
+  for (const char* name : {"../../x", "..", ".", "a/b"})
+    check_refused(train({"--name", name}), fmt::format("--name '{}': a run's name is one directory name", name));
+  check_refused(train({"--resume", "--overwrite"}), "give one of them");
+  check_refused(run_cli(dir.path.string(), {"compare", "--attention", "softmax,beta,softmax", "--iters", "1", "--data",
+                                            "text.txt", "--out", "c"}),
+                "--attention names softmax twice");
+  check_refused(run_cli(dir.path.string(), {"compare", "--name", "../up", "--iters", "1", "--data", "text.txt"}),
+                "--name '../up'");
+  CHECK_FALSE(fs::exists(dir.path / "r"));
+  CHECK_FALSE(fs::exists(dir.path / "c"));
+  CHECK_FALSE(fs::exists(dir.path / "x"));
+  CHECK_FALSE(fs::exists(dir.path.parent_path() / "up"));
+  // A config line with no key, or too short to be key = value, is refused by its number.
+  spit(dir.file("nokey.ini"), "# a run\neval-iters = 2\n=5\n");
+  check_refused(train({"--config", "nokey.ini"}), "config file nokey.ini: line 3: '=5' has no key before '='");
+  spit(dir.file("spaced.ini"), "eval-iters = 2\n  = 5  \n");
+  check_refused(train({"--config", "spaced.ini"}), "line 2: '= 5' has no key");
+  spit(dir.file("short.ini"), "eval-iters = 2\n\nq\n");
+  check_refused(train({"--config", "short.ini"}), "line 3: 'q' is not a key = value line");
+  CHECK_FALSE(fs::exists(dir.path / "r"));
+  // TAPEGRAD_NUM_THREADS that is not a number of threads is named on stderr when the engine's pool is made (a
+  // gradcheck makes it); the work goes on with the CPUs.
+  auto gradcheck = [&] { return run_cli(dir.path.string(), {"gradcheck", "--op", "exp"}); };
+  for (const char* bad : {"-5", "abc", "0", "4x", "99999999999999999999"}) {
+    CAPTURE(bad);
+    setenv("TAPEGRAD_NUM_THREADS", bad, 1);
+    CliRun r = gradcheck();
+    CHECK_MESSAGE(r.code == 0, r.out);
+    CHECK_MESSAGE(r.out.find(fmt::format("warning: TAPEGRAD_NUM_THREADS={} is not a number of threads", bad)) !=
+                      std::string::npos, r.out);
+  }
+  setenv("TAPEGRAD_NUM_THREADS", "1000", 1);
+  CliRun capped = gradcheck();
+  CHECK_MESSAGE(capped.code == 0, capped.out);
+  CHECK_MESSAGE(capped.out.find("TAPEGRAD_NUM_THREADS=1000 is above the limit of 256 threads; using 256") !=
+                    std::string::npos, capped.out);
+  setenv("TAPEGRAD_NUM_THREADS", "2", 1);
+  CliRun fine = gradcheck();
+  CHECK_MESSAGE(fine.code == 0, fine.out);
+  CHECK_MESSAGE(fine.out.find("TAPEGRAD_NUM_THREADS") == std::string::npos, fine.out);
+  unsetenv("TAPEGRAD_NUM_THREADS");
 }

@@ -40,6 +40,8 @@ CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg);
 
 // The command line with the options of a `--config FILE` spliced in after the subcommand's name.
 std::vector<std::string> arguments_with_config_file(int argc, char** argv);
+// The --config files arguments_with_config_file read, in order (train refuses to write over them).
+const std::vector<std::string>& config_files_read();
 // The `--key=value` arguments of a config file's `key = value` lines (CLI11's INI reader). Throws an Error naming
 // `path` for text that is not UTF-8 (a NUL byte, an ill-formed sequence) or that the reader refuses.
 std::vector<std::string> config_file_arguments(const std::string& path, std::string_view text);

@@ -4,6 +4,7 @@
 #include "engine/blas_info.hpp"
 #include "engine/products.hpp"
 #include "engine/parallel.hpp"
+#include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/plot.hpp"
 #include "models/trainer.hpp"
@@ -23,13 +24,22 @@ void run(const CompareArgs& a) {
     std::string kind;
     TrainResult r;
   };
+  // Before the first run: a kind named twice would train once and then be refused, its directory holding a run.
+  for (size_t i = 0; i < a.kinds.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (a.kinds[i] == a.kinds[j]) fail("compare: --attention names {} twice; give each kind once", a.kinds[i]);
+  validate_run_name(a.base.name);
+  const std::string dir = a.base.out_dir + "/" + (a.base.name.empty() ? "compare" : a.base.name);
+  refuse_replacing_run_files(dir + "/val_loss.svg", "compare's plot");
   std::vector<Row> rows;
   std::vector<PlotSeries> curves;
   fmt::print("compare: {} threads; BLAS {}\n{}\n", num_threads(), blas_summary(blas_info()), products_summary());
   for (const auto& kind : a.kinds) {
     TrainConfig c = a.base;
     c.model.attention = kind;
-    c.name = (a.base.name.empty() ? "compare" : a.base.name) + "/" + kind;
+    c.out_dir = dir;  // one run directory per kind, DIR/KIND
+    c.name = kind;
+    c.config_files = config_files_read();
     c.loop.quiet = true;
     fmt::print("training {} attention ({} steps)...\n", kind, c.loop.max_steps);
     std::fflush(stdout);
@@ -41,7 +51,6 @@ void run(const CompareArgs& a) {
     rows.push_back({kind, r});
     fmt::print("  {}: val loss {:.4f}, {:.1f} ms/step\n", kind, r.evals.back().val_loss, r.ms_per_step);
   }
-  const std::string dir = a.base.out_dir + "/" + (a.base.name.empty() ? "compare" : a.base.name);
   write_loss_svg(dir + "/val_loss.svg", "validation loss by attention kind", curves);
   fmt::print("\n| attention | parameters | ms/step | train loss | val loss |\n|---|---:|---:|---:|---:|\n");
   for (const auto& [kind, r] : rows)

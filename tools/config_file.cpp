@@ -1,7 +1,8 @@
 // `--config FILE` for any subcommand: the file's `key = value` lines (CLI11's INI reader; keys are the long option
 // names without dashes, `#` starts a comment) become `--key=value` arguments placed before the command line's
 // own, so that a flag given on the command line overrides the file. Several --config files merge in the order
-// given (a later file's key overrides an earlier one's); a key with an empty value is an error.
+// given (a later file's key overrides an earlier one's); a key with an empty value, a line with no key ("= 5") and a
+// line too short to be key = value ("q") are errors naming the line.
 #include <sstream>
 
 #include <utf8cpp/utf8.h>
@@ -14,13 +15,56 @@ namespace tapegrad::cli {
 
 namespace {
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;  // a file of options, not a data set
+
+std::vector<std::string> g_config_files;
+
+std::string_view trimmed(std::string_view s) {
+  const size_t begin = s.find_first_not_of(" \t\r\f\v");
+  if (begin == std::string_view::npos) return {};
+  return s.substr(begin, s.find_last_not_of(" \t\r\f\v") - begin + 1);
+}
+
+// CLI11's reader skips, without a word, a line shorter than 3 characters ("q", "=5") and a line whose key is empty
+// ("= 5"): each would be an option the user wrote and the program ignored. Refused here, by line number. Lines that
+// continue a multi-line array ("key = [1," then "2]") are the array's, not lines of their own.
+void refuse_lines_without_key(const std::string& path, std::string_view text) {
+  size_t number = 0;
+  bool in_array = false;
+  for (size_t begin = 0; begin <= text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = trimmed(text.substr(begin, end - begin));
+    begin = end + 1;
+    ++number;
+    if (in_array) {
+      in_array = line.empty() || line.back() != ']';
+      continue;
+    }
+    if (line.empty() || line.front() == '#' || line.front() == ';' ||
+        (line.front() == '[' && line.back() == ']'))
+      continue;
+    const size_t eq = line.find('=');
+    if (eq == 0 || (eq != std::string_view::npos && trimmed(line.substr(0, eq)).empty()))
+      fail("config file {}: line {}: '{}' has no key before '='; write key = value", path, number, line.substr(0, 80));
+    if (line.size() < 3)
+      fail("config file {}: line {}: '{}' is not a key = value line (a key is a long option's name)", path, number,
+           line);
+    if (eq != std::string_view::npos) {
+      const std::string_view value = trimmed(line.substr(eq + 1));
+      in_array = value.size() > 1 && value.front() == '[' && value.back() != ']';
+    }
+  }
+}
 }  // namespace
+
+const std::vector<std::string>& config_files_read() { return g_config_files; }
 
 std::vector<std::string> config_file_arguments(const std::string& path, std::string_view text) {
   if (size_t nul = text.find('\0'); nul != std::string_view::npos)
     fail("config file {}: a NUL byte at byte offset {}: not a text file", path, nul);
   if (auto bad = utf8::find_invalid(text.begin(), text.end()); bad != text.end())
     fail("config file {}: invalid UTF-8 at byte offset {}", path, bad - text.begin());
+  refuse_lines_without_key(path, text);
   std::vector<std::string> out;
   std::vector<CLI::ConfigItem> items;
   try {
@@ -68,6 +112,7 @@ std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
       fail("config file: {}", e.what());
     }
     std::vector<std::string> one = config_file_arguments(path, text);
+    g_config_files.push_back(path);
     from_files.insert(from_files.end(), one.begin(), one.end());
     args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + used));
   }

@@ -36,13 +36,13 @@ struct EvaluateArgs {
 };
 
 void run_evaluate(const EvaluateArgs& a) {
-  if (!a.hvp_out.empty()) refuse_input_as_output(a.hvp_out, "--hvp-out", a.checkpoint, "--checkpoint");
+  if (!a.hvp_out.empty()) {
+    refuse_input_as_output(a.hvp_out, "--hvp-out", a.checkpoint, "--checkpoint");
+    refuse_replacing_run_files(a.hvp_out, "--hvp-out");
+  }
   const Checkpoint ck = load_checkpoint(a.checkpoint);
   const GPT model = model_from_checkpoint(ck, a.checkpoint);
-  auto vocab_text = ck.metadata.find("tapegrad.vocab");
-  if (vocab_text == ck.metadata.end())
-    fail("checkpoint {}: no vocabulary ('tapegrad.vocab' in its metadata)", a.checkpoint);
-  const TextData vocab = TextData::from_text(vocab_text->second, 1.0);
+  const TextData vocab = checkpoint_vocabulary(ck, model.config().vocab_size, a.checkpoint);
   const std::vector<int32_t> ids = vocab.encode(a.text);
   const auto n = static_cast<int64_t>(ids.size()) - 1;
   const int64_t context = model.config().block_size;
@@ -103,7 +103,7 @@ void add_evaluate_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "One JSON object: tokens, loss, logits of the last position");
   cmd->add_option("--hvp-out", args->hvp_out,
                   "Also write a Hessian-vector product of the loss over the parameters to this safetensors file "
-                  "(direction.NAME and hvp.NAME per parameter)");
+                  "(direction.NAME and hvp.NAME per parameter); an existing file in a run's directory is not replaced");
   cmd->add_option("--hvp-seed", args->hvp_seed, "Seed of the direction of --hvp-out")
       ->capture_default_str()
       ->check(non_negative());

@@ -157,6 +157,8 @@ void run(const GraphArgs& args) {
     fail("graph: --model draws a GPT and --op/--case an op's case: give one of them");
   if (!a.model && a.op.empty() && a.case_name.empty())
     fail("graph: nothing to draw: give --op NAME, --case NAME or --model");
+  const std::string path = a.out.empty() ? "graph." + a.format : a.out;
+  if (path != "-") refuse_replacing_run_files(path, "graph: -o");  // before the drawing's work
   const bool rendered = a.format != "dot";
   if (rendered && !find_dot_program())
     fail("graph: --format {} needs Graphviz's dot program, which is not on PATH: install Debian's package graphviz "
@@ -178,7 +180,6 @@ void run(const GraphArgs& args) {
 
   const std::string dot = tape_to_dot(tape, opt);
   const std::string bytes = rendered ? render_dot(dot, a.format) : dot;
-  const std::string path = a.out.empty() ? "graph." + a.format : a.out;
   if (path == "-") {
     if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
       fail("graph: cannot write the {} to standard output", a.format);
@@ -208,7 +209,7 @@ void add_graph_command(CLI::App& app) {
       ->check(CLI::IsMember({"dot", "svg", "png"}));
   cmd->add_option("-o,--output", args->out,
                   "The file to write (default graph.FORMAT; - for standard output); .dot/.gv, .svg or .png set the "
-                  "format");
+                  "format. An existing file in a run's directory (one holding checkpoint.safetensors) is not replaced");
   cmd->add_option("--max-nodes", args->max_nodes, "Refuse to draw more nodes than this (Graphviz slows down)")
       ->capture_default_str()
       ->check(positive());

@@ -136,9 +136,10 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")->capture_default_str()->check(non_negative());
   cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str()->check(non_negative());
   cmd->add_option("--out", c.out_dir, "Directory of run directories")->capture_default_str();
-  cmd->add_option("--name", c.name, "Run name: files go to OUT/NAME (default: the attention kind)");
+  cmd->add_option("--name", c.name, "Run name, one directory name: files go to OUT/NAME (default: the attention kind)");
   cmd->add_flag("--overwrite", c.loop.overwrite,
-                "Start over in OUT/NAME even if it holds a run (without it, such a directory is refused)");
+                "Start over in OUT/NAME even if it holds a run (without it, such a directory is refused); the run's "
+                "files must still not be its --data or --config, nor another run's files");
   cmd->add_flag("-q,--quiet", c.loop.quiet, "No progress output");
   cmd->add_option("--config", "Read options from a file of key = value lines (keys are the long option names; the "
                   "command line overrides them)");
@@ -149,9 +150,17 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
 CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
   add_train_options(cmd, cfg, true);
-  cmd->add_flag("--resume", cfg.loop.resume, "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped");
-  cmd->add_option("--stop-after", cfg.loop.stop_after, "Stop after this many steps, leaving a checkpoint to --resume from")
-      ->check(non_negative());
+  cmd->add_flag("--resume", cfg.loop.resume,
+                "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped; the model, the text, "
+                "--seed, --batch-size and --precision must be the run's, and --max-iters at least its step (not with "
+                "--overwrite)");
+  cmd->add_flag("--allow-change", cfg.allow_change,
+                "With --resume: let --seed, --batch-size and --precision differ from the run's (the run then goes on "
+                "as another would)");
+  cmd->add_option("--stop-after", cfg.loop.stop_after,
+                  "Stop after this many steps (at least 1) of this call, leaving a checkpoint to --resume from; a "
+                  "value past --max-iters runs to the end")
+      ->check(positive());
   cmd->add_option("--sharpness-every", cfg.sharpness_every,
                   "Every this many steps, the largest Hessian eigenvalue of the training loss on one fixed batch "
                   "(power iteration on exact Hessian-vector products); printed, and written to OUT/NAME/sharpness.csv "
@@ -231,6 +240,7 @@ void add_train_command(CLI::App& app) {
   CLI::App* cmd = add_train_subcommand(app, *cfg);
   cmd->callback([cfg] {
     TrainConfig c = *cfg;
+    c.config_files = config_files_read();
     c.loop.interrupt = &g_signal;
     const TrainResult r = [&] {
       StopSignals signals;
