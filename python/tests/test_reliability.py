@@ -1,8 +1,10 @@
 """What the module refuses, and what it never does: nonsense options refused as the CLI refuses them, a report that
-checked nothing or whose error is not finite never "passed", the memory limit honoured by claim, a non-finite
-attention scale refused."""
+checked nothing or whose error is not finite never "passed", one Tape from several threads without a crash, the
+memory limit honoured by claim, a non-finite attention scale refused."""
 
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -130,6 +132,103 @@ def test_an_empty_input_among_others_is_refused_unless_left_out():
 def re_escape(shape):
     import re
     return re.escape(str(tuple(shape)))
+
+
+# --- one Tape, several threads -------------------------------------------------------------------------------------
+
+def test_one_tape_from_four_threads_gives_every_result_right_and_never_crashes():
+    tape = tapegrad.Tape()
+    errors, wrong = [], []
+    start = threading.Barrier(4)
+
+    def work(k):
+        try:
+            rng = np.random.default_rng(k)
+            start.wait()
+            for i in range(1000):
+                a = rng.standard_normal((8, 8))
+                x = tape.leaf(a)
+                y = tape.op("sum", tape.op("square", tape.op("scale", tape.op("matmul", x, x), s=0.5)), axis=1)
+                expect = ((0.5 * (a @ a)) ** 2).sum(axis=1)
+                if not np.allclose(y.value, expect, rtol=1e-12, atol=0) or y.shape != (8,) or not y.live:
+                    wrong.append((k, i))
+                repr(y)
+                tape.num_nodes
+        except Exception as e:  # noqa: BLE001: reported below with the thread's number
+            errors.append((k, e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread is still running: the calls wait for each other"
+    assert not errors, errors
+    assert not wrong, wrong
+    assert tape.num_values == 4 * 1000 * 5 and tape.num_nodes == 4 * 1000 * 4
+
+
+def test_backward_grad_and_clear_from_other_threads_are_serialised_with_the_ops():
+    tape = tapegrad.Tape()
+    errors = []
+    stop = threading.Event()
+
+    def ops():
+        try:
+            while not stop.is_set():
+                try:
+                    x = tape.leaf(np.ones((16, 16)))
+                    y = tape.op("sum", tape.op("tanh", x))
+                    tape.backward(y)
+                    assert np.allclose(x.grad, 1 - np.tanh(1.0) ** 2)
+                except tapegrad.Error as e:  # the other thread cleared the tape in between: refused as such
+                    assert "clear" in str(e).lower(), e
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def clears():
+        try:
+            for _ in range(200):
+                tape.clear()
+                time.sleep(0.001)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    workers = [threading.Thread(target=ops) for _ in range(3)]
+    for t in workers:
+        t.start()
+    clearing = threading.Thread(target=clears)
+    clearing.start()
+    clearing.join(timeout=120)
+    stop.set()
+    for t in workers:
+        t.join(timeout=120)
+    assert not errors, errors
+
+
+def test_a_keyword_that_calls_back_into_the_same_tape_is_refused_not_a_deadlock():
+    tape = tapegrad.Tape()
+    x = tape.leaf(np.ones(3))
+    seen = []
+
+    class Scale:
+        def __float__(self):
+            try:
+                tape.op("neg", x)
+            except RuntimeError as e:
+                seen.append(str(e))
+            return 2.0
+
+    y = tape.op("scale", x, s=Scale())
+    assert np.all(y.value == 2.0)
+    assert seen and "this Tape is in use" in seen[0], seen
+
+
+def test_an_op_on_vars_of_another_tape_is_refused():
+    one, other = tapegrad.Tape(), tapegrad.Tape()
+    x = other.leaf(np.ones(3))
+    with pytest.raises(ValueError, match=r"exp: input 0 is a Var of another Tape"):
+        one.op("exp", x)
 
 
 # --- memory ---------------------------------------------------------------------------------------------------------
