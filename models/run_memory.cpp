@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "models/attention_kinds.hpp"
+#include "ops/formulas/claim.hpp"
 
 namespace tapegrad {
 
@@ -54,6 +55,16 @@ void require_memory(double bytes, std::string_view what, std::string_view advice
   if (available && bytes > *available)
     fail("{} needs about {} of memory, more than the {} available; {}", what, bytes_text(bytes), bytes_text(*available),
          advice);
+}
+
+void require_claim_memory(const ClaimText& c) {
+  // The memory a claim takes is bounded by its inputs: float64 values on a few tapes (the forward, the claimed
+  // derivatives, the finite differences' perturbed copies) whose intermediates are each at most a handful of
+  // inputs' size. 64 float64 copies of the inputs is the estimate.
+  double elements = 0;
+  for (const InputSpec& in : c.inputs) elements += static_cast<double>(in.shape.numel());
+  require_memory(64 * 8 * elements, fmt::format("claim {} ({:.4g} input elements)", c.where, elements),
+                 "check the formula on smaller inputs: a derivative that holds on a 4x6 input holds on larger ones");
 }
 
 std::string memory_outlook(double bytes) {

@@ -1,7 +1,11 @@
 #include "python/engine_bindings.hpp"
 
+#include <atomic>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <pybind11/stl.h>
@@ -121,6 +125,56 @@ const std::map<std::string, OpEntry>& op_table() {
   return table;
 }
 
+// A Tape made from Python. The engine's tape is not safe to use from two threads at once (an op appends to its
+// lists of nodes and values, backward hands gradient buffers back, clear() rewinds the arena), and the bindings
+// release the GIL during the C++ work, so two Python threads on one tape would race there. The lock serialises
+// them: every binding that reads or writes the tape, a Var's value and gradient included, holds it for the whole
+// call (TapeInUse). Every Var that Python can hold comes from a PyTape's leaf, constant or op, so a Var's tape is a
+// PyTape.
+struct PyTape : Tape {
+  std::mutex mutex;
+  std::atomic<std::thread::id> holder{};  // the thread in a call on this tape; none between calls
+};
+
+// Holds a tape's lock for one call; taken with the GIL held. Where another thread is in a call on the tape, it
+// waits for it without the GIL (that call may need the GIL to read a keyword or to copy its result out). A second
+// call on the tape from the thread already in one (Python code run by the first, such as a keyword's __float__,
+// calling back into the tape) would wait for itself: it is refused instead, with a RuntimeError.
+class TapeInUse {
+ public:
+  explicit TapeInUse(Tape& t) : tape_(static_cast<PyTape&>(t)) {
+    if (!tape_.mutex.try_lock()) {
+      if (tape_.holder.load() == std::this_thread::get_id())
+        throw std::runtime_error(
+            "this Tape is in use by a call that has not returned (Python code that call ran used the same Tape)");
+      py::gil_scoped_release nogil;
+      tape_.mutex.lock();
+    }
+    tape_.holder.store(std::this_thread::get_id());
+  }
+  explicit TapeInUse(const Var& v) : TapeInUse(tape_of(v)) {}
+  ~TapeInUse() {
+    tape_.holder.store(std::thread::id{});
+    tape_.mutex.unlock();
+  }
+  TapeInUse(const TapeInUse&) = delete;
+  TapeInUse& operator=(const TapeInUse&) = delete;
+
+ private:
+  static Tape& tape_of(const Var& v) {
+    if (!v.defined()) fail("a Var that belongs to no tape");
+    return v.tape();
+  }
+  PyTape& tape_;
+};
+
+// f() with the lock of the tape `on` (a Tape or a Var's) held.
+template <class On, class F>
+auto in_use(On& on, F&& f) {
+  const TapeInUse use(on);
+  return f();
+}
+
 std::string shapes_of(std::span<const Var> xs) {
   std::string s;
   for (const Var& x : xs) s += (s.empty() ? "" : ", ") + (x.live() ? x.shape().str() : to_string(x));
@@ -162,46 +216,69 @@ py::object grad_array(const Var& v) {
 
 void bind_engine(py::module_& m) {
   py::class_<Var>(m, "Var", "A value on a tape; its value and gradient come out as numpy copies")
-      .def_property_readonly("value", &value_array)
-      .def_property_readonly("grad", &grad_array)
+      .def_property_readonly("value", [](const Var& v) { return in_use(v, [&] { return value_array(v); }); })
+      .def_property_readonly("grad", [](const Var& v) { return in_use(v, [&] { return grad_array(v); }); })
       .def_property_readonly("shape", [](const Var& v) {
+        const TapeInUse use(v);
         const auto d = v.shape().dims();
         return py::tuple(py::cast(std::vector<int64_t>(d.begin(), d.end())));
       })
-      .def_property_readonly("dtype", [](const Var& v) { return std::string(dtype_name(v.dtype())); })
-      .def_property_readonly("live", &Var::live)
+      .def_property_readonly("dtype", [](const Var& v) {
+        return in_use(v, [&] { return std::string(dtype_name(v.dtype())); });
+      })
+      .def_property_readonly("live", [](const Var& v) { return in_use(v, [&] { return v.live(); }); })
       .def_property_readonly("id", &Var::id)
-      .def("numpy", &value_array)
-      .def("__repr__", [](const Var& v) { return to_string(v); });
+      .def("numpy", [](const Var& v) { return in_use(v, [&] { return value_array(v); }); })
+      .def("__repr__", [](const Var& v) { return in_use(v, [&] { return to_string(v); }); });
 
-  py::class_<Tape>(m, "Tape", "A tape: leaves from numpy arrays, the built-in ops by name, reverse and forward mode")
+  // Each binding holds the tape's lock (TapeInUse) for the whole call: calls on one tape from several threads run
+  // one after another.
+  py::class_<PyTape>(m, "Tape", "A tape: leaves from numpy arrays, the built-in ops by name, reverse and forward mode")
       .def(py::init<>())
       // The leaf's memory is the array's own (no copy) when it is a C-contiguous float32/float64 array; the tape
       // keeps a reference to it until clear().
       // A Var points at its tape: each one returned keeps the Python tape alive (keep_alive<0, 1>).
-      .def("leaf", [](Tape& t, const py::object& a, bool requires_grad) { return t.leaf(view_of(a, "leaf"), requires_grad); },
-           py::arg("array"), py::arg("requires_grad") = true, py::keep_alive<0, 1>())
-      .def("constant", [](Tape& t, const py::object& a) { return t.constant(view_of(a, "constant")); },
-           py::keep_alive<0, 1>())
-      .def("op", [](Tape&, const std::string& name, py::args values, const py::kwargs& kw) {
+      .def("leaf", [](PyTape& t, const py::object& a, bool requires_grad) {
+             const Tensor value = view_of(a, "leaf");
+             const TapeInUse use(t);
+             return t.leaf(value, requires_grad);
+           }, py::arg("array"), py::arg("requires_grad") = true, py::keep_alive<0, 1>())
+      .def("constant", [](PyTape& t, const py::object& a) {
+             const Tensor value = view_of(a, "constant");
+             const TapeInUse use(t);
+             return t.constant(value);
+           }, py::keep_alive<0, 1>())
+      .def("op", [](PyTape& t, const std::string& name, py::args values, const py::kwargs& kw) {
              std::vector<Var> xs;
              for (const py::handle v : values) {
                if (!py::isinstance<Var>(v)) fail("{}: its inputs must be Vars of the tape (tape.leaf(array))", name);
                xs.push_back(v.cast<Var>());
+               // The op records onto its inputs' tape: the one whose lock is held must be that one.
+               if (!xs.back().defined() || &xs.back().tape() != &t)
+                 fail("{}: input {} is a Var of another Tape (each Tape.op takes Vars of its own tape)", name,
+                      xs.size() - 1);
              }
+             const TapeInUse use(t);
              return call_op(name, xs, kw);
            }, py::keep_alive<0, 1>())
-      .def("backward", [](Tape& t, const Var& y, const py::object& seed) {
+      .def("backward", [](PyTape& t, const Var& y, const py::object& seed) {
              const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
+             const TapeInUse use(t);
              py::gil_scoped_release nogil;
              t.backward(y, s);
            }, py::arg("y"), py::arg("seed") = py::none())
-      .def("grad", [](const Tape&, const Var& v) { return grad_array(v); })
-      .def("retain_grad", &Tape::retain_grad)
-      .def("jvp", [](Tape& t, const Var& y, const std::vector<Var>& leaves, const py::list& tangents) {
+      .def("grad", [](const PyTape&, const Var& v) { return in_use(v, [&] { return grad_array(v); }); })
+      .def("retain_grad", [](PyTape& t, const Var& v) {
+             const TapeInUse use(t);
+             t.retain_grad(v);
+           })
+      .def("jvp", [](PyTape& t, const Var& y, const std::vector<Var>& leaves, const py::list& tangents) {
              if (leaves.size() != py::len(tangents)) fail("jvp: {} leaves and {} tangents", leaves.size(), py::len(tangents));
+             std::vector<Tensor> views;
+             for (size_t i = 0; i < leaves.size(); ++i) views.push_back(view_of(tangents[i], "jvp"));
+             const TapeInUse use(t);
              for (size_t i = 0; i < leaves.size(); ++i)
-               t.set_tangent(leaves[i], view_of(tangents[i], "jvp").clone());
+               t.set_tangent(leaves[i], views[i].clone());
              {
                py::gil_scoped_release nogil;
                t.propagate_tangents();
@@ -210,10 +287,12 @@ void bind_engine(py::module_& m) {
              return ty.defined() ? py::object(copy_to_numpy(ty)) : py::object(py::none());
            }, py::arg("y"), py::arg("leaves"), py::arg("tangents"),
            "The tangent of y for the leaves' tangents: J·ẋ by forward mode over what was recorded")
-      .def("hvp", [](Tape& t, const Var& y, const std::vector<Var>& wrt, const py::list& directions, const py::object& seed) {
+      .def("hvp", [](PyTape& t, const Var& y, const std::vector<Var>& wrt, const py::list& directions, const py::object& seed) {
              std::vector<Tensor> dirs;
              for (const py::handle d : directions) dirs.push_back(view_of(py::reinterpret_borrow<py::object>(d), "hvp").clone());
-             const Tensor s = seed.is_none() ? Tensor::full(y.dtype(), y.shape(), 1.0) : view_of(seed, "hvp");
+             const Tensor seed_view = seed.is_none() ? Tensor{} : view_of(seed, "hvp");
+             const TapeInUse use(t);
+             const Tensor s = seed.is_none() ? Tensor::full(y.dtype(), y.shape(), 1.0) : seed_view;
              Tape::HessianVectorProduct r;
              {
                py::gil_scoped_release nogil;
@@ -225,17 +304,20 @@ void bind_engine(py::module_& m) {
              return py::make_tuple(gradient, hv);
            }, py::arg("y"), py::arg("wrt"), py::arg("directions"), py::arg("seed") = py::none(),
            "(gradient, H·v) of s = <seed, y> for the leaves wrt along the directions (forward over reverse)")
-      .def("clear", &Tape::clear)
-      .def_property_readonly("num_nodes", &Tape::num_nodes)
-      .def_property_readonly("num_values", &Tape::num_values);
+      .def("clear", [](PyTape& t) {
+             const TapeInUse use(t);
+             t.clear();
+           })
+      .def_property_readonly("num_nodes", [](PyTape& t) { return in_use(t, [&] { return t.num_nodes(); }); })
+      .def_property_readonly("num_values", [](PyTape& t) { return in_use(t, [&] { return t.num_values(); }); });
 
   // The tape drawn (engine/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
   // or with a path written there by the program's one file writer (models/files.hpp: atomic, links followed).
-  m.def("_draw", [](const Tape& t, const std::string& format, const std::string& title, const std::string& path) {
+  m.def("_draw", [](PyTape& t, const std::string& format, const std::string& title, const std::string& path) {
     DotOptions o;
     o.registry = &builtin_registry();
     o.title = title;
-    std::string out = tape_to_dot(t, o);
+    std::string out = in_use(t, [&] { return tape_to_dot(t, o); });
     {
       py::gil_scoped_release nogil;
       if (format != "dot") out = render_dot(out, format);

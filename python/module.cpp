@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/gradcheck/second_order.hpp"
+#include "models/run_memory.hpp"
 #include "ops/formulas/claim.hpp"
 #include "ops/formulas/edits.hpp"
 #include "python/engine_bindings.hpp"
@@ -73,6 +74,9 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
 std::vector<GradcheckReport> check_claims(const std::string& text, const GradcheckOptions& options) {
   const std::vector<ClaimText> claims = parse_claims(text, "the claim text");
   if (claims.empty()) fail("claim: the text holds no claim block (claim NAME, input ..., forward ..., vjp ...)");
+  // As `tapegrad claim`: each claim's memory estimate against what may be used (TAPEGRAD_MEMORY_LIMIT included),
+  // before its inputs are drawn.
+  for (const ClaimText& c : claims) require_claim_memory(c);
   std::vector<GradcheckReport> reports;
   py::gil_scoped_release nogil;
   for (const ClaimText& c : claims) reports.push_back(check_claim(c, options));
@@ -151,6 +155,8 @@ PYBIND11_MODULE(_tapegrad, m) {
   m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
         py::arg("options"));
   m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
+  // The CLI's refusal of work whose memory estimate exceeds what is available (models/run_memory.hpp).
+  m.def("_require_memory", &require_memory, py::arg("bytes"), py::arg("what"), py::arg("advice"));
   py::class_<GradcheckOptions>(m, "_Options")
       .def(py::init<>())
       .def_readwrite("eps", &GradcheckOptions::eps)

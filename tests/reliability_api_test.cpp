@@ -2,6 +2,7 @@
 // op and the shapes involved, and none may crash, abort or return a value.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -191,6 +192,17 @@ const std::vector<Misuse>& misuses() {
          (void)attention(f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), {}, f32(t, {4, 4}));
        },
        {"attention", "float32", "(4, 4)"}},
+      {"attention: a NaN scale",
+       [](Tape& t) { (void)attention(f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), {NAN, false}); },
+       {"attention", "scale", "finite", "nan"}},
+      {"tiled_attention: an infinite scale",
+       [](Tape& t) {
+         (void)tiled_attention(f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), {INFINITY, false});
+       },
+       {"tiled_attention", "scale", "finite", "inf"}},
+      {"beta_attention: a scale of -inf",
+       [](Tape& t) { (void)beta_attention(f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), {-INFINITY, true}); },
+       {"beta_attention", "scale", "finite", "-inf"}},
       {"beta_attention: V of rank 2",
        [](Tape& t) { (void)beta_attention(f64(t, {1, 2, 4, 3}), f64(t, {1, 2, 4, 3}), f64(t, {4, 3})); },
        {"beta_attention", "V", "(4, 3)"}},

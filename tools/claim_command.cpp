@@ -77,15 +77,8 @@ int run_claims(const ClaimArgs& a) {
   }
   if (!a.forward.empty() || !a.inputs.empty()) claims.push_back(claim_from_options(a));
   if (claims.empty()) fail("claim: nothing to check: give --input, --forward and --vjp, --jvp or --hvp, or --file");
-  // The memory a claim takes is bounded by its inputs: float64 values on a few tapes (the forward, the claimed
-  // derivatives, the finite differences' perturbed copies) whose intermediates are each at most a handful of inputs'
-  // size. 64 float64 copies of the inputs is the estimate, checked before anything of that size is allocated.
-  for (const auto& c : claims) {
-    double elements = 0;
-    for (const InputSpec& in : c.inputs) elements += static_cast<double>(in.shape.numel());
-    require_memory(64 * 8 * elements, fmt::format("claim {} ({:.4g} input elements)", c.where, elements),
-                   "check the formula on smaller inputs: a derivative that holds on a 4x6 input holds on larger ones");
-  }
+  // Every claim's memory estimate (its inputs' sizes) held against what is available before anything is allocated.
+  for (const auto& c : claims) require_claim_memory(c);
   // Every formula parsed and shape-checked before the first check runs.
   for (const auto& c : claims) validate_claim(c);
   std::vector<GradcheckReport> reports;

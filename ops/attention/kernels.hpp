@@ -108,6 +108,8 @@ inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, 
   if (ks[2] < 1) fail("{}: K {} has no keys (Tk = 0)", op, ks);
   if (qs[3] < 1) fail("{}: Q {} and K {} have an empty feature axis (d = 0)", op, qs, ks);
   if (vs[3] < 1) fail("{}: V {} has an empty feature axis (dv = 0)", op, vs);
+  // A NaN or infinite s makes every score NaN or ±∞: the softmax would give NaN or zeros without a word.
+  if (!std::isfinite(opt.scale)) fail("{}: scale must be a finite number (0: 1/√d), got {}", op, opt.scale);
   if (opt.causal && qs[2] != ks[2])
     fail("{}: causal attention needs as many queries as keys, got Q {} (T = {}) and K {} (Tk = {})", op, qs, qs[2],
          ks, ks[2]);

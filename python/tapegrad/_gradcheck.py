@@ -1,6 +1,7 @@
 """tapegrad.gradcheck: the inputs and options of a Python call, handed to the C++ checker (python/module.cpp)."""
 
 import inspect
+import math
 import sys
 
 import numpy as np
@@ -85,23 +86,53 @@ def _as_float64_array(x, i):
     return np.ascontiguousarray(x, dtype=np.float64)
 
 
-def _options(eps, atol, rtol, fast_mode, projections, seed, diagnose):
+def _number(who, option, value, expected, ok):
+    """float(value), or a ValueError naming the option, the value and what it must be."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: {option} must be {expected}, got {value!r}") from None
+    if not (math.isfinite(x) and ok(x)):
+        raise ValueError(f"{who}: {option} must be {expected}, got {value!r}")
+    return x
+
+
+def _options(who, eps, atol, rtol, fast_mode, projections, seed, diagnose):
+    """The checker's options, each refused as `tapegrad gradcheck` and `tapegrad claim` refuse it: a step or a
+    tolerance that is NaN or infinite makes every comparison meaningless (NaN compares false, an infinite tolerance
+    accepts anything), and a step of 0 divides by zero."""
     options = _tapegrad._Options()
-    options.eps, options.atol, options.rtol = float(eps), float(atol), float(rtol)
+    options.eps = _number(who, "eps", eps, "a finite number > 0", lambda x: x > 0)
+    options.atol = _number(who, "atol", atol, "a finite number > 0", lambda x: x > 0)
+    options.rtol = _number(who, "rtol", rtol, "a finite number ≥ 0", lambda x: x >= 0)
+    if isinstance(projections, bool) or not isinstance(projections, (int, np.integer)) or projections < 1:
+        raise ValueError(f"{who}: projections must be an integer ≥ 1 (random directions per input), "
+                         f"got {projections!r}")
+    if fast_mode is not None and not isinstance(fast_mode, (bool, np.bool_)):
+        raise ValueError(f"{who}: fast_mode must be True, False or None, got {fast_mode!r}")
     options.projections = int(projections)
     options.seed = int(seed)
     options.diagnose = bool(diagnose)
-    if fast_mode is True:
-        options.full_jacobian_limit = 0
-    elif fast_mode is False:
-        options.full_jacobian_limit = 2**62
+    if fast_mode is not None:
+        options.full_jacobian_limit = 0 if fast_mode else 2**62
     return options
+
+
+def _require_full_jacobian_memory(impl, name, arrays):
+    """Full Jacobians (fast_mode=False) have the checker hold m·n float64 numbers for the VJP's rows and as many for
+    the differences (m the output's size, n the checked inputs'): one forward gives m, and the estimate is held
+    against the memory available (TAPEGRAD_MEMORY_LIMIT included) before anything of that size is allocated."""
+    y, _ = impl.forward([a.copy() for a in arrays], False)
+    m, n = float(np.size(y)), float(sum(a.size for a in arrays))
+    _tapegrad._require_memory(2 * 8 * m * n, f"gradcheck {name} with full Jacobians ({m:.4g} outputs × {n:.4g} "
+                              "input elements)", "leave fast_mode at None or pass True: random projections check "
+                              "the same rules in memory of the inputs' size")
 
 
 def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4, seed=20240809, diagnose=True):
     """Checks derivatives claimed as formulas, in the format of docs/claims/README.md (`tapegrad claim --file`):
     one Report per `claim NAME` block. The formulas are evaluated in C++ and the checks are the CLI's."""
-    return _tapegrad._claim(text, _options(eps, atol, rtol, fast_mode, projections, seed, diagnose))
+    return _tapegrad._claim(text, _options("claim", eps, atol, rtol, fast_mode, projections, seed, diagnose))
 
 
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
@@ -124,6 +155,10 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     names: the inputs' names in the report (default: the parameters' names, else x0, x1, ...).
     raise_exception: raise GradcheckError (with the report) on a failure instead of returning it.
     """
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order not in (1, 2):
+        raise ValueError(f"gradcheck: order must be 1 (VJP and JVP) or 2 (Hessian-vector products), got {order!r}")
+    order = int(order)
+    options = _options("gradcheck", eps, atol, rtol, fast_mode, projections, seed, diagnose)
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
     inputs = tuple(inputs)
@@ -142,6 +177,10 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if len(all_names) != len(inputs):
             raise ValueError(f"gradcheck: {len(all_names)} names for {len(inputs)} inputs")
     checked_names = [str(all_names[i]) for i in slots]
+    for array, input_name in zip(arrays, checked_names):
+        if array.size == 0:  # no element of it to perturb or compare: a check of it would pass having checked nothing
+            raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
+                             "can be checked (leave it out with inputs_to_check, or give it elements)")
 
     name = name or _op_name(fn)
     if vjp is not None:
@@ -150,10 +189,11 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         from ._torch_op import TorchOp
-        impl = TorchOp(fn, inputs, slots, name, second_order=int(order) == 2)
+        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2)
 
-    options = _options(eps, atol, rtol, fast_mode, projections, seed, diagnose)
-    report = _tapegrad._check(impl, name, arrays, checked_names, int(order), options)
+    if fast_mode is not None and not fast_mode:
+        _require_full_jacobian_memory(impl, name, arrays)
+    report = _tapegrad._check(impl, name, arrays, checked_names, order, options)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
     return report
