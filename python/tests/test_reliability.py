@@ -95,9 +95,7 @@ def test_a_vjp_that_returns_nan_fails():
 
 
 # The verdict is the C++ checker's (engine/gradcheck/, GradcheckReport::conclude); Python computes none of its own.
-# Today a numeric derivative of inf makes the tolerance atol + rtol·|n| infinite, which accepts the error inf.
-@pytest.mark.xfail(strict=True, reason="the C++ report does not yet fail a check whose error is not finite; "
-                                       "remove this mark when it does")
+# A numeric derivative of inf would make the tolerance atol + rtol·|n| infinite: the check requires both sides finite.
 def test_a_step_so_large_the_differences_overflow_never_passes():
     x = np.linspace(0.5, 1.5, 6)
     try:
