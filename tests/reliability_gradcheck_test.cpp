@@ -9,6 +9,7 @@
 
 #include "engine/gradcheck/gradcheck.hpp"
 #include "engine/gradcheck/second_order.hpp"
+#include "engine/no_jvp.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"
 #include "reliability_util.hpp"
@@ -28,7 +29,47 @@ Function square_with_vjp(double factor) {
   };
 }
 
+// y = x² (element-wise, or summed to a scalar) with a VJP that uses ȳ as `use` says, and no forward-mode rule (as a
+// torch Function without jvp: the adjoint identity cannot catch it then).
+enum class UseOfCotangent { times, ignored, squared };
+Function square_using(UseOfCotangent use, bool scalar) {
+  return [use, scalar](Tape& tape, std::span<const Var> x) {
+    const Tensor xv = x[0].value();
+    Tensor y = tape.empty(DType::f64, scalar ? Shape{} : x[0].shape());
+    for (int64_t k = 0; k < y.numel(); ++k) y.data<double>()[k] = 0;
+    for (int64_t k = 0; k < xv.numel(); ++k) y.data<double>()[scalar ? 0 : k] += xv.item(k) * xv.item(k);
+    return tape.record(
+        "square", {x[0]}, y,
+        [=](const Tensor& g, std::span<Tensor> gin) {
+          for (int64_t k = 0; k < xv.numel(); ++k) {
+            const double gk = g.item(scalar ? 0 : k);
+            const double factor = use == UseOfCotangent::times ? gk : use == UseOfCotangent::ignored ? 1 : gk * gk;
+            gin[0].data<double>()[k] += 2 * xv.item(k) * factor;
+          }
+        },
+        no_jvp("square"));
+  };
+}
+
 }  // namespace
+
+TEST_CASE("a backward that ignores ȳ or squares it fails and is named, on a scalar output too") {
+  for (bool scalar : {true, false}) {
+    CAPTURE(scalar);
+    const Tensor x = Tensor::randn(DType::f64, {3, 4}, 7);
+    CHECK(gradcheck(square_using(UseOfCotangent::times, scalar), {x}, {"x"}).passed);
+    const GradcheckReport ignored = gradcheck(square_using(UseOfCotangent::ignored, scalar), {x}, {"x"});
+    CHECK_FALSE(ignored.passed);
+    CHECK_MESSAGE(ignored.has(Finding::ignores_cotangent, "x"), ignored.str());
+    // A scalar's one unit ȳ = 1 passes: the random ȳ is what fails it.
+    if (scalar) CHECK(ignored.str().find("x̄ for a random ȳ") != std::string::npos);
+    if (!scalar) {  // with one output element, ȳ² is a scalar's square: a nonlinear VJP all the same
+      const GradcheckReport squared = gradcheck(square_using(UseOfCotangent::squared, scalar), {x}, {"x"});
+      CHECK_FALSE(squared.passed);
+      CHECK_MESSAGE(squared.has(Finding::nonlinear, "x"), squared.str());
+    }
+  }
+}
 
 TEST_CASE("an infinite finite difference fails the check instead of passing it (eps = 1e300)") {
   GradcheckOptions opt;

@@ -54,6 +54,7 @@ double norm(const Tensor& a) { return std::sqrt(dot(a, a)); }
 // diagnosis; fast mode keeps the projections.
 struct Comparison {
   ErrorTracker vjp, jvp;
+  bool unit_rows_ok = true;  // full mode: the VJP of every unit ȳ agrees (a failing row is then the random ȳ's)
   std::vector<double> a_vjp{}, a_jvp{}, numeric{}, plus{}, minus{};  // full mode
   std::vector<double> fa_vjp{}, fn_vjp{}, fa_jvp{}, fn_jvp{};         // fast mode
   bool full() const { return !a_vjp.empty(); }
@@ -145,8 +146,12 @@ class Checker {
     const bool has_jvp = jt.defined();
     Comparison c{{tol_, {name(i), "vjp", "", 0, 0, "", 0, 0, true, false}},
                  {tol_, {name(i), "jvp", "", 0, 0, "", 0, 0, true, false}}};
-    if (m_ * xs_[i].numel() <= opt_.full_jacobian_limit) compare_full(i, has_jvp, c);
-    else compare_fast(i, has_jvp, c);
+    if (m_ * xs_[i].numel() <= opt_.full_jacobian_limit) {
+      compare_full(i, has_jvp, c);
+      compare_random_cotangent(i, c);
+    } else {
+      compare_fast(i, has_jvp, c);
+    }
     if (!has_jvp) c.jvp.r.mode = "none", c.jvp.r.skipped = true;
     for (CheckResult* r : {&c.vjp.r, &c.jvp.r})
       if (!r->skipped && r->compared == 0) {  // an input or output with no elements: nothing to compare
@@ -194,6 +199,36 @@ class Checker {
           c.jvp.add(c.a_jvp[at], c.numeric[at], where(j));
         }
       }
+    }
+  }
+
+  // The unit cotangents e_j cannot tell ȳ from ȳ² or from 1: x̄ for one random ȳ must be Nᵀȳ = Σ_j ȳ_j N_j·, each
+  // element within Σ_j |ȳ_j|(atol + rtol·|N_jk|), the bound the unit rows' own tolerances add up to. Its draws come
+  // from a generator of their own, so the rest of the check sees the same random numbers as without it. The vjp row
+  // keeps the unit rows' errors and fails, at the element, if this comparison fails.
+  void compare_random_cotangent(size_t i, Comparison& c) {
+    const int64_t n = xs_[i].numel();
+    c.unit_rows_ok = c.vjp.r.passed;
+    if (!c.unit_rows_ok || n == 0 || m_ == 0) return;
+    Rng rng(opt_.seed ^ (0xc07a6e47ull + i));
+    const Tensor u = random_like(y0_, rng);
+    const Tensor a = cotangent_on(i, u);
+    for (int64_t k = 0; k < n; ++k) {
+      double want = 0, bound = 0;
+      for (int64_t j = 0; j < m_; ++j) {
+        const double nk = c.numeric[static_cast<size_t>(j * n + k)], uj = u.item(j);
+        want += uj * nk;
+        bound += std::abs(uj) * (tol_.atol + tol_.rtol * std::abs(nk));
+      }
+      const double got = a.item(k), err = std::abs(got - want);
+      if (std::isfinite(got) && err <= bound) continue;
+      c.vjp.r.passed = false;
+      c.vjp.r.max_abs_err = std::max(c.vjp.r.max_abs_err, err);
+      c.vjp.r.max_rel_err = std::max(c.vjp.r.max_rel_err, err / std::max(std::abs(want), tol_.atol));
+      c.vjp.r.worst = fmt::format("x̄ for a random ȳ, {}{}", name(i), index_str(xs_[i].shape(), k));
+      c.vjp.r.analytic = got;
+      c.vjp.r.numeric = want;
+      return;
     }
   }
 
@@ -293,6 +328,7 @@ class Checker {
         ++rules_explained;
         continue;
       }
+      if (is_vjp && c.full() && c.unit_rows_ok) continue;  // only the random ȳ failed: the Jacobian itself agrees
       if (c.full()) {
         const JacobianView view = view_of(i, check, is_vjp ? c.a_vjp : c.a_jvp, c);
         bool all_kinks = false;
@@ -337,6 +373,12 @@ class Checker {
     if (!(add_err > 1e-8 * size + 1e-12)) return std::nullopt;
     const double ratio = norm(rp2) / std::max(norm(rp), 1e-300);
     const double degree = std::log2(ratio);
+    if (is_vjp && std::abs(degree) < 0.01 && norm(rp) > 0)
+      return Diagnosis{Finding::ignores_cotangent, name(i), "vjp",
+                       fmt::format("x̄ is the same for every ȳ (doubling ȳ scales it by {:.4g}, and x̄(ȳ₁ + ȳ₂) is "
+                                   "not x̄(ȳ₁) + x̄(ȳ₂)): the backward does not multiply by ȳ (grad_output); it "
+                                   "returns the gradient for ȳ = 1",
+                                   ratio)};
     const char* what = is_vjp ? "x̄ is not linear in ȳ: x̄(ȳ₁ + ȳ₂) − x̄(ȳ₁) − x̄(ȳ₂)"
                               : "ẏ is not linear in ẋ: ẏ(ẋ₁ + ẋ₂) − ẏ(ẋ₁) − ẏ(ẋ₂)";
     const char* of = is_vjp ? "ȳ" : "ẋ";

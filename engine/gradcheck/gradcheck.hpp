@@ -1,6 +1,7 @@
 // The gradchecker: in float64, for every differentiable input x_i of y = f(x),
 //   vjp        J_iᵀu from backward   vs  central differences (f(x+εe_k) − f(x−εe_k)) / 2ε
-//              full Jacobian when m·n_i is small; else random projections vᵀJ_iu as PyTorch's fast mode
+//              full Jacobian when m·n_i is small (each unit ȳ = e_j, then one random ȳ against Nᵀȳ: a backward
+//              that ignores or squares ȳ passes every unit one); else random projections vᵀJ_iu as PyTorch's fast mode
 //   jvp        J_i t from forward mode vs  (f(x+εt) − f(x−εt)) / 2ε, element by element of y
 //   adjoint    ⟨J_i t, u⟩ = ⟨t, J_iᵀu⟩  (two analytic results; exact up to rounding)
 //   accumulate backward adds J_iᵀu into a gradient that already holds r (it must not overwrite r)
@@ -89,6 +90,8 @@ enum class Finding {
   first_order,         // H·t fails because the first-order VJP already does
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
+  // First order, found after the kinds above were numbered:
+  ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"

@@ -46,11 +46,12 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::first_order, "first_order", "first order"},
     {Finding::hessian_block, "hessian_block", "Hessian block"},
     {Finding::asymmetric, "asymmetric", "asymmetric"},
+    {Finding::ignores_cotangent, "ignores_cotangent", "ignores ȳ"},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kFindingNames); ++i)
     if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::asymmetric) + 1;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::ignores_cotangent) + 1;
 }
 static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
 
