@@ -10,6 +10,7 @@
 #include <string>
 #include <system_error>
 
+#include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
 #include "tools/commands.hpp"
@@ -71,6 +72,8 @@ const CLI::Validator& existing_file() {
           return fmt::format("cannot reach {}: {}", path, std::generic_category().message(err));
         }
         if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory, not a file", path);
+        // A fifo would block the read for ever, a device would never end: refused before anything opens them.
+        if (!S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file ({})", path, file_type_name(st.st_mode));
         return {};
       },
       "FILE", "");
