@@ -379,15 +379,8 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
     for (std::string_view prefix : ignore_prefixes) ignored = ignored || std::string_view(nt.name).starts_with(prefix);
     if (!ignored) unexpected.push_back(nt.name);
   }
-  // A parameter holding NaN or ±∞ would sample garbage and evaluate to "loss nan" without a word: refused by name.
-  for (size_t k = 0; k < found.size() && mismatched.empty(); ++k) {
-    if (!found[k]) continue;
-    const float* v = found[k]->data<float>();
-    for (int64_t i = 0, n = found[k]->numel(); i < n; ++i)
-      if (!std::isfinite(v[i]))
-        fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
-             path, module.parameters()[k].name, v[i], i);
-  }
+  for (size_t k = 0; k < found.size() && mismatched.empty(); ++k)
+    if (found[k]) refuse_non_finite_weight(*found[k], module.parameters()[k].name, path);
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::string why;
     auto list = [&](std::string_view what, const std::vector<std::string>& items) {
@@ -401,6 +394,15 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
          module.name().empty() ? std::string("the model") : "module '" + module.name() + "'", why);
   }
   for (size_t k = 0; k < found.size(); ++k) module.parameters()[k].value.copy_from(*found[k]);
+}
+
+void refuse_non_finite_weight(const Tensor& t, std::string_view name, const std::string& path) {
+  if (t.dtype() != DType::f32) return;
+  const float* v = t.data<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(v[i]))
+      fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
+           path, name, v[i], i);
 }
 
 const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path) {

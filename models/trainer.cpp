@@ -154,6 +154,7 @@ GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
     if (t.dtype() != DType::f32 || !(t.shape() == p.value.shape()))
       fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, p.name, t.dtype(), t.shape(),
            p.value.shape());
+    refuse_non_finite_weight(t, p.name, path);  // as --resume does: `sample` and `evaluate` refuse it too
     p.value.copy_from(t);
   }
   return model;
