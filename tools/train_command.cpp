@@ -191,9 +191,13 @@ void add_train_command(CLI::App& app) {
     std::signal(SIGTERM, SIG_DFL);
     if (r.interrupted_by != 0) {  // the shell's convention: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
       std::fflush(stdout);
-      fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
-                 r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
-                 r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
+      const char* what = r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+      if (!r.stopped_early)  // the signal came while the finished run sampled
+        fmt::print(stderr, "tapegrad: {} while sampling: the run is complete (wrote {}/checkpoint.safetensors)\n",
+                   what, r.run_dir);
+      else
+        fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
+                   what, r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
       set_exit_code(128 + r.interrupted_by);
     }
   });
