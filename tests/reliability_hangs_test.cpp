@@ -221,7 +221,7 @@ TEST_CASE("SIGTERM or SIGINT during a long evaluation ends the run within a seco
 TEST_CASE("bench refuses more threads than its pool, and fails when PyTorch cannot start or does not answer") {
   ScratchDir dir;
   const std::string d = dir.path.string();
-  check_refused(run_cli(d, {"bench", "--threads", "100000", "--quick"}, 60), "--threads: must lie in [1, 256]");
+  check_refused(run_cli(d, {"bench", "--threads", "100000", "--quick"}, 60), "--threads: must be at most 256 (the engine's pool takes at most 256 threads), got 100000");
   check_refused(run_cli(d, {"bench", "--vs-torch", "--python", "/nonexistent", "--quick", "--only", "matmul"}, 60),
                 "PyTorch is not available: cannot start /nonexistent");
   // A PyTorch side that never answers: stopped after --torch-timeout, and the bench fails saying so.

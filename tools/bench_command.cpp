@@ -466,16 +466,17 @@ void add_bench_command(CLI::App& app) {
                 "fails when PyTorch cannot be started");
   cmd->add_option("--threads", args->threads,
                   fmt::format("Threads for tapegrad and PyTorch, at most {} (default: the CPUs available)", kMaxThreads))
+      ->check(positive())
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
-            long long n = 0;
+            double n = 0;
             try {
-              n = std::stoll(s);
+              n = std::stod(s);
             } catch (const std::exception&) {
               return {};  // not a number: CLI11's conversion says so
             }
-            if (n < 1 || n > kMaxThreads)
-              return fmt::format("must lie in [1, {}] (the engine's pool takes at most {} threads), got {}", kMaxThreads,
+            if (n > kMaxThreads)
+              return fmt::format("must be at most {} (the engine's pool takes at most {} threads), got {}", kMaxThreads,
                                  kMaxThreads, s);
             return {};
           },
