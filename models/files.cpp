@@ -229,6 +229,7 @@ std::string_view file_type_name(unsigned mode) {
 
 int open_regular_file(const std::string& path) {
   auto refuse = [&](unsigned mode) {
+    if (S_ISDIR(mode)) fail("cannot read '{}': it is a directory, not a file", path);
     fail("cannot read '{}': not a regular file ({}); give a file", path, file_type_name(mode));
   };
   struct stat st {};
