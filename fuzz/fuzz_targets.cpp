@@ -106,6 +106,16 @@ int text_input(const uint8_t* data, size_t size) {
   return 0;
 }
 
+// A formula's error quotes the text with its control bytes escaped: none but the line breaks between the message,
+// the text and the caret, and no NUL to cut the message short where it is read as a C string (it ends with the
+// caret).
+void check_printable(const ExpressionError& e) {
+  const std::string_view what(e.what());
+  if (what.empty() || what.back() != '^') violated("an error message cut short");
+  for (const char c : what)
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f) violated("a raw control byte in an error message");
+}
+
 int formula_input(const uint8_t* data, size_t size) {
   const std::string_view text = bytes_of(data, size);
   try {
@@ -119,6 +129,8 @@ int formula_input(const uint8_t* data, size_t size) {
     for (const auto& [name, shape] : shapes) values[name] = tape.leaf(Tensor::randn(DType::f64, shape, seed++));
     const Var y = f.evaluate(values);
     if (!(y.shape() == out)) violated("evaluate's shape differs from check's");
+  } catch (const ExpressionError& e) {
+    check_printable(e);
   } catch (const Error&) {
   }
   try {

@@ -77,6 +77,46 @@ bool one_byte_from(std::string_view key, std::string_view name) {
 constexpr int kMaxHeaderDepth = 32;
 constexpr size_t kMaxHeaderValues = 4'000'000;
 
+struct TooBig {
+  std::string why;
+};
+
+// The JSON reader's events (SAX) of a header, counted before the tree is built: throws TooBig when the text nests
+// deeper than kMaxHeaderDepth or makes more than kMaxHeaderValues events (a value, a key, a container's start or
+// end), and rethrows the reader's own error for text that is not JSON.
+struct HeaderBounds {
+  using json = nlohmann::json;
+  size_t events = 0;
+  int depth = 0;
+  bool event() {
+    if (++events > kMaxHeaderValues) throw TooBig{fmt::format("holds more than {} JSON values", kMaxHeaderValues)};
+    return true;
+  }
+  bool open() {
+    if (++depth > kMaxHeaderDepth) throw TooBig{fmt::format("nests deeper than {} levels", kMaxHeaderDepth)};
+    return event();
+  }
+  bool close() {
+    --depth;
+    return event();
+  }
+  bool null() { return event(); }
+  bool boolean(bool) { return event(); }
+  bool number_integer(json::number_integer_t) { return event(); }
+  bool number_unsigned(json::number_unsigned_t) { return event(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return event(); }
+  bool string(json::string_t&) { return event(); }
+  bool binary(json::binary_t&) { return event(); }
+  bool start_object(std::size_t) { return open(); }
+  bool key(json::string_t&) { return event(); }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t) { return open(); }
+  bool end_array() { return close(); }
+  [[noreturn]] bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw e;
+  }
+};
+
 // One tensor as the header describes it, checked against the data section of `data_bytes` bytes.
 struct HeaderEntry {
   std::string name;
@@ -232,17 +272,13 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
     refuse(path, fmt::format("a NUL byte at offset {} of the header: not a safetensors file, or a corrupt one", 8 + nul));
 
   nlohmann::json header;
-  size_t values = 0;
-  struct TooBig {
-    std::string why;
-  };
-  auto bounded = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > kMaxHeaderDepth) throw TooBig{fmt::format("nests deeper than {} levels", kMaxHeaderDepth)};
-    if (++values > kMaxHeaderValues) throw TooBig{fmt::format("holds more than {} JSON values", kMaxHeaderValues)};
-    return true;
-  };
   try {
-    header = nlohmann::json::parse(text, bounded);
+    // Two linear passes: the bounds on the events the text makes, then the tree. (The JSON reader's parser with a
+    // callback scans an object's members at the end of each member that is an object: quadratic in a header of
+    // many tensors.)
+    HeaderBounds bounds;
+    nlohmann::json::sax_parse(text, &bounds);
+    header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e400)
     refuse(path, fmt::format("the header is not valid JSON (not a safetensors file?): {}", e.what()));
   } catch (const TooBig& e) {
@@ -343,15 +379,8 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
     for (std::string_view prefix : ignore_prefixes) ignored = ignored || std::string_view(nt.name).starts_with(prefix);
     if (!ignored) unexpected.push_back(nt.name);
   }
-  // A parameter holding NaN or ±∞ would sample garbage and evaluate to "loss nan" without a word: refused by name.
-  for (size_t k = 0; k < found.size() && mismatched.empty(); ++k) {
-    if (!found[k]) continue;
-    const float* v = found[k]->data<float>();
-    for (int64_t i = 0, n = found[k]->numel(); i < n; ++i)
-      if (!std::isfinite(v[i]))
-        fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
-             path, module.parameters()[k].name, v[i], i);
-  }
+  for (size_t k = 0; k < found.size() && mismatched.empty(); ++k)
+    if (found[k]) refuse_non_finite_weight(*found[k], module.parameters()[k].name, path);
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::string why;
     auto list = [&](std::string_view what, const std::vector<std::string>& items) {
@@ -365,6 +394,15 @@ void load_parameters(const Checkpoint& ck, Module& module, const std::string& pa
          module.name().empty() ? std::string("the model") : "module '" + module.name() + "'", why);
   }
   for (size_t k = 0; k < found.size(); ++k) module.parameters()[k].value.copy_from(*found[k]);
+}
+
+void refuse_non_finite_weight(const Tensor& t, std::string_view name, const std::string& path) {
+  if (t.dtype() != DType::f32) return;
+  const float* v = t.data<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(v[i]))
+      fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
+           path, name, v[i], i);
 }
 
 const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path) {

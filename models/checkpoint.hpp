@@ -80,6 +80,11 @@ void load_parameters(const std::string& path, Module& module);
 void load_parameters(const Checkpoint& ck, Module& module, const std::string& path,
                      std::span<const std::string_view> ignore_prefixes = {});
 
+// Refuses a float32 weight holding a NaN or ±∞, naming the parameter, the element and the file: such a weight would
+// sample garbage and evaluate to "loss nan" without a word. load_parameters, --resume, sample and evaluate check
+// every weight they load with it.
+void refuse_non_finite_weight(const Tensor& t, std::string_view name, const std::string& path);
+
 // FNV-1a 64 of a byte string, as the writer records it.
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ULL);
 

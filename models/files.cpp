@@ -49,13 +49,32 @@ bool write_all(int fd, std::string_view bytes) {
   return true;
 }
 
+// The descriptor that `p` names by itself: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N; −1 for any other
+// path. Such a name is a link into /proc whose target is the open file (a pipe's is "pipe:[1234]", no path at all).
+int descriptor_of_name(const std::filesystem::path& p) {
+  const std::string s = p.lexically_normal().string();
+  if (s == "/dev/stdout") return STDOUT_FILENO;
+  if (s == "/dev/stderr") return STDERR_FILENO;
+  for (std::string_view dir : {"/dev/fd/", "/proc/self/fd/"}) {
+    if (s.size() <= dir.size() || s.compare(0, dir.size(), dir) != 0) continue;
+    int fd = 0;
+    for (size_t i = dir.size(); i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9' || fd > 1'000'000) return -1;
+      fd = fd * 10 + (s[i] - '0');
+    }
+    return fd;
+  }
+  return -1;
+}
+
 // The file a write to `path` lands in: symlinks followed to the end of their chain (a dangling one to the path it
-// names), so that the real file is replaced and the link is left as it was.
+// names), so that the real file is replaced and the link is left as it was. A link to one of the process's
+// descriptors (/dev/stdout) stops there: what it leads to is the open file, which is written through the descriptor.
 std::string resolved_target(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path p(path);
   std::error_code ec;
-  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+  for (int hops = 0; descriptor_of_name(p) < 0 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
     if (hops == 40) fail("cannot write '{}': too many levels of symbolic links", path);
     fs::path next = fs::read_symlink(p, ec);
     if (ec) fail("cannot write '{}': cannot read the symbolic link '{}': {}", path, p.string(), ec.message());
@@ -66,13 +85,23 @@ std::string resolved_target(const std::string& path) {
 
 // Streams the pieces into an existing file that is not a regular one (a fifo, a character device such as
 // /dev/null or /dev/stdout): such a file cannot be replaced, and renaming over it would destroy it.
+// A fifo is opened without blocking: with no reader, a blocking open would wait for one for ever (holding the run
+// directory's lock, deaf to signals). A reader gets a second to appear; after that the write is refused.
 void write_into_special_file(const std::string& path, const std::string& real,
                              std::span<const std::string_view> pieces) {
-  const int fd = ::open(real.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  int fd = -1;
+  for (int tries = 0;; ++tries) {
+    fd = ::open(real.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd >= 0 || errno != ENXIO || tries == 100) break;
+    ::usleep(10'000);
+  }
   if (fd < 0) {
     int err = errno;
+    if (err == ENXIO) fail("cannot write '{}': it is a fifo and nothing reads from it", path);
     fail("cannot write '{}': {}", path, errno_text(err));
   }
+  // Opened: the writes may wait for the reader, as writes into a pipe do.
+  if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   bool written = true;
   for (size_t i = 0; written && i < pieces.size(); ++i) written = write_all(fd, pieces[i]);
   const int err = errno;
@@ -80,6 +109,22 @@ void write_into_special_file(const std::string& path, const std::string& real,
   if (!written) fail("cannot write '{}': {}", path, errno_text(err));
 }
 
+// /dev/stdout and its kind: written through the descriptor the process holds, where the shell's redirection put it
+// (`>> log` appends, a pipe carries it), never reopened, resolved or renamed over. What stdio holds is flushed
+// first, so that the bytes come in the order the program wrote them.
+void write_into_descriptor(const std::string& path, int fd, std::span<const std::string_view> pieces) {
+  std::fflush(nullptr);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    fail("cannot write '{}': descriptor {} is not open ({})", path, fd, errno_text(err));
+  }
+  for (const std::string_view piece : pieces)
+    if (!write_all(fd, piece)) {
+      int err = errno;
+      fail("cannot write '{}': {}", path, errno_text(err));
+    }
+}
 
 // The temporary goes beside the real file, so that the rename stays within one file system and replaces it.
 void write_regular_file_atomic(const std::string& path, const std::string& real,
@@ -157,9 +202,18 @@ bool same_regular_file(const std::string& a, const std::string& b) {
   return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+int output_descriptor(const std::string& path) {
+  try {
+    return path.empty() ? -1 : descriptor_of_name(resolved_target(path));
+  } catch (const Error&) {  // a loop of links: no descriptor; the write will say why
+    return -1;
+  }
+}
+
 void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces) {
   if (path.empty()) fail("cannot write a file with an empty name");
   const std::string real = resolved_target(path);
+  if (const int fd = descriptor_of_name(real); fd >= 0) return write_into_descriptor(path, fd, pieces);
   struct stat st {};
   if (::stat(real.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) fail("cannot write '{}': it is a directory, not a file", path);
@@ -169,13 +223,49 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
 }
 
 
-std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+std::string_view file_type_name(unsigned mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a fifo";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return S_ISREG(mode) ? "a regular file" : "a special file";
+}
+
+int open_regular_file(const std::string& path) {
+  auto refuse = [&](unsigned mode) {
+    if (S_ISDIR(mode)) fail("cannot read '{}': it is a directory, not a file", path);
+    fail("cannot read '{}': not a regular file ({}); give a file", path, file_type_name(mode));
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    if (err == ENOENT) fail("cannot read '{}': no such file", path);
+    fail("cannot read '{}': {}", path, errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) refuse(st.st_mode);
+  // Non-blocking, in case a fifo took the file's place since the stat; for a regular file the flag changes nothing.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) fail("cannot read '{}': no such file", path);
     fail("cannot read '{}': {}", path, errno_text(err));
   }
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("cannot read '{}': {}", path, errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    refuse(st.st_mode);
+  }
+  return fd;
+}
+
+std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte) {
+  const int fd = open_regular_file(path);
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -186,19 +276,15 @@ std::string read_file(const std::string& path, size_t max_bytes, double held_per
     int err = errno;
     fail("cannot read '{}': {}", path, errno_text(err));
   }
-  if (S_ISDIR(st.st_mode)) fail("cannot read '{}': it is a directory, not a file", path);
-  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode))
-    fail("cannot read '{}': it is a device or a socket, not a file (its size cannot be known before reading)", path);
-  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes)
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
     fail("cannot read '{}': it holds {} bytes, above the limit of {} bytes", path, st.st_size, max_bytes);
-  if (S_ISREG(st.st_mode))
-    require_memory(held_per_byte * static_cast<double>(st.st_size),
-                   fmt::format("reading '{}' ({})", path, bytes_text(static_cast<double>(st.st_size))),
-                   "free memory, or give a smaller file");
+  require_memory(held_per_byte * static_cast<double>(st.st_size),
+                 fmt::format("reading '{}' ({})", path, bytes_text(static_cast<double>(st.st_size))),
+                 "free memory, or give a smaller file");
 
-  // A regular file is read to its size; a pipe or device until end of file, within the same limit.
+  // Read to end of file (a file that grows while it is read stays within the limit).
   std::string out;
-  if (S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof buf);

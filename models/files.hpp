@@ -17,10 +17,15 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // The same for a file made of `pieces` one after the other (no copy of them is made).
 // The one writer of the program's files: every file tapegrad writes goes through it.
 //   - a symbolic link is followed to the file it names, which is replaced (the link stays a link);
-//   - an existing file that is not a regular one (a fifo, /dev/null, /dev/stdout) is written into, never renamed
-//     over, since replacing it would destroy it;
+//   - /dev/stdout, /dev/stderr, /dev/fd/N and /proc/self/fd/N (or a link to one) are written through the
+//     descriptor the process holds: into a pipe, or appended to a file opened with `>>`, never renamed over;
+//   - an existing file that is not a regular one (a fifo, /dev/null) is written into, never renamed over, since
+//     replacing it would destroy it; a fifo that has no reader within a second is refused rather than waited for;
 //   - an empty path or a directory is refused.
 void write_file_atomic(const std::string& path, std::span<const std::string_view> pieces);
+
+// The descriptor write_file_atomic writes `path` through (1 for /dev/stdout or a link to it), or −1 for a file.
+int output_descriptor(const std::string& path);
 
 // Refuses, naming both options, an output path that is the same regular file as an input the command reads
 // (`evaluate --checkpoint c --hvp-out c` would destroy the checkpoint); paths that do not exist yet pass.
@@ -40,12 +45,21 @@ bool is_run_directory(const std::string& dir);
 // (written into, never replaced), passes.
 void refuse_replacing_run_files(const std::string& path, std::string_view option, const std::string& own_run_dir = {});
 
-// The whole content of a file. Throws an Error naming the path if it does not exist, is a directory, a device or
-// a socket, cannot be read, or holds more than max_bytes (a regular file is sized before it is read; a fifo is
-// read up to the limit). Before a regular file is read, the memory the caller will hold for it, its size times
-// held_per_byte (2 for a checkpoint: the bytes and the tensors copied out of them), is checked against what the
-// system has available (require_memory, models/run_memory.hpp).
+// The whole content of a regular file (open_regular_file). Throws an Error naming the path if it does not exist,
+// is not a regular file, cannot be read, or holds more than max_bytes (it is sized before it is read). Before it is
+// read, the memory the caller will hold for it, its size times held_per_byte (2 for a checkpoint: the bytes and the
+// tensors copied out of them), is checked against what the system has available (require_memory,
+// models/run_memory.hpp).
 std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte = 1);
+
+// Opens an input for reading: a regular file (through symbolic links) and nothing else. A fifo, a device
+// (/dev/zero, /dev/stdin, a terminal), a socket or a directory is refused, by an Error naming the path and "not a
+// regular file", before it is opened: opening a fifo with no writer waits for one for ever, and a device's size
+// cannot be known before it is read. The open itself does not block (a fifo swapped in after the check is refused
+// too). Returns the descriptor, which the caller closes.
+int open_regular_file(const std::string& path);
+// "a fifo", "a character device", "a directory", ... for a stat mode (st_mode), for messages.
+std::string_view file_type_name(unsigned mode);
 
 // One writer per directory: an exclusive advisory lock (flock) on the directory itself, held while the object
 // lives and released by the kernel when the process ends, however it ends (no lock file to go stale). A second

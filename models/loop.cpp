@@ -150,6 +150,9 @@ void TrainingRun::evaluate(int64_t step, const std::function<Evaluation(int64_t)
   } catch (const Error& err) {
     fail("evaluation at step {}: {}{}", step, err.what(), kept_);
   }
+  // A signal during the evaluation may have cut it short (its losses are then any value): it is dropped, and the
+  // caller stops (interrupted()); a resumed run evaluates this step again.
+  if (cfg_.interrupt && *cfg_.interrupt != 0) return;
   if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
     fail("the evaluation loss became {} (train) / {} (val) at step {}{}", e.train_loss, e.val_loss, step, kept_);
   result_.evals.push_back(e);
@@ -251,15 +254,16 @@ void TrainingRun::finish(double final_lr, const std::function<Evaluation(int64_t
   const double total_ms = std::accumulate(step_ms_.begin(), step_ms_.end(), 0.0);
   result_.mean_ms_per_step = step_ms_.empty() ? 0.0 : total_ms / static_cast<double>(step_ms_.size());
   const int64_t stop = interrupted_at_ >= 0 ? interrupted_at_ : stop_step();
-  if (stop < cfg_.max_steps) {  // stopped early: a checkpoint to resume from, no final evaluation
+  auto stop_early = [&](int64_t at) {  // a checkpoint to resume from, no final evaluation
     result_.stopped_early = true;
-    save_checkpoint(stop, add);
+    save_checkpoint(at, add);
     write_logs();
     if (!cfg_.quiet && !cfg_.dir.empty())
-      fmt::print(cfg_.out, "{}stopped after step {}; wrote {}\n", line_start(), stop, checkpoint_path_);
-    return;
-  }
+      fmt::print(cfg_.out, "{}stopped after step {}; wrote {}\n", line_start(), at, checkpoint_path_);
+  };
+  if (stop < cfg_.max_steps) return stop_early(stop);
   evaluate(cfg_.max_steps, losses);
+  if (interrupted(cfg_.max_steps)) return stop_early(cfg_.max_steps);  // a signal during the final evaluation
   if (losses && (result_.rows.empty() || result_.rows.back().step != cfg_.max_steps))
     result_.rows.push_back({cfg_.max_steps, final_lr, NAN, result_.evals.back().val_loss, NAN});
   save_checkpoint(cfg_.max_steps, add);

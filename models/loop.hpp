@@ -164,7 +164,9 @@ class TrainingRun {
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 
   // The losses on fixed data before step `step`, losses(step), checked finite, kept and printed. Nothing when
-  // `losses` is empty, or when the run has them already (resumed from the checkpoint written at that step).
+  // `losses` is empty, or when the run has them already (resumed from the checkpoint written at that step). When
+  // cfg.interrupt is set by the time `losses` returns, the evaluation is dropped (a long one may stop early when it
+  // sees the signal, returning anything) and the caller stops: interrupted(step), then finish().
   void evaluate(int64_t step, const std::function<Evaluation(int64_t)>& losses);
   // Writes dir/checkpoint.safetensors (nothing without a directory): the parameters under their names, the
   // optimizer's state, `step` (the step to continue from), the evaluations and the log, the batch generator's
@@ -188,9 +190,10 @@ class TrainingRun {
   // evaluation, losses.csv and losses.svg rewritten with it.
   void step_done(int64_t step, double lr, double loss);
 
-  // After the steps of this call. Stopped by stop_after: a checkpoint to resume from. Otherwise: the final
-  // evaluation, losses(max_steps), its row in the log (at `final_lr`, the learning rate a next step would have)
-  // and the final checkpoint. Then the step times and the logs.
+  // After the steps of this call. Stopped by stop_after or a signal: a checkpoint to resume from. Otherwise: the
+  // final evaluation, losses(max_steps), its row in the log (at `final_lr`, the learning rate a next step would
+  // have) and the final checkpoint (a signal during that evaluation stops the run as one during a step does). Then
+  // the step times and the logs.
   void finish(double final_lr, const std::function<Evaluation(int64_t)>& losses,
               const std::function<void(Checkpoint&)>& add = {});
 

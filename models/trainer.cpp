@@ -222,6 +222,7 @@ GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
     if (t.dtype() != DType::f32 || !(t.shape() == p.value.shape()))
       fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, p.name, t.dtype(), t.shape(),
            p.value.shape());
+    refuse_non_finite_weight(t, p.name, path);  // as --resume does: `sample` and `evaluate` refuse it too
     p.value.copy_from(t);
   }
   return model;
@@ -246,10 +247,15 @@ std::pair<Batches, Batches> evaluation_batches(const TextData& data, int64_t B, 
   return splits;
 }
 
-// Mean loss over fixed batches, recording nothing; `tape` is cleared after each batch.
-double mean_loss(const GPT& model, Tape& tape, const Batches& batches) {
+// Whether a signal handler has asked the run to stop (LoopConfig::interrupt).
+bool stop_requested(const volatile std::sig_atomic_t* interrupt) { return interrupt && *interrupt != 0; }
+
+// Mean loss over fixed batches, recording nothing; `tape` is cleared after each batch. A signal (`interrupt`) cuts
+// it short, between batches, with NaN: TrainingRun::evaluate drops an evaluation the signal came during.
+double mean_loss(const GPT& model, Tape& tape, const Batches& batches, const volatile std::sig_atomic_t* interrupt) {
   double total = 0;
   for (const auto& [x, y] : batches) {
+    if (stop_requested(interrupt)) return NAN;
     NoGradGuard no_grad(tape);
     total += model.loss(tape, x, y).value().item();
     tape.clear();
@@ -257,12 +263,14 @@ double mean_loss(const GPT& model, Tape& tape, const Batches& batches) {
   return total / static_cast<double>(batches.size());
 }
 
+// The prompt `ids` followed by `n` sampled tokens, or fewer when a signal (`interrupt`) stops it: it is checked
+// before each token, so that a long sample ends at once.
 std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, int64_t n, double temperature,
-                                   int64_t top_k, Rng& rng) {
+                                   int64_t top_k, Rng& rng, const volatile std::sig_atomic_t* interrupt = nullptr) {
   const int64_t T = model.config().block_size, V = model.config().vocab_size;
   Tape tape;
   std::vector<double> probs(static_cast<size_t>(V));
-  for (int64_t step = 0; step < n; ++step) {
+  for (int64_t step = 0; step < n && !stop_requested(interrupt); ++step) {
     const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(ids.size()));
     Tensor x = Tensor::from<int32_t>({1, len}, std::span<const int32_t>(ids.data() + ids.size() - len, len));
     NoGradGuard no_grad(tape);
@@ -393,7 +401,8 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
   if (prof) tape.add_observer(prof);
   auto eval_losses = [&](int64_t) {
     if (prof) tape.remove_observer(prof);
-    Evaluation e{mean_loss(model, tape, eval_train), mean_loss(model, tape, eval_val)};
+    Evaluation e{mean_loss(model, tape, eval_train, cfg.loop.interrupt),
+                 mean_loss(model, tape, eval_val, cfg.loop.interrupt)};
     if (prof) tape.add_observer(prof);
     return e;
   };
@@ -408,6 +417,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
   for (int64_t it = run.first_step(); it < run.stop_step(); ++it) {
     if (it % cfg.loop.eval_interval == 0) {  // the weights step `it` starts from: evaluated, then kept
       run.evaluate(it, eval_losses);
+      if (run.interrupted(it)) break;  // a signal during the evaluation: the checkpoint at `it`, then out
       run.save_checkpoint(it, add_metadata);
     }
     const double lr = lr_at(it);
@@ -452,6 +462,8 @@ void TrainConfig::validate() const {
   if (!(loop.grad_clip >= 0)) fail("grad_clip must not be negative");
   if (sharpness_every < 0) fail("sharpness_every must not be negative, got {}", sharpness_every);
   if (sharpness_iterations < 1) fail("sharpness_iterations must be at least 1, got {}", sharpness_iterations);
+  if (sample_tokens < 0 || sample_tokens > kMaxSampleTokens)
+    fail("--sample-tokens must lie in [0, {}], got {}", kMaxSampleTokens, sample_tokens);
   if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) fail("beta1 and beta2 must be in [0, 1)");
   validate_run_name(name);
   if (loop.resume && loop.overwrite)
@@ -522,7 +534,12 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   }
   if (cfg.sample_tokens > 0) {
     Rng rng(cfg.seed);
-    res.sample = data.decode(sample_tokens(model, data.encode(data.default_prompt()), cfg.sample_tokens, 0.8, 0, rng));
+    res.sample = data.decode(sample_tokens(model, data.encode(data.default_prompt()), cfg.sample_tokens, 0.8, 0, rng,
+                                           cfg.loop.interrupt));
+    if (stop_requested(cfg.loop.interrupt)) {  // the run is complete and written; the sample is cut short
+      res.interrupted_by = static_cast<int>(*cfg.loop.interrupt);
+      res.sample.clear();
+    }
   }
   if (!cfg.loop.quiet) {
     const EvalPoint& final_eval = res.evals.back();
@@ -542,6 +559,7 @@ std::string sample_from_checkpoint(const std::string& path, const SampleConfig& 
   const TextData vocab = checkpoint_vocabulary(ck, model.config().vocab_size, path);
   if (!(sc.temperature > 0)) fail("temperature must be positive, got {}", sc.temperature);
   if (sc.tokens < 0 || sc.top_k < 0) fail("tokens and top-k must not be negative");
+  if (sc.tokens > kMaxSampleTokens) fail("--tokens must be at most {}, got {}", kMaxSampleTokens, sc.tokens);
   Rng rng(sc.seed);
   std::vector<int32_t> ids = vocab.encode(sc.prompt.empty() ? vocab.default_prompt() : sc.prompt);
   return vocab.decode(sample_tokens(model, ids, sc.tokens, sc.temperature, sc.top_k, rng));

@@ -30,7 +30,7 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.99;
   double weight_decay = 0.1;
   int64_t eval_iters = 50;  // fixed batches per split (38,400 tokens each at the defaults)
-  int64_t sample_tokens = 300;
+  int64_t sample_tokens = 300;  // at most kMaxSampleTokens; a signal stops the sampling at once
   uint64_t seed = 1337;
   std::string out_dir = "runs";
   std::string name;  // run directory runs/NAME; empty: the attention kind
@@ -68,9 +68,13 @@ std::string default_data_path();
 // and SVG at each evaluation).
 TrainResult train(const TrainConfig& cfg, std::FILE* out);
 
+// The most characters one sample may ask for (--sample-tokens, sample --tokens): a million, minutes to hours of
+// generation for a small model; a count beyond it is a slip, refused rather than run for ever.
+inline constexpr int64_t kMaxSampleTokens = 1'000'000;
+
 struct SampleConfig {
   std::string prompt;  // empty: a newline, or the vocabulary's first symbol when the text had no newline
-  int64_t tokens = 300;
+  int64_t tokens = 300;  // at most kMaxSampleTokens
   double temperature = 0.8;
   int64_t top_k = 0;  // 0: all
   uint64_t seed = 1337;

@@ -41,6 +41,10 @@ namespace {
 
 using namespace bench;
 
+// The most threads --threads takes: the engine's pool has at most 256 (engine/parallel.cpp), and a larger count
+// would be cut to it without a word.
+constexpr int kMaxThreads = 256;
+
 // ---- sections -------------------------------------------------------------------------------------------------
 
 // with_step: a section runs bench's training step, whose memory estimate the header shows.
@@ -325,7 +329,7 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   std::optional<int64_t> theirs;
   if (torch && torch->ok()) {
     ChildResult t = run_child({a.python, a.torch_script, "train-rss", "--steps", std::to_string(steps), "--threads",
-                               std::to_string(num_threads())});
+                               std::to_string(num_threads())}, {}, a.torch_timeout);
     try {
       if (t.status == 0) theirs = json::parse(t.out)["vmhwm_kb"].get<int64_t>() * 1024;
     } catch (const std::exception&) {
@@ -422,7 +426,10 @@ void run_bench(BenchArgs a) {
   Output out{a.json};
   std::unique_ptr<TorchSide> torch;
   if (a.vs_torch && a.torch_script.empty()) a.torch_script = shared_file("tools/torch_bench.py");
-  if (a.vs_torch) torch = std::make_unique<TorchSide>(a, num_threads());
+  if (a.vs_torch) {
+    torch = std::make_unique<TorchSide>(a, num_threads());
+    if (!torch->ok()) fail("bench --vs-torch: PyTorch is not available: {}", torch->why());
+  }
   // --profile runs the profile alone, or with the sections --only names; the profile is not among the defaults.
   if (a.profile && std::find(a.only.begin(), a.only.end(), "profile") == a.only.end()) a.only.push_back("profile");
   auto wanted = [&](const std::string& section) {
@@ -455,9 +462,25 @@ void add_bench_command(CLI::App& app) {
                 "Print JSON: {header: {machine, threads, blas (the core in use), torch}, rows: [{workload, shape, "
                 "tapegrad_ms, torch_ms, ratio, torch_peer, bytes_saved, gflops}, ...]}");
   cmd->add_flag("--vs-torch", args->vs_torch,
-                "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch");
-  cmd->add_option("--threads", args->threads, "Threads for tapegrad and PyTorch (default: the CPUs available)")
-      ->check(positive());
+                "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch; "
+                "fails when PyTorch cannot be started");
+  cmd->add_option("--threads", args->threads,
+                  fmt::format("Threads for tapegrad and PyTorch, at most {} (default: the CPUs available)", kMaxThreads))
+      ->check(positive())
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            double n = 0;
+            try {
+              n = std::stod(s);
+            } catch (const std::exception&) {
+              return {};  // not a number: CLI11's conversion says so
+            }
+            if (n > kMaxThreads)
+              return fmt::format("must be at most {} (the engine's pool takes at most {} threads), got {}", kMaxThreads,
+                                 kMaxThreads, s);
+            return {};
+          },
+          "", ""));
   cmd->add_option("--rounds", args->rounds, "Timed blocks per workload (default 10, 2 with --quick)")
       ->check(positive());
   cmd->add_option("--only", args->only, "Run only these sections (default: all)")
@@ -471,6 +494,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--torch-script", args->torch_script,
                   "The PyTorch side of --vs-torch (default: tools/torch_bench.py of tapegrad's share folder)");
+  cmd->add_option("--torch-timeout", args->torch_timeout,
+                  "Seconds the PyTorch side may take to answer one request (start-up, one workload's block, the "
+                  "peak-RSS run); past it the bench stops it and fails")
+      ->capture_default_str()
+      ->check(positive());
   add_model_options(cmd, args->model, true, "Training step, hvp and profile: ");
   cmd->add_option("--batch-size", args->batch, "Training step, hvp and profile: sequences per step")
       ->capture_default_str()

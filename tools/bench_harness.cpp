@@ -1,10 +1,13 @@
 #include "tools/bench_harness.hpp"
 
+#include <poll.h>
 #include <sys/wait.h>
 #include <spawn.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -65,7 +68,8 @@ std::string load_average() {
 
 // ---- child processes ------------------------------------------------------------------------------------------
 
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
+ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env,
+                      double timeout_s) {
   ChildResult r;
   int pipe_fd[2];
   if (pipe(pipe_fd) != 0) fail("bench: cannot create a pipe for {}", argv[0]);
@@ -90,18 +94,41 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
     close(pipe_fd[0]);
     fail("bench: cannot start {}: {}", argv[0], std::strerror(err));
   }
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  bool timed_out = false;
   char buf[4096];
-  for (ssize_t n; (n = read(pipe_fd[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
+  for (;;) {
+    if (timeout_s > 0) {
+      const double left_ms = std::chrono::duration<double, std::milli>(deadline - Clock::now()).count();
+      pollfd p{pipe_fd[0], POLLIN, 0};
+      const int ready = left_ms > 0 ? ::poll(&p, 1, static_cast<int>(std::min(left_ms, 60'000.0)) + 1) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0 && Clock::now() < deadline) continue;
+      if (ready == 0) {
+        timed_out = true;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+    }
+    const ssize_t n = read(pipe_fd[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    r.out.append(buf, static_cast<size_t>(n));
+  }
   close(pipe_fd[0]);
   int status = 0;
-  waitpid(pid, &status, 0);
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) fail("bench: {} {} gave no answer within {} s; stopped it", argv[0], argv.size() > 1 ? argv[1] : "", timeout_s);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
 
 // ---- the PyTorch side -----------------------------------------------------------------------------------------
 
-TorchSide::TorchSide(const BenchArgs& a, int threads) {
+TorchSide::TorchSide(const BenchArgs& a, int threads) : script_(a.torch_script), timeout_s_(a.torch_timeout) {
+  // A script that ends early closes its end of the pipe: writing to it is then an error to report, not SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   const std::string python = find_program(a.python).value_or("");
   if (python.empty()) {
     why_ = fmt::format("cannot start {}: no such program (give a path, or a name on PATH)", a.python);
@@ -135,7 +162,7 @@ TorchSide::TorchSide(const BenchArgs& a, int threads) {
     return;
   }
   to_ = fdopen(to_child[1], "w");
-  from_ = fdopen(from_child[0], "r");
+  from_ = from_child[0];
   json answer = ask({{"cmd", "info"}});
   if (answer.contains("error") || !answer.contains("torch")) {
     why_ = answer.value("error", std::string("tools/torch_bench.py did not answer"));
@@ -146,12 +173,59 @@ TorchSide::TorchSide(const BenchArgs& a, int threads) {
 }
 
 TorchSide::~TorchSide() {
-  if (to_) {
-    if (ok_) ask({{"cmd", "quit"}});
-    std::fclose(to_);
+  if (to_ && ok_) {
+    try {
+      if (ask({{"cmd", "quit"}}).contains("error")) ok_ = false;  // not quitting: stopped
+    } catch (const Error&) {  // no answer in time: stopped already
+    }
   }
-  if (from_) std::fclose(from_);
-  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  stop_process();
+}
+
+// Closes the pipes and reaps the process: killed first unless it has ended or was asked to quit and answered.
+void TorchSide::stop_process() {
+  if (to_) std::fclose(to_);
+  to_ = nullptr;
+  if (from_ >= 0) ::close(from_);
+  from_ = -1;
+  if (pid_ > 0) {
+    if (!ok_) ::kill(pid_, SIGKILL);
+    while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+  pid_ = 0;
+  ok_ = false;
+}
+
+std::string TorchSide::read_line(const std::string& request) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (;;) {
+    if (const size_t nl = pending_.find('\n'); nl != std::string::npos) {
+      std::string line = pending_.substr(0, nl + 1);
+      pending_.erase(0, nl + 1);
+      return line;
+    }
+    const double left_ms = std::chrono::duration<double, std::milli>(deadline - Clock::now()).count();
+    pollfd p{from_, POLLIN, 0};
+    const int ready = left_ms > 0 ? ::poll(&p, 1, static_cast<int>(std::min(left_ms, 60'000.0)) + 1) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0 && Clock::now() < deadline) continue;
+    if (ready == 0) {
+      ok_ = false;
+      stop_process();
+      fail("bench --vs-torch: the PyTorch side ({}) gave no answer to '{}' within {} s (--torch-timeout); stopped it",
+           script_, request, timeout_s_);
+    }
+    char buf[4096];
+    const ssize_t n = ::read(from_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {  // the process ended: what it said last, if anything
+      std::string rest = std::move(pending_);
+      pending_.clear();
+      return rest;
+    }
+    pending_.append(buf, static_cast<size_t>(n));
+  }
 }
 
 std::optional<std::string> TorchSide::prepare(const std::string& id, const std::string& workload, const json& args) {
@@ -169,16 +243,11 @@ std::optional<double> TorchSide::run(const std::string& id, int reps, int warmup
 void TorchSide::release(const std::string& id) { ask({{"cmd", "release"}, {"id", id}}); }
 
 json TorchSide::ask(const json& cmd) {
-  if (!to_ || !from_) return json{{"error", "no PyTorch process"}};
+  if (!to_ || from_ < 0) return json{{"error", "no PyTorch process"}};
   const std::string line = cmd.dump() + "\n";
   std::fputs(line.c_str(), to_);
   std::fflush(to_);
-  std::string reply;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, from_)) {
-    reply += buf;
-    if (!reply.empty() && reply.back() == '\n') break;
-  }
+  const std::string reply = read_line(cmd.value("cmd", std::string("?")));
   if (reply.empty()) return json{{"error", "the PyTorch process ended"}};
   try {
     return json::parse(reply);

@@ -36,6 +36,7 @@ struct BenchArgs {
   int rounds = 0;   // 0: 10 (2 with --quick)
   std::string python = "/usr/bin/python3";
   std::string torch_script;  // empty: the shipped tools/torch_bench.py (models/files.hpp's shared_file)
+  double torch_timeout = 600;  // seconds the PyTorch side may take to answer one request (--torch-timeout)
   std::string child_memory;  // internal: one forward + backward in a fresh process, for its peak RSS
   int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
   std::string child_dir;      // its run directory
@@ -61,12 +62,17 @@ struct ChildResult {
   int status = -1;
   std::string out;  // its standard output
 };
-ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {});
+// `argv` run to its end, its standard output read. With timeout_s > 0, a child that has not ended by then is killed
+// and an Error names it.
+ChildResult run_child(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {},
+                      double timeout_s = 0);
 
 // ---- the PyTorch side -----------------------------------------------------------------------------------------
 
 // tools/torch_bench.py serve, spoken to in JSON lines through two pipes. info() holds its answer to "info":
 // PyTorch's version, threads, BLAS, whether it has scaled_dot_product_attention and torch.compile.
+// Each answer must come within BenchArgs::torch_timeout seconds: a script that hangs (or takes longer) is killed and
+// the bench stops with an Error naming the request and --torch-timeout.
 class TorchSide {
  public:
   TorchSide(const BenchArgs& a, int threads);
@@ -88,9 +94,16 @@ class TorchSide {
   json ask(const json& cmd);
   bool report(const json& a);
 
+  // The answer line, read within the timeout; throws after killing the process when none comes.
+  std::string read_line(const std::string& request);
+  void stop_process();
+
   pid_t pid_ = 0;
   FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
+  int from_ = -1;
+  std::string pending_;  // bytes read past the last answer line
+  std::string script_;   // for messages
+  double timeout_s_ = 600;
   bool ok_ = false;
   std::string why_;
   json info_;

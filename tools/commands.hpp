@@ -22,7 +22,8 @@ const CLI::Validator& positive();
 // and its subcommands, options and config-file keys alike: main calls it once, after every command is added.
 void refuse_non_finite_numbers(CLI::App& app);
 const CLI::Validator& non_negative();
-// An input file that exists and can be reached: "no such file", "is a directory", or the system's reason
+// An input file that exists, can be reached and is a regular file: "no such file", "is a directory", "is not a
+// regular file (a fifo)", or the system's reason
 // ("Permission denied" for a file in a directory the user cannot enter), in place of CLI11's ExistingFile, which
 // says "does not exist" for all of them.
 const CLI::Validator& existing_file();

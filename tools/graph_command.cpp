@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/core.h>
 
 #include "engine/gradcheck/gradcheck.hpp"
@@ -186,6 +188,7 @@ void run(const GraphArgs& args) {
     return;
   }
   write_file_atomic(path, bytes);
+  if (output_descriptor(path) == STDOUT_FILENO) return;  // -o /dev/stdout: the stream holds the graph alone
   fmt::print("wrote {}: {} values, {} op{}\n", path, tape.num_values(), tape.num_nodes(), tape.num_nodes() == 1 ? "" : "s");
 }
 

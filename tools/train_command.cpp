@@ -14,6 +14,7 @@
 #include <system_error>
 #include <thread>
 
+#include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
 #include "tools/commands.hpp"
@@ -75,6 +76,8 @@ const CLI::Validator& existing_file() {
           return fmt::format("cannot reach {}: {}", path, std::generic_category().message(err));
         }
         if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory, not a file", path);
+        // A fifo would block the read for ever, a device would never end: refused before anything opens them.
+        if (!S_ISREG(st.st_mode)) return fmt::format("{} is not a regular file ({})", path, file_type_name(st.st_mode));
         return {};
       },
       "FILE", "");
@@ -248,9 +251,13 @@ void add_train_command(CLI::App& app) {
     }();
     if (r.interrupted_by != 0) {  // the shell's convention: 128 + the signal (130 for SIGINT, 143 for SIGTERM)
       std::fflush(stdout);
-      fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
-                 r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
-                 r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
+      const char* what = r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+      if (!r.stopped_early)  // the signal came while the finished run sampled
+        fmt::print(stderr, "tapegrad: {} while sampling: the run is complete (wrote {}/checkpoint.safetensors)\n",
+                   what, r.run_dir);
+      else
+        fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
+                   what, r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
       set_exit_code(128 + r.interrupted_by);
     }
   });

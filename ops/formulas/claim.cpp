@@ -62,22 +62,24 @@ void define_let_shapes(const std::vector<Parsed::Named>& lets, std::map<std::str
 }
 
 Parsed parse_formulas(const ClaimText& c) {
-  if (c.inputs.empty()) fail("claim '{}' ({}): no input (input NAME: D, D, ...)", c.name, c.where);
-  if (c.forward.formula.empty()) fail("claim '{}' ({}): no forward formula", c.name, c.where);
+  if (c.inputs.empty()) fail("claim '{}' ({}): no input (input NAME: D, D, ...)", escape_controls(c.name), escape_controls(c.where));
+  if (c.forward.formula.empty()) fail("claim '{}' ({}): no forward formula", escape_controls(c.name), escape_controls(c.where));
   if (c.vjp.empty() && !c.jvp && c.hvp.empty())
-    fail("claim '{}' ({}): claims no VJP, JVP or HVP (a vjp, jvp or hvp line)", c.name, c.where);
+    fail("claim '{}' ({}): claims no VJP, JVP or HVP (a vjp, jvp or hvp line)", escape_controls(c.name),
+         escape_controls(c.where));
   Parsed p;
   p.inputs = c.inputs;
   std::vector<std::string> taken = {"y", "g"};
   for (const auto& in : c.inputs) {
-    if (!is_identifier(in.name)) fail("claim '{}' ({}): '{}' is not a name", c.name, c.where, in.name);
+    if (!is_identifier(in.name)) fail("claim '{}' ({}): '{}' is not a name", escape_controls(c.name), escape_controls(c.where),
+                                      escape_controls(in.name));
     if (std::find(taken.begin(), taken.end(), in.name) != taken.end() || in.name.starts_with("t_"))
       fail("claim '{}' ({}): input '{}': y, g, t_NAME and names used twice are taken", c.name, c.where, in.name);
     taken.push_back(in.name);
     taken.push_back(fmt::format("t_{}", in.name));
   }
   for (const auto& l : c.lets) {
-    if (!is_identifier(l.name)) fail("{}: '{}' is not a name", l.label, l.name);
+    if (!is_identifier(l.name)) fail("{}: '{}' is not a name", escape_controls(l.label), escape_controls(l.name));
     if (std::find(taken.begin(), taken.end(), l.name) != taken.end())
       fail("{}: let '{}': the name is taken (an input, y, g, t_NAME or an earlier let)", l.label, l.name);
     taken.push_back(l.name);
@@ -89,7 +91,7 @@ Parsed parse_formulas(const ClaimText& c) {
     std::vector<std::optional<Formula>> slots(c.inputs.size());
     for (const auto& v : lines) {
       auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == v.name; });
-      if (it == c.inputs.end()) fail("{}: {} names '{}', which is not an input", v.label, what, v.name);
+      if (it == c.inputs.end()) fail("{}: {} names '{}', which is not an input", escape_controls(v.label), what, escape_controls(v.name));
       auto& slot = slots[static_cast<size_t>(it - c.inputs.begin())];
       if (slot) fail("{}: a second {} for '{}'", v.label, what, v.name);
       slot = Formula::parse(v.formula, v.label);
@@ -153,7 +155,8 @@ Fill parse_fill(std::string_view option, std::string_view text, std::string_view
   if (fill == "normal") return Fill::normal;
   if (fill == "positive") return Fill::positive;
   if (fill == "away_from_zero") return Fill::away_from_zero;
-  fail("{}: '{}' in '{}' is not a fill (normal, positive or away_from_zero)", option, fill, text);
+  fail("{}: '{}' in '{}' is not a fill (normal, positive or away_from_zero)", escape_controls(option),
+       escape_controls(fill), escape_controls(text));
 }
 
 }  // namespace
@@ -164,7 +167,8 @@ InputSpec parse_claim_input(std::string_view option, std::string_view text) {
     if (!std::isspace(static_cast<unsigned char>(ch))) compact += ch;
   const auto colon = compact.find(':');
   if (colon == std::string::npos || colon == 0)
-    fail("{}: expected NAME:D,D,... (an input's name and its dimensions), got '{}'", option, text);
+    fail("{}: expected NAME:D,D,... (an input's name and its dimensions), got '{}'", escape_controls(option),
+         escape_controls(text));
   std::string dims = compact.substr(colon + 1);
   Fill fill = Fill::normal;
   if (const auto second = dims.find(':'); second != std::string::npos) {
@@ -219,11 +223,12 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     const std::string where = fmt::format("{}:{}", path, line);
     auto named = [&](std::string_view what) {
       auto split = split_named_formula(rest);
-      if (!split) fail("{}: expected '{} NAME = FORMULA', got '{}'", where, what, t);
+      if (!split) fail("{}: expected '{} NAME = FORMULA', got '{}'", escape_controls(where), what, escape_controls(t));
       return *split;
     };
     if (key == "claim") {
-      if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", where, t);
+      if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", escape_controls(where),
+                                     escape_controls(t));
       claims.emplace_back();
       claims.back().name = rest;
       claims.back().where = where;
@@ -247,10 +252,11 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
       if (c.jvp) fail("{}: a second jvp in claim '{}'", where, c.name);
       c.jvp = ClaimText::Line{"", rest, fmt::format("{} (jvp)", where)};
     } else {
-      fail("{}: '{}' is not a claim line (claim, input, let, forward, vjp, jvp, hvp; # starts a comment)", where, key);
+      fail("{}: '{}' is not a claim line (claim, input, let, forward, vjp, jvp, hvp; # starts a comment)",
+           escape_controls(where), escape_controls(key));
     }
   }
-  if (claims.empty()) fail("{}: no claim", path);
+  if (claims.empty()) fail("{}: no claim", escape_controls(path));
   return claims;
 }
 

@@ -20,7 +20,8 @@ size_t column_of(std::string_view text, size_t offset) {
   return col;
 }
 
-// "label: message", the text (a window of it around the fault when it is long), and a caret under the fault.
+// "label: message", the text (a window of it around the fault when it is long), and a caret under the fault;
+// control bytes escaped in all three (escape_controls), the caret counting the escapes' width.
 std::string with_caret(const std::string& label, const std::string& text, size_t offset, const std::string& message) {
   constexpr size_t kWidth = 100;
   size_t begin = 0, end = text.size();
@@ -32,11 +33,24 @@ std::string with_caret(const std::string& label, const std::string& text, size_t
   }
   const std::string before = begin > 0 ? "…" : "", after = end < text.size() ? "…" : "";
   const std::string_view shown = std::string_view(text).substr(begin, end - begin);
-  return fmt::format("{}: {}\n  {}{}{}\n  {}^", label, message, before, shown, after,
-                     std::string(column_of(shown, offset - begin) + (begin > 0 ? 1 : 0), ' '));
+  const std::string up_to = escape_controls(shown.substr(0, std::min(offset - begin, shown.size())));
+  return fmt::format("{}: {}\n  {}{}{}\n  {}^", escape_controls(label), escape_controls(message), before,
+                     escape_controls(shown), after,
+                     std::string(column_of(up_to, up_to.size()) + (begin > 0 ? 1 : 0), ' '));
 }
 
 }  // namespace
+
+std::string escape_controls(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out;
+}
 
 ExpressionError::ExpressionError(std::string label_, std::string text_, size_t offset_, std::string message_)
     : Error(with_caret(label_, text_, offset_, message_)),
