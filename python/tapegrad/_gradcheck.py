@@ -226,6 +226,16 @@ def _zero_cotangent_rows(report, impl, arrays, checked_names):
                            "the backward does not depend on grad_output (multiply it by grad_output)")
 
 
+def _name_saved_intermediates(report, impl, function_class, arrays):
+    """A failed second order of a Function that keeps an intermediate of its inputs for backward: double backward
+    differentiates the backward with that value held constant, so its terms along the inputs are lost."""
+    from ._tapegrad import _add_diagnosis
+    for value, file, line in impl.saved_intermediates(function_class, arrays):
+        _add_diagnosis(report, "hessian_block", "", "hvp",
+                       f"`{value}` was saved in forward ({file}:{line}) and is a constant to double backward: save "
+                       "the inputs and recompute it in backward")
+
+
 def _forward_mode_note(report, impl, fn):
     """A Function without jvp gets one line under the title instead of a "no JVP" diagnosis."""
     from ._tapegrad import _drop_diagnoses
@@ -350,6 +360,8 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
     if order == 1:
         _zero_cotangent_rows(report, impls[0], arrays, checked_names)
+    elif not report.passed and _function_class(fn) is not None:
+        _name_saved_intermediates(report, impls[0], _function_class(fn), arrays)
     for impl in impls if order == 1 else ():  # at order 2 the tangent comes from the backward: nothing skipped
         if impl.no_forward_mode is not None:
             _forward_mode_note(report, impl, fn)

@@ -12,6 +12,7 @@ In the second-order check a Function without `jvp` gets its tangent ẏ = Jẋ f
 (∂/∂ȳ ⟨Jᵀȳ, ẋ⟩), which the forward-over-reverse sweep needs only to carry on.
 """
 
+import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
@@ -139,6 +140,53 @@ class TorchOp:
             return vjp_formulas(function_class, args, slots, names, arrays, gout, output=self.output)
         except Exception:  # the formulas only add a diagnosis: without them the report stands as it is
             return None
+
+    def saved_intermediates(self, function_class, arrays):
+        """The tensors the Function's forward keeps for backward (on ctx or by save_for_backward) that are neither
+        an input nor an output and change with the checked inputs: double backward sees each as a constant. Each as
+        (name, file, line); forward is run outside autograd with a ctx that records where each was kept."""
+        from ._trace import _Context
+        import os
+        import sys
+
+        def run(arrays):
+            call = self._apply_call(function_class, arrays)
+            if call is None:
+                return None
+            args, slots = call
+            for slot, a in zip(slots, arrays):
+                args[slot] = torch.from_numpy(np.array(a, dtype=np.float64))
+            kept = []
+
+            class Recording(_Context):
+                def __setattr__(self, name, value):
+                    if isinstance(value, torch.Tensor) and name not in ("saved_tensors", "needs_input_grad"):
+                        frame = sys._getframe(1)
+                        kept.append((name, value, frame.f_code.co_filename, frame.f_lineno))
+                    object.__setattr__(self, name, value)
+
+                def save_for_backward(self, *tensors):
+                    frame = sys._getframe(1)
+                    for t in tensors:
+                        name = next((k for k, v in frame.f_locals.items() if v is t), "a saved tensor")
+                        kept.append((name, t, frame.f_code.co_filename, frame.f_lineno))
+                    object.__setattr__(self, "saved_tensors", tensors)
+
+            with torch.no_grad():
+                y = function_class.forward(Recording(len(args)), *args)
+            ys = list(y) if isinstance(y, (tuple, list)) else [y]
+            own = [a for a in args if isinstance(a, torch.Tensor)] + [t for t in ys if isinstance(t, torch.Tensor)]
+            return [k for k in kept if not any(k[1] is t for t in own)]
+
+        try:
+            first = run(arrays)
+            moved = run([a + 1e-3 * (1 + np.abs(a)) for a in arrays])
+        except Exception:  # a note only: without it the report stands as it is
+            return []
+        if not first or moved is None or len(moved) != len(first):
+            return []
+        return [(name, os.path.basename(file), line) for (name, t, file, line), (_, u, _, _) in zip(first, moved)
+                if t.shape == u.shape and not torch.equal(t, u)]
 
     def _apply_call(self, function_class, arrays):
         """The arguments function_class.apply receives when fn runs at arrays (fn may be a lambda or a partial

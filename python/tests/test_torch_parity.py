@@ -334,3 +334,53 @@ def test_the_kink_advice_is_in_python_terms():
     report = tapegrad.gradcheck(torch.relu, (x,))
     assert report.has("kink"), report
     assert "Fill::" not in str(report) and "x = x + 0.2 * x.sign()" in str(report)
+
+
+# 8. An intermediate saved in forward is a constant to double backward.
+
+class Softplus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        t = torch.sigmoid(x)
+        ctx.save_for_backward(t)  # an intermediate: double backward holds it constant
+        return torch.log1p(torch.exp(x))
+
+    @staticmethod
+    def backward(ctx, g):
+        (t,) = ctx.saved_tensors
+        return g * t
+
+
+class SoftplusRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.log1p(torch.exp(x))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)
+
+
+class SoftplusOnCtx(Softplus):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.s = torch.sigmoid(x)
+        return torch.log1p(torch.exp(x))
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s
+
+
+def test_a_saved_intermediate_is_named_when_second_order_fails():
+    x = randn(3, 4)
+    assert tapegrad.gradcheck(Softplus.apply, (x,)), "first order is right"
+    assert tapegrad.gradcheck(SoftplusRight.apply, (x,), order=2)
+    for op, value in ((Softplus, "t"), (SoftplusOnCtx, "s")):
+        report = tapegrad.gradcheck(op.apply, (x,), order=2)
+        assert not report
+        text = str(report)
+        assert f"`{value}` was saved in forward (test_torch_parity.py:" in text, text
+        assert "is a constant to double backward: save the inputs and recompute it in backward" in text
