@@ -83,6 +83,68 @@ std::vector<GradcheckReport> check_claims(const std::string& text, const Gradche
   return reports;
 }
 
+// A report amended by the Python side (tapegrad/_gradcheck.py), for what only Python can check of a torch op: a
+// row added (the backward at ȳ = 0), a diagnosis added or dropped, and the reports of a multi-output op's outputs
+// merged into one whose rows name the output (input "x→y1"). Each recomputes the verdict.
+void add_check(GradcheckReport& r, const std::string& input, const std::string& check, const std::string& mode,
+               bool passed, double max_abs_err, const std::string& worst, double analytic, double numeric) {
+  r.checks.push_back({input, check, mode, max_abs_err, max_abs_err, worst, analytic, numeric, passed, false, 1});
+  r.conclude();
+}
+
+void add_diagnosis(GradcheckReport& r, std::string_view kind, const std::string& input, const std::string& check,
+                   const std::string& message) {
+  r.diagnoses.push_back({finding_or_fail(kind), input, check, message});
+  r.conclude();
+}
+
+void drop_diagnoses(GradcheckReport& r, std::string_view kind) {
+  const Finding f = finding_or_fail(kind);
+  std::erase_if(r.diagnoses, [f](const Diagnosis& d) { return d.kind == f; });
+  r.conclude();
+}
+
+// Advice in the diagnoses' messages reworded for the Python user (a C++ API named in it, say).
+void reword(GradcheckReport& r, const std::string& from, const std::string& to) {
+  for (Diagnosis& d : r.diagnoses)
+    for (size_t at = d.message.find(from); at != std::string::npos; at = d.message.find(from, at + to.size()))
+      d.message.replace(at, from.size(), to);
+  r.conclude();
+}
+
+GradcheckReport merged(const std::vector<GradcheckReport>& parts, const std::vector<std::string>& outputs,
+                       const std::string& op) {
+  if (parts.size() != outputs.size()) fail("gradcheck: {} reports for {} outputs", parts.size(), outputs.size());
+  GradcheckReport r;
+  r.op = op;
+  auto labelled = [](const std::string& input, const std::string& output) {
+    return input.empty() ? input : input + "→" + output;
+  };
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (CheckResult c : parts[i].checks) {
+      c.input = labelled(c.input, outputs[i]);
+      r.checks.push_back(std::move(c));
+    }
+    for (Diagnosis d : parts[i].diagnoses) {
+      if (d.input.empty()) d.message = outputs[i] + ": " + d.message;
+      d.input = labelled(d.input, outputs[i]);
+      r.diagnoses.push_back(std::move(d));
+    }
+  }
+  r.conclude();
+  return r;
+}
+
+// The report's text, with the Python side's notes (a list of str in `_notes`) under its title line.
+std::string report_text(const py::object& self) {
+  std::string text = self.cast<const GradcheckReport&>().str();
+  if (!py::hasattr(self, "_notes")) return text;
+  std::string notes;
+  for (const py::handle note : self.attr("_notes")) notes += "  " + note.cast<std::string>() + "\n";
+  const size_t title_end = text.find('\n') + 1;
+  return text.insert(title_end, notes);
+}
+
 void bind_report(py::module_& m) {
   py::class_<CheckResult>(m, "Check", "One row of the report: one check of one input")
       .def_readonly("input", &CheckResult::input)
@@ -107,7 +169,9 @@ void bind_report(py::module_& m) {
       .def_readonly("message", &Diagnosis::message)
       .def("__str__", &Diagnosis::str)
       .def("__repr__", [](const Diagnosis& d) { return "<Diagnosis " + d.str() + ">"; });
-  py::class_<GradcheckReport>(m, "Report", "The gradchecker's report: the checks, the diagnosis, the verdict")
+  // dynamic_attr: the Python side may set `_notes`, lines printed under the title (how forward mode was checked).
+  py::class_<GradcheckReport>(m, "Report", py::dynamic_attr(),
+                              "The gradchecker's report: the checks, the diagnosis, the verdict")
       .def_readonly("op", &GradcheckReport::op)
       .def_readonly("checks", &GradcheckReport::checks)
       .def_readonly("diagnoses", &GradcheckReport::diagnoses)
@@ -123,8 +187,15 @@ void bind_report(py::module_& m) {
             return r.has(finding_or_fail(kind), input);
           },
           py::arg("kind"), py::arg("input") = "", "Whether a diagnosis of that kind (for that input) is in the report")
-      .def("__str__", &GradcheckReport::str)
-      .def("__repr__", &GradcheckReport::str);
+      .def("__str__", &report_text)
+      .def("__repr__", &report_text);
+  m.def("_add_check", &add_check, py::arg("report"), py::arg("input"), py::arg("check"), py::arg("mode"),
+        py::arg("passed"), py::arg("max_abs_err"), py::arg("worst"), py::arg("analytic"), py::arg("numeric"));
+  m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
+        py::arg("message"));
+  m.def("_drop_diagnoses", &drop_diagnoses, py::arg("report"), py::arg("kind"));
+  m.def("_reword", &reword, py::arg("report"), py::arg("old"), py::arg("new"));
+  m.def("_merge", &merged, py::arg("reports"), py::arg("outputs"), py::arg("op"));
   m.def("finding_kinds", [] {
     std::vector<std::string> kinds;
     for (const Finding f : all_findings()) kinds.emplace_back(finding_key(f));

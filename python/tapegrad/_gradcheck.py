@@ -1,5 +1,6 @@
 """tapegrad.gradcheck: the inputs and options of a Python call, handed to the C++ checker (python/module.cpp)."""
 
+import functools
 import inspect
 import math
 import sys
@@ -32,32 +33,83 @@ def _is_float_array(x):
     return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating)
 
 
+def _unwrap_partial(fn):
+    """fn without its functools.partial layers: (the callable, how many leading positional arguments they bind)."""
+    bound = 0
+    while isinstance(fn, functools.partial):
+        bound += len(fn.args)
+        fn = fn.func
+    return fn, bound
+
+
+def _is_function_class(c):
+    torch = _torch_if_loaded()
+    return (torch is not None and isinstance(c, type) and issubclass(c, torch.autograd.Function)
+            and c is not torch.autograd.Function)
+
+
 def _function_class(fn):
-    """The class whose `apply` fn is (a torch.autograd.Function), or None."""
+    """The torch.autograd.Function whose `apply` fn is or calls: fn itself, a functools.partial's func, or the one
+    Function a lambda's (or a function's) body reads `apply` from, found in its closure or its globals; else None."""
+    fn, _ = _unwrap_partial(fn)
     target = getattr(fn, "__self__", None)
-    return target if getattr(fn, "__name__", "") == "apply" and isinstance(target, type) else None
+    if getattr(fn, "__name__", "") == "apply" and _is_function_class(target):
+        return target
+    code = getattr(fn, "__code__", None)
+    if code is None or "apply" not in code.co_names:
+        return None
+    seen = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            seen.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            pass
+    names = getattr(fn, "__globals__", {})
+    seen += [names[n] for n in code.co_names if n in names]
+    seen = [getattr(c, "__self__", None) if getattr(c, "__name__", "") == "apply" else c for c in seen]
+    found = {c for c in seen if _is_function_class(c)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _is_module(fn):
+    torch = _torch_if_loaded()
+    return torch is not None and isinstance(fn, torch.nn.Module)
+
+
+def _positional_names(fn):
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _parameter_names(fn, count):
-    """The callable's parameter names (a torch.autograd.Function's forward without ctx), when it has `count`."""
+    """The callable's parameter names, when it has `count`: a lambda's or function's own (those the inputs are bound
+    to), else (a partial of a Function's apply, a lambda taking *args) its Function's forward's without ctx and
+    without what a partial binds; a Module's forward's."""
+    unwrapped, bound = _unwrap_partial(fn)
     function_class = _function_class(fn)
-    if function_class is not None:
-        fn = function_class.forward
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return None
-    names = [p.name for p in params]
-    if names and names[0] == "ctx":
-        names = names[1:]
-    return names[:count] if len(names) >= count else None
+    names = None
+    if not (function_class is not None and unwrapped == getattr(function_class, "apply", None)):
+        names = _positional_names(fn.forward if _is_module(fn) else fn)
+    if (names is None or len(names) < count) and function_class is not None:
+        names = _positional_names(function_class.forward)
+        if names and names[0] == "ctx":
+            names = names[1:]
+        names = names[bound:] if names is not None and unwrapped == function_class.apply else names
+    return names[:count] if names is not None and len(names) >= count else None
 
 
 def _op_name(fn):
     function_class = _function_class(fn)
     if function_class is not None:
         return function_class.__name__
+    if _is_module(fn):
+        return type(fn).__name__
+    fn, _ = _unwrap_partial(fn)
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
@@ -78,12 +130,17 @@ def _checked_slots(inputs, inputs_to_check):
 
 
 def _as_float64_array(x, i):
+    """A checked input as a float64 array of its own shape (0-d kept 0-d: np.ascontiguousarray would make it (1,)).
+    An integer or bool input is refused, not cast: it has no derivative, and casting it would check another op."""
+    dtype = x.dtype if _is_torch_tensor(x) else np.asarray(x).dtype
+    floating = x.is_floating_point() if _is_torch_tensor(x) else np.issubdtype(dtype, np.floating)
+    if not floating:
+        raise ValueError(f"gradcheck: input {i} has dtype {dtype}; a checked input must be floating-point (an "
+                         "integer or bool input has no derivative: leave it out of inputs_to_check, and it is passed "
+                         "to fn unchanged)")
     if _is_torch_tensor(x):
         x = x.detach().cpu().to(dtype=_torch_if_loaded().float64).numpy()
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"gradcheck: input {i} has dtype {x.dtype}; a checked input must be floating-point")
-    return np.ascontiguousarray(x, dtype=np.float64)
+    return np.array(x, dtype=np.float64, order="C")
 
 
 def _number(who, option, value, expected, ok):
@@ -135,25 +192,89 @@ def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4
     return _tapegrad._claim(text, _options("claim", eps, atol, rtol, fast_mode, projections, seed, diagnose))
 
 
+# The kink advice of the C++ checker names the C++ test harness's fill; a Python user draws the inputs.
+_KINK_ADVICE = ("(Fill::away_from_zero)", "(draw the inputs away from it, e.g. x = torch.randn(...); "
+                "x = x + 0.2 * x.sign(), or pass a point whose elements are not at the kink)")
+
+
+def _module_call(module, count, parameter_names):
+    """module as a function of its `count` inputs followed by its parameters (torch's functional_call)."""
+    from torch.nn.utils.stateless import functional_call
+
+    def call(*args, **kwargs):
+        return functional_call(module, dict(zip(parameter_names, args[count:])), tuple(args[:count]), kwargs)
+    return call
+
+
+def _zero_cotangent_rows(report, impl, arrays, checked_names):
+    """The rows "zero ȳ": the backward at ȳ = 0 must run and give x̄ = 0 (torch's check_undefined_grad)."""
+    from ._tapegrad import _add_check, _add_diagnosis
+    result = impl.zero_cotangent(arrays)
+    if isinstance(result, tuple):
+        error, case = result
+        _add_check(report, "all", "zero ȳ", "exact", False, math.nan, f"raised {type(error).__name__}", math.nan, 0.0)
+        report._notes = getattr(report, "_notes", []) + [
+            f"zero ȳ: the backward raised {type(error).__name__}: {error} (called with {case}, as torch's gradcheck "
+            "calls it; with ctx.set_materialize_grads(False) an undefined gradient arrives as None)"]
+        return
+    for name, (largest, where) in zip(checked_names, result):
+        at = "" if where is None else f"{name}[{', '.join(map(str, where))}]"
+        _add_check(report, name, "zero ȳ", "exact", largest == 0, largest, at, largest, 0.0)
+        if largest != 0:
+            _add_diagnosis(report, "nonlinear", name, "zero ȳ",
+                           f"x̄ is not 0 at ȳ = 0 (|x̄| = {largest:.6g} at {at}): a VJP is linear in ȳ, so a term of "
+                           "the backward does not depend on grad_output (multiply it by grad_output)")
+
+
+def _name_saved_intermediates(report, impl, function_class, arrays):
+    """A failed second order of a Function that keeps an intermediate of its inputs for backward: double backward
+    differentiates the backward with that value held constant, so its terms along the inputs are lost."""
+    from ._tapegrad import _add_diagnosis
+    for value, file, line in impl.saved_intermediates(function_class, arrays):
+        _add_diagnosis(report, "hessian_block", "", "hvp",
+                       f"`{value}` was saved in forward ({file}:{line}) and is a constant to double backward: save "
+                       "the inputs and recompute it in backward")
+
+
+def _forward_mode_note(report, impl, fn):
+    """A Function without jvp gets one line under the title instead of a "no JVP" diagnosis."""
+    from ._tapegrad import _drop_diagnoses
+    if impl.no_forward_mode is None:
+        return
+    torch = _torch_if_loaded()
+    function_class = _function_class(fn)
+    _drop_diagnoses(report, "no_jvp")
+    if function_class is not None and getattr(function_class, "jvp", None) is torch.autograd.Function.jvp:
+        note = "forward mode: not written (the Function has no jvp): the jvp and adjoint rows are skipped"
+    else:
+        note = f"forward mode: not available ({impl.no_forward_mode.splitlines()[0]}): the jvp and adjoint rows are skipped"
+    report._notes = [note] + getattr(report, "_notes", [])
+
+
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
               fast_mode=None, projections=4, inputs_to_check=None, names=None, seed=20240809, diagnose=True,
-              raise_exception=False, name=None):
+              raise_exception=False, name=None, kwargs=None, params=False):
     """Checks fn's derivatives at `inputs` with tapegrad's C++ checker and returns its Report.
 
-    fn: a callable on torch tensors (a Function.apply, a module, a function), whose derivatives come from torch
-        (torch.autograd.grad, torch.autograd.forward_ad, double backward for order=2); or, when `vjp` is given, a
-        callable on numpy arrays with its own rules: vjp(gout, *xs) → one array per input, jvp(tangents, *xs) → an
-        array (absent: a "no JVP" note), hvp(gout, tangents, *xs) → one array per input (for order=2).
-    inputs: a tuple of tensors or arrays (any float dtype: the check runs in float64); other values are passed as
-        they are. Checked: inputs_to_check (indices) if given, else the tensors that require grad if any, else every
-        floating-point input.
-    order: 1 checks the VJP, JVP, adjoint identity and accumulation; 2 the Hessian-vector product (double
-        backward) against differences of the gradient, and its symmetry.
+    fn: a callable on torch tensors (a Function.apply, a module, a function, a lambda or functools.partial around
+        one), whose derivatives come from torch (torch.autograd.grad, torch.autograd.forward_ad, double backward for
+        order=2); or, when `vjp` is given, a callable on numpy arrays with its own rules: vjp(gout, *xs) → one array
+        per input, jvp(tangents, *xs) → an array (absent: a "no JVP" note), hvp(gout, tangents, *xs) → one array
+        per input (for order=2).
+    inputs: a tuple of tensors or arrays (any float dtype: the check runs in float64; 0-d stays 0-d); other values
+        are passed as they are. Checked: inputs_to_check (indices) if given, else the tensors that require grad if
+        any, else every floating-point input. An integer or bool input named in inputs_to_check is refused.
+    kwargs: keyword arguments passed to fn on every call (not checked).
+    params: fn a torch.nn.Module: check its parameters too, after the inputs, named by named_parameters().
+    order: 1 checks the VJP, JVP, adjoint identity, accumulation and the backward at ȳ = 0; 2 the Hessian-vector
+        product (double backward) against differences of the gradient, and its symmetry.
     eps, atol, rtol: the differences' step and the tolerance |a − n| ≤ atol + rtol·|n|, as torch names them.
     fast_mode: True: random projections (projections of them) for every input; False: full Jacobians; None: full
         where m·n ≤ 40000.
     names: the inputs' names in the report (default: the parameters' names, else x0, x1, ...).
     raise_exception: raise GradcheckError (with the report) on a failure instead of returning it.
+    An op returning several tensors is checked output by output (rows "x→y0", ...) and for all outputs at once
+    (rows "x→all": each VJP seeds every output with its own random ȳ).
     """
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order not in (1, 2):
         raise ValueError(f"gradcheck: order must be 1 (VJP and JVP) or 2 (Hessian-vector products), got {order!r}")
@@ -162,11 +283,29 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
     inputs = tuple(inputs)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"gradcheck: kwargs must be a dict of keyword arguments for fn, got {kwargs!r}")
+    name = name or _op_name(fn)
+    parameter_names = []
+    if params:
+        if not _is_module(fn):
+            raise ValueError(f"gradcheck: params=True checks a torch.nn.Module's parameters; fn is "
+                             f"{type(fn).__name__}")
+        named = list(fn.named_parameters())
+        if not named:
+            raise ValueError(f"gradcheck: params=True, but the module {type(fn).__name__} has no parameters")
+        parameter_names = [n for n, _ in named]
+        if names is None:
+            names = (_parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]) + parameter_names
+        if inputs_to_check is None:
+            inputs_to_check = list(_checked_slots(inputs, None)) if any(
+                _is_torch_tensor(x) and x.requires_grad for x in inputs) else []
+            inputs_to_check += range(len(inputs), len(inputs) + len(named))
+        fn, inputs = _module_call(fn, len(inputs), parameter_names), inputs + tuple(p for _, p in named)
     slots = _checked_slots(inputs, inputs_to_check)
     if not slots:
         raise ValueError("gradcheck: no input to check (no floating-point tensor or array among the inputs)")
     arrays = [_as_float64_array(inputs[i], i) for i in slots]
-
     if names is None:
         all_names = _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]
     else:
@@ -182,18 +321,50 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
                              "can be checked (leave it out with inputs_to_check, or give it elements)")
 
-    name = name or _op_name(fn)
     if vjp is not None:
+        if kwargs:
+            raise ValueError("gradcheck: kwargs= goes with a torch op; numpy rules take their inputs positionally")
         impl = NumpyOp(fn, inputs, slots, vjp, jvp, hvp)
+        if fast_mode is not None and not fast_mode:
+            _require_full_jacobian_memory(impl, name, arrays)
+        report = _tapegrad._check(impl, name, arrays, checked_names, order, options)
     else:
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
-        from ._torch_op import TorchOp
-        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2)
-
-    if fast_mode is not None and not fast_mode:
-        _require_full_jacobian_memory(impl, name, arrays)
-    report = _tapegrad._check(impl, name, arrays, checked_names, order, options)
+        report = _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, options, fast_mode)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
+    return report
+
+
+def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, options, fast_mode):
+    """The checks of a torch op: one per output (and one of all outputs at once) where it has several."""
+    from ._torch_op import TorchOp
+    probe = TorchOp(fn, inputs, slots, name, kwargs=kwargs)
+    with _torch_if_loaded().no_grad():
+        count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
+    outputs = [None] if count == 1 else list(range(count)) + ["all"]
+    reports, impls = [], []
+    for output in outputs:
+        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output)
+        part_options = options
+        if output == "all" and fast_mode is None:
+            # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,
+            # which the checks above have made)
+            part_options = _options("gradcheck", options.eps, options.atol, options.rtol, True, options.projections,
+                                    options.seed, options.diagnose)
+        if fast_mode is not None and not fast_mode:
+            _require_full_jacobian_memory(impl, name, arrays)
+        reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
+        impls.append(impl)
+    report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
+    if order == 1:
+        _zero_cotangent_rows(report, impls[0], arrays, checked_names)
+    elif not report.passed and _function_class(fn) is not None:
+        _name_saved_intermediates(report, impls[0], _function_class(fn), arrays)
+    for impl in impls if order == 1 else ():  # at order 2 the tangent comes from the backward: nothing skipped
+        if impl.no_forward_mode is not None:
+            _forward_mode_note(report, impl, fn)
+            break
+    _tapegrad._reword(report, *_KINK_ADVICE)
     return report

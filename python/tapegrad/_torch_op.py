@@ -12,8 +12,18 @@ In the second-order check a Function without `jvp` gets its tangent ẏ = Jẋ f
 (∂/∂ȳ ⟨Jᵀȳ, ẋ⟩), which the forward-over-reverse sweep needs only to carry on.
 """
 
+import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
+
+
+def _unravel(k, shape):
+    """The index of element k of a C-ordered array of that shape."""
+    index = []
+    for n in reversed(shape):
+        index.append(k % n)
+        k //= n
+    return tuple(reversed(index))
 
 
 def _numpy(t):
@@ -32,39 +42,185 @@ def _lacks_forward_mode(error):
     return isinstance(error, NotImplementedError) or "jvp" in text or "forward AD" in text or "forward-mode" in text
 
 
+_ONCE_DIFFERENTIABLE = ("op '{}': the backward is marked once_differentiable: its second order cannot be checked")
+
+
+def _is_once_differentiable(grad):
+    """Whether a gradient came from a backward under @once_differentiable: torch hangs an error node on it, which
+    raises when it is differentiated (and which leads nowhere near the inputs)."""
+    return grad is not None and type(grad.grad_fn).__name__ in ("Error", "DelayedError")
+
+
+def float_outputs(y):
+    """The op's outputs that have derivatives: its floating-point tensors (a tuple's others, such as indices, are
+    left out as torch's gradcheck leaves them out)."""
+    ys = list(y) if isinstance(y, (tuple, list)) else [y]
+    return [t for t in ys if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
 class TorchOp:
-    def __init__(self, fn, inputs, slots, name, second_order=False):
+    """output: None for an op of one output; k for output k of a multi-output op (the backward gets None, or zeros
+    where the Function materializes them, for the others, as in a loss that uses only that one); "all" for every
+    output at once, flattened and concatenated, so each VJP seeds each output with its own part of ȳ and the
+    backward is called once with all of them."""
+
+    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None):
         self.fn, self.name = fn, name
         self.slots = slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                       for x in inputs]
+        self.kwargs = dict(kwargs or {})
         self.second_order = second_order
+        self.output = output
         self.no_forward_mode = None  # why forward mode failed, once it has
 
-    def _call(self, xs):
+    def outputs(self, xs):
+        """Every floating-point output of fn at xs in the checked slots."""
         args = list(self.fixed)
         for slot, x in zip(self.slots, xs):
             args[slot] = x
-        y = self.fn(*args)
-        if isinstance(y, (tuple, list)):
-            if len(y) != 1:
-                raise TypeError(f"tapegrad.gradcheck: the op returns {len(y)} outputs; it checks one "
-                                "(wrap it: lambda *x: fn(*x)[i])")
-            y = y[0]
-        if not isinstance(y, torch.Tensor):
+        y = self.fn(*args, **self.kwargs)
+        ys = float_outputs(y)
+        if not ys:
             raise TypeError(f"tapegrad.gradcheck: the op returns {type(y).__name__}, not a torch.Tensor")
-        return y
+        return ys
+
+    def _call(self, xs):
+        ys = self.outputs(xs)
+        if self.output is None:
+            if len(ys) != 1:
+                raise TypeError(f"tapegrad.gradcheck: the op returned {len(ys)} outputs where it returned 1 before")
+            return ys[0]
+        if self.output == "all":
+            return torch.cat([y.reshape(-1) for y in ys])
+        return ys[self.output]
+
+    def zero_cotangent(self, arrays):
+        """The backward at ȳ = 0, as torch's gradcheck calls it (check_undefined_grad): every output's gradient
+        undefined (a Function gets zeros, or None under ctx.set_materialize_grads(False)), then for an op of several
+        outputs each output's alone undefined and the others' zero. Returns x̄ per checked input, its largest
+        |element| and where, or the exception the backward raised, with the case it raised in."""
+        worst = [(0.0, None)] * len(arrays)
+        xs = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
+        with torch.enable_grad():
+            count = len([y for y in self.outputs(xs) if y.requires_grad])
+        cases = [None] + (list(range(count)) if count > 1 else [])
+        for undefined in cases:
+            with torch.enable_grad():
+                ys = [y for y in self.outputs(xs) if y.requires_grad]
+                if not ys:
+                    return worst
+                ys = [torch._C._functions.UndefinedGrad()(y) if undefined in (None, k) else y for k, y in enumerate(ys)]
+                try:
+                    grads = torch.autograd.grad(ys, xs, [torch.zeros_like(y) for y in ys], allow_unused=True)
+                except Exception as error:  # whatever the backward raises is the finding
+                    case = ("every output's gradient undefined" if undefined is None
+                            else f"output {undefined}'s gradient undefined, the others' zero")
+                    return error, case
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                a = g.detach().abs().reshape(-1)
+                if a.numel() and float(a.max()) > worst[i][0]:
+                    k = int(a.argmax())
+                    worst[i] = (float(a.max()), _unravel(k, g.shape))
+        return worst
 
     def vjp_formulas(self, arrays, gout, names):
         from ._gradcheck import _function_class
         from ._trace import vjp_formulas
         function_class = _function_class(self.fn)
-        if function_class is None:
+        if function_class is None or self.output == "all":
             return None
         try:
-            return vjp_formulas(function_class, self.fixed, self.slots, names, arrays, gout)
+            call = self._apply_call(function_class, arrays)
+            if call is None:
+                return None
+            args, slots = call
+            return vjp_formulas(function_class, args, slots, names, arrays, gout, output=self.output)
         except Exception:  # the formulas only add a diagnosis: without them the report stands as it is
             return None
+
+    def saved_intermediates(self, function_class, arrays):
+        """The tensors the Function's forward keeps for backward (on ctx or by save_for_backward) that are neither
+        an input nor an output and change with the checked inputs: double backward sees each as a constant. Each as
+        (name, file, line); forward is run outside autograd with a ctx that records where each was kept."""
+        from ._trace import _Context
+        import os
+        import sys
+
+        def run(arrays):
+            call = self._apply_call(function_class, arrays)
+            if call is None:
+                return None
+            args, slots = call
+            for slot, a in zip(slots, arrays):
+                args[slot] = torch.from_numpy(np.array(a, dtype=np.float64))
+            kept = []
+
+            class Recording(_Context):
+                def __setattr__(self, name, value):
+                    if isinstance(value, torch.Tensor) and name not in ("saved_tensors", "needs_input_grad"):
+                        frame = sys._getframe(1)
+                        kept.append((name, value, frame.f_code.co_filename, frame.f_lineno))
+                    object.__setattr__(self, name, value)
+
+                def save_for_backward(self, *tensors):
+                    frame = sys._getframe(1)
+                    for t in tensors:
+                        name = next((k for k, v in frame.f_locals.items() if v is t), "a saved tensor")
+                        kept.append((name, t, frame.f_code.co_filename, frame.f_lineno))
+                    object.__setattr__(self, "saved_tensors", tensors)
+
+            with torch.no_grad():
+                y = function_class.forward(Recording(len(args)), *args)
+            ys = list(y) if isinstance(y, (tuple, list)) else [y]
+            own = [a for a in args if isinstance(a, torch.Tensor)] + [t for t in ys if isinstance(t, torch.Tensor)]
+            return [k for k in kept if not any(k[1] is t for t in own)]
+
+        try:
+            first = run(arrays)
+            moved = run([a + 1e-3 * (1 + np.abs(a)) for a in arrays])
+        except Exception:  # a note only: without it the report stands as it is
+            return []
+        if not first or moved is None or len(moved) != len(first):
+            return []
+        return [(name, os.path.basename(file), line) for (name, t, file, line), (_, u, _, _) in zip(first, moved)
+                if t.shape == u.shape and not torch.equal(t, u)]
+
+    def _apply_call(self, function_class, arrays):
+        """The arguments function_class.apply receives when fn runs at arrays (fn may be a lambda or a partial
+        around it, with arguments of its own), and where in them the checked inputs are: (args, slots), or None
+        where apply is not called exactly once or a checked input does not reach it as itself."""
+        import functools
+        fn, bound = self.fn, []
+        while isinstance(fn, functools.partial):  # partial(partial(f, a), b) calls f(a, b, ...)
+            bound[:0] = fn.args
+            fn = fn.func
+        if fn == function_class.apply:  # apply itself: its arguments are the inputs, after what partials bind
+            return bound + list(self.fixed), [len(bound) + slot for slot in self.slots]
+        xs = [torch.from_numpy(a.copy()) for a in arrays]
+        calls = []
+        original = function_class.__dict__.get("apply")
+        real = function_class.apply
+
+        def recording_apply(*args):
+            calls.append(args)
+            return real(*args)
+        function_class.apply = recording_apply
+        try:
+            with torch.no_grad():
+                self.outputs(xs)
+        finally:
+            if original is None:
+                del function_class.apply
+            else:
+                function_class.apply = original
+        if len(calls) != 1:
+            return None
+        args = list(calls[0])
+        slots = [next((i for i, a in enumerate(args) if a is x), None) for x in xs]
+        return None if None in slots else (args, slots)
 
     def forward(self, arrays, keep):
         xs = [torch.from_numpy(a) for a in arrays]
@@ -81,7 +237,16 @@ class TorchOp:
         xs, y = state
         if not y.requires_grad:
             return [None] * len(xs)
-        grads = torch.autograd.grad(y, xs, torch.from_numpy(gout).to(y.dtype), retain_graph=True, allow_unused=True)
+        try:
+            grads = torch.autograd.grad(y, xs, torch.from_numpy(gout).to(y.dtype), retain_graph=True,
+                                        allow_unused=True)
+        except Exception as error:
+            if not isinstance(self.output, int):
+                raise
+            raise RuntimeError(f"tapegrad.gradcheck: op '{self.name}': the backward raised {type(error).__name__}: "
+                               f"{error}, called with a gradient for output {self.output} alone (the others' are "
+                               "undefined: zeros, or None under ctx.set_materialize_grads(False), as torch passes "
+                               "them when a loss uses only that output)") from error
         return [None if g is None else _numpy(g) for g in grads]
 
     def jvp(self, state, tangents):
@@ -123,6 +288,8 @@ class TorchOp:
             with torch.enable_grad():
                 grads = torch.autograd.grad(y, xs, u, create_graph=True, allow_unused=True)
                 # Jᵀȳ depends on ȳ linearly: a backward built from differentiable ops leaves a graph behind it.
+                if any(_is_once_differentiable(g) for g in grads):
+                    return _ONCE_DIFFERENTIABLE.format(self.name)
                 opaque = [i for i, g in enumerate(grads) if g is not None and g.grad_fn is None]
                 if opaque:
                     return (f"op '{self.name}': its backward is not differentiable (the gradient of input {opaque[0]} has no graph: "
@@ -133,6 +300,8 @@ class TorchOp:
                     return [None] * len(xs)
                 second = torch.autograd.grad(s, xs, allow_unused=True)
         except RuntimeError as error:
+            if "once_differentiable" in str(error):
+                return _ONCE_DIFFERENTIABLE.format(self.name)
             if "differentiable" in str(error) or "does not require grad" in str(error):
                 return (f"op '{self.name}': its backward is not differentiable ({error}), so its second order cannot "
                         "be checked")

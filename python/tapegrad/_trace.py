@@ -297,9 +297,10 @@ def _formulas(recorder, outputs):
     return lets, results
 
 
-def vjp_formulas(function_class, fixed, slots, names, arrays, gout):
+def vjp_formulas(function_class, fixed, slots, names, arrays, gout, output=None):
     """The backward of function_class (a torch.autograd.Function) at the inputs `fixed` with `arrays` in the
-    checked slots, for the cotangent gout, as {"lets", "vjp", "constants"}; None where it cannot be written."""
+    checked slots, for the cotangent gout, as {"lets", "vjp", "constants"}; None where it cannot be written.
+    output: for a Function of several outputs, the one gout is for (the others' gradients are zeros, constants)."""
     if not all(_identifier(n) for n in names) or len(set(names)) != len(names):
         return None
     args = list(fixed)
@@ -315,9 +316,13 @@ def vjp_formulas(function_class, fixed, slots, names, arrays, gout):
     try:
         with torch.no_grad(), recorder:
             y = function_class.forward(ctx, *args)
+            if output is not None:
+                ys = [t for t in y if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                gs = [torch.zeros_like(t) for t in ys]
+                y, gs[output] = ys[output], g
             if not isinstance(y, torch.Tensor) or y.shape != g.shape:
                 return None
-            grads = function_class.backward(ctx, g)
+            grads = function_class.backward(ctx, *(gs if output is not None else (g,)))
     except Exception:  # the op ran under autograd in the check; outside it, it may not: then no formulas
         return None
     if recorder.failure is not None:

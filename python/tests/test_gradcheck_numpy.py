@@ -50,6 +50,7 @@ def test_the_numpy_and_torch_twins_of_a_slip_get_the_same_kinds():
     (x,) = random_inputs(shapes)
     from_torch = tapegrad.gradcheck(op, (x,))
     from_numpy = tapegrad.gradcheck(softmax, (x.detach().numpy(),), vjp=lambda g, x: softmax(x) * g)
-    assert sorted(from_torch.kinds) == sorted(from_numpy.kinds)
+    # the torch Function without jvp says so under the title, the numpy op without jvp= in a "no JVP" note
+    assert sorted(from_torch.kinds) == sorted(k for k in from_numpy.kinds if k != "no_jvp")
     assert kind in from_torch.kinds
     del torch
