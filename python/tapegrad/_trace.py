@@ -88,6 +88,10 @@ class _Place:
     def label(self):
         return str(self) + (f" `{self.text}`" if self.text else "")
 
+    def said(self):
+        """Where, in a sentence: "at file.py:12 `line`", or "in torch's own backward"."""
+        return f"at {self.label()}" if self.line else f"in {self}"
+
 
 class _Node:
     """One recorded op: its formula with {0}, {1}, ... for the values it reads, and where it was written."""
@@ -121,6 +125,8 @@ def _assigned_name(filename, line, col):
     if not found:
         return None, None
     stmt = min(found, key=lambda s: (s.end_lineno - s.lineno, s.end_col_offset - s.col_offset))
+    if any(isinstance(n, ast.Lambda) and _within(n.body, line, col) for n in ast.walk(stmt)):
+        return None, (stmt.lineno, stmt.col_offset)  # inside a lambda: the statement assigns the lambda itself
     name = None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target, value = stmt.targets[0], stmt.value
@@ -218,7 +224,7 @@ class _Recorder(TorchDispatchMode):
         except _Untraceable as why:
             # The value cannot be written: an x̄ that reads it has no formula, and the trace says why.
             what, *detail = why.args
-            said = f"{what} at {_source_place().label()}" + (f" ({detail[0]})" if detail else "")
+            said = f"{what}" + (f", {detail[0]}," if detail else "") + f" {_source_place().said()}"
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
                     self._forget_aliases(t)
@@ -267,7 +273,7 @@ class _Recorder(TorchDispatchMode):
                 self._constant(t)
             else:
                 self.value_of[id(t)] = ("bad", "a view of a tensor written in place by aten."
-                                               f"{self._writing} at {_source_place().label()}")
+                                               f"{self._writing} {_source_place().said()}")
 
     def _bind(self, out, template, reads, infix=False):
         refs = [self._operand(r) for r in reads]
@@ -357,6 +363,16 @@ class _Recorder(TorchDispatchMode):
             if a == -1:
                 return self._bind(out, f + "({0})", [x])
             return self._bind(out, f"transpose({f}(transpose({{0}}, {a}, -1)), {a}, -1)", [x])
+        # The derivatives of torch's own backward (a callable that is not a Function) for the ops above.
+        if base == "_softmax_backward_data":  # (ḡ, y, dim): y ⊙ (ḡ − Σ ḡ ⊙ y), the sum kept
+            a = axis(args[2], x.dim())
+            return self._bind(out, f"{{1}} * ({{0}} - sum({{0}} * {{1}}, {a}))", args[:2], infix=True)
+        if base == "tanh_backward":  # (ḡ, y): ḡ ⊙ (1 − y²)
+            return self._bind(out, "{0} * (1 - {1} * {1})", args[:2], infix=True)
+        if base == "sigmoid_backward":  # (ḡ, y): ḡ ⊙ y ⊙ (1 − y)
+            return self._bind(out, "{0} * {1} * (1 - {1})", args[:2], infix=True)
+        if base == "threshold_backward":  # (ḡ, x, t): ḡ where x > t, the mask a constant at this point
+            return self._bind(out, "where({1}, {0}, 0)", [x, args[1] > args[2]])
         if base in ("neg", "exp", "log", "tanh", "relu"):
             return self._bind(out, base + "({0})", [x])
         if base == "sqrt":

@@ -60,8 +60,9 @@ def test_a_backward_through_an_op_the_formulas_lack_keeps_no_known_kind():
     report = tapegrad.gradcheck(gram("cumsum").apply, (x,))
     assert report.has("unexplained", "x") and not report.has("transposed_term"), report
     traced = vjp_formulas(gram("cumsum"), (x.detach(),), [0], ["x"], [x.detach().numpy()], np.ones((4, 4)))
-    assert isinstance(traced, str) and traced.startswith("the backward could not be traced into formulas: "
-                                                         "aten.cumsum at test_trace.py:"), traced
+    assert isinstance(traced, str) and traced.startswith(
+        "the backward could not be traced into formulas: aten.cumsum, which the formula language does not have, at "
+        "test_trace.py:"), traced
 
 
 def test_names_that_are_not_identifiers_are_not_traced_and_the_check_still_runs():
@@ -261,7 +262,8 @@ def test_an_op_the_trace_cannot_follow_is_named_with_its_line_in_the_report():
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     report = tapegrad.gradcheck(gram("cumsum").apply, (x,))
     message = [d for d in report.diagnoses if d.kind == "unexplained"][0].message
-    assert "the backward could not be traced into formulas: aten.cumsum" in message, message
+    assert "the backward could not be traced into formulas: aten.cumsum, which the formula language does not have, " \
+        "at test_trace.py:" in message and message.endswith("; no edit of the backward was tried)"), message
     assert "test_trace.py:" in message and "torch.cumsum(x, 0)" in message, message
 
 
@@ -334,8 +336,16 @@ def test_a_wrapped_function_is_traced_with_its_input_names(wrap):
 
 
 def test_a_callable_with_torch_own_backward_is_traced_without_user_lines():
+    """A plain callable's backward is torch's own: its aten ops are written (softmax's, relu's), labelled as torch's,
+    and one it cannot write is said to be torch's."""
     x = torch.randn(3, 4, dtype=torch.float64)
     w = torch.randn(4, 4, dtype=torch.float64)
-    traced = vjp_formulas_of_callable(lambda x, w: torch.softmax(x @ w, dim=-1), (x, w), [0, 1], ["x", "w"],
-                                      [x.numpy(), w.numpy()], np.ones((3, 4)))
-    assert isinstance(traced, (dict, str)), traced
+    traced = vjp_formulas_of_callable(lambda x, w: torch.softmax(torch.relu(x @ w), dim=-1), (x, w), [0, 1],
+                                      ["x", "w"], [x.numpy(), w.numpy()], np.ones((3, 4)))
+    assert isinstance(traced, dict), traced
+    backward = [name for name, _, label in traced["lets"] if label == "torch's own backward"]
+    assert backward and "traced" not in [name for name, _, _ in traced["lets"]], traced["lets"]
+    assert traced["vjp"][0] is not None and traced["vjp"][1] is not None, traced
+    said = vjp_formulas_of_callable(lambda x: torch.cumsum(x, 0), (x,), [0], ["x"], [x.numpy()], np.ones((3, 4)))
+    assert said == ("the backward could not be traced into formulas: aten.flip, which the formula language does not "
+                    "have, in torch's own backward"), said
