@@ -349,3 +349,12 @@ def test_a_callable_with_torch_own_backward_is_traced_without_user_lines():
     said = vjp_formulas_of_callable(lambda x: torch.cumsum(x, 0), (x,), [0], ["x"], [x.numpy()], np.ones((3, 4)))
     assert said == ("the backward could not be traced into formulas: aten.flip, which the formula language does not "
                     "have, in torch's own backward"), said
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 4), (2, 2, 5, 4)])
+def test_batched_causal_attention_dk_slip_is_named_through_the_broadcast_mask(shape):
+    gen = torch.Generator().manual_seed(1)
+    xs = tuple(torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    assert tapegrad.gradcheck(causal_attention(mask_as="where").apply, xs)
+    report = tapegrad.gradcheck(causal_attention("transposed_dK", mask_as="where").apply, xs)
+    assert report.has("transposed_term", "k") and not report.has("unexplained"), report
