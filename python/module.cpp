@@ -27,13 +27,18 @@ Finding finding_or_fail(std::string_view kind) {
 }
 
 // The op's backward as formulas at (x, ȳ), from impl.vjp_formulas (tapegrad/_trace.py): {"lets": [(name,
-// formula, label)], "vjp": [formula or None per input], "constants": {name: array}}, or None.
+// formula, label)], "vjp": [formula or None per input], "constants": {name: array}}, or None, or a str saying why
+// the backward could not be written (kept in why_not).
 std::optional<VjpFormulas> vjp_formulas_of(const py::object& impl, std::span<const Tensor> x, const Tensor& g,
-                                           const std::vector<std::string>& names) {
+                                           const std::vector<std::string>& names, std::string& why_not) {
   py::list arrays;
   for (const Tensor& xi : x) arrays.append(copy_to_numpy(xi));
   const py::object got = impl.attr("vjp_formulas")(arrays, copy_to_numpy(g), names);
   if (got.is_none()) return std::nullopt;
+  if (py::isinstance<py::str>(got)) {
+    why_not = got.cast<std::string>();
+    return std::nullopt;
+  }
   VjpFormulas formulas;
   for (const py::handle let : got["lets"]) {
     const auto [name, formula, label] = let.cast<std::tuple<std::string, std::string, std::string>>();
@@ -63,10 +68,20 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   const Function f = python_function({impl, name, order == 2});
   GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
   report.op = name;
-  if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas"))
+  if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas")) {
+    std::string why_not;
     diagnose_by_edits(report, f, xs, names, [&](std::span<const Tensor> x, const Tensor& g) {
-      return vjp_formulas_of(impl, x, g, names);
+      return vjp_formulas_of(impl, x, g, names, why_not);
     }, options);
+    // Without formulas no edit was tried: the first "no known kind" says why, so that the op or line the trace
+    // could not follow can be seen (and written otherwise).
+    if (!why_not.empty())
+      for (Diagnosis& d : report.diagnoses)
+        if (d.kind == Finding::unexplained && d.check == "vjp") {
+          d.message += fmt::format(" ({}; no edit of the backward was tried)", why_not);
+          break;
+        }
+  }
   return report;
 }
 

@@ -234,6 +234,19 @@ TEST_CASE("a formula as text evaluates to the same values as the ops it names") 
     const double v = x.value().item(e);
     CHECK(masked.item(e) == (v > 0 ? v : 0.0) + (e % 5 < e / 5 ? 1.0 : 0.0));
   }
+  // −inf as attention masks with it: where keeps it to the masked positions (no −inf·0), and softmax gives them 0.
+  const Tensor causal = formula("softmax(where(tril(x * 0 + 1, 0), x, -inf))", {{"x", x}}).value();
+  for (int64_t e = 0; e < 15; ++e) {
+    if (e % 5 > e / 5) CHECK(causal.item(e) == 0);
+    else CHECK(std::isfinite(causal.item(e)));
+  }
+  CHECK(causal.item(0) == 1);
+  // squeeze and unsqueeze: a sum that drops its axis, an axis put back.
+  CHECK(formula("squeeze(sum(x, 0), 0)", {{"x", x}}).shape() == Shape{5});
+  CHECK(formula("unsqueeze(squeeze(sum(x, -1), -1), -1)", {{"x", x}}).shape() == Shape{3, 1});
+  CHECK(formula("unsqueeze(x, 1)", {{"x", x}}).shape() == Shape{3, 1, 5});
+  CHECK_THROWS_WITH_AS(formula("squeeze(x, 0)", {{"x", x}}), doctest::Contains("axis 0 of (3, 5) has size 3, not 1"),
+                       ExpressionError);
   // The gradient flows through a formula's ops like through the ops themselves.
   Var loss = sum(formula("norm(x, -1) * mean(x, -1)", {{"x", x}}));
   tape.backward(loss);

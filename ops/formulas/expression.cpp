@@ -44,6 +44,29 @@ Tensor lower_triangle(const Var& x, int offset) {
   return m;
 }
 
+// x without its axis `axis` (negative from the end), which must have size 1: torch's x.squeeze(axis), and with a
+// sum over that axis, a sum that does not keep it.
+Var squeezed(const Var& x, int axis) {
+  const int a = axis < 0 ? axis + x.rank() : axis;
+  if (a < 0 || a >= x.rank()) fail("squeeze: axis {} out of range for {}", axis, x.shape());
+  if (x.shape()[a] != 1) fail("squeeze: axis {} of {} has size {}, not 1", axis, x.shape(), x.shape()[a]);
+  std::vector<int64_t> dims;
+  for (int d = 0; d < x.rank(); ++d)
+    if (d != a) dims.push_back(x.shape()[d]);
+  return reshape(x, Shape(std::span<const int64_t>(dims)));
+}
+
+// x with a new axis of size 1 at `axis` of the result (negative from the end of the result): torch's
+// x.unsqueeze(axis).
+Var unsqueezed(const Var& x, int axis) {
+  const int a = axis < 0 ? axis + x.rank() + 1 : axis;
+  if (a < 0 || a > x.rank()) fail("unsqueeze: axis {} out of range for {}", axis, x.shape());
+  std::vector<int64_t> dims;
+  for (int d = 0; d < x.rank(); ++d) dims.push_back(x.shape()[d]);
+  dims.insert(dims.begin() + a, 1);
+  return reshape(x, Shape(std::span<const int64_t>(dims)));
+}
+
 // Evaluates the tree on the tape of `values`; an op's Error becomes an ExpressionError at the node that called it.
 class Evaluator {
  public:
@@ -163,6 +186,8 @@ class Evaluator {
       if (f == "norm") return exp(scale(log(sum(mul(x[0], x[0]), axis(1), true)), 0.5));
       if (f == "tril") return mul(x[0], x[0].tape().constant(lower_triangle(x[0], n.args.size() > 1 ? axis(1) : 0)));
       if (f == "transpose") return n.args.size() == 1 ? transpose(x[0]) : transpose(x[0], axis(1), axis(2));
+      if (f == "squeeze") return squeezed(x[0], axis(1));
+      if (f == "unsqueeze") return unsqueezed(x[0], axis(1));
       fail("{}: not an op of the expression language", f);
     });
   }
@@ -180,8 +205,16 @@ class Evaluator {
         else mask.data<float>()[k] = on, rest.data<float>()[k] = !on;
       }
       Tape& tape = like.tape();
+      // A number is written where its side holds and 0 elsewhere, not scaled from the mask: −inf·0 would be NaN.
       auto side = [&](const Value& v, const Tensor& m) {
-        return v.is_number ? scale(tape.constant(m), v.number) : mul(v.var, tape.constant(m));
+        if (!v.is_number) return mul(v.var, tape.constant(m));
+        Tensor filled = Tensor::zeros(like.dtype(), c.shape());
+        for (int64_t k = 0; k < c.numel(); ++k) {
+          if (m.item(k) == 0) continue;
+          if (like.dtype() == DType::f64) filled.data<double>()[k] = v.number;
+          else filled.data<float>()[k] = static_cast<float>(v.number);
+        }
+        return tape.constant(filled);
       };
       return add(side(args[1], mask), side(args[2], rest));
     });

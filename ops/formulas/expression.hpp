@@ -14,6 +14,10 @@
 //   transpose(e[, a, b])              axes a and b swapped (the last two by default)
 //   where(cond, a, b)                 a where cond ≠ 0, else b (cond is read as a mask: no gradient through it)
 //   tril(e[, k])                      e where j ≤ i + k over its last two axes (i, j), else 0 (a causal mask)
+//   squeeze(e, axis)  unsqueeze(e, axis)   an axis of size 1 taken away (squeeze(sum(e, 1), 1): a sum that drops
+//                                     its axis) or put in (negative: from the end of the result), as torch's
+// `inf` is the number ∞ (where(mask, -inf, s): a mask as attention writes it); where writes a number only where its
+// side holds, so −inf stays out of the other positions.
 // Axes are whole numbers written in the call (negative from the end). A number with a tensor is a constant of that
 // tensor's dtype: x * 2 records scale, 1 - x records a constant and sub.
 //

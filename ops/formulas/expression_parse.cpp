@@ -79,7 +79,8 @@ const std::vector<FunctionSpec>& functions() {
       {"mul", 2, 2, {}},         {"div", 2, 2, {}},         {"matmul", 2, 2, {}},
       {"linear", 2, 3, {}},      {"layer_norm", 3, 3, {}},  {"sum", 1, 2, {1}},
       {"mean", 1, 2, {1}},       {"norm", 2, 2, {1}},       {"transpose", 1, 3, {1, 2}},
-      {"where", 3, 3, {}},       {"tril", 1, 2, {1}},
+      {"where", 3, 3, {}},       {"tril", 1, 2, {1}},       {"squeeze", 2, 2, {1}},
+      {"unsqueeze", 2, 2, {1}},
   };
   return table;
 }
@@ -230,6 +231,12 @@ class Parser {
     const size_t name_end = pos_;
     skip_space();
     if (!accept('(')) {
+      if (name == "inf") {  // the one number not written with digits: a mask's −inf (where(mask, -inf, s))
+        auto n = node(Kind::number, at);
+        n->number = INFINITY;
+        n->end = name_end;
+        return n;
+      }
       auto n = node(Kind::name, at);
       n->name = name;
       n->end = name_end;

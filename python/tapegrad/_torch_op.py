@@ -6,8 +6,9 @@
     jvp          forward-mode AD (dual tensors); None when the op has none, e.g. a Function without `jvp`
     vjp_tangent  ẋ̄ = ∂/∂x ⟨grad(⟨ȳ, f(x)⟩, x, create_graph=True), ẋ⟩: double backward; a str naming the reason
                  when the backward is not differentiable
-    vjp_formulas the backward of a torch.autograd.Function as tapegrad formulas (tapegrad/_trace.py), for the
-                 checker's edit search; None for any other callable
+    vjp_formulas the op's backward as tapegrad formulas (tapegrad/_trace.py), for the checker's edit search: a
+                 Function's forward and backward called directly, any other callable through autograd; where
+                 they cannot be written, a str saying why (the aten op and the line), which the report adds
 In the second-order check a Function without `jvp` gets its tangent ẏ = Jẋ from the backward instead
 (∂/∂ȳ ⟨Jᵀȳ, ẋ⟩), which the forward-over-reverse sweep needs only to carry on.
 """
@@ -128,18 +129,21 @@ class TorchOp:
 
     def vjp_formulas(self, arrays, gout, names):
         from ._gradcheck import _function_class
-        from ._trace import vjp_formulas
+        from ._trace import vjp_formulas, vjp_formulas_of_callable
         function_class = _function_class(self.fn)
-        if function_class is None or self.output == "all":
+        if self.output == "all":
             return None
         try:
-            call = self._apply_call(function_class, arrays)
-            if call is None:
+            if function_class is not None:
+                call = self._apply_call(function_class, arrays)
+                if call is not None:
+                    args, slots = call
+                    return vjp_formulas(function_class, args, slots, names, arrays, gout, output=self.output)
+            if self.output is not None:
                 return None
-            args, slots = call
-            return vjp_formulas(function_class, args, slots, names, arrays, gout, output=self.output)
-        except Exception:  # the formulas only add a diagnosis: without them the report stands as it is
-            return None
+            return vjp_formulas_of_callable(self.fn, self.fixed, self.slots, names, arrays, gout)
+        except Exception as error:  # the formulas only add a diagnosis: without them the report stands as it is
+            return f"the backward could not be traced into formulas: {type(error).__name__}: {error}"
 
     def saved_intermediates(self, function_class, arrays):
         """The tensors the Function's forward keeps for backward (on ctx or by save_for_backward) that are neither
