@@ -214,3 +214,29 @@ def test_at_sizes_where_projections_are_used():
     report = check(silu("dropped"), (x,))
     assert report.checks[0].mode == "fast"
     assert "term_dropped" in report.kinds, str(report)
+
+
+def test_the_report_says_when_the_edges_tried_were_capped(monkeypatch):
+    import tapegrad._forward as forward
+    monkeypatch.setattr(forward, "MAX_EDGES", 1)
+    report = check(silu("dropped"), inputs((4, 5)))
+    d = next(d for d in report.diagnoses if d.kind == "term_dropped")
+    assert d.message.endswith("(1 of the forward's 3 edges were tried)")
+
+
+def test_a_forward_that_is_not_torch_code_leaves_the_report_as_it_was():
+    class NumpyExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.from_numpy(x.detach().numpy().copy() ** 2)
+            ctx.save_for_backward(x)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.sin(x)
+
+    report = check(NumpyExp, inputs((3, 4)))
+    assert not report.passed
+    assert not FORWARD_KINDS & set(report.kinds)
