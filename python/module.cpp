@@ -1,6 +1,8 @@
 // tapegrad's Python module, _tapegrad (wrapped by the package tapegrad/, python/tapegrad/__init__.py): the C++
 // gradchecker on a Python op (python/python_function.hpp), its report as Python objects, and the engine
 // (python/engine_bindings.cpp). tapegrad::Error becomes tapegrad.Error, a ValueError, with the C++ message.
+#include <algorithm>
+
 #include <pybind11/stl.h>
 
 #include "engine/gradcheck/second_order.hpp"
@@ -83,6 +85,20 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
         }
   }
   return report;
+}
+
+// A diagnosis found in Python (tapegrad/_forward.py) added to a report made here: it takes the place of the input's
+// "no known kind" for that check where there is one (as the edit search's finding does), and the verdict is
+// concluded again so that the printed report holds it.
+void add_diagnosis(GradcheckReport& report, std::string_view kind, const std::string& input, const std::string& check,
+                   const std::string& message) {
+  Diagnosis d{finding_or_fail(kind), input, check, message};
+  auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
+    return e.kind == Finding::unexplained && e.input == input && e.check == check;
+  });
+  if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
+  else report.diagnoses.push_back(std::move(d));
+  report.conclude();
 }
 
 // The claims of a text in the format of docs/claims/README.md, each checked as `tapegrad claim` does.
@@ -240,6 +256,8 @@ PYBIND11_MODULE(_tapegrad, m) {
   bind_report(m);
   m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
         py::arg("options"));
+  m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
+        py::arg("message"));
   m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
   // The CLI's refusal of work whose memory estimate exceeds what is available (models/run_memory.hpp).
   m.def("_require_memory", &require_memory, py::arg("bytes"), py::arg("what"), py::arg("advice"));

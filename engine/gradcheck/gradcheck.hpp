@@ -86,6 +86,12 @@ enum class Finding {
   consistent,          // VJP and JVP fail but agree with each other: one derivation shared by both is wrong
   overwrites,          // backward assigns into the gradient instead of adding to it
   no_jvp,              // the op was recorded without a JVP: forward mode not checked (a note, not a failure)
+  // Named from the forward (python/tapegrad/_forward.py: a torch.autograd.Function's forward differentiated by
+  // torch, one edge of its graph at a time; the error e = x̄ − x̄_true fitted as α times one edge's term):
+  term_dropped,        // e = −(one edge's term): the backward leaves out the term of one op of the forward
+  term_added,          // e = +(one edge's term): that term is counted twice
+  term_factor,         // e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)
+  wrong_value,         // x̄ is the right rule with one value of the forward replaced by another of its shape
   // Second order (engine/gradcheck/second_order.hpp):
   first_order,         // H·t fails because the first-order VJP already does
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent

@@ -186,6 +186,29 @@ def _require_full_jacobian_memory(impl, name, arrays):
                               "the same rules in memory of the inputs' size")
 
 
+# Kinds that already say what is wrong with an input's VJP; a failure none of them explains is fitted against the
+# terms of the forward (tapegrad/_forward.py).
+_EXPLAINING = {"not_finite", "zero", "nonlinear", "sign", "scale", "transposed_jacobian", "transposed_input",
+               "transposed_output", "transposed_term", "term_sign", "masked_positions", "per_row_term", "kink",
+               "tolerance", "overwrites"}
+
+
+def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):
+    """Adds to the report the slip of each failing, unexplained VJP that is one term of a Function's forward."""
+    failing = {c.input for c in report.checks if c.check == "vjp" and not c.passed and not c.skipped}
+    for d in report.diagnoses:
+        if d.kind in _EXPLAINING:
+            if d.input:
+                failing.discard(d.input)
+            else:
+                failing.clear()
+    if not failing:
+        return
+    from ._forward import name_from_forward
+    for kind, input_name, check, message in name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
+        _tapegrad._add_diagnosis(report, kind, input_name, check, message)
+
+
 def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4, seed=20240809, diagnose=True):
     """Checks derivatives claimed as formulas, in the format of docs/claims/README.md (`tapegrad claim --file`):
     one Report per `claim NAME` block. The formulas are evaluated in C++ and the checks are the CLI's."""
@@ -358,6 +381,8 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
         impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
+    if order == 1 and count == 1 and options.diagnose and not report.passed:
+        _name_from_forward(report, fn, inputs, slots, checked_names, arrays, options.seed)
     if order == 1:
         _zero_cotangent_rows(report, impls[0], arrays, checked_names)
     elif not report.passed and _function_class(fn) is not None:

@@ -48,7 +48,8 @@ def test_python_md_quotes_the_reports_of_the_examples_slips_word_for_word():
     for slip in SLIPS:
         printed.update(str(tapegrad.gradcheck(make_attention(slip).apply, inputs(8, 16))).splitlines())
     text = (SOURCE_DIR / "docs/python.md").read_text()
-    quoted = [line for line in text.splitlines() if re.match(r"    \[[a-zA-Z -]+\] [qkv][,:]", line)]
+    quoted = [line for line in text.splitlines()
+              if re.match(r"    \[[a-zA-Z -]+\] [qkv][,:]", line) and "test_forward.py" not in line]
     assert quoted
     for line in quoted:
         assert line in printed, f"docs/python.md quotes {line!r}, which no report of the example prints"
@@ -75,3 +76,21 @@ def test_python_md_names_only_what_exists():
             assert hasattr(tapegrad if owner == "tapegrad" else tape, attribute), f"{owner}.{attribute}"
             named += 1
     assert named > 5
+
+
+def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
+    """docs/python.md's and docs/gradchecking.md's lines of the kinds named from the forward are printed by the
+    Functions of python/tests/test_forward.py."""
+    import test_forward as f
+    cases = [(f.silu("dropped"), f.inputs((4, 5))), (f.silu("twice"), f.inputs((4, 5))),
+             (f.swish("no_beta"), (f.inputs((4, 5))[0], 1.7)), (f.cubic("exponent"), f.inputs((4, 5))),
+             (f.attention("dP_for_dS"), f.inputs((4, 3), (4, 3), (4, 3)))]
+    printed = set()
+    for fn, args in cases:
+        printed.update(str(f.check(fn, args)).splitlines())
+    kinds = r"dropped term|term counted twice|term with a wrong factor|term from the wrong value"
+    quoted = [line for path in ("docs/python.md", "docs/gradchecking.md")
+              for line in (SOURCE_DIR / path).read_text().splitlines() if re.match(rf"    \[({kinds})\] ", line)]
+    assert len(quoted) >= 5
+    for line in quoted:
+        assert line in printed, f"the docs quote {line!r}, which no report of test_forward.py's slips prints"

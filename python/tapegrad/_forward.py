@@ -1,0 +1,432 @@
+"""A slip in a torch.autograd.Function's backward named in the terms of its forward.
+
+The right VJP is known without the user's backward: the Function's `forward` run as plain torch code (a stand-in
+ctx, float64 inputs that require grad, grad enabled) is differentiated by torch's autograd, x̄_true = grad(y, x, ȳ).
+The forward's terms are the edges of its graph: each torch call k and each of its tensor operands j that depends on
+the inputs, recorded under a TorchFunctionMode with the user's source line and the exact sub-expression that made
+the call (Python's column positions). Running the forward again with operand j of call k detached gives x̄ without
+that edge's term, so d_kj = x̄_true − x̄_cut is the term itself; for a call with one such operand of the output's
+shape (softmax, exp, a norm's division), running it "straight through" (the value kept, the call's derivative the
+identity) gives x̄ with that call's own derivative left out.
+
+The user's error e = x̄_user − x̄_true, at a few random ȳ stacked, is fitted as α·d for one candidate at a time. A fit
+whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dropped term, α = +1 a term counted twice, any
+other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value of the forward such as
+β or √d), and a straight-through fit with α = −1 a gradient built from the wrong value (dP where dS belongs). Where
+several edges fit (along a chain every edge carries the same term), the one at the call that joins two terms (a
+product, a sum) names it best, and among those the latest.
+
+It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides), and
+costs one forward and backward per candidate, at most 64 edges: VJPs only, so at any size.
+"""
+
+import itertools
+import linecache
+import math
+import os
+import re
+import sys
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ._trace import _Context
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+MAX_EDGES = 64      # edges of the forward tried, in the order the forward makes them
+COTANGENTS = 3      # random ȳ the error is fitted at, stacked
+FIT = 1e-6          # a fit's residual at most this fraction of ‖e‖: the rest is rounding
+_ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*=(?!=)\s*(.*?)\s*(#.*)?$")
+_PRODUCT = {"mul", "__mul__", "__rmul__", "multiply", "matmul", "__matmul__", "mm", "bmm", "einsum", "outer"}
+_QUOTIENT = {"div", "__truediv__", "__rtruediv__", "divide", "true_divide"}
+_SUM = {"add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "subtract"}
+
+
+def _user_place():
+    """(file, line, expression) of the innermost frame outside torch and tapegrad: the user's call, with the exact
+    sub-expression that made it where Python knows its columns."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_TORCH_DIR) and not path.startswith(_PACKAGE_DIR):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return "?", 0, ""
+    path = frame.f_code.co_filename
+    line = frame.f_lineno or 0
+    expression = ""
+    try:
+        first, last, start, end = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None))
+        text = linecache.getline(path, first)
+        if first == last and start is not None and end is not None:
+            expression = text[start:end]
+        line = first or line
+    except (StopIteration, ValueError, TypeError):
+        pass
+    return os.path.basename(path), line, expression.strip()
+
+
+class _Call:
+    """One torch call of the forward whose output depends on the inputs."""
+
+    def __init__(self, index, name, place, operands, numbers, out):
+        self.index, self.name, self.place = index, name, place
+        self.operands = operands  # the tensors it reads that require grad, in argument order
+        self.numbers = numbers    # the Python numbers among its arguments (a power's exponent, a scale)
+        self.out = out
+        self.assigned = None      # the name a line `name = <this call's expression>` gives its value
+
+    @property
+    def where(self):
+        return f"{self.place[0]}:{self.place[1]}"
+
+    @property
+    def text(self):
+        expression = self.place[2] or f"{self.name}(...)"
+        return expression if len(expression) <= 70 else expression[:67] + "..."
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+class _Forward(TorchFunctionMode):
+    """Records the forward's calls (record=True), or runs it with one edge cut: (k, j, "detach") reads operand j
+    of call k detached; (k, j, "straight") keeps call k's value with its derivative the identity in operand j."""
+
+    def __init__(self, cut=None, record=False):
+        super().__init__()
+        self.cut, self.record = cut, record
+        self.calls = []
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        operands = [v for v in _flat(list(args) + list(kwargs.values()))
+                    if isinstance(v, torch.Tensor) and v.requires_grad]
+        if not operands:
+            return func(*args, **kwargs)
+        k = self.count
+        self.count += 1
+        cut = self.cut if self.cut is not None and self.cut[0] == k else None
+        if cut is not None and cut[2] == "detach":
+            target = operands[cut[1]]
+
+            def detached(v):
+                if isinstance(v, (list, tuple)):
+                    return type(v)(detached(u) for u in v)
+                return v.detach() if v is target else v
+
+            args, kwargs = detached(args), {key: detached(v) for key, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        if cut is not None and cut[2] == "straight":
+            source = operands[cut[1]]
+            out = source + (out - source).detach()
+        if self.record and isinstance(out, torch.Tensor):
+            name = getattr(func, "__name__", str(func))
+            numbers = [v for v in _flat(list(args) + list(kwargs.values()))
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            self.calls.append(_Call(k, name, _user_place(), operands, numbers, out))
+        return out
+
+
+def _run_forward(function_class, args, slots, arrays, mode):
+    """The forward of function_class as plain torch code at arrays (in the checked slots), under mode: (xs, y)."""
+    args = list(args)
+    xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
+    for slot, x in zip(slots, xs):
+        args[slot] = x
+    ctx = _Context(len(args))
+    with torch.enable_grad(), mode:
+        if getattr(function_class, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context",
+                                                                         None):
+            y = function_class.forward(*args)
+        else:
+            y = function_class.forward(ctx, *args)
+    if isinstance(y, (tuple, list)) and len(y) == 1:
+        y = y[0]
+    return xs, y
+
+
+def _vjps(xs, y, cotangents):
+    """x̄ for each x, the VJPs at each cotangent flattened and stacked: one vector per input."""
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return [np.zeros(x.numel() * len(cotangents)) for x in xs]
+    per_input = [[] for _ in xs]
+    for g in cotangents:
+        grads = torch.autograd.grad(y, xs, torch.from_numpy(g), retain_graph=True, allow_unused=True)
+        for i, (x, gx) in enumerate(zip(xs, grads)):
+            per_input[i].append(np.zeros(x.numel()) if gx is None else gx.detach().numpy().ravel())
+    return [np.concatenate(v) for v in per_input]
+
+
+def _name_calls(calls, names, xs):
+    """Each call's `assigned` name, and a function that writes an operand: an input's name, the name its value was
+    assigned to, or the expression that made it."""
+    for call in calls:
+        match = _ASSIGNMENT.match(linecache.getline(_full_path(call), call.place[1]) or "")
+        if match and call.place[2] and match.group(2).rstrip(";") == call.place[2]:
+            call.assigned = match.group(1)
+    made_by = {id(c.out): c for c in calls}
+    input_name = {id(x): n for x, n in zip(xs, names)}
+
+    def operand(t):
+        if id(t) in input_name:
+            return input_name[id(t)], None
+        call = made_by.get(id(t))
+        if call is None:
+            return "a value of the forward", None
+        return (call.assigned or call.text), call
+
+    return operand
+
+
+_paths = {}
+
+
+def _full_path(call):
+    return _paths.get(call.place[0], call.place[0])
+
+
+def _fraction(f):
+    """f as a small fraction p/q (q ≤ 6), or None."""
+    for q in range(1, 7):
+        p = round(f * q)
+        if p != 0 and abs(f * q - p) <= 1e-6 * max(1.0, abs(f * q)):
+            return f"{p}" if q == 1 else f"{p}/{q}"
+    return None
+
+
+def _describe_factor(f, values):
+    """What the factor f = 1 + α of a term reads as: "2/3", "1/beta (beta = 1.7)", "1/√16"; values maps a name of
+    the forward (a scalar input, a number in a call, a size) to its value."""
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    for name, v in values:
+        if v in (0.0, 1.0, -1.0) or not math.isfinite(v):
+            continue
+        shown = f"{name} (= {v:.6g})" if name != f"{v:g}" else name
+        for text, value in ((shown, v), (f"1/{shown}", 1 / v), (f"{shown}²", v * v)):
+            if close(f, value):
+                return text, name
+        if v > 0:
+            for text, value in ((f"√{shown}", math.sqrt(v)), (f"1/√{shown}", 1 / math.sqrt(v))):
+                if close(f, value):
+                    return text, name
+    fraction = _fraction(f)
+    return (fraction or f"{f:.6g}"), None
+
+
+def _role(call, j, operand_text):
+    """Which term of call's rule the edge into its operand j is."""
+    joined = len(call.operands) > 1
+    if call.name in _PRODUCT and joined:
+        return f"the product rule's term through `{operand_text}`"
+    if call.name in _QUOTIENT and joined:
+        return (f"the quotient rule's term through the denominator `{operand_text}`" if j == 1
+                else f"the quotient rule's term through the numerator `{operand_text}`")
+    if call.name in _SUM and joined:
+        return f"the term of `{operand_text}`"
+    if call.name in ("pow", "__pow__") and call.numbers:
+        return f"the power rule's term through `{operand_text}`"
+    return f"the chain rule's term through `{operand_text}`"
+
+
+def _term(call, j, operand):
+    text, producer = operand(call.operands[j])
+    term = f"{_role(call, j, text)} in `{call.text}` at {call.where}"
+    if producer is not None and producer.assigned == text:
+        term += f" (`{text}` = `{producer.text}` at {producer.where})"
+    return term
+
+
+def _candidates(calls):
+    """Every (call, operand, how) tried: each edge detached, and calls with one dependent operand of the output's
+    shape run straight through."""
+    edges = [(c, j) for c in calls for j in range(len(c.operands))
+             if not (c.name.endswith("_") and not c.name.endswith("__")) and c.name not in ("detach", "__setitem__")]
+    capped = len(edges) > MAX_EDGES
+    tried = edges[:MAX_EDGES]
+    out = []
+    for call, j in tried:
+        out.append((call, j, "detach"))
+        if (len(call.operands) == 1 and call.name not in _PRODUCT | _QUOTIENT | _SUM
+                and tuple(call.out.shape) == tuple(call.operands[0].shape)):
+            out.append((call, j, "straight"))
+    return out, len(tried), len(edges), capped
+
+
+def name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
+    """[(kind, input, check, message)] for the inputs in `failing` (names) whose VJP error is one term of the
+    forward of the Function fn is the `apply` of; [] where fn is no Function or nothing fits."""
+    from ._gradcheck import _function_class, _parameter_names
+    function_class = _function_class(fn)
+    if function_class is None or not failing:
+        return []
+    try:
+        return _name(function_class, fn, inputs, slots, names, arrays, failing, seed, _parameter_names(fn, len(inputs)))
+    except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
+        return []
+
+
+def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters):
+    fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+             for x in inputs]
+    recorder = _Forward(record=True)
+    xs, y = _run_forward(function_class, fixed, slots, arrays, recorder)
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return []
+    rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
+    cotangents = [rng.standard_normal(tuple(y.shape)) for _ in range(COTANGENTS)]
+    true = _vjps(xs, y, cotangents)
+
+    # The user's backward: the Function's apply under autograd, as the check ran it.
+    args = list(fixed)
+    user_xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
+    for slot, x in zip(slots, user_xs):
+        args[slot] = x
+    with torch.enable_grad():
+        user_y = fn(*args)
+    if isinstance(user_y, (tuple, list)) and len(user_y) == 1:
+        user_y = user_y[0]
+    user = _vjps(user_xs, user_y, cotangents)
+
+    for call in recorder.calls:
+        frame_file = call.place[0]
+        if frame_file not in _paths:
+            _paths[frame_file] = _source_path(function_class, frame_file)
+    operand = _name_calls(recorder.calls, names, xs)
+    values = _named_values(recorder.calls, fixed, parameters, xs, names)
+
+    candidates, tried, total, capped = _candidates(recorder.calls)
+    errors = {i: user[i] - true[i] for i, n in enumerate(names) if n in failing}
+    errors = {i: e for i, e in errors.items() if np.linalg.norm(e) > 0}
+    fits = {i: [] for i in errors}
+    for call, j, how in candidates:
+        try:
+            cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays, _Forward(cut=(call.index, j, how)))
+            cut = _vjps(cut_xs, cut_y, cotangents)
+        except Exception:
+            continue
+        for i, e in errors.items():
+            d = true[i] - cut[i]
+            dd = float(d @ d)
+            if dd <= (1e-12 * np.linalg.norm(true[i])) ** 2 or dd == 0:
+                continue
+            alpha = float(e @ d) / dd
+            residual = float(np.linalg.norm(e - alpha * d) / np.linalg.norm(e))
+            if residual <= FIT and alpha != 0:
+                if how == "straight" and abs(alpha + 1) > 1e-6:
+                    continue
+                fits[i].append((call, j, how, alpha, residual))
+
+    found = []
+    note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
+    for i, candidates_of_i in fits.items():
+        if not candidates_of_i:
+            continue
+        best = min(candidates_of_i, key=lambda c: _preference(c, values))
+        # The edges along one chain fit alike: a power among them says where the factor comes from.
+        chain = [c for c in candidates_of_i if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
+        found.append(_finding(best, chain, names[i], operand, values, note))
+    return found
+
+
+def _source_path(function_class, basename):
+    """The full path of the file the forward's lines come from (the calls keep its base name)."""
+    try:
+        import inspect
+        path = inspect.getsourcefile(function_class.forward)
+        if path and os.path.basename(path) == basename:
+            return path
+    except (TypeError, OSError):
+        pass
+    return basename
+
+
+def _named_values(calls, fixed, parameters, xs, names):
+    """(name, value) of the forward's scalars a factor may be made of: scalar inputs and numbers passed to it, the
+    numbers its calls take, and the sizes of its inputs' last axes (for √d)."""
+    values = []
+    for slot, v in enumerate(fixed):
+        name = parameters[slot] if parameters and slot < len(parameters) else f"x{slot}"
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            values.append((name, float(v)))
+        elif isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point():
+            values.append((name, float(v)))
+    for x, name in zip(xs, names):
+        if x.numel() == 1:
+            values.append((name, float(x)))
+    for call in calls:
+        for n in call.numbers:
+            values.append((f"{n:g}", float(n)))  # shown as the number itself
+    for x, name in zip(xs, names):
+        if x.dim() >= 1 and x.shape[-1] > 1:
+            values.append(("d", float(x.shape[-1])))
+    seen, unique = set(), []
+    for name, v in values:
+        if (name, v) not in seen:
+            seen.add((name, v))
+            unique.append((name, v))
+    return unique
+
+
+def _preference(fit, values):
+    """Order of the fits: a dropped term, a term counted twice, a wrong value, a factor the forward's values
+    explain, any factor; then the call that joins two terms; then the latest call."""
+    call, j, how, alpha, _ = fit
+    if how == "straight":
+        rank = 2
+    elif abs(alpha + 1) <= 1e-6:
+        rank = 0
+    elif abs(alpha - 1) <= 1e-6:
+        rank = 1
+    else:
+        rank = 3 if _describe_factor(1 + alpha, values)[1] is not None or _fraction(1 + alpha) else 4
+    return rank, -len(call.operands), -call.index
+
+
+def _finding(fit, chain, input_name, operand, values, note):
+    call, j, how, alpha, _ = fit
+    if how == "straight":
+        text, _ = operand(call.operands[j])
+        made = call.assigned or call.text
+        return ("wrong_value", input_name, "vjp",
+                f"x̄ is the forward's rule with the derivative of `{call.text}` at {call.where} left out (the error is "
+                f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient of "
+                f"`{text}` belongs; it must take it through that call's derivative{note}")
+    term = _term(call, j, operand)
+    if abs(alpha + 1) <= 1e-6:
+        return ("term_dropped", input_name, "vjp",
+                f"x̄ misses one term of the forward's rule (the error is −1 × that term, to rounding): {term}; the "
+                f"backward must add it{note}")
+    if abs(alpha - 1) <= 1e-6:
+        return ("term_added", input_name, "vjp",
+                f"x̄ counts one term of the forward's rule twice (the error is +1 × that term, to rounding): {term}; "
+                f"the backward must count it once{note}")
+    factor = 1 + alpha
+    described, value_name = _describe_factor(factor, values)
+    hint = ""
+    exponents = [n for c in chain if c[0].name in ("pow", "__pow__") for n in c[0].numbers if n not in (0, 1)]
+    if exponents and value_name is None:
+        written = factor * exponents[0]
+        if abs(written - round(written)) <= 1e-6:
+            hint = f"; the power rule's factor {exponents[0]:g} is written {round(written):g}"
+    elif value_name is not None:
+        # The call along the chain that multiplies by that value, where the forward has one.
+        value = dict(values).get(value_name)
+        home = next((c[0] for c in sorted(chain, key=lambda c: c[0].index)
+                     if value in c[0].numbers or re.search(rf"\b{re.escape(value_name)}\b", c[0].text)), None)
+        at = f" (of `{home.text}` at {home.where})" if home is not None and home is not call else ""
+        hint = (f"; the factor {value_name}{at} is missing from it" if described.startswith("1/")
+                else f"; it has a factor {value_name}{at} too many")
+    return ("term_factor", input_name, "vjp",
+            f"x̄ has one term of the forward's rule {described} times (the error is {alpha:.6g} × that term, to "
+            f"rounding): {term}{hint}{note}")

@@ -1,0 +1,242 @@
+"""A slip in a Function's backward named from its forward (tapegrad/_forward.py): the forward differentiated by torch,
+one edge of its graph at a time, and the error fitted as a multiple of one edge's term."""
+
+import math
+
+import pytest
+import torch
+
+import tapegrad
+
+
+def inputs(*shapes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, dtype=torch.float64, generator=gen, requires_grad=True) for s in shapes)
+
+
+def silu(slip=None):
+    class SiLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            s = torch.sigmoid(x)
+            ctx.save_for_backward(x, s)
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            x, s = ctx.saved_tensors
+            if slip == "dropped":  # the product rule's second term, x·σ′(x), left out
+                return g * s
+            if slip == "twice":
+                return g * (s + 2 * x * s * (1 - s))
+            return g * (s + x * s * (1 - s))
+
+    return SiLU
+
+
+def swish(slip=None):
+    """y = x·σ(βx) with β a number passed to forward."""
+
+    class Swish(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, beta):
+            s = torch.sigmoid(beta * x)
+            ctx.save_for_backward(x, s)
+            ctx.beta = beta
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            x, s = ctx.saved_tensors
+            beta = 1.0 if slip == "no_beta" else ctx.beta  # the chain rule's inner factor β forgotten
+            return g * (s + x * s * (1 - s) * beta), None
+
+    return Swish
+
+
+def cubic(slip=None):
+    """y = x³ − x, with the power rule's exponent written 2 in the slip."""
+
+    class Cubic(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3 - x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            n = 2 if slip == "exponent" else 3
+            return g * (n * x ** 2 - 1)
+
+    return Cubic
+
+
+def layer_norm(slip=None):
+    class LayerNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            mu = x.mean(-1, keepdim=True)
+            xc = x - mu
+            sd = torch.sqrt((xc * xc).mean(-1, keepdim=True) + 1e-5)
+            xh = xc / sd
+            ctx.save_for_backward(xh, sd, w)
+            return xh * w + b
+
+        @staticmethod
+        def backward(ctx, g):
+            xh, sd, w = ctx.saved_tensors
+            gh = g * w
+            mean_term = 0 if slip == "no_mean" else gh.mean(-1, keepdim=True)
+            dx = (gh - mean_term - xh * (gh * xh).mean(-1, keepdim=True)) / sd
+            return dx, (g * xh).sum(0), g.sum(0)
+
+    return LayerNorm
+
+
+def softmax(slip=None):
+    class Softmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            p = torch.softmax(x, dim=-1)
+            ctx.save_for_backward(p)
+            return p
+
+        @staticmethod
+        def backward(ctx, g):
+            (p,) = ctx.saved_tensors
+            if slip == "no_row_sum":
+                return p * g
+            return p * (g - (p * g).sum(-1, keepdim=True))
+
+    return Softmax
+
+
+def attention(slip=None):
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            scale = 1 / math.sqrt(q.shape[-1])
+            s = q @ k.transpose(-2, -1) * scale
+            p = torch.softmax(s, dim=-1)
+            ctx.save_for_backward(q, k, v, p)
+            ctx.scale = scale
+            return p @ v
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v, p = ctx.saved_tensors
+            d_p = g @ v.transpose(-2, -1)
+            d_s = p * (d_p - (d_p * p).sum(-1, keepdim=True))
+            if slip == "dP_for_dS":
+                d_s = d_p
+            return d_s @ k * ctx.scale, d_s.transpose(-2, -1) @ q * ctx.scale, p.transpose(-2, -1) @ g
+
+    return Attention
+
+
+def check(fn, args, **options):
+    return tapegrad.gradcheck(fn.apply, args, **options)
+
+
+FORWARD_KINDS = {"term_dropped", "term_added", "term_factor", "wrong_value"}
+
+
+def test_silu_with_the_product_rules_second_term_dropped_names_that_term():
+    report = check(silu("dropped"), inputs((4, 5)))
+    d = next(d for d in report.diagnoses if d.kind == "term_dropped")
+    assert d.input == "x" and d.check == "vjp"
+    assert "the product rule's term through `s` in `x * s`" in d.message
+    assert "`s` = `torch.sigmoid(x)`" in d.message
+    assert "unexplained" not in report.kinds
+    assert str(d) in str(report)
+
+
+def test_a_term_counted_twice():
+    report = check(silu("twice"), inputs((4, 5)))
+    d = next(d for d in report.diagnoses if d.kind == "term_added")
+    assert "the product rule's term through `s` in `x * s`" in d.message
+
+
+def test_swish_with_beta_left_out_of_the_inner_term_names_the_missing_factor():
+    x, = inputs((4, 5))
+    report = check(swish("no_beta"), (x, 1.7))
+    d = next(d for d in report.diagnoses if d.kind == "term_factor")
+    assert "1/beta (= 1.7) times" in d.message
+    assert "the factor beta " in d.message and "(of `beta * x` at test_forward.py:" in d.message
+    assert "`torch.sigmoid(beta * x)`" in d.message
+
+
+def test_a_power_rules_exponent_written_wrong():
+    report = check(cubic("exponent"), inputs((4, 5)))
+    d = next(d for d in report.diagnoses if d.kind == "term_factor")
+    assert "2/3 times" in d.message and "`x ** 3`" in d.message
+    assert "the power rule's factor 3 is written 2" in d.message
+
+
+def test_layer_norm_without_its_mean_term():
+    report = check(layer_norm("no_mean"), inputs((3, 5), (5,), (5,)))
+    assert not report.passed
+    # The per-row kind sees this one from the Jacobian; where it does, it keeps its name.
+    assert "per_row_term" in report.kinds or "term_dropped" in report.kinds
+
+
+def test_softmax_without_its_row_sum_term_is_a_per_row_term():
+    report = check(softmax("no_row_sum"), inputs((4, 5)))
+    assert "per_row_term" in report.kinds
+    assert not FORWARD_KINDS & set(report.kinds)
+
+
+def test_attention_with_dP_for_dS_names_the_softmax_left_out():
+    report = check(attention("dP_for_dS"), inputs((4, 3), (4, 3), (4, 3)))
+    found = {d.input: d for d in report.diagnoses if d.kind == "wrong_value"}
+    assert set(found) == {"q", "k"}, str(report)
+    assert "the derivative of `torch.softmax(s, dim=-1)`" in found["q"].message
+    assert "the gradient of `p` where the gradient of `s` belongs" in found["q"].message
+
+
+@pytest.mark.parametrize("make, args", [
+    (silu, lambda: inputs((4, 5))),
+    (lambda slip=None: swish(slip), lambda: (inputs((4, 5))[0], 1.7)),
+    (cubic, lambda: inputs((4, 5))),
+    (layer_norm, lambda: inputs((3, 5), (5,), (5,))),
+    (softmax, lambda: inputs((4, 5))),
+    (attention, lambda: inputs((4, 3), (4, 3), (4, 3))),
+])
+def test_right_backwards_pass_with_no_finding_from_the_forward(make, args):
+    report = check(make(), args())
+    assert report.passed, str(report)
+    assert not FORWARD_KINDS & set(report.kinds)
+
+
+def test_at_sizes_where_projections_are_used():
+    x, = inputs((64, 700))
+    report = check(silu("dropped"), (x,))
+    assert report.checks[0].mode == "fast"
+    assert "term_dropped" in report.kinds, str(report)
+
+
+def test_the_report_says_when_the_edges_tried_were_capped(monkeypatch):
+    import tapegrad._forward as forward
+    monkeypatch.setattr(forward, "MAX_EDGES", 1)
+    report = check(silu("dropped"), inputs((4, 5)))
+    d = next(d for d in report.diagnoses if d.kind == "term_dropped")
+    assert d.message.endswith("(1 of the forward's 3 edges were tried)")
+
+
+def test_a_forward_that_is_not_torch_code_leaves_the_report_as_it_was():
+    class NumpyExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.from_numpy(x.detach().numpy().copy() ** 2)
+            ctx.save_for_backward(x)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.sin(x)
+
+    report = check(NumpyExp, inputs((3, 4)))
+    assert not report.passed
+    assert not FORWARD_KINDS & set(report.kinds)
