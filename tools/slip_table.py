@@ -16,7 +16,8 @@ The second order is checked for the right versions (their backwards are torch op
 and for the slips of kind second_order_only. Both checkers use the same step and tolerance (eps 1e-6, atol 1e-5,
 rtol 1e-3). At the small size both use full Jacobians; at the large one tapegrad picks random projections itself
 (every op has an input whose Jacobian has more than 40,000 entries) and torch is run with fast_mode=True, its own
-projections, as one would at that size.
+projections, as one would at that size (on a failure torch's fast mode computes the full Jacobians again for its
+message, so its large times on caught slips are those of a full check).
 
 Per slip the kinds tapegrad named are those of its report's diagnoses (Report.diagnoses[i].kind, the keys that
 tapegrad.finding_kinds() lists). A kind is "specific" unless it is in GENERIC; it is "expected" when it is in
