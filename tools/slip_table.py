@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Both checkers on researcher-style ops: which slips each catches, what tapegrad names them, and how long each takes.
+
+    PYTHONPATH=build/python /usr/bin/python3 tools/slip_table.py [--size small|large|both] [--only OP]
+                                                                  [--repeat 3] [--json FILE]
+
+The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
+each with its right version and slips annotated with the kind of slip they are. For every (op, version) and size:
+
+  torch      torch.autograd.gradcheck, and gradgradcheck where the second order is checked; an exception from
+             either is "caught" (torch says only that it failed, and where)
+  tapegrad   tapegrad.gradcheck, and gradcheck(order=2) where the second order is checked; a report that fails is
+             "caught", an exception is an "error" (neither a catch nor a pass)
+
+The second order is checked for the right versions (their backwards are torch ops, so they have a double backward)
+and for the slips of kind second_order_only. Both checkers use the same step and tolerance (eps 1e-6, atol 1e-5,
+rtol 1e-3). At the small size both use full Jacobians; at the large one tapegrad picks random projections itself
+(every op has an input whose Jacobian has more than 40,000 entries) and torch is run with fast_mode=True, its own
+projections, as one would at that size (on a failure torch's fast mode computes the full Jacobians again for its
+message, so its large times on caught slips are those of a full check).
+
+Per slip the kinds tapegrad named are those of its report's diagnoses (Report.diagnoses[i].kind, the keys that
+tapegrad.finding_kinds() lists). A kind is "specific" unless it is in GENERIC; it is "expected" when it is in
+EXPECTED[the slip's annotated kind]. Times are the median of --repeat runs of each check, first and second order
+together; the ratio tapegrad/torch is taken per version on the small size.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+
+import researcher_ops as R  # noqa: E402
+import tapegrad  # noqa: E402
+
+# Findings that say where the error is, or what was not checked, but not what the slip is: "no known kind" names
+# only the input and where the error concentrates; "one input" and "VJP only"/"JVP only" say which input or which
+# mode fails; "diagonal" and "one row" say where on the Jacobian the errors sit; "Hessian block" which block of the
+# Hessian fails; "first order" that the second-order check fails because the first order does; "no JVP" is a note;
+# "tolerance" and "kink" say that the differences themselves are in doubt, not the rule; "consistent" and "adjoint"
+# compare the two modes with each other. A slip named only by these is counted as not named.
+GENERIC = {
+    "unexplained", "one_input", "vjp_only", "jvp_only", "diagonal", "one_row", "hessian_block", "first_order",
+    "no_jvp", "tolerance", "kink", "consistent", "adjoint",
+}
+
+# The checker's kinds that name each kind of slip truly. A slip's kind is what a person would call it; the
+# checker may name the same slip by its structure (a sign of one term is also "a term with the factor −1", dSᵀ for
+# dS is also "a term from the wrong value", a per-row term left out is also "a dropped term"), and each of those is
+# a right name. A key equal to the slip's own kind always counts, so kinds added to the checker under these names
+# count as soon as they exist.
+EXPECTED = {
+    "term_dropped": {"term_dropped", "zero"},  # zero: the whole of an input's gradient left out
+    "term_factor": {"term_factor", "term_added"},
+    "scale": {"scale", "term_factor"},
+    "sign": {"sign", "term_sign", "term_factor"},
+    "transposed": {"transposed_jacobian", "transposed_input", "transposed_output", "transposed_term",
+                   "wrong_value"},
+    "per_row": {"per_row_term", "per_row_factor", "term_dropped", "term_factor"},
+    "wrong_value": {"wrong_value"},
+    "wrong_axis": {"wrong_axis", "transposed_input", "transposed_output"},
+    "ignores_grad_output": {"nonlinear", "cotangent_scale", "ignores_grad_output"},
+    "second_order_only": {"saved_on_ctx", "saved_in_forward", "second_order_only"},
+    "masked": {"masked_positions"},
+    "other": set(),  # any specific kind
+}
+
+EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:160]
+
+
+def _timed(check, repeat):
+    """(the check's result, the median of its times in seconds)."""
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = check()
+        times.append(time.perf_counter() - start)
+    return result, statistics.median(times)
+
+
+def _torch_check(fn, xs, order, fast):
+    check = torch.autograd.gradcheck if order == 1 else torch.autograd.gradgradcheck
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check(fn, xs, eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=fast)
+        return {"status": "pass"}
+    except Exception as error:  # gradcheck's GradcheckError, or the op failing under its calls: both are catches
+        return {"status": "caught", "message": _first_line(error)}
+
+
+def _tapegrad_check(fn, xs, order, fast):
+    try:
+        report = tapegrad.gradcheck(fn, xs, order=order, eps=EPS, atol=ATOL, rtol=RTOL,
+                                    fast_mode=True if fast else None)
+    except Exception as error:
+        return {"status": "error", "message": _first_line(error), "kinds": [], "findings": []}
+    findings = [{"kind": d.kind, "input": d.input, "check": d.check, "message": d.message} for d in report.diagnoses]
+    return {"status": "pass" if report.passed else "FAIL", "kinds": sorted({d.kind for d in report.diagnoses}),
+            "findings": findings, "modes": sorted({c.mode for c in report.checks if not c.skipped})}
+
+
+def run_version(op, version, size, repeat):
+    spec = R.OPS[op]
+    expected = "right" if version == "right" else spec.slips[version].kind
+    orders = [1, 2] if version == "right" or expected == "second_order_only" else [1]
+    fn = R.make(op, version).apply
+    fast = size == "large"
+    row = {"op": op, "version": version, "size": size, "expected": expected,
+           "description": "" if version == "right" else spec.slips[version].description,
+           "torch": {}, "tapegrad": {}, "time_torch": 0.0, "time_tapegrad": 0.0}
+    for order in orders:
+        xs = R.inputs(op, size)
+        result, seconds = _timed(lambda: _torch_check(fn, xs, order, fast), repeat)
+        row["torch"][order] = result
+        row["time_torch"] += seconds
+        xs = R.inputs(op, size)
+        result, seconds = _timed(lambda: _tapegrad_check(fn, xs, order, fast), repeat)
+        row["tapegrad"][order] = result
+        row["time_tapegrad"] += seconds
+    row["torch_caught"] = any(r["status"] != "pass" for r in row["torch"].values())
+    row["tapegrad_caught"] = any(r["status"] == "FAIL" for r in row["tapegrad"].values())
+    row["tapegrad_error"] = any(r["status"] == "error" for r in row["tapegrad"].values())
+    kinds = sorted({k for r in row["tapegrad"].values() if r["status"] == "FAIL" for k in r["kinds"]})
+    row["kinds"] = kinds
+    specific = [k for k in kinds if k not in GENERIC]
+    row["specific"] = bool(specific)
+    accepted = EXPECTED.get(expected, set()) | {expected}
+    row["expected_named"] = (bool(specific) if expected == "other" else any(k in accepted for k in kinds)) \
+        if version != "right" else None
+    return row
+
+
+def _mark(flag):
+    return "yes" if flag else "—"
+
+
+def _status(results):
+    return " / ".join(results[o]["status"] for o in sorted(results))
+
+
+def print_op_table(op, rows):
+    print(f"\n### {op} ({rows[0]['size']})\n")
+    print("| version | expected | torch | tapegrad | kinds named | specific | expected named | torch ms | tapegrad ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        errors = [v["message"] for v in r["tapegrad"].values() if v["status"] == "error"]
+        kinds = ", ".join(r["kinds"]) or ("error: " + errors[0][:90] if errors else "")
+        print(f"| {r['version']} | {r['expected']} | {_status(r['torch'])} | {_status(r['tapegrad'])} | {kinds} | "
+              f"{'' if r['version'] == 'right' else _mark(r['specific'])} | "
+              f"{'' if r['version'] == 'right' else _mark(r['expected_named'])} | "
+              f"{1000 * r['time_torch']:.1f} | {1000 * r['time_tapegrad']:.1f} |")
+
+
+def _percent(part, whole):
+    return f"{part}/{whole} ({100.0 * part / whole:.0f}%)" if whole else "0/0"
+
+
+def summary(rows, size):
+    rows = [r for r in rows if r["size"] == size]
+    if not rows:
+        return
+    rights = [r for r in rows if r["version"] == "right"]
+    slips = [r for r in rows if r["version"] != "right"]
+    print(f"\n## Summary ({size}: {'full Jacobians' if size == 'small' else 'tapegrad chooses; torch fast_mode'})\n")
+    right_torch = [r for r in rights if not r["torch_caught"]]
+    right_tape = [r for r in rights if not r["tapegrad_caught"] and not r["tapegrad_error"]]
+    print(f"- right versions passing: torch {_percent(len(right_torch), len(rights))}, "
+          f"tapegrad {_percent(len(right_tape), len(rights))}")
+    for r in rights:
+        if r not in right_tape:
+            what = [v.get("message", "") or ", ".join(v["kinds"]) for v in r["tapegrad"].values() if v["status"] != "pass"]
+            print(f"  - tapegrad fails right {r['op']}: {'; '.join(dict.fromkeys(what))}")
+        if r not in right_torch:
+            what = [v["message"] for v in r["torch"].values() if v["status"] != "pass"]
+            print(f"  - torch fails right {r['op']}: {'; '.join(dict.fromkeys(what))}")
+    print(f"- slips caught: torch {_percent(sum(r['torch_caught'] for r in slips), len(slips))}, "
+          f"tapegrad {_percent(sum(r['tapegrad_caught'] for r in slips), len(slips))}")
+    missed = [r for r in slips if r["torch_caught"] and not r["tapegrad_caught"]]
+    print(f"- slips torch catches that tapegrad misses: {len(missed)}")
+    for r in missed:
+        why = dict.fromkeys(v.get("message", "passed")[:110] for v in r["tapegrad"].values())
+        print(f"  - {r['op']}/{r['version']} ({r['expected']}): tapegrad {_status(r['tapegrad'])} {'; '.join(why)}")
+    extra = [r for r in slips if r["tapegrad_caught"] and not r["torch_caught"]]
+    print(f"- slips tapegrad catches that torch misses: {len(extra)}"
+          + ("".join(f"\n  - {r['op']}/{r['version']}" for r in extra)))
+    print(f"- named with a specific kind: {_percent(sum(r['specific'] for r in slips), len(slips))}")
+    print(f"- named with the expected kind: {_percent(sum(bool(r['expected_named']) for r in slips), len(slips))}")
+    ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows if r["time_torch"] > 0]
+    if ratios:
+        print(f"- time tapegrad/torch per version: median {statistics.median(ratios):.2f}× "
+              f"(min {min(ratios):.2f}×, max {max(ratios):.2f}×); total torch {sum(r['time_torch'] for r in rows):.1f} s,"
+              f" tapegrad {sum(r['time_tapegrad'] for r in rows):.1f} s")
+    print("\n| expected kind | slips | torch caught | tapegrad caught | specific | expected | kinds named (count) |")
+    print("|---|---|---|---|---|---|---|")
+    for kind in R.KINDS:
+        group = [r for r in slips if r["expected"] == kind]
+        if not group:
+            continue
+        named = {}
+        for r in group:
+            for k in r["kinds"] or ["(none)"]:
+                named[k] = named.get(k, 0) + 1
+        names = ", ".join(f"{k} {n}" for k, n in sorted(named.items(), key=lambda kv: (-kv[1], kv[0])))
+        print(f"| {kind} | {len(group)} | {sum(r['torch_caught'] for r in group)} | "
+              f"{sum(r['tapegrad_caught'] for r in group)} | {sum(r['specific'] for r in group)} | "
+              f"{sum(bool(r['expected_named']) for r in group)} | {names} |")
+    known = set(GENERIC).union(*EXPECTED.values())
+    unmapped = sorted({k for r in slips for k in r["kinds"]} - known)
+    if unmapped:
+        print(f"\nkinds named that neither GENERIC nor EXPECTED lists (counted specific, never expected): "
+              f"{', '.join(unmapped)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=["small", "large", "both"], default="both")
+    parser.add_argument("--only", action="append", metavar="OP", help=f"one op (repeatable): {', '.join(R.OPS)}")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each check; the median time is kept")
+    parser.add_argument("--json", metavar="FILE", help="write every row as JSON")
+    args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    for op in args.only or []:
+        if op not in R.OPS:
+            parser.error(f"--only: no op {op!r}; the ops are {', '.join(R.OPS)}")
+    torch.set_num_threads(1)
+    sizes = ["small", "large"] if args.size == "both" else [args.size]
+    ops = args.only or list(R.OPS)
+    print(f"{len(ops)} ops, {sum(len(R.OPS[o].slips) for o in ops)} slips; torch {torch.__version__}")
+    rows = []
+    for size in sizes:
+        for op in ops:
+            op_rows = [run_version(op, version, size, args.repeat) for version in R.OPS[op].versions]
+            print_op_table(op, op_rows)
+            sys.stdout.flush()
+            rows += op_rows
+    for size in sizes:
+        summary(rows, size)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1, ensure_ascii=False)
+            out.write("\n")
+
+
+if __name__ == "__main__":
+    main()
