@@ -123,12 +123,6 @@ void add_check(GradcheckReport& r, const std::string& input, const std::string& 
   r.conclude();
 }
 
-void add_diagnosis(GradcheckReport& r, std::string_view kind, const std::string& input, const std::string& check,
-                   const std::string& message) {
-  r.diagnoses.push_back({finding_or_fail(kind), input, check, message});
-  r.conclude();
-}
-
 void drop_diagnoses(GradcheckReport& r, std::string_view kind) {
   const Finding f = finding_or_fail(kind);
   std::erase_if(r.diagnoses, [f](const Diagnosis& d) { return d.kind == f; });
@@ -256,8 +250,6 @@ PYBIND11_MODULE(_tapegrad, m) {
   bind_report(m);
   m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
         py::arg("options"));
-  m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
-        py::arg("message"));
   m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
   // The CLI's refusal of work whose memory estimate exceeds what is available (models/run_memory.hpp).
   m.def("_require_memory", &require_memory, py::arg("bytes"), py::arg("what"), py::arg("advice"));

@@ -740,3 +740,60 @@ TEST_CASE("gradcheck refuses float32 inputs") {
   std::vector<Tensor> xs{x};
   CHECK_THROWS_AS(gradcheck([](Tape&, std::span<const Var> v) { return exp(v[0]); }, xs), Error);
 }
+
+// ---- diagnoses at any size ----
+
+TEST_CASE("a failure found by random projections is named on fewer rows, where the full Jacobian fits") {
+  // (64, 8) softmax rows: 512 × 512 Jacobian entries, above the limit, so the check uses projections; the first 16
+  // rows (128 × 128) are checked in full and name the dropped per-row term there.
+  Function f = claimed({"softmax_claimed", softmax_of, softmax_vjp(SoftmaxSlip::no_normalizer), {}});
+  GradcheckReport r = gradcheck(f, {random_tensor({64, 8}, 7)}, {"x"});
+  CHECK_FALSE(r.passed);
+  CHECK(find_check(r, "vjp")->mode == "fast");
+  const Diagnosis* d = r.find(Finding::per_row_term, "x");
+  REQUIRE_MESSAGE(d, r.str());
+  CHECK_MESSAGE(d->message.find("on the first 16 of 64 rows (a full Jacobian there): ") == 0, r.str());
+}
+
+TEST_CASE("where no slice can be made, a failure found by projections says how to get a diagnosis") {
+  // A sum to a scalar has no rows to cut; 50000 inputs are above the limit.
+  Function f = claimed({"square_sum", [](Tape&, std::span<const Var> x) { return sum(x[0] * x[0]); },
+                        [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
+                          for (int64_t k = 0; k < gin[0].numel(); ++k)  // 3x where 2x belongs... and a term more
+                            data(gin[0])[k] += data(g)[0] * (3 * data(at.inputs[0])[k] + 1);
+                        },
+                        {}});
+  GradcheckReport r = gradcheck(f, {random_tensor({50000}, 3)}, {"x"});
+  CHECK_FALSE(r.passed);
+  const Diagnosis* d = r.find(Finding::unexplained, "x");
+  REQUIRE_MESSAGE(d, r.str());
+  CHECK(d->message.find("raise full_jacobian_limit to 50000") != std::string::npos);
+  CHECK(d->message.find("share no leading axis") != std::string::npos);
+}
+
+TEST_CASE("diagnosis: each row off by a factor of its own (a per-row normalizer), with the factor read") {
+  // β(x) = x/(1 + r), r = ‖x_r‖ per row: x̄ = ȳ/(1 + r) − x⟨x, ȳ⟩/(r(1 + r)²). The slip leaves out the first
+  // division by 1 + r everywhere: every row of x̄ is (1 + r) times too large.
+  ClaimedVjp forgot_normalizer = [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
+    const Tensor& x = at.inputs[0];
+    const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+    for (int64_t q = 0; q < rows; ++q) {
+      double rr = 0, xg = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        rr += data(x)[q * cols + c] * data(x)[q * cols + c];
+        xg += data(x)[q * cols + c] * data(g)[q * cols + c];
+      }
+      const double r = std::sqrt(rr);
+      for (int64_t c = 0; c < cols; ++c)
+        data(gin[0])[q * cols + c] += data(g)[q * cols + c] - data(x)[q * cols + c] * xg / (r * (1 + r));
+    }
+  };
+  Function f = claimed({"beta_claimed", [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); },
+                        forgot_normalizer, {}});
+  GradcheckReport r = gradcheck(f, {random_tensor({4, 5}, 11)}, {"x"});
+  CHECK_FALSE(r.passed);
+  const Diagnosis* d = r.find(Finding::per_row_factor, "x");
+  REQUIRE_MESSAGE(d, r.str());
+  CHECK_MESSAGE(d->message.find("c_r = (1 + ‖x_r‖) in every row") != std::string::npos, d->message);
+  CHECK_FALSE(r.has(Finding::unexplained));
+}

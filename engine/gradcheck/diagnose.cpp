@@ -72,6 +72,10 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
     return out;
   }
 
+  if (auto d = per_row_factor(v)) {
+    out.push_back(*d);
+    return out;
+  }
   confined_patterns(v, bad, out);
   if (auto d = per_row_term(v, bad)) out.push_back(*d);
   return out;

@@ -65,8 +65,8 @@ struct Comparison {
 class Checker {
  public:
   Checker(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
-          const GradcheckOptions& opt)
-      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed) {
+          const GradcheckOptions& opt, bool may_narrow = true)
+      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed), may_narrow_(may_narrow) {
     validate(opt);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].dtype() == DType::f32)
@@ -81,6 +81,7 @@ class Checker {
     rows_ = full_rows();
     for (size_t i = 0; i < xs_.size(); ++i)
       if (xs_[i].dtype() == DType::f64) check_input(i);
+    if (!failed_by_projections_.empty() && opt_.diagnose && may_narrow_) narrow();
     GradcheckReport rep;
     rep.checks = std::move(checks_);
     rep.diagnoses = which_rule_and_input(outcomes_, no_jvp_op_);
@@ -151,6 +152,7 @@ class Checker {
       compare_random_cotangent(i, c);
     } else {
       compare_fast(i, has_jvp, c);
+      if (!c.vjp.r.passed || !c.jvp.r.passed) failed_by_projections_.push_back(i);
     }
     if (!has_jvp) c.jvp.r.mode = "none", c.jvp.r.skipped = true;
     for (CheckResult* r : {&c.vjp.r, &c.jvp.r})
@@ -424,6 +426,74 @@ class Checker {
                                  n, n, n)};
   }
 
+  // A failure found by random projections names at most a scale or a sign. The same op on fewer rows (the first s
+  // along the leading axis of y and of every input that shares it: a batch, a sequence) has a Jacobian small enough
+  // to check in full, and there every kind can be named. The check is made again there, and its findings for the
+  // inputs that failed here are reported, saying where; when no slice can be made (no shared leading axis, or the
+  // op refuses the sliced inputs), or the slice passes, one line says how to get a diagnosis.
+  void narrow() {
+    const int64_t rows = yshape().rank() >= 1 ? yshape()[0] : 0;
+    std::vector<bool> shares(xs_.size());
+    for (size_t q = 0; q < xs_.size(); ++q)
+      shares[q] = xs_[q].shape().rank() >= 1 && xs_[q].shape()[0] == rows && rows >= 2;
+    auto sliced = [&](int64_t s, bool all) {  // the first s rows of the inputs that share y's leading axis
+      std::vector<Tensor> xs;
+      for (size_t q = 0; q < xs_.size(); ++q) {
+        const bool cut = shares[q] && (all || std::count(failed_by_projections_.begin(), failed_by_projections_.end(), q));
+        if (!cut) {
+          xs.push_back(xs_[q].clone());
+          continue;
+        }
+        Shape shape = xs_[q].shape();
+        shape[0] = s;
+        Tensor t = Tensor::empty(xs_[q].dtype(), shape);
+        if (t.dtype() == DType::i32) std::copy_n(xs_[q].data<int32_t>(), t.numel(), t.data<int32_t>());
+        else std::copy_n(xs_[q].data<double>(), t.numel(), t.data<double>());
+        xs.push_back(std::move(t));
+      }
+      return xs;
+    };
+    for (bool all : {true, false}) {
+      for (int64_t s = rows / 2; s >= 1; s /= 2) {
+        std::vector<Tensor> xs = sliced(s, all);
+        int64_t m = 0;
+        try {
+          const Tensor y = evaluate(f_, xs);
+          if (y.shape().rank() < 1 || y.shape()[0] != s) break;  // the output's rows are not the inputs' rows
+          m = y.numel();
+        } catch (const Error&) {
+          break;  // the op does not take its inputs cut this way
+        }
+        bool fits = true;
+        for (size_t i : failed_by_projections_) fits = fits && m * xs[i].numel() <= opt_.full_jacobian_limit;
+        if (!fits) continue;
+        GradcheckReport r = Checker(f_, xs, names_, opt_, /*may_narrow=*/false).run();
+        if (r.passed) return say_how_to_name(fmt::format("the same check on the first {} of {} rows passes", s, rows));
+        for (auto& d : r.diagnoses) {
+          if (d.check.empty()) continue;  // which rule and which input: the checks here say that already
+          if (!std::count_if(failed_by_projections_.begin(), failed_by_projections_.end(),
+                             [&](size_t i) { return name(i) == d.input; }))
+            continue;
+          d.message = fmt::format("on the first {} of {} rows{} (a full Jacobian there): {}", s, rows,
+                                  all ? "" : fmt::format(" of {}", d.input), d.message);
+          details_.push_back(std::move(d));
+        }
+        return;
+      }
+    }
+    say_how_to_name("y and the inputs share no leading axis the check can cut");
+  }
+  void say_how_to_name(const std::string& why) {
+    for (size_t i : failed_by_projections_)
+      details_.push_back(
+          {Finding::unexplained, name(i), "",
+           fmt::format("random projections (y has {} elements, {} {}: {} Jacobian entries, above full_jacobian_limit "
+                       "= {}) show only a scale or a sign, and {}; for a full diagnosis check smaller inputs or raise "
+                       "full_jacobian_limit to {}",
+                       m_, name(i), xs_[i].numel(), m_ * xs_[i].numel(), opt_.full_jacobian_limit, why,
+                       m_ * xs_[i].numel())});
+  }
+
   const Function& f_;
   std::span<const std::string> names_;
   const GradcheckOptions& opt_;
@@ -437,6 +507,8 @@ class Checker {
   std::vector<InputOutcome> outcomes_;
   std::vector<Diagnosis> details_;  // per input; the report-level findings go before them
   std::string no_jvp_op_;
+  bool may_narrow_ = true;                     // false in a narrowed check: it narrows no further
+  std::vector<size_t> failed_by_projections_;  // inputs whose projections failed
 };
 
 }  // namespace

@@ -92,12 +92,13 @@ enum class Finding {
   term_added,          // e = +(one edge's term): that term is counted twice
   term_factor,         // e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)
   wrong_value,         // x̄ is the right rule with one value of the forward replaced by another of its shape
+  // Named from the VJP's answers to random cotangents and from the Jacobian's rows:
+  ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
+  per_row_factor,      // each row of y or x (along any axis) off by its own factor: a per-row normalizer wrong
   // Second order (engine/gradcheck/second_order.hpp):
   first_order,         // H·t fails because the first-order VJP already does
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
-  // First order, found after the kinds above were numbered:
-  ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"

@@ -91,6 +91,8 @@ std::optional<std::string> structured_set(const JacobianView& v, const Elements&
 // In each row the error is one outer product: a per-row term (rows whose error sits on one element included, when
 // other rows' is spread).
 std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
+// Each row of y (or of x), along any axis, off by a factor of its own: a per-row normalizer (diagnose_row_factor.cpp).
+std::optional<Diagnosis> per_row_factor(const JacobianView& v);
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 

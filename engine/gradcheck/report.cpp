@@ -47,15 +47,16 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::term_added, "term_added", "term counted twice"},
     {Finding::term_factor, "term_factor", "term with a wrong factor"},
     {Finding::wrong_value, "wrong_value", "term from the wrong value"},
+    {Finding::ignores_cotangent, "ignores_cotangent", "ignores ȳ"},
+    {Finding::per_row_factor, "per_row_factor", "per-row factor"},
     {Finding::first_order, "first_order", "first order"},
     {Finding::hessian_block, "hessian_block", "Hessian block"},
     {Finding::asymmetric, "asymmetric", "asymmetric"},
-    {Finding::ignores_cotangent, "ignores_cotangent", "ignores ȳ"},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kFindingNames); ++i)
     if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::ignores_cotangent) + 1;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::asymmetric) + 1;
 }
 static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
 
