@@ -476,6 +476,7 @@ TEST_CASE("diagnosis: a VJP that is not linear in ȳ, with its degree") {
   const Diagnosis* d = r.find(Finding::nonlinear, "x");
   REQUIRE(d);
   CHECK(d->message.find("degree 2") != std::string::npos);
+  for (const Diagnosis& each : r.diagnoses) CHECK_MESSAGE(quoted_in_doc("gradchecking.md", each.str()), each.str());
 }
 
 TEST_CASE("diagnosis: a VJP that writes nothing, and one that writes NaN") {
@@ -753,6 +754,7 @@ TEST_CASE("a failure found by random projections is named on fewer rows, where t
   const Diagnosis* d = r.find(Finding::per_row_term, "x");
   REQUIRE_MESSAGE(d, r.str());
   CHECK_MESSAGE(d->message.find("on the first 16 of 64 rows (a full Jacobian there): ") == 0, r.str());
+  CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
 }
 
 TEST_CASE("where no slice can be made, a failure found by projections says how to get a diagnosis") {
@@ -768,6 +770,7 @@ TEST_CASE("where no slice can be made, a failure found by projections says how t
   const Diagnosis* d = r.find(Finding::unexplained, "x");
   REQUIRE_MESSAGE(d, r.str());
   CHECK(d->message.find("raise full_jacobian_limit to 50000") != std::string::npos);
+  CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
   CHECK(d->message.find("share no leading axis") != std::string::npos);
 }
 
@@ -795,5 +798,6 @@ TEST_CASE("diagnosis: each row off by a factor of its own (a per-row normalizer)
   const Diagnosis* d = r.find(Finding::per_row_factor, "x");
   REQUIRE_MESSAGE(d, r.str());
   CHECK_MESSAGE(d->message.find("c_r = (1 + ‖x_r‖) in every row") != std::string::npos, d->message);
+  CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
   CHECK_FALSE(r.has(Finding::unexplained));
 }

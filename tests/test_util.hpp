@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -20,6 +22,17 @@
 #include "engine/tensor.hpp"
 
 namespace tapegrad::testing {
+
+// ---- docs ----
+
+// Whether docs/NAME quotes `line` as a line of its own, indented four spaces (a report's diagnosis as the docs show
+// it): a quote the checker no longer prints fails the test that makes it.
+inline bool quoted_in_doc(const std::string& name, const std::string& line) {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/" + name);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str().find("\n    " + line + "\n") != std::string::npos;
+}
 
 // ---- tensors ----
 

@@ -227,7 +227,7 @@ class Checker {
       c.vjp.r.passed = false;
       c.vjp.r.max_abs_err = std::max(c.vjp.r.max_abs_err, err);
       c.vjp.r.max_rel_err = std::max(c.vjp.r.max_rel_err, err / std::max(std::abs(want), tol_.atol));
-      c.vjp.r.worst = fmt::format("x̄ for a random ȳ, {}{}", name(i), index_str(xs_[i].shape(), k));
+      c.vjp.r.worst = fmt::format("random ȳ, {}{}", name(i), index_str(xs_[i].shape(), k));
       c.vjp.r.analytic = got;
       c.vjp.r.numeric = want;
       return;
@@ -487,11 +487,10 @@ class Checker {
     for (size_t i : failed_by_projections_)
       details_.push_back(
           {Finding::unexplained, name(i), "",
-           fmt::format("random projections (y has {} elements, {} {}: {} Jacobian entries, above full_jacobian_limit "
-                       "= {}) show only a scale or a sign, and {}; for a full diagnosis check smaller inputs or raise "
+           fmt::format("random projections ({} × {} Jacobian entries, above full_jacobian_limit = {}) show only a "
+                       "scale or a sign, and {}; for a full diagnosis check smaller inputs or raise "
                        "full_jacobian_limit to {}",
-                       m_, name(i), xs_[i].numel(), m_ * xs_[i].numel(), opt_.full_jacobian_limit, why,
-                       m_ * xs_[i].numel())});
+                       m_, xs_[i].numel(), opt_.full_jacobian_limit, why, m_ * xs_[i].numel())});
   }
 
   const Function& f_;
