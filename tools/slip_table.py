@@ -66,7 +66,7 @@ EXPECTED = {
     "per_row": {"per_row_term", "per_row_factor", "term_dropped", "term_factor"},
     "wrong_value": {"wrong_value"},
     "wrong_axis": {"wrong_axis", "transposed_input", "transposed_output"},
-    "ignores_grad_output": {"nonlinear", "cotangent_scale", "ignores_grad_output"},
+    "ignores_grad_output": {"nonlinear", "ignores_cotangent", "ignores_grad_output"},
     "second_order_only": {"saved_on_ctx", "saved_in_forward", "second_order_only"},
     "masked": {"masked_positions"},
     "other": set(),  # any specific kind

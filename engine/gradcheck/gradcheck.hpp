@@ -99,6 +99,8 @@ enum class Finding {
   first_order,         // H·t fails because the first-order VJP already does
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
+  saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
+                       // backward, whose terms along the inputs are then lost (named from Python, with its line)
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"

@@ -52,11 +52,12 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::first_order, "first_order", "first order"},
     {Finding::hessian_block, "hessian_block", "Hessian block"},
     {Finding::asymmetric, "asymmetric", "asymmetric"},
+    {Finding::saved_in_forward, "saved_in_forward", "saved in forward"},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kFindingNames); ++i)
     if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::asymmetric) + 1;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::saved_in_forward) + 1;
 }
 static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
 
@@ -130,7 +131,7 @@ std::string GradcheckReport::str() const {
     }
     s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode,
                      c.max_abs_err, c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
-    if (!c.passed) s += fmt::format("  (analytic {:.6g}, numeric {:.6g})", c.analytic, c.numeric);
+    if (!c.passed && c.compared > 0) s += fmt::format("  (analytic {:.6g}, numeric {:.6g})", c.analytic, c.numeric);
     s += "\n";
   }
   if (!diagnoses.empty()) {

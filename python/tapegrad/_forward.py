@@ -14,7 +14,9 @@ whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dro
 other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value of the forward such as
 β or √d), and a straight-through fit with α = −1 a gradient built from the wrong value (dP where dS belongs). Where
 several edges fit (along a chain every edge carries the same term), the one at the call that joins two terms (a
-product, a sum) names it best, and among those the latest.
+product, a sum) names it best, and among those the latest. Where no term fits, a term built from the wrong value is
+tried: the forward run with one operand of one call replaced by another value it has at that point, of the same
+shape (an input, an earlier call's output); x̄_user equal to that run's x̄ says which value the backward reads.
 
 It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides), and
 costs one forward and backward per candidate, at most 64 edges: VJPs only, so at any size.
@@ -100,13 +102,17 @@ def _flat(values):
 
 class _Forward(TorchFunctionMode):
     """Records the forward's calls (record=True), or runs it with one edge cut: (k, j, "detach") reads operand j
-    of call k detached; (k, j, "straight") keeps call k's value with its derivative the identity in operand j."""
+    of call k detached; (k, j, "straight") keeps call k's value with its derivative the identity in operand j;
+    (k, j, "substitute", source) reads another value of the forward in place of operand j of call k: source is
+    ("input", i) or ("call", m), the output of an earlier call m of the same run."""
 
     def __init__(self, cut=None, record=False):
         super().__init__()
         self.cut, self.record = cut, record
         self.calls = []
         self.count = 0
+        self.outputs = []  # each call's output in this run, by index
+        self.inputs = []   # the run's inputs (set by _run_forward)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -117,16 +123,22 @@ class _Forward(TorchFunctionMode):
         k = self.count
         self.count += 1
         cut = self.cut if self.cut is not None and self.cut[0] == k else None
-        if cut is not None and cut[2] == "detach":
+        if cut is not None and cut[2] in ("detach", "substitute"):
             target = operands[cut[1]]
+            if cut[2] == "detach":
+                replacement = target.detach()
+            else:
+                kind, at = cut[3]
+                replacement = self.inputs[at] if kind == "input" else self.outputs[at]
 
-            def detached(v):
+            def replaced(v):
                 if isinstance(v, (list, tuple)):
-                    return type(v)(detached(u) for u in v)
-                return v.detach() if v is target else v
+                    return type(v)(replaced(u) for u in v)
+                return replacement if v is target else v
 
-            args, kwargs = detached(args), {key: detached(v) for key, v in kwargs.items()}
+            args, kwargs = replaced(args), {key: replaced(v) for key, v in kwargs.items()}
         out = func(*args, **kwargs)
+        self.outputs.append(out)
         if cut is not None and cut[2] == "straight":
             source = operands[cut[1]]
             out = source + (out - source).detach()
@@ -145,6 +157,7 @@ def _run_forward(function_class, args, slots, arrays, mode):
     for slot, x in zip(slots, xs):
         args[slot] = x
     ctx = _Context(len(args))
+    mode.inputs = xs
     with torch.enable_grad(), mode:
         if getattr(function_class, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context",
                                                                          None):
@@ -329,6 +342,10 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
 
     found = []
     note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
+    unfitted = {i: e for i, e in errors.items() if not fits[i]}
+    if unfitted:
+        found += _substitutions(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, user,
+                                unfitted, operand)
     for i, candidates_of_i in fits.items():
         if not candidates_of_i:
             continue
@@ -337,6 +354,47 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
         chain = [c for c in candidates_of_i if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
         found.append(_finding(best, chain, names[i], operand, values, note))
     return found
+
+
+MAX_SUBSTITUTIONS = 160  # (edge, value) pairs tried for a term built from the wrong value
+
+
+def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotangents, user, errors, operand):
+    """A term built from the wrong value: x̄_user is the VJP of the forward with one operand of one call replaced by
+    another value the forward has at that point, of the same shape (an input, or an earlier call's output): the
+    backward reads that value where the operand belongs (x for x̂, a for silu(a)). Tried for the inputs whose error
+    no edge's term fits; at most MAX_SUBSTITUTIONS forwards."""
+    tried = 0
+    found = {}
+    for call in calls:
+        if call.name.endswith("_") and not call.name.endswith("__"):
+            continue
+        for j, target in enumerate(call.operands):
+            sources = [(("input", q), x) for q, x in enumerate(xs)]
+            sources += [(("call", c.index), c.out) for c in calls if c.index < call.index]
+            for source, value in sources:
+                if value is target or tuple(value.shape) != tuple(target.shape) or torch.equal(value, target):
+                    continue
+                if tried >= MAX_SUBSTITUTIONS or len(found) == len(errors):
+                    break
+                tried += 1
+                try:
+                    sub_xs, sub_y = _run_forward(function_class, fixed, slots, arrays,
+                                                 _Forward(cut=(call.index, j, "substitute", source)))
+                    sub = _vjps(sub_xs, sub_y, cotangents)
+                except Exception:
+                    continue
+                for i, e in errors.items():
+                    if i in found:
+                        continue
+                    if np.linalg.norm(user[i] - sub[i]) <= FIT * np.linalg.norm(e):
+                        read = names[source[1]] if source[0] == "input" else operand(value)[0]
+                        meant, _ = operand(target)
+                        found[i] = ("wrong_value", names[i], "vjp",
+                                    f"x̄ is the forward's rule with `{read}` read in place of `{meant}` in "
+                                    f"`{call.text}` at {call.where} (to rounding): the backward uses `{read}` where "
+                                    f"`{meant}` belongs")
+    return list(found.values())
 
 
 def _source_path(function_class, basename):

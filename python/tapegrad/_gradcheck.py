@@ -254,7 +254,7 @@ def _name_saved_intermediates(report, impl, function_class, arrays):
     differentiates the backward with that value held constant, so its terms along the inputs are lost."""
     from ._tapegrad import _add_diagnosis
     for value, file, line in impl.saved_intermediates(function_class, arrays):
-        _add_diagnosis(report, "hessian_block", "", "hvp",
+        _add_diagnosis(report, "saved_in_forward", "", "hvp",
                        f"`{value}` was saved in forward ({file}:{line}) and is a constant to double backward: save "
                        "the inputs and recompute it in backward")
 

@@ -240,3 +240,34 @@ def test_a_forward_that_is_not_torch_code_leaves_the_report_as_it_was():
     report = check(NumpyExp, inputs((3, 4)))
     assert not report.passed
     assert not FORWARD_KINDS & set(report.kinds)
+
+
+def affine_norm(slip=None):
+    """y = x̂·w + b with x̂ = x / ‖x‖ per row; the slip's w̄ = Σ ȳ·x reads x where x̂ belongs."""
+
+    class AffineNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            xhat = x / x.norm(dim=-1, keepdim=True)
+            ctx.save_for_backward(x, xhat, w)
+            return xhat * w + b
+
+        @staticmethod
+        def backward(ctx, g):
+            x, xhat, w = ctx.saved_tensors
+            r = x.norm(dim=-1, keepdim=True)
+            gx = g * w
+            dx = (gx - xhat * (gx * xhat).sum(-1, keepdim=True)) / r
+            dw = (g * (x if slip == "x_for_xhat" else xhat)).sum(0)
+            return dx, dw, g.sum(0)
+
+    return AffineNorm
+
+
+def test_a_term_built_from_the_wrong_value_is_named_by_the_value_read():
+    report = check(affine_norm("x_for_xhat"), inputs((4, 5), (5,), (5,)))
+    assert not report.passed
+    d = next((d for d in report.diagnoses if d.kind == "wrong_value"), None)
+    assert d is not None and d.input == "w", str(report)
+    assert d.message.startswith("x̄ is the forward's rule with `x` read in place of `xhat` in `xhat * w`"), d.message
+    assert check(affine_norm(), inputs((4, 5), (5,), (5,))).passed

@@ -384,3 +384,4 @@ def test_a_saved_intermediate_is_named_when_second_order_fails():
         text = str(report)
         assert f"`{value}` was saved in forward (test_torch_parity.py:" in text, text
         assert "is a constant to double backward: save the inputs and recompute it in backward" in text
+        assert any(d.kind == "saved_in_forward" for d in report.diagnoses), text
