@@ -17,6 +17,9 @@ several edges fit (along a chain every edge carries the same term), the one at t
 product, a sum) names it best, and among those the latest. Where no term fits, a term built from the wrong value is
 tried: the forward run with one operand of one call replaced by another value it has at that point, of the same
 shape (an input, an earlier call's output); x̄_user equal to that run's x̄ says which value the backward reads.
+Before that, a term whose factor is a value of the forward element by element (x̄_user = x̄_true − d + d·v or
+− d + d/v). Last, where the forward calls one of _PARTS (silu, softmax, …), all of it runs again with those calls
+written out in their parts, each part an edge of its own.
 
 It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides), and
 costs one forward and backward per candidate, at most 64 edges: VJPs only, so at any size.
@@ -81,6 +84,7 @@ class _Call:
         self.numbers = numbers    # the Python numbers among its arguments (a power's exponent, a scale)
         self.out = out
         self.assigned = None      # the name a line `name = <this call's expression>` gives its value
+        self.inside = None        # (name, formula) of the call of _PARTS this one is a part of, when written out
 
     @property
     def where(self):
@@ -100,15 +104,50 @@ def _flat(values):
             yield v
 
 
+def _softmax_parts(x, dim=None, *rest, **kwargs):
+    dim = kwargs.get("dim", dim)
+    e = torch.exp(x - x.amax(dim, keepdim=True).detach())
+    return e / e.sum(dim, keepdim=True)
+
+
+def _softplus_parts(x, beta=1, threshold=20):
+    return torch.log1p(torch.exp(beta * x)) / beta
+
+
+def _logsumexp_parts(x, dim, keepdim=False):
+    m = x.amax(dim, keepdim=True).detach()
+    out = m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+    return out if keepdim else out.squeeze(dim)
+
+
+# Calls that are several terms in one, written out in their parts (themselves torch calls, so each part is an edge)
+# when no term of the forward as written fits: silu(a) = a·σ(a) has a product rule's two terms inside one call.
+_SOFTMAX = ("softmax", "exp(s − max s) / sum(exp(s − max s))", _softmax_parts)
+_LOGSUMEXP = ("logsumexp", "max s + log sum(exp(s − max s))", _logsumexp_parts)
+_PARTS = {
+    torch.nn.functional.silu: ("silu", "a·sigmoid(a)", lambda x, inplace=False: x * torch.sigmoid(x)),
+    torch.nn.functional.mish: ("mish", "x·tanh(softplus(x))",
+                               lambda x, inplace=False: x * torch.tanh(_softplus_parts(x))),
+    torch.nn.functional.softplus: ("softplus", "log1p(exp(β·x))/β", _softplus_parts),
+    torch.softmax: _SOFTMAX,
+    torch.nn.functional.softmax: _SOFTMAX,
+    torch.Tensor.softmax: _SOFTMAX,
+    torch.logsumexp: _LOGSUMEXP,
+    torch.Tensor.logsumexp: _LOGSUMEXP,
+}
+
+
 class _Forward(TorchFunctionMode):
     """Records the forward's calls (record=True), or runs it with one edge cut: (k, j, "detach") reads operand j
     of call k detached; (k, j, "straight") keeps call k's value with its derivative the identity in operand j;
     (k, j, "substitute", source) reads another value of the forward in place of operand j of call k: source is
     ("input", i) or ("call", m), the output of an earlier call m of the same run."""
 
-    def __init__(self, cut=None, record=False):
+    def __init__(self, cut=None, record=False, parts=False):
         super().__init__()
-        self.cut, self.record = cut, record
+        self.cut, self.record, self.parts = cut, record, parts
+        self.has_parts = False  # the forward makes a call of _PARTS
+        self.inside = None      # while a call of _PARTS runs as its parts: its (name, formula)
         self.calls = []
         self.count = 0
         self.outputs = []  # each call's output in this run, by index
@@ -116,6 +155,16 @@ class _Forward(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _PARTS:
+            self.has_parts = True
+            if self.parts and self.inside is None:
+                name, formula, parts = _PARTS[func]
+                self.inside = (name, formula)
+                try:
+                    with self:  # the parts are calls of their own, recorded (or cut) as the forward's
+                        return parts(*args, **kwargs)
+                finally:
+                    self.inside = None
         operands = [v for v in _flat(list(args) + list(kwargs.values()))
                     if isinstance(v, torch.Tensor) and v.requires_grad]
         if not operands:
@@ -147,6 +196,7 @@ class _Forward(TorchFunctionMode):
             numbers = [v for v in _flat(list(args) + list(kwargs.values()))
                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
             self.calls.append(_Call(k, name, _user_place(), operands, numbers, out))
+            self.calls[-1].inside = self.inside
         return out
 
 
@@ -197,6 +247,8 @@ def _name_calls(calls, names, xs):
         call = made_by.get(id(t))
         if call is None:
             return "a value of the forward", None
+        if call.inside is not None:  # a part of a call written out: its own op
+            return call.name, call
         return (call.assigned or call.text), call
 
     return operand
@@ -254,6 +306,9 @@ def _role(call, j, operand_text):
 
 def _term(call, j, operand):
     text, producer = operand(call.operands[j])
+    if call.inside is not None:
+        name, formula = call.inside
+        return f"{_role(call, j, text)} in {name} = {formula}, written out, of `{call.text}` at {call.where}"
     term = f"{_role(call, j, text)} in `{call.text}` at {call.where}"
     if producer is not None and producer.assigned == text:
         term += f" (`{text}` = `{producer.text}` at {producer.where})"
@@ -284,15 +339,32 @@ def name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
     if function_class is None or not failing:
         return []
     try:
-        return _name(function_class, fn, inputs, slots, names, arrays, failing, seed, _parameter_names(fn, len(inputs)))
+        parameters = _parameter_names(fn, len(inputs))
+        found = _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters)
+        rest = [n for n in failing if n not in {f[1] for f in found}]
+        if rest and _has_parts(function_class, inputs, slots, arrays):
+            found += _name(function_class, fn, inputs, slots, names, arrays, rest, seed, parameters, parts=True)
+        return found
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
 
 
-def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters):
-    fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-             for x in inputs]
-    recorder = _Forward(record=True)
+def _fixed(inputs):
+    return [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            for x in inputs]
+
+
+def _has_parts(function_class, inputs, slots, arrays):
+    """Whether the forward makes a call that _PARTS writes out (then a second search, over the parts, may name what
+    the calls as written do not)."""
+    mode = _Forward()
+    _run_forward(function_class, _fixed(inputs), slots, arrays, mode)
+    return mode.has_parts
+
+
+def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters, parts=False):
+    fixed = _fixed(inputs)
+    recorder = _Forward(record=True, parts=parts)
     xs, y = _run_forward(function_class, fixed, slots, arrays, recorder)
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
         return []
@@ -322,9 +394,11 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     errors = {i: user[i] - true[i] for i, n in enumerate(names) if n in failing}
     errors = {i: e for i, e in errors.items() if np.linalg.norm(e) > 0}
     fits = {i: [] for i in errors}
+    terms = {i: [] for i in errors}  # (call, j, d) of every edge, for the factors that are values of the forward
     for call, j, how in candidates:
         try:
-            cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays, _Forward(cut=(call.index, j, how)))
+            cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays,
+                                         _Forward(cut=(call.index, j, how), parts=parts))
             cut = _vjps(cut_xs, cut_y, cotangents)
         except Exception:
             continue
@@ -333,6 +407,8 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
             dd = float(d @ d)
             if dd <= (1e-12 * np.linalg.norm(true[i])) ** 2 or dd == 0:
                 continue
+            if how == "detach":
+                terms[i].append((call, j, d))
             alpha = float(e @ d) / dd
             residual = float(np.linalg.norm(e - alpha * d) / np.linalg.norm(e))
             if residual <= FIT and alpha != 0:
@@ -342,12 +418,17 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
 
     found = []
     note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
-    unfitted = {i: e for i, e in errors.items() if not fits[i]}
+    for i in [i for i in errors if not fits[i]]:
+        factor = _value_factor(i, terms[i], user[i], true[i], errors[i], recorder.calls, xs, names, operand)
+        if factor is not None:
+            found.append(factor)
+            fits[i] = None  # named
+    unfitted = {i: e for i, e in errors.items() if fits[i] is not None and not fits[i]}
     if unfitted:
         found += _substitutions(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, user,
-                                unfitted, operand)
+                                unfitted, operand, parts)
     for i, candidates_of_i in fits.items():
-        if not candidates_of_i:
+        if not candidates_of_i:  # None: named by a value's factor; []: nothing fits
             continue
         best = min(candidates_of_i, key=lambda c: _preference(c, values))
         # The edges along one chain fit alike: a power among them says where the factor comes from.
@@ -356,10 +437,44 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     return found
 
 
+def _value_factor(i, terms, user, true, e, calls, xs, names, operand):
+    """A term with a factor that is a value of the forward, element by element: x̄_user = x̄_true − d + d·v (a factor
+    v too many: a power rule's exponent not lowered, x·x² for x²) or − d + d/v (the factor v missing: the other
+    factor of a product, a chain rule's inner β of shape (C,)), for one edge's term d and one value v of the forward
+    (an input or a call's output) broadcast to the input's shape. No forward is run: the terms are those the edges
+    gave already."""
+    shape = tuple(xs[i].shape)
+    reps = len(e) // max(1, xs[i].numel())
+    values = [(names[q], x) for q, x in enumerate(xs)] + [(None, c.out) for c in calls]
+    tolerance = FIT * np.linalg.norm(e)
+    for call, j, d in terms:
+        for name, value in values:
+            try:
+                v = np.broadcast_to(value.detach().numpy(), shape).ravel()
+            except ValueError:
+                continue
+            v = np.tile(v, reps)
+            if np.allclose(v, 1) or not np.all(np.isfinite(v)):
+                continue
+            for missing in (False, True):
+                if missing and np.any(v == 0):
+                    continue
+                changed = true - d + (d / v if missing else d * v)
+                if np.linalg.norm(user - changed) > tolerance:
+                    continue
+                read = name or operand(value)[0]
+                how = f"the factor `{read}` missing from it" if missing else f"a factor `{read}` too many"
+                return ("term_factor", names[i], "vjp",
+                        f"x̄ has one term of the forward's rule with {how}, element by element (to rounding): "
+                        f"{_term(call, j, operand)}")
+    return None
+
+
 MAX_SUBSTITUTIONS = 160  # (edge, value) pairs tried for a term built from the wrong value
 
 
-def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotangents, user, errors, operand):
+def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotangents, user, errors, operand,
+                   parts):
     """A term built from the wrong value: x̄_user is the VJP of the forward with one operand of one call replaced by
     another value the forward has at that point, of the same shape (an input, or an earlier call's output): the
     backward reads that value where the operand belongs (x for x̂, a for silu(a)). Tried for the inputs whose error
@@ -380,7 +495,7 @@ def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotan
                 tried += 1
                 try:
                     sub_xs, sub_y = _run_forward(function_class, fixed, slots, arrays,
-                                                 _Forward(cut=(call.index, j, "substitute", source)))
+                                                 _Forward(cut=(call.index, j, "substitute", source), parts=parts))
                     sub = _vjps(sub_xs, sub_y, cotangents)
                 except Exception:
                     continue

@@ -271,3 +271,58 @@ def test_a_term_built_from_the_wrong_value_is_named_by_the_value_read():
     assert d is not None and d.input == "w", str(report)
     assert d.message.startswith("x̄ is the forward's rule with `x` read in place of `xhat` in `xhat * w`"), d.message
     assert check(affine_norm(), inputs((4, 5), (5,), (5,))).passed
+
+
+def gate(slip=None):
+    """y = x·σ(z); the slip's z̄ = ȳ·σ′(z) leaves out the product's other factor x."""
+
+    class Gate(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, z):
+            s = torch.sigmoid(z)
+            ctx.save_for_backward(x, s)
+            return x * s
+
+        @staticmethod
+        def backward(ctx, g):
+            x, s = ctx.saved_tensors
+            dz = g * s * (1 - s)
+            return g * s, dz if slip == "no_x" else dz * x
+
+    return Gate
+
+
+def silu_call(slip=None):
+    """y = F.silu(a) with a = x·w; the slip's silu′(a) = σ(a) leaves out the product rule's a·σ′(a)."""
+
+    class SiLUCall(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            a = x @ w
+            ctx.save_for_backward(x, w, a)
+            return torch.nn.functional.silu(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w, a = ctx.saved_tensors
+            s = torch.sigmoid(a)
+            da = g * (s if slip == "sigmoid" else s * (1 + a * (1 - s)))
+            return da @ w.T, x.T @ da
+
+    return SiLUCall
+
+
+def test_a_factor_that_is_a_value_of_the_forward_missing_from_a_term():
+    report = check(gate("no_x"), inputs((4, 5), (4, 5)))
+    d = next((d for d in report.diagnoses if d.kind == "term_factor"), None)
+    assert d is not None and d.input == "z", str(report)
+    assert d.message.startswith("x̄ has one term of the forward's rule with the factor `x` missing from it"), d.message
+    assert check(gate(), inputs((4, 5), (4, 5))).passed
+
+
+def test_a_term_inside_one_call_is_named_from_the_call_written_out():
+    report = check(silu_call("sigmoid"), inputs((3, 4), (4, 5)))
+    d = next((d for d in report.diagnoses if d.kind == "term_dropped"), None)
+    assert d is not None, str(report)
+    assert "the product rule's term through `sigmoid` in silu = a·sigmoid(a), written out, of " in d.message, d.message
+    assert check(silu_call(), inputs((3, 4), (4, 5))).passed

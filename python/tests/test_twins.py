@@ -1,4 +1,5 @@
-"""A torch op and its C++ twin with the same slip get the same findings. The twin is the same attention backward
+"""A torch op and its C++ twin with the same slip get the same findings (but for those named from the torch op's
+forward, where the twin can only say "no known kind"). The twin is the same attention backward
 claimed as formulas (docs/claims/README.md), which tapegrad evaluates in C++ on its own ops; the torch op is the
 Function of examples/python/attention_gradient.py with its forward-mode rule, so that both check VJP and JVP."""
 
@@ -27,8 +28,17 @@ vjp v = matmul(transpose(A), g)
 """
 
 
+# Named from the torch op's forward (tapegrad/_forward.py), which a claim's twin has as formulas only: where the torch
+# op has one of these, the twin says "no known kind" for that input.
+FROM_THE_FORWARD = {"term_dropped", "term_added", "term_factor", "wrong_value"}
+
+
 def findings(report):
     return sorted((d.kind, d.input) for d in report.diagnoses)
+
+
+def as_the_twin_sees_it(report):
+    return sorted(("unexplained" if kind in FROM_THE_FORWARD else kind, name) for kind, name in findings(report))
 
 
 @pytest.mark.parametrize("slip", (None,) + SLIPS)
@@ -36,7 +46,7 @@ def test_the_torch_op_and_its_cpp_twin_get_the_same_findings(slip):
     (twin,) = tapegrad.claim(claim_text(slip))
     op = tapegrad.gradcheck(make_attention(slip, with_jvp=True).apply, inputs(5, 4))
     assert bool(op) == bool(twin) == (slip is None)
-    assert findings(op) == findings(twin), f"torch:\n{op}\nC++ twin:\n{twin}"
+    assert as_the_twin_sees_it(op) == findings(twin), f"torch:\n{op}\nC++ twin:\n{twin}"
 
 
 def test_a_claim_that_does_not_parse_is_a_tapegrad_error():
