@@ -394,23 +394,52 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     errors = {i: user[i] - true[i] for i, n in enumerate(names) if n in failing}
     errors = {i: e for i, e in errors.items() if np.linalg.norm(e) > 0}
     fits = {i: [] for i in errors}
-    terms = {i: [] for i in errors}  # (call, j, d) of every edge, for the factors that are values of the forward
+    terms = {i: [] for i in errors}  # (call, j, d at the first ȳ) of every edge, for factors that are values
+
+    def full_terms(call, j, how):
+        """The edge's term d = x̄_true − x̄_cut for every input, at all the cotangents."""
+        cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays,
+                                     _Forward(cut=(call.index, j, how), parts=parts))
+        cut = _vjps(cut_xs, cut_y, cotangents)
+        return {i: true[i] - cut[i] for i in errors}
+
+    def fit(e, d, t):
+        """α and the residual of e ≈ α·d, or None where d is nothing next to t (x̄_true)."""
+        dd = float(d @ d)
+        if dd <= (1e-12 * np.linalg.norm(t)) ** 2 or dd == 0:
+            return None
+        alpha = float(e @ d) / dd
+        return alpha, float(np.linalg.norm(e - alpha * d) / np.linalg.norm(e))
+
+    # Each edge screened at the first ȳ (one backward), the few that fit there compared at all of them.
     for call, j, how in candidates:
         try:
             cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays,
                                          _Forward(cut=(call.index, j, how), parts=parts))
-            cut = _vjps(cut_xs, cut_y, cotangents)
+            cut = _vjps(cut_xs, cut_y, cotangents[:1])
         except Exception:
             continue
+        screened = False
         for i, e in errors.items():
-            d = true[i] - cut[i]
-            dd = float(d @ d)
-            if dd <= (1e-12 * np.linalg.norm(true[i])) ** 2 or dd == 0:
+            n = len(cut[i])
+            d = true[i][:n] - cut[i]
+            alpha_residual = fit(e[:n], d, true[i][:n])
+            if alpha_residual is None:
                 continue
             if how == "detach":
                 terms[i].append((call, j, d))
-            alpha = float(e @ d) / dd
-            residual = float(np.linalg.norm(e - alpha * d) / np.linalg.norm(e))
+            screened = screened or (alpha_residual[1] <= FIT and alpha_residual[0] != 0)
+        if not screened:
+            continue
+        try:
+            d_all = full_terms(call, j, how)
+        except Exception:
+            continue
+        for i, e in errors.items():
+            alpha_residual = fit(e, d_all[i], true[i])
+            if alpha_residual is None:
+                continue
+            alpha, residual = alpha_residual
             if residual <= FIT and alpha != 0:
                 if how == "straight" and abs(alpha + 1) > 1e-6:
                     continue
@@ -419,7 +448,8 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     found = []
     note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
     for i in [i for i in errors if not fits[i]]:
-        factor = _value_factor(i, terms[i], user[i], true[i], errors[i], recorder.calls, xs, names, operand)
+        factor = _value_factor(i, terms[i], user[i], true[i], errors[i], recorder.calls, xs, names, operand,
+                               lambda call, j, i=i: full_terms(call, j, "detach")[i])
         if factor is not None:
             found.append(factor)
             fits[i] = None  # named
@@ -437,30 +467,39 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     return found
 
 
-def _value_factor(i, terms, user, true, e, calls, xs, names, operand):
+def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term):
     """A term with a factor that is a value of the forward, element by element: x̄_user = x̄_true − d + d·v (a factor
     v too many: a power rule's exponent not lowered, x·x² for x²) or − d + d/v (the factor v missing: the other
     factor of a product, a chain rule's inner β of shape (C,)), for one edge's term d and one value v of the forward
     (an input or a call's output) broadcast to the input's shape. No forward is run: the terms are those the edges
-    gave already."""
+    gave at the first ȳ, and a fit there is confirmed at every ȳ (full_term(call, j): the edge's term at all)."""
     shape = tuple(xs[i].shape)
-    reps = len(e) // max(1, xs[i].numel())
-    values = [(names[q], x) for q, x in enumerate(xs)] + [(None, c.out) for c in calls]
-    tolerance = FIT * np.linalg.norm(e)
+    reps = 1  # the terms are at the first ȳ
+    values = []  # (name or None, the tensor, its values broadcast to x̄'s shape and stacked as x̄ is)
+    for name, value in [(names[q], x) for q, x in enumerate(xs)] + [(None, c.out) for c in calls]:
+        try:
+            v = np.tile(np.broadcast_to(value.detach().numpy(), shape).ravel(), reps)
+        except ValueError:
+            continue
+        if np.all(np.isfinite(v)) and np.abs(v - 1).max() > 1e-12:
+            values.append((name, value, v))
+    n = xs[i].numel()
+    tolerance = FIT * np.linalg.norm(e[:n])
     for call, j, d in terms:
-        for name, value in values:
-            try:
-                v = np.broadcast_to(value.detach().numpy(), shape).ravel()
-            except ValueError:
-                continue
-            v = np.tile(v, reps)
-            if np.allclose(v, 1) or not np.all(np.isfinite(v)):
-                continue
+        for name, value, v in values:
             for missing in (False, True):
                 if missing and np.any(v == 0):
                     continue
-                changed = true - d + (d / v if missing else d * v)
-                if np.linalg.norm(user - changed) > tolerance:
+                changed = true[:n] - d + (d / v if missing else d * v)
+                if np.linalg.norm(user[:n] - changed) > tolerance:
+                    continue
+                try:  # at every ȳ
+                    d_all = full_term(call, j)
+                except Exception:
+                    continue
+                v_all = np.tile(v, len(e) // n)
+                changed = true - d_all + (d_all / v_all if missing else d_all * v_all)
+                if np.linalg.norm(user - changed) > FIT * np.linalg.norm(e):
                     continue
                 read = name or operand(value)[0]
                 how = f"the factor `{read}` missing from it" if missing else f"a factor `{read}` too many"
@@ -493,14 +532,19 @@ def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotan
                 if tried >= MAX_SUBSTITUTIONS or len(found) == len(errors):
                     break
                 tried += 1
-                try:
-                    sub_xs, sub_y = _run_forward(function_class, fixed, slots, arrays,
-                                                 _Forward(cut=(call.index, j, "substitute", source), parts=parts))
+                cut = _Forward(cut=(call.index, j, "substitute", source), parts=parts)
+                try:  # screened at the first ȳ, then compared at all of them
+                    sub_xs, sub_y = _run_forward(function_class, fixed, slots, arrays, cut)
+                    first = _vjps(sub_xs, sub_y, cotangents[:1])
+                    close = [i for i, e in errors.items() if i not in found and
+                             np.linalg.norm(user[i][:len(first[i])] - first[i]) <= FIT * np.linalg.norm(e)]
+                    if not close:
+                        continue
                     sub = _vjps(sub_xs, sub_y, cotangents)
                 except Exception:
                     continue
                 for i, e in errors.items():
-                    if i in found:
+                    if i not in close:
                         continue
                     if np.linalg.norm(user[i] - sub[i]) <= FIT * np.linalg.norm(e):
                         read = names[source[1]] if source[0] == "input" else operand(value)[0]
