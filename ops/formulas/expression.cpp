@@ -197,7 +197,7 @@ class Evaluator {
     const Var cond = tensor_argument(n, 0, args[0]);
     const Var like = !args[1].is_number ? args[1].var : !args[2].is_number ? args[2].var : cond;
     return at(n, [&]() -> Var {
-      const Tensor& c = cond.value();
+      const Tensor c = cond.value();  // a handle: the tape's records move as constants are added below
       Tensor mask = Tensor::empty(like.dtype(), c.shape()), rest = Tensor::empty(like.dtype(), c.shape());
       for (int64_t k = 0; k < c.numel(); ++k) {
         const bool on = c.item(k) != 0;
