@@ -115,6 +115,7 @@ def _within(node, line, col):
     return (node.lineno, node.col_offset) <= (line, col) <= (node.end_lineno, node.end_col_offset)
 
 
+@functools.lru_cache(maxsize=4096)  # a file's syntax does not change within a check; its statements are many
 def _assigned_name(filename, line, col):
     """(the name the innermost statement at (line, col) gives the value computed there, the statement), from the
     file's syntax: `a = ...`, `a += ...`, `a: T = ...`, the element of `a, b = e1, e2` that holds the column, the
