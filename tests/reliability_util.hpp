@@ -59,6 +59,10 @@ inline constexpr bool kAddressSanitizer = false;
 inline constexpr bool kAddressSanitizer = false;
 #endif
 
+// How much longer the program takes under the sanitizers (checked builds run several times slower): the bounds on
+// how soon a signal or a refusal is answered are scaled by it, the promise itself is made of the normal build.
+inline constexpr double kSanitizerSlowdown = kAddressSanitizer ? 4 : 1;
+
 // A refusal takes under 100 MB of resident memory at its peak (not checked under AddressSanitizer, above).
 inline bool refused_in_little_memory(const CliRun& r) { return kAddressSanitizer || r.max_rss_kb < 100 * 1024; }
 
