@@ -40,37 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import researcher_ops as R  # noqa: E402
 import tapegrad  # noqa: E402
 
-# Findings that say where the error is, or what was not checked, but not what the slip is: "no known kind" names
-# only the input and where the error concentrates; "one input" and "VJP only"/"JVP only" say which input or which
-# mode fails; "diagonal" and "one row" say where on the Jacobian the errors sit; "Hessian block" which block of the
-# Hessian fails; "first order" that the second-order check fails because the first order does; "no JVP" is a note;
-# "tolerance" and "kink" say that the differences themselves are in doubt, not the rule; "consistent" and "adjoint"
-# compare the two modes with each other. A slip named only by these is counted as not named.
-GENERIC = {
-    "unexplained", "one_input", "vjp_only", "jvp_only", "diagonal", "one_row", "hessian_block", "first_order",
-    "no_jvp", "tolerance", "kink", "consistent", "adjoint",
-}
-
-# The checker's kinds that name each kind of slip truly. A slip's kind is what a person would call it; the
-# checker may name the same slip by its structure (a sign of one term is also "a term with the factor −1", dSᵀ for
-# dS is also "a term from the wrong value", a per-row term left out is also "a dropped term"), and each of those is
-# a right name. A key equal to the slip's own kind always counts, so kinds added to the checker under these names
-# count as soon as they exist.
-EXPECTED = {
-    "term_dropped": {"term_dropped", "zero"},  # zero: the whole of an input's gradient left out
-    "term_factor": {"term_factor", "term_added"},
-    "scale": {"scale", "term_factor"},
-    "sign": {"sign", "term_sign", "term_factor"},
-    "transposed": {"transposed_jacobian", "transposed_input", "transposed_output", "transposed_term",
-                   "wrong_value"},
-    "per_row": {"per_row_term", "per_row_factor", "term_dropped", "term_factor"},
-    "wrong_value": {"wrong_value"},
-    "wrong_axis": {"wrong_axis", "transposed_input", "transposed_output"},
-    "ignores_grad_output": {"nonlinear", "ignores_cotangent", "ignores_grad_output"},
-    "second_order_only": {"saved_on_ctx", "saved_in_forward", "second_order_only"},
-    "masked": {"masked_positions"},
-    "other": set(),  # any specific kind
-}
+GENERIC, EXPECTED = R.GENERIC, R.EXPECTED  # what counts as a name, kept with the set they measure
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 
