@@ -426,79 +426,15 @@ class Checker {
                                  n, n, n)};
   }
 
-  // A failure found by random projections names at most a scale or a sign. The same op on fewer rows (the first s
-  // along the leading axis of y and of every input that shares it: a batch, a sequence) has a Jacobian small enough
-  // to check in full, and there every kind can be named. The check is made again there, and its findings for the
-  // inputs that failed here are reported, saying where; when no slice can be made (no shared leading axis, or the
-  // op refuses the sliced inputs), or the slice passes, one line says how to get a diagnosis.
+  // A failure found by random projections, checked again in full on fewer rows (diagnose_narrowed.cpp).
   void narrow() {
-    const int64_t rows = yshape().rank() >= 1 ? yshape()[0] : 0;
-    std::vector<bool> shares(xs_.size());
-    for (size_t q = 0; q < xs_.size(); ++q)
-      shares[q] = xs_[q].shape().rank() >= 1 && xs_[q].shape()[0] == rows && rows >= 2;
-    auto sliced = [&](int64_t s, bool all) {  // the first s rows of the inputs that share y's leading axis
-      std::vector<Tensor> xs;
-      for (size_t q = 0; q < xs_.size(); ++q) {
-        const bool cut = shares[q] && (all || std::count(failed_by_projections_.begin(), failed_by_projections_.end(), q));
-        if (!cut) {
-          xs.push_back(xs_[q].clone());
-          continue;
-        }
-        Shape shape = xs_[q].shape();
-        shape[0] = s;
-        Tensor t = Tensor::empty(xs_[q].dtype(), shape);
-        if (t.dtype() == DType::i32) std::copy_n(xs_[q].data<int32_t>(), t.numel(), t.data<int32_t>());
-        else std::copy_n(xs_[q].data<double>(), t.numel(), t.data<double>());
-        xs.push_back(std::move(t));
-      }
-      return xs;
+    std::vector<std::string> input_names;
+    for (size_t i = 0; i < xs_.size(); ++i) input_names.push_back(name(i));
+    auto in_full = [this](std::span<const Tensor> xs, const GradcheckOptions& o) {
+      return Checker(f_, xs, names_, o, /*may_narrow=*/false).run();
     };
-    for (bool all : {true, false}) {
-      for (int64_t s = rows / 2; s >= 1; s /= 2) {
-        std::vector<Tensor> xs = sliced(s, all);
-        int64_t m = 0;
-        try {
-          const Tensor y = evaluate(f_, xs);
-          if (y.shape().rank() < 1 || y.shape()[0] != s) break;  // the output's rows are not the inputs' rows
-          m = y.numel();
-        } catch (...) {  // the op does not take its inputs cut this way (an Error, or a Python op's exception)
-          break;
-        }
-        bool fits = true;  // under the limit, or the default one where projections were asked for everywhere
-        const int64_t limit = std::max(opt_.full_jacobian_limit, GradcheckOptions{}.full_jacobian_limit);
-        for (size_t i : failed_by_projections_) fits = fits && m * xs[i].numel() <= limit;
-        if (!fits) continue;
-        GradcheckOptions full = opt_;
-        full.full_jacobian_limit = limit;
-        GradcheckReport r;
-        try {
-          r = Checker(f_, xs, names_, full, /*may_narrow=*/false).run();
-        } catch (...) {  // the cut op ran once but not under the checks' inputs: nothing is said of it
-          break;
-        }
-        if (r.passed) return say_how_to_name(fmt::format("the same check on the first {} of {} rows passes", s, rows));
-        for (auto& d : r.diagnoses) {
-          if (d.check.empty()) continue;  // which rule and which input: the checks here say that already
-          if (!std::count_if(failed_by_projections_.begin(), failed_by_projections_.end(),
-                             [&](size_t i) { return name(i) == d.input; }))
-            continue;
-          d.message = fmt::format("on the first {} of {} rows{} (a full Jacobian there): {}", s, rows,
-                                  all ? "" : fmt::format(" of {}", d.input), d.message);
-          details_.push_back(std::move(d));
-        }
-        return;
-      }
-    }
-    say_how_to_name("y and the inputs share no leading axis the check can cut");
-  }
-  void say_how_to_name(const std::string& why) {
-    for (size_t i : failed_by_projections_)
-      details_.push_back(
-          {Finding::unexplained, name(i), "",
-           fmt::format("random projections ({} × {} Jacobian entries, above full_jacobian_limit = {}) show only a "
-                       "scale or a sign, and {}; for a full diagnosis check smaller inputs or raise "
-                       "full_jacobian_limit to {}",
-                       m_, xs_[i].numel(), opt_.full_jacobian_limit, why, m_ * xs_[i].numel())});
+    for (Diagnosis& d : narrowed_diagnoses(f_, xs_, input_names, m_, opt_, failed_by_projections_, in_full))
+      details_.push_back(std::move(d));
   }
 
   const Function& f_;

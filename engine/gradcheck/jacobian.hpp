@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -93,6 +94,14 @@ std::optional<std::string> structured_set(const JacobianView& v, const Elements&
 std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
 // Each row of y (or of x), along any axis, off by a factor of its own: a per-row normalizer (diagnose_row_factor.cpp).
 std::optional<Diagnosis> per_row_factor(const JacobianView& v);
+
+// The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
+// in full (check_in_full) on the first rows of the leading axis y (m elements) and the inputs share, or one line
+// per input saying how to get a name (diagnose_narrowed.cpp).
+using CheckInFull = std::function<GradcheckReport(std::span<const Tensor>, const GradcheckOptions&)>;
+std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Tensor> x,
+                                          std::span<const std::string> names, int64_t m, const GradcheckOptions& opt,
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full);
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 
