@@ -14,6 +14,7 @@
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
+#include "ops/pointwise.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;
@@ -800,4 +801,23 @@ TEST_CASE("diagnosis: each row off by a factor of its own (a per-row normalizer)
   CHECK_MESSAGE(d->message.find("c_r = (1 + ‖x_r‖) in every row") != std::string::npos, d->message);
   CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
   CHECK_FALSE(r.has(Finding::unexplained));
+}
+
+TEST_CASE("diagnosis: an element-wise op's derivative read along the diagonal, as a factor or a term of x") {
+  // y = x³ with f′ claimed 3x³ (the exponent not lowered), then 3x² + 1 (a term too many).
+  for (int slip : {0, 1}) {
+    CAPTURE(slip);
+    Function f = [slip](Tape&, std::span<const Var> x) {
+      return pointwise("cube", x[0], [](auto v) { return v * v * v; },
+                       [slip](auto v) { return slip == 0 ? 3 * v * v * v : 3 * v * v + 1; });
+    };
+    GradcheckReport r = gradcheck(f, {random_tensor({3, 4}, 5)}, {"x"});
+    CHECK_FALSE(r.passed);
+    const Diagnosis* d = r.find(Finding::elementwise, "x");
+    REQUIRE_MESSAGE(d, r.str());
+    CHECK_MESSAGE(d->message.find(slip == 0 ? "(analytic = numeric × x)" : "(analytic − numeric = 1)") !=
+                      std::string::npos,
+                  d->message);
+    CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
+  }
 }

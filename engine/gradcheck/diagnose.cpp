@@ -76,6 +76,10 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
     out.push_back(*d);
     return out;
   }
+  if (auto d = elementwise_error(v)) {
+    out.push_back(*d);
+    return out;
+  }
   confined_patterns(v, bad, out);
   if (auto d = per_row_term(v, bad)) out.push_back(*d);
   return out;

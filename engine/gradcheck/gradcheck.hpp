@@ -95,6 +95,8 @@ enum class Finding {
   // Named from the VJP's answers to random cotangents and from the Jacobian's rows:
   ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
   per_row_factor,      // each row of y or x (along any axis) off by its own factor: a per-row normalizer wrong
+  elementwise,         // an element-wise op (a diagonal Jacobian) whose derivative along the diagonal is the right
+                       // one times, or plus, a function of x or y: a factor or a term of f′ wrong
   // Second order (engine/gradcheck/second_order.hpp):
   first_order,         // H·t fails because the first-order VJP already does
   hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent

@@ -94,6 +94,9 @@ std::optional<std::string> structured_set(const JacobianView& v, const Elements&
 std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
 // Each row of y (or of x), along any axis, off by a factor of its own: a per-row normalizer (diagnose_row_factor.cpp).
 std::optional<Diagnosis> per_row_factor(const JacobianView& v);
+// An element-wise op's derivative read along the diagonal as the right one times, or plus, a function of x or y
+// (diagnose_row_factor.cpp, beside the per-row factor: both read factors against the forward's own numbers).
+std::optional<Diagnosis> elementwise_error(const JacobianView& v);
 
 // The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
 // in full (check_in_full) on the first rows of the leading axis y (m elements) and the inputs share, or one line

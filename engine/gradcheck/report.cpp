@@ -49,6 +49,7 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::wrong_value, "wrong_value", "term from the wrong value"},
     {Finding::ignores_cotangent, "ignores_cotangent", "ignores ȳ"},
     {Finding::per_row_factor, "per_row_factor", "per-row factor"},
+    {Finding::elementwise, "elementwise", "element-wise"},
     {Finding::first_order, "first_order", "first order"},
     {Finding::hessian_block, "hessian_block", "Hessian block"},
     {Finding::asymmetric, "asymmetric", "asymmetric"},

@@ -1002,8 +1002,8 @@ GENERIC = {
 # a right name. A key equal to the slip's own kind always counts, so kinds added to the checker under these names
 # count as soon as they exist.
 EXPECTED = {
-    "term_dropped": {"term_dropped", "zero"},  # zero: the whole of an input's gradient left out
-    "term_factor": {"term_factor", "term_added"},
+    "term_dropped": {"term_dropped", "zero", "elementwise"},  # zero: the whole of an input's gradient left out
+    "term_factor": {"term_factor", "term_added", "elementwise"},
     "scale": {"scale", "term_factor"},
     "sign": {"sign", "term_sign", "term_factor"},
     "transposed": {"transposed_jacobian", "transposed_input", "transposed_output", "transposed_term",
