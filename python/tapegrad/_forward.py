@@ -502,7 +502,8 @@ def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term)
                 if np.linalg.norm(user - changed) > FIT * np.linalg.norm(e):
                     continue
                 read = name or operand(value)[0]
-                how = f"the factor `{read}` missing from it" if missing else f"a factor `{read}` too many"
+                how = (f"the factor `{read}` missing from it (or a division by `{read}` too many)" if missing
+                       else f"a factor `{read}` too many (or a division by `{read}` missing)")
                 return ("term_factor", names[i], "vjp",
                         f"x̄ has one term of the forward's rule with {how}, element by element (to rounding): "
                         f"{_term(call, j, operand)}")
@@ -570,7 +571,7 @@ def _source_path(function_class, basename):
 
 def _named_values(calls, fixed, parameters, xs, names):
     """(name, value) of the forward's scalars a factor may be made of: scalar inputs and numbers passed to it, the
-    numbers its calls take, and the sizes of its inputs' last axes (for √d)."""
+    scalars its calls compute, the numbers its calls take, and the sizes of its inputs' last axes (for √d)."""
     values = []
     for slot, v in enumerate(fixed):
         name = parameters[slot] if parameters and slot < len(parameters) else f"x{slot}"
@@ -581,6 +582,9 @@ def _named_values(calls, fixed, parameters, xs, names):
     for x, name in zip(xs, names):
         if x.numel() == 1:
             values.append((name, float(x)))
+    for call in calls:  # a scalar the forward computes: a norm, a sum (‖w‖ for a term divided by it once too often)
+        if call.out.numel() == 1 and call.out.is_floating_point() and call.inside is None:
+            values.append((call.assigned or call.text, float(call.out)))
     for call in calls:
         for n in call.numbers:
             values.append((f"{n:g}", float(n)))  # shown as the number itself
@@ -642,8 +646,10 @@ def _finding(fit, chain, input_name, operand, values, note):
         home = next((c[0] for c in sorted(chain, key=lambda c: c[0].index)
                      if value in c[0].numbers or re.search(rf"\b{re.escape(value_name)}\b", c[0].text)), None)
         at = f" (of `{home.text}` at {home.where})" if home is not None and home is not call else ""
-        hint = (f"; the factor {value_name}{at} is missing from it" if described.startswith("1/")
-                else f"; it has a factor {value_name}{at} too many")
+        # The same error either way round: a factor left out of the term, or a division by it written once too often.
+        hint = (f"; the factor {value_name}{at} is missing from it, or it is divided by {value_name} once too often"
+                if described.startswith("1/")
+                else f"; it has a factor {value_name}{at} too many, or a division by {value_name} is missing")
     return ("term_factor", input_name, "vjp",
             f"x̄ has one term of the forward's rule {described} times (the error is {alpha:.6g} × that term, to "
             f"rounding): {term}{hint}{note}")
