@@ -212,6 +212,7 @@ class _Recorder(TorchDispatchMode):
         self.alive = []      # every tensor seen, kept so that no id is reused during the trace
         self.nodes = []
         self.constants = {}
+        self._writing = None  # the in-place op being recorded, for the message of the views it invalidates
 
     def leaf(self, tensor, name):
         self.alive.append(tensor)
@@ -226,9 +227,13 @@ class _Recorder(TorchDispatchMode):
             # The value cannot be written: an x̄ that reads it has no formula, and the trace says why.
             what, *detail = why.args
             said = f"{what}" + (f", {detail[0]}," if detail else "") + f" {_source_place().said()}"
+            name = func.overloadpacket.__name__
+            wrote = kwargs.get("out") is not None or (name.endswith("_") and not name.startswith("_"))
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(t, torch.Tensor):
-                    self._forget_aliases(t)
+                    if wrote:  # only a write changes what its aliases hold; a view an op made is no write
+                        self._writing = name
+                        self._forget_aliases(t)
                     self.alive.append(t)
                     self.value_of[id(t)] = ("bad", said)
         return out
