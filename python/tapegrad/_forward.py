@@ -340,10 +340,10 @@ def name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
         return []
     try:
         parameters = _parameter_names(fn, len(inputs))
-        found = _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters)
+        found, has_parts = _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters)
         rest = [n for n in failing if n not in {f[1] for f in found}]
-        if rest and _has_parts(function_class, inputs, slots, arrays):
-            found += _name(function_class, fn, inputs, slots, names, arrays, rest, seed, parameters, parts=True)
+        if rest and has_parts:
+            found += _name(function_class, fn, inputs, slots, names, arrays, rest, seed, parameters, parts=True)[0]
         return found
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
@@ -354,20 +354,14 @@ def _fixed(inputs):
             for x in inputs]
 
 
-def _has_parts(function_class, inputs, slots, arrays):
-    """Whether the forward makes a call that _PARTS writes out (then a second search, over the parts, may name what
-    the calls as written do not)."""
-    mode = _Forward()
-    _run_forward(function_class, _fixed(inputs), slots, arrays, mode)
-    return mode.has_parts
-
-
 def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters, parts=False):
+    """(the findings, whether the forward makes a call of _PARTS: then a second search, over the parts written out,
+    may name what the calls as written do not)."""
     fixed = _fixed(inputs)
     recorder = _Forward(record=True, parts=parts)
     xs, y = _run_forward(function_class, fixed, slots, arrays, recorder)
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
-        return []
+        return [], recorder.has_parts
     rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
     cotangents = [rng.standard_normal(tuple(y.shape)) for _ in range(COTANGENTS)]
     true = _vjps(xs, y, cotangents)
@@ -396,12 +390,18 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     fits = {i: [] for i in errors}
     terms = {i: [] for i in errors}  # (call, j, d at the first ȳ) of every edge, for factors that are values
 
-    def full_terms(call, j, how):
-        """The edge's term d = x̄_true − x̄_cut for every input, at all the cotangents."""
-        cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays,
-                                     _Forward(cut=(call.index, j, how), parts=parts))
-        cut = _vjps(cut_xs, cut_y, cotangents)
-        return {i: true[i] - cut[i] for i in errors}
+    full = {}  # (call, operand, how) → the edge's term for every input at all the cotangents
+
+    def full_terms(call, j, how, run=None):
+        """The edge's term d = x̄_true − x̄_cut for every input, at all the cotangents; `run`, the cut forward's
+        (xs, y) where the screening made it already (its graph is kept), else the cut forward is run here."""
+        key = (call.index, j, how)
+        if key not in full:
+            cut_xs, cut_y = run or _run_forward(function_class, fixed, slots, arrays,
+                                                _Forward(cut=(call.index, j, how), parts=parts))
+            cut = _vjps(cut_xs, cut_y, cotangents)
+            full[key] = {i: true[i] - cut[i] for i in errors}
+        return full[key]
 
     def fit(e, d, t):
         """α and the residual of e ≈ α·d, or None where d is nothing next to t (x̄_true)."""
@@ -432,7 +432,7 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
         if not screened:
             continue
         try:
-            d_all = full_terms(call, j, how)
+            d_all = full_terms(call, j, how, (cut_xs, cut_y))
         except Exception:
             continue
         for i, e in errors.items():
@@ -464,7 +464,7 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
         # The edges along one chain fit alike: a power among them says where the factor comes from.
         chain = [c for c in candidates_of_i if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
         found.append(_finding(best, chain, names[i], operand, values, note))
-    return found
+    return found, recorder.has_parts
 
 
 def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term):
@@ -474,11 +474,10 @@ def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term)
     (an input or a call's output) broadcast to the input's shape. No forward is run: the terms are those the edges
     gave at the first ȳ, and a fit there is confirmed at every ȳ (full_term(call, j): the edge's term at all)."""
     shape = tuple(xs[i].shape)
-    reps = 1  # the terms are at the first ȳ
     values = []  # (name or None, the tensor, its values broadcast to x̄'s shape and stacked as x̄ is)
     for name, value in [(names[q], x) for q, x in enumerate(xs)] + [(None, c.out) for c in calls]:
         try:
-            v = np.tile(np.broadcast_to(value.detach().numpy(), shape).ravel(), reps)
+            v = np.broadcast_to(value.detach().numpy(), shape).ravel()  # as the terms: at the first ȳ
         except ValueError:
             continue
         if np.all(np.isfinite(v)) and np.abs(v - 1).max() > 1e-12:
