@@ -18,7 +18,7 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
   std::vector<Tensor> xs;
   for (size_t q = 0; q < x.size(); ++q) {
     if (!cut[q]) {
-      xs.push_back(x[q].clone());
+      xs.push_back(x[q]);  // a handle: the op only reads it, and a check clones its inputs
       continue;
     }
     Shape shape = x[q].shape();
@@ -34,9 +34,11 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
 }  // namespace
 
 std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Tensor> x,
-                                          std::span<const std::string> names, int64_t m, const GradcheckOptions& opt,
+                                          std::span<const std::string> names, const Shape& yshape,
+                                          const GradcheckOptions& opt,
                                           std::span<const size_t> failing, const CheckInFull& check_in_full) {
   std::vector<Diagnosis> out;
+  const int64_t m = yshape.numel();
   auto how_to_name = [&](const std::string& why) {
     for (size_t i : failing)
       out.push_back({Finding::unexplained, names[i], "",
@@ -46,8 +48,7 @@ std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Ten
                                  m, x[i].numel(), opt.full_jacobian_limit, why, m * x[i].numel())});
     return out;
   };
-  const Tensor y0 = evaluate(f, x);
-  const int64_t rows = y0.shape().rank() >= 1 ? y0.shape()[0] : 0;
+  const int64_t rows = yshape.rank() >= 1 ? yshape[0] : 0;
   std::vector<bool> shares(x.size());
   for (size_t q = 0; q < x.size(); ++q) shares[q] = x[q].shape().rank() >= 1 && x[q].shape()[0] == rows && rows >= 2;
   const bool failing_share = std::any_of(failing.begin(), failing.end(), [&](size_t i) { return shares[i]; });

@@ -121,10 +121,9 @@ std::optional<Diagnosis> per_row_factor(const JacobianView& v) {
         candidates.push_back({"‖" + rows_of_y + "_r‖", ys.norm});
         candidates.push_back({"Σ" + rows_of_y + "_r", ys.sum});
       }
-      if (!by_y || v.xshape == v.yshape) {
-        std::vector<int64_t> xf;
-        fibres(v.xshape, by_y ? axis : axis, xf);
-        const FibreStats xs = stats(std::span<const double>(v.x.data<double>(), static_cast<size_t>(v.cols)), xf, count);
+      if (!by_y || v.xshape == v.yshape) {  // x's fibres along the axis are then fibre_of too
+        const FibreStats xs =
+            stats(std::span<const double>(v.x.data<double>(), static_cast<size_t>(v.cols)), fibre_of, count);
         std::vector<double> one_plus(xs.norm);
         for (double& q : one_plus) q += 1;
         candidates.push_back({"‖" + v.input + "_r‖", xs.norm});
@@ -209,13 +208,15 @@ std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
   terms.push_back(piece(yn + "²", [&](size_t k) { return y[k] * y[k]; }));
   for (const Piece& p : terms)
     if (auto c = constant(e, p.g, n)) {
-      const std::string term = p.name == "1"                   ? describe_factor(*c)
-                               : std::abs(*c - 1) <= 1e-6 ? p.name
-                                                          : describe_factor(*c) + "·" + p.name;
+      const double size = std::abs(*c);  // written with its sign apart: f′ − 1.3, not f′ + -1.3
+      const std::string term = p.name == "1"                 ? describe_factor(size)
+                               : std::abs(size - 1) <= 1e-6 ? p.name
+                                                            : describe_factor(size) + "·" + p.name;
+      const char* sign = *c < 0 ? "−" : "+";
       return Diagnosis{Finding::elementwise, v.input, v.check,
-                       fmt::format("{}: along the diagonal the {} gives f′ + {} at every element (analytic − numeric "
-                                   "= {}): a term of f′ is missing, counted twice or wrong by that much",
-                                   where, rule_name(v.check), term, term)};
+                       fmt::format("{}: along the diagonal the {} gives f′ {} {} at every element (analytic − numeric "
+                                   "= {}{}): a term of f′ is missing, counted twice or wrong by that much",
+                                   where, rule_name(v.check), sign, term, *c < 0 ? "−" : "", term)};
     }
   return std::nullopt;
 }

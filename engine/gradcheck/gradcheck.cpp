@@ -205,20 +205,25 @@ class Checker {
   }
 
   // The unit cotangents e_j cannot tell ȳ from ȳ² or from 1: x̄ for one random ȳ must be Nᵀȳ = Σ_j ȳ_j N_j·, each
-  // element within Σ_j |ȳ_j|(atol + rtol·|N_jk|), the bound the unit rows' own tolerances add up to. Its draws come
-  // from a generator of their own, so the rest of the check sees the same random numbers as without it. The vjp row
-  // keeps the unit rows' errors and fails, at the element, if this comparison fails.
+  // element within Σ_j |ȳ_j|(atol + rtol·|N_jk|), the bound the unit rows' own tolerances add up to. Its draw comes
+  // from a generator of its own, so the rest of the check sees the same random numbers as without it, and one
+  // backward gives every input's x̄ for it. The vjp row keeps the unit rows' errors and fails, at the element, if
+  // this comparison fails.
   void compare_random_cotangent(size_t i, Comparison& c) {
     const int64_t n = xs_[i].numel();
     c.unit_rows_ok = c.vjp.r.passed;
     if (!c.unit_rows_ok || n == 0 || m_ == 0) return;
-    Rng rng(opt_.seed ^ (0xc07a6e47ull + i));
-    const Tensor u = random_like(y0_, rng);
-    const Tensor a = cotangent_on(i, u);
+    if (!random_u_.defined()) {
+      Rng rng(opt_.seed ^ 0xc07a6e47ull);
+      random_u_ = random_like(y0_, rng);
+      random_vjp_ = vjp(f_, xs_, random_u_);
+    }
+    const double* u = random_u_.data<double>();
+    const Tensor& a = random_vjp_[i];
     for (int64_t k = 0; k < n; ++k) {
       double want = 0, bound = 0;
       for (int64_t j = 0; j < m_; ++j) {
-        const double nk = c.numeric[static_cast<size_t>(j * n + k)], uj = u.item(j);
+        const double nk = c.numeric[static_cast<size_t>(j * n + k)], uj = u[j];
         want += uj * nk;
         bound += std::abs(uj) * (tol_.atol + tol_.rtol * std::abs(nk));
       }
@@ -433,7 +438,7 @@ class Checker {
     auto in_full = [this](std::span<const Tensor> xs, const GradcheckOptions& o) {
       return Checker(f_, xs, names_, o, /*may_narrow=*/false).run();
     };
-    for (Diagnosis& d : narrowed_diagnoses(f_, xs_, input_names, m_, opt_, failed_by_projections_, in_full))
+    for (Diagnosis& d : narrowed_diagnoses(f_, xs_, input_names, yshape(), opt_, failed_by_projections_, in_full))
       details_.push_back(std::move(d));
   }
 
@@ -451,6 +456,8 @@ class Checker {
   std::vector<Diagnosis> details_;  // per input; the report-level findings go before them
   std::string no_jvp_op_;
   bool may_narrow_ = true;                     // false in a narrowed check: it narrows no further
+  Tensor random_u_;                            // the random ȳ of the full check, and every input's x̄ for it
+  std::vector<Tensor> random_vjp_;
   std::vector<size_t> failed_by_projections_;  // inputs whose projections failed
 };
 

@@ -99,11 +99,12 @@ std::optional<Diagnosis> per_row_factor(const JacobianView& v);
 std::optional<Diagnosis> elementwise_error(const JacobianView& v);
 
 // The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
-// in full (check_in_full) on the first rows of the leading axis y (m elements) and the inputs share, or one line
-// per input saying how to get a name (diagnose_narrowed.cpp).
+// in full (check_in_full) on the first rows of the leading axis y (of shape yshape) and the inputs share, or one
+// line per input saying how to get a name (diagnose_narrowed.cpp).
 using CheckInFull = std::function<GradcheckReport(std::span<const Tensor>, const GradcheckOptions&)>;
 std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Tensor> x,
-                                          std::span<const std::string> names, int64_t m, const GradcheckOptions& opt,
+                                          std::span<const std::string> names, const Shape& yshape,
+                                          const GradcheckOptions& opt,
                                           std::span<const size_t> failing, const CheckInFull& check_in_full);
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);

@@ -98,12 +98,24 @@ std::string nothing_checked(const std::vector<CheckResult>& checks) {
   return "every check was skipped (" + (why.empty() ? std::string("no JVP") : why) + ")";
 }
 
+// The verdict of a report's checks: ok, or why nothing was checked (empty when something was).
+struct Outcome {
+  bool ok;
+  std::string not_checked;
+};
+Outcome outcome_of(const std::vector<CheckResult>& checks) {
+  std::string why_not = nothing_checked(checks);
+  const bool ok = why_not.empty() &&
+                  std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.skipped || c.passed; });
+  return {ok, std::move(why_not)};
+}
+
 }  // namespace
 
 void GradcheckReport::conclude() {
-  passed.not_checked = nothing_checked(checks);
-  passed.ok = passed.not_checked.empty() &&
-              std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.skipped || c.passed; });
+  Outcome o = outcome_of(checks);
+  passed.ok = o.ok;
+  passed.not_checked = std::move(o.not_checked);
   passed.report = str();
 }
 
@@ -116,9 +128,7 @@ const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const 
 bool GradcheckReport::has(Finding f, std::string_view input) const { return find(f, input) != nullptr; }
 
 std::string GradcheckReport::str() const {
-  const std::string why_not = nothing_checked(checks);
-  const bool ok = why_not.empty() &&
-                  std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.skipped || c.passed; });
+  const auto [ok, why_not] = outcome_of(checks);
   std::string title = op.empty() ? (case_name.empty() ? "gradcheck" : case_name)
                                   : (case_name.empty() ? op : fmt::format("{} / {}", op, case_name));
   std::string s = fmt::format("{}: {}\n", title, ok ? "passed" : why_not.empty() ? "FAILED" : "NOT CHECKED: " + why_not);

@@ -144,6 +144,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   sym.max_abs_err = std::abs(whv - vhw);
   sym.max_rel_err = sym.max_abs_err / std::max(bound, 1e-300);
   sym.analytic = whv, sym.numeric = vhw;
+  sym.compared = 1;
   sym.passed = sym.max_rel_err <= 1e-10;
   rep.checks.push_back(sym);
   // The Hessian of f(x) + f(x), each recorded on its own, is 2·H: H·v again, doubled.
@@ -166,6 +167,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
         acc.analytic = got, acc.numeric = want;
       }
     }
+  for (const Tensor& h : hv) acc.compared += h.numel();
   rep.checks.push_back(acc);
 
   if (opt.diagnose) {

@@ -39,11 +39,11 @@
 
 namespace tapegrad {
 
-// An error in a formula, at a column of its text. what() is three lines: "label: message", the text, a caret.
 // `s` with its control bytes (below 0x20, and 0x7f) written \xNN, for messages that quote what the user wrote: a
 // control byte would act on the terminal, and a NUL would end the message where it is read as a C string.
 std::string escape_controls(std::string_view s);
 
+// An error in a formula, at a column of its text. what() is three lines: "label: message", the text, a caret.
 struct ExpressionError : Error {
   ExpressionError(std::string label, std::string text, size_t offset, std::string message);
   std::string label;    // what the formula is: "--forward", "vjp x", "claims.txt:12"
