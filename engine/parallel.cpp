@@ -34,7 +34,6 @@ inline void cpu_relax() {
 // a worker that found nothing for this long leaves its core to the rest of the machine.
 constexpr auto kSpin = std::chrono::microseconds(300);
 
-constexpr int kMaxThreads = 256;  // set_num_threads clamps to the same
 
 int cpu_threads() {
   cpu_set_t set;
@@ -205,7 +204,7 @@ Pool& pool() {
 int num_threads() { return pool().threads(); }
 
 void set_num_threads(int n) {
-  n = std::clamp(n, 1, 256);
+  n = std::clamp(n, 1, kMaxThreads);
   pool();
   if (t_in_region) return;
   std::lock_guard<std::mutex> lock(g_pool_mutex);

@@ -24,9 +24,11 @@
 
 namespace tapegrad {
 
+// The most threads the engine's pool takes.
+inline constexpr int kMaxThreads = 256;
 // Threads the engine uses (the calling thread included): the TAPEGRAD_NUM_THREADS environment variable if set,
-// else the CPUs this process may run on. A value that is not a whole number from 1 to 256 is named in a warning on
-// stderr (then the CPUs are used; above 256, 256).
+// else the CPUs this process may run on. A value that is not a whole number from 1 to kMaxThreads is named in a
+// warning on stderr (then the CPUs are used; above kMaxThreads, kMaxThreads).
 int num_threads();
 // Changes the thread count (1 = serial); call it outside any parallel_for. Results are bit-identical run to run
 // for one thread count; a different count may change the order of float sums.

@@ -186,20 +186,18 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 
-void refuse_input_as_output(const std::string& output, std::string_view output_option, const std::string& input,
-                            std::string_view input_option) {
-  struct stat out {}, in {};
-  if (::stat(output.c_str(), &out) != 0 || ::stat(input.c_str(), &in) != 0) return;  // a new file is no input
-  if (!S_ISREG(out.st_mode)) return;  // /dev/stdout and fifos are written into, never replaced
-  if (out.st_dev == in.st_dev && out.st_ino == in.st_ino)
-    fail("{} '{}' is the file {} reads ('{}'): writing it would destroy the input; choose another path",
-         output_option, output, input_option, input);
-}
-
 bool same_regular_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
   if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
   return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void refuse_input_as_output(const std::string& output, std::string_view output_option, const std::string& input,
+                            std::string_view input_option) {
+  // A new file is no input; /dev/stdout and fifos are written into, never replaced.
+  if (same_regular_file(output, input))
+    fail("{} '{}' is the file {} reads ('{}'): writing it would destroy the input; choose another path",
+         output_option, output, input_option, input);
 }
 
 int output_descriptor(const std::string& path) {
@@ -344,11 +342,11 @@ void refuse_replacing_run_files(const std::string& path, std::string_view option
   if (::stat(real.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // a new file, or one written into
   const fs::path parent = fs::path(real).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  if (!is_run_directory(dir)) return;
-  struct stat d {}, own {};
+  struct stat d {}, own {};  // the command's own run directory first: two stats, where the other reads /proc/locks
   if (!own_run_dir.empty() && ::stat(dir.c_str(), &d) == 0 && ::stat(own_run_dir.c_str(), &own) == 0 &&
       d.st_dev == own.st_dev && d.st_ino == own.st_ino)
     return;
+  if (!is_run_directory(dir)) return;
   // Named as a reader would (made/x/../y is made/y); the checks above use the path itself.
   const std::string through =
       real == path ? std::string() : fmt::format(" (through a symbolic link, '{}')", fs::path(real).lexically_normal().string());

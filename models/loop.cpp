@@ -128,7 +128,7 @@ void TrainingRun::start() {
 }
 
 bool TrainingRun::interrupted(int64_t next_step) {
-  if (!cfg_.interrupt || *cfg_.interrupt == 0) return false;
+  if (!stop_requested(cfg_.interrupt)) return false;
   interrupted_at_ = next_step;
   result_.interrupted_by = static_cast<int>(*cfg_.interrupt);
   return true;
@@ -152,7 +152,7 @@ void TrainingRun::evaluate(int64_t step, const std::function<Evaluation(int64_t)
   }
   // A signal during the evaluation may have cut it short (its losses are then any value): it is dropped, and the
   // caller stops (interrupted()); a resumed run evaluates this step again.
-  if (cfg_.interrupt && *cfg_.interrupt != 0) return;
+  if (stop_requested(cfg_.interrupt)) return;
   if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss))
     fail("the evaluation loss became {} (train) / {} (val) at step {}{}", e.train_loss, e.val_loss, step, kept_);
   result_.evals.push_back(e);

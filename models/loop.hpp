@@ -78,6 +78,9 @@ struct LoopConfig {
   std::FILE* out = stdout;
 };
 
+// Whether a signal handler has asked a run to stop (LoopConfig::interrupt holds the signal, or 0).
+inline bool stop_requested(const volatile std::sig_atomic_t* interrupt) { return interrupt && *interrupt != 0; }
+
 struct LoopFunctions {
   // Records the loss of step `step` (a scalar) on `tape`. Required.
   std::function<Var(Tape& tape, int64_t step)> loss;

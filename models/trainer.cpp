@@ -247,9 +247,6 @@ std::pair<Batches, Batches> evaluation_batches(const TextData& data, int64_t B, 
   return splits;
 }
 
-// Whether a signal handler has asked the run to stop (LoopConfig::interrupt).
-bool stop_requested(const volatile std::sig_atomic_t* interrupt) { return interrupt && *interrupt != 0; }
-
 // Mean loss over fixed batches, recording nothing; `tape` is cleared after each batch. A signal (`interrupt`) cuts
 // it short, between batches, with NaN: TrainingRun::evaluate drops an evaluation the signal came during.
 double mean_loss(const GPT& model, Tape& tape, const Batches& batches, const volatile std::sig_atomic_t* interrupt) {

@@ -41,9 +41,6 @@ namespace {
 
 using namespace bench;
 
-// The most threads --threads takes: the engine's pool has at most 256 (engine/parallel.cpp), and a larger count
-// would be cut to it without a word.
-constexpr int kMaxThreads = 256;
 
 // ---- sections -------------------------------------------------------------------------------------------------
 
