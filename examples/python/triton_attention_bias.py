@@ -22,8 +22,8 @@ ones, to be told apart from the right one by a gradient check at the kernel's ow
   float32 inputs take the other launch and are right.
 - "accumulate_low" (a rounding defect, not a slip): dV and dK are carried across the query blocks in the input's
   dtype instead of float32. The formula is right; each block's running sum is rounded to 8 (bfloat16) or 11
-  (float16) significant bits, so the error next to the right kernel's grows with T (one rounding per block of 64 query rows) and is
-  none at float32.
+  (float16) significant bits, one rounding per block of 64 query rows, so the error next to the right kernel's
+  grows with T; at float32 there is none.
 
 reference(q, k, v, b) is the same map in composite torch ops, what the kernel replaces. main() prints, for each
 variant and dtype, the largest |error| of O and of each gradient against float64 autograd of reference().
