@@ -103,6 +103,11 @@ enum class Finding {
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
   saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
                        // backward, whose terms along the inputs are then lost (named from Python, with its line)
+  // At a working precision (python/tapegrad/_precision.py: an op run at bf16, fp16 or float32 against float64):
+  precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
+                       // kept or summed at the low precision where the reference keeps more bits, not a slip
+  rounds_inside,       // the forward rounds inside (its output moves in steps, not smoothly, at the difference
+                       // step): finite differences at that step are noise, not a derivative
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"

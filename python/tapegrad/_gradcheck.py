@@ -276,7 +276,7 @@ def _forward_mode_note(report, impl, fn):
 
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
               fast_mode=None, projections=4, inputs_to_check=None, names=None, seed=20240809, diagnose=True,
-              raise_exception=False, name=None, kwargs=None, params=False):
+              raise_exception=False, name=None, kwargs=None, params=False, reference=None):
     """Checks fn's derivatives at `inputs` with tapegrad's C++ checker and returns its Report.
 
     fn: a callable on torch tensors (a Function.apply, a module, a function, a lambda or functools.partial around
@@ -284,9 +284,15 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         order=2); or, when `vjp` is given, a callable on numpy arrays with its own rules: vjp(gout, *xs) → one array
         per input, jvp(tangents, *xs) → an array (absent: a "no JVP" note), hvp(gout, tangents, *xs) → one array
         per input (for order=2).
-    inputs: a tuple of tensors or arrays (any float dtype: the check runs in float64; 0-d stays 0-d); other values
-        are passed as they are. Checked: inputs_to_check (indices) if given, else the tensors that require grad if
-        any, else every floating-point input. An integer or bool input named in inputs_to_check is refused.
+    inputs: a tuple of tensors or arrays (0-d stays 0-d); other values are passed as they are. Checked:
+        inputs_to_check (indices) if given, else the tensors that require grad if any, else every floating-point
+        input. An integer or bool input named in inputs_to_check is refused. numpy arrays and float64 CPU tensors
+        are checked in float64; torch tensors in bfloat16, float16 or float32, or on a GPU, are checked at that
+        precision and on that device (tapegrad/_precision.py): fn runs there, and its VJP is compared with a
+        float64 reference on the same rounded inputs, against a bound on rounding that the check measures.
+    reference: at a precision below float64, the callable whose float64 values and torch derivatives are the
+        reference (the composite torch ops a fused kernel replaces); None: fn itself in float64, checked first
+        against finite differences.
     kwargs: keyword arguments passed to fn on every call (not checked).
     params: fn a torch.nn.Module: check its parameters too, after the inputs, named by named_parameters().
     order: 1 checks the VJP, JVP, adjoint identity, accumulation and the backward at ȳ = 0; 2 the Hessian-vector
@@ -328,6 +334,17 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     slots = _checked_slots(inputs, inputs_to_check)
     if not slots:
         raise ValueError("gradcheck: no input to check (no floating-point tensor or array among the inputs)")
+    if vjp is None and _torch_if_loaded() is not None:
+        from ._precision import runs_elsewhere
+        if runs_elsewhere(inputs, slots) or reference is not None:
+            float64_options = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections,
+                                   seed=seed, diagnose=diagnose)
+            report = _check_at_precision(fn, inputs, slots, names, name, order, kwargs, reference, float64_options)
+            if raise_exception and not report.passed:
+                raise GradcheckError(report)
+            return report
+    elif reference is not None:
+        raise ValueError("gradcheck: reference= goes with a torch op (numpy rules are checked in float64)")
     arrays = [_as_float64_array(inputs[i], i) for i in slots]
     if names is None:
         all_names = _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]
@@ -381,6 +398,9 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
         impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
+    rounding_note = None
+    if order == 1 and count == 1 and not report.passed:
+        report, rounding_note = _again_if_rounding_inside(report, impls[0], name, arrays, checked_names, options)
     if order == 1 and count == 1 and options.diagnose and not report.passed:
         _name_from_forward(report, fn, inputs, slots, checked_names, arrays, options.seed)
     if order == 1:
@@ -391,5 +411,60 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         if impl.no_forward_mode is not None:
             _forward_mode_note(report, impl, fn)
             break
+    if rounding_note is not None:
+        report._notes = getattr(report, "_notes", []) + [rounding_note]
     _tapegrad._reword(report, *_KINK_ADVICE)
     return report
+
+
+def _again_if_rounding_inside(report, impl, name, arrays, checked_names, options):
+    """A failed float64 check of a forward that rounds inside (tapegrad/_rounds_inside.py), made again at the step
+    its rounding allows: (the report to keep, a note or None)."""
+    from ._rounds_inside import recheck, rounding_inside
+    rho = rounding_inside(impl, arrays, options.eps, options.seed)
+    if rho is None:
+        return report, None
+    return recheck(impl, name, arrays, checked_names, options, rho)
+
+
+def _check_at_precision(fn, inputs, slots, names, name, order, kwargs, reference, options):
+    """fn checked at its inputs' precision and device (tapegrad/_precision.py), under the float64 check of fn on the
+    same values where no reference is given. options: gradcheck's keyword options, passed on to that check."""
+    from ._precision import check_at_precision, runs_elsewhere
+    torch = _torch_if_loaded()
+    if order != 1:
+        raise ValueError("gradcheck: order=2 runs in float64 (differences of a gradient at a low precision are "
+                         "rounding): pass float64 CPU tensors")
+    if not runs_elsewhere(inputs, slots):
+        raise ValueError("gradcheck: reference= compares an op run below float64 or on a GPU with float64; the "
+                         "checked inputs are float64 on the CPU: pass them at the precision the op runs in")
+    all_names = (list(names) if names is not None and len(names) == len(inputs) else
+                 _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))])
+    if names is not None and len(names) == len(slots) and len(slots) != len(inputs):
+        all_names = {s: n for s, n in zip(slots, names)}
+        all_names = [all_names.get(i, f"x{i}") for i in range(len(inputs))]
+    checked_names = [str(all_names[i]) for i in slots]
+    device = next(inputs[i].device for i in slots)
+
+    def float64_report():
+        def moved(x):
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                return x.detach().to(device="cpu", dtype=torch.float64).requires_grad_(x.requires_grad)
+            return x.cpu() if isinstance(x, torch.Tensor) else x
+        inputs64 = tuple(moved(x) for x in inputs)
+        fn64 = fn if device.type == "cpu" else _on_device(fn, device)
+        return gradcheck(fn64, inputs64, inputs_to_check=slots, names=checked_names, name=name, kwargs=kwargs,
+                         **options)
+    return check_at_precision(fn, inputs, slots, checked_names, name, kwargs, reference, options["seed"],
+                              float64_report if reference is None else None)
+
+
+def _on_device(fn, device):
+    """fn on CPU float64 tensors: its tensor arguments moved to the device it runs on, its outputs back."""
+    torch = _torch_if_loaded()
+
+    def call(*args, **kwargs):
+        y = fn(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        return tuple(t.cpu() for t in y) if isinstance(y, (tuple, list)) else y.cpu()
+    call.__qualname__ = getattr(fn, "__qualname__", "fn")
+    return call
