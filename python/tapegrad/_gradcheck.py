@@ -334,17 +334,6 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     slots = _checked_slots(inputs, inputs_to_check)
     if not slots:
         raise ValueError("gradcheck: no input to check (no floating-point tensor or array among the inputs)")
-    if vjp is None and _torch_if_loaded() is not None:
-        from ._precision import runs_elsewhere
-        if runs_elsewhere(inputs, slots) or reference is not None:
-            float64_options = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections,
-                                   seed=seed, diagnose=diagnose)
-            report = _check_at_precision(fn, inputs, slots, names, name, order, kwargs, reference, float64_options)
-            if raise_exception and not report.passed:
-                raise GradcheckError(report)
-            return report
-    elif reference is not None:
-        raise ValueError("gradcheck: reference= goes with a torch op (numpy rules are checked in float64)")
     arrays = [_as_float64_array(inputs[i], i) for i in slots]
     if names is None:
         all_names = _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]
@@ -361,7 +350,14 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
                              "can be checked (leave it out with inputs_to_check, or give it elements)")
 
-    if vjp is not None:
+    if vjp is None and _torch_if_loaded() is not None and (reference is not None or _runs_elsewhere(inputs, slots)):
+        float64_options = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections,
+                               seed=seed, diagnose=diagnose)
+        report = _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, reference,
+                                     float64_options)
+    elif vjp is not None:
+        if reference is not None:
+            raise ValueError("gradcheck: reference= goes with a torch op (numpy rules are checked in float64)")
         if kwargs:
             raise ValueError("gradcheck: kwargs= goes with a torch op; numpy rules take their inputs positionally")
         impl = NumpyOp(fn, inputs, slots, vjp, jvp, hvp)
@@ -427,23 +423,22 @@ def _again_if_rounding_inside(report, impl, name, arrays, checked_names, options
     return recheck(impl, name, arrays, checked_names, options, rho)
 
 
-def _check_at_precision(fn, inputs, slots, names, name, order, kwargs, reference, options):
+def _runs_elsewhere(inputs, slots):
+    from ._precision import runs_elsewhere
+    return runs_elsewhere(inputs, slots)
+
+
+def _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, reference, options):
     """fn checked at its inputs' precision and device (tapegrad/_precision.py), under the float64 check of fn on the
     same values where no reference is given. options: gradcheck's keyword options, passed on to that check."""
-    from ._precision import check_at_precision, runs_elsewhere
+    from ._precision import check_at_precision
     torch = _torch_if_loaded()
     if order != 1:
         raise ValueError("gradcheck: order=2 runs in float64 (differences of a gradient at a low precision are "
                          "rounding): pass float64 CPU tensors")
-    if not runs_elsewhere(inputs, slots):
+    if not _runs_elsewhere(inputs, slots):
         raise ValueError("gradcheck: reference= compares an op run below float64 or on a GPU with float64; the "
                          "checked inputs are float64 on the CPU: pass them at the precision the op runs in")
-    all_names = (list(names) if names is not None and len(names) == len(inputs) else
-                 _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))])
-    if names is not None and len(names) == len(slots) and len(slots) != len(inputs):
-        all_names = {s: n for s, n in zip(slots, names)}
-        all_names = [all_names.get(i, f"x{i}") for i in range(len(inputs))]
-    checked_names = [str(all_names[i]) for i in slots]
     device = next(inputs[i].device for i in slots)
 
     def float64_report():

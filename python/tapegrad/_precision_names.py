@@ -103,9 +103,11 @@ class _KernelAgainstReference:
 
 def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, slips, check, seed):
     impl = _KernelAgainstReference(fn, ref_fn, inputs, slots, kwargs, dtype, device)
+    # The bound as an absolute and as a relative tolerance: an element errs by up to B, and a random projection
+    # ⟨x̄, v⟩, a sum of n elements' errors, by up to about B/‖x̄‖∞ of its own size.
     options = _tapegrad._Options()
     options.atol = max(max(comparison.bound[i] for i in slips), 1e-300)
-    options.rtol = 0.0
+    options.rtol = max(comparison.bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0 for i in slips)
     options.seed = int(seed)
     arrays = [inputs[i].detach().to(torch.float64).cpu().numpy() for i in slots]
     structural = _tapegrad._check(impl, "kernel", arrays, list(names), 1, options)
@@ -117,11 +119,19 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
                 and d.kind not in named.get(d.input, ())):
             _tapegrad._add_diagnosis(report, d.kind, d.input, check, d.message)
             named.setdefault(d.input, set()).add(d.kind)
+    why = {d.input: d.message for d in structural.diagnoses if d.kind == "unexplained" and d.input in wanted}
     for i in slips:
         if names[i] not in named:
             _tapegrad._add_diagnosis(report, "unexplained", names[i], check,
                                      f"the error is past rounding's bound and none of the structural kinds fits it "
-                                     f"(max error {comparison.error[i]:.2g}, bound {comparison.bound[i]:.2g})")
+                                     f"(max error {comparison.error[i]:.2g}, bound {comparison.bound[i]:.2g})"
+                                     + (f": {_python_advice(why[names[i]])}" if names[i] in why else ""))
+
+
+def _python_advice(message):
+    """The C++ checker's advice without its C++ option (a Python caller narrows by checking smaller inputs)."""
+    cut = message.find(" or raise full_jacobian_limit")
+    return message if cut < 0 else message[:cut]
 
 
 def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,

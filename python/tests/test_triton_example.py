@@ -6,7 +6,8 @@ the input checks run anywhere."""
 import pytest
 import torch
 
-from triton_attention_bias import DTYPES, GRADIENTS, make_triton_attention_bias, max_errors
+import tapegrad
+from triton_attention_bias import DTYPES, GRADIENTS, inputs, make_triton_attention_bias, max_errors, reference
 
 # Largest |error| allowed for O and every gradient, at B·H = 2, T = 128, d = 64, against float64 autograd of
 # reference() on the same rounded inputs: about 4 times the right kernel's largest error, measured on an H200
@@ -81,6 +82,32 @@ def test_accumulating_in_16_bits_spoils_dv_and_dk_more_as_T_grows_and_not_at_flo
             ratio[t] = {name: errors_low[name] / errors_right[name] for name in ("dK", "dV")}
         for name in ("dK", "dV"):
             assert ratio[4096][name] > 2.5 and ratio[4096][name] > 2 * ratio[128][name], (dtype, ratio)
+
+
+def kernel_inputs(dtype, heads=2, t=128, d=64):
+    q, k, v, b, _ = inputs(heads, t, d)
+    return tuple(x.to("cuda", dtype).requires_grad_() for x in (q, k, v, b))
+
+
+@pytest.mark.usefixtures("cuda_and_triton")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_tapegrad_passes_the_right_kernel_at_its_precision_with_no_tolerance(dtype):
+    report = tapegrad.gradcheck(make_triton_attention_bias("right").apply, kernel_inputs(dtype), reference=reference)
+    assert report.passed, report
+    assert "on cuda" in str(report) and "against the reference reference in float64" in str(report)
+
+
+@pytest.mark.usefixtures("cuda_and_triton")
+@pytest.mark.parametrize("variant", sorted(SLIPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_tapegrad_fails_a_slip_at_the_precisions_it_lives_in_on_its_gradient_alone(variant, dtype):
+    spoiled, dtypes = SLIPS[variant]
+    report = tapegrad.gradcheck(make_triton_attention_bias(variant).apply, kernel_inputs(dtype), reference=reference)
+    names = {"dQ": "q", "dK": "k", "dV": "v", "dB": "b"}
+    assert {c.input for c in report.checks if not c.passed} == ({names[g] for g in spoiled} if dtype in dtypes
+                                                                 else set()), report
+    if variant in ("dk_no_scale", "dq_scale_twice_16bit") and dtype in dtypes:
+        assert "scale" in report.kinds, report
 
 
 def test_bad_inputs_are_refused_by_name_and_shape():

@@ -1,0 +1,171 @@
+"""An op checked at its own precision (tapegrad/_precision.py), on the CPU: a right op passes at bf16 and float32
+with no tolerance given, a slip of the 16-bit path alone fails there and is named, a sum kept at bf16 is named a
+precision defect, and a float64 forward that rounds inside (tapegrad/_rounds_inside.py) no longer fails for noise."""
+
+import math
+
+import pytest
+import torch
+
+import tapegrad
+from low_precision import REFERENCE, inputs, make_linear
+
+
+def precision_rows(report):
+    return [c for c in report.checks if c.check.startswith(("vjp ", "forward "))]
+
+
+def drawn(shapes, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, dtype=torch.float64, generator=g).to(dtype).requires_grad_() for s in shapes)
+
+
+def test_a_right_op_passes_at_bf16_and_float32_and_the_report_says_what_was_compared():
+    for dtype in (torch.bfloat16, torch.float32):
+        report = tapegrad.gradcheck(make_linear().apply, inputs(rows=64, dtype=dtype))
+        assert report.passed, report
+        rows = precision_rows(report)
+        assert {c.input for c in rows} == {"x", "w", "y"}
+        name = {torch.bfloat16: "bf16", torch.float32: "float32"}[dtype]
+        assert all(c.check.endswith(name) and 0 < c.max_abs_err <= c.numeric for c in rows), report
+        text = str(report)
+        assert f"linear at {name}" in text and "rounding at" in text and "explains up to" in text
+        # no reference given: fn itself is checked in float64 against finite differences in the same report
+        assert any(c.check == "vjp" and c.passed for c in report.checks)
+
+
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda x: x * torch.sigmoid(x), [(16, 32)]),
+    (lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b), [(8, 64), (64,), (64,)]),
+    (lambda x: torch.nn.functional.gelu(x), [(16, 32)]),
+    (lambda x: torch.log_softmax(x, -1).sum(), [(8, 32)]),
+    (lambda x, w1, w2: torch.relu(x @ w1) @ w2, [(16, 64), (64, 128), (128, 32)]),
+], ids=["silu", "layer_norm", "gelu", "log_softmax_sum", "mlp"])
+def test_right_composite_ops_pass_at_bf16_and_float32_at_every_seed(fn, shapes):
+    for dtype in (torch.bfloat16, torch.float32):
+        for seed in range(4):
+            report = tapegrad.gradcheck(fn, drawn(shapes, dtype, seed), seed=seed)
+            assert report.passed, report
+
+
+def test_a_slip_of_the_16_bit_path_fails_at_bf16_named_a_scale_and_passes_at_float32():
+    slipped = make_linear("unscaled").apply
+    report = tapegrad.gradcheck(slipped, inputs(rows=64))
+    assert not report.passed
+    failing = {(c.input, c.check) for c in report.checks if not c.passed}
+    assert failing == {("w", "vjp bf16")}, report  # its float64 rows pass: the slip is in the 16-bit path alone
+    scale = [d for d in report.diagnoses if d.kind == "scale" and d.input == "w"]
+    assert scale and "c = 1024" in scale[0].message, report
+    assert tapegrad.gradcheck(slipped, inputs(rows=64, dtype=torch.float32)).passed
+    assert tapegrad.gradcheck(slipped, inputs(rows=64, dtype=torch.float64)).passed
+
+
+def test_a_slip_in_every_precision_fails_its_float64_rows_too():
+    class Negated(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.tanh(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return -g * (1 - torch.tanh(x) ** 2)
+
+    report = tapegrad.gradcheck(Negated.apply, drawn([(8, 8)], torch.bfloat16, 0))
+    assert not report.passed
+    # fn in float64 is the reference: its rows against finite differences fail and name the slip, and the report
+    # says that the slip is in every precision
+    assert {c.check for c in report.checks if not c.passed} == {"vjp"}
+    assert "sign" in report.kinds
+    assert "the slip is in every precision" in str(report)
+
+
+def test_a_long_sum_kept_at_bf16_is_a_precision_defect_not_a_slip():
+    report = tapegrad.gradcheck(make_linear("accumulate_low").apply, inputs(rows=512), reference=REFERENCE)
+    assert not report.passed
+    assert {c.input for c in report.checks if not c.passed} == {"w"}, report
+    defect = [d for d in report.diagnoses if d.input == "w"]
+    assert [d.kind for d in defect] == ["precision_defect"], report
+    assert "shrinks with the precision" in defect[0].message
+    # at float32 the same running sum is float32's, within what rounding at float32 explains
+    assert tapegrad.gradcheck(make_linear("accumulate_low").apply, inputs(rows=512, dtype=torch.float32),
+                              reference=REFERENCE).passed
+
+
+def make_attention(slip=None):
+    """Attention with a trainable bias whose forward keeps its scores and softmax in float32, as fused kernels do."""
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, b):
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            p = torch.softmax((q @ k.transpose(-2, -1)).float() * scale + b.float(), dim=-1)
+            ctx.save_for_backward(q, k, v, p)
+            return p.to(q.dtype) @ v
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, p = ctx.saved_tensors
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            dv = p.to(q.dtype).transpose(-2, -1) @ do
+            dp = (do @ v.transpose(-2, -1)).float()
+            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            db = p * dp if slip == "db_no_rowsum" else ds
+            ds = ds.to(q.dtype)
+            dk = ds.transpose(-2, -1) @ q * scale
+            if slip == "dk_scale_twice_16bit" and q.dtype in (torch.bfloat16, torch.float16):
+                dk = dk * scale
+            return ds @ k * scale, dk, dv, db.to(q.dtype)
+    return Attention
+
+
+def attention_reference(q, k, v, b):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + b, dim=-1) @ v
+
+
+ATTENTION = [(2, 8, 16), (2, 8, 16), (2, 8, 16), (2, 8, 8)]
+
+
+def test_attention_against_a_reference_right_and_with_slips_at_bf16():
+    right = tapegrad.gradcheck(make_attention().apply, drawn(ATTENTION, torch.bfloat16, 0), reference=attention_reference)
+    assert right.passed, right
+    assert "against the reference attention_reference in float64" in str(right)
+    rowsum = tapegrad.gradcheck(make_attention("db_no_rowsum").apply, drawn(ATTENTION, torch.bfloat16, 0),
+                                reference=attention_reference)
+    assert {c.input for c in rowsum.checks if not c.passed} == {"b"}
+    assert "per_row_term" in rowsum.kinds, rowsum
+    twice = make_attention("dk_scale_twice_16bit").apply
+    at16 = tapegrad.gradcheck(twice, drawn(ATTENTION, torch.bfloat16, 0), reference=attention_reference)
+    assert {c.input for c in at16.checks if not c.passed} == {"k"}
+    assert "scale" in at16.kinds, at16
+    assert tapegrad.gradcheck(twice, drawn(ATTENTION, torch.float32, 0), reference=attention_reference).passed
+
+
+def test_a_float64_forward_that_rounds_inside_is_checked_at_the_step_its_rounding_allows():
+    x = drawn(ATTENTION, torch.float64, 1)
+    report = tapegrad.gradcheck(make_attention().apply, x)
+    assert report.passed, report
+    assert "rounds inside at about float32" in str(report)
+    slipped = tapegrad.gradcheck(make_attention("db_no_rowsum").apply, x)
+    assert not slipped.passed and {c.input for c in slipped.checks if not c.passed} == {"b"}, slipped
+
+
+def test_a_smooth_float64_forward_is_not_said_to_round_inside():
+    report = tapegrad.gradcheck(lambda x: torch.tanh(x) * 3, drawn([(4, 4)], torch.float64, 0), atol=1e-30, rtol=0)
+    assert "rounds inside" not in str(report)
+
+
+def test_precision_errors_are_clear():
+    x = inputs(rows=8)
+    with pytest.raises(ValueError, match="order=2 runs in float64"):
+        tapegrad.gradcheck(make_linear().apply, x, order=2)
+    with pytest.raises(ValueError, match="reference= compares an op run below float64"):
+        tapegrad.gradcheck(make_linear().apply, inputs(rows=8, dtype=torch.float64), reference=REFERENCE)
+
+    def broken(x, w):
+        raise ValueError("no such shape")
+    with pytest.raises(RuntimeError, match="the reference broken in float64 raised ValueError: no such shape"):
+        tapegrad.gradcheck(make_linear().apply, x, reference=broken)
+    with pytest.raises(ValueError, match="input 1 has dtype torch.int64"):
+        tapegrad.gradcheck(make_linear().apply, (x[0], torch.ones(8, 16, dtype=torch.int64)), inputs_to_check=[0, 1])
