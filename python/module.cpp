@@ -261,6 +261,7 @@ PYBIND11_MODULE(_tapegrad, m) {
       .def_readwrite("full_jacobian_limit", &GradcheckOptions::full_jacobian_limit)
       .def_readwrite("projections", &GradcheckOptions::projections)
       .def_readwrite("seed", &GradcheckOptions::seed)
-      .def_readwrite("diagnose", &GradcheckOptions::diagnose);
+      .def_readwrite("diagnose", &GradcheckOptions::diagnose)
+      .def_readwrite("adjoint_rtol", &GradcheckOptions::adjoint_rtol);
   bind_engine(m);
 }

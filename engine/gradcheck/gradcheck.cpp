@@ -268,7 +268,7 @@ class Checker {
       return adj;
     }
     double lhs = dot(jt, u), rhs = dot(t, ju);
-    double bound = 1e-10 * (norm(jt) * norm(u) + norm(t) * norm(ju)) + 1e-300;
+    double bound = opt_.adjoint_rtol * (norm(jt) * norm(u) + norm(t) * norm(ju)) + 1e-300;
     adj.max_abs_err = std::abs(lhs - rhs);
     adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
     adj.analytic = lhs, adj.numeric = rhs;
@@ -467,6 +467,8 @@ void validate(const GradcheckOptions& opt) {
   if (!(std::isfinite(opt.eps) && opt.eps > 0)) fail("gradcheck: eps must be finite and > 0, got {}", opt.eps);
   if (!(std::isfinite(opt.atol) && opt.atol >= 0)) fail("gradcheck: atol must be finite and ≥ 0, got {}", opt.atol);
   if (!(std::isfinite(opt.rtol) && opt.rtol >= 0)) fail("gradcheck: rtol must be finite and ≥ 0, got {}", opt.rtol);
+  if (!(std::isfinite(opt.adjoint_rtol) && opt.adjoint_rtol >= 0))
+    fail("gradcheck: adjoint_rtol must be finite and ≥ 0, got {}", opt.adjoint_rtol);
   if (opt.projections < 1) fail("gradcheck: projections must be at least 1, got {}", opt.projections);
   if (opt.full_jacobian_limit < 0)
     fail("gradcheck: full_jacobian_limit must not be negative, got {}", opt.full_jacobian_limit);

@@ -37,9 +37,13 @@ struct GradcheckOptions {
   int projections = 4;
   uint64_t seed = 20240809;
   bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
+  // How far ⟨J t, u⟩ (the JVP) and ⟨t, Jᵀu⟩ (the VJP) may differ, relative to ‖Jt‖‖u‖ + ‖t‖‖Jᵀu‖: rules computed in
+  // float64 agree to its rounding; the rules of a forward that rounds inside (python/tapegrad/_rounds_inside.py)
+  // only to the precision it rounds at.
+  double adjoint_rtol = 1e-10;
 };
-// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol and
-// rtol finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
+// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol,
+// rtol and adjoint_rtol finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
 void validate(const GradcheckOptions& opt);
 
 struct CheckResult {

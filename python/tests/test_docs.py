@@ -94,3 +94,31 @@ def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
     assert len(quoted) >= 5
     for line in quoted:
         assert line in printed, f"the docs quote {line!r}, which no report of test_forward.py's slips prints"
+
+
+def test_python_md_low_precision_lines_are_what_the_checks_print():
+    """The report, diagnosis and note lines docs/python.md quotes in its low-precision section (and
+    docs/gradchecking.md's precision defect) are printed by the checks its text describes, word for word but for the
+    numbers (bf16 products round differently on other CPUs)."""
+    import torch
+    from low_precision import REFERENCE, inputs, make_linear
+
+    def softmax_in_float32(x):
+        return torch.softmax(x.float(), dim=-1).double()
+
+    x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    reports = [tapegrad.gradcheck(make_linear(v).apply, inputs(), reference=REFERENCE)
+               for v in ("right", "unscaled", "accumulate_low")] + [tapegrad.gradcheck(softmax_in_float32, (x,))]
+
+    def masked(line):
+        return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", line)
+    printed = {masked(line) for r in reports for line in str(r).splitlines()}
+    text = (SOURCE_DIR / "docs/python.md").read_text()
+    section = text[text.index("### Low precision and GPUs"):text.index("## 2. numpy code")]
+    quoted = [line for language, body in re.findall(r"^```(\w*)\n(.*?)^```\n", section, flags=re.S | re.M)
+              if not language for line in body.splitlines() if line.strip()]
+    quoted += [line for line in (SOURCE_DIR / "docs/gradchecking.md").read_text().splitlines()
+               if line.startswith("    [precision defect]")]
+    assert len(quoted) > 12
+    for line in quoted:
+        assert masked(line) in printed, f"docs/python.md quotes {line!r}, which no check prints"
