@@ -12,7 +12,7 @@ sample of the error a right computation at p makes here; the result itself, stor
 Rounding explains an error up to
         B = 2 · max(largest deviation measured, u · ‖x̄₆₄‖∞)
 (the 2: two samples of an error are not its bound; the factor is fixed, never tuned per op). An input's row passes
-when max |x̄ₚ − x̄₆₄| ≤ B, over three ȳ; the forward's value is held to the same model.
+when max |x̄ₚ − x̄₆₄| ≤ B, over DRAWS random ȳ; the forward's value is held to the same model.
 
 An error past B is a slip or a precision defect (tapegrad/_precision_names.py): a defect when it shrinks with the
 precision, as a long sum accumulated at p makes it; otherwise a slip, named by the checker's structural diagnoses
@@ -33,7 +33,7 @@ from ._torch_op import float_outputs
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32", torch.float64: "float64"}
-DRAWS = 3          # random ȳ per comparison
+DRAWS = 2          # random ȳ per comparison
 MARGIN = 2.0       # B = MARGIN · the largest rounding error measured
 OP_UNITS = 3       # an op at a precision errs by up to this many units of its roundoff, and then rounds
 
@@ -92,25 +92,37 @@ class Rounding(TorchDispatchMode):
         super().__init__()
         self.dtype = dtype
         self.generator = generator
+        self.generators = {}
+
+    def _uniform(self, t):
+        """ξ uniform in [−1, 1], one per element of t, drawn on t's device (a generator per device, seeded from the
+        check's)."""
+        generator = self.generators.get(t.device)
+        if generator is None:
+            generator = torch.Generator(t.device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            self.generators[t.device] = generator
+        return torch.rand(tuple(t.shape), generator=generator, dtype=t.dtype, device=t.device) * 2 - 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if any(r.alias_info is not None for r in func._schema.returns):
             return out
-        sums = _sums(func, args, kwargs) if isinstance(out, torch.Tensor) and out.is_floating_point() else None
-        if sums is not None:
-            magnitude, n = sums
-            xi = torch.rand(tuple(out.shape), generator=self.generator, dtype=torch.float64) * 2 - 1
-            accumulator = UNIT_ROUNDOFF[torch.float64 if self.dtype == torch.float64 else torch.float32]
-            out = out + (math.sqrt(n) * accumulator * magnitude * xi.to(out.device)).to(out.dtype)
         u = UNIT_ROUNDOFF[self.dtype]
+        if isinstance(out, torch.Tensor):
+            if not (out.is_floating_point() and out.dtype in UNIT_ROUNDOFF and UNIT_ROUNDOFF[out.dtype] < u):
+                return out
+            sums = _sums(func, args, kwargs)
+            if sums is not None:
+                magnitude, n = sums
+                accumulator = UNIT_ROUNDOFF[torch.float64 if self.dtype == torch.float64 else torch.float32]
+                out = out + math.sqrt(n) * accumulator * magnitude * self._uniform(out)
+            return (out * (1 + OP_UNITS * u * self._uniform(out))).to(self.dtype).to(out.dtype)
 
         def rounded(t):
             if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype in UNIT_ROUNDOFF
                     and UNIT_ROUNDOFF[t.dtype] < u):
-                xi = torch.rand(tuple(t.shape), generator=self.generator, dtype=torch.float64) * 2 - 1
-                return (t * (1 + OP_UNITS * u * xi.to(device=t.device, dtype=t.dtype))).to(self.dtype).to(t.dtype)
+                return (t * (1 + OP_UNITS * u * self._uniform(t))).to(self.dtype).to(t.dtype)
             return t
         return tree_map(rounded, out)
 

@@ -27,7 +27,8 @@ def test_a_right_op_passes_at_bf16_and_float32_and_the_report_says_what_was_comp
         rows = precision_rows(report)
         assert {c.input for c in rows} == {"x", "w", "y"}
         name = {torch.bfloat16: "bf16", torch.float32: "float32"}[dtype]
-        assert all(c.check.endswith(name) and 0 < c.max_abs_err <= c.numeric for c in rows), report
+        assert all(c.check.endswith(name) and c.passed and math.isfinite(c.max_abs_err) for c in rows), report
+        assert any(c.max_abs_err > 0 for c in rows), report  # rounding was there to measure
         text = str(report)
         assert f"linear at {name}" in text and "rounding at" in text and "explains up to" in text
         # no reference given: fn itself is checked in float64 against finite differences in the same report
