@@ -190,7 +190,7 @@ def _largest(arrays):
 class _Comparison:
     """The kernel's VJPs and values against the reference's, and the rounding model's bound, per input."""
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64, slots):
+    def __init__(self, kernel, reference_at, dtype, cotangents_64):
         reference64 = reference_at(None, None)
         u = UNIT_ROUNDOFF[dtype]
         samples = [reference_at(dtype, None), reference_at(dtype, "nudged")]
@@ -255,7 +255,7 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
         return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, label, rounding_to, generator)
 
     cotangents = _cotangents(kernel, generator)
-    comparison = _Comparison(kernel, reference_at, dtype, cotangents, slots)
+    comparison = _Comparison(kernel, reference_at, dtype, cotangents)
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:

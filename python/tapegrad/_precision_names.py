@@ -37,7 +37,7 @@ def _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed):
         args = nudged if how == "nudged" else args32
         return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, "the reference", rounding_to,
                     generator)
-    return _Comparison(kernel, reference_at, torch.float32, _cotangents(kernel, generator), slots)
+    return _Comparison(kernel, reference_at, torch.float32, _cotangents(kernel, generator))
 
 
 def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing, seed):
