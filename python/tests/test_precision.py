@@ -170,3 +170,19 @@ def test_precision_errors_are_clear():
         tapegrad.gradcheck(make_linear().apply, x, reference=broken)
     with pytest.raises(ValueError, match="input 1 has dtype torch.int64"):
         tapegrad.gradcheck(make_linear().apply, (x[0], torch.ones(8, 16, dtype=torch.int64)), inputs_to_check=[0, 1])
+
+
+def test_float16_on_the_cpu_where_torch_has_its_kernels():
+    """torch 1.13's CPU kernels of float16 are few (no matmul, sigmoid or softmax): an element-wise op that has them
+    passes at every seed; an op that cannot run at the dtype is refused with its own reason, naming it and the dtype."""
+    for seed in range(4):
+        report = tapegrad.gradcheck(lambda x, y: x * y + x, drawn([(8, 8), (8, 8)], torch.float16, seed), seed=seed)
+        assert report.passed, report
+        assert "at fp16" in str(report)
+
+    def float32_only(x):
+        if x.dtype != torch.float32:
+            raise TypeError(f"no kernel for {x.dtype}")
+        return x * 2
+    with pytest.raises(RuntimeError, match=r"float32_only at fp16 raised TypeError: no kernel for torch.float16"):
+        tapegrad.gradcheck(float32_only, drawn([(4, 4)], torch.float16, 0))
