@@ -37,9 +37,14 @@ struct GradcheckOptions {
   int projections = 4;
   uint64_t seed = 20240809;
   bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
+  // The relative error the rules under check carry from rounding: 0 for float64 rules, whose exact checks (adjoint
+  // identity, linearity) hold to 1e-10 and 1e-8 of their sizes; a check of rules run at a lower precision
+  // (precision.hpp) sets its measured rounding, and those checks allow that much more. Nonzero, the `tolerance`
+  // finding (finite differences at their limit) is not made: the tolerance is then the rounding's.
+  double rounding = 0;
 };
-// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol and
-// rtol finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
+// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol,
+// rtol and rounding finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
 void validate(const GradcheckOptions& opt);
 
 struct CheckResult {
@@ -103,6 +108,8 @@ enum class Finding {
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
   saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
                        // backward, whose terms along the inputs are then lost (named from Python, with its line)
+  // At a working precision (precision.hpp):
+  precision,           // the rule is right (at f32 it passes) and loses more to bf16's rounding than the model explains
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
@@ -115,6 +122,8 @@ struct Diagnosis {
   std::string message;  // one line, with the numbers that back it
   std::string str() const;  // "[kind] input, check: message"
 };
+// The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.
+const Diagnosis* find_diagnosis(std::span<const Diagnosis> diagnoses, Finding f, std::string_view input = "");
 
 // Whether every check passed. Converts to bool, and is callable (report.passed()). Streamed, it prints the whole
 // report with its diagnosis, which is what a test framework shows for a failed CHECK(report.passed).

@@ -54,11 +54,12 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::hessian_block, "hessian_block", "Hessian block"},
     {Finding::asymmetric, "asymmetric", "asymmetric"},
     {Finding::saved_in_forward, "saved_in_forward", "saved in forward"},
+    {Finding::precision, "precision", "precision"},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kFindingNames); ++i)
     if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::saved_in_forward) + 1;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::precision) + 1;
 }
 static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
 
@@ -119,10 +120,14 @@ void GradcheckReport::conclude() {
   passed.report = str();
 }
 
-const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const {
+const Diagnosis* find_diagnosis(std::span<const Diagnosis> diagnoses, Finding f, std::string_view input) {
   for (const auto& d : diagnoses)
     if (d.kind == f && (input.empty() || d.input == input)) return &d;
   return nullptr;
+}
+
+const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const {
+  return find_diagnosis(diagnoses, f, input);
 }
 
 bool GradcheckReport::has(Finding f, std::string_view input) const { return find(f, input) != nullptr; }
