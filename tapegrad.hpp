@@ -16,6 +16,7 @@
 #include "engine/gradcheck/explain.hpp"
 #include "engine/gradcheck/gradcheck.hpp"
 #include "engine/gradcheck/jacobian.hpp"
+#include "engine/gradcheck/precision.hpp"
 #include "engine/gradcheck/registry.hpp"
 #include "engine/gradcheck/second_order.hpp"
 #include "engine/graphviz.hpp"

@@ -1,6 +1,7 @@
 // Every matrix product in tapegrad goes through gemm() below: C = α·op(A)·op(B) + β·C, row-major. float64
-// products run on OpenBLAS (cblas_dgemm); a float32 product runs on OpenBLAS or oneDNN, in f32 or bf16, as
-// engine/products.hpp decides from the CPU, the whole product's shape and the precision setting.
+// products run on OpenBLAS (cblas_dgemm), with their operands read through an emulated rounding while one is set;
+// a float32 product runs on OpenBLAS or oneDNN, in f32 or bf16, as engine/products.hpp decides from the CPU, the
+// whole product's shape and the precision setting.
 //
 // OpenBLAS and oneDNN run single-threaded and the engine's pool splits large products (engine/parallel.hpp gives the
 // policy): C (m, n) is cut into row blocks [r0, r1) and each thread runs one gemm on its block,
@@ -25,6 +26,18 @@
 #include "products.hpp"
 
 namespace tapegrad {
+
+// An operand of a product: a row-major matrix at `data` with leading dimension `ld`, used as it is or transposed.
+template <class T>
+struct MatrixOperand {
+  const T* data;
+  int64_t ld;
+  bool transposed;
+};
+template <class T>
+MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
+template <class T>
+MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
 
 namespace blas_detail {
 
@@ -106,24 +119,35 @@ inline void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
   });
 }
 
+// A float64 product under an emulated rounding (engine/products.hpp): its operands' stored elements moved into
+// packed copies (thread_local, kept from product to product), the product as usual, then its result moved.
+inline void emulated_rounding_product(int64_t m, int64_t n, int64_t k, double alpha, MatrixOperand<double> a,
+                                      MatrixOperand<double> b, double beta, double* c, int64_t ldc,
+                                      const EmulatedRounding& r) {
+  thread_local std::vector<double> a_copy, b_copy;
+  auto copy = [&r](std::vector<double>& out, const MatrixOperand<double>& x, int64_t rows, int64_t cols) {
+    if (x.transposed) std::swap(rows, cols);  // stored (cols, rows) when read transposed
+    out.resize(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        out[static_cast<size_t>(i * cols + j)] = emulate_rounding(x.data[i * x.ld + j], r.operand_roundoff, r.seed);
+    return MatrixOperand<double>{out.data(), cols, x.transposed};
+  };
+  const MatrixOperand<double> ar = copy(a_copy, a, m, k), br = copy(b_copy, b, k, n);
+  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+    gemm_call(Route::openblas, ar.transposed, br.transposed, r1 - r0, n, k, alpha,
+              rows_of(ar.data, ar.transposed, ar.ld, r0), ar.ld, br.data, br.ld, beta, c + r0 * ldc, ldc);
+  });
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = emulate_rounding(c[i * ldc + j], r.result_roundoff, ~r.seed);
+}
+
 // The first product checks which OpenBLAS kernels run (engine/blas_info.hpp); later ones pay one relaxed load.
 inline void check_core() {
   if (!core_checked.load(std::memory_order_relaxed)) warn_if_weak_blas_core();
 }
 
 }  // namespace blas_detail
-
-// An operand of a product: a row-major matrix at `data` with leading dimension `ld`, used as it is or transposed.
-template <class T>
-struct MatrixOperand {
-  const T* data;
-  int64_t ld;
-  bool transposed;
-};
-template <class T>
-MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
-template <class T>
-MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
 
 // C (m, n) = α·op(A)·op(B) + β·C, op(A) of shape (m, k) and op(B) of shape (k, n); C row-major with leading
 // dimension ldc. For example x·wᵀ into y:  gemm(n, out, in, 1.0f, as_is(x, in), transposed(w, in), 0.0f, y, out).
@@ -132,6 +156,9 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
           std::type_identity_t<T> beta, T* c, int64_t ldc) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
   blas_detail::check_core();
+  if constexpr (std::is_same_v<T, double>)
+    if (const EmulatedRounding r = emulated_rounding(); r.any())
+      return blas_detail::emulated_rounding_product(m, n, k, alpha, a, b, beta, c, ldc, r);
   const blas_detail::Route via = blas_detail::route<T>(m, n, k);
   auto product = [&] {
     if constexpr (std::is_same_v<T, float>)

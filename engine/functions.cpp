@@ -25,10 +25,11 @@ Tensor evaluate(const Function& f, std::span<const Tensor> inputs) {
 }
 
 std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
-                              std::span<const Tensor> tangents) {
+                              std::span<const Tensor> tangents, TapeObserver* observer) {
   if (tangents.size() != inputs.size())
     fail("jvp: {} tangents given for {} inputs", tangents.size(), inputs.size());
   Tape tape;
+  if (observer) tape.add_observer(observer);
   auto xs = leaves(tape, inputs);
   for (size_t i = 0; i < xs.size(); ++i)
     if (tangents[i].defined()) tape.set_tangent(xs[i], tangents[i]);
@@ -38,8 +39,10 @@ std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
   return {y.value().clone(), t.defined() ? t.clone() : Tensor::zeros(y.dtype(), y.shape())};
 }
 
-std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent) {
+std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent,
+                        TapeObserver* observer) {
   Tape tape;
+  if (observer) tape.add_observer(observer);
   auto xs = leaves(tape, inputs);
   Var y = f(tape, xs);
   if (y.requires_grad()) tape.backward(y, cotangent);  // else y does not depend on the inputs: zero gradients

@@ -63,6 +63,9 @@ const Choice& choice() {
 }
 
 std::atomic<ProductPrecision> precision{ProductPrecision::f32};
+std::atomic<Bf16Reach> reach{Bf16Reach::large_products};
+std::atomic<double> emulated_operand_roundoff{0}, emulated_result_roundoff{0};
+std::atomic<uint64_t> emulated_seed{0};
 std::atomic<ProductLog*> log{nullptr};
 
 }  // namespace
@@ -117,8 +120,28 @@ ProductPrecision product_precision() { return precision.load(std::memory_order_r
 void set_product_log(ProductLog* l) { log.store(l, std::memory_order_release); }
 ProductLog* product_log() { return log.load(std::memory_order_acquire); }
 
+void set_bf16_reach(Bf16Reach r) { reach.store(r, std::memory_order_relaxed); }
+Bf16Reach bf16_reach() { return reach.load(std::memory_order_relaxed); }
+
 bool runs_in_bf16(int64_t m, int64_t n, int64_t k) {
-  return product_precision() == ProductPrecision::bf16 && m * n * k >= kOneDnnMinMacs;
+  return product_precision() == ProductPrecision::bf16 &&
+         (bf16_reach() == Bf16Reach::every_product || m * n * k >= kOneDnnMinMacs);
+}
+
+double unit_roundoff(ProductPrecision p) {
+  return p == ProductPrecision::bf16 ? kBf16UnitRoundoff : kFloat32UnitRoundoff;
+}
+
+void set_emulated_rounding(EmulatedRounding r) {
+  for (const double u : {r.operand_roundoff, r.result_roundoff})
+    if (!(u >= 0 && u < 1)) throw Error(fmt::format("emulated rounding: unit roundoff {} is not in [0, 1)", u));
+  emulated_seed.store(r.seed, std::memory_order_relaxed);
+  emulated_operand_roundoff.store(r.operand_roundoff, std::memory_order_relaxed);
+  emulated_result_roundoff.store(r.result_roundoff, std::memory_order_relaxed);
+}
+EmulatedRounding emulated_rounding() {
+  return {emulated_operand_roundoff.load(std::memory_order_relaxed),
+          emulated_result_roundoff.load(std::memory_order_relaxed), emulated_seed.load(std::memory_order_relaxed)};
 }
 
 ProductPrecision parse_precision(const std::string& text) {
@@ -137,7 +160,9 @@ std::string products_summary() {
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));
-  if (product_precision() == ProductPrecision::bf16)
+  if (product_precision() == ProductPrecision::bf16 && bf16_reach() == Bf16Reach::every_product)
+    text += fmt::format(" for every product ({}, float32 accumulation)", onednn_version());
+  else if (product_precision() == ProductPrecision::bf16)
     text += fmt::format(" for products of >= 2^19 multiply-adds ({}, float32 accumulation), f32 below", onednn_version());
   return text;
 }

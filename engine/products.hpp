@@ -10,7 +10,8 @@
 // unset, keeps it).
 //
 // Precision. In f32 mode (the default) a product reads and accumulates float32. In bf16 mode every float32
-// product rounds copies of its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
+// product large enough to gain from it (runs_in_bf16; Bf16Reach::every_product for all of them) rounds copies of
+// its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
 // accumulates in float32 on the CPU's bf16 units (AVX512_BF16 or AMX-BF16, through oneDNN); C stays float32, and
 // so do the tensors, the parameters, the optimizer state and the gradients. float64 products are never rounded.
 // bf16 is a mode of the products, not a tensor dtype: the products are where the units pay off, everything else
@@ -23,10 +24,13 @@
 // starts threads of its own, so nothing oversubscribes the cores.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "rng.hpp"
 
 namespace tapegrad {
 
@@ -56,22 +60,76 @@ ProductBackend product_backend(int64_t m, int64_t n, int64_t k);
 // what is missing. Call it between steps, not while products run.
 void set_product_precision(ProductPrecision precision);
 ProductPrecision product_precision();
-// Sets the precision for a scope and puts the previous one back at its end (throws as set_product_precision).
+// Which float32 products bf16 mode rounds: by default those large enough to gain from it (runs_in_bf16 below);
+// every_product rounds each one whatever its size, to see at a small size what bf16 does to a computation whose
+// products are large when it trains (a node's check at bf16 on a gradcheck case). Set it as the precision is.
+enum class Bf16Reach { large_products, every_product };
+void set_bf16_reach(Bf16Reach reach);
+Bf16Reach bf16_reach();
+// Sets the precision (and bf16's reach) for a scope and puts the previous ones back at its end (throws as
+// set_product_precision).
 class PrecisionScope {
  public:
-  explicit PrecisionScope(ProductPrecision p) : previous_(product_precision()) { set_product_precision(p); }
-  ~PrecisionScope() { set_product_precision(previous_); }
+  explicit PrecisionScope(ProductPrecision p, Bf16Reach reach = Bf16Reach::large_products)
+      : previous_(product_precision()), previous_reach_(bf16_reach()) {
+    set_product_precision(p);
+    set_bf16_reach(reach);
+  }
+  ~PrecisionScope() {
+    set_bf16_reach(previous_reach_);
+    set_product_precision(previous_);
+  }
   PrecisionScope(const PrecisionScope&) = delete;
   PrecisionScope& operator=(const PrecisionScope&) = delete;
 
  private:
   ProductPrecision previous_;
+  Bf16Reach previous_reach_;
 };
-// Whether this float32 product runs in bf16: in bf16 mode, those of at least 2^19 multiply-adds. Smaller ones (an
-// attention head's at T = 64) stay float32, on the backend of the rule: for them bf16's rounding pass and
-// oneDNN's call cost more than the faster product saves (the default model's attention took 4.3 ms a step with
-// every product in bf16, 2.3 in float32).
+// Whether this float32 product runs in bf16: in bf16 mode, those of at least 2^19 multiply-adds (every one with
+// Bf16Reach::every_product). Smaller ones (an attention head's at T = 64) stay float32, on the backend of the rule:
+// for them bf16's rounding pass and oneDNN's call cost more than the faster product saves (the default model's
+// attention took 4.3 ms a step with every product in bf16, 2.3 in float32).
 bool runs_in_bf16(int64_t m, int64_t n, int64_t k);
+// The unit roundoff of a bf16 operand (8 significant bits: 2⁻⁸) and of a float32 one (24 bits: 2⁻²⁴): a rounded
+// operand a' = a·(1 + δ) with |δ| ≤ u.
+inline constexpr double kBf16UnitRoundoff = 0x1p-8;
+inline constexpr double kFloat32UnitRoundoff = 0x1p-24;
+double unit_roundoff(ProductPrecision precision);  // of a product's operands in that precision
+
+// Emulated rounding of the float64 products: how far a float64 computation moves when its products are rounded as
+// they would be at another precision, measured without running at that precision. While one is set, every float64
+// product reads each element a of its two operands as a·(1 + σ(a)·u_operand), and leaves each element c of its
+// result as c·(1 + σ(c)·u_result) (the operands of a bf16 product are rounded to bfloat16, its float32 result to
+// float32). σ(a) = ±1 is drawn from a hash of a's bits and the seed: like a rounding, a function of the value alone
+// (the same a moves the same way in every product), as far as a rounding at that unit roundoff can move it, in a
+// direction no rounding rule favours; several seeds give several such roundings. The products still multiply and
+// add in float64, and float32 products are never touched. Set it between computations, not while products run (it
+// holds for every thread). Both unit roundoffs 0: none (the default).
+struct EmulatedRounding {
+  double operand_roundoff = 0;
+  double result_roundoff = 0;
+  uint64_t seed = 0;
+  bool any() const { return operand_roundoff > 0 || result_roundoff > 0; }
+};
+void set_emulated_rounding(EmulatedRounding rounding);
+EmulatedRounding emulated_rounding();
+// a·(1 + σ(a)·u), σ(a) = ±1 from a's bits and the seed: a moved as a rounding at unit roundoff u could move it.
+inline double emulate_rounding(double a, double u, uint64_t seed) {
+  const uint64_t h = Rng(seed ^ std::bit_cast<uint64_t>(a)).next_u64();
+  return a * (1 + ((h >> 63) ? -u : u));
+}
+// Sets an emulated rounding for a scope and puts the previous one back at its end.
+class EmulatedRoundingScope {
+ public:
+  explicit EmulatedRoundingScope(EmulatedRounding r) : previous_(emulated_rounding()) { set_emulated_rounding(r); }
+  ~EmulatedRoundingScope() { set_emulated_rounding(previous_); }
+  EmulatedRoundingScope(const EmulatedRoundingScope&) = delete;
+  EmulatedRoundingScope& operator=(const EmulatedRoundingScope&) = delete;
+
+ private:
+  EmulatedRounding previous_;
+};
 // Empty where bf16 products can run here, else why not ("this CPU (AMD EPYC (AVX2)) has neither AVX512_BF16 nor
 // AMX-BF16"). For tests, TAPEGRAD_FAKE_NO_BF16=1 in the environment makes any CPU answer as one without bf16 units.
 std::string bf16_unavailable_reason();

@@ -4,8 +4,8 @@
 // What the sheets do not say: sigmoid takes y from e^(−|x|), which cannot overflow; abs takes f′(0) = 0, the central
 // value of [−1, 1], as PyTorch and JAX take it, and what central differences give. sqrt and pow refuse inputs where
 // y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with p < 0) instead of returning it.
-// gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps tanh u or Φ(x) instead of y, so that
-// the derivative needs no second tanh or erfc.
+// gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps 1 − |tanh u| or Φ(x) instead of y, so
+// that the derivative needs no second tanh or erfc.
 #include <cmath>
 #include <string_view>
 
@@ -33,14 +33,15 @@ void expect_each(const char* op, const Var& x, Ok ok, std::string_view expected)
 
 }  // namespace
 
-// gelu and gelu_erf keep x and s (t = tanh u, or Φ(x); ops/gelu.hpp has both derivations): the VJP x̄ += f′(x)·ȳ
-// and the JVP ẏ = f′(x)·ẋ read s instead of evaluating tanh or erfc again.
+// gelu and gelu_erf keep x and s (c = 1 − |tanh u|, or Φ(x); ops/gelu.hpp has both derivations): the VJP
+// x̄ += f′(x)·ȳ and the JVP ẏ = f′(x)·ẋ read s instead of evaluating tanh or erfc again.
 static Var gelu_node(const char* op, GeluForm form, Var x) {
   expect_float(op, x);
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor s = tape.empty(x.dtype(), x.shape(), form == GeluForm::exact ? "Φ(x) of gelu_erf" : "tanh of gelu's argument");
+  Tensor s = tape.empty(x.dtype(), x.shape(),
+                        form == GeluForm::exact ? "Φ(x) of gelu_erf" : "1 − |tanh| of gelu's argument");
   const int64_t n = y.numel();
   dispatch_float(op, x.dtype(), [&]<class T>(T) { gelu_forward(form, y.data<T>(), s.data<T>(), xv.data<T>(), n); });
   auto apply_derivative = [op, form, xv, s, n](Tensor& out, const Tensor& in) {

@@ -262,6 +262,6 @@ PYBIND11_MODULE(_tapegrad, m) {
       .def_readwrite("projections", &GradcheckOptions::projections)
       .def_readwrite("seed", &GradcheckOptions::seed)
       .def_readwrite("diagnose", &GradcheckOptions::diagnose)
-      .def_readwrite("adjoint_rtol", &GradcheckOptions::adjoint_rtol);
+      .def_readwrite("rounding", &GradcheckOptions::rounding);
   bind_engine(m);
 }

@@ -1,6 +1,7 @@
 // The tapegrad program as a user runs it: exit codes, one-line errors, the JSON report.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
@@ -46,6 +47,39 @@ TEST_CASE("tapegrad gradcheck passes every op and exits 0") {
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find(" 0 failed") != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck --precision f32 checks the ops' float32 rules against float64, and says so") {
+  Run r = run("gradcheck --op matmul --op softmax --precision f32");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("gradcheck at f32 products, float32 tensors, against float64\n") == 0);
+  CHECK(r.out.find(" cases at f32: ") != std::string::npos);
+  CHECK(r.out.find(" 0 failed") != std::string::npos);
+  Run json = run("gradcheck --op matmul --precision f32 --json", false);
+  REQUIRE(json.code == 0);
+  for (const auto& row : nlohmann::json::parse(json.out)) {
+    CHECK(row["precision"] == "f32");
+    CHECK(row["max_abs_err"].get<double>() <= row["bound"].get<double>());
+  }
+  Run help = run("gradcheck --help");
+  CHECK(help.out.find("--precision") != std::string::npos);
+}
+
+TEST_CASE("tapegrad gradcheck --precision bf16 where bf16 products cannot run: exit 1, one line saying why") {
+  const std::string cmd = std::string("TAPEGRAD_FAKE_NO_BF16=1 ") + TAPEGRAD_CLI + " gradcheck --precision bf16 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  std::array<char, 4096> buf{};
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
+  const int status = pclose(p);
+  INFO(out);
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(out.find("tapegrad: error: --precision bf16: this CPU (") == 0);
+  CHECK(out.find("has neither AVX512_BF16 nor AMX-BF16") != std::string::npos);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  CHECK(run("gradcheck --precision f16").code == 2);
 }
 
 TEST_CASE("tapegrad gradcheck --list names every op") {

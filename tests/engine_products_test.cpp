@@ -312,3 +312,65 @@ TEST_CASE("oneDNN on a team of threads (the bench's ceilings) gives the float32 
     CHECK(compare(p, team, float32_bound(p.k)).error_over_bound <= 1.0);
   });
 }
+
+TEST_CASE("Bf16Reach::every_product sends products of any size to bf16 for its scope, and no further") {
+  CHECK(bf16_reach() == Bf16Reach::large_products);
+  if (!bf16_unavailable_reason().empty()) {  // the scope refuses bf16 as set_product_precision does
+    CHECK_ERROR_HAS(PrecisionScope(ProductPrecision::bf16, Bf16Reach::every_product), "bf16 products");
+    CHECK(bf16_reach() == Bf16Reach::large_products);
+    return;
+  }
+  {
+    PrecisionScope large(ProductPrecision::bf16);
+    CHECK_FALSE(runs_in_bf16(2, 3, 4));
+    CHECK(runs_in_bf16(128, 64, 64));
+    PrecisionScope every(ProductPrecision::bf16, Bf16Reach::every_product);
+    CHECK(runs_in_bf16(2, 3, 4));
+    CHECK(products_summary().find("bf16 for every product") != std::string::npos);
+    // A small product now reads its operands rounded to bf16: 1 + 2⁻¹⁰ is 1 there.
+    std::vector<float> a{1.0f + std::ldexp(1.0f, -10)}, b{1.0f}, c{0.0f};
+    gemm(1, 1, 1, 1.0f, as_is(a.data(), 1), as_is(b.data(), 1), 0.0f, c.data(), 1);
+    CHECK(c[0] == 1.0f);
+  }
+  CHECK(bf16_reach() == Bf16Reach::large_products);
+  CHECK(product_precision() == ProductPrecision::f32);
+  CHECK_FALSE(runs_in_bf16(128, 64, 64));
+}
+
+TEST_CASE("an emulated rounding moves a float64 product's operands and result by exactly u, each way by its hash") {
+  Rng rng(17);
+  const int64_t m = 5, n = 7, k = 9;
+  std::vector<double> a(static_cast<size_t>(k * m)), b(static_cast<size_t>(k * n));
+  for (double& v : a) v = rng.normal();
+  for (double& v : b) v = rng.normal();
+  auto product = [&](std::vector<double> aa, std::vector<double> bb) {  // op(A) = Aᵀ: A stored (k, m)
+    std::vector<double> c(static_cast<size_t>(m * n));
+    gemm(m, n, k, 1.0, transposed(aa.data(), m), as_is(bb.data(), n), 0.0, c.data(), n);
+    return c;
+  };
+  const std::vector<double> exact = product(a, b);
+  const EmulatedRounding r{std::ldexp(1.0, -8), std::ldexp(1.0, -24), 42};
+  std::vector<double> moved;
+  {
+    EmulatedRoundingScope scope(r);
+    CHECK(emulated_rounding().seed == 42);
+    moved = product(a, b);
+  }
+  CHECK_FALSE(emulated_rounding().any());
+  CHECK(product(a, b) == exact);  // gone with its scope
+  // The same product of the moved operands, its result moved: what the scope computed.
+  std::vector<double> am = a, bm = b;
+  for (double& v : am) v = emulate_rounding(v, r.operand_roundoff, r.seed);
+  for (double& v : bm) v = emulate_rounding(v, r.operand_roundoff, r.seed);
+  std::vector<double> want = product(am, bm);
+  for (double& v : want) v = emulate_rounding(v, r.result_roundoff, ~r.seed);
+  int up = 0;
+  for (size_t i = 0; i < want.size(); ++i) CHECK(moved[i] == doctest::Approx(want[i]).epsilon(1e-14));
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(std::abs(am[i] - a[i]) == doctest::Approx(std::abs(a[i]) * r.operand_roundoff).epsilon(1e-12));
+    up += std::abs(am[i]) > std::abs(a[i]);
+  }
+  CHECK(up > 10);  // both ways
+  CHECK(up < 35);
+  CHECK_ERROR_HAS(set_emulated_rounding({1.5, 0, 0}), "emulated rounding", "1.5");
+}

@@ -1,6 +1,9 @@
 // tapegrad gradcheck: every built-in op (or some) in float64, as a table with the diagnosis of each failure, or
-// as JSON. The command itself is engine/gradcheck/cli's run_gradcheck, which a program of one's own ops calls too.
+// as JSON; with --precision f32|bf16, each op's rules also at that precision against float64. The command itself is
+// engine/gradcheck/cli's run_gradcheck, which a program of one's own ops calls too.
 #include <memory>
+
+#include <fmt/core.h>
 
 #include "engine/gradcheck/cli.hpp"
 #include "ops/ops.hpp"
@@ -22,6 +25,19 @@ void add_gradcheck_command(CLI::App& app) {
                   "rules) against differences of the gradient, and the Hessian's symmetry")
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2}));
+  cmd->add_option_function<std::string>(
+         "--precision",
+         [args](const std::string& name) {
+           if (name == "f64") args->precision.reset();
+           else args->precision = parse_precision(name);
+         },
+         "f64: the float64 check alone. f32, bf16: each case's float64 check, then its VJP and JVP in float32 tensors "
+         "with float32 or bf16 products (bf16: every product's operands rounded to bfloat16, whatever its size) "
+         "against the same node in float64 on the same rounded inputs; a rule passes when its error is within 2x "
+         "how far float64 moves when its inputs, values and products are rounded at that precision (measured, 8 seeds). "
+         "bf16 needs AVX512_BF16 or AMX-BF16 and oneDNN (exit 1 saying what is missing)")
+      ->check(CLI::IsMember({"f64", "f32", "bf16"}))
+      ->default_str("f64");
   cmd->add_option("--atol", args->options.atol, "Absolute tolerance")->capture_default_str()->check(positive());
   cmd->add_option("--rtol", args->options.rtol, "Relative tolerance")->capture_default_str()->check(non_negative());
   cmd->add_option("--eps", args->options.eps, "Finite-difference step")->capture_default_str()->check(positive());
@@ -31,6 +47,11 @@ void add_gradcheck_command(CLI::App& app) {
       ->capture_default_str()
       ->check(non_negative());
   cmd->callback([args] {
+    if (args->precision == ProductPrecision::bf16)
+      if (const std::string why = bf16_unavailable_reason(); !why.empty()) {
+        fmt::print(stderr, "tapegrad: error: --precision bf16: {}\n", why);
+        return set_exit_code(1);
+      }
     if (run_gradcheck(builtin_registry(), *args)) set_exit_code(1);
   });
 }

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <functional>
 #include <string_view>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/gradcheck/explain.hpp"
+#include "engine/gradcheck/precision.hpp"
 #include "engine/gradcheck/second_order.hpp"
 #include "engine/parallel.hpp"
 
@@ -27,8 +29,8 @@ void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
 }
 
 constexpr const char* kUsage =
-    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2] [--atol X] [--rtol X] [--eps X]\n"
-    "          [--seed N] [--full-jacobian-limit N]\n"
+    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2] [--precision f64|f32|bf16]\n"
+    "          [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N]\n"
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
     "  --op NAME                only this op (repeatable)\n"
@@ -37,6 +39,13 @@ constexpr const char* kUsage =
     "  -v, --verbose            one row per input and check instead of one per case\n"
     "  --order 2                second order instead: Hessian-vector products against differences of the\n"
     "                           gradient, and the symmetry of the Hessian\n"
+    "  --precision P            f64 (the default): the float64 check alone. f32, bf16: each case's float64 check,\n"
+    "                           then its VJP and JVP run in float32 tensors with float32 (f32) or bf16 (bf16: every\n"
+    "                           product's operands rounded to bfloat16, whatever its size) products, against the\n"
+    "                           same node in float64 on the same rounded inputs; a rule passes when its error is\n"
+    "                           within 2x how far float64 moves when its inputs, values and products are rounded at\n"
+    "                           that precision (measured, 8 seeds). bf16 needs AVX512_BF16 or AMX-BF16 and oneDNN\n"
+    "                           (exit 1 saying what is missing)\n"
     "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
     "  --eps X                  finite-difference step (default 1e-6)\n"
     "  --seed N                 seed of the random inputs and projections\n"
@@ -94,6 +103,63 @@ T parse_number(std::string_view flag, std::string_view text) {
   return value;
 }
 
+using RowStart = std::function<std::string(std::string_view, std::string_view, std::string_view, std::string_view)>;
+
+// `gradcheck --precision f32|bf16`: each case at that precision against float64 (engine/gradcheck/precision.hpp).
+int run_at_precision(const std::vector<const OpInfo*>& selected, const GradcheckRun& a, const RowStart& row,
+                     std::FILE* out) {
+  const ProductPrecision p = *a.precision;
+  const auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json rows = nlohmann::json::array();
+  int cases = 0, failed = 0;
+  if (!a.json)
+    fmt::print(out, "gradcheck at {}\n{} {:>11} {:>11}  {}\n", precision_header(p), row("op", "case", "input", "check"),
+               "max_abs_err", "rounding", "result");
+  for (const OpInfo* op : selected)
+    for (const auto& c : op->cases) {
+      const PrecisionReport r = gradcheck_at_precision(c, p, a.options, op->name);
+      ++cases;
+      failed += !r.passed;
+      if (a.json) {
+        for (const PrecisionRow& x : r.rows)
+          if (!x.skipped)
+            rows.push_back({{"op", op->name}, {"case", c.name}, {"input", x.input}, {"check", x.check},
+                            {"precision", precision_name(p)}, {"max_abs_err", x.max_err}, {"bound", x.bound},
+                            {"passed", x.passed}});
+        continue;
+      }
+      if (!r.float64.passed) {
+        fmt::print(out, "{} {:>11} {:>11}  FAIL in float64: the reference does not stand\n",
+                   row(op->name, c.name, "all", "all"), "", "");
+        print_diagnosis(r.float64, out);
+        continue;
+      }
+      const PrecisionRow* closest = nullptr;  // the row nearest its bound
+      for (const PrecisionRow& x : r.rows) {
+        if (x.skipped) {
+          if (a.verbose)
+            fmt::print(out, "{} {:>11} {:>11}  skipped (no JVP)\n", row(op->name, c.name, x.input, x.check), "", "");
+          continue;
+        }
+        if (!closest || x.max_err * closest->bound > closest->max_err * x.bound) closest = &x;
+        if (a.verbose || !x.passed)
+          fmt::print(out, "{} {:>11.2e} {:>11.2e}  {}\n", row(op->name, c.name, x.input, x.check), x.max_err, x.bound,
+                     x.passed ? "ok" : "FAIL");
+        if (!x.passed) fmt::print(out, "    {}\n", x.line(p));
+      }
+      if (!a.verbose && r.passed && closest)
+        fmt::print(out, "{} {:>11.2e} {:>11.2e}  ok (nearest its bound: {} {})\n", row(op->name, c.name, "all", "all"),
+                   closest->max_err, closest->bound, closest->check, closest->input);
+      for (const Diagnosis& d : r.diagnoses) fmt::print(out, "    {}\n", d.str());
+    }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (a.json) fmt::print(out, "{}\n", rows.dump(2));
+  else
+    fmt::print(out, "\n{} ops, {} cases at {}: {} passed, {} failed ({:.2f} s)\n", selected.size(), cases,
+               precision_name(p), cases - failed, failed, secs);
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
@@ -126,6 +192,7 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
   auto row = [&](std::string_view op, std::string_view c, std::string_view input, std::string_view check) {
     return fmt::format("{:<{}} {:<{}} {:<8} {:<10}", op, wo, c, wc, input, check);
   };
+  if (a.precision) return run_at_precision(selected, a, row, out);
 
   auto t0 = std::chrono::steady_clock::now();
   nlohmann::json rows = nlohmann::json::array();
@@ -212,6 +279,11 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
       } else if (arg == "--order") {
         run.order = parse_number<int>(arg, value());
         if (run.order != 1 && run.order != 2) fail("--order must be 1 or 2, got {}", run.order);
+      } else if (arg == "--precision") {
+        const std::string_view v = value();
+        if (v != "f64" && v != "f32" && v != "bf16") fail("--precision '{}': expected f64, f32 or bf16", v);
+        run.precision.reset();
+        if (v != "f64") run.precision = parse_precision(std::string(v));
       } else if (arg == "--seed") {
         run.options.seed = parse_number<uint64_t>(arg, value());
       } else if (arg == "--full-jacobian-limit") {
@@ -221,6 +293,11 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
       }
     }
     validate(run.options);
+    if (run.precision == ProductPrecision::bf16)
+      if (const std::string why = bf16_unavailable_reason(); !why.empty()) {
+        fmt::print(stderr, "{}: error: --precision bf16: {}\n", program, why);
+        return 1;
+      }
     return run_gradcheck(registry, run);
   } catch (const Error& e) {
     std::fflush(stdout);

@@ -37,13 +37,14 @@ struct GradcheckOptions {
   int projections = 4;
   uint64_t seed = 20240809;
   bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
-  // How far ⟨J t, u⟩ (the JVP) and ⟨t, Jᵀu⟩ (the VJP) may differ, relative to ‖Jt‖‖u‖ + ‖t‖‖Jᵀu‖: rules computed in
-  // float64 agree to its rounding; the rules of a forward that rounds inside (python/tapegrad/_rounds_inside.py)
-  // only to the precision it rounds at.
-  double adjoint_rtol = 1e-10;
+  // The relative error the rules under check carry from rounding: 0 for float64 rules, whose exact checks (adjoint
+  // identity, linearity) hold to 1e-10 and 1e-8 of their sizes; a check of rules run at a lower precision
+  // (precision.hpp) sets its measured rounding, and those checks allow that much more. Nonzero, the `tolerance`
+  // finding (finite differences at their limit) is not made: the tolerance is then the rounding's.
+  double rounding = 0;
 };
 // Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol,
-// rtol and adjoint_rtol finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
+// rtol and rounding finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
 void validate(const GradcheckOptions& opt);
 
 struct CheckResult {
@@ -107,7 +108,8 @@ enum class Finding {
   asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
   saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
                        // backward, whose terms along the inputs are then lost (named from Python, with its line)
-  // At a working precision (python/tapegrad/_precision.py: an op run at bf16, fp16 or float32 against float64):
+  // At a working precision (engine/gradcheck/precision.hpp, python/tapegrad/_precision.py: an op run at bf16,
+  // fp16 or float32 against float64):
   precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
                        // kept or summed at the low precision where the reference keeps more bits, not a slip
   rounds_inside,       // the forward rounds inside (its output moves in steps, not smoothly, at the difference
@@ -124,6 +126,8 @@ struct Diagnosis {
   std::string message;  // one line, with the numbers that back it
   std::string str() const;  // "[kind] input, check: message"
 };
+// The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.
+const Diagnosis* find_diagnosis(std::span<const Diagnosis> diagnoses, Finding f, std::string_view input = "");
 
 // Whether every check passed. Converts to bool, and is callable (report.passed()). Streamed, it prints the whole
 // report with its diagnosis, which is what a test framework shows for a failed CHECK(report.passed).

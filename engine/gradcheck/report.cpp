@@ -121,10 +121,14 @@ void GradcheckReport::conclude() {
   passed.report = str();
 }
 
-const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const {
+const Diagnosis* find_diagnosis(std::span<const Diagnosis> diagnoses, Finding f, std::string_view input) {
   for (const auto& d : diagnoses)
     if (d.kind == f && (input.empty() || d.input == input)) return &d;
   return nullptr;
+}
+
+const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const {
+  return find_diagnosis(diagnoses, f, input);
 }
 
 bool GradcheckReport::has(Finding f, std::string_view input) const { return find(f, input) != nullptr; }

@@ -54,8 +54,8 @@ def recheck(impl, name, arrays, checked_names, options, rho):
     again.eps = max(options.eps, step)
     again.atol = max(options.atol, noise)
     # the rules themselves (torch's derivatives of the float32 steps) are as accurate as that rounding: their
-    # adjoint identity holds to it, not to float64's
-    again.adjoint_rtol = max(options.adjoint_rtol, 64 * rho)
+    # adjoint identity and linearity hold to it, not to float64's
+    again.rounding = max(options.rounding, 64 * rho)
     report = _tapegrad._check(impl, name, arrays, checked_names, 1, again)
     note = (f"the forward rounds inside at about {unit_named(rho)} (its output moves in steps of {rho:.2g} "
             f"relative): at eps={options.eps:g} the differences are noise, so this check is made at eps={again.eps:.2g}"
