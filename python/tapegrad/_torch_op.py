@@ -237,6 +237,38 @@ class TorchOp:
             y = self._call(xs)
         return _numpy(y), (xs, y)
 
+    def vjp_rows(self, arrays, yshape):
+        """x̄ for every unit ȳ = e_j, j over y's elements in order (the rows of the full Jacobians), from one recorded
+        forward whose graph each backward keeps."""
+        _, state = self.forward(arrays, True)
+        rows = []
+        for j in range(int(np.prod(yshape))):
+            unit = np.zeros(yshape)
+            unit.flat[j] = 1.0
+            rows.append(self.vjp(state, unit))
+        return rows
+
+    def unit_steps(self, arrays, i, eps):
+        """f at the arrays with element k of input i moved by +eps and by −eps, for every k: (plus, minus), row k
+        holding y flattened. Each point is the checker's x + (±ε)·e_k: adding ε·0 elsewhere turns a −0 into +0 on the
+        plus side (and subtracting it leaves the minus side as it is). Every run gets fresh copies of the inputs, as
+        a run one point at a time does."""
+        moved = arrays[i].copy()
+        moved += 0.0  # in place: a 0-d input stays an array
+        base = {1: moved, -1: arrays[i]}
+        rows = {1: [], -1: []}
+        for k in range(arrays[i].size):
+            for sign in (1, -1):
+                point = [a.copy() for a in arrays]
+                point[i] = base[sign].copy()
+                point[i].flat[k] = arrays[i].flat[k] + sign * eps
+                rows[sign].append(self.forward(point, False)[0].reshape(-1))
+        width = rows[1][0].size if rows[1] else 0
+        if any(row.size != width for sign in (1, -1) for row in rows[sign]):
+            raise ValueError(f"tapegrad.gradcheck: op '{self.name}': the output's size changes when input {i} moves "
+                             f"by ±eps (it is {width} at the first point)")
+        return tuple(np.array(rows[sign], dtype=np.float64).reshape(-1, width) for sign in (1, -1))
+
     def vjp(self, state, gout):
         xs, y = state
         if not y.requires_grad:
