@@ -147,7 +147,8 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
 
 // An op's rules at many points in one call, for an op each of whose calls crosses a boundary that costs more than
 // the op itself (a Python op: python/python_function.hpp). A block holds, value for value, what the calls of f one
-// point at a time give.
+// point at a time give; the same block may be asked for twice (the edit search, ops/formulas/edits.hpp, takes the
+// checker's differences), and may then be given from what was kept.
 class RuleBlocks {
  public:
   virtual ~RuleBlocks() = default;

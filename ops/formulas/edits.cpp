@@ -82,17 +82,31 @@ std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointVa
   }
 }
 
-// ⟨ȳ, f(x)⟩, for the central differences below.
-double inner_product(const Function& f, std::span<const Tensor> x, const Tensor& g) {
-  const Tensor y = evaluate(f, x).to(DType::f64);
+// ⟨ȳ, y⟩ for y's elements in order.
+double inner_product(const Tensor& g, const double* y) {
   double s = 0;
-  for (int64_t k = 0; k < y.numel(); ++k) s += g.data<double>()[k] * y.data<double>()[k];
+  for (int64_t k = 0; k < g.numel(); ++k) s += g.data<double>()[k] * y[k];
   return s;
 }
+// ⟨ȳ, f(x)⟩, for the central differences below.
+double inner_product(const Function& f, std::span<const Tensor> x, const Tensor& g) {
+  return inner_product(g, evaluate(f, x).to(DType::f64).data<double>());
+}
 
-// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, element by element of x_i: 2·n_i evaluations.
-Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& g, double eps) {
+// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, element by element of x_i: 2·n_i evaluations, in one
+// block where blocks are given (at the checker's points x_i + (±ε)·e_k, which it may have evaluated already).
+Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& g, double eps,
+                   RuleBlocks* blocks) {
   Tensor out = Tensor::zeros(DType::f64, x[i].shape());
+  if (blocks) {
+    const int64_t n = x[i].numel(), m = g.numel();
+    std::vector<double> plus(static_cast<size_t>(n * m)), minus(plus.size());
+    blocks->unit_steps(x, i, eps, g.shape(), plus, minus);
+    for (int64_t k = 0; k < n; ++k)
+      out.data<double>()[k] = (inner_product(g, &plus[static_cast<size_t>(k * m)]) -
+                               inner_product(g, &minus[static_cast<size_t>(k * m)])) / (2 * eps);
+    return out;
+  }
   std::vector<Tensor> at(x.begin(), x.end());
   at[i] = x[i].clone();
   double* p = at[i].data<double>();
@@ -146,7 +160,8 @@ struct Edit {
 }  // namespace
 
 void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
-                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt) {
+                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
+                       RuleBlocks* blocks) {
   // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
   // is the better name.
@@ -214,7 +229,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
       if (rule.vjp[i] && !is_failing(i) && !agreement(a[i], (*unedited)[i], 1e-9, 1e-7).ok) return false;
     if (!along_probes(a)) return false;
     for (size_t i : failing) {
-      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps);
+      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps, blocks);
       if (!agreement(a[i], numeric[i], opt.atol, opt.rtol).ok) return false;
     }
     return true;
