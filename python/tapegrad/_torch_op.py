@@ -105,11 +105,11 @@ class TorchOp:
         worst = [(0.0, None)] * len(arrays)
         xs = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
         with torch.enable_grad():
-            count = len([y for y in self.outputs(xs) if y.requires_grad])
-        cases = [None] + (list(range(count)) if count > 1 else [])
-        for undefined in cases:
+            first = [y for y in self.outputs(xs) if y.requires_grad]  # the first case's graph: each case has its own
+        cases = [None] + (list(range(len(first))) if len(first) > 1 else [])
+        for case, undefined in enumerate(cases):
             with torch.enable_grad():
-                ys = [y for y in self.outputs(xs) if y.requires_grad]
+                ys = first if case == 0 else [y for y in self.outputs(xs) if y.requires_grad]
                 if not ys:
                     return worst
                 ys = [torch._C._functions.UndefinedGrad()(y) if undefined in (None, k) else y for k, y in enumerate(ys)]
