@@ -369,8 +369,9 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
     outputs = [None] if count == 1 else list(range(count)) + ["all"]
     reports, impls = [], []
+    steps = {}  # fn's runs at x ± εe_k, every output of each: one set of runs for all the outputs' checks
     for output in outputs:
-        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output)
+        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output, steps=steps)
         part_options = options
         if output == "all" and fast_mode is None:
             # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,

@@ -65,7 +65,7 @@ class TorchOp:
     output at once, flattened and concatenated, so each VJP seeds each output with its own part of ȳ and the
     backward is called once with all of them."""
 
-    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None):
+    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None, steps=None):
         self.fn, self.name = fn, name
         self.slots = slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -75,6 +75,9 @@ class TorchOp:
         self.output = output
         self.no_forward_mode = None  # why forward mode failed, once it has
         self._recorded = None        # (the inputs' shapes and bytes, forward's result) of the last recording
+        # unit_steps' runs of fn, every output of each, by point and step: a dict shared by the checks of one op's
+        # outputs, which evaluate fn at the same points
+        self.steps = {} if steps is None else steps
 
     def outputs(self, xs):
         """Every floating-point output of fn at xs in the checked slots."""
@@ -88,7 +91,10 @@ class TorchOp:
         return ys
 
     def _call(self, xs):
-        ys = self.outputs(xs)
+        return self._select(self.outputs(xs))
+
+    def _select(self, ys):
+        """The output checked, of all of fn's: the only one, output k, or all of them flattened and concatenated."""
         if self.output is None:
             if len(ys) != 1:
                 raise TypeError(f"tapegrad.gradcheck: the op returned {len(ys)} outputs where it returned 1 before")
@@ -264,18 +270,22 @@ class TorchOp:
         """f at the arrays with element k of input i moved by +eps and by −eps, for every k: (plus, minus), row k
         holding y flattened. Each point is the checker's x + (±ε)·e_k: adding ε·0 elsewhere turns a −0 into +0 on the
         plus side (and subtracting it leaves the minus side as it is). Every run gets fresh copies of the inputs, as
-        a run one point at a time does."""
-        plus_base = arrays[i].copy()
-        plus_base += 0.0  # in place: a 0-d input stays an array
-        base = {1: plus_base, -1: arrays[i]}
-        rows = {1: [], -1: []}
-        with torch.no_grad():
-            for k in range(arrays[i].size):
-                for sign in (1, -1):
-                    moved = base[sign].copy()
-                    moved.flat[k] = arrays[i].flat[k] + sign * eps
-                    xs = [torch.from_numpy(moved if q == i else a.copy()) for q, a in enumerate(arrays)]
-                    rows[sign].append(_numpy(self._call(xs)).reshape(-1))
+        a run one point at a time does; its outputs are kept in self.steps for the checks of the op's other outputs."""
+        key = (i, eps, tuple((a.shape, a.tobytes()) for a in arrays))
+        if key not in self.steps:
+            plus_base = arrays[i].copy()
+            plus_base += 0.0  # in place: a 0-d input stays an array
+            base = {1: plus_base, -1: arrays[i]}
+            runs = {1: [], -1: []}
+            with torch.no_grad():
+                for k in range(arrays[i].size):
+                    for sign in (1, -1):
+                        moved = base[sign].copy()
+                        moved.flat[k] = arrays[i].flat[k] + sign * eps
+                        xs = [torch.from_numpy(moved if q == i else a.copy()) for q, a in enumerate(arrays)]
+                        runs[sign].append(self.outputs(xs))
+            self.steps[key] = runs
+        rows = {sign: [_numpy(self._select(ys)).reshape(-1) for ys in runs] for sign, runs in self.steps[key].items()}
         width = rows[1][0].size if rows[1] else 0
         if any(row.size != width for sign in (1, -1) for row in rows[sign]):
             raise ValueError(f"tapegrad.gradcheck: op '{self.name}': the output's size changes when input {i} moves "
