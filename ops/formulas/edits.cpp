@@ -59,13 +59,13 @@ Shape without_leading_ones(const Shape& s) {
 // The values a rule reads, as constants on a tape.
 using PointValues = std::function<std::map<std::string, Var>(Tape&)>;
 
-// x̄ per input from the rule's formulas (undefined where it has none), on a tape of its own, so that no evaluation
-// keeps its intermediates after it; nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can
-// do both).
-std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point,
-                                                 std::span<const Tensor> x) {
+// x̄ per input from the rule's formulas (undefined where it has none), on `tape`, cleared first, so that no
+// evaluation keeps its intermediates past the next (one tape for the search: its memory is reused, not mapped again
+// for every edit); nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can do both).
+std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point, std::span<const Tensor> x,
+                                                 Tape& tape) {
   try {
-    Tape tape;
+    tape.clear();
     NoGradGuard no_grad(tape);
     std::map<std::string, Var> values = point(tape);
     define_lets(rule, values);
@@ -190,7 +190,8 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
 
   const PointValues values = [&](Tape& tape) { return point_values(tape, x, names, y, g, *text); };
-  const auto unedited = evaluate_rule(rule, values, x);
+  Tape scratch;  // every evaluation of the rule, one after the other
+  const auto unedited = evaluate_rule(rule, values, x, scratch);
   if (!unedited) return;
   const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
   for (size_t i = 0; i < x.size(); ++i)
@@ -321,7 +322,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
         } catch (const Error&) {
           continue;
         }
-        const auto result = evaluate_rule(edited, values, x);
+        const auto result = evaluate_rule(edited, values, x, scratch);
         if (!result || !agrees(*result)) continue;
         found.push_back(std::move(edit));
         fixed.push_back(*result);
