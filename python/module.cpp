@@ -71,7 +71,7 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   const Function f = python_function(op);
   const std::unique_ptr<RuleBlocks> blocks = python_blocks(op);
   GradcheckReport report =
-      order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options, blocks.get());
+      order == 2 ? gradcheck_second_order(f, xs, names, options, blocks.get()) : gradcheck(f, xs, names, options, blocks.get());
   report.op = name;
   if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas")) {
     std::string why_not;
