@@ -67,14 +67,17 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
     const Tensor view = view_of(py::reinterpret_borrow<py::object>(input), "gradcheck");
     xs.push_back(view.to(DType::f64));
   }
-  const Function f = python_function({impl, name, order == 2});
-  GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options) : gradcheck(f, xs, names, options);
+  const PythonOp op{impl, name, order == 2};
+  const Function f = python_function(op);
+  const std::unique_ptr<RuleBlocks> blocks = python_blocks(op);
+  GradcheckReport report =
+      order == 2 ? gradcheck_second_order(f, xs, names, options, blocks.get()) : gradcheck(f, xs, names, options, blocks.get());
   report.op = name;
   if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas")) {
     std::string why_not;
     diagnose_by_edits(report, f, xs, names, [&](std::span<const Tensor> x, const Tensor& g) {
       return vjp_formulas_of(impl, x, g, names, why_not);
-    }, options);
+    }, options, blocks.get());
     // Without formulas no edit was tried: the first "no known kind" says why, so that the op or line the trace
     // could not follow can be seen (and written otherwise).
     if (!why_not.empty())

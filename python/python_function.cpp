@@ -1,5 +1,7 @@
 #include "python/python_function.hpp"
 
+#include <cstring>
+#include <map>
 #include <unordered_set>
 #include <vector>
 
@@ -35,7 +37,71 @@ void add_per_input(const py::object& result, std::span<Tensor> into, const char*
   }
 }
 
+// The checker's blocks from the Python op's vjp_rows and unit_steps, each result checked as the per-point
+// rules' results are.
+class PythonBlocks final : public RuleBlocks {
+ public:
+  PythonBlocks(const char* name, py::object impl) : name_(name), impl_(std::move(impl)) {}
+
+  std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) override {
+    py::tuple dims(yshape.rank());
+    for (int d = 0; d < yshape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(yshape[d]);
+    const py::object got = impl_.attr("vjp_rows")(copies(x), dims);
+    if (!py::isinstance<py::sequence>(got) || py::len(got) != static_cast<size_t>(yshape.numel()))
+      fail("{}: vjp_rows must return a list of {} rows (one per element of y)", name_, yshape.numel());
+    std::vector<std::vector<Tensor>> rows;
+    for (const py::handle row : got) {
+      std::vector<Tensor> grads;  // zeros, into which x̄ is added as the tape's backward adds it
+      for (const Tensor& xi : x) grads.push_back(Tensor::zeros(DType::f64, xi.shape()));
+      add_per_input(py::reinterpret_borrow<py::object>(row), grads, name_, "VJP");
+      rows.push_back(std::move(grads));
+    }
+    return rows;
+  }
+
+  // Kept per input with the point and step they were taken at: the edit search (ops/formulas/edits.hpp) asks
+  // for the checker's differences again, and gets them without evaluating f again.
+  void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,
+                  std::span<double> minus) override {
+    std::vector<double> at;
+    for (const Tensor& xi : x) {
+      const Tensor v = xi.to(DType::f64);
+      at.insert(at.end(), v.data<double>(), v.data<double>() + v.numel());
+    }
+    Steps& kept = steps_[i];
+    const bool same_point = kept.eps == eps && kept.plus.size() == plus.size() && kept.at.size() == at.size() &&
+                            std::memcmp(kept.at.data(), at.data(), at.size() * sizeof(double)) == 0;
+    if (!same_point) {
+      const py::tuple got = impl_.attr("unit_steps")(copies(x), i, eps);
+      const Shape block({x[i].numel(), yshape.numel()});
+      if (got.size() != 2) fail("{}: unit_steps must return (plus, minus)", name_);
+      kept = Steps{std::move(at), eps, {}, {}};
+      for (auto [value, into] : {std::pair{got[0], &kept.plus}, std::pair{got[1], &kept.minus}}) {
+        const auto a = float64_result(value, block, name_, fmt::format("outputs with input {} moved by ±ε", i));
+        into->assign(a.data(), a.data() + block.numel());
+      }
+    }
+    std::copy(kept.plus.begin(), kept.plus.end(), plus.begin());
+    std::copy(kept.minus.begin(), kept.minus.end(), minus.begin());
+  }
+
+ private:
+  struct Steps {
+    std::vector<double> at;  // every input's values, in order
+    double eps = 0;
+    std::vector<double> plus, minus;
+  };
+  const char* name_;
+  py::object impl_;
+  std::map<size_t, Steps> steps_;
+};
+
 }  // namespace
+
+std::unique_ptr<RuleBlocks> python_blocks(const PythonOp& op) {
+  if (!py::hasattr(op.impl, "vjp_rows") || !py::hasattr(op.impl, "unit_steps")) return nullptr;
+  return std::make_unique<PythonBlocks>(interned(op.name), op.impl);
+}
 
 Function python_function(const PythonOp& op) {
   const char* name = interned(op.name);

@@ -10,16 +10,22 @@
 //   vjp_tangent(state, ȳ, [ẋⱼ]) → [ẋ̄ᵢ] or str   ẋ̄ᵢ = Σⱼ ∂ⱼ(J_iᵀȳ)[ẋⱼ]; a str: why the op has no second
 //                                                 order (its backward is not differentiable), which the checker
 //                                                 reports as the reason its hvp rows are skipped
+// and, optionally, the checker's full Jacobians in blocks (engine/gradcheck/gradcheck.hpp RuleBlocks), one call
+// for what would be one call per row or per column:
+//   vjp_rows(xs, yshape)        → [[x̄ᵢ or None] for each j]  x̄ᵢ = J_iᵀ e_j for every unit ȳ = e_j of y, in order
+//   unit_steps(xs, i, ε)        → (plus, minus)   f(x with x_i[k] moved by ±ε), row k for each k, y flattened
 // A Python exception raised by any of them crosses the C++ code as pybind11::error_already_set (the tape and the
 // checker hold everything by RAII and catch only tapegrad's own errors) and comes out as the same exception.
 // The GIL is held throughout: every step of such a check calls Python.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <pybind11/pybind11.h>
 
 #include "engine/functions.hpp"
+#include "engine/gradcheck/gradcheck.hpp"
 
 namespace tapegrad::python {
 
@@ -32,5 +38,7 @@ struct PythonOp {
 };
 
 Function python_function(const PythonOp& op);
+// The op's blocks, where its object has vjp_rows and unit_steps; else null.
+std::unique_ptr<RuleBlocks> python_blocks(const PythonOp& op);
 
 }  // namespace tapegrad::python

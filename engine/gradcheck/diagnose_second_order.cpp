@@ -33,13 +33,14 @@ std::string block_name(const std::string& a, const std::string& b) { return fmt:
 
 std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const Tensor> x,
                                              std::span<const std::string> names, const Tensor& u,
-                                             const GradcheckOptions& opt, int64_t max_elements) {
+                                             const GradcheckOptions& opt, int64_t max_elements,
+                                             RuleBlocks* rule_blocks) {
   std::vector<Diagnosis> out;
   // A wrong VJP is a wrong gradient, and the differences of a wrong gradient are not what H·t differentiates.
   {
     GradcheckOptions first = opt;
     first.diagnose = false;
-    const GradcheckReport r = gradcheck(f, x, names, first);
+    const GradcheckReport r = gradcheck(f, x, names, first, rule_blocks);
     std::string failing;
     for (const CheckResult& c : r.checks)
       if (c.check == "vjp" && !c.passed && !c.skipped) failing += (failing.empty() ? "" : ", ") + c.input;

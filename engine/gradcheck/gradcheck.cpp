@@ -65,8 +65,9 @@ struct Comparison {
 class Checker {
  public:
   Checker(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
-          const GradcheckOptions& opt, bool may_narrow = true)
-      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed), may_narrow_(may_narrow) {
+          const GradcheckOptions& opt, bool may_narrow = true, RuleBlocks* blocks = nullptr)
+      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed), may_narrow_(may_narrow),
+        blocks_(blocks) {
     validate(opt);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].dtype() == DType::f32)
@@ -98,6 +99,13 @@ class Checker {
   std::string name(size_t i) const { return i < names_.size() ? names_[i] : fmt::format("x{}", i); }
   const Shape& yshape() const { return y0_.shape(); }
 
+  // (f(x + ε·dir) − f(x − ε·dir)) / 2ε from the two values.
+  Differences central(Tensor plus, Tensor minus) const {
+    Differences r{Tensor::empty(DType::f64, yshape()), std::move(plus), std::move(minus)};
+    for (int64_t j = 0; j < m_; ++j)
+      r.central.data<double>()[j] = (r.plus.data<double>()[j] - r.minus.data<double>()[j]) / (2 * opt_.eps);
+    return r;
+  }
   // f(x ± ε·dir) with dir along input i, and the central difference between them.
   Differences differences(size_t i, const Tensor& dir) {
     double* x = xs_[i].data<double>();
@@ -105,13 +113,11 @@ class Checker {
     const int64_t n = xs_[i].numel();
     Tensor saved = xs_[i].clone();
     for (int64_t k = 0; k < n; ++k) x[k] += opt_.eps * d[k];
-    Differences r{Tensor::empty(DType::f64, yshape()), evaluate(f_, xs_), {}};
+    Tensor plus = evaluate(f_, xs_);
     for (int64_t k = 0; k < n; ++k) x[k] = saved.data<double>()[k] - opt_.eps * d[k];
-    r.minus = evaluate(f_, xs_);
+    Tensor minus = evaluate(f_, xs_);
     xs_[i].copy_from(saved);
-    for (int64_t j = 0; j < m_; ++j)
-      r.central.data<double>()[j] = (r.plus.data<double>()[j] - r.minus.data<double>()[j]) / (2 * opt_.eps);
-    return r;
+    return central(std::move(plus), std::move(minus));
   }
   Tensor tangent_on(size_t i, const Tensor& t) {  // J_i t
     std::vector<Tensor> ts(xs_.size());
@@ -126,6 +132,7 @@ class Checker {
     for (const Tensor& x : xs_)
       any_full = any_full || (x.dtype() == DType::f64 && m_ * x.numel() <= opt_.full_jacobian_limit);
     std::vector<std::vector<Tensor>> rows;
+    if (any_full && blocks_) return blocks_->vjp_rows(xs_, yshape());
     if (any_full)
       for (int64_t j = 0; j < m_; ++j) {
         Tensor e = Tensor::zeros(DType::f64, yshape());
@@ -181,10 +188,20 @@ class Checker {
     const size_t mn = static_cast<size_t>(m_ * n);
     c.a_vjp.resize(mn), c.numeric.resize(mn), c.plus.resize(mn), c.minus.resize(mn);
     if (has_jvp) c.a_jvp.resize(mn);
+    std::vector<double> steps_plus, steps_minus;  // from the blocks: row k is f(x ± εe_k)
+    if (blocks_) {
+      steps_plus.resize(mn), steps_minus.resize(mn);
+      blocks_->unit_steps(xs_, i, opt_.eps, yshape(), steps_plus, steps_minus);
+    }
+    auto step = [&](const std::vector<double>& steps, int64_t k) {
+      Tensor y = Tensor::empty(DType::f64, yshape());
+      std::copy_n(steps.begin() + k * m_, m_, y.data<double>());
+      return y;
+    };
     for (int64_t k = 0; k < n; ++k) {
       Tensor e = Tensor::zeros(DType::f64, xshape);
       e.data<double>()[k] = 1;
-      Differences d = differences(i, e);  // column k of J_i
+      Differences d = blocks_ ? central(step(steps_plus, k), step(steps_minus, k)) : differences(i, e);  // column k
       Tensor forward = has_jvp ? tangent_on(i, e) : Tensor{};
       auto where = [&](int64_t j) {
         return [&, j] { return fmt::format("y{} / {}{}", index_str(yshape(), j), name(i), index_str(xshape, k)); };
@@ -460,6 +477,7 @@ class Checker {
   std::vector<Diagnosis> details_;  // per input; the report-level findings go before them
   std::string no_jvp_op_;
   bool may_narrow_ = true;                     // false in a narrowed check: it narrows no further
+  RuleBlocks* blocks_ = nullptr;               // the full Jacobians' rows and differences in blocks, where given
   Tensor random_u_;                            // the random ȳ of the full check, and every input's x̄ for it
   std::vector<Tensor> random_vjp_;
   std::vector<size_t> failed_by_projections_;  // inputs whose projections failed
@@ -481,6 +499,11 @@ void validate(const GradcheckOptions& opt) {
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
                           const GradcheckOptions& opt) {
   return Checker(f, inputs, names, opt).run();
+}
+
+GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
+                          const GradcheckOptions& opt, RuleBlocks* blocks) {
+  return Checker(f, inputs, names, opt, /*may_narrow=*/true, blocks).run();
 }
 
 GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,

@@ -157,6 +157,25 @@ std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
 // Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent).
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names = {},
                           const GradcheckOptions& opt = {});
+
+// An op's rules at many points in one call, for an op each of whose calls crosses a boundary that costs more than
+// the op itself (a Python op: python/python_function.hpp). A block holds, value for value, what the calls of f one
+// point at a time give; the same block may be asked for twice (the edit search, ops/formulas/edits.hpp, takes the
+// checker's differences), and may then be given from what was kept.
+class RuleBlocks {
+ public:
+  virtual ~RuleBlocks() = default;
+  // rows[j][i] = J_iᵀ e_j for every unit cotangent e_j of y (of yshape), zeros where the VJP gives none: every row
+  // of every Jacobian.
+  virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) = 0;
+  // f at x with x_i[k] moved by +ε (plus) and by −ε (minus), for every k: row k of each holds y's m elements. The
+  // point is x + ε·e_k as the checker forms it, elementwise: x_i + (±ε)·e_k.
+  virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape,
+                          std::span<double> plus, std::span<double> minus) = 0;
+};
+// gradcheck() with the full Jacobians' rows and unit differences taken from blocks (null: one point at a time).
+GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
+                          const GradcheckOptions& opt, RuleBlocks* blocks);
 GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,
                           std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
 // Checks a registered case, with its inputs drawn from opt.seed.

@@ -138,9 +138,12 @@ std::vector<Tensor> gradient_at(const Function& f, std::span<const Tensor> x, st
 // first (a wrong VJP makes every H·t wrong), then the full Hessian in blocks ∂x̄_a/∂x_b, analytic (H·e_k by
 // Tape::hvp) against numeric (differences of the gradient): which blocks fail, and each failing block through
 // diagnose_jacobian. When the inputs have more than max_elements elements in all, which blocks fail from a few
-// evenly spaced columns of each, and no block diagnosed as a whole.
+// evenly spaced columns of each, and no block diagnosed as a whole. rule_blocks: for the first-order check.
+inline constexpr int64_t kWholeHessianElements = 400;
 std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const Tensor> x,
                                              std::span<const std::string> names, const Tensor& u,
-                                             const GradcheckOptions& opt, int64_t max_elements = 400);
+                                             const GradcheckOptions& opt,
+                                             int64_t max_elements = kWholeHessianElements,
+                                             RuleBlocks* rule_blocks = nullptr);
 
 }  // namespace tapegrad::gradcheck_detail

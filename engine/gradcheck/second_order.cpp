@@ -87,6 +87,12 @@ Var twice(const Function& f, Tape& tape, std::span<const Var> x) {
 
 GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
                                        std::span<const std::string> names, const GradcheckOptions& opt) {
+  return gradcheck_second_order(f, inputs, names, opt, nullptr);
+}
+
+GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
+                                       std::span<const std::string> names, const GradcheckOptions& opt,
+                                       RuleBlocks* blocks) {
   validate(opt);
   GradcheckReport rep;
   std::vector<Tensor> x;
@@ -171,7 +177,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   rep.checks.push_back(acc);
 
   if (opt.diagnose) {
-    if (!hvp_ok) rep.diagnoses = diagnose_second_order(f, x, all_names, u, opt);
+    if (!hvp_ok) rep.diagnoses = diagnose_second_order(f, x, all_names, u, opt, kWholeHessianElements, blocks);
     if (hvp_ok && !sym.passed)
       rep.diagnoses.push_back(
           {Finding::asymmetric, "all", "symmetry",

@@ -59,13 +59,13 @@ Shape without_leading_ones(const Shape& s) {
 // The values a rule reads, as constants on a tape.
 using PointValues = std::function<std::map<std::string, Var>(Tape&)>;
 
-// x̄ per input from the rule's formulas (undefined where it has none), on a tape of its own, so that no evaluation
-// keeps its intermediates after it; nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can
-// do both).
-std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point,
-                                                 std::span<const Tensor> x) {
+// x̄ per input from the rule's formulas (undefined where it has none), on `tape`, cleared first, so that no
+// evaluation keeps its intermediates past the next (one tape for the search: its memory is reused, not mapped again
+// for every edit); nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can do both).
+std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point, std::span<const Tensor> x,
+                                                 Tape& tape) {
   try {
-    Tape tape;
+    tape.clear();
     NoGradGuard no_grad(tape);
     std::map<std::string, Var> values = point(tape);
     define_lets(rule, values);
@@ -82,17 +82,31 @@ std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointVa
   }
 }
 
-// ⟨ȳ, f(x)⟩, for the central differences below.
-double inner_product(const Function& f, std::span<const Tensor> x, const Tensor& g) {
-  const Tensor y = evaluate(f, x).to(DType::f64);
+// ⟨ȳ, y⟩ for y's elements in order.
+double inner_product(const Tensor& g, const double* y) {
   double s = 0;
-  for (int64_t k = 0; k < y.numel(); ++k) s += g.data<double>()[k] * y.data<double>()[k];
+  for (int64_t k = 0; k < g.numel(); ++k) s += g.data<double>()[k] * y[k];
   return s;
 }
+// ⟨ȳ, f(x)⟩, for the central differences below.
+double inner_product(const Function& f, std::span<const Tensor> x, const Tensor& g) {
+  return inner_product(g, evaluate(f, x).to(DType::f64).data<double>());
+}
 
-// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, element by element of x_i: 2·n_i evaluations.
-Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& g, double eps) {
+// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, element by element of x_i: 2·n_i evaluations, in one
+// block where blocks are given (at the checker's points x_i + (±ε)·e_k, which it may have evaluated already).
+Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& g, double eps,
+                   RuleBlocks* blocks) {
   Tensor out = Tensor::zeros(DType::f64, x[i].shape());
+  if (blocks) {
+    const int64_t n = x[i].numel(), m = g.numel();
+    std::vector<double> plus(static_cast<size_t>(n * m)), minus(plus.size());
+    blocks->unit_steps(x, i, eps, g.shape(), plus, minus);
+    for (int64_t k = 0; k < n; ++k)
+      out.data<double>()[k] = (inner_product(g, &plus[static_cast<size_t>(k * m)]) -
+                               inner_product(g, &minus[static_cast<size_t>(k * m)])) / (2 * eps);
+    return out;
+  }
   std::vector<Tensor> at(x.begin(), x.end());
   at[i] = x[i].clone();
   double* p = at[i].data<double>();
@@ -146,7 +160,8 @@ struct Edit {
 }  // namespace
 
 void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
-                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt) {
+                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
+                       RuleBlocks* blocks) {
   // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
   // is the better name.
@@ -175,7 +190,8 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
 
   const PointValues values = [&](Tape& tape) { return point_values(tape, x, names, y, g, *text); };
-  const auto unedited = evaluate_rule(rule, values, x);
+  Tape scratch;  // every evaluation of the rule, one after the other
+  const auto unedited = evaluate_rule(rule, values, x, scratch);
   if (!unedited) return;
   const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
   for (size_t i = 0; i < x.size(); ++i)
@@ -214,7 +230,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
       if (rule.vjp[i] && !is_failing(i) && !agreement(a[i], (*unedited)[i], 1e-9, 1e-7).ok) return false;
     if (!along_probes(a)) return false;
     for (size_t i : failing) {
-      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps);
+      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps, blocks);
       if (!agreement(a[i], numeric[i], opt.atol, opt.rtol).ok) return false;
     }
     return true;
@@ -306,7 +322,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
         } catch (const Error&) {
           continue;
         }
-        const auto result = evaluate_rule(edited, values, x);
+        const auto result = evaluate_rule(edited, values, x, scratch);
         if (!result || !agrees(*result)) continue;
         found.push_back(std::move(edit));
         fixed.push_back(*result);

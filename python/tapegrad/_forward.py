@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ._trace import _Context
+from ._trace import _Context, _absolute
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -55,7 +55,7 @@ def _user_place():
     sub-expression that made it where Python knows its columns."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
+        path = _absolute(frame.f_code.co_filename)
         if not path.startswith(_TORCH_DIR) and not path.startswith(_PACKAGE_DIR):
             break
         frame = frame.f_back

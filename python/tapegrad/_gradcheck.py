@@ -187,10 +187,11 @@ def _require_full_jacobian_memory(impl, name, arrays):
 
 
 # Kinds that already say what is wrong with an input's VJP; a failure none of them explains is fitted against the
-# terms of the forward (tapegrad/_forward.py).
-_EXPLAINING = {"not_finite", "zero", "nonlinear", "sign", "scale", "transposed_jacobian", "transposed_input",
-               "transposed_output", "transposed_term", "term_sign", "masked_positions", "per_row_term", "kink",
-               "tolerance", "overwrites"}
+# terms of the forward (tapegrad/_forward.py). A VJP that ignores ȳ is not linear in it, as "nonlinear" says: no
+# term of the forward (each linear in ȳ) fits its error at several ȳ.
+_EXPLAINING = {"not_finite", "zero", "nonlinear", "ignores_cotangent", "sign", "scale", "transposed_jacobian",
+               "transposed_input", "transposed_output", "transposed_term", "term_sign", "masked_positions",
+               "per_row_term", "kink", "tolerance", "overwrites"}
 
 
 def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):
@@ -381,8 +382,9 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
     outputs = [None] if count == 1 else list(range(count)) + ["all"]
     reports, impls = [], []
+    steps = {}  # fn's runs at x ± εe_k, every output of each: one set of runs for all the outputs' checks
     for output in outputs:
-        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output)
+        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output, steps=steps)
         part_options = options
         if output == "all" and fast_mode is None:
             # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,

@@ -65,7 +65,7 @@ class TorchOp:
     output at once, flattened and concatenated, so each VJP seeds each output with its own part of ȳ and the
     backward is called once with all of them."""
 
-    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None):
+    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None, steps=None):
         self.fn, self.name = fn, name
         self.slots = slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -74,6 +74,10 @@ class TorchOp:
         self.second_order = second_order
         self.output = output
         self.no_forward_mode = None  # why forward mode failed, once it has
+        self._recorded = None        # (the inputs' shapes and bytes, forward's result) of the last recording
+        # unit_steps' runs of fn, every output of each, by point and step: a dict shared by the checks of one op's
+        # outputs, which evaluate fn at the same points
+        self.steps = {} if steps is None else steps
 
     def outputs(self, xs):
         """Every floating-point output of fn at xs in the checked slots."""
@@ -87,7 +91,10 @@ class TorchOp:
         return ys
 
     def _call(self, xs):
-        ys = self.outputs(xs)
+        return self._select(self.outputs(xs))
+
+    def _select(self, ys):
+        """The output checked, of all of fn's: the only one, output k, or all of them flattened and concatenated."""
         if self.output is None:
             if len(ys) != 1:
                 raise TypeError(f"tapegrad.gradcheck: the op returned {len(ys)} outputs where it returned 1 before")
@@ -104,11 +111,11 @@ class TorchOp:
         worst = [(0.0, None)] * len(arrays)
         xs = [torch.from_numpy(a.copy()).requires_grad_() for a in arrays]
         with torch.enable_grad():
-            count = len([y for y in self.outputs(xs) if y.requires_grad])
-        cases = [None] + (list(range(count)) if count > 1 else [])
-        for undefined in cases:
+            first = [y for y in self.outputs(xs) if y.requires_grad]  # the first case's graph: each case has its own
+        cases = [None] + (list(range(len(first))) if len(first) > 1 else [])
+        for case, undefined in enumerate(cases):
             with torch.enable_grad():
-                ys = [y for y in self.outputs(xs) if y.requires_grad]
+                ys = first if case == 0 else [y for y in self.outputs(xs) if y.requires_grad]
                 if not ys:
                     return worst
                 ys = [torch._C._functions.UndefinedGrad()(y) if undefined in (None, k) else y for k, y in enumerate(ys)]
@@ -227,6 +234,14 @@ class TorchOp:
         return None if None in slots else (args, slots)
 
     def forward(self, arrays, keep):
+        """(y, state): state the recorded graph (xs, y) where keep. At first order a recording at the inputs of the
+        last one is that one again: every backward keeps the graph (retain_graph), so the checks at one point (each
+        input's VJP, accumulation, linearity) share one forward, as torch's gradcheck runs its backwards on one. At
+        second order a double backward frees the graph, and each recording is a forward of its own."""
+        if keep and not self.second_order:
+            key = [(a.shape, a.tobytes()) for a in arrays]
+            if self._recorded is not None and self._recorded[0] == key:
+                return self._recorded[1]
         xs = [torch.from_numpy(a) for a in arrays]
         if not keep:
             with torch.no_grad():
@@ -235,7 +250,47 @@ class TorchOp:
         xs = [x.requires_grad_() for x in xs]
         with torch.enable_grad():
             y = self._call(xs)
-        return _numpy(y), (xs, y)
+        result = _numpy(y), (xs, y)
+        if not self.second_order:
+            self._recorded = (key, result)
+        return result
+
+    def vjp_rows(self, arrays, yshape):
+        """x̄ for every unit ȳ = e_j, j over y's elements in order (the rows of the full Jacobians), from one recorded
+        forward whose graph each backward keeps."""
+        _, state = self.forward(arrays, True)
+        rows = []
+        for j in range(int(np.prod(yshape))):
+            unit = np.zeros(yshape)
+            unit.flat[j] = 1.0
+            rows.append(self.vjp(state, unit))
+        return rows
+
+    def unit_steps(self, arrays, i, eps):
+        """f at the arrays with element k of input i moved by +eps and by −eps, for every k: (plus, minus), row k
+        holding y flattened. Each point is the checker's x + (±ε)·e_k: adding ε·0 elsewhere turns a −0 into +0 on the
+        plus side (and subtracting it leaves the minus side as it is). Every run gets fresh copies of the inputs, as
+        a run one point at a time does; its outputs are kept in self.steps for the checks of the op's other outputs."""
+        key = (i, eps, tuple((a.shape, a.tobytes()) for a in arrays))
+        if key not in self.steps:
+            plus_base = arrays[i].copy()
+            plus_base += 0.0  # in place: a 0-d input stays an array
+            base = {1: plus_base, -1: arrays[i]}
+            runs = {1: [], -1: []}
+            with torch.no_grad():
+                for k in range(arrays[i].size):
+                    for sign in (1, -1):
+                        moved = base[sign].copy()
+                        moved.flat[k] = arrays[i].flat[k] + sign * eps
+                        xs = [torch.from_numpy(moved if q == i else a.copy()) for q, a in enumerate(arrays)]
+                        runs[sign].append(self.outputs(xs))
+            self.steps[key] = runs
+        rows = {sign: [_numpy(self._select(ys)).reshape(-1) for ys in runs] for sign, runs in self.steps[key].items()}
+        width = rows[1][0].size if rows[1] else 0
+        if any(row.size != width for sign in (1, -1) for row in rows[sign]):
+            raise ValueError(f"tapegrad.gradcheck: op '{self.name}': the output's size changes when input {i} moves "
+                             f"by ±eps (it is {width} at the first point)")
+        return tuple(np.array(rows[sign], dtype=np.float64).reshape(-1, width) for sign in (1, -1))
 
     def vjp(self, state, gout):
         xs, y = state

@@ -152,15 +152,26 @@ def _positions(code):
     return list(code.co_positions())
 
 
+@functools.lru_cache(maxsize=1024)
+def _normalized(path):
+    return os.path.normpath(path)
+
+
+def _absolute(path):
+    """os.path.abspath(path), kept per name where it does not depend on the working directory (an absolute one):
+    every recorded call asks it of each frame of the stack."""
+    return _normalized(path) if os.path.isabs(path) else os.path.abspath(path)
+
+
 def _source_place():
     """The innermost frame outside torch and tapegrad, past the recorder's own frames: the user's line. None of
     them before tapegrad's frames again (the op was called by torch's own backward, a C++ derivative of autograd,
     run from _autograd_backward): no line of the user's."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and _absolute(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         frame = frame.f_back
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
+        path = _absolute(frame.f_code.co_filename)
         if path.startswith(_PACKAGE_DIR):
             return _Place()
         if not path.startswith(_TORCH_DIR):
