@@ -189,8 +189,8 @@ def _require_full_jacobian_memory(impl, name, arrays):
 # Kinds that already say what is wrong with an input's VJP; a failure none of them explains is fitted against the
 # terms of the forward (tapegrad/_forward.py).
 _EXPLAINING = {"not_finite", "zero", "nonlinear", "sign", "scale", "transposed_jacobian", "transposed_input",
-               "transposed_output", "transposed_term", "term_sign", "masked_positions", "per_row_term", "kink",
-               "tolerance", "overwrites"}
+               "transposed_output", "transposed_term", "term_sign", "wrong_axis", "masked_positions", "per_row_term",
+               "kink", "tolerance", "overwrites"}
 
 
 def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):

@@ -16,10 +16,11 @@ lines of the Python backward that called each op. The ops the language has becom
     pow by a number              sum, mean over axes, kept or dropped (squeeze)     unsqueeze, squeeze
     where, masked_fill (a mask by a number, ±inf included: `inf` in the formulas)     tril, triu
     detach, clone, alias, contiguous, copy_; views and reshapes that keep the last two axes, or put in or take away
-    axes of size 1
+    axes of size 1; a slice that keeps every element (the `:` of g[None, :])
     in-place ops and out= forms: the written tensor is the new value from then on
 (Axes are written from the end, -1 the last, so that they mean the same where torch.matmul merged batch axes.)
-A value with a bool or integer dtype (a comparison, a mask) is a constant: nothing flows through it.
+A value with a bool or integer dtype (a comparison, a mask) is a constant: nothing flows through it. The forward's
+output, where an op the language lacks made it (a max with its indices), is read as y, which the formulas have.
 
 A value made on one source line and read once, in the same statement, is written inside the formula that reads
 it, so that a statement of the backward becomes one formula; a value an assignment leaves is called by the name it
@@ -345,6 +346,8 @@ class _Recorder(TorchDispatchMode):
             if tuple(src.shape) != tuple(out.shape):
                 raise _Untraceable(f"aten.copy_ from {tuple(src.shape)} into {tuple(out.shape)}")
             return self._bind(out, "{0}", [src])
+        if base == "slice" and tuple(out.shape) == tuple(x.shape):  # x[:, ...]: every element, the value itself
+            return self._bind(out, "{0}", [x])
         if base in ("view", "reshape", "_reshape_alias", "_unsafe_view", "squeeze", "unsqueeze", "expand",
                     "view_as", "reshape_as", "expand_as"):
             return self._reshape(name, x, out)
@@ -609,6 +612,8 @@ def vjp_formulas(function_class, fixed, slots, names, arrays, gout, output=None)
                 y, gs[output] = ys[output], g
             if not isinstance(y, torch.Tensor) or y.shape != g.shape:
                 return "the forward, run again outside autograd, gave another output than the check's"
+            if recorder.value_of.get(id(y), ("",))[0] == "bad":  # made by an op the formulas lack (max with its
+                recorder.leaf(y, "y")                             # indices): the backward reads it as y itself
             grads = function_class.backward(ctx, *(gs if output is not None else (g,)))
     except Exception as error:  # the op ran under autograd in the check; outside it, it may not
         return f"the forward or backward, run again outside autograd, raised {type(error).__name__}: {error}"
