@@ -269,7 +269,7 @@ class _Recorder(TorchDispatchMode):
         storage = _memory(written)
         if storage is None:
             return
-        for t in self.alive:
+        for t in list(self.alive):  # a constant read again is appended to alive: each tensor seen once here
             if t is written or id(t) not in self.value_of or _memory(t) != storage:
                 continue
             if (t.shape, t.stride(), t.storage_offset()) == (written.shape, written.stride(),

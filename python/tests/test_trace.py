@@ -230,6 +230,27 @@ def test_a_slice_the_formulas_lack_leaves_the_tensor_it_was_taken_from_traced():
     assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
 
 
+def test_rows_written_into_a_constant_buffer_end_the_trace():
+    """A buffer of zeros (a constant) written row by row in place: each write reads the buffer's other views again
+    as constants, once each (reading one appended it to the tensors seen, and the walk over them did not end)."""
+    def body(x, g):
+        out = torch.zeros_like(g)
+        for t in range(g.shape[0]):
+            out[t] = g[t] * 2.0
+        return out @ x
+    x = torch.randn(4, 3, dtype=torch.float64)
+    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    assert isinstance(traced, (dict, str)), traced
+
+
+def test_a_full_slice_is_the_value_itself():
+    def body(x, g):
+        return g[:, :] @ x * 2.0
+    x = torch.randn(4, 3, dtype=torch.float64)
+    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
+
+
 def test_a_sum_over_a_middle_axis_and_unsqueeze_are_traced():
     """y[b, i] = Σ_j x[b, i, j]·w[b, j, i]...: a bias-like sum over the middle axis, dropped, and an unsqueeze."""
 
