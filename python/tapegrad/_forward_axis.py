@@ -64,17 +64,12 @@ def _axis_changed(search):
             new = other - rank if written < 0 else other
             runs += 1
             rewrite = lambda func, args, kwargs, run, w=written, n=new: _with_axis(args, kwargs, w, n)
-            try:
-                named = search.named_by_run(call.index, rewrite)
-            except Exception:
-                continue
-            for i in named:
-                found.setdefault(i, (
-                    "wrong_axis", search.names[i], "vjp",
-                    f"x̄ is the forward's rule with `{call.text}` at {call.where} taken along axis {new} where the "
-                    f"forward takes axis {written} (to rounding): the backward's part for that call (its adjoint: a sum, "
-                    f"a broadcast, a reversed scan) runs along axis {new} of {shape}; it must run along axis "
-                    f"{written}"))
+            search.add_named(found, lambda i, new=new: (
+                "wrong_axis", search.names[i], "vjp",
+                f"x̄ is the forward's rule with `{call.text}` at {call.where} taken along axis {new} where the forward "
+                f"takes axis {written} (to rounding): the backward's part for that call (its adjoint: a sum, a "
+                f"broadcast, a reversed scan) runs along axis {new} of {shape}; it must run along axis {written}"),
+                {call.index: rewrite})
     return found
 
 
@@ -120,7 +115,7 @@ def _fit_broadcast(search, call, j, operand, shape, broadcast):
         leaf["E"] = target.detach().expand(shape).clone().requires_grad_()
         return replace_operand(args, kwargs, target, leaf["E"])
 
-    _, y = search.run(call.index, rewrite)
+    _, y = search.run({call.index: rewrite})
     if "E" not in leaf or not isinstance(y, torch.Tensor) or not y.requires_grad:
         return {}
     grads = [torch.autograd.grad(y, leaf["E"], torch.from_numpy(g), retain_graph=True)[0]

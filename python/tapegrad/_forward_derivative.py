@@ -112,20 +112,13 @@ def _wrong_point(search):
                 s = run.inputs[at] if kind == "input" else run.outputs[at]
                 return replace_operand(args, kwargs, u, s.detach() + (u - u.detach()))
 
-            try:
-                named = search.named_by_run(call.index, rewrite)
-            except Exception:
-                continue
-            for i in named:
-                if i in found:
-                    continue
-                read = search.names[at] if kind == "input" else search.operand(value)[0]
-                meant, _ = search.operand(target)
-                found[i] = ("wrong_value", search.names[i], "vjp",
-                            f"x̄ is the forward's rule with `{call.text}` at {call.where}, and what follows it, "
-                            f"evaluated at `{read}` where `{meant}` belongs, the chain rule's factors of `{meant}` "
-                            f"kept (to rounding): the backward reads `{read}` in place of `{meant}` where it "
-                            f"differentiates that call")
+            read = search.names[at] if kind == "input" else search.operand(value)[0]
+            meant, _ = search.operand(target)
+            said = (f"x̄ is the forward's rule with `{call.text}` at {call.where}, and what follows it, evaluated at "
+                    f"`{read}` where `{meant}` belongs, the chain rule's factors of `{meant}` kept (to rounding): the "
+                    f"backward reads `{read}` in place of `{meant}` where it differentiates that call")
+            search.add_named(found, lambda i, said=said: ("wrong_value", search.names[i], "vjp", said),
+                             {call.index: rewrite})
     return found
 
 

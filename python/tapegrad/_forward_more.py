@@ -1,9 +1,10 @@
 """The fits tried after the forward's own edges and substitutions (tapegrad/_forward.py) leave an input unnamed: an
-element-wise call's derivative written wrong or taken at the wrong value (_forward_derivative.py), then a reduction
-or broadcast along the wrong axis (_forward_axis.py)."""
+element-wise call's derivative written wrong or taken at the wrong value (_forward_derivative.py), a reduction or
+broadcast along the wrong axis (_forward_axis.py), then a slip made at every step of a loop (_forward_loop.py)."""
 
 from ._forward_axis import AXIS_FITS
 from ._forward_derivative import DERIVATIVE_FITS
+from ._forward_loop import LOOP_FITS
 from ._forward_rewrite import Search
 
 
@@ -13,7 +14,7 @@ def named_otherwise(function_class, fixed, slots, arrays, calls, xs, names, cota
     search = Search(function_class, fixed, slots, arrays, calls, xs, names, cotangents, true, user, dict(errors),
                     operand, terms, full_term)
     found = []
-    for fit in DERIVATIVE_FITS + AXIS_FITS:
+    for fit in DERIVATIVE_FITS + AXIS_FITS + LOOP_FITS:
         if not search.errors:
             break
         named = fit(search)  # input → finding, for inputs of search.errors

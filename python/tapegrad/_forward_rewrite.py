@@ -12,20 +12,25 @@ from ._forward import FIT, _flat, _Forward, _run_forward, _vjps
 
 
 class Rewritten(_Forward):
-    """Runs the forward with call `at` (counted as _Forward counts the calls that read a tensor requiring grad) made
-    with the arguments rewrite(func, args, kwargs, run) returns; run is this mode, whose `inputs` and `outputs` hold
-    the run's values so far."""
+    """Runs the forward with the calls of `rewrites` (index → rewrite, the calls counted as _Forward counts those
+    that read a tensor requiring grad) made with the arguments rewrite(func, args, kwargs, run) returns, and the
+    output of the calls of `after` (index → after) replaced by after(out, args, kwargs, run); run is this mode,
+    whose `inputs` and `outputs` hold the run's values so far."""
 
-    def __init__(self, at, rewrite):
+    def __init__(self, rewrites, after=None):
         super().__init__()
-        self.at, self.rewrite = at, rewrite
+        self.rewrites, self.after = rewrites, after or {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reads = any(isinstance(v, torch.Tensor) and v.requires_grad for v in _flat(list(args) + list(kwargs.values())))
-        if reads and self.count == self.at:
-            args, kwargs = self.rewrite(func, args, kwargs, self)
-        return super().__torch_function__(func, types, args, kwargs)
+        k = self.count
+        if reads and k in self.rewrites:
+            args, kwargs = self.rewrites[k](func, args, kwargs, self)
+        out = super().__torch_function__(func, types, args, kwargs)
+        if reads and k in self.after:
+            out = self.after[k](out, args, kwargs, self)
+        return out
 
 
 def replace_operand(args, kwargs, target, replacement):
@@ -61,17 +66,17 @@ class Search:
     terms: dict = None      # input → [(call, j, d at the first ȳ)] of the detached edges
     full_term: object = None  # (call, j, input) → the edge's term at every ȳ
 
-    def run(self, at, rewrite):
-        """(xs, y) of the forward with call `at` rewritten."""
-        return _run_forward(self.function_class, self.fixed, self.slots, self.arrays, Rewritten(at, rewrite))
+    def run(self, rewrites, after=None):
+        """(xs, y) of the forward with the calls of rewrites (index → rewrite) and of after rewritten (Rewritten)."""
+        return _run_forward(self.function_class, self.fixed, self.slots, self.arrays, Rewritten(rewrites, after))
 
     def matches(self, i, xbar):
         """Whether xbar (stacked as x̄_user) is input i's x̄_user to rounding."""
         return np.linalg.norm(self.user[i] - xbar) <= FIT * np.linalg.norm(self.errors[i])
 
-    def named_by_run(self, at, rewrite):
+    def named_by_run(self, rewrites, after=None):
         """The unnamed inputs whose x̄_user the rewritten forward's VJP gives: screened at the first ȳ, then at all."""
-        xs, y = self.run(at, rewrite)
+        xs, y = self.run(rewrites, after)
         if not isinstance(y, torch.Tensor) or not y.requires_grad or tuple(y.shape) != self.cotangents[0].shape:
             return []
         first = _vjps(xs, y, self.cotangents[:1])
@@ -80,6 +85,16 @@ class Search:
             return []
         every = _vjps(xs, y, self.cotangents)
         return [i for i in close if self.matches(i, every[i])]
+
+    def add_named(self, found, finding, rewrites, after=None):
+        """Runs the forward rewritten (named_by_run) and sets found[i] = finding(i) for each input it names that
+        found lacks; a rewrite the forward cannot run with names none."""
+        try:
+            named = self.named_by_run(rewrites, after)
+        except Exception:
+            return
+        for i in named:
+            found.setdefault(i, finding(i))
 
     def matches_first(self, i, xbar):
         n = len(xbar)
