@@ -17,13 +17,13 @@ Each costs one forward (the call changed, or the operand a leaf of the broadcast
 import numpy as np
 import torch
 
-from ._forward import _PRODUCT, _QUOTIENT, _SUM, _vjps
+from ._forward import _PRODUCT, _QUOTIENT, _SUM
 from ._forward_rewrite import operands_of, replace_operand
 
 # Calls whose one int argument (position 1, or dim=/dims=) is an axis of their first operand.
 _AXIS_CALLS = {"cumsum", "cumprod", "sum", "mean", "softmax", "log_softmax", "logsumexp", "flip", "amax", "amin",
                "prod", "var", "std", "max", "min", "cummax", "cummin", "unsqueeze", "squeeze", "select"}
-_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
+_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}  # products of matrices, batched or not
 _BROADCASTING = (_PRODUCT - _MATMUL - {"einsum", "outer"}) | _QUOTIENT | _SUM | {"where", "pow", "__pow__",
                                                                                  "maximum", "minimum"}
 MAX_AXIS_RUNS = 32  # forwards with a call's axis changed, at most

@@ -84,7 +84,8 @@ def test_a_factor_read_one_step_late():
 
 
 def test_a_term_left_out_at_every_step_of_a_loop_that_carries_nothing():
-    """y_t = w·x_t per row, each step its own: w̄ without its x_t factor's term... at every step is the whole w̄."""
+    """y_t = sin(w·x_t) row by row, whose w̄ leaves out the factor x_t at every row: no operand is carried from one
+    step to the next, so no gradient-not-carried slip is named."""
 
     class RowScale(torch.autograd.Function):
         @staticmethod
