@@ -151,12 +151,17 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
   // is the better name.
+  // An input named a per-row term too: that kind says where the error lies, not which term of the rule is wrong,
+  // and an edit that puts the rule right says it (a projection's sign, a row sum's axis); it is added to the
+  // per-row term, where it replaces "no known kind".
+  auto named_as = [&](size_t i, Finding kind) {
+    return std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
+      return d.kind == kind && d.input == names[i] && d.check == "vjp";
+    });
+  };
   std::vector<size_t> failing;
   for (size_t i = 0; i < x.size(); ++i)
-    if (std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
-          return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
-        }))
-      failing.push_back(i);
+    if (named_as(i, Finding::unexplained) || named_as(i, Finding::per_row_term)) failing.push_back(i);
   int64_t elements = 0;
   for (const Tensor& xi : x) elements += xi.numel();
   if (failing.empty() || elements > kEditSearchElements) return;
@@ -376,9 +381,11 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
                 fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
                             "{}",
                             after, before, first.what, line.formula, first.edited, others, meaning)};
-    *std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
+    const auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
       return e.kind == Finding::unexplained && e.input == names[i] && e.check == "vjp";
-    }) = std::move(d);
+    });
+    if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
+    else report.diagnoses.push_back(std::move(d));
   }
 }
 

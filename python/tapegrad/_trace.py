@@ -13,7 +13,7 @@ lines of the Python backward that called each op. The ops the language has becom
     mm, bmm, matmul, addmm → matmul          t, transpose, permute (as swaps) → transpose
     _softmax, _log_softmax (any axis: moved last and back)
     add, sub, mul, div, rsub (tensors or a number)   neg, exp, log, tanh, relu, sqrt, rsqrt, sigmoid, reciprocal,
-    pow by a number              sum, mean over axes, kept or dropped (squeeze)     unsqueeze, squeeze
+    pow by a number              sum, mean, the 2-norm over axes, kept or dropped (squeeze)     unsqueeze, squeeze
     where, masked_fill (a mask by a number, ±inf included: `inf` in the formulas)     tril, triu
     detach, clone, alias, contiguous, copy_; views and reshapes that keep the last two axes, or put in or take away
     axes of size 1; a slice that keeps every element (the `:` of g[None, :])
@@ -401,6 +401,13 @@ class _Recorder(TorchDispatchMode):
             raise _Untraceable(f"aten.pow by {p} of a value ≤ 0 somewhere", _LACKS)
         if base in ("sum", "mean"):
             return self._reduce(name, base, args, kwargs, out)
+        if base in ("norm", "linalg_vector_norm"):  # the 2-norm over axes: norm(x, p, dim, keepdim), (x, ord, ...)
+            order = args[1] if len(args) > 1 else kwargs.get("p", kwargs.get("ord", 2))
+            dims = args[2] if len(args) > 2 else kwargs.get("dim")
+            keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+            if order not in (2, 2.0, None) or dims is None or kwargs.get("dtype") is not None:
+                raise _Untraceable(f"aten.{name} other than the 2-norm over given axes", _LACKS)
+            return self._reduce(name, "norm", (x, dims, keep), {}, out)  # a norm of norms is the norm over both
         if base in ("tril", "triu"):
             k = int(args[1]) if len(args) > 1 else int(kwargs.get("diagonal", 0))
             if base == "tril":
