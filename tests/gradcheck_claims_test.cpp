@@ -148,6 +148,7 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
       {"transposed_term_gram", Finding::transposed_term, "x"},
       {"transposed_term_gram_taken", Finding::transposed_term, "x"},
       {"term_sign_layer_norm", Finding::term_sign, "x"},
+      {"wrong_axis_softmax_rowsum", Finding::wrong_axis, "x"},
       {"unexplained_layer_norm", Finding::unexplained, "x"},
   };
   CHECK(std::size(table) == slips.size());
@@ -163,6 +164,7 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
                              e.kind == Finding::transposed_output || e.kind == Finding::transposed_term;
     if (!a_transpose) CHECK_MESSAGE(!r.has(Finding::transposed_term), r.str());
     if (e.kind != Finding::term_sign) CHECK_MESSAGE(!r.has(Finding::term_sign), r.str());
+    if (e.kind != Finding::wrong_axis) CHECK_MESSAGE(!r.has(Finding::wrong_axis), r.str());
   }
   // What the messages name: the structure of a mask, the axis of a per-row term, where an unknown error sits.
   const GradcheckReport causal = check_named(slips, "mask_causal_linear_k");

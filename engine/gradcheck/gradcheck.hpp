@@ -75,6 +75,9 @@ enum class Finding {
                        // editing the formulas: ops/formulas/edits.hpp)
   term_sign,           // one term of the rule has the wrong sign: the formulas agree once a + b becomes a − b (or
                        // the reverse), or −u becomes u (found by editing them, as transposed_term)
+  wrong_axis,          // a reduction or broadcast taken along the wrong axis: the formulas agree once a sum's (or
+                       // mean's, unsqueeze's) axis becomes another of the same size; from Python, the forward's
+                       // rule with one call's axis changed, or a broadcast operand's gradient reduced otherwise
   masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
   diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
   one_row,             // all errors in one row (last axis) of y or of x

@@ -28,6 +28,7 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::transposed_output, "transposed_output", "transposed output"},
     {Finding::transposed_term, "transposed_term", "transposed term"},
     {Finding::term_sign, "term_sign", "sign of a term"},
+    {Finding::wrong_axis, "wrong_axis", "wrong axis"},
     {Finding::masked_positions, "masked_positions", "masked positions"},
     {Finding::diagonal, "diagonal", "diagonal"},
     {Finding::one_row, "one_row", "one row"},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -152,7 +153,7 @@ Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) 
 
 struct Edit {
   size_t line;          // index into lets, then vjp (lets.size() + i)
-  Finding kind;         // transposed_term, term_sign
+  Finding kind;         // transposed_term, term_sign, wrong_axis
   std::string edited;   // the formula after the edit
   std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
 };
@@ -165,12 +166,17 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
   // is the better name.
+  // An input named a per-row term too: that kind says where the error lies, not which term of the rule is wrong,
+  // and an edit that puts the rule right says it (a projection's sign, a row sum's axis); it is added to the
+  // per-row term, where it replaces "no known kind".
+  auto named_as = [&](size_t i, Finding kind) {
+    return std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
+      return d.kind == kind && d.input == names[i] && d.check == "vjp";
+    });
+  };
   std::vector<size_t> failing;
   for (size_t i = 0; i < x.size(); ++i)
-    if (std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
-          return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
-        }))
-      failing.push_back(i);
+    if (named_as(i, Finding::unexplained) || named_as(i, Finding::per_row_term)) failing.push_back(i);
   int64_t elements = 0;
   for (const Tensor& xi : x) elements += xi.numel();
   if (failing.empty() || elements > kEditSearchElements) return;
@@ -314,6 +320,37 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
                                 t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
                                 fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
       }
+      if (part.axis) {  // sum(e, a), mean(e, a), unsqueeze(e, a): a → another axis of e of the same size
+        const auto [ab, ae] = *part.axis;
+        auto of = shape_of(t.substr(part.term.first, part.term.second - part.term.first));
+        const bool inserts = t.compare(part.begin, 9, "unsqueeze") == 0;  // its axis is one of the result's
+        int written = 0;
+        try {
+          written = std::stoi(t.substr(ab, ae - ab));
+        } catch (const std::exception&) {
+          of.reset();
+        }
+        if (of && of->rank() > 0) {
+          const int rank = static_cast<int>(of->rank()) + (inserts ? 1 : 0);
+          const int at = written < 0 ? written : written - rank;  // axes counted from the end, as the trace writes
+          for (int other = -rank; other < 0; ++other) {
+            if (other == at || at < -rank) continue;
+            if (!inserts && (*of)[static_cast<size_t>(rank + other)] != (*of)[static_cast<size_t>(rank + at)])
+              continue;
+            const char* how = inserts ? "broadcasts along" : "reduces over";
+            // squeeze(sum(e, a), a), torch's sum that drops its axis: the squeeze follows the sum's axis.
+            const std::string dropped = ", " + t.substr(ab, ae - ab) + ")";
+            const bool squeezed = !inserts && part.begin >= 8 && t.compare(part.begin - 8, 8, "squeeze(") == 0 &&
+                                  t.compare(part.end, dropped.size(), dropped) == 0;
+            std::string edited = t.substr(0, ab) + std::to_string(other) + t.substr(ae, part.end - ae);
+            edited += squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size())
+                               : t.substr(part.end);
+            candidates.push_back({line, Finding::wrong_axis, edited,
+                                  fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line),
+                                              how, other, at)});
+          }
+        }
+      }
       for (Edit& edit : candidates) {
         Rule edited = rule;
         try {
@@ -331,10 +368,15 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   }
   if (found.empty()) return;
 
-  // A transpose first, when one puts the rule right; the other edits of the same kind are counted.
-  const Finding kind = std::any_of(found.begin(), found.end(), [](const Edit& e) {
-    return e.kind == Finding::transposed_term;
-  }) ? Finding::transposed_term : Finding::term_sign;
+  // An axis first, when one puts the rule right (a sum over the wrong axis of a square value is also that value
+  // transposed, but one written number is the smaller edit), then a transpose; the other edits of the same kind
+  // are counted.
+  auto any_of_kind = [&](Finding k) {
+    return std::any_of(found.begin(), found.end(), [&](const Edit& e) { return e.kind == k; });
+  };
+  const Finding kind = any_of_kind(Finding::wrong_axis)        ? Finding::wrong_axis
+                       : any_of_kind(Finding::transposed_term) ? Finding::transposed_term
+                                                               : Finding::term_sign;
   const size_t chosen = static_cast<size_t>(
       std::find_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; }) - found.begin());
   const Edit& first = found[chosen];
@@ -344,7 +386,8 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   const std::string others = same == 2  ? " (1 other edit of this kind does too)"
                              : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
                                         : std::string();
-  const char* meaning = kind == Finding::transposed_term
+  const char* meaning = kind == Finding::wrong_axis ? "a reduction or broadcast of the rule is taken along the wrong axis"
+                        : kind == Finding::transposed_term
                             ? "a square value of the rule is used where its transpose belongs"
                             : "a term of the rule has the wrong sign";
   for (size_t i : failing) {
@@ -354,9 +397,11 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
                 fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
                             "{}",
                             after, before, first.what, line.formula, first.edited, others, meaning)};
-    *std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
+    const auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
       return e.kind == Finding::unexplained && e.input == names[i] && e.check == "vjp";
-    }) = std::move(d);
+    });
+    if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
+    else report.diagnoses.push_back(std::move(d));
   }
 }
 

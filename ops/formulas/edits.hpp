@@ -7,7 +7,9 @@
 //   transpose   transpose(e) put around a square value e (its last two axes of equal size, ≥ 2) in a let or an x̄
 //               formula, or taken from one (transpose(e) → e)                  → Finding::transposed_term
 //   sign        a + b ↔ a − b, or −u → u                                       → Finding::term_sign
-// Where edits of both kinds put the rule right, the report names a transpose.
+//   axis        the axis of sum(e, a) or mean(e, a) → another axis of e of the same size, the axis of
+//               unsqueeze(e, a) → another place: a reduction or broadcast along the wrong axis → Finding::wrong_axis
+// Where edits of several kinds put the rule right, the report names an axis, then a transpose.
 //
 // An edit is named only when every x̄ the formulas give then agrees, for one cotangent ȳ drawn from opt.seed, with
 // the central differences (⟨ȳ, f(x + εe_k)⟩ − ⟨ȳ, f(x − εe_k)⟩)/2ε to the report's tolerance.

@@ -233,9 +233,13 @@ void collect_names(const ExpressionNode& n, std::vector<std::string>& out) {
 // The parts of n's subtree that may hold a tensor: every node but numbers (and -number), and no axis argument.
 void collect_parts(const ExpressionNode& n, std::vector<Formula::Part>& out) {
   if (literal_int(n) || n.kind == Kind::number || (n.kind == Kind::negate && n.args[0]->kind == Kind::number)) return;
-  Formula::Part part{n.begin, n.end, std::nullopt, std::nullopt, {0, 0}};
+  Formula::Part part{n.begin, n.end, std::nullopt, std::nullopt, {0, 0}, std::nullopt};
   if (n.kind == Kind::call && n.name == "transpose" && n.args.size() == 1)
     part.argument = std::pair(n.args[0]->begin, n.args[0]->end);
+  if (n.kind == Kind::call && n.args.size() == 2 && (n.name == "sum" || n.name == "mean" || n.name == "unsqueeze")) {
+    part.axis = std::pair(n.args[1]->begin, n.args[1]->end);
+    part.term = {n.args[0]->begin, n.args[0]->end};
+  }
   if ((n.kind == Kind::binary && (n.op == '+' || n.op == '-')) || n.kind == Kind::negate) {
     part.sign = n.offset;
     part.term = {n.args.back()->begin, n.args.back()->end};

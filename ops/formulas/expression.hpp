@@ -65,12 +65,14 @@ class Formula {
   // Its subexpressions that hold a tensor (names, calls, operators; not numbers or axes), in reading order, as
   // spans [begin, end) of text(): where an edit may apply (ops/formulas/edits.hpp). For a part that is
   // transpose(e) of one argument, `argument` is e's span. For a sum a + b or a difference a − b, `sign` is the
-  // operator's offset and `term` b's span; for a negation −u, `sign` is the minus's offset and `term` u's span.
+  // operator's offset and `term` b's span; for a negation −u, `sign` is the minus's offset and `term` u's span. For
+  // sum(e, a), mean(e, a) and unsqueeze(e, a), `axis` is the span of the axis a written in the call and `term` e's.
   struct Part {
     size_t begin = 0, end = 0;
     std::optional<std::pair<size_t, size_t>> argument;
     std::optional<size_t> sign;
     std::pair<size_t, size_t> term{0, 0};
+    std::optional<std::pair<size_t, size_t>> axis;
   };
   std::vector<Part> parts() const;
   // The shape of the result for inputs of these shapes, from a trial on zeros: throws ExpressionError at the name

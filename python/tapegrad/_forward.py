@@ -457,6 +457,12 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     if unfitted:
         found += _substitutions(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, user,
                                 unfitted, operand, parts)
+        rest = {i: e for i, e in unfitted.items() if names[i] not in {f[1] for f in found}}
+        if rest and not parts:  # an element-wise call's derivative, then an axis (_forward_derivative, _axis)
+            from ._forward_more import named_otherwise
+            found += named_otherwise(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents,
+                                     true, user, rest, operand, terms,
+                                     lambda call, j, i: full_terms(call, j, "detach")[i])
     for i, candidates_of_i in fits.items():
         if not candidates_of_i:  # None: named by a value's factor; []: nothing fits
             continue
@@ -618,6 +624,12 @@ def _finding(fit, chain, input_name, operand, values, note):
     if how == "straight":
         text, _ = operand(call.operands[j])
         made = call.assigned or call.text
+        from ._forward_derivative import is_elementwise
+        if is_elementwise(call):  # a diagonal Jacobian left out is a factor f′ missing, not a value read wrong
+            return ("term_factor", input_name, "vjp",
+                    f"x̄ misses the chain rule's factor of `{call.text}` at {call.where}, its derivative (the error is "
+                    f"−1 × that call's part, to rounding): the backward takes the gradient of `{made}` as that of "
+                    f"`{text}`; it must multiply it by {call.name.strip('_')}′{note}")
         return ("wrong_value", input_name, "vjp",
                 f"x̄ is the forward's rule with the derivative of `{call.text}` at {call.where} left out (the error is "
                 f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient of "

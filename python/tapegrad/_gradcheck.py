@@ -190,8 +190,8 @@ def _require_full_jacobian_memory(impl, name, arrays):
 # terms of the forward (tapegrad/_forward.py). A VJP that ignores ȳ is not linear in it, as "nonlinear" says: no
 # term of the forward (each linear in ȳ) fits its error at several ȳ.
 _EXPLAINING = {"not_finite", "zero", "nonlinear", "ignores_cotangent", "sign", "scale", "transposed_jacobian",
-               "transposed_input", "transposed_output", "transposed_term", "term_sign", "masked_positions",
-               "per_row_term", "kink", "tolerance", "overwrites"}
+               "transposed_input", "transposed_output", "transposed_term", "term_sign", "wrong_axis",
+               "masked_positions", "per_row_term", "kink", "tolerance", "overwrites"}
 
 
 def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):

@@ -13,13 +13,14 @@ lines of the Python backward that called each op. The ops the language has becom
     mm, bmm, matmul, addmm → matmul          t, transpose, permute (as swaps) → transpose
     _softmax, _log_softmax (any axis: moved last and back)
     add, sub, mul, div, rsub (tensors or a number)   neg, exp, log, tanh, relu, sqrt, rsqrt, sigmoid, reciprocal,
-    pow by a number              sum, mean over axes, kept or dropped (squeeze)     unsqueeze, squeeze
+    pow by a number              sum, mean, the 2-norm over axes, kept or dropped (squeeze)     unsqueeze, squeeze
     where, masked_fill (a mask by a number, ±inf included: `inf` in the formulas)     tril, triu
     detach, clone, alias, contiguous, copy_; views and reshapes that keep the last two axes, or put in or take away
-    axes of size 1
+    axes of size 1; a slice that keeps every element (the `:` of g[None, :])
     in-place ops and out= forms: the written tensor is the new value from then on
 (Axes are written from the end, -1 the last, so that they mean the same where torch.matmul merged batch axes.)
-A value with a bool or integer dtype (a comparison, a mask) is a constant: nothing flows through it.
+A value with a bool or integer dtype (a comparison, a mask) is a constant: nothing flows through it. The forward's
+output, where an op the language lacks made it (a max with its indices), is read as y, which the formulas have.
 
 A value made on one source line and read once, in the same statement, is written inside the formula that reads
 it, so that a statement of the backward becomes one formula; a value an assignment leaves is called by the name it
@@ -279,7 +280,7 @@ class _Recorder(TorchDispatchMode):
         storage = _memory(written)
         if storage is None:
             return
-        for t in self.alive:
+        for t in list(self.alive):  # a constant read again is appended to alive: each tensor seen once here
             if t is written or id(t) not in self.value_of or _memory(t) != storage:
                 continue
             if (t.shape, t.stride(), t.storage_offset()) == (written.shape, written.stride(),
@@ -356,6 +357,8 @@ class _Recorder(TorchDispatchMode):
             if tuple(src.shape) != tuple(out.shape):
                 raise _Untraceable(f"aten.copy_ from {tuple(src.shape)} into {tuple(out.shape)}")
             return self._bind(out, "{0}", [src])
+        if base == "slice" and tuple(out.shape) == tuple(x.shape):  # x[:, ...]: every element, the value itself
+            return self._bind(out, "{0}", [x])
         if base in ("view", "reshape", "_reshape_alias", "_unsafe_view", "squeeze", "unsqueeze", "expand",
                     "view_as", "reshape_as", "expand_as"):
             return self._reshape(name, x, out)
@@ -409,6 +412,13 @@ class _Recorder(TorchDispatchMode):
             raise _Untraceable(f"aten.pow by {p} of a value ≤ 0 somewhere", _LACKS)
         if base in ("sum", "mean"):
             return self._reduce(name, base, args, kwargs, out)
+        if base in ("norm", "linalg_vector_norm"):  # the 2-norm over axes: norm(x, p, dim, keepdim), (x, ord, ...)
+            order = args[1] if len(args) > 1 else kwargs.get("p", kwargs.get("ord", 2))
+            dims = args[2] if len(args) > 2 else kwargs.get("dim")
+            keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+            if order not in (2, 2.0, None) or dims is None or kwargs.get("dtype") is not None:
+                raise _Untraceable(f"aten.{name} other than the 2-norm over given axes", _LACKS)
+            return self._reduce(name, "norm", (x, dims, keep), {}, out)  # a norm of norms is the norm over both
         if base in ("tril", "triu"):
             k = int(args[1]) if len(args) > 1 else int(kwargs.get("diagonal", 0))
             if base == "tril":
@@ -620,6 +630,8 @@ def vjp_formulas(function_class, fixed, slots, names, arrays, gout, output=None)
                 y, gs[output] = ys[output], g
             if not isinstance(y, torch.Tensor) or y.shape != g.shape:
                 return "the forward, run again outside autograd, gave another output than the check's"
+            if recorder.value_of.get(id(y), ("",))[0] == "bad":  # made by an op the formulas lack (max with its
+                recorder.leaf(y, "y")                             # indices): the backward reads it as y itself
             grads = function_class.backward(ctx, *(gs if output is not None else (g,)))
     except Exception as error:  # the op ran under autograd in the check; outside it, it may not
         return f"the forward or backward, run again outside autograd, raised {type(error).__name__}: {error}"

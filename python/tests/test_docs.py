@@ -79,16 +79,19 @@ def test_python_md_names_only_what_exists():
 
 
 def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
-    """docs/python.md's and docs/gradchecking.md's lines of the kinds named from the forward are printed by the
-    Functions of python/tests/test_forward.py."""
+    """docs/python.md's and docs/gradchecking.md's lines of the kinds named from the forward, and of a wrong axis,
+    are printed by the Functions of python/tests/test_forward.py, test_forward_axis.py and test_forward_loop.py."""
     import test_forward as f
+    import test_forward_axis as a
+    import test_forward_loop as loop
     cases = [(f.silu("dropped"), f.inputs((4, 5))), (f.silu("twice"), f.inputs((4, 5))),
              (f.swish("no_beta"), (f.inputs((4, 5))[0], 1.7)), (f.cubic("exponent"), f.inputs((4, 5))),
              (f.attention("dP_for_dS"), f.inputs((4, 3), (4, 3), (4, 3)))]
+    cases += [(make(slip), args()) for make, slip, args, _, _ in a.CASES + loop.CASES]
     printed = set()
     for fn, args in cases:
         printed.update(str(f.check(fn, args)).splitlines())
-    kinds = r"dropped term|term counted twice|term with a wrong factor|term from the wrong value"
+    kinds = r"dropped term|term counted twice|term with a wrong factor|term from the wrong value|wrong axis"
     quoted = [line for path in ("docs/python.md", "docs/gradchecking.md")
               for line in (SOURCE_DIR / path).read_text().splitlines() if re.match(rf"    \[({kinds})\] ", line)]
     assert len(quoted) >= 5

@@ -230,6 +230,27 @@ def test_a_slice_the_formulas_lack_leaves_the_tensor_it_was_taken_from_traced():
     assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
 
 
+def test_rows_written_into_a_constant_buffer_end_the_trace():
+    """A buffer of zeros (a constant) written row by row in place: each write reads the buffer's other views again
+    as constants, once each (reading one appended it to the tensors seen, and the walk over them did not end)."""
+    def body(x, g):
+        out = torch.zeros_like(g)
+        for t in range(g.shape[0]):
+            out[t] = g[t] * 2.0
+        return out @ x
+    x = torch.randn(4, 3, dtype=torch.float64)
+    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    assert isinstance(traced, (dict, str)), traced
+
+
+def test_a_full_slice_is_the_value_itself():
+    def body(x, g):
+        return g[:, :] @ x * 2.0
+    x = torch.randn(4, 3, dtype=torch.float64)
+    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
+
+
 def test_a_sum_over_a_middle_axis_and_unsqueeze_are_traced():
     """y[b, i] = Σ_j x[b, i, j]·w[b, j, i]...: a bias-like sum over the middle axis, dropped, and an unsqueeze."""
 
@@ -368,3 +389,37 @@ def test_batched_causal_attention_dk_slip_is_named_through_the_broadcast_mask(sh
     assert tapegrad.gradcheck(causal_attention(mask_as="where").apply, xs)
     report = tapegrad.gradcheck(causal_attention("transposed_dK", mask_as="where").apply, xs)
     assert report.has("transposed_term", "k") and not report.has("unexplained"), report
+
+
+def centred(slip=None):
+    """y = 3·(x − the row's mean), whose slip adds the mean term where it subtracts it."""
+
+    class Centred(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 3.0 * (x - x.mean(-1, keepdim=True))
+
+        @staticmethod
+        def backward(ctx, g):
+            mean = g.mean(-1, keepdim=True)
+            return 3.0 * (g + mean if slip == "mean_sign" else g - mean)
+
+    return Centred
+
+
+def test_a_per_row_term_with_the_wrong_sign_is_also_named_by_the_edit():
+    report = tapegrad.gradcheck(centred("mean_sign").apply, (torch.randn(4, 5, dtype=torch.float64,
+                                                                         requires_grad=True),))
+    assert report.has("per_row_term", "x") and report.has("term_sign", "x"), report
+    sign = next(d.message for d in report.diagnoses if d.kind == "term_sign")
+    assert "once the sign of `mean` is flipped" in sign, sign
+    right = tapegrad.gradcheck(centred().apply, (torch.randn(4, 5, dtype=torch.float64, requires_grad=True),))
+    assert right.passed, right
+
+
+def test_a_row_norm_is_traced_as_the_formulas_norm():
+    def body(x, g):
+        return g @ x / x.norm(dim=-1, keepdim=True)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    assert isinstance(traced, dict) and "norm(x, -1)" in str(traced["vjp"][0]) + str(traced["lets"]), traced

@@ -1,0 +1,126 @@
+"""An element-wise call's derivative written wrong, named from the forward.
+
+For a call f applied element by element (sigmoid, tanh, exp, softplus: its Jacobian diagonal), the chain rule's term
+through it is d = (what reaches f's output) ⊙ f′(u) ⊙ (u's derivative), and two slips keep the term's shape:
+
+  a wrong derivative   f′ written as another simple function of f's value y: σ′ as σ (the (1 − σ) left out), tanh′
+                       as 1 − tanh (the square left out), f′ left out (1). With V that function, x̄_user =
+                       x̄_true − d + d ⊙ V/f′ (term_factor). Fitted on the edge terms the forward's search already
+                       has (no forward is run), where f's output has the input's shape, so that the factor V/f′
+                       meets x̄ element by element (as the value factors of _forward._value_factor).
+  the wrong point      f and what follows it evaluated at another value s of the forward (an input, an earlier
+                       call's output) where its operand u belongs, u's own derivative kept: the forward run with u
+                       read as s + (u − detach(u)). x̄_user equal to that run's VJP names the value the backward
+                       reads (wrong_value: σ(x) for softplus(βx)'s σ(βx)).
+"""
+
+import numpy as np
+import torch
+
+from ._forward import _term
+from ._forward_rewrite import operands_of, replace_operand
+
+MAX_POINT_RUNS = 48  # forwards with an operand's value replaced, at most
+
+# f′ of the element-wise calls a report can write in words, as a function of the call's name.
+_DERIVATIVE = {"sigmoid": "sigmoid·(1 − sigmoid)", "tanh": "1 − tanh²", "exp": "exp", "softplus": "sigmoid",
+               "log": "1/u", "log1p": "1/(1 + u)", "sin": "cos", "cos": "−sin", "sqrt": "1/(2·sqrt)",
+               "rsqrt": "−rsqrt³/2", "reciprocal": "−reciprocal²"}
+
+
+def is_elementwise(call):
+    """Whether call is one operand's function element by element: its output of the operand's shape, and its VJP at
+    a random v equal to v times its VJP at ones (a diagonal Jacobian)."""
+    if len(call.operands) != 1 or tuple(call.out.shape) != tuple(call.operands[0].shape) or call.out.numel() < 2:
+        return False
+    try:
+        v = torch.randn(call.out.shape, dtype=call.out.dtype, generator=torch.Generator().manual_seed(7))
+        at_v, = torch.autograd.grad(call.out, call.operands[0], v, retain_graph=True)
+        at_one, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(v), retain_graph=True)
+    except RuntimeError:
+        return False
+    return torch.allclose(at_v, v * at_one, rtol=1e-9, atol=1e-12)
+
+
+def _short(call):
+    return call.name.strip("_")
+
+
+def _forms(call):
+    """(how it is written, V) for the simple functions of the call's value y a derivative may be written as."""
+    y = call.out.detach().numpy().ravel()
+    f = _short(call)
+    return [(f"`{f}`", y), (f"`1 − {f}`", 1 - y), (f"`1 − {f}²`", 1 - y * y), (f"`{f}·(1 − {f})`", y * (1 - y)),
+            (f"`{f}²`", y * y), (f"`1 + {f}`", 1 + y), ("1 (left out)", np.ones_like(y))]
+
+
+def _wrong_derivative(search):
+    found = {}
+    for i in search.errors:
+        x = search.xs[i]
+        n = x.numel()
+        for call, j, d in (search.terms or {}).get(i, []):
+            if tuple(call.out.shape) != tuple(x.shape) or not is_elementwise(call):
+                continue
+            right, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(call.out), retain_graph=True)
+            right = right.detach().numpy().ravel()
+            if np.any(right == 0):
+                continue
+            for written, v in _forms(call):
+                if np.allclose(v, right, rtol=1e-9, atol=0):
+                    continue  # the derivative itself
+                ratio = v / right
+                if np.linalg.norm(search.user[i][:n] - (search.true[i][:n] - d + d * ratio)) > \
+                        1e-6 * np.linalg.norm(search.errors[i][:n]):
+                    continue
+                try:
+                    d_all = search.full_term(call, j, i)
+                except Exception:
+                    continue
+                if not search.matches(i, search.true[i] - d_all + d_all * np.tile(ratio, len(d_all) // n)):
+                    continue
+                f = _short(call)
+                own = _DERIVATIVE.get(f, f"{f}′")
+                found[i] = ("term_factor", search.names[i], "vjp",
+                            f"x̄ has the derivative of `{call.text}` at {call.where} written {written} where "
+                            f"{f}′ = {own} belongs (to rounding): {_term(call, j, search.operand)} carries the factor "
+                            f"{written.strip('`')} in place of {own}")
+                break
+            if i in found:
+                break
+    return found
+
+
+def _wrong_point(search):
+    found = {}
+    runs = 0
+    for call in search.calls:
+        if len(found) == len(search.errors) or not is_elementwise(call):
+            continue
+        target = call.operands[0]
+        sources = [(("input", q), x) for q, x in enumerate(search.xs)]
+        sources += [(("call", c.index), c.out) for c in search.calls if c.index < call.index]
+        for (kind, at), value in sources:
+            if value is target or tuple(value.shape) != tuple(target.shape) or torch.equal(value, target):
+                continue
+            if runs >= MAX_POINT_RUNS:
+                return found
+            runs += 1
+
+            def rewrite(func, args, kwargs, run, kind=kind, at=at):
+                u = operands_of(args, kwargs)[0]
+                s = run.inputs[at] if kind == "input" else run.outputs[at]
+                return replace_operand(args, kwargs, u, s.detach() + (u - u.detach()))
+
+            read = search.names[at] if kind == "input" else search.operand(value)[0]
+            meant, _ = search.operand(target)
+            said = (f"x̄ is the forward's rule with `{call.text}` at {call.where}, and what follows it, evaluated at "
+                    f"`{read}` where `{meant}` belongs, the chain rule's factors of `{meant}` kept (to rounding): the "
+                    f"backward reads `{read}` in place of `{meant}` where it differentiates that call")
+            search.add_named(found, lambda i, said=said: ("wrong_value", search.names[i], "vjp", said),
+                             {call.index: rewrite})
+    return found
+
+
+# In the order tried: each maps the inputs it names to their finding.
+DERIVATIVE_FITS = (_wrong_derivative, _wrong_point)
