@@ -459,7 +459,7 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
                                 unfitted, operand, parts)
         rest = {i: e for i, e in unfitted.items() if names[i] not in {f[1] for f in found}}
         if rest and not parts:  # an element-wise call's derivative, then an axis (_forward_derivative, _axis)
-            from ._forward_more import named_otherwise
+            from ._forward_fits import named_otherwise
             found += named_otherwise(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents,
                                      true, user, rest, operand, terms,
                                      lambda call, j, i: full_terms(call, j, "detach")[i])
