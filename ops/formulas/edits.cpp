@@ -165,10 +165,8 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
                        RuleBlocks* blocks) {
   // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
-  // is the better name.
-  // An input named a per-row term too: that kind says where the error lies, not which term of the rule is wrong,
-  // and an edit that puts the rule right says it (a projection's sign, a row sum's axis); it is added to the
-  // per-row term, where it replaces "no known kind".
+  // is the better name. (An input named a per-row term is left as it is: that kind already says where the error
+  // lies, and the search's trace and evaluations cost more than a check of a small op itself.)
   auto named_as = [&](size_t i, Finding kind) {
     return std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
       return d.kind == kind && d.input == names[i] && d.check == "vjp";
@@ -176,7 +174,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   };
   std::vector<size_t> failing;
   for (size_t i = 0; i < x.size(); ++i)
-    if (named_as(i, Finding::unexplained) || named_as(i, Finding::per_row_term)) failing.push_back(i);
+    if (named_as(i, Finding::unexplained)) failing.push_back(i);
   int64_t elements = 0;
   for (const Tensor& xi : x) elements += xi.numel();
   if (failing.empty() || elements > kEditSearchElements) return;

@@ -32,10 +32,11 @@ def rounding_inside(impl, arrays, eps, seed):
         scale = float(np.max(np.abs(ys[0]))) if np.size(ys[0]) else 0.0
         return float(np.max(np.abs(ys[2] - 2 * ys[1] + ys[0]))) / scale if scale > 0 else 0.0
 
-    at_step, below = second_difference(eps), second_difference(eps / 100)
-    if below > 64 * 2.0**-52 and below >= 0.1 * at_step:
-        return max(below, at_step)
-    return None
+    below = second_difference(eps / 100)
+    if below <= 64 * 2.0**-52:  # a smooth forward: its second difference is float64's rounding at this step
+        return None
+    at_step = second_difference(eps)
+    return max(below, at_step) if below >= 0.1 * at_step else None
 
 
 def unit_named(rho):

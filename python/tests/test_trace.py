@@ -407,12 +407,12 @@ def centred(slip=None):
     return Centred
 
 
-def test_a_per_row_term_with_the_wrong_sign_is_also_named_by_the_edit():
+def test_a_per_row_term_with_the_wrong_sign_is_named_a_per_row_term_and_no_edit_is_searched():
+    # The Jacobian's per-row term says where the error lies; the edit search (a trace and its evaluations, more
+    # than the small check itself costs) runs only for an input no kind explains.
     report = tapegrad.gradcheck(centred("mean_sign").apply, (torch.randn(4, 5, dtype=torch.float64,
                                                                          requires_grad=True),))
-    assert report.has("per_row_term", "x") and report.has("term_sign", "x"), report
-    sign = next(d.message for d in report.diagnoses if d.kind == "term_sign")
-    assert "once the sign of `mean` is flipped" in sign, sign
+    assert report.has("per_row_term", "x") and not report.has("term_sign", "x"), report
     right = tapegrad.gradcheck(centred().apply, (torch.randn(4, 5, dtype=torch.float64, requires_grad=True),))
     assert right.passed, right
 
