@@ -186,14 +186,17 @@ void check_pinned_losses(const PinnedLosses& pin, GeluForm gelu) {
 }  // namespace
 
 // With the tanh gelu, the losses captured from the model as it was before it was built from layers and before the
-// exact gelu became the default: the same seed must still give the same numbers.
+// exact gelu became the default: the same seed must still give the same numbers. One changed since, on purpose: the
+// tanh form's backward used to save t = tanh u and form 1 ± t and 1 − t² from it, which float32 rounds to little
+// near |t| = 1 (`tapegrad gradcheck --precision f32` found it); it saves 1 − |t| now (ops/gelu.hpp), and the fifth
+// loss of the bias + dropout run moved by one ulp of float32, 4.158093452453613 → 4.1580929756164551.
 TEST_CASE("the GPT with the tanh gelu trains with the same losses as before it was built from layers") {
   for (const auto& pin : {PinnedLosses{"softmax", false, {4.176078796386719, 4.198410987854004, 4.1754150390625,
                                                           4.176524639129639, 4.14434289932251}},
                           PinnedLosses{"super", false, {4.203603744506836, 4.204892635345459, 4.189239978790283,
                                                         4.219517707824707, 4.189042091369629}},
                           PinnedLosses{"softmax", true, {4.227527618408203, 4.1835737228393555, 4.181920051574707,
-                                                         4.199037075042725, 4.158093452453613}}})
+                                                         4.199037075042725, 4.1580929756164551}}})
     check_pinned_losses(pin, GeluForm::tanh);
 }
 

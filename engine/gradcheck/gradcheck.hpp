@@ -115,8 +115,6 @@ enum class Finding {
   // fp16 or float32 against float64):
   precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
                        // kept or summed at the low precision where the reference keeps more bits, not a slip
-  rounds_inside,       // the forward rounds inside (its output moves in steps, not smoothly, at the difference
-                       // step): finite differences at that step are noise, not a derivative
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
