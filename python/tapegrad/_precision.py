@@ -79,18 +79,34 @@ def _sums(func, args, kwargs):
     return None
 
 
+# The matrix products, and which of their arguments are the two operands.
+_PRODUCTS = {"mm": (0, 1), "bmm": (0, 1), "mv": (0, 1), "dot": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
+
+
+def _rounded_to(t, dtype):
+    """t's values rounded to dtype, kept in t's own dtype (t itself where it is no finer)."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and UNIT_ROUNDOFF.get(t.dtype, 1) < UNIT_ROUNDOFF[dtype]:
+        return t.to(dtype).to(t.dtype)
+    return t
+
+
 class Rounding(TorchDispatchMode):
     """A float64 computation that errs as one at dtype does (Monte Carlo arithmetic). Each floating-point result r
-    of a torch op is computed as it is, moved to r·(1 + u·ξ), then rounded to dtype (and kept in its own dtype): an
-    op at dtype errs by its result's rounding and, being a library's function (exp, erf, a fused normalization), by
-    about one unit more; ξ is uniform in [−1, 1], drawn afresh for every element of every result. A matrix
-    product's or a sum's result first moves by what summing its n terms in float32 (the accumulator of
+    of a torch op is computed as it is, moved to r·(1 + k·u·ξ), then rounded to dtype (and kept in its own dtype):
+    an op at dtype errs by its result's rounding and, being a library's function (exp, erf, a fused normalization),
+    by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], drawn afresh for every element of every result. A
+    matrix product's or a sum's result first moves by what summing its n terms in float32 (the accumulator of
     low-precision products) errs by: √n·u₃₂·Σ|terms|·ξ (the probabilistic size of a float sum's error). Views and
-    in-place results are left as they are (a copy would cut them from what they alias)."""
+    in-place results are left as they are (a copy would cut them from what they alias).
 
-    def __init__(self, dtype, generator):
+    fused: as a fused kernel at dtype computes instead: the operands of each matrix product rounded to dtype (what
+    its tensor cores read), every other value kept in float32 (the same moves at float32's unit roundoff)."""
+
+    def __init__(self, dtype, generator, fused=False):
         super().__init__()
         self.dtype = dtype
+        self.intermediate = torch.float32 if fused and UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32] else dtype
+        self.fused = fused
         self.generator = generator
         self.generators = {}
 
@@ -105,10 +121,13 @@ class Rounding(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        operands = _PRODUCTS.get(func.overloadpacket.__name__) if self.fused else None
+        if operands is not None:
+            args = tuple(_rounded_to(a, self.dtype) if k in operands else a for k, a in enumerate(args))
         out = func(*args, **kwargs)
         if any(r.alias_info is not None for r in func._schema.returns):
             return out
-        u = UNIT_ROUNDOFF[self.dtype]
+        u = UNIT_ROUNDOFF[self.intermediate]
         if isinstance(out, torch.Tensor):
             if not (out.is_floating_point() and out.dtype in UNIT_ROUNDOFF and UNIT_ROUNDOFF[out.dtype] < u):
                 return out
@@ -117,12 +136,12 @@ class Rounding(TorchDispatchMode):
                 magnitude, n = sums
                 accumulator = UNIT_ROUNDOFF[torch.float64 if self.dtype == torch.float64 else torch.float32]
                 out = out + math.sqrt(n) * accumulator * magnitude * self._uniform(out)
-            return (out * (1 + OP_UNITS * u * self._uniform(out))).to(self.dtype).to(out.dtype)
+            return (out * (1 + OP_UNITS * u * self._uniform(out))).to(self.intermediate).to(out.dtype)
 
         def rounded(t):
             if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype in UNIT_ROUNDOFF
                     and UNIT_ROUNDOFF[t.dtype] < u):
-                return (t * (1 + OP_UNITS * u * self._uniform(t))).to(self.dtype).to(t.dtype)
+                return (t * (1 + OP_UNITS * u * self._uniform(t))).to(self.intermediate).to(t.dtype)
             return t
         return tree_map(rounded, out)
 
@@ -131,8 +150,8 @@ class _Run:
     """One op at one precision: its outputs at the inputs, kept with the graph for its VJPs; with rounding_to, its
     forward and backward run under Rounding(rounding_to)."""
 
-    def __init__(self, fn, args, slots, kwargs, who, rounding_to=None, generator=None):
-        self.mode = ((lambda: Rounding(rounding_to, generator)) if rounding_to is not None
+    def __init__(self, fn, args, slots, kwargs, who, rounding_to=None, generator=None, fused=False):
+        self.mode = ((lambda: Rounding(rounding_to, generator, fused)) if rounding_to is not None
                      else contextlib.nullcontext)
         self.xs = [args[i].detach().requires_grad_() for i in slots]
         args = list(args)
@@ -190,13 +209,16 @@ def _largest(arrays):
 class _Comparison:
     """The kernel's VJPs and values against the reference's, and the rounding model's bound, per input."""
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64):
+    def __init__(self, kernel, reference_at, dtype, cotangents_64, fused=False):
         reference64 = reference_at(None, None)
         u = UNIT_ROUNDOFF[dtype]
         samples = [reference_at(dtype, None), reference_at(dtype, "nudged")]
+        # the same model as a fused kernel computes (Rounding's fused): a second, tighter bound, said beside the first
+        fused_samples = [reference_at(dtype, None, True), reference_at(dtype, "nudged", True)] if fused else []
         count = len(kernel.xs)
         self.error = [0.0] * count
         self.rounding = [0.0] * count
+        self.fused_rounding = [0.0] * count
         self.scale = [0.0] * count
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
@@ -204,6 +226,7 @@ class _Comparison:
             exact = reference64.vjp(g)
             got = kernel.vjp(g)
             moved = [s.vjp(g) for s in samples]
+            moved_fused = [s.vjp(g) for s in fused_samples]
             for i in range(count):
                 diff = np.abs(got[i] - exact[i])
                 if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
@@ -212,8 +235,11 @@ class _Comparison:
                     self.worst[i] = np.unravel_index(k, diff.shape)
                     self.values[i] = (float(got[i].reshape(-1)[k]), float(exact[i].reshape(-1)[k]))
                 self.rounding[i] = max([self.rounding[i]] + [_largest([m[i] - exact[i]]) for m in moved])
+                self.fused_rounding[i] = max([self.fused_rounding[i]] +
+                                             [_largest([m[i] - exact[i]]) for m in moved_fused])
                 self.scale[i] = max(self.scale[i], _largest([exact[i]]))
         self.bound = [MARGIN * max(r, u * s) for r, s in zip(self.rounding, self.scale)]
+        self.fused_bound = [MARGIN * max(r, u * s) for r, s in zip(self.fused_rounding, self.scale)] if fused else None
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s in samples for a, b in zip(s.values(), y64))
@@ -248,14 +274,17 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}")
     nudged = _nudged(list(inputs), slots, dtype, generator)
 
-    def reference_at(rounding_to, how):
+    def reference_at(rounding_to, how, fused=False):
         args = nudged if how == "nudged" else list(inputs)
         label = f"the reference {ref_name} in float64" + ("" if rounding_to is None else
                                                           f", rounding to {DTYPE_NAMES[rounding_to]}")
-        return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, label, rounding_to, generator)
+        return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, label, rounding_to, generator,
+                    fused)
 
     cotangents = _cotangents(kernel, generator)
-    comparison = _Comparison(kernel, reference_at, dtype, cotangents)
+    # A reference given is the composite a fused kernel replaces: the bound of that kernel's rounding is said too.
+    fused = reference is not None and UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32]
+    comparison = _Comparison(kernel, reference_at, dtype, cotangents, fused)
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:
@@ -276,8 +305,13 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
         at = "" if comparison.worst[i] is None else f"{input_name}[{', '.join(map(str, comparison.worst[i]))}]"
         _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i])
         verb = "explains" if ok else "explains only"
-        notes.append(f"{input_name}: max error {comparison.error[i]:.2g}; rounding at {DTYPE_NAMES[dtype]} {verb} up "
-                     f"to {comparison.bound[i]:.2g} here")
+        line = (f"{input_name}: max error {comparison.error[i]:.2g}; rounding at {DTYPE_NAMES[dtype]} {verb} up "
+                f"to {comparison.bound[i]:.2g} here")
+        if fused:
+            fused_bound = comparison.fused_bound[i]
+            # said, not judged: two samples of a tight model put a right kernel past it now and then
+            line += f" ({fused_bound:.2g} where its values stay in float32 between products, as a fused kernel's do)"
+        notes.append(line)
     forward_ok = comparison.forward_error <= comparison.forward_bound
     _tapegrad._add_check(report, "y", f"forward {DTYPE_NAMES[dtype]}", "exact", forward_ok, comparison.forward_error,
                          "", comparison.forward_error, comparison.forward_bound)
