@@ -17,7 +17,7 @@ Each costs one forward (the call changed, or the operand a leaf of the broadcast
 import numpy as np
 import torch
 
-from ._forward import _PRODUCT, _QUOTIENT, _SUM
+from ._forward_record import _PRODUCT, _QUOTIENT, _SUM
 from ._forward_rewrite import operands_of, replace_operand
 
 # Calls whose one int argument (position 1, or dim=/dims=) is an axis of their first operand.

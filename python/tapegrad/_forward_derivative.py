@@ -17,7 +17,7 @@ through it is d = (what reaches f's output) ⊙ f′(u) ⊙ (u's derivative), an
 import numpy as np
 import torch
 
-from ._forward import _term
+from ._forward_record import _term
 from ._forward_rewrite import operands_of, replace_operand
 
 MAX_POINT_RUNS = 48  # forwards with an operand's value replaced, at most

@@ -18,7 +18,7 @@ Two such slips keep the rule's shape, each fitted as x̄_user = the VJP of the f
 
 import torch
 
-from ._forward import _PRODUCT
+from ._forward_record import _PRODUCT
 from ._forward_axis import _MATMUL
 from ._forward_rewrite import operands_of, replace_operand
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._forward import FIT, _flat, _Forward, _run_forward, _vjps
+from ._forward_record import FIT, _flat, _Forward, _run_forward, _vjps
 
 
 class Rewritten(_Forward):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import _tapegrad
-from ._precision import (DTYPE_NAMES, UNIT_ROUNDOFF, _cast, _Comparison, _cotangents, _nudged, _Run)
+from ._rounding import DTYPE_NAMES, UNIT_ROUNDOFF, _cast, _Comparison, _cotangents, _nudged, _Run
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
 DEFECT_UNITS = 32      # a precision defect's error is at most this many units of p's roundoff relative to |x̄₆₄|

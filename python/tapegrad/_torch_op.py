@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from ._callables import _function_class
+
 
 def _unravel(k, shape):
     """The index of element k of a C-ordered array of that shape."""
@@ -135,7 +137,6 @@ class TorchOp:
         return worst
 
     def vjp_formulas(self, arrays, gout, names):
-        from ._gradcheck import _function_class
         from ._trace import vjp_formulas, vjp_formulas_of_callable
         function_class = _function_class(self.fn)
         if self.output == "all":

@@ -459,7 +459,7 @@ class _Recorder(TorchDispatchMode):
             return self._bind(out, f"{{0}} {op} {{1}}", args[:2], infix=True)
         what = {"slice": "slicing", "select": "indexing", "index": "indexing", "gather": "indexing",
                 "index_select": "indexing"}.get(base)
-        raise _Untraceable(f"aten.{name}" + (f" ({what})" if what else "") + f"", _LACKS)
+        raise _Untraceable(f"aten.{name}" + (f" ({what})" if what else ""), _LACKS)
 
     def _reshape(self, name, x, out):
         """A view or reshape: the value itself where the shape stays, or where the last two axes stay (torch.matmul

@@ -217,8 +217,8 @@ def test_at_sizes_where_projections_are_used():
 
 
 def test_the_report_says_when_the_edges_tried_were_capped(monkeypatch):
-    import tapegrad._forward as forward
-    monkeypatch.setattr(forward, "MAX_EDGES", 1)
+    import tapegrad._forward_record as record
+    monkeypatch.setattr(record, "MAX_EDGES", 1)
     report = check(silu("dropped"), inputs((4, 5)))
     d = next(d for d in report.diagnoses if d.kind == "term_dropped")
     assert d.message.endswith("(1 of the forward's 3 edges were tried)")

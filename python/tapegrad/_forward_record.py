@@ -1,0 +1,307 @@
+"""The forward of a torch.autograd.Function recorded for naming a slip from it (tapegrad/_forward.py and the fits
+of _forward_fits.py): each torch call a _Call with the user's line and sub-expression, run under the _Forward mode
+(which can cut one operand's edge, run a call straight through, or write a call out in its parts), the VJPs of the
+run at stacked cotangents, and each edge's term named in the forward's own words."""
+
+import itertools
+import linecache
+import math
+import os
+import re
+import sys
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from ._trace import _Context, _absolute
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+MAX_EDGES = 64      # edges of the forward tried, in the order the forward makes them
+COTANGENTS = 3      # random ȳ the error is fitted at, stacked
+FIT = 1e-6          # a fit's residual at most this fraction of ‖e‖: the rest is rounding
+_ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*=(?!=)\s*(.*?)\s*(#.*)?$")
+_PRODUCT = {"mul", "__mul__", "__rmul__", "multiply", "matmul", "__matmul__", "mm", "bmm", "einsum", "outer"}
+_QUOTIENT = {"div", "__truediv__", "__rtruediv__", "divide", "true_divide"}
+_SUM = {"add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "subtract"}
+
+
+def _user_place():
+    """(file, line, expression) of the innermost frame outside torch and tapegrad: the user's call, with the exact
+    sub-expression that made it where Python knows its columns."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = _absolute(frame.f_code.co_filename)
+        if not path.startswith(_TORCH_DIR) and not path.startswith(_PACKAGE_DIR):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return "?", 0, ""
+    path = frame.f_code.co_filename
+    line = frame.f_lineno or 0
+    expression = ""
+    try:
+        first, last, start, end = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None))
+        text = linecache.getline(path, first)
+        if first == last and start is not None and end is not None:
+            expression = text[start:end]
+        line = first or line
+    except (StopIteration, ValueError, TypeError):
+        pass
+    return os.path.basename(path), line, expression.strip()
+
+
+class _Call:
+    """One torch call of the forward whose output depends on the inputs."""
+
+    def __init__(self, index, name, place, operands, numbers, out):
+        self.index, self.name, self.place = index, name, place
+        self.operands = operands  # the tensors it reads that require grad, in argument order
+        self.numbers = numbers    # the Python numbers among its arguments (a power's exponent, a scale)
+        self.out = out
+        self.assigned = None      # the name a line `name = <this call's expression>` gives its value
+        self.inside = None        # (name, formula) of the call of _PARTS this one is a part of, when written out
+
+    @property
+    def where(self):
+        return f"{self.place[0]}:{self.place[1]}"
+
+    @property
+    def text(self):
+        expression = self.place[2] or f"{self.name}(...)"
+        return expression if len(expression) <= 70 else expression[:67] + "..."
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+def _softmax_parts(x, dim=None, *rest, **kwargs):
+    dim = kwargs.get("dim", dim)
+    e = torch.exp(x - x.amax(dim, keepdim=True).detach())
+    return e / e.sum(dim, keepdim=True)
+
+
+def _softplus_parts(x, beta=1, threshold=20):
+    return torch.log1p(torch.exp(beta * x)) / beta
+
+
+def _logsumexp_parts(x, dim, keepdim=False):
+    m = x.amax(dim, keepdim=True).detach()
+    out = m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+    return out if keepdim else out.squeeze(dim)
+
+
+# Calls that are several terms in one, written out in their parts (themselves torch calls, so each part is an edge)
+# when no term of the forward as written fits: silu(a) = a·σ(a) has a product rule's two terms inside one call.
+_SOFTMAX = ("softmax", "exp(s − max s) / sum(exp(s − max s))", _softmax_parts)
+_LOGSUMEXP = ("logsumexp", "max s + log sum(exp(s − max s))", _logsumexp_parts)
+_PARTS = {
+    torch.nn.functional.silu: ("silu", "a·sigmoid(a)", lambda x, inplace=False: x * torch.sigmoid(x)),
+    torch.nn.functional.mish: ("mish", "x·tanh(softplus(x))",
+                               lambda x, inplace=False: x * torch.tanh(_softplus_parts(x))),
+    torch.nn.functional.softplus: ("softplus", "log1p(exp(β·x))/β", _softplus_parts),
+    torch.softmax: _SOFTMAX,
+    torch.nn.functional.softmax: _SOFTMAX,
+    torch.Tensor.softmax: _SOFTMAX,
+    torch.logsumexp: _LOGSUMEXP,
+    torch.Tensor.logsumexp: _LOGSUMEXP,
+}
+
+
+class _Forward(TorchFunctionMode):
+    """Records the forward's calls (record=True), or runs it with one edge cut: (k, j, "detach") reads operand j
+    of call k detached; (k, j, "straight") keeps call k's value with its derivative the identity in operand j;
+    (k, j, "substitute", source) reads another value of the forward in place of operand j of call k: source is
+    ("input", i) or ("call", m), the output of an earlier call m of the same run."""
+
+    def __init__(self, cut=None, record=False, parts=False):
+        super().__init__()
+        self.cut, self.record, self.parts = cut, record, parts
+        self.has_parts = False  # the forward makes a call of _PARTS
+        self.inside = None      # while a call of _PARTS runs as its parts: its (name, formula)
+        self.calls = []
+        self.count = 0
+        self.outputs = []  # each call's output in this run, by index
+        self.inputs = []   # the run's inputs (set by _run_forward)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _PARTS:
+            self.has_parts = True
+            if self.parts and self.inside is None:
+                name, formula, parts = _PARTS[func]
+                self.inside = (name, formula)
+                try:
+                    with self:  # the parts are calls of their own, recorded (or cut) as the forward's
+                        return parts(*args, **kwargs)
+                finally:
+                    self.inside = None
+        operands = [v for v in _flat(list(args) + list(kwargs.values()))
+                    if isinstance(v, torch.Tensor) and v.requires_grad]
+        if not operands:
+            return func(*args, **kwargs)
+        k = self.count
+        self.count += 1
+        cut = self.cut if self.cut is not None and self.cut[0] == k else None
+        if cut is not None and cut[2] in ("detach", "substitute"):
+            target = operands[cut[1]]
+            if cut[2] == "detach":
+                replacement = target.detach()
+            else:
+                kind, at = cut[3]
+                replacement = self.inputs[at] if kind == "input" else self.outputs[at]
+
+            def replaced(v):
+                if isinstance(v, (list, tuple)):
+                    return type(v)(replaced(u) for u in v)
+                return replacement if v is target else v
+
+            args, kwargs = replaced(args), {key: replaced(v) for key, v in kwargs.items()}
+        out = func(*args, **kwargs)
+        self.outputs.append(out)
+        if cut is not None and cut[2] == "straight":
+            source = operands[cut[1]]
+            out = source + (out - source).detach()
+        if self.record and isinstance(out, torch.Tensor):
+            name = getattr(func, "__name__", str(func))
+            numbers = [v for v in _flat(list(args) + list(kwargs.values()))
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            self.calls.append(_Call(k, name, _user_place(), operands, numbers, out))
+            self.calls[-1].inside = self.inside
+        return out
+
+
+def _run_forward(function_class, args, slots, arrays, mode):
+    """The forward of function_class as plain torch code at arrays (in the checked slots), under mode: (xs, y)."""
+    args = list(args)
+    xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
+    for slot, x in zip(slots, xs):
+        args[slot] = x
+    ctx = _Context(len(args))
+    mode.inputs = xs
+    with torch.enable_grad(), mode:
+        if getattr(function_class, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context",
+                                                                         None):
+            y = function_class.forward(*args)
+        else:
+            y = function_class.forward(ctx, *args)
+    if isinstance(y, (tuple, list)) and len(y) == 1:
+        y = y[0]
+    return xs, y
+
+
+def _vjps(xs, y, cotangents):
+    """x̄ for each x, the VJPs at each cotangent flattened and stacked: one vector per input."""
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return [np.zeros(x.numel() * len(cotangents)) for x in xs]
+    per_input = [[] for _ in xs]
+    for g in cotangents:
+        grads = torch.autograd.grad(y, xs, torch.from_numpy(g), retain_graph=True, allow_unused=True)
+        for i, (x, gx) in enumerate(zip(xs, grads)):
+            per_input[i].append(np.zeros(x.numel()) if gx is None else gx.detach().numpy().ravel())
+    return [np.concatenate(v) for v in per_input]
+
+
+def _name_calls(calls, names, xs):
+    """Each call's `assigned` name, and a function that writes an operand: an input's name, the name its value was
+    assigned to, or the expression that made it."""
+    for call in calls:
+        match = _ASSIGNMENT.match(linecache.getline(_full_path(call), call.place[1]) or "")
+        if match and call.place[2] and match.group(2).rstrip(";") == call.place[2]:
+            call.assigned = match.group(1)
+    made_by = {id(c.out): c for c in calls}
+    input_name = {id(x): n for x, n in zip(xs, names)}
+
+    def operand(t):
+        if id(t) in input_name:
+            return input_name[id(t)], None
+        call = made_by.get(id(t))
+        if call is None:
+            return "a value of the forward", None
+        if call.inside is not None:  # a part of a call written out: its own op
+            return call.name, call
+        return (call.assigned or call.text), call
+
+    return operand
+
+
+_paths = {}
+
+
+def _full_path(call):
+    return _paths.get(call.place[0], call.place[0])
+
+
+def _fraction(f):
+    """f as a small fraction p/q (q ≤ 6), or None."""
+    for q in range(1, 7):
+        p = round(f * q)
+        if p != 0 and abs(f * q - p) <= 1e-6 * max(1.0, abs(f * q)):
+            return f"{p}" if q == 1 else f"{p}/{q}"
+    return None
+
+
+def _describe_factor(f, values):
+    """What the factor f = 1 + α of a term reads as: "2/3", "1/beta (beta = 1.7)", "1/√16"; values maps a name of
+    the forward (a scalar input, a number in a call, a size) to its value."""
+    close = lambda a, b: abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    for name, v in values:
+        if v in (0.0, 1.0, -1.0) or not math.isfinite(v):
+            continue
+        shown = f"{name} (= {v:.6g})" if name != f"{v:g}" else name
+        for text, value in ((shown, v), (f"1/{shown}", 1 / v), (f"{shown}²", v * v)):
+            if close(f, value):
+                return text, name
+        if v > 0:
+            for text, value in ((f"√{shown}", math.sqrt(v)), (f"1/√{shown}", 1 / math.sqrt(v))):
+                if close(f, value):
+                    return text, name
+    fraction = _fraction(f)
+    return (fraction or f"{f:.6g}"), None
+
+
+def _role(call, j, operand_text):
+    """Which term of call's rule the edge into its operand j is."""
+    joined = len(call.operands) > 1
+    if call.name in _PRODUCT and joined:
+        return f"the product rule's term through `{operand_text}`"
+    if call.name in _QUOTIENT and joined:
+        return (f"the quotient rule's term through the denominator `{operand_text}`" if j == 1
+                else f"the quotient rule's term through the numerator `{operand_text}`")
+    if call.name in _SUM and joined:
+        return f"the term of `{operand_text}`"
+    if call.name in ("pow", "__pow__") and call.numbers:
+        return f"the power rule's term through `{operand_text}`"
+    return f"the chain rule's term through `{operand_text}`"
+
+
+def _term(call, j, operand):
+    text, producer = operand(call.operands[j])
+    if call.inside is not None:
+        name, formula = call.inside
+        return f"{_role(call, j, text)} in {name} = {formula}, written out, of `{call.text}` at {call.where}"
+    term = f"{_role(call, j, text)} in `{call.text}` at {call.where}"
+    if producer is not None and producer.assigned == text:
+        term += f" (`{text}` = `{producer.text}` at {producer.where})"
+    return term
+
+
+def _candidates(calls):
+    """Every (call, operand, how) tried: each edge detached, and calls with one dependent operand of the output's
+    shape run straight through."""
+    edges = [(c, j) for c in calls for j in range(len(c.operands))
+             if not (c.name.endswith("_") and not c.name.endswith("__")) and c.name not in ("detach", "__setitem__")]
+    capped = len(edges) > MAX_EDGES
+    tried = edges[:MAX_EDGES]
+    out = []
+    for call, j in tried:
+        out.append((call, j, "detach"))
+        if (len(call.operands) == 1 and call.name not in _PRODUCT | _QUOTIENT | _SUM
+                and tuple(call.out.shape) == tuple(call.operands[0].shape)):
+            out.append((call, j, "straight"))
+    return out, len(tried), len(edges), capped
