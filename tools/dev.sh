@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set-up, build and test in one place, for a fresh Debian machine (root, or a user with sudo).
 #   bash tools/dev.sh demo       install what is missing, build, train the default model on Tiny Shakespeare
-#   bash tools/dev.sh test       install what is missing, build, run every test (ctest), then the product-dependent
-#                                ones again with each product backend forced (OpenBLAS, oneDNN)
+#   bash tools/dev.sh test       install what is missing (PyTorch too), build, run every test (ctest), then the
+#                                product-dependent ones again with each product backend forced (OpenBLAS, oneDNN)
 #   bash tools/dev.sh sanitize   the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   bash tools/dev.sh fuzz [S]   installs clang, runs each libFuzzer target for S seconds (60) (tools/fuzz.sh)
 #   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
@@ -43,7 +43,9 @@ case "${1:-}" in
     deps; build build
     ./build/tapegrad train --overwrite ;;  # a second demo starts the run over
   test)
-    deps; build build
+    # PyTorch too: the Python module's tests (python/tests) check torch ops and compare with torch, and the
+    # cross-checks of label "torch" run against it; without it they would be skipped, not run.
+    deps python3-torch; build build
     (cd build && ctest --output-on-failure -j "$JOBS")
     # The engine, op, attention and training tests once more with each product backend forced (the run above
     # follows the rule of engine/products.hpp, which mixes them on AVX-512 CPUs).
