@@ -32,7 +32,8 @@ recommends=$(field Recommends)
 contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for path in ./usr/bin/tapegrad ./usr/include/tapegrad/tapegrad.hpp ./usr/include/tapegrad/ops/ops.hpp \
             ./usr/share/tapegrad/data/tinyshakespeare.txt ./usr/share/tapegrad/docs/derivations.md \
-            ./usr/share/tapegrad/tools/torch_bench.py ./usr/share/doc/tapegrad/README.md; do
+            ./usr/share/tapegrad/tools/torch_bench.py ./usr/share/doc/tapegrad/README.md \
+            ./usr/share/doc/tapegrad/changelog.md; do
   grep -qx -- "$path" <<<"$contents" || fail "no $path in the package"
 done
 for pattern in '/libtapegrad\.a$' '/cmake/tapegrad/tapegradConfig\.cmake$' '/pkgconfig/tapegrad\.pc$'; do
