@@ -5,10 +5,10 @@ reference x̄₆₄ on exactly the rounded inputs x the kernel saw and the same 
 reference is `reference` (composite torch ops: torch's own derivatives) or else fn itself in float64, whose VJP
 the float64 check of the same report compares with finite differences first.
 
-No tolerance is given: what rounding explains is measured. The reference is run again at precision p, every
-intermediate and product of it rounding to p as the kernel's do, once on x and once on x moved by about a unit in
-the last place (x·(1 + u·ξ), ξ uniform in [−1, 1], rounded to p). The farthest either moves from x̄₆₄ is a
-sample of the error a right computation at p makes here; the result itself, stored at p, moves by up to u·|x̄₆₄|.
+No tolerance is given: what rounding explains is measured (tapegrad/_rounding.py). The reference is run again in
+float64 with each of its ops erring and rounding as at p (Monte Carlo), once on x and once on x moved by about a
+unit in the last place (x·(1 + u·ξ), ξ uniform in [−1, 1], rounded to p). The farthest either moves from x̄₆₄ is
+a sample of the error a right computation at p makes here; the result itself, stored at p, moves by up to u·|x̄₆₄|.
 Rounding explains an error up to
         B = 2 · max(largest deviation measured, u · ‖x̄₆₄‖∞)
 (the 2: two samples of an error are not its bound; the factor is fixed, never tuned per op). An input's row passes
