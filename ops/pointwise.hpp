@@ -1,17 +1,20 @@
-// An element-wise op from its function and derivative: pointwise(name, x, f, df) records y = f(x) as one node
-// named `name`, with
-//   VJP  x̄ += f′(x)·ȳ          JVP  ẏ = f′(x)·ẋ                                        x, y, x̄, ȳ, ẋ, ẏ: one shape
-// (the Jacobian is diagonal, so the two products are one multiplication each).
+// An element-wise op from its function and its first two derivatives: pointwise(name, x, f, df, d2f) records
+// y = f(x) as one node named `name`, with
+//   VJP  x̄ += f′(x)·ȳ          JVP  ẏ = f′(x)·ẋ          second order  ẋ̄ += f″(x)·ẋ·ȳ   x, y, x̄, ȳ, ẋ, ẏ: one shape
+// (the Jacobian is diagonal, so each product is one multiplication; the second-order rule is the tangent of the
+// VJP along ẋ, which Tape::hvp and `tapegrad gradcheck --order 2` use).
 //
-// f and df are called with float for float32 tensors and double for float64: write them as generic lambdas.
+// f, df and d2f are called with float for float32 tensors and double for float64: write them as generic lambdas.
 // df takes x, or x and y = f(x) when f′ is cheaper in y (exp: f′ = y; tanh: f′ = 1 − y²). The node keeps x and y.
 //
-//   Var softsign(Var x) {
+//   Var softsign(Var x) {                                 // f = x/(1+|x|), f′ = 1/(1+|x|)², f″ = −2·sign(x)/(1+|x|)³
 //     return pointwise("softsign", x, [](auto v) { return v / (1 + std::abs(v)); },
-//                      [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); });
+//                      [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); },
+//                      [](auto v) { auto a = 1 + std::abs(v); return (v > 0 ? -2 : v < 0 ? 2 : 0) / (a * a * a); });
 //   }
 //
-// Given f″ too, pointwise(name, x, f, df, d2f) also records the second-order rule ẋ̄ += f″(x)·ẋ·ȳ (Tape::hvp).
+// Without d2f, pointwise(name, x, f, df) records no second-order rule: Tape::hvp through the node throws naming it,
+// and the second-order check of a case that uses it says "not checked", never passed.
 //
 // `name` must outlive the tape (a string literal): the node, its errors, the profile, `tapegrad graph` and
 // `explain` show it, with the file and line of the call to pointwise as the node's place.
