@@ -24,7 +24,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Comparison, _cotangents, _nudged, _Run
+from ._rounding import DRAWS, DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
 def runs_elsewhere(inputs, slots):
@@ -52,6 +52,12 @@ def _precision_of(inputs, slots):
     return dtype, checked[0].device
 
 
+def _explained(what, error, bound, ok, dtype):
+    """The report's line for one compared value: "x: max error E; rounding at bf16 explains up to B here"."""
+    return (f"{what}: max error {error:.2g}; rounding at {DTYPE_NAMES[dtype]} {'explains' if ok else 'explains only'} "
+            f"up to {bound:.2g} here")
+
+
 def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, float64_report):
     """The report of fn at its inputs' precision and device (see the module's text). float64_report(fn64) runs the
     float64 check of a callable on CPU float64 tensors (the caller's usual check), or is None where a reference is
@@ -69,19 +75,10 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
     ref_name = name if reference is None else (getattr(reference, "__name__", None) or type(reference).__name__)
 
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}")
-    nudged = _nudged(list(inputs), slots, dtype, generator)
-
-    def reference_at(rounding_to, how, fused=False):
-        args = nudged if how == "nudged" else list(inputs)
-        label = f"the reference {ref_name} in float64" + ("" if rounding_to is None else
-                                                          f", rounding to {DTYPE_NAMES[rounding_to]}")
-        return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, label, rounding_to, generator,
-                    fused)
-
-    cotangents = _cotangents(kernel, generator)
     # A reference given is the composite a fused kernel replaces: the bound of that kernel's rounding is said too.
     fused = reference is not None and UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32]
-    comparison = _Comparison(kernel, reference_at, dtype, cotangents, fused)
+    comparison = compare(kernel, ref_fn, list(inputs), slots, kwargs, dtype, device, generator,
+                         f"the reference {ref_name} in float64", fused)
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:
@@ -101,19 +98,16 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
         ok = comparison.passed(i)
         at = "" if comparison.worst[i] is None else f"{input_name}[{', '.join(map(str, comparison.worst[i]))}]"
         _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i])
-        verb = "explains" if ok else "explains only"
-        line = (f"{input_name}: max error {comparison.error[i]:.2g}; rounding at {DTYPE_NAMES[dtype]} {verb} up "
-                f"to {comparison.bound[i]:.2g} here")
+        line = _explained(input_name, comparison.error[i], comparison.bound[i], ok, dtype)
         if fused:
             fused_bound = comparison.fused_bound[i]
             # said, not judged: two samples of a tight model put a right kernel past it now and then
             line += f" ({fused_bound:.2g} where its values stay in float32 between products, as a fused kernel's do)"
         notes.append(line)
-    forward_ok = comparison.forward_error <= comparison.forward_bound
+    forward_ok = comparison.forward_passed()
     _tapegrad._add_check(report, "y", f"forward {DTYPE_NAMES[dtype]}", "exact", forward_ok, comparison.forward_error,
                          "", comparison.forward_error, comparison.forward_bound)
-    notes.append(f"y: max error {comparison.forward_error:.2g}; rounding at {DTYPE_NAMES[dtype]} "
-                 f"{'explains' if forward_ok else 'explains only'} up to {comparison.forward_bound:.2g} here")
+    notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype))
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:
         name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,

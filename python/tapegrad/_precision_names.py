@@ -16,28 +16,22 @@ import numpy as np
 import torch
 
 from . import _tapegrad
-from ._rounding import DTYPE_NAMES, UNIT_ROUNDOFF, _cast, _Comparison, _cotangents, _nudged, _Run
+from ._rounding import DTYPE_NAMES, UNIT_ROUNDOFF, _cast, _Run, compare
+from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
 DEFECT_UNITS = 32      # a precision defect's error is at most this many units of p's roundoff relative to |x̄₆₄|
-from ._torch_op import float_outputs
 
 
 def _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed):
     """The kernel at float32 on the same values against the reference, or None where it does not run at float32."""
-    args32 = _cast(list(inputs), slots, torch.float32, device)
+    args32 = _cast(list(inputs), torch.float32, device)
     try:
         kernel = _Run(fn, args32, slots, kwargs, "the op at float32")
     except Exception:  # a kernel written for 16-bit types alone: the precisions cannot be compared
         return None
     generator = torch.Generator().manual_seed(int(seed) + 1)
-    nudged = _nudged(args32, slots, torch.float32, generator)
-
-    def reference_at(rounding_to, how):
-        args = nudged if how == "nudged" else args32
-        return _Run(ref_fn, _cast(args, slots, torch.float64, device), slots, kwargs, "the reference", rounding_to,
-                    generator)
-    return _Comparison(kernel, reference_at, torch.float32, _cotangents(kernel, generator))
+    return compare(kernel, ref_fn, args32, slots, kwargs, torch.float32, device, generator, "the reference")
 
 
 def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing, seed):
@@ -71,7 +65,7 @@ class _KernelAgainstReference:
     def __init__(self, fn, ref_fn, inputs, slots, kwargs, dtype, device):
         self.fn, self.ref_fn, self.slots, self.kwargs = fn, ref_fn, slots, kwargs
         self.dtype, self.device = dtype, device
-        self.fixed64 = _cast(list(inputs), slots, torch.float64, device)
+        self.fixed64 = _cast(list(inputs), torch.float64, device)
         self.fixed = list(inputs)
         self.no_forward_mode = "the kernel's forward mode is not compared at its precision"
 

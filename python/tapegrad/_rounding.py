@@ -148,7 +148,7 @@ class _Run:
         return [y.detach().to(torch.float64).cpu().numpy() for y in self.ys]
 
 
-def _cast(args, slots, dtype, device):
+def _cast(args, dtype, device):
     """The arguments with every floating-point tensor cast to dtype (the reference sees the kernel's own values)."""
     return [a.detach().to(device=device, dtype=dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
             else a for a in args]
@@ -209,10 +209,31 @@ class _Comparison:
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
     def passed(self, i):
-        return math.isfinite(self.error[i]) and self.error[i] <= self.bound[i]
+        return within(self.error[i], self.bound[i])
+
+    def forward_passed(self):
+        return within(self.forward_error, self.forward_bound)
+
+
+def within(error, bound):
+    """An error rounding explains: finite, and at most the bound."""
+    return math.isfinite(error) and error <= bound
 
 
 def _cotangents(run, generator):
     """DRAWS random ȳ in float64 for the run's outputs (rounded to each output's dtype by the VJPs that use them)."""
     return [[torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype).to(torch.float64)
              for y in run.ys] for _ in range(DRAWS)]
+
+
+def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label, fused=False):
+    """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and in float64
+    under Rounding at dtype on args and on args moved by an ulp (and in Rounding's fused form where asked), at DRAWS
+    random ȳ drawn from generator."""
+    nudged = _nudged(args, slots, dtype, generator)
+
+    def reference_at(rounding_to, how, fused=False):
+        source = nudged if how == "nudged" else args
+        who = label + ("" if rounding_to is None else f", rounding to {DTYPE_NAMES[rounding_to]}")
+        return _Run(ref_fn, _cast(source, torch.float64, device), slots, kwargs, who, rounding_to, generator, fused)
+    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), fused)
