@@ -19,7 +19,9 @@ tried: the forward run with one operand of one call replaced by another value it
 shape (an input, an earlier call's output); x̄_user equal to that run's x̄ says which value the backward reads.
 Before that, a term whose factor is a value of the forward element by element (x̄_user = x̄_true − d + d·v or
 − d + d/v). Last, where the forward calls one of _PARTS (silu, softmax, …), all of it runs again with those calls
-written out in their parts, each part an edge of its own.
+written out in their parts, each part an edge of its own. What still fits nothing goes to the fits of
+_forward_fits.py: an element-wise call's derivative written wrong or taken at the wrong value (at most 48 rewritten
+forwards), a call's or a broadcast's axis (at most 32), and a loop's step.
 
 It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides), and
 costs one forward and backward per candidate, at most 64 edges: VJPs only, so at any size.
@@ -163,7 +165,7 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
         found += _substitutions(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, user,
                                 unfitted, operand, parts)
         rest = {i: e for i, e in unfitted.items() if names[i] not in {f[1] for f in found}}
-        if rest and not parts:  # an element-wise call's derivative, then an axis (_forward_derivative, _axis)
+        if rest and not parts:  # a derivative, an axis, a loop's step (_forward_fits.py)
             found += named_otherwise(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents,
                                      true, user, rest, operand, terms,
                                      lambda call, j, i: full_terms(call, j, "detach")[i])

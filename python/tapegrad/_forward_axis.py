@@ -17,14 +17,13 @@ Each costs one forward (the call changed, or the operand a leaf of the broadcast
 import numpy as np
 import torch
 
-from ._forward_record import _PRODUCT, _QUOTIENT, _SUM
+from ._forward_record import _ELEMENTWISE_PRODUCT, _MATMUL, _QUOTIENT, _SUM, _vjps
 from ._forward_rewrite import operands_of, replace_operand
 
 # Calls whose one int argument (position 1, or dim=/dims=) is an axis of their first operand.
 _AXIS_CALLS = {"cumsum", "cumprod", "sum", "mean", "softmax", "log_softmax", "logsumexp", "flip", "amax", "amin",
                "prod", "var", "std", "max", "min", "cummax", "cummin", "unsqueeze", "squeeze", "select"}
-_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}  # products of matrices, batched or not
-_BROADCASTING = (_PRODUCT - _MATMUL - {"einsum", "outer"}) | _QUOTIENT | _SUM | {"where", "pow", "__pow__",
+_BROADCASTING = _ELEMENTWISE_PRODUCT | _QUOTIENT | _SUM | {"where", "pow", "__pow__",
                                                                                  "maximum", "minimum"}
 MAX_AXIS_RUNS = 32  # forwards with a call's axis changed, at most
 
@@ -121,15 +120,6 @@ def _fit_broadcast(search, call, j, operand, shape, broadcast):
     grads = [torch.autograd.grad(y, leaf["E"], torch.from_numpy(g), retain_graph=True)[0]
              for g in search.cotangents]
 
-    def chain(deltas):
-        """x̄ of every input for the operand's gradient changed by delta at each ȳ, stacked."""
-        per = [[] for _ in search.xs]
-        for delta in deltas:
-            got = torch.autograd.grad(operand, search.xs, delta, retain_graph=True, allow_unused=True)
-            for i, (x, gx) in enumerate(zip(search.xs, got)):
-                per[i].append(np.zeros(x.numel()) if gx is None else gx.detach().numpy().ravel())
-        return [np.concatenate(v) for v in per]
-
     reduce = lambda G: G.sum_to_size(operand.shape)
     alternatives = []  # (how the gradient was reduced, G → the operand's gradient)
     for a in broadcast:
@@ -143,7 +133,8 @@ def _fit_broadcast(search, call, j, operand, shape, broadcast):
     found = {}
     text, _ = search.operand(operand)
     for how, reduced in alternatives:
-        shifted = chain([reduced(G) - reduce(G) for G in grads])
+        # x̄ of every input for the operand's gradient changed by that much at each ȳ, stacked
+        shifted = _vjps(search.xs, operand, [(reduced(G) - reduce(G)).numpy() for G in grads])
         for i in search.errors:
             if i not in found and search.matches(i, search.true[i] + shifted[i]):
                 found[i] = ("wrong_axis", search.names[i], "vjp",

@@ -5,8 +5,9 @@ through it is d = (what reaches f's output) ⊙ f′(u) ⊙ (u's derivative), an
 
   a wrong derivative   f′ written as another simple function of f's value y: σ′ as σ (the (1 − σ) left out), tanh′
                        as 1 − tanh (the square left out), f′ left out (1). With V that function, x̄_user =
-                       x̄_true − d + d ⊙ V/f′ (term_factor). Fitted on the edge terms the forward's search already
-                       has (no forward is run), where f's output has the input's shape, so that the factor V/f′
+                       x̄_true − d + d ⊙ V/f′ (term_factor). Screened on the edge terms the forward's search
+                       already has at the first ȳ (no forward is run for that; a fit found there is confirmed at
+                       every ȳ, with the edge's cut forward), where f's output has the input's shape, so that V/f′
                        meets x̄ element by element (as the value factors of _forward._value_factor).
   the wrong point      f and what follows it evaluated at another value s of the forward (an input, an earlier
                        call's output) where its operand u belongs, u's own derivative kept: the forward run with u
@@ -70,8 +71,7 @@ def _wrong_derivative(search):
                 if np.allclose(v, right, rtol=1e-9, atol=0):
                     continue  # the derivative itself
                 ratio = v / right
-                if np.linalg.norm(search.user[i][:n] - (search.true[i][:n] - d + d * ratio)) > \
-                        1e-6 * np.linalg.norm(search.errors[i][:n]):
+                if not search.matches_first(i, search.true[i][:n] - d + d * ratio):
                     continue
                 try:
                     d_all = search.full_term(call, j, i)

@@ -18,8 +18,7 @@ Two such slips keep the rule's shape, each fitted as x̄_user = the VJP of the f
 
 import torch
 
-from ._forward_record import _PRODUCT
-from ._forward_axis import _MATMUL
+from ._forward_record import _ELEMENTWISE_PRODUCT
 from ._forward_rewrite import operands_of, replace_operand
 
 
@@ -69,7 +68,7 @@ def _other_step_value(search):
     found = {}
     loops = _loops(search.calls)
     for group in loops:
-        if group[0].name not in _PRODUCT - _MATMUL - {"einsum", "outer"}:  # an element-wise product
+        if group[0].name not in _ELEMENTWISE_PRODUCT:
             continue
         last = group[-1]
         if len(last.operands) != 2:

@@ -24,6 +24,8 @@ _ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*=(?!=)\s*(.*?)\s*(#.*)
 _PRODUCT = {"mul", "__mul__", "__rmul__", "multiply", "matmul", "__matmul__", "mm", "bmm", "einsum", "outer"}
 _QUOTIENT = {"div", "__truediv__", "__rtruediv__", "divide", "true_divide"}
 _SUM = {"add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "subtract"}
+_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}  # products of matrices, batched or not
+_ELEMENTWISE_PRODUCT = _PRODUCT - _MATMUL - {"einsum", "outer"}
 
 
 def _user_place():

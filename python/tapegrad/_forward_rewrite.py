@@ -1,7 +1,7 @@
-"""The forward of a Function run again with one call rewritten, for the fits of _forward_axis.py and
-_forward_derivative.py: a call's axis changed, an operand replaced by a leaf of its broadcast shape, an operand's
-value replaced with its derivative kept. A rewritten forward whose VJP is the user's x̄ at every cotangent says which
-rewrite the backward made."""
+"""The forward of a Function run again with calls rewritten, for the fits of _forward_axis.py, _forward_derivative.py
+and _forward_loop.py: a call's axis changed, an operand replaced by a leaf of its broadcast shape, an operand's
+value replaced with its derivative kept, a loop step's operand (and, through `after`, what a call's output becomes).
+A rewritten forward whose VJP is the user's x̄ at every cotangent says which rewrite the backward made."""
 
 from dataclasses import dataclass
 
@@ -83,8 +83,8 @@ class Search:
         close = [i for i in self.errors if self.matches_first(i, first[i])]
         if not close:
             return []
-        every = _vjps(xs, y, self.cotangents)
-        return [i for i in close if self.matches(i, every[i])]
+        rest = _vjps(xs, y, self.cotangents[1:])  # the first ȳ's VJPs are `first`: stacked after them, every ȳ's
+        return [i for i in close if self.matches(i, np.concatenate([first[i], rest[i]]))]
 
     def add_named(self, found, finding, rewrites, after=None):
         """Runs the forward rewritten (named_by_run) and sets found[i] = finding(i) for each input it names that
