@@ -13,7 +13,8 @@
 // product large enough to gain from it (runs_in_bf16; Bf16Reach::every_product for all of them) rounds copies of
 // its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
 // accumulates in float32 on the CPU's bf16 units (AVX512_BF16 or AMX-BF16, through oneDNN); C stays float32, and
-// so do the tensors, the parameters, the optimizer state and the gradients. float64 products are never rounded.
+// so do the tensors, the parameters, the optimizer state and the gradients. float64 products are never rounded
+// (but under an emulated rounding, below, which moves them as another precision's rounding would).
 // bf16 is a mode of the products, not a tensor dtype: the products are where the units pay off, everything else
 // (the element-wise ops, the reductions, the optimizer) keeps float32's accuracy, and no op needs a second
 // kernel. The cost is one rounding pass over each operand per product, O(mk + kn) against the product's O(mnk).

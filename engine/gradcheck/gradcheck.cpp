@@ -497,11 +497,6 @@ void validate(const GradcheckOptions& opt) {
 }
 
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
-                          const GradcheckOptions& opt) {
-  return Checker(f, inputs, names, opt).run();
-}
-
-GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
                           const GradcheckOptions& opt, RuleBlocks* blocks) {
   return Checker(f, inputs, names, opt, /*may_narrow=*/true, blocks).run();
 }

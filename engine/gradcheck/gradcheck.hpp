@@ -155,9 +155,11 @@ struct GradcheckReport {
 };
 std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
 
-// Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent).
+class RuleBlocks;
+// Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent). With blocks
+// (below), the full Jacobians' rows and unit differences are taken from them (null: one point at a time).
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names = {},
-                          const GradcheckOptions& opt = {});
+                          const GradcheckOptions& opt = {}, RuleBlocks* blocks = nullptr);
 
 // An op's rules at many points in one call, for an op each of whose calls crosses a boundary that costs more than
 // the op itself (a Python op: python/python_function.hpp). A block holds, value for value, what the calls of f one
@@ -174,9 +176,6 @@ class RuleBlocks {
   virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape,
                           std::span<double> plus, std::span<double> minus) = 0;
 };
-// gradcheck() with the full Jacobians' rows and unit differences taken from blocks (null: one point at a time).
-GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
-                          const GradcheckOptions& opt, RuleBlocks* blocks);
 GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,
                           std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
 // Checks a registered case, with its inputs drawn from opt.seed.

@@ -86,11 +86,6 @@ Var twice(const Function& f, Tape& tape, std::span<const Var> x) {
 }  // namespace
 
 GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
-                                       std::span<const std::string> names, const GradcheckOptions& opt) {
-  return gradcheck_second_order(f, inputs, names, opt, nullptr);
-}
-
-GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
                                        std::span<const std::string> names, const GradcheckOptions& opt,
                                        RuleBlocks* blocks) {
   validate(opt);

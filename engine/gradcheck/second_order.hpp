@@ -12,12 +12,10 @@
 
 namespace tapegrad {
 
-GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
-                                       std::span<const std::string> names, const GradcheckOptions& opt = {});
 // With blocks (gradcheck.hpp): the first-order check that a failing second order runs first takes them.
 GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor> inputs,
-                                       std::span<const std::string> names, const GradcheckOptions& opt,
-                                       RuleBlocks* blocks);
+                                       std::span<const std::string> names, const GradcheckOptions& opt = {},
+                                       RuleBlocks* blocks = nullptr);
 GradcheckReport gradcheck_second_order(const GradcheckCase& c, const GradcheckOptions& opt = {},
                                        std::string_view op = "");
 

@@ -167,14 +167,14 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
   // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
   // is the better name. (An input named a per-row term is left as it is: that kind already says where the error
   // lies, and the search's trace and evaluations cost more than a check of a small op itself.)
-  auto named_as = [&](size_t i, Finding kind) {
-    return std::any_of(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
-      return d.kind == kind && d.input == names[i] && d.check == "vjp";
+  auto unexplained_vjp = [&](size_t i) {
+    return std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
+      return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
     });
   };
   std::vector<size_t> failing;
   for (size_t i = 0; i < x.size(); ++i)
-    if (named_as(i, Finding::unexplained)) failing.push_back(i);
+    if (unexplained_vjp(i) != report.diagnoses.end()) failing.push_back(i);
   int64_t elements = 0;
   for (const Tensor& xi : x) elements += xi.numel();
   if (failing.empty() || elements > kEditSearchElements) return;
@@ -395,11 +395,7 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
                 fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
                             "{}",
                             after, before, first.what, line.formula, first.edited, others, meaning)};
-    const auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
-      return e.kind == Finding::unexplained && e.input == names[i] && e.check == "vjp";
-    });
-    if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
-    else report.diagnoses.push_back(std::move(d));
+    *unexplained_vjp(i) = std::move(d);  // failing holds only inputs with that diagnosis, and none is removed
   }
 }
 
