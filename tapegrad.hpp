@@ -1,55 +1,60 @@
 // tapegrad in one include: #include <tapegrad/tapegrad.hpp> (installed under include/tapegrad/, and in a build
-// of these sources under <build>/include/tapegrad/). Every public header of engine/, ops/ and models/ is listed
-// here; the test public_headers fails when one is missing. The headers include each other by paths relative to
+// of these sources under <build>/include/tapegrad/). Every public header of engine/, ops/, inspect/,
+// checker/ and models/ is listed here; the test public_headers fails when one is missing. The headers include each other by paths relative to
 // themselves, so they resolve the same in the source tree and in an installed tree, and never through a folder of
 // the including project (a user's own ops/ or engine/ cannot shadow them).
 #pragma once
 
-// engine/: tensors, the tape, forward and reverse mode, the products, the registry and the gradchecker
-#include "engine/allocation_log.hpp"
-#include "engine/anomaly.hpp"
+// engine/: the core: tensors, the arena, the tape (reverse, forward and second-order mode), scratch, the thread pool
 #include "engine/arena.hpp"
-#include "engine/blas.hpp"
-#include "engine/blas_info.hpp"
 #include "engine/functions.hpp"
-#include "engine/gradcheck/cli.hpp"
-#include "engine/gradcheck/explain.hpp"
-#include "engine/gradcheck/gradcheck.hpp"
-#include "engine/gradcheck/jacobian.hpp"
-#include "engine/gradcheck/precision.hpp"
-#include "engine/gradcheck/registry.hpp"
-#include "engine/gradcheck/second_order.hpp"
-#include "engine/graphviz.hpp"
 #include "engine/no_jvp.hpp"
-#include "engine/onednn_gemm.hpp"
-#include "engine/op_sheet.hpp"
 #include "engine/parallel.hpp"
-#include "engine/products.hpp"
-#include "engine/profile.hpp"
 #include "engine/rng.hpp"
 #include "engine/scratch.hpp"
-#include "engine/scope_names.hpp"
 #include "engine/source_place.hpp"
 #include "engine/tape.hpp"
-#include "engine/tape_dot.hpp"
 #include "engine/tape_observer.hpp"
 #include "engine/tensor.hpp"
 
-// ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the kernels and checks the ops share, and
-// in ops/formulas/ the formula language, claims and the edit search, which build ops
+// ops/: every op (ops.hpp), pointwise() for element-wise ops of one's own, the sheets and their registry, the kernels
+// and checks the ops share, and the matrix products (ops/products/)
 #include "ops/all_ops.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
-#include "ops/formulas/claim.hpp"
-#include "ops/formulas/edits.hpp"
-#include "ops/formulas/expression.hpp"
-#include "ops/formulas/expression_tree.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/onednn_gemm.hpp"
+#include "ops/products/products.hpp"
+#include "ops/registry.hpp"
 #include "ops/row_maps.hpp"
+#include "ops/sheet.hpp"
+
+// inspect/: what watches or draws a tape: the profile, anomaly detection, the allocation log, scope names, the drawing
+#include "inspect/allocation_log.hpp"
+#include "inspect/anomaly.hpp"
+#include "inspect/graphviz.hpp"
+#include "inspect/profile.hpp"
+#include "inspect/scope_names.hpp"
+#include "inspect/tape_dot.hpp"
+
+// checker/: the gradchecker and its diagnoses, claims, the formula language and the edit search, explain
+#include "checker/claimed.hpp"
+#include "checker/cli.hpp"
+#include "checker/explain.hpp"
+#include "checker/formulas/claim.hpp"
+#include "checker/formulas/edits.hpp"
+#include "checker/formulas/expression.hpp"
+#include "checker/formulas/expression_tree.hpp"
+#include "checker/gradcheck.hpp"
+#include "checker/jacobian.hpp"
+#include "checker/precision.hpp"
+#include "checker/second_order.hpp"
 
 // models/: modules and layers, optimizers, the training loop, the GPT, data, checkpoints
 #include "models/attention_kinds.hpp"

@@ -1,72 +1,68 @@
-# Every include runs downhill: a file of one floor includes only its own floor and those below it.
-#   engine/        0  tensors, the tape, products, the registry and the gradchecker's core
-#   ops/           1  the ops (ops/attention/ too)
-#   ops/formulas/  2  the formula language and claims, which build ops
-#   models/        3  layers, optimizers, the GPT, the training loop
-#   tools/         4  the tapegrad program
-#   python/        5  the Python module (python/CMakeLists.txt), above everything: nothing includes it
-# Within the floors, math below and tooling above: the op kernels and nodes (ops/, ops/attention/) include nothing
-# of the tooling — engine/gradcheck/ (the registry, the checker, explain), the profile, the tape's drawing
-# (engine/profile.hpp, engine/tape_dot.hpp, engine/graphviz.hpp). An op describes itself in its sheet, plain data
-# (engine/op_sheet.hpp), which the tooling reads; ops/formulas/, the floor above, joins the two.
+# Every include runs downhill: each room of the source tree includes only itself and the rooms it may use
+# (docs/architecture.md). From the bottom up:
+#   engine/   the core: tensors, the arena, the tape, scratch, the thread pool, the observer interface
+#   ops/      the ops (ops/attention/ too), their sheets and the registry of sheets, and the matrix products
+#             (ops/products/) their kernels call: engine/
+#   inspect/  what watches or draws a tape from outside it: the profile, anomaly detection, the allocation log,
+#             scope names, the drawing: engine/, ops/ (the sheets, for names, costs and formulas)
+#   checker/  the gradchecker, its diagnoses, claims and their formula language, the edit search, explain:
+#             engine/, ops/, inspect/
+#   models/   layers, optimizers, the GPT, the training loop: engine/, ops/, inspect/, checker/
+#   tools/    the tapegrad program: every room above but python/
+#   python/   the Python module: every room; nothing includes it
+# So the core includes nothing but the core, and no op kernel or node includes the checker, the profile or the
+# drawing: an op describes itself in its sheet, plain data (ops/sheet.hpp), which the tooling reads.
 # Includes are resolved from the source tree's root ("ops/ops.hpp") or relative to the including file
 # ("../../engine/tape.hpp"); system and library headers (<...>) are not looked at.
 #   cmake -D SOURCE_DIR=<tapegrad source> -P check_include_floors.cmake
+cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED SOURCE_DIR)
   message(FATAL_ERROR "check_include_floors: -D SOURCE_DIR=... is missing")
 endif()
 
-function(floor_of path out)
-  if(path MATCHES "^engine/")
-    set(${out} 0 PARENT_SCOPE)
-  elseif(path MATCHES "^ops/formulas/")
-    set(${out} 2 PARENT_SCOPE)
-  elseif(path MATCHES "^ops/")
-    set(${out} 1 PARENT_SCOPE)
-  elseif(path MATCHES "^models/")
-    set(${out} 3 PARENT_SCOPE)
-  elseif(path MATCHES "^tools/")
-    set(${out} 4 PARENT_SCOPE)
-  elseif(path MATCHES "^python/")
-    set(${out} 5 PARENT_SCOPE)
-  else()
-    set(${out} -1 PARENT_SCOPE)  # outside the floors (tapegrad.hpp, tests, fuzz, examples)
-  endif()
+set(rooms engine ops inspect checker models tools python)
+set(may_engine engine)
+set(may_ops engine ops)
+set(may_inspect engine ops inspect)
+set(may_checker engine ops inspect checker)
+set(may_models engine ops inspect checker models)
+set(may_tools engine ops inspect checker models tools)
+set(may_python engine ops inspect checker models tools python)
+
+function(room_of path out)
+  set(${out} "" PARENT_SCOPE)  # outside the rooms (tapegrad.hpp, tests, fuzz, examples)
+  foreach(room ${rooms})
+    if(path MATCHES "^${room}/")
+      set(${out} ${room} PARENT_SCOPE)
+    endif()
+  endforeach()
 endfunction()
 
 set(globs "")
-foreach(floor engine ops models tools python)
-  list(APPEND globs "${SOURCE_DIR}/${floor}/*.hpp" "${SOURCE_DIR}/${floor}/*.cpp")
+foreach(room ${rooms})
+  list(APPEND globs "${SOURCE_DIR}/${room}/*.hpp" "${SOURCE_DIR}/${room}/*.cpp")
 endforeach()
 file(GLOB_RECURSE sources RELATIVE "${SOURCE_DIR}" ${globs})
+string(REPLACE ";" "|" room_pattern "${rooms}")
 set(uphill "")
-set(tooling "")
 set(checked 0)
 foreach(source ${sources})
-  floor_of("${source}" own)
+  room_of("${source}" own)
   get_filename_component(dir "${source}" DIRECTORY)
   file(STRINGS "${SOURCE_DIR}/${source}" includes REGEX "^#include \"")
   foreach(line ${includes})
     string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" target "${line}")
-    if(NOT target MATCHES "^(engine|ops|models|tools|python)/")
+    if(NOT target MATCHES "^(${room_pattern})/")
       cmake_path(SET target NORMALIZE "${dir}/${target}")
     endif()
-    floor_of("${target}" floor)
+    room_of("${target}" room)
     math(EXPR checked "${checked} + 1")
-    if(floor GREATER own)
-      string(APPEND uphill "  ${source} (floor ${own}) includes ${target} (floor ${floor})\n")
-    endif()
-    if(source MATCHES "^ops/" AND NOT source MATCHES "^ops/formulas/"
-       AND target MATCHES "^engine/(gradcheck/|profile\\.|tape_dot\\.|graphviz\\.)")
-      string(APPEND tooling "  ${source} includes ${target}\n")
+    if(room AND NOT room IN_LIST may_${own})
+      string(APPEND uphill "  ${source} (${own}/, which may include ${may_${own}}) includes ${target}\n")
     endif()
   endforeach()
 endforeach()
 if(uphill)
   message(FATAL_ERROR "includes that run uphill:\n${uphill}")
 endif()
-if(tooling)
-  message(FATAL_ERROR "ops that include the tooling (an op describes itself in its sheet, engine/op_sheet.hpp; "
-                      "the tooling reads it):\n${tooling}")
-endif()
-message(STATUS "${checked} includes checked: every one runs downhill or stays on its floor, and no op includes the tooling")
+message(STATUS "${checked} includes checked: every room includes only itself and the rooms below it")

@@ -1,5 +1,5 @@
-# ctest public_headers: the umbrella header tapegrad.hpp includes every public header (engine/, ops/, models/ and
-# their subfolders), and
+# ctest public_headers: the umbrella header tapegrad.hpp includes every public header (engine/, ops/, inspect/, checker/,
+# models/ and their subfolders), and
 # each public header includes the others by a path relative to itself that names an existing file ("tape.hpp",
 # "../engine/tape.hpp"), never by the top-folder path "engine/tape.hpp", which resolves only where tapegrad's
 # source folder is on the include path and could pick up a project's own engine/ or ops/ folder instead.
@@ -11,7 +11,7 @@ endif()
 
 file(STRINGS "${SOURCE_DIR}/tapegrad.hpp" umbrella REGEX "^#include \"")
 file(GLOB_RECURSE headers RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/engine/*.hpp" "${SOURCE_DIR}/ops/*.hpp"
-     "${SOURCE_DIR}/models/*.hpp")
+     "${SOURCE_DIR}/inspect/*.hpp" "${SOURCE_DIR}/checker/*.hpp" "${SOURCE_DIR}/models/*.hpp")
 set(problems "")
 foreach(h IN LISTS headers)
   if(NOT "#include \"${h}\"" IN_LIST umbrella)
@@ -21,7 +21,7 @@ foreach(h IN LISTS headers)
   file(STRINGS "${SOURCE_DIR}/${h}" includes REGEX "^#include \"")
   foreach(line IN LISTS includes)
     string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" path "${line}")
-    if(path MATCHES "^(engine|ops|models)/")
+    if(path MATCHES "^(engine|ops|inspect|checker|models)/")
       string(APPEND problems "  ${h}: #include \"${path}\" is a top-folder path; write it relative to ${h}\n")
     elseif(NOT EXISTS "${dir}/${path}")
       string(APPEND problems "  ${h}: #include \"${path}\" names no file relative to ${h}\n")

@@ -10,8 +10,8 @@ require_defined(test_installed_example BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR C
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 install_tapegrad("${BUILD_DIR}" "${prefix}")
-foreach(f include/tapegrad/tapegrad.hpp include/tapegrad/engine/tape.hpp include/tapegrad/engine/gradcheck/cli.hpp
-          include/tapegrad/engine/op_sheet.hpp include/tapegrad/engine/no_jvp.hpp include/tapegrad/ops/all_ops.hpp
+foreach(f include/tapegrad/tapegrad.hpp include/tapegrad/engine/tape.hpp include/tapegrad/checker/cli.hpp
+          include/tapegrad/ops/sheet.hpp include/tapegrad/engine/no_jvp.hpp include/tapegrad/ops/all_ops.hpp
           include/tapegrad/ops/ops.hpp include/tapegrad/ops/pointwise.hpp ${LIBDIR}/pkgconfig/tapegrad.pc)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "not installed: ${f}")

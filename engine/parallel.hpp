@@ -9,7 +9,7 @@
 //
 // Policy with OpenBLAS. OpenBLAS runs single-threaded (openblas_set_num_threads(1), set when the pool starts):
 // the engine's threads are the only ones. A large product is split by rows of its result across the pool,
-// each thread one sgemm on its slice (engine/blas.hpp); products inside a parallel loop run whole on the
+// each thread one sgemm on its slice (ops/products/blas.hpp); products inside a parallel loop run whole on the
 // thread that owns the loop's range. Why not OpenBLAS' threads for large products:
 //   - OpenBLAS' pthread workers poll in sched_yield after each threaded call; between the many small products
 //     of a training step they held a core about 35% of the time (perf), competing with the engine's own loops;

@@ -105,7 +105,7 @@ class Tape {
   Var constant(const Tensor& value) { return leaf(value, false); }
 
   // Arena memory, valid until clear(). `what` names the tensor for observers that list what a node keeps
-  // (engine/allocation_log.hpp): "A" for attention's probabilities, "μ" and "ρ" for layer_norm's statistics.
+  // (inspect/allocation_log.hpp): "A" for attention's probabilities, "μ" and "ρ" for layer_norm's statistics.
   Tensor empty(DType dtype, Shape shape, const char* what = nullptr);
   Tensor zeros(DType dtype, Shape shape, const char* what = nullptr) {
     Tensor t = empty(dtype, shape, what);
@@ -186,7 +186,7 @@ class Tape {
   bool requires_grad(const Var& v) const { return rec(v).requires_grad; }
 
   // The recording read by value id (0 ≤ id < num_values(), in the order made; Node::out and Node::inputs are
-  // ids), for tools that inspect or draw a tape (engine/tape_dot.hpp). Each throws for an id out of range.
+  // ids), for tools that inspect or draw a tape (inspect/tape_dot.hpp). Each throws for an id out of range.
   const Tensor& value_at(uint32_t id) const { return at(id).value; }
   Tensor grad_at(uint32_t id) const { return at(id).grad; }  // undefined where none is held (see the top)
   bool requires_grad_at(uint32_t id) const { return at(id).requires_grad; }
@@ -286,7 +286,7 @@ class NoGradGuard {
 
 // Names what is recorded while it lives (TapeScope(tape, "transformer.h.0") around TapeScope(tape, "attn"):
 // "transformer.h.0.attn"), for the drawing to group by. The tape only tells its observers; ScopeNames
-// (engine/scope_names.hpp) remembers each value's scope. Values and numbers are unchanged.
+// (inspect/scope_names.hpp) remembers each value's scope. Values and numbers are unchanged.
 class TapeScope {
  public:
   TapeScope(Tape& t, std::string_view name);

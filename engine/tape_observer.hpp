@@ -1,6 +1,6 @@
-// What watches a tape without being part of it: anomaly detection (engine/anomaly.hpp), the profile
-// (engine/profile.hpp), the names of scopes (engine/scope_names.hpp) and what each node allocated
-// (engine/allocation_log.hpp) are observers. Attach one with tape.add_observer(&o) and take it off with
+// What watches a tape without being part of it: anomaly detection (inspect/anomaly.hpp), the profile
+// (inspect/profile.hpp), the names of scopes (inspect/scope_names.hpp) and what each node allocated
+// (inspect/allocation_log.hpp) are observers. Attach one with tape.add_observer(&o) and take it off with
 // tape.remove_observer(&o) before it dies; a tape without observers pays one branch per event.
 //
 // Every hook does nothing unless overridden. The tape calls them in the order the observers were added; a hook may

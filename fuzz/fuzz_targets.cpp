@@ -16,8 +16,8 @@
 #include "models/data.hpp"
 #include "models/gpt.hpp"
 #include "models/trainer.hpp"
-#include "ops/formulas/claim.hpp"
-#include "ops/formulas/expression.hpp"
+#include "checker/formulas/claim.hpp"
+#include "checker/formulas/expression.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 

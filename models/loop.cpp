@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/anomaly.hpp"
+#include "inspect/anomaly.hpp"
 #include "models/stats.hpp"
 #include "ops/ops.hpp"
 

@@ -34,7 +34,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../engine/profile.hpp"
+#include "../inspect/profile.hpp"
 #include "../engine/rng.hpp"
 #include "checkpoint.hpp"
 #include "files.hpp"
@@ -68,7 +68,7 @@ struct LoopConfig {
   int64_t log_interval = 100;   // a plain progress line every this many steps when `out` is not a terminal
   bool quiet = false;
   bool detect_anomaly = false;  // stop at the first NaN or ±∞ a node produces, naming its op and the step
-  bool profile = false;         // time the training steps' ops and what lies between them (engine/profile.hpp)
+  bool profile = false;         // time the training steps' ops and what lies between them (inspect/profile.hpp)
   // A run directory that holds a checkpoint already is refused unless the run resumes it or overwrite says to
   // start it over.
   bool overwrite = false;

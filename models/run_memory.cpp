@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "models/attention_kinds.hpp"
-#include "ops/formulas/claim.hpp"
+#include "checker/formulas/claim.hpp"
 
 namespace tapegrad {
 

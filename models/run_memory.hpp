@@ -11,7 +11,7 @@
 
 namespace tapegrad {
 
-struct ClaimText;  // ops/formulas/claim.hpp
+struct ClaimText;  // checker/formulas/claim.hpp
 
 struct TrainingMemory {
   double parameters = 0;       // the count
@@ -38,7 +38,7 @@ std::optional<double> memory_available();
 // Refuses, in one line, work that needs more memory than memory_available(): "WHAT needs about 8.8 GiB of memory,
 // more than the 6.1 GiB available; ADVICE". Every command calls it with its estimate before it allocates.
 void require_memory(double bytes, std::string_view what, std::string_view advice);
-// Refuses a claim (ops/formulas/claim.hpp) whose check would need more memory than memory_available(), from its
+// Refuses a claim (checker/formulas/claim.hpp) whose check would need more memory than memory_available(), from its
 // inputs' shapes, before anything of that size is allocated: `tapegrad claim` and tapegrad.claim in Python.
 void require_claim_memory(const ClaimText& claim);
 // For a command's header: "about 812.3 MiB estimated, 20.1 GiB available" ("available unknown" where it is).

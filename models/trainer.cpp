@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/anomaly.hpp"
-#include "engine/blas_info.hpp"
-#include "engine/products.hpp"
+#include "inspect/anomaly.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/products.hpp"
 #include "models/run_memory.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"

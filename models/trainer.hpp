@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "../engine/products.hpp"
+#include "../ops/products/products.hpp"
 #include "data.hpp"
 #include "gpt.hpp"
 #include "loop.hpp"
@@ -39,7 +39,7 @@ struct TrainConfig {
   // generator, so the training losses are the same with or without it.
   int64_t sharpness_every = 0;
   int sharpness_iterations = 20;  // power-iteration steps at most (Hessian-vector products, ≈ 2 gradients each)
-  ProductPrecision precision = ProductPrecision::f32;  // of the float32 products (engine/products.hpp)
+  ProductPrecision precision = ProductPrecision::f32;  // of the float32 products (ops/products/products.hpp)
   // With loop.resume: let the seed, the batch size and the precision differ from the checkpoint's (without it such a
   // resume is refused, naming the option: the run would go on as another run than the one it was).
   bool allow_change = false;

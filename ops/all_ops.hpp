@@ -1,9 +1,9 @@
-// The built-in ops' sheets (engine/op_sheet.hpp), every family's in one list: ops/all_ops.cpp.
+// The built-in ops' sheets (ops/sheet.hpp), every family's in one list: ops/all_ops.cpp.
 #pragma once
 
 #include <vector>
 
-#include "../engine/op_sheet.hpp"
+#include "sheet.hpp"
 
 namespace tapegrad {
 

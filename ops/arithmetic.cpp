@@ -16,7 +16,7 @@
 //   div  ∂aa = 0     ∂ab = −1/b²   ∂bb = 2a/b³
 #include <array>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

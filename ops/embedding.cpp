@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

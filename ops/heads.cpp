@@ -11,7 +11,7 @@
 // Each kernel walks the (b, t, i) rows of d contiguous elements; the (b, t) pairs run on the engine's threads.
 #include <algorithm>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"

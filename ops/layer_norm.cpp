@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"

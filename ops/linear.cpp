@@ -4,8 +4,8 @@
 // with the other factor's tangent, and b̄ does not move. The VJP, the JVP and that rule are stated once, in the
 // sheet at the end of this file.
 // Three gemm calls each way; the transposes are cblas flags, never copies.
-#include "engine/blas.hpp"
-#include "engine/op_sheet.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -8,8 +8,8 @@
 //   VJP  ā_α += Σ_{β: α(β) = α} ȳ_β · b_γᵀ                                    (m, k)
 //        b̄_γ += Σ_{β: γ(β) = γ} a_αᵀ · ȳ_β                                    (k, n)
 //   JVP  ẏ_β  = ȧ_α · b_γ + a_α · ḃ_γ                                         (product rule)
-// Every product is one call of gemm() (engine/blas.hpp), which runs a float64 product on OpenBLAS and a float32 one
-// on OpenBLAS or oneDNN, in f32 or bf16, by the rule of engine/products.hpp. The sums over broadcast batch axes
+// Every product is one call of gemm() (ops/products/blas.hpp), which runs a float64 product on OpenBLAS and a float32 one
+// on OpenBLAS or oneDNN, in f32 or bf16, by the rule of ops/products/products.hpp. The sums over broadcast batch axes
 // come from gemm accumulating (β = 1) into the same ā_α or b̄_γ once per β that reads it; nothing is ever
 // overwritten.
 //
@@ -20,8 +20,8 @@
 #include <array>
 #include <climits>
 
-#include "engine/blas.hpp"
-#include "engine/op_sheet.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/blas.hpp"
-#include "engine/op_sheet.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"

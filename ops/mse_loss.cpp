@@ -5,7 +5,7 @@
 // The node keeps d. The shapes must be equal: p − t broadcasts (N, 1) against (N) to (N, N), whose mean is not
 // the loss anyone meant, so mse_loss refuses it instead. Sums are taken in double (a float32 sum of 10⁶ squares
 // drifts; see ops/reduce.cpp).
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -9,7 +9,7 @@
 
 namespace tapegrad {
 
-class Registry;  // engine/gradcheck/registry.hpp: the tooling, above the ops; the ops never include it
+class Registry;  // ops/registry.hpp: the tooling, above the ops; the ops never include it
 
 // arithmetic.cpp — element-wise, NumPy broadcasting; the VJP sums over the broadcast axes.
 Var add(Var a, Var b);
@@ -48,7 +48,7 @@ Var slice(Var x, int axis, int64_t start, int64_t stop);  // [start, stop) along
 Var concat(std::span<const Var> xs, int axis);
 
 // matmul.cpp — (..., m, k) @ (..., k, n) → (..., m, n), batch dimensions broadcast; every product through gemm() of
-// engine/blas.hpp: float64 on OpenBLAS, float32 on OpenBLAS or oneDNN, in f32 or bf16, by engine/products.hpp's rule.
+// ops/products/blas.hpp: float64 on OpenBLAS, float32 on OpenBLAS or oneDNN, in f32 or bf16, by ops/products/products.hpp's rule.
 Var matmul(Var a, Var b);
 
 // linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).
@@ -93,7 +93,7 @@ inline Var operator*(Var x, double s) { return scale(x, s); }
 inline Var operator*(double s, Var x) { return scale(x, s); }
 
 // The registry of every built-in op with its gradcheck cases, filled on first use from their sheets
-// (ops/all_ops.hpp); defined above the ops, in ops/formulas/builtin_registry.cpp.
+// (ops/all_ops.hpp); defined above the ops, in ops/builtin_registry.cpp.
 Registry& builtin_registry();
 
 }  // namespace tapegrad

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string_view>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"

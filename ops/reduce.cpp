@@ -7,7 +7,7 @@
 //   VJP  x̄[o, j, i] += c · ȳ[o, i]                        (ȳ repeated along the reduced axis)
 //   JVP  ẏ[o, i]    += c · Σ_j ẋ[o, j, i]
 // keepdim only puts a 1 in place of the axis in the shape of y; the elements are the same.
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

@@ -2,7 +2,7 @@
 // The row map and its derivation (the full Jacobian c·I − (c²/r)·x xᵀ, symmetric; the identity at x = 0; why the
 // β-attention post's homogeneity shortcut does not hold) are in ops/row_maps.hpp. The node keeps its output β and
 // r = ‖x‖ per row, which both its VJP and its JVP are written in.
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"

@@ -13,7 +13,7 @@
 
 #include <fmt/ranges.h>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 

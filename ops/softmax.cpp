@@ -3,7 +3,7 @@
 // ops/row_maps.hpp; a node keeps only its output, which both its VJP and its JVP are written in.
 #include <limits>
 
-#include "engine/op_sheet.hpp"
+#include "ops/sheet.hpp"
 #include "ops/common.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"

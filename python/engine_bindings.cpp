@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <pybind11/stl.h>
 
-#include "engine/gradcheck/explain.hpp"
-#include "engine/tape_dot.hpp"
+#include "checker/explain.hpp"
+#include "inspect/tape_dot.hpp"
 #include "models/files.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
@@ -311,7 +311,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("num_nodes", [](PyTape& t) { return in_use(t, [&] { return t.num_nodes(); }); })
       .def_property_readonly("num_values", [](PyTape& t) { return in_use(t, [&] { return t.num_values(); }); });
 
-  // The tape drawn (engine/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
+  // The tape drawn (inspect/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
   // or with a path written there by the program's one file writer (models/files.hpp: atomic, links followed).
   m.def("_draw", [](PyTape& t, const std::string& format, const std::string& title, const std::string& path) {
     DotOptions o;

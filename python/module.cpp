@@ -5,10 +5,10 @@
 
 #include <pybind11/stl.h>
 
-#include "engine/gradcheck/second_order.hpp"
+#include "checker/second_order.hpp"
 #include "models/run_memory.hpp"
-#include "ops/formulas/claim.hpp"
-#include "ops/formulas/edits.hpp"
+#include "checker/formulas/claim.hpp"
+#include "checker/formulas/edits.hpp"
 #include "python/engine_bindings.hpp"
 #include "python/numpy_tensor.hpp"
 #include "python/python_function.hpp"

@@ -59,7 +59,7 @@ class PythonBlocks final : public RuleBlocks {
     return rows;
   }
 
-  // Kept per input with the point and step they were taken at: the edit search (ops/formulas/edits.hpp) asks
+  // Kept per input with the point and step they were taken at: the edit search (checker/formulas/edits.hpp) asks
   // for the checker's differences again, and gets them without evaluating f again.
   void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,
                   std::span<double> minus) override {

@@ -1,6 +1,6 @@
 // The seam between a Python op and the C++ gradchecker: a tapegrad Function that records one node whose forward,
 // VJP, JVP and second-order rule call back into Python. gradcheck() and gradcheck_second_order()
-// (engine/gradcheck/) then run on it unchanged, so a PyTorch op gets the CLI's checks, diagnoses and messages.
+// (checker/) then run on it unchanged, so a PyTorch op gets the CLI's checks, diagnoses and messages.
 //
 // The Python side is an object (tapegrad/_ops.py: a torch callable or numpy callables behind one interface) with
 //   forward(xs, keep)           → (y, state)     xs float64 arrays; keep: the node is recorded, so keep what the
@@ -10,7 +10,7 @@
 //   vjp_tangent(state, ȳ, [ẋⱼ]) → [ẋ̄ᵢ] or str   ẋ̄ᵢ = Σⱼ ∂ⱼ(J_iᵀȳ)[ẋⱼ]; a str: why the op has no second
 //                                                 order (its backward is not differentiable), which the checker
 //                                                 reports as the reason its hvp rows are skipped
-// and, optionally, the checker's full Jacobians in blocks (engine/gradcheck/gradcheck.hpp RuleBlocks), one call
+// and, optionally, the checker's full Jacobians in blocks (checker/gradcheck.hpp RuleBlocks), one call
 // for what would be one call per row or per column:
 //   vjp_rows(xs, yshape)        → [[x̄ᵢ or None] for each j]  x̄ᵢ = J_iᵀ e_j for every unit ȳ = e_j of y, in order
 //   unit_steps(xs, i, ε)        → (plus, minus)   f(x with x_i[k] moved by ±ε), row k for each k, y flattened
@@ -25,7 +25,7 @@
 #include <pybind11/pybind11.h>
 
 #include "engine/functions.hpp"
-#include "engine/gradcheck/gradcheck.hpp"
+#include "checker/gradcheck.hpp"
 
 namespace tapegrad::python {
 

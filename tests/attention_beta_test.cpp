@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gradcheck/gradcheck.hpp"
+#include "checker/gradcheck.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"

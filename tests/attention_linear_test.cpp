@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"

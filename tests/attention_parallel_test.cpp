@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/parallel.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "ops/attention/attention.hpp"
 #include "test_util.hpp"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"

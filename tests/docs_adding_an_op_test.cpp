@@ -6,9 +6,9 @@
 
 #include <vector>
 
-#include "engine/gradcheck/gradcheck.hpp"
-#include "engine/gradcheck/registry.hpp"
-#include "engine/gradcheck/second_order.hpp"
+#include "checker/gradcheck.hpp"
+#include "ops/registry.hpp"
+#include "checker/second_order.hpp"
 
 // The guide's sheet functions.
 std::vector<tapegrad::OpInfo> softsign_ops();

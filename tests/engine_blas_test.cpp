@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/blas_info.hpp"
+#include "ops/products/blas_info.hpp"
 
 using namespace tapegrad;
 

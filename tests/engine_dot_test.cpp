@@ -1,4 +1,4 @@
-// Drawing the tape (engine/tape_dot.hpp): the DOT text, read back through Graphviz's own parser (dot -Tjson), has
+// Drawing the tape (inspect/tape_dot.hpp): the DOT text, read back through Graphviz's own parser (dot -Tjson), has
 // one node per value and one edge per input of each node, labels with the op and shape, tooltips with the
 // registry's equation and source line, the bytes the tape keeps, red for NaN and ±∞, and a node limit. The scopes,
 // retained gradients and read accessors the drawing uses (engine/tape.hpp).
@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/tape_dot.hpp"
+#include "inspect/tape_dot.hpp"
 #include "models/gpt.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"

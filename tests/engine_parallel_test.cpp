@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/blas.hpp"
+#include "ops/products/blas.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 

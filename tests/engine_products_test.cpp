@@ -1,4 +1,4 @@
-// The product backends (engine/products.hpp): the rule that picks one, oneDNN's float32 products against
+// The product backends (ops/products/products.hpp): the rule that picks one, oneDNN's float32 products against
 // OpenBLAS', bf16 products against float64 within bf16's bound, and the refusal where a CPU has no bf16 units.
 #include <doctest/doctest.h>
 
@@ -15,10 +15,10 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/blas.hpp"
-#include "engine/blas_info.hpp"
-#include "engine/onednn_gemm.hpp"
-#include "engine/products.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/onednn_gemm.hpp"
+#include "ops/products/products.hpp"
 #include "engine/rng.hpp"
 #include "test_util.hpp"
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/profile.hpp"
+#include "inspect/profile.hpp"
 #include "engine/tape.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/allocation_log.hpp"
+#include "inspect/allocation_log.hpp"
 #include "engine/tape.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"

@@ -1,4 +1,4 @@
-// Claims written as formulas (ops/formulas/claim.hpp): the source posts' claims in docs/claims/ (the wrong
+// Claims written as formulas (checker/formulas/claim.hpp): the source posts' claims in docs/claims/ (the wrong
 // ones fail with their diagnosis, the right ones pass); each diagnosis kind on slips in ops it was not written for
 // (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
 #include <doctest/doctest.h>
@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "ops/formulas/claim.hpp"
-#include "ops/formulas/expression.hpp"
+#include "checker/formulas/claim.hpp"
+#include "checker/formulas/expression.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/gradcheck/explain.hpp"
+#include "checker/explain.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 

@@ -1,4 +1,4 @@
-// Nodes checked at the precision they run (engine/gradcheck/precision.hpp): every registered op passes at f32 and at
+// Nodes checked at the precision they run (checker/precision.hpp): every registered op passes at f32 and at
 // bf16; a node with a slip in its float32 code alone passes in float64, fails at f32 and bf16 and is named; a node
 // whose float32 code sends a sum through a product is named a rounding defect at bf16, not a slip; and
 // docs/gradchecking.md shows these reports as they are printed. The bf16 tests are skipped (doctest's skip, with
@@ -11,8 +11,8 @@
 #include <sstream>
 #include <type_traits>
 
-#include "engine/blas.hpp"
-#include "engine/gradcheck/precision.hpp"
+#include "ops/products/blas.hpp"
+#include "checker/precision.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -206,7 +206,7 @@ TEST_CASE("a registered op's report at bf16 is the docs' example" * doctest::ski
 }
 
 TEST_CASE("at bf16 where bf16 products cannot run, the check refuses in one line naming what is missing") {
-  // TAPEGRAD_FAKE_NO_BF16=1 makes this CPU answer as one without bf16 units (engine/products.hpp).
+  // TAPEGRAD_FAKE_NO_BF16=1 makes this CPU answer as one without bf16 units (ops/products/products.hpp).
   const char* before = std::getenv("TAPEGRAD_FAKE_NO_BF16");
   const std::string saved = before ? before : "";
   setenv("TAPEGRAD_FAKE_NO_BF16", "1", 1);

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <string>
 
-#include "engine/gradcheck/registry.hpp"
-#include "engine/gradcheck/second_order.hpp"
+#include "ops/registry.hpp"
+#include "checker/second_order.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"
 

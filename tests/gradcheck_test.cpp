@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/gradcheck/gradcheck.hpp"
-#include "engine/gradcheck/cli.hpp"
+#include "checker/gradcheck.hpp"
+#include "checker/cli.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gradcheck/gradcheck.hpp"
+#include "checker/gradcheck.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"
 #include "test_util.hpp"

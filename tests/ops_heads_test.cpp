@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gradcheck/gradcheck.hpp"
+#include "checker/gradcheck.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
 #include "test_util.hpp"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/anomaly.hpp"
+#include "inspect/anomaly.hpp"
 #include "engine/tape.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"

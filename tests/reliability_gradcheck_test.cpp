@@ -7,8 +7,8 @@
 #include <limits>
 #include <string>
 
-#include "engine/gradcheck/gradcheck.hpp"
-#include "engine/gradcheck/second_order.hpp"
+#include "checker/gradcheck.hpp"
+#include "checker/second_order.hpp"
 #include "engine/no_jvp.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"

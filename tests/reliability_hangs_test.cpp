@@ -24,7 +24,7 @@
 
 #include "models/checkpoint.hpp"
 #include "models/files.hpp"
-#include "ops/formulas/expression.hpp"
+#include "checker/formulas/expression.hpp"
 #include "reliability_util.hpp"
 #include "training_test_util.hpp"
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/products.hpp"
+#include "ops/products/products.hpp"
 #include "models/checkpoint.hpp"
 #include "reliability_util.hpp"
 #include "training_test_util.hpp"

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/parallel.hpp"
-#include "engine/gradcheck/registry.hpp"
+#include "ops/registry.hpp"
 #include "engine/rng.hpp"
 #include "engine/tape.hpp"
 #include "engine/tensor.hpp"

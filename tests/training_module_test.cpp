@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/blas_info.hpp"
-#include "engine/products.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/products.hpp"
 #include "models/gpt.hpp"
 #include "models/layers.hpp"
 #include "models/trainer.hpp"

@@ -21,8 +21,8 @@
 #include <cblas.h>
 #include <fmt/core.h>
 
-#include "engine/blas.hpp"
-#include "engine/blas_info.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/products/blas_info.hpp"
 #include "engine/parallel.hpp"
 #include "engine/rng.hpp"
 #include "models/files.hpp"

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <thread>
 
-#include "engine/graphviz.hpp"
+#include "inspect/graphviz.hpp"
 #include "engine/rng.hpp"
 
 extern char** environ;

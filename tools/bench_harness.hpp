@@ -20,7 +20,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/products.hpp"
+#include "ops/products/products.hpp"
 #include "engine/tensor.hpp"
 #include "models/gpt.hpp"
 #include "models/stats.hpp"

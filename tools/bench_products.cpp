@@ -1,7 +1,7 @@
 // tapegrad bench, section "products": the matrix products of one training step, shape by shape, each against its
 // own ceiling measured in the same run, so that a reader sees which products are far from the units.
 //
-// The step's products are read through a ProductLog (engine/products.hpp) over a few steps: per shape (m, k, n,
+// The step's products are read through a ProductLog (ops/products/products.hpp) over a few steps: per shape (m, k, n,
 // the transposes, whether the pool split it, f32 or bf16), the calls per step and their time. A split product's
 // time is its wall time on all the threads; a product run whole inside an op's parallel loop is timed on its own
 // thread while the other threads run products of their own, so its rate is one thread's.
@@ -19,8 +19,8 @@
 
 #include <cblas.h>
 
-#include "engine/blas.hpp"
-#include "engine/onednn_gemm.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/products/onednn_gemm.hpp"
 #include "engine/parallel.hpp"
 #include "tools/bench_workloads.hpp"
 

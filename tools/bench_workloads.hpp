@@ -8,7 +8,7 @@
 
 #include <fmt/core.h>
 
-#include "engine/profile.hpp"
+#include "inspect/profile.hpp"
 #include "engine/rng.hpp"
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
@@ -135,7 +135,7 @@ struct TrainStep {
   }
 };
 
-// The training step profiled op by op (engine/profile.hpp) on one thread and on the engine's threads: where the
+// The training step profiled op by op (inspect/profile.hpp) on one thread and on the engine's threads: where the
 // time goes, and which parts do not speed up with more threads.
 void profile_section(Output& out, const BenchArgs& a);
 

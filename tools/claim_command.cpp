@@ -1,13 +1,13 @@
-// tapegrad claim: a derivative as written in a paper or a post, as formulas (ops/formulas/expression.hpp),
-// checked against finite differences of its forward before any C++ is written (ops/formulas/claim.hpp).
+// tapegrad claim: a derivative as written in a paper or a post, as formulas (checker/formulas/expression.hpp),
+// checked against finite differences of its forward before any C++ is written (checker/formulas/claim.hpp).
 // Exit 0 when every claim holds, 1 when one is wrong, 2 for a usage or formula error (with a caret under it).
 #include <memory>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ops/formulas/claim.hpp"
-#include "ops/formulas/expression.hpp"
+#include "checker/formulas/claim.hpp"
+#include "checker/formulas/expression.hpp"
 #include "models/files.hpp"
 #include "models/run_memory.hpp"
 #include "tools/commands.hpp"

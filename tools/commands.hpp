@@ -32,7 +32,7 @@ const CLI::Validator& existing_file();
 // each help text after `lead`.
 void add_model_options(CLI::App* cmd, GPTConfig& m, bool attention_option, const std::string& lead);
 // The options train and compare share (every field of TrainConfig has a flag).
-// --precision f32|bf16 (engine/products.hpp): train and compare through add_train_options, and bench.
+// --precision f32|bf16 (ops/products/products.hpp): train and compare through add_train_options, and bench.
 void add_precision_option(CLI::App* cmd, ProductPrecision& precision);
 void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option);
 // The train subcommand and its options, parsing into `cfg`; no action attached (the config-file fuzz target

@@ -1,8 +1,8 @@
 // tapegrad compare: the same model, seed and data trained with several attention kinds, side by side.
 #include <fmt/core.h>
 
-#include "engine/blas_info.hpp"
-#include "engine/products.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/products.hpp"
 #include "engine/parallel.hpp"
 #include "models/files.hpp"
 #include "models/gpt.hpp"

@@ -48,7 +48,7 @@ case "${1:-}" in
     deps python3-torch; build build
     (cd build && ctest --output-on-failure -j "$JOBS")
     # The engine, op, attention and training tests once more with each product backend forced (the run above
-    # follows the rule of engine/products.hpp, which mixes them on AVX-512 CPUs).
+    # follows the rule of ops/products/products.hpp, which mixes them on AVX-512 CPUs).
     if ! ./build/tapegrad --version | grep -q "built without oneDNN"; then
       for backend in openblas onednn; do
         echo "== products on $backend only (TAPEGRAD_GEMM=$backend)"

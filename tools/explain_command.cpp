@@ -1,12 +1,12 @@
 // tapegrad explain OP: one op's forward, VJP and JVP, where they are written and derived, what its node keeps and
-// costs at a shape, and its gradcheck there and then (engine/gradcheck/explain.hpp). With no op: the list of ops.
+// costs at a shape, and its gradcheck there and then (checker/explain.hpp). With no op: the list of ops.
 #include <fmt/core.h>
 
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "engine/gradcheck/explain.hpp"
-#include "engine/gradcheck/cli.hpp"
+#include "checker/explain.hpp"
+#include "checker/cli.hpp"
 #include "models/files.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"

@@ -1,11 +1,11 @@
 // tapegrad gradcheck: every built-in op (or some) in float64, as a table with the diagnosis of each failure, or
 // as JSON; with --precision f32|bf16, each op's rules also at that precision against float64. The command itself is
-// engine/gradcheck/cli's run_gradcheck, which a program of one's own ops calls too.
+// checker/cli's run_gradcheck, which a program of one's own ops calls too.
 #include <memory>
 
 #include <fmt/core.h>
 
-#include "engine/gradcheck/cli.hpp"
+#include "checker/cli.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 

@@ -1,4 +1,4 @@
-// tapegrad graph: the tape of a computation drawn by Graphviz (engine/tape_dot.hpp): an op's gradcheck case, or
+// tapegrad graph: the tape of a computation drawn by Graphviz (inspect/tape_dot.hpp): an op's gradcheck case, or
 // one training step of a small GPT, with the gradients after backward.
 #include <cstdio>
 #include <filesystem>
@@ -10,9 +10,9 @@
 
 #include <fmt/core.h>
 
-#include "engine/gradcheck/gradcheck.hpp"
+#include "checker/gradcheck.hpp"
 #include "engine/rng.hpp"
-#include "engine/tape_dot.hpp"
+#include "inspect/tape_dot.hpp"
 #include "models/files.hpp"
 #include "models/gpt.hpp"
 #include "models/run_memory.hpp"

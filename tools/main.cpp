@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/blas_info.hpp"
-#include "engine/products.hpp"
+#include "ops/products/blas_info.hpp"
+#include "ops/products/products.hpp"
 #include "engine/tensor.hpp"
 #include "tools/commands.hpp"
 

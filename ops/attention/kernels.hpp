@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "attention.hpp"
-#include "../../engine/blas.hpp"
-#include "../../engine/op_sheet.hpp"
+#include "../products/blas.hpp"
+#include "../sheet.hpp"
 #include "../../engine/tensor.hpp"
 #include "../common.hpp"
 
@@ -287,7 +287,7 @@ inline constexpr const char* attention_second_order_rule =
 //                                                                             plus its VJP of the moved dA)
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
 // Dense over the (T, Tk) slice: A is 0 at masked entries, so the mask needs no other care. The products go through
-// gemm (engine/blas.hpp), the row terms are plain loops. Outputs and tangents may be null. `work` holds
+// gemm (ops/products/blas.hpp), the row terms are plain loops. Outputs and tangents may be null. `work` holds
 // second_order_slice_elements(dims) elements of scratch.
 template <class T>
 void attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, int64_t b, int64_t head,

@@ -24,8 +24,8 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/blas.hpp"
-#include "engine/op_sheet.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"

@@ -16,8 +16,8 @@
 #include <limits>
 #include <vector>
 
-#include "engine/blas.hpp"
-#include "engine/op_sheet.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/sheet.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"

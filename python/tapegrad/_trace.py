@@ -2,7 +2,7 @@
 
 When no kind of the Jacobian explains a failing VJP, the C++ checker tries editing the rule one edit at a time (a
 transpose put around a square value or taken from one, the sign of a term flipped) and names the edit that puts it
-right (ops/formulas/edits.hpp).
+right (checker/formulas/edits.hpp).
 It edits formulas in tapegrad's expression language (docs/claims/README.md), so a torch op's backward is first
 written in it: the op runs once at the point under a dispatch mode that records each aten op and the user's source
 line that called it. A torch.autograd.Function's forward and backward are called directly, outside autograd; any

@@ -1,6 +1,6 @@
 """A reduction or broadcast along the wrong axis (wrong_axis), and an element-wise call's derivative written wrong
 (term_factor) or taken at the wrong value (wrong_value): named by an edit of the traced backward
-(ops/formulas/edits.cpp) or from the forward (tapegrad/_forward_axis.py, _forward_derivative.py)."""
+(checker/formulas/edits.cpp) or from the forward (tapegrad/_forward_axis.py, _forward_derivative.py)."""
 
 import pytest
 import torch

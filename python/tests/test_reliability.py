@@ -94,7 +94,7 @@ def test_a_vjp_that_returns_nan_fails():
     assert not report.passed, report
 
 
-# The verdict is the C++ checker's (engine/gradcheck/, GradcheckReport::conclude); Python computes none of its own.
+# The verdict is the C++ checker's (checker/, GradcheckReport::conclude); Python computes none of its own.
 # A numeric derivative of inf would make the tolerance atol + rtol·|n| infinite: the check requires both sides finite.
 def test_a_step_so_large_the_differences_overflow_never_passes():
     x = np.linspace(0.5, 1.5, 6)

@@ -13,7 +13,7 @@ tapegrad::Var rms_norm(tapegrad::Var x, tapegrad::Var w, double eps = 1e-6);
 // softsign.cpp — y = x/(1 + |x|) element-wise, from f and f′ by tapegrad::pointwise().
 tapegrad::Var softsign(tapegrad::Var x);
 
-// Each op's sheet (<tapegrad/engine/op_sheet.hpp>): its formulas and its gradcheck cases.
+// Each op's sheet (<tapegrad/ops/sheet.hpp>): its formulas and its gradcheck cases.
 std::vector<tapegrad::OpInfo> rms_norm_ops();
 std::vector<tapegrad::OpInfo> softsign_ops();
 // A derivative as claimed elsewhere, recorded against rms_norm's own forward (and rejected by the gradchecker).

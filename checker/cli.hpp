@@ -1,0 +1,46 @@
+// The gradcheck command over any registry: `tapegrad gradcheck` runs it on the built-in ops, and a program of
+// one's own ops gets the same command from gradcheck_main:
+//
+//   int main(int argc, char** argv) {
+//     tapegrad::Registry registry;
+//     register_my_ops(registry);                       // registry.add(...), registry.add_case(...)
+//     return tapegrad::gradcheck_main(registry, argc, argv);
+//   }
+//   $ ./my_ops gradcheck --op my_op -v
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../ops/products/products.hpp"
+#include "gradcheck.hpp"
+
+namespace tapegrad {
+
+struct GradcheckRun {
+  std::vector<std::string> ops;  // only these (all when empty)
+  bool list = false;             // list the ops instead of checking them
+  bool json = false;             // [{op, case, input, check, max_abs_err, max_rel_err, passed}, ...]
+  bool verbose = false;          // one row per input and check, not one per case
+  int order = 1;                 // 1: VJP, JVP, adjoint, accumulation; 2: second order (checker/second_order.hpp)
+  // Set: each case's float64 check, then its rules in float32 tensors at these products against float64
+  // (checker/precision.hpp). Unset: float64 alone.
+  std::optional<ProductPrecision> precision;
+  GradcheckOptions options;
+};
+
+// Checks the selected ops' cases and prints a table (with the diagnosis of each failure) or JSON to `out`.
+// Returns 0 when every case passed, 1 otherwise; throws Error for an op the registry does not have (and, with
+// precision bf16, where bf16 products cannot run here).
+int run_gradcheck(const Registry& registry, const GradcheckRun& run, std::FILE* out = stdout);
+
+// A main for a program of one's own ops: [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2]
+// [--precision f64|f32|bf16] [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or
+// explain OP [--case NAME] [--shape NAME=D,...]... [--json] (checker/explain.hpp). Returns the exit code:
+// 0 passed, 1 a check failed (or --precision bf16 where bf16 products cannot run: one line on stderr saying why),
+// 2 a usage error (printed to stderr on one line).
+int gradcheck_main(const Registry& registry, int argc, const char* const* argv);
+
+}  // namespace tapegrad

@@ -1,0 +1,224 @@
+// The per-row factor: each row of y (or of x), along any axis, is off by a factor of its own, A_r = c_r·N_r, with
+// the c_r not all equal (all equal is a scale). It is what a per-row normalizer forgotten or wrong leaves: a row's
+// sum, norm or count divided by once too often, or not at all. The rows of y are taken whole, over every column of
+// x, so the kind is found whichever axis of x y's rows come from (y's rows may be x's columns). The factors are then
+// read against the rows' own numbers: when c_r is a constant times ‖x_r‖, 1 + ‖x_r‖, Σx_r, ‖y_r‖, Σy_r or the
+// reciprocal of one of them in every row, the report names it. An element-wise op (a diagonal Jacobian) is read the
+// same way along its diagonal: f′ claimed against f′ true, as a factor or a term that is a function of x or y.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "checker/jacobian.hpp"
+
+namespace tapegrad::gradcheck_detail {
+
+namespace {
+
+// The fibre index of every flat element of a tensor of `shape` along `axis`: elements that differ only in their
+// index on `axis` share a fibre. Returns the count of fibres.
+int64_t fibres(const Shape& shape, int axis, std::vector<int64_t>& fibre_of) {
+  const int64_t n = shape.numel();
+  fibre_of.assign(static_cast<size_t>(n), 0);
+  int64_t count = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    auto idx = unravel(shape, e);
+    idx[static_cast<size_t>(axis)] = 0;
+    const int64_t f = ravel(shape, idx);
+    fibre_of[static_cast<size_t>(e)] = f;
+    count = std::max(count, f + 1);
+  }
+  return count;
+}
+
+// Per-fibre sums of a tensor's values, and of their squares (for norms).
+struct FibreStats {
+  std::vector<double> sum, norm;
+};
+FibreStats stats(std::span<const double> values, const std::vector<int64_t>& fibre_of, int64_t count) {
+  FibreStats s{std::vector<double>(static_cast<size_t>(count)), std::vector<double>(static_cast<size_t>(count))};
+  for (size_t e = 0; e < values.size(); ++e) {
+    s.sum[static_cast<size_t>(fibre_of[e])] += values[e];
+    s.norm[static_cast<size_t>(fibre_of[e])] += values[e] * values[e];
+  }
+  for (double& q : s.norm) q = std::sqrt(q);
+  return s;
+}
+
+// The name of the row statistic the factors are proportional to (c_r = κ·s_r or κ/s_r in every used row), if any.
+std::string matching_statistic(const std::vector<double>& c, const std::vector<bool>& used,
+                               const std::vector<std::pair<std::string, std::vector<double>>>& candidates) {
+  for (const auto& [name, s] : candidates)
+    for (bool reciprocal : {false, true}) {
+      double kappa = NAN;
+      bool all = true;
+      for (size_t r = 0; r < c.size() && all; ++r) {
+        if (!used[r]) continue;
+        const double v = reciprocal ? 1 / s[r] : s[r];
+        if (!std::isfinite(v) || v == 0) {
+          all = false;
+          break;
+        }
+        const double k = c[r] / v;
+        if (std::isnan(kappa)) kappa = k;
+        all = std::abs(k - kappa) <= 1e-6 * std::abs(kappa);
+      }
+      if (all && !std::isnan(kappa))
+        return std::abs(kappa - 1) <= 1e-6
+                   ? (reciprocal ? "1/" + name : name)
+                   : fmt::format("{} × {}", describe_factor(kappa), reciprocal ? "1/" + name : name);
+    }
+  return "";
+}
+
+}  // namespace
+
+std::optional<Diagnosis> per_row_factor(const JacobianView& v) {
+  const std::string rows_of_y = v.y_name;
+  for (bool by_y : {true, false}) {
+    const Shape& shape = by_y ? v.yshape : v.xshape;
+    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
+      if (shape[axis] < 2) continue;
+      std::vector<int64_t> fibre_of;
+      const int64_t count = fibres(shape, axis, fibre_of);
+      if (count < 2) continue;
+      // c_r by least squares over the row's entries; the row fits when every entry passes against c_r·N.
+      std::vector<double> an(static_cast<size_t>(count)), nn(static_cast<size_t>(count));
+      for (int64_t j = 0; j < v.m; ++j)
+        for (int64_t k = 0; k < v.cols; ++k) {
+          const size_t e = static_cast<size_t>(j * v.cols + k);
+          const size_t r = static_cast<size_t>(fibre_of[static_cast<size_t>(by_y ? j : k)]);
+          an[r] += v.a[e] * v.n[e];
+          nn[r] += v.n[e] * v.n[e];
+        }
+      std::vector<double> c(static_cast<size_t>(count), 1.0);
+      std::vector<bool> used(static_cast<size_t>(count), false);
+      for (size_t r = 0; r < c.size(); ++r)
+        if (nn[r] > 0) c[r] = an[r] / nn[r], used[r] = true;
+      bool fits = true;
+      for (int64_t j = 0; j < v.m && fits; ++j)
+        for (int64_t k = 0; k < v.cols && fits; ++k) {
+          const size_t e = static_cast<size_t>(j * v.cols + k);
+          const double cr = c[static_cast<size_t>(fibre_of[static_cast<size_t>(by_y ? j : k)])];
+          fits = v.tol.ok(v.a[e], cr * v.n[e]);
+        }
+      if (!fits) continue;
+      double lo = INFINITY, hi = -INFINITY;
+      int off = 0, used_rows = 0;
+      for (size_t r = 0; r < c.size(); ++r) {
+        if (!used[r]) continue;
+        ++used_rows;
+        lo = std::min(lo, c[r]), hi = std::max(hi, c[r]);
+        off += std::abs(c[r] - 1) > 1e-6;
+      }
+      // Factors all equal are a scale (named elsewhere); one row off is "one row".
+      if (used_rows < 2 || off < 2 || hi - lo <= 1e-6 * std::max(std::abs(hi), std::abs(lo))) continue;
+      // What the factors are, in the rows' own numbers (those of the side whose rows they are).
+      std::vector<std::pair<std::string, std::vector<double>>> candidates;
+      if (by_y) {
+        const FibreStats ys = stats(v.y0, fibre_of, count);
+        candidates.push_back({"‖" + rows_of_y + "_r‖", ys.norm});
+        candidates.push_back({"Σ" + rows_of_y + "_r", ys.sum});
+      }
+      if (!by_y || v.xshape == v.yshape) {  // x's fibres along the axis are then fibre_of too
+        const FibreStats xs =
+            stats(std::span<const double>(v.x.data<double>(), static_cast<size_t>(v.cols)), fibre_of, count);
+        std::vector<double> one_plus(xs.norm);
+        for (double& q : one_plus) q += 1;
+        candidates.push_back({"‖" + v.input + "_r‖", xs.norm});
+        candidates.push_back({"(1 + ‖" + v.input + "_r‖)", one_plus});
+        candidates.push_back({"Σ" + v.input + "_r", xs.sum});
+      }
+      const std::string what = matching_statistic(c, used, candidates);
+      const std::string which = by_y ? rows_of_y : v.input;
+      const std::string along = axis == shape.rank() - 1 ? "along its last axis" : fmt::format("along axis {}", axis);
+      return Diagnosis{
+          Finding::per_row_factor, v.input, v.check,
+          fmt::format("each row of {} ({}) is off by a factor of its own: analytic = c_r × numeric in every row, c_r "
+                      "from {:.4g} to {:.4g}{}: a per-row normalizer (the row's sum, norm or count) is missing, "
+                      "applied twice, or the wrong one",
+                      which, along, lo, hi, what.empty() ? "" : fmt::format(", and c_r = {} in every row", what))};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
+  if (v.m != v.cols || v.m < 3 || !(v.yshape == v.xshape)) return std::nullopt;
+  // Element-wise: the analytic and numeric Jacobians vanish off the diagonal (to the tolerance).
+  for (int64_t j = 0; j < v.m; ++j)
+    for (int64_t k = 0; k < v.cols; ++k)
+      if (j != k && !(v.tol.ok(v.a[static_cast<size_t>(j * v.cols + k)], 0) &&
+                      v.tol.ok(v.n[static_cast<size_t>(j * v.cols + k)], 0)))
+        return std::nullopt;
+  std::vector<double> a(static_cast<size_t>(v.m)), n(a), x(a), y(a);
+  for (int64_t k = 0; k < v.m; ++k) {
+    a[static_cast<size_t>(k)] = v.a[static_cast<size_t>(k * v.cols + k)];
+    n[static_cast<size_t>(k)] = v.n[static_cast<size_t>(k * v.cols + k)];
+    x[static_cast<size_t>(k)] = v.x.item(k);
+    y[static_cast<size_t>(k)] = v.y0[static_cast<size_t>(k)];
+  }
+  const std::string xn = v.input, yn = v.y_name;
+  struct Piece {
+    std::string name;
+    std::vector<double> g;
+  };
+  auto piece = [&](std::string name, auto&& at) {
+    Piece p{std::move(name), std::vector<double>(a.size())};
+    for (size_t k = 0; k < a.size(); ++k) p.g[k] = at(k);
+    return p;
+  };
+  const std::vector<Piece> factors = {
+      piece(xn, [&](size_t k) { return x[k]; }),          piece("1/" + xn, [&](size_t k) { return 1 / x[k]; }),
+      piece(yn, [&](size_t k) { return y[k]; }),          piece("1/" + yn, [&](size_t k) { return 1 / y[k]; }),
+      piece(xn + "²", [&](size_t k) { return x[k] * x[k]; }),
+      piece(yn + "/" + xn, [&](size_t k) { return y[k] / x[k]; })};
+  // c·g with one c over every element, each within the tolerance: c, or nothing.
+  auto constant = [&](const std::vector<double>& target, const std::vector<double>& g, const std::vector<double>& base)
+      -> std::optional<double> {
+    double tg = 0, gg = 0;
+    for (size_t k = 0; k < g.size(); ++k) tg += target[k] * g[k], gg += g[k] * g[k];
+    if (!(gg > 0) || !std::isfinite(gg)) return std::nullopt;
+    const double c = tg / gg;
+    for (size_t k = 0; k < g.size(); ++k)
+      if (!v.tol.ok(base[k] + c * g[k], base[k] + target[k])) return std::nullopt;
+    return c;
+  };
+  const std::string where = fmt::format("an element-wise op (∂{}_k/∂{}_k only)", yn, xn);
+  // analytic = c·g·numeric: a factor of f′ wrong (g = x: a power rule's exponent not lowered, say).
+  std::vector<double> zero(a.size(), 0.0);
+  for (const Piece& p : factors) {
+    std::vector<double> gn(a.size());
+    for (size_t k = 0; k < a.size(); ++k) gn[k] = p.g[k] * n[k];
+    if (auto c = constant(a, gn, zero)) {
+      const std::string times = std::abs(*c - 1) <= 1e-6 ? p.name : describe_factor(*c) + "·" + p.name;
+      return Diagnosis{Finding::elementwise, v.input, v.check,
+                       fmt::format("{}: along the diagonal the {} gives f′ × {} at every element (analytic = numeric "
+                                   "× {}): the derivative has a factor {} that f′ does not",
+                                   where, rule_name(v.check), times, times, times)};
+    }
+  }
+  // analytic = numeric + c·g: a term of f′ missing, extra or wrong.
+  std::vector<double> e(a.size());
+  for (size_t k = 0; k < a.size(); ++k) e[k] = a[k] - n[k];
+  std::vector<Piece> terms = factors;
+  terms.insert(terms.begin(), piece("1", [](size_t) { return 1.0; }));
+  terms.push_back(piece(xn + "·" + yn, [&](size_t k) { return x[k] * y[k]; }));
+  terms.push_back(piece(yn + "²", [&](size_t k) { return y[k] * y[k]; }));
+  for (const Piece& p : terms)
+    if (auto c = constant(e, p.g, n)) {
+      const double size = std::abs(*c);  // written with its sign apart: f′ − 1.3, not f′ + -1.3
+      const std::string term = p.name == "1"                 ? describe_factor(size)
+                               : std::abs(size - 1) <= 1e-6 ? p.name
+                                                            : describe_factor(size) + "·" + p.name;
+      const char* sign = *c < 0 ? "−" : "+";
+      return Diagnosis{Finding::elementwise, v.input, v.check,
+                       fmt::format("{}: along the diagonal the {} gives f′ {} {} at every element (analytic − numeric "
+                                   "= {}{}): a term of f′ is missing, counted twice or wrong by that much",
+                                   where, rule_name(v.check), sign, term, *c < 0 ? "−" : "", term)};
+    }
+  return std::nullopt;
+}
+
+}  // namespace tapegrad::gradcheck_detail

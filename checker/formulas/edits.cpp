@@ -1,0 +1,402 @@
+#include "checker/formulas/edits.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "engine/rng.hpp"
+#include "checker/formulas/expression.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// The formulas parsed: the lets (name, formula) and x̄ per input.
+struct Rule {
+  std::vector<std::pair<std::string, Formula>> lets;
+  std::vector<std::optional<Formula>> vjp;
+};
+
+Rule parse_rule(const VjpFormulas& text) {
+  Rule r;
+  for (const auto& l : text.lets) r.lets.emplace_back(l.name, Formula::parse(l.formula, l.label));
+  for (const auto& v : text.vjp) r.vjp.push_back(v ? std::optional(Formula::parse(v->formula, v->label)) : std::nullopt);
+  return r;
+}
+
+// The point's values, as constants on `tape`: the inputs by name, y, g and the named constants.
+std::map<std::string, Var> point_values(Tape& tape, std::span<const Tensor> x, std::span<const std::string> names,
+                                        const Tensor& y, const Tensor& g, const VjpFormulas& text) {
+  std::map<std::string, Var> values;
+  for (size_t i = 0; i < x.size(); ++i) values.emplace(names[i], tape.constant(x[i]));
+  values.emplace("y", tape.constant(y));
+  values.emplace("g", tape.constant(g));
+  for (const auto& [name, c] : text.constants) values.emplace(name, tape.constant(c));
+  return values;
+}
+
+// Adds each let whose names are all defined (a let of a claim may read a tangent, which a VJP does not have).
+void define_lets(const Rule& rule, std::map<std::string, Var>& values) {
+  for (const auto& [name, f] : rule.lets) {
+    const auto read = f.names();
+    if (std::all_of(read.begin(), read.end(), [&](const std::string& n) { return values.count(n) > 0; }))
+      values.insert_or_assign(name, f.evaluate(values));
+  }
+}
+
+// The shape without its leading axes of size 1: a formula's sum over axis 0 keeps that axis, where torch's
+// x.sum(0) drops it; either is x̄ of a bias of shape (n).
+Shape without_leading_ones(const Shape& s) {
+  int first = 0;
+  while (first < s.rank() - 1 && s[first] == 1) ++first;
+  std::vector<int64_t> dims;
+  for (int d = first; d < s.rank(); ++d) dims.push_back(s[d]);
+  return Shape(std::span<const int64_t>(dims));
+}
+
+// The values a rule reads, as constants on a tape.
+using PointValues = std::function<std::map<std::string, Var>(Tape&)>;
+
+// x̄ per input from the rule's formulas (undefined where it has none), on `tape`, cleared first, so that no
+// evaluation keeps its intermediates past the next (one tape for the search: its memory is reused, not mapped again
+// for every edit); nothing when an op refuses the shapes or an x̄ has the wrong shape (an edit can do both).
+std::optional<std::vector<Tensor>> evaluate_rule(const Rule& rule, const PointValues& point, std::span<const Tensor> x,
+                                                 Tape& tape) {
+  try {
+    tape.clear();
+    NoGradGuard no_grad(tape);
+    std::map<std::string, Var> values = point(tape);
+    define_lets(rule, values);
+    std::vector<Tensor> out(rule.vjp.size());
+    for (size_t i = 0; i < rule.vjp.size(); ++i) {
+      if (!rule.vjp[i]) continue;
+      Tensor v = rule.vjp[i]->evaluate(values).value();
+      if (!(without_leading_ones(v.shape()) == without_leading_ones(x[i].shape()))) return std::nullopt;
+      out[i] = v.to(DType::f64).view(x[i].shape());
+    }
+    return out;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// ⟨ȳ, y⟩ for y's elements in order.
+double inner_product(const Tensor& g, const double* y) {
+  double s = 0;
+  for (int64_t k = 0; k < g.numel(); ++k) s += g.data<double>()[k] * y[k];
+  return s;
+}
+// ⟨ȳ, f(x)⟩, for the central differences below.
+double inner_product(const Function& f, std::span<const Tensor> x, const Tensor& g) {
+  return inner_product(g, evaluate(f, x).to(DType::f64).data<double>());
+}
+
+// x̄_i = Σ_j ȳ_j ∂y_j/∂x_i by central differences of ⟨ȳ, f(x)⟩, element by element of x_i: 2·n_i evaluations, in one
+// block where blocks are given (at the checker's points x_i + (±ε)·e_k, which it may have evaluated already).
+Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& g, double eps,
+                   RuleBlocks* blocks) {
+  Tensor out = Tensor::zeros(DType::f64, x[i].shape());
+  if (blocks) {
+    const int64_t n = x[i].numel(), m = g.numel();
+    std::vector<double> plus(static_cast<size_t>(n * m)), minus(plus.size());
+    blocks->unit_steps(x, i, eps, g.shape(), plus, minus);
+    for (int64_t k = 0; k < n; ++k)
+      out.data<double>()[k] = (inner_product(g, &plus[static_cast<size_t>(k * m)]) -
+                               inner_product(g, &minus[static_cast<size_t>(k * m)])) / (2 * eps);
+    return out;
+  }
+  std::vector<Tensor> at(x.begin(), x.end());
+  at[i] = x[i].clone();
+  double* p = at[i].data<double>();
+  for (int64_t k = 0; k < x[i].numel(); ++k) {
+    const double keep = p[k];
+    p[k] = keep + eps;
+    const double up = inner_product(f, at, g);
+    p[k] = keep - eps;
+    const double down = inner_product(f, at, g);
+    p[k] = keep;
+    out.data<double>()[k] = (up - down) / (2 * eps);
+  }
+  return out;
+}
+
+// ⟨x̄_i, t⟩ = ∂/∂s ⟨ȳ, f(x + s·t)⟩ by central differences along t (in slot i): 2 evaluations.
+double projected_difference(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& t,
+                            const Tensor& g, double eps) {
+  std::vector<Tensor> at(x.begin(), x.end());
+  auto moved = [&](double s) {
+    Tensor m = x[i].clone();
+    for (int64_t k = 0; k < m.numel(); ++k) m.data<double>()[k] += s * t.data<double>()[k];
+    at[i] = m;
+    return inner_product(f, at, g);
+  };
+  return (moved(eps) - moved(-eps)) / (2 * eps);
+}
+
+// The largest |a − n| over the elements, and whether every one is within atol + rtol·|n|.
+struct Agreement {
+  bool ok = true;
+  double worst = 0;
+};
+Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) {
+  Agreement r;
+  for (int64_t k = 0; k < a.numel(); ++k) {
+    const double av = a.data<double>()[k], nv = n.data<double>()[k], e = std::abs(av - nv);
+    if (!(e <= atol + rtol * std::abs(nv))) r.ok = false;
+    r.worst = std::max(r.worst, std::isfinite(e) ? e : INFINITY);
+  }
+  return r;
+}
+
+struct Edit {
+  size_t line;          // index into lets, then vjp (lets.size() + i)
+  Finding kind;         // transposed_term, term_sign, wrong_axis
+  std::string edited;   // the formula after the edit
+  std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
+};
+
+}  // namespace
+
+void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
+                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
+                       RuleBlocks* blocks) {
+  // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
+  // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
+  // is the better name. (An input named a per-row term is left as it is: that kind already says where the error
+  // lies, and the search's trace and evaluations cost more than a check of a small op itself.)
+  auto unexplained_vjp = [&](size_t i) {
+    return std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
+      return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
+    });
+  };
+  std::vector<size_t> failing;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (unexplained_vjp(i) != report.diagnoses.end()) failing.push_back(i);
+  int64_t elements = 0;
+  for (const Tensor& xi : x) elements += xi.numel();
+  if (failing.empty() || elements > kEditSearchElements) return;
+
+  Rng rng(opt.seed ^ 0x65646974ULL);  // "edit": its own stream, apart from the checks' draws
+  const Tensor y = evaluate(f, x).to(DType::f64);
+  const Tensor g = Tensor::randn(DType::f64, y.shape(), rng);
+  const std::optional<VjpFormulas> text = formulas(x, g);
+  if (!text || text->vjp.size() != x.size()) return;
+  Rule rule;
+  try {
+    rule = parse_rule(*text);
+  } catch (const Error&) {  // formulas that do not parse (a trace that wrote something the language lacks)
+    return;
+  }
+  for (size_t i : failing)
+    if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
+
+  const PointValues values = [&](Tape& tape) { return point_values(tape, x, names, y, g, *text); };
+  Tape scratch;  // every evaluation of the rule, one after the other
+  const auto unedited = evaluate_rule(rule, values, x, scratch);
+  if (!unedited) return;
+  const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
+  for (size_t i = 0; i < x.size(); ++i)
+    if (rule.vjp[i] && own[i].defined() && !agreement((*unedited)[i], own[i].to(DType::f64), 1e-9, 1e-7).ok) return;
+  // What an edited rule must give. An input whose VJP passed keeps its own x̄ (the edit must not spoil it). A
+  // failing input must match central differences: first along kProjections random directions (2 evaluations of f
+  // each), which sort out almost every edit, then, for an edit that passes those, element by element (2·n_i
+  // evaluations, made once).
+  constexpr int kProjections = 4;
+  struct Probe {
+    Tensor t;
+    double difference;
+  };
+  std::vector<std::vector<Probe>> probes(x.size());
+  for (size_t i : failing)
+    for (int j = 0; j < kProjections; ++j) {
+      Tensor t = Tensor::randn(DType::f64, x[i].shape(), rng);
+      probes[i].push_back({t, projected_difference(f, x, i, t, g, opt.eps)});
+    }
+  std::vector<Tensor> numeric(x.size());
+  auto is_failing = [&](size_t i) { return std::find(failing.begin(), failing.end(), i) != failing.end(); };
+  auto along_probes = [&](const std::vector<Tensor>& a) {  // |⟨a, t⟩ − d| ≤ atol·‖t‖₁ + rtol·Σ|a_k t_k|
+    for (size_t i : failing)
+      for (const Probe& p : probes[i]) {
+        double dot = 0, t1 = 0, scale = 0;
+        for (int64_t k = 0; k < a[i].numel(); ++k) {
+          const double ak = a[i].data<double>()[k], tk = p.t.data<double>()[k];
+          dot += ak * tk, t1 += std::abs(tk), scale += std::abs(ak * tk);
+        }
+        if (!(std::abs(dot - p.difference) <= opt.atol * t1 + opt.rtol * scale)) return false;
+      }
+    return true;
+  };
+  auto agrees = [&](const std::vector<Tensor>& a) {
+    for (size_t i = 0; i < x.size(); ++i)
+      if (rule.vjp[i] && !is_failing(i) && !agreement(a[i], (*unedited)[i], 1e-9, 1e-7).ok) return false;
+    if (!along_probes(a)) return false;
+    for (size_t i : failing) {
+      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps, blocks);
+      if (!agreement(a[i], numeric[i], opt.atol, opt.rtol).ok) return false;
+    }
+    return true;
+  };
+  if (along_probes(*unedited)) return;  // the rule agrees for this ȳ: the failure lies elsewhere
+
+  // The shapes of the values the formulas read, the lets' included, to read the shape of a part.
+  std::map<std::string, Shape> shapes;
+  {
+    Tape tape;
+    NoGradGuard no_grad(tape);
+    std::map<std::string, Var> with_lets = values(tape);
+    define_lets(rule, with_lets);
+    for (const auto& [name, v] : with_lets) shapes.emplace(name, v.shape());
+  }
+  auto shape_of = [&](const std::string& part) -> std::optional<Shape> {
+    try {
+      return Formula::parse(part).check(shapes);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  };
+
+  const size_t lines = rule.lets.size() + rule.vjp.size();
+  // ", made at LABEL," for a part that is the name of a let defined before line `before`.
+  auto made_at = [&](const std::string& part, size_t before) -> std::string {
+    for (size_t l = std::min(before, rule.lets.size()); l-- > 0;)
+      if (rule.lets[l].first == part)
+        return text->lets[l].label.empty() ? "" : fmt::format(", made at {},", text->lets[l].label);
+    return "";
+  };
+  auto formula_at = [&](size_t line) -> const Formula* {
+    if (line < rule.lets.size()) return &rule.lets[line].second;
+    const auto& v = rule.vjp[line - rule.lets.size()];
+    return v ? &*v : nullptr;
+  };
+  // Where a line was written: its label, else what it defines.
+  auto where_written = [&](size_t at) {
+    const ClaimText::Line& l = at < rule.lets.size() ? text->lets[at] : *text->vjp[at - rule.lets.size()];
+    if (!l.label.empty()) return l.label;
+    return at < rule.lets.size() ? fmt::format("let {}", l.name) : fmt::format("x̄ of {}", names[at - rule.lets.size()]);
+  };
+  std::vector<Edit> found;                  // every edit that puts the rule right,
+  std::vector<std::vector<Tensor>> fixed;   // and the x̄ it then gives
+  for (size_t line = 0; line < lines; ++line) {
+    const Formula* formula = formula_at(line);
+    if (!formula) continue;
+    const std::string& t = formula->text();
+    const std::vector<Formula::Part> parts = formula->parts();
+    auto is_transposed_argument = [&](const Formula::Part& p) {  // e in transpose(e): the removal covers it
+      return std::any_of(parts.begin(), parts.end(), [&](const Formula::Part& call) {
+        return call.argument && call.argument->first == p.begin && call.argument->second == p.end;
+      });
+    };
+    for (const Formula::Part& part : parts) {
+      if (is_transposed_argument(part)) continue;
+      const std::string inside = t.substr(part.begin, part.end - part.begin);
+      std::vector<Edit> candidates;
+      if (part.argument) {  // transpose(e) → e (putting another transpose around it would do the same)
+        const auto [b, e] = *part.argument;
+        candidates.push_back({line, Finding::transposed_term,
+                              t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end),
+                              fmt::format("the transpose is taken from `{}` where {} reads it", inside,
+                                          where_written(line))});
+      } else if (const auto shape = shape_of(inside);
+                 shape && shape->rank() >= 2 && (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
+                 shape->back() >= 2) {
+        candidates.push_back({line, Finding::transposed_term,
+                              t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end),
+                              fmt::format("`{}` {}{} is transposed where {} reads it", inside, *shape,
+                                          made_at(inside, line), where_written(line))});
+      }
+      if (part.sign) {
+        const size_t at = *part.sign;
+        const std::string term = t.substr(part.term.first, part.term.second - part.term.first);
+        if (at == part.begin)  // −u → u
+          candidates.push_back({line, Finding::term_sign, t.substr(0, at) + t.substr(at + 1),
+                                fmt::format("the minus is taken from `{}` at {}", inside, where_written(line))});
+        else  // a + b ↔ a − b
+          candidates.push_back({line, Finding::term_sign,
+                                t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
+                                fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
+      }
+      if (part.axis) {  // sum(e, a), mean(e, a), unsqueeze(e, a): a → another axis of e of the same size
+        const auto [ab, ae] = *part.axis;
+        auto of = shape_of(t.substr(part.term.first, part.term.second - part.term.first));
+        const bool inserts = t.compare(part.begin, 9, "unsqueeze") == 0;  // its axis is one of the result's
+        int written = 0;
+        try {
+          written = std::stoi(t.substr(ab, ae - ab));
+        } catch (const std::exception&) {
+          of.reset();
+        }
+        if (of && of->rank() > 0) {
+          const int rank = static_cast<int>(of->rank()) + (inserts ? 1 : 0);
+          const int at = written < 0 ? written : written - rank;  // axes counted from the end, as the trace writes
+          for (int other = -rank; other < 0; ++other) {
+            if (other == at || at < -rank) continue;
+            if (!inserts && (*of)[static_cast<size_t>(rank + other)] != (*of)[static_cast<size_t>(rank + at)])
+              continue;
+            const char* how = inserts ? "broadcasts along" : "reduces over";
+            // squeeze(sum(e, a), a), torch's sum that drops its axis: the squeeze follows the sum's axis.
+            const std::string dropped = ", " + t.substr(ab, ae - ab) + ")";
+            const bool squeezed = !inserts && part.begin >= 8 && t.compare(part.begin - 8, 8, "squeeze(") == 0 &&
+                                  t.compare(part.end, dropped.size(), dropped) == 0;
+            std::string edited = t.substr(0, ab) + std::to_string(other) + t.substr(ae, part.end - ae);
+            edited += squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size())
+                               : t.substr(part.end);
+            candidates.push_back({line, Finding::wrong_axis, edited,
+                                  fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line),
+                                              how, other, at)});
+          }
+        }
+      }
+      for (Edit& edit : candidates) {
+        Rule edited = rule;
+        try {
+          if (line < rule.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula->label());
+          else edited.vjp[line - rule.lets.size()] = Formula::parse(edit.edited, formula->label());
+        } catch (const Error&) {
+          continue;
+        }
+        const auto result = evaluate_rule(edited, values, x, scratch);
+        if (!result || !agrees(*result)) continue;
+        found.push_back(std::move(edit));
+        fixed.push_back(*result);
+      }
+    }
+  }
+  if (found.empty()) return;
+
+  // An axis first, when one puts the rule right (a sum over the wrong axis of a square value is also that value
+  // transposed, but one written number is the smaller edit), then a transpose; the other edits of the same kind
+  // are counted.
+  auto any_of_kind = [&](Finding k) {
+    return std::any_of(found.begin(), found.end(), [&](const Edit& e) { return e.kind == k; });
+  };
+  const Finding kind = any_of_kind(Finding::wrong_axis)        ? Finding::wrong_axis
+                       : any_of_kind(Finding::transposed_term) ? Finding::transposed_term
+                                                               : Finding::term_sign;
+  const size_t chosen = static_cast<size_t>(
+      std::find_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; }) - found.begin());
+  const Edit& first = found[chosen];
+  const auto same = std::count_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; });
+  const ClaimText::Line& line =
+      first.line < rule.lets.size() ? text->lets[first.line] : *text->vjp[first.line - rule.lets.size()];
+  const std::string others = same == 2  ? " (1 other edit of this kind does too)"
+                             : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
+                                        : std::string();
+  const char* meaning = kind == Finding::wrong_axis ? "a reduction or broadcast of the rule is taken along the wrong axis"
+                        : kind == Finding::transposed_term
+                            ? "a square value of the rule is used where its transpose belongs"
+                            : "a term of the rule has the wrong sign";
+  for (size_t i : failing) {
+    const double before = agreement((*unedited)[i], numeric[i], opt.atol, opt.rtol).worst;
+    const double after = agreement(fixed[chosen][i], numeric[i], opt.atol, opt.rtol).worst;
+    Diagnosis d{kind, names[i], "vjp",
+                fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
+                            "{}",
+                            after, before, first.what, line.formula, first.edited, others, meaning)};
+    *unexplained_vjp(i) = std::move(d);  // failing holds only inputs with that diagnosis, and none is removed
+  }
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,193 @@
+// The gradchecker: in float64, for every differentiable input x_i of y = f(x),
+//   vjp        J_iᵀu from backward   vs  central differences (f(x+εe_k) − f(x−εe_k)) / 2ε
+//              full Jacobian when m·n_i is small (each unit ȳ = e_j, then one random ȳ against Nᵀȳ: a backward
+//              that ignores or squares ȳ passes every unit one); else random projections vᵀJ_iu as PyTorch's fast mode
+//   jvp        J_i t from forward mode vs  (f(x+εt) − f(x−εt)) / 2ε, element by element of y
+//   adjoint    ⟨J_i t, u⟩ = ⟨t, J_iᵀu⟩  (two analytic results; exact up to rounding)
+//   accumulate backward adds J_iᵀu into a gradient that already holds r (it must not overwrite r)
+// An element passes when |analytic − numeric| ≤ atol + rtol·|numeric|, both sides finite. A report passes only
+// when something was compared (a check of an input with no elements, or a report whose every check was skipped,
+// is not a pass) and every check passed.
+//
+// When a check fails, the report also says what the error looks like (a Diagnosis per finding): the analytic
+// Jacobian A against the numeric N as a whole (A = c·N: a scale or a sign; A = N with axes swapped: a
+// transpose), where the failing elements sit (one input; masked positions N = 0 or A = 0, or any structured set:
+// a triangle, a band, a set of rows; the diagonal; one row; a rank-one error per row along any axis: a per-row
+// term), and which rule is at fault (VJP or JVP alone, the adjoint identity, linearity in the cotangent or tangent,
+// the direction ẋ = x, one-sided differences at a kink). When no kind fits, it says where the error concentrates.
+// The diagnoses live one job per file in checker/diagnose_*.cpp; docs/gradchecking.md shows each.
+#pragma once
+
+#include <initializer_list>
+#include <iosfwd>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../ops/registry.hpp"
+#include "claimed.hpp"
+
+namespace tapegrad {
+
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-5;
+  double rtol = 1e-3;
+  int64_t full_jacobian_limit = 40000;  // m·n_i at most this: full Jacobian; above: projections
+  int projections = 4;
+  uint64_t seed = 20240809;
+  bool diagnose = true;  // on a failure, look for what the error looks like (costs a few more evaluations)
+  // The relative error the rules under check carry from rounding: 0 for float64 rules, whose exact checks (adjoint
+  // identity, linearity) hold to 1e-10 and 1e-8 of their sizes; a check of rules run at a lower precision
+  // (precision.hpp) sets its measured rounding, and those checks allow that much more. Nonzero, the `tolerance`
+  // finding (finite differences at their limit) is not made: the tolerance is then the rounding's.
+  double rounding = 0;
+};
+// Refuses options that cannot make a check (an Error naming the option and its value): eps finite and > 0, atol,
+// rtol and rounding finite and ≥ 0, projections ≥ 1, full_jacobian_limit ≥ 0. gradcheck() and gradcheck_second_order() call it.
+void validate(const GradcheckOptions& opt);
+
+struct CheckResult {
+  std::string input;  // the input's name
+  std::string check;  // vjp, jvp, adjoint, accumulate
+  std::string mode;   // full, fast (projections), exact; none when skipped
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  std::string worst;  // where the worst element is: y[j] / x[k] index, or the projection
+  double analytic = 0, numeric = 0;  // at the worst element
+  bool passed = true;
+  bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
+  int64_t compared = 0;  // how many values were compared (elements, projections); a check that compared none fails
+};
+
+// What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.
+enum class Finding {
+  not_finite,          // the analytic derivative holds NaN or ±∞
+  zero,                // the analytic derivative is 0 everywhere: nothing written
+  nonlinear,           // the VJP is not linear in ȳ (or the JVP in ẋ)
+  sign,                // A = −N
+  scale,               // A = c·N, c ≠ 1: a missing or wrong factor
+  transposed_jacobian, // A = Nᵀ: J applied where Jᵀ belongs (or the reverse)
+  transposed_input,    // A = N with two equal-size axes of x swapped: x̄ (or its use) transposed
+  transposed_output,   // A = N with two equal-size axes of y swapped
+  transposed_term,     // a square value inside the rule used where its transpose belongs: the rule, written as
+                       // formulas, agrees once transpose() is put around that value or taken from it (found by
+                       // editing the formulas: checker/formulas/edits.hpp)
+  term_sign,           // one term of the rule has the wrong sign: the formulas agree once a + b becomes a − b (or
+                       // the reverse), or −u becomes u (found by editing them, as transposed_term)
+  wrong_axis,          // a reduction or broadcast taken along the wrong axis: the formulas agree once a sum's (or
+                       // mean's, unsqueeze's) axis becomes another of the same size; from Python, the forward's
+                       // rule with one call's axis changed, or a broadcast operand's gradient reduced otherwise
+  masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
+  diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
+  one_row,             // all errors in one row (last axis) of y or of x
+  per_row_term,        // in each row (along the last axis or another) the error is one outer product: a per-row
+                       // term (normalizer, mean, row sum) wrong
+  unexplained,         // none of the kinds above fits: where the error concentrates (rows, columns, entries)
+  radial,              // the JVP is right along ẋ = x and wrong across it
+  kink,                // one-sided differences disagree: the point is not differentiable
+  tolerance,           // the errors are the finite differences' own: the tolerance is tighter than they resolve
+  one_input,           // only one input's derivatives fail
+  jvp_only,            // the VJP passes, the JVP fails
+  vjp_only,            // the JVP passes, the VJP fails
+  adjoint,             // VJP and JVP each pass but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩
+  consistent,          // VJP and JVP fail but agree with each other: one derivation shared by both is wrong
+  overwrites,          // backward assigns into the gradient instead of adding to it
+  no_jvp,              // the op was recorded without a JVP: forward mode not checked (a note, not a failure)
+  // Named from the forward (python/tapegrad/_forward.py: a torch.autograd.Function's forward differentiated by
+  // torch, one edge of its graph at a time; the error e = x̄ − x̄_true fitted as α times one edge's term):
+  term_dropped,        // e = −(one edge's term): the backward leaves out the term of one op of the forward
+  term_added,          // e = +(one edge's term): that term is counted twice
+  term_factor,         // e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)
+  wrong_value,         // x̄ is the right rule with one value of the forward replaced by another of its shape
+  // Named from the VJP's answers to random cotangents and from the Jacobian's rows:
+  ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
+  per_row_factor,      // each row of y or x (along any axis) off by its own factor: a per-row normalizer wrong
+  elementwise,         // an element-wise op (a diagonal Jacobian) whose derivative along the diagonal is the right
+                       // one times, or plus, a function of x or y: a factor or a term of f′ wrong
+  // Second order (checker/second_order.hpp):
+  first_order,         // H·t fails because the first-order VJP already does
+  hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
+  asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
+  saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
+                       // backward, whose terms along the inputs are then lost (named from Python, with its line)
+  // At a working precision (checker/precision.hpp, python/tapegrad/_precision.py: an op run at bf16,
+  // fp16 or float32 against float64):
+  precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
+                       // kept or summed at the low precision where the reference keeps more bits, not a slip
+};
+std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
+std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
+std::span<const Finding> all_findings();   // every kind, in the order above
+
+struct Diagnosis {
+  Finding kind;
+  std::string input;    // the input it concerns; empty for the whole case
+  std::string check;    // vjp, jvp, adjoint, accumulate; empty for the whole case
+  std::string message;  // one line, with the numbers that back it
+  std::string str() const;  // "[kind] input, check: message"
+};
+// The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.
+const Diagnosis* find_diagnosis(std::span<const Diagnosis> diagnoses, Finding f, std::string_view input = "");
+
+// Whether every check passed. Converts to bool, and is callable (report.passed()). Streamed, it prints the whole
+// report with its diagnosis, which is what a test framework shows for a failed CHECK(report.passed).
+struct Verdict {
+  bool ok = true;
+  std::string report;
+  std::string not_checked;  // non-empty when nothing was compared (every check skipped): why; ok is then false
+  operator bool() const { return ok; }
+  bool operator()() const { return ok; }
+};
+std::ostream& operator<<(std::ostream& os, const Verdict& v);
+
+struct GradcheckReport {
+  std::string op, case_name;
+  std::vector<CheckResult> checks;
+  std::vector<Diagnosis> diagnoses;
+  Verdict passed;
+
+  // Recomputes `passed` from the checks (gradcheck() calls it; call it after editing checks or diagnoses).
+  void conclude();
+  bool has(Finding f, std::string_view input = "") const;  // a diagnosis of that kind (for that input)
+  const Diagnosis* find(Finding f, std::string_view input = "") const;
+  std::string str() const;  // a table, one row per check, then the diagnosis
+};
+std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
+
+class RuleBlocks;
+// Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent). With blocks
+// (below), the full Jacobians' rows and unit differences are taken from them (null: one point at a time).
+GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names = {},
+                          const GradcheckOptions& opt = {}, RuleBlocks* blocks = nullptr);
+
+// An op's rules at many points in one call, for an op each of whose calls crosses a boundary that costs more than
+// the op itself (a Python op: python/python_function.hpp). A block holds, value for value, what the calls of f one
+// point at a time give; the same block may be asked for twice (the edit search, checker/formulas/edits.hpp, takes the
+// checker's differences), and may then be given from what was kept.
+class RuleBlocks {
+ public:
+  virtual ~RuleBlocks() = default;
+  // rows[j][i] = J_iᵀ e_j for every unit cotangent e_j of y (of yshape), zeros where the VJP gives none: every row
+  // of every Jacobian.
+  virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) = 0;
+  // f at x with x_i[k] moved by +ε (plus) and by −ε (minus), for every k: row k of each holds y's m elements. The
+  // point is x + ε·e_k as the checker forms it, elementwise: x_i + (±ε)·e_k.
+  virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape,
+                          std::span<double> plus, std::span<double> minus) = 0;
+};
+GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,
+                          std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
+// Checks a registered case, with its inputs drawn from opt.seed.
+GradcheckReport gradcheck(const GradcheckCase& c, const GradcheckOptions& opt = {}, std::string_view op = "");
+// A check of a function (gradcheck, gradcheck_second_order) run on a registered case: its inputs in float64 from
+// opt.seed, its input names and tolerances; the report named by op and case.
+using FunctionCheck = GradcheckReport (*)(const Function&, std::span<const Tensor>, std::span<const std::string>,
+                                          const GradcheckOptions&);
+GradcheckReport check_case(FunctionCheck check, const GradcheckCase& c, const GradcheckOptions& opt,
+                           std::string_view op);
+// Checks every case of a registered op.
+std::vector<GradcheckReport> gradcheck(const OpInfo& op, const GradcheckOptions& opt = {});
+
+}  // namespace tapegrad

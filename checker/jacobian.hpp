@@ -1,0 +1,149 @@
+// What the gradchecker's diagnoses share (internal to checker/): a failing Jacobian as the analytic A
+// against the numeric N, and the helpers that read it.
+//
+// A (analytic) and N (numeric) are (m, n) row-major: entry (j, k) = ∂y_j/∂x_k, j over y's elements, k over x's.
+// The VJP's A has rows J_iᵀe_j, the JVP's A has columns J_i e_k; both are compared with the same N.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+namespace tapegrad::gradcheck_detail {
+
+std::vector<int64_t> unravel(const Shape& s, int64_t flat);
+int64_t ravel(const Shape& s, const std::vector<int64_t>& idx);
+std::string index_str(const Shape& s, int64_t flat);  // "[1, 2]"
+// Row `row` of s along its last axis, as "name[1, 2, :]" ("name[:]" for rank 1).
+std::string row_name(const Shape& s, const std::string& name, int64_t row);
+
+// |a − ref| ≤ atol + rtol·|ref|: the element test of every comparison (NaN fails).
+struct Tolerance {
+  double atol, rtol;
+  // Both sides finite: an infinite reference would make the bound itself infinite and pass anything.
+  bool ok(double a, double ref) const {
+    return std::isfinite(a) && std::isfinite(ref) && std::abs(a - ref) <= atol + rtol * std::abs(ref);
+  }
+};
+
+double dot(std::span<const double> a, std::span<const double> b);
+
+// c as a reader would recognize it: 0.5 = 1/2, 0.353553 = 1/√8, 2.82843 = √8.
+std::string describe_factor(double c);
+
+struct JacobianView {
+  std::string input, check;  // names for the messages
+  const Shape &yshape, &xshape;
+  const Tensor &x, &y;
+  std::span<const double> a, n;            // (m, n)
+  std::span<const double> plus, minus;     // f(x ± εe_k)_j, (m, n); empty in fast mode
+  std::span<const double> y0;              // f(x), (m)
+  int64_t m, cols;
+  Tolerance tol;
+  double eps;
+  std::string y_name = "y";  // what the rows are: y, or x̄_a for a block of a Hessian (∂x̄_a/∂x_b)
+};
+
+// The rule a check tests, for the messages: "VJP", "JVP", or "second-order rule" (check "hvp").
+inline const char* rule_name(std::string_view check) {
+  return check == "vjp" ? "VJP" : check == "jvp" ? "JVP" : "second-order rule";
+}
+
+using Elements = std::vector<std::pair<int64_t, int64_t>>;  // (j, k) pairs
+
+// The least-squares c in A ≈ c·N[map], kept when every element passes against c·N[map].
+std::optional<double> common_factor(std::span<const double> a, std::span<const double> n,
+                                    std::span<const int64_t> map, Tolerance tol);
+
+// The failing elements as (j, k) pairs.
+Elements failing_elements(const JacobianView& v);
+std::string element_str(const JacobianView& v, int64_t j, int64_t k);  // "y[0, 1] / x[0, 2]"
+std::string examples_str(const JacobianView& v, const Elements& bad);  // the first and how many more
+
+// Every failing element has pred(j, k), and the numeric Jacobian has nonzero entries where pred is false
+// (else "all errors in the set" says nothing).
+template <class Pred>
+bool confined(const JacobianView& v, const Elements& bad, Pred&& pred) {
+  for (auto [j, k] : bad)
+    if (!pred(j, k)) return false;
+  for (int64_t j = 0; j < v.m; ++j)
+    for (int64_t k = 0; k < v.cols; ++k)
+      if (!pred(j, k) && std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) > v.tol.atol) return true;
+  return false;
+}
+
+// One-sided differences at (j, k) that differ by more than the error there: x_k sits within ε of a kink.
+bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, double* backward);
+
+// The diagnoses, one file each (checker/diagnose_*.cpp).
+// A = c·N, A = c·Nᵀ, A = c·N with two axes of x or of y swapped: one pattern that explains every element.
+std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v);
+// Errors confined to a set of entries: masked positions, the diagonal, one row.
+void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<Diagnosis>& out);
+// The tightest structured set (a triangle, a band, its edge, indices along one axis) that holds every failing
+// element and is at least half failing, described; zero_tol: what counts as a zero of N.
+std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
+// In each row the error is one outer product: a per-row term (rows whose error sits on one element included, when
+// other rows' is spread).
+std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
+// Each row of y (or of x), along any axis, off by a factor of its own: a per-row normalizer (diagnose_row_factor.cpp).
+std::optional<Diagnosis> per_row_factor(const JacobianView& v);
+// An element-wise op's derivative read along the diagonal as the right one times, or plus, a function of x or y
+// (diagnose_row_factor.cpp, beside the per-row factor: both read factors against the forward's own numbers).
+std::optional<Diagnosis> elementwise_error(const JacobianView& v);
+
+// The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
+// in full (check_in_full) on the first rows of the leading axis y (of shape yshape) and the inputs share, or one
+// line per input saying how to get a name (diagnose_narrowed.cpp).
+using CheckInFull = std::function<GradcheckReport(std::span<const Tensor>, const GradcheckOptions&)>;
+std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Tensor> x,
+                                          std::span<const std::string> names, const Shape& yshape,
+                                          const GradcheckOptions& opt,
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full);
+// None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
+Diagnosis unexplained(const JacobianView& v, const Elements& bad);
+
+// Everything the full Jacobians say about a failing VJP or JVP, most telling first. *all_kinks: every failing
+// element sits at a kink (the failure says nothing about the rule).
+std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks);
+// The fast mode keeps only projections: A = c·N over them is all it can tell.
+std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
+                                         std::span<const double> a, std::span<const double> n, Tolerance tol);
+
+// How one input came out of the checks; explained: every failure is a kink's or the tolerance's.
+struct InputOutcome {
+  std::string name;
+  bool vjp_ok = true, jvp_ok = true, jvp_skipped = false, adjoint_ok = true;
+  bool explained = false;
+};
+// Which rule (VJP, JVP, both, their adjointness) and which input is at fault, over the whole case; a note when an
+// op has no JVP.
+std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcomes, const std::string& no_jvp_op);
+
+// Second order, on s = ⟨u, f(x)⟩ with the float inputs of x in float64 (i32 inputs ride along):
+// H·directions (one per float input) on a fresh tape; empty, with *refused set, when an op has no rule.
+std::vector<Tensor> hessian_times(const Function& f, std::span<const Tensor> x, const Tensor& u,
+                                  std::span<const Tensor> directions, std::string* refused);
+// ∇s at x + c·t (the float inputs moved along t), one gradient per float input.
+std::vector<Tensor> gradient_at(const Function& f, std::span<const Tensor> x, std::span<const Tensor> t, double c,
+                                const Tensor& u);
+
+// A failing second-order check of s = ⟨u, f(x)⟩ (checker/diagnose_second_order.cpp): the first-order check
+// first (a wrong VJP makes every H·t wrong), then the full Hessian in blocks ∂x̄_a/∂x_b, analytic (H·e_k by
+// Tape::hvp) against numeric (differences of the gradient): which blocks fail, and each failing block through
+// diagnose_jacobian. When the inputs have more than max_elements elements in all, which blocks fail from a few
+// evenly spaced columns of each, and no block diagnosed as a whole. rule_blocks: for the first-order check.
+inline constexpr int64_t kWholeHessianElements = 400;
+std::vector<Diagnosis> diagnose_second_order(const Function& f, std::span<const Tensor> x,
+                                             std::span<const std::string> names, const Tensor& u,
+                                             const GradcheckOptions& opt,
+                                             int64_t max_elements = kWholeHessianElements,
+                                             RuleBlocks* rule_blocks = nullptr);
+
+}  // namespace tapegrad::gradcheck_detail

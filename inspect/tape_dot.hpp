@@ -1,0 +1,57 @@
+// A tape drawn as a Graphviz graph: one node per value (leaves, constants, parameters, op outputs) and one edge
+// per input of each recorded node, in the order reverse mode walks them backwards.
+//
+//   DotOptions opt;
+//   opt.registry = &builtin_registry();                      // equations and FLOPs (ops/ops.hpp)
+//   opt.scopes = &scopes;  opt.allocations = &log;            // ScopeNames, AllocationLog attached before recording
+//   write_file_atomic("tape.dot", tape_to_dot(tape, opt));    // then: dot -Tsvg tape.dot -o tape.svg
+//
+// A node shows its op (leaf, param or constant for a leaf, with its name from DotOptions::names), its dtype and
+// shape, for an op the arena bytes it keeps for backward (Node::bytes_kept: its output and what its VJP and JVP
+// saved, which is all the tape knows of them), and the norm, min and max of its value and, after backward, of its
+// gradient where one is held; a NaN or ±∞ in either colours it red. An intermediate's gradient is held after
+// backward only when asked for (Tape::set_retain_grads, Tape::retain_grad). Its tooltip (the SVG shows it on
+// hover) holds the registry's equation (VJP; JVP) and the op's file:line. Leaves are ellipses, ops boxes; the
+// value backward was called on (the loss) has a double border. The caption gives the node count, the bytes the
+// tape keeps and the FLOPs of the ops with a registered cost, forward and backward.
+//
+// group: the values of each innermost scope (TapeScope, as DotOptions::scopes recorded them) fold into one box,
+// inside a cluster per enclosing scope (the '.'-prefixes of the names: transformer ⊃ transformer.h ⊃
+// transformer.h.0 ⊃ transformer.h.0.attn). A leaf made outside every scope (a model's parameters) folds into the
+// box of the first node that uses it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "allocation_log.hpp"
+#include "graphviz.hpp"
+#include "scope_names.hpp"
+#include "../engine/tape.hpp"
+
+namespace tapegrad {
+
+class Registry;
+
+struct DotOptions {
+  const Registry* registry = nullptr;  // where equations and cost functions are found; nullptr: neither is shown
+  bool group = false;                  // fold scopes into boxes (above), as `scopes` names them
+  // Observers that watched the recording: the scope of each value (needed by group), and what each node
+  // allocated (listed on its node). nullptr: not shown.
+  const ScopeNames* scopes = nullptr;
+  const AllocationLog* allocations = nullptr;
+  std::string title;                   // the caption's first line
+  // Graphviz takes minutes on tens of thousands of nodes: more than this many boxes to draw throw an Error.
+  size_t max_nodes = 2000;
+  std::unordered_map<uint32_t, std::string> names;  // value id (Var::id) → name shown on its node
+};
+
+// The DOT text of everything recorded on `tape` since its last clear().
+std::string tape_to_dot(const Tape& tape, const DotOptions& options = {});
+
+
+}  // namespace tapegrad

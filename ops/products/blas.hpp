@@ -1,0 +1,183 @@
+// Every matrix product in tapegrad goes through gemm() below: C = α·op(A)·op(B) + β·C, row-major. float64
+// products run on OpenBLAS (cblas_dgemm), with their operands read through an emulated rounding while one is set;
+// a float32 product runs on OpenBLAS or oneDNN, in f32 or bf16, as ops/products/products.hpp decides from the CPU, the
+// whole product's shape and the precision setting.
+//
+// OpenBLAS and oneDNN run single-threaded and the engine's pool splits large products (engine/parallel.hpp gives the
+// policy): C (m, n) is cut into row blocks [r0, r1) and each thread runs one gemm on its block,
+//   C[r0:r1, :] = α·op(A)[r0:r1, :]·op(B) + β·C[r0:r1, :]      (op(A) row r is A's row r, or A's column r if Aᵀ)
+// Every element of C is still one dot product over all of k inside one gemm. It is not always bit-identical to
+// the whole product (OpenBLAS picks its kernels and blocking by the block's size), but the blocks depend on
+// (m, n, k) and the thread count only, so a product gives the same bits in every run.
+// Inside a parallel loop (or for small products) the product runs whole on the calling thread.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "blas_info.hpp"
+#include "onednn_gemm.hpp"
+#include "../../engine/parallel.hpp"
+#include "products.hpp"
+
+namespace tapegrad {
+
+// An operand of a product: a row-major matrix at `data` with leading dimension `ld`, used as it is or transposed.
+template <class T>
+struct MatrixOperand {
+  const T* data;
+  int64_t ld;
+  bool transposed;
+};
+template <class T>
+MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
+template <class T>
+MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
+
+namespace blas_detail {
+
+// Where a float32 product runs: chosen once per product from its whole shape, so that the blocks of a split
+// product all run on the same kernels.
+enum class Route { openblas, onednn_f32, onednn_bf16 };
+
+template <class T>
+Route route(int64_t m, int64_t n, int64_t k) {
+  if constexpr (std::is_same_v<T, double>) return Route::openblas;
+  if (m * n * k == 0) return Route::openblas;
+  if (runs_in_bf16(m, n, k)) return Route::onednn_bf16;
+  return product_backend(m, n, k) == ProductBackend::onednn ? Route::onednn_f32 : Route::openblas;
+}
+
+inline void gemm_call(Route via, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (via == Route::onednn_f32 && onednn_detail::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+inline void gemm_call(Route, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                      int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Below this many multiply-adds (2M: ~40 µs on one core) a product is not split: the hand-off to another thread
+// costs ~1 µs when the worker is polling, tens of µs when it sleeps, and a scheduler time slice when other
+// processes hold the cores; smaller products are better parallelized by the loops around them.
+constexpr int64_t kSplitMacs = int64_t{1} << 21;
+// Blocks are whole multiples of this many rows (columns): the sgemm micro-kernels' tile height.
+constexpr int64_t kSplitUnit = 16;
+
+// Runs rows_product(r0, r1), the product's rows [r0, r1) of C, whole on this thread when the product is small or
+// inside a parallel loop, else on blocks of rows across the pool.
+inline bool splits(int64_t m, int64_t n, int64_t k) { return m * n * k >= kSplitMacs && !in_parallel_region(); }
+template <class F>
+void by_row_blocks(int64_t m, int64_t n, int64_t k, F&& rows_product) {
+  if (!splits(m, n, k)) return rows_product(int64_t{0}, m);
+  const int64_t units = (m + kSplitUnit - 1) / kSplitUnit;
+  const int64_t macs_per_unit = kSplitUnit * n * k;
+  const int64_t grain = std::max<int64_t>(1, (kSplitMacs / 2 + macs_per_unit - 1) / macs_per_unit);
+  parallel_for(units, grain, [&](int64_t u0, int64_t u1) { rows_product(u0 * kSplitUnit, std::min(u1 * kSplitUnit, m)); });
+}
+
+// The row block [r0, r1) of op(A): A's rows r0.. as is, its columns r0.. transposed.
+template <class T>
+const T* rows_of(const T* a, bool trans_a, int64_t lda, int64_t r0) { return trans_a ? a + r0 : a + r0 * lda; }
+
+// A bf16 product: B rounded once on this thread, then by row blocks, each block's rows of op(A) rounded by the
+// thread that multiplies them. Rounded operands are packed (the leading dimension is the stored row's length):
+// with A rounded whole before the split, a block of a transposed A is read with A's wider leading dimension, which
+// sends oneDNN to its generic gemm:jit instead of its brgemm kernels, and the default model's bf16 step took
+// 31-32 ms instead of 17.7-18.0 (AMD EPYC Zen 4, 2 threads, alternating runs).
+// The rounded copies are thread_local because a product has no tape to take scratch from (engine/scratch.hpp is a
+// tape's, for nodes): gemm() is called by ops, tools and tests alike, inside a node's parallel loop or outside any.
+// B's copy is made by the calling thread and only read by the pool while this product runs; each thread rounds its
+// own block of A into its own a16, since the blocks run at once. Both are kept from product to product (resized to
+// the largest a thread has rounded) so that a training step's products allocate nothing after the first.
+inline void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<uint16_t> b16;
+  const int64_t b_cols = trans_b ? k : n;  // B stored (k, n) or (n, k)
+  b16.resize(static_cast<size_t>(k * n));
+  onednn_detail::round_to_bf16_rows(b16.data(), b, trans_b ? n : k, b_cols, ldb);
+  const uint16_t* b_bf16 = b16.data();
+  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<uint16_t> a16;
+    const int64_t rows = r1 - r0, a_cols = trans_a ? rows : k;  // op(A)'s rows stored (rows, k) or (k, rows)
+    a16.resize(static_cast<size_t>(rows * k));
+    onednn_detail::round_to_bf16_rows(a16.data(), rows_of(a, trans_a, lda, r0), trans_a ? k : rows, a_cols, lda);
+    onednn_detail::bf16_gemm(trans_a, trans_b, rows, n, k, alpha, a16.data(), a_cols, b_bf16, b_cols, beta,
+                             c + r0 * ldc, ldc);
+  });
+}
+
+// A float64 product under an emulated rounding (ops/products/products.hpp): its operands' stored elements moved into
+// packed copies (thread_local, kept from product to product), the product as usual, then its result moved.
+inline void emulated_rounding_product(int64_t m, int64_t n, int64_t k, double alpha, MatrixOperand<double> a,
+                                      MatrixOperand<double> b, double beta, double* c, int64_t ldc,
+                                      const EmulatedRounding& r) {
+  thread_local std::vector<double> a_copy, b_copy;
+  auto copy = [&r](std::vector<double>& out, const MatrixOperand<double>& x, int64_t rows, int64_t cols) {
+    if (x.transposed) std::swap(rows, cols);  // stored (cols, rows) when read transposed
+    out.resize(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        out[static_cast<size_t>(i * cols + j)] = emulate_rounding(x.data[i * x.ld + j], r.operand_roundoff, r.seed);
+    return MatrixOperand<double>{out.data(), cols, x.transposed};
+  };
+  const MatrixOperand<double> ar = copy(a_copy, a, m, k), br = copy(b_copy, b, k, n);
+  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+    gemm_call(Route::openblas, ar.transposed, br.transposed, r1 - r0, n, k, alpha,
+              rows_of(ar.data, ar.transposed, ar.ld, r0), ar.ld, br.data, br.ld, beta, c + r0 * ldc, ldc);
+  });
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = emulate_rounding(c[i * ldc + j], r.result_roundoff, ~r.seed);
+}
+
+// The first product checks which OpenBLAS kernels run (ops/products/blas_info.hpp); later ones pay one relaxed load.
+inline void check_core() {
+  if (!core_checked.load(std::memory_order_relaxed)) warn_if_weak_blas_core();
+}
+
+}  // namespace blas_detail
+
+// C (m, n) = α·op(A)·op(B) + β·C, op(A) of shape (m, k) and op(B) of shape (k, n); C row-major with leading
+// dimension ldc. For example x·wᵀ into y:  gemm(n, out, in, 1.0f, as_is(x, in), transposed(w, in), 0.0f, y, out).
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, MatrixOperand<T> a, MatrixOperand<T> b,
+          std::type_identity_t<T> beta, T* c, int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
+  blas_detail::check_core();
+  if constexpr (std::is_same_v<T, double>)
+    if (const EmulatedRounding r = emulated_rounding(); r.any())
+      return blas_detail::emulated_rounding_product(m, n, k, alpha, a, b, beta, c, ldc, r);
+  const blas_detail::Route via = blas_detail::route<T>(m, n, k);
+  auto product = [&] {
+    if constexpr (std::is_same_v<T, float>)
+      if (via == blas_detail::Route::onednn_bf16)
+        return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
+                                         c, ldc);
+    blas_detail::by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+      blas_detail::gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha,
+                             blas_detail::rows_of(a.data, a.transposed, a.ld, r0), a.ld, b.data, b.ld, beta,
+                             c + r0 * ldc, ldc);
+    });
+  };
+  ProductLog* log = std::is_same_v<T, float> ? product_log() : nullptr;
+  if (!log) return product();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool split = blas_detail::splits(m, n, k);
+  product();
+  log->record({m, n, k, a.transposed, b.transposed, split, via == blas_detail::Route::onednn_bf16,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+}
+
+}  // namespace tapegrad

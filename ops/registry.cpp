@@ -1,0 +1,93 @@
+#include "ops/registry.hpp"
+
+#include <algorithm>
+
+#ifndef TAPEGRAD_SOURCE_DIR
+#define TAPEGRAD_SOURCE_DIR "."
+#endif
+
+#include "engine/rng.hpp"
+
+namespace tapegrad {
+
+Registry::Registry(std::initializer_list<std::vector<OpInfo>> sheets) {
+  for (const auto& s : sheets) add(s);
+}
+
+void Registry::add(std::vector<OpInfo> sheets) {
+  for (OpInfo& op : sheets) {
+    const SourcePlace at = op.registered_at;
+    add(std::move(op), at);
+  }
+}
+
+void Registry::add(OpInfo op, SourcePlace where) {
+  if (op.name.empty()) fail("registry: an op needs a name");
+  op.registered_at = where;
+  if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);
+  ops_.push_back(std::move(op));
+}
+
+void Registry::add_case(std::string_view op, GradcheckCase c) {
+  for (auto& o : ops_)
+    if (o.name == op) {
+      o.cases.push_back(std::move(c));
+      return;
+    }
+  fail("registry: gradcheck case '{}' names op '{}', which is not registered", c.name, op);
+}
+
+std::string source_text(const SourcePlace& where) {
+  if (where.line() == 0) return "?";
+  std::string_view file = where.file_name();
+  constexpr std::string_view root = TAPEGRAD_SOURCE_DIR "/";
+  if (file.starts_with(root)) {
+    file.remove_prefix(root.size());
+  } else {  // a file of another project: from its innermost folder named as one of ours, if any
+    size_t at = 0;
+    bool found = false;
+    for (std::string_view top : {"/engine/", "/ops/", "/inspect/", "/checker/", "/models/", "/tools/", "/tests/", "/examples/", "/fuzz/"})
+      if (const size_t p = file.rfind(top); p != std::string_view::npos && (!found || p > at)) {
+        at = p;
+        found = true;
+      }
+    if (found) file.remove_prefix(at + 1);
+  }
+  return fmt::format("{}:{}", file, where.line());
+}
+
+const OpInfo* Registry::find(std::string_view name) const {
+  for (const auto& o : ops_)
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+std::vector<Tensor> make_inputs(std::span<const InputSpec> specs, DType dtype, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<Tensor> xs;
+  for (const InputSpec& s : specs) {
+    if (s.fill == Fill::indices) {
+      if (s.index_bound <= 0) fail("input '{}': indices need a positive index_bound", s.name);
+      Tensor t = Tensor::empty(DType::i32, s.shape);
+      auto* p = t.data<int32_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int32_t>(rng.below(s.index_bound));
+      xs.push_back(t);
+      continue;
+    }
+    Tensor t = Tensor::empty(DType::f64, s.shape);
+    auto* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      switch (s.fill) {
+        case Fill::normal: p[i] = rng.normal(); break;
+        case Fill::positive: p[i] = rng.uniform(0.5, 2.0); break;
+        case Fill::away_from_zero: p[i] = (rng.uniform() < 0.5 ? -1 : 1) * rng.uniform(0.2, 2.0); break;
+        case Fill::zeros: p[i] = 0; break;
+        case Fill::indices: break;
+      }
+    }
+    xs.push_back(dtype == DType::f64 ? t : t.to(dtype));
+  }
+  return xs;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,98 @@
+// An op's sheet: plain data that describes one op to whatever reads it — its name on the tape, its forward map, the
+// derivatives its node implements (first and second order) in one line each, the sections of docs/derivations.md
+// that derive them, where the formulas are written when not in the node's own file, its cost in FLOPs, and the
+// gradcheck cases that exercise it. Strings, shapes and std::function: no checker code, so the op files that fill
+// their sheets (one block at the end of each file in ops/) include nothing of the tooling, and the tooling
+// (checker/: the registry, the gradchecker, explain; inspect/profile.hpp; inspect/tape_dot.hpp) reads the
+// sheets without knowing the ops.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../engine/source_place.hpp"
+#include "../engine/tape.hpp"
+
+namespace tapegrad {
+
+// How a gradcheck input is filled: values that keep an op away from its kinks and its domain's edges.
+enum class Fill {
+  normal,          // N(0, 1)
+  positive,        // U(0.5, 2): log, division, square roots
+  away_from_zero,  // ±U(0.2, 2): relu, elu and other kinks at 0
+  zeros,           // exactly 0: a point where a formula has a special case (β at x = 0)
+  indices,         // int32 in [0, index_bound): token ids, class targets (not differentiable)
+};
+
+struct InputSpec {
+  std::string name;
+  Shape shape;
+  Fill fill = Fill::normal;
+  int64_t index_bound = 0;
+  bool differentiable() const { return fill != Fill::indices; }
+};
+
+struct GradcheckCase {
+  std::string name;
+  std::vector<InputSpec> inputs;
+  Function build;                        // the op (or a small map around it) applied to the inputs
+  std::optional<double> atol{}, rtol{};  // only where an op needs other tolerances than the checker's
+  bool at_kink = false;  // the point is a kink (abs at 0): first order is checked there, second order is not
+};
+
+// Floating-point operations of one node: 2 per multiply-add of its matrix products.
+struct OpCost {
+  double forward = 0, backward = 0, jvp = 0;
+};
+// A node's cost from its inputs' and output's shapes (inspect/profile.hpp charges it to the op's row).
+using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const Shape& output)>;
+
+// Where one of an op's formulas is written, when that is not its node's own file: what it is, the file from the
+// project's top folder, and the function that implements it ({"VJP and JVP", "ops/row_maps.hpp",
+// "softmax_row_derivative"}). tapegrad explain finds the function's line in the file; a test checks that it is there.
+struct FormulaPlace {
+  std::string what;
+  std::string file;
+  std::string function;
+};
+
+// OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
+inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
+
+// An op's sheet. Aggregate-initialized with designators in this order ({.name = ..., .family = ..., .forward =
+// ..., .equation = ...}).
+struct OpInfo {
+  std::string name;      // as recorded on the tape
+  std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
+  std::string forward{};   // the forward map, in one line
+  std::string equation{};  // the derivatives it implements, in one line: the VJP, then "; " and the JVP (ẏ = ...)
+  // Its second-order rule in one line: the tangent of its VJP at a fixed cotangent, ẋ̄ᵢ += Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
+  // (what Tape::hvp adds beside the VJP of ȳ̇); kNoSecondOrderTerm for an op whose VJP does not depend on its inputs.
+  std::string second_order{};
+  std::string derivation{};               // the headings of docs/derivations.md that derive it ("2.1, 1.1");
+                                          // empty: a textbook rule
+  std::string second_order_derivation{};  // its section of docs/derivations.md ("6.4"); empty: 6.1 for a
+                                          // kNoSecondOrderTerm op, else the section 6 as a whole
+  std::vector<FormulaPlace> formulas_at{};  // where its formulas are written, if elsewhere than the node's file
+  CostFunction cost{};                      // ops with matrix products (and a few row maps); empty: not counted
+  std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case
+  SourcePlace registered_at{};  // where OpList::add or Registry::add was called; unknown (line 0): tapegrad
+                                // explain finds the op's name in its family's file
+};
+
+// A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:
+//   OpList ops;  ops.add({.name = "matmul", ..., .cases = {...}});  return ops.ops;
+struct OpList {
+  std::vector<OpInfo> ops;
+
+  void add(OpInfo op, SourcePlace where = SourcePlace::current()) {
+    op.registered_at = where;
+    ops.push_back(std::move(op));
+  }
+};
+
+}  // namespace tapegrad
