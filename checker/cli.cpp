@@ -39,13 +39,7 @@ constexpr const char* kUsage =
     "  -v, --verbose            one row per input and check instead of one per case\n"
     "  --order 2                second order instead: Hessian-vector products against differences of the\n"
     "                           gradient, and the symmetry of the Hessian\n"
-    "  --precision P            f64 (the default): the float64 check alone. f32, bf16: each case's float64 check,\n"
-    "                           then its VJP and JVP run in float32 tensors with float32 (f32) or bf16 (bf16: every\n"
-    "                           product's operands rounded to bfloat16, whatever its size) products, against the\n"
-    "                           same node in float64 on the same rounded inputs; a rule passes when its error is\n"
-    "                           within 2x how far float64 moves when its inputs, values and products are rounded at\n"
-    "                           that precision (measured, 8 seeds). bf16 needs AVX512_BF16 or AMX-BF16 and oneDNN\n"
-    "                           (exit 1 saying what is missing)\n"
+    "  --precision P            {1}\n"
     "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
     "  --eps X                  finite-difference step (default 1e-6)\n"
     "  --seed N                 seed of the random inputs and projections\n"
@@ -53,6 +47,28 @@ constexpr const char* kUsage =
     "       {0} explain OP [--case NAME] [--shape NAME=D,D,...]... [--json]\n"
     "One op on one screen: its forward, VJP and JVP, where they are written, what it keeps and costs at a shape,\n"
     "and its gradcheck there and then (exit 1 if that fails).\n";
+
+// `text` broken into lines of at most `width` characters, every line after the first indented by `indent` spaces.
+std::string wrapped(std::string_view text, size_t width, size_t indent) {
+  std::string out, line;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(' ', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(start, end - start);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n" + std::string(indent, ' ');
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + std::string(word);
+    start = end + 1;
+  }
+  return out + line;
+}
+
+void print_usage(const std::string& program) {
+  fmt::print(kUsage, program, wrapped(precision_option_help(), 87, 27));
+}
 
 // The value after option argv[i]; i moves onto it.
 std::string_view option_value(int& i, int argc, const char* const* argv) {
@@ -70,7 +86,7 @@ int explain_main(const Registry& registry, const std::string& program, int argc,
       const std::string_view arg = argv[i];
       auto value = [&] { return option_value(i, argc, argv); };
       if (arg == "--help" || arg == "-h") {
-        fmt::print(kUsage, program);
+        print_usage(program);
         return 0;
       } else if (arg == "--case") {
         options.case_name = value();
@@ -252,6 +268,28 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
   return failed || undeclared ? 1 : 0;
 }
 
+std::optional<ProductPrecision> parse_check_precision(std::string_view name) {
+  if (name != "f64" && name != "f32" && name != "bf16") fail("--precision '{}': expected f64, f32 or bf16", name);
+  if (name == "f64") return std::nullopt;
+  return parse_precision(std::string(name));
+}
+
+std::string precision_option_help() {
+  return fmt::format(
+      "f64 (the default): the float64 check alone. f32, bf16: each case's float64 check, then its VJP and JVP run in "
+      "float32 tensors with float32 (f32) or bf16 (bf16: every product's operands rounded to bfloat16, whatever its "
+      "size) products, against the same node in float64 on the same rounded inputs; a rule passes when its error is "
+      "within {}x how far float64 moves when its inputs, values and products are rounded at that precision "
+      "(measured, {} seeds). bf16 needs AVX512_BF16 or AMX-BF16 and oneDNN (exit 1 saying what is missing)",
+      kBoundMultiple, kRoundingSeeds);
+}
+
+std::string precision_refusal(const GradcheckRun& run) {
+  if (run.precision != ProductPrecision::bf16) return "";
+  const std::string why = bf16_unavailable_reason();
+  return why.empty() ? "" : "--precision bf16: " + why;
+}
+
 int gradcheck_main(const Registry& registry, int argc, const char* const* argv) {
   const std::string program = argc > 0 && argv[0] ? argv[0] : "gradcheck";
   GradcheckRun run;
@@ -263,7 +301,7 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
       const std::string_view arg = argv[i];
       auto value = [&] { return option_value(i, argc, argv); };
       if (arg == "--help" || arg == "-h") {
-        fmt::print(kUsage, program);
+        print_usage(program);
         return 0;
       } else if (arg == "--op") {
         run.ops.emplace_back(value());
@@ -280,10 +318,7 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
         run.order = parse_number<int>(arg, value());
         if (run.order != 1 && run.order != 2) fail("--order must be 1 or 2, got {}", run.order);
       } else if (arg == "--precision") {
-        const std::string_view v = value();
-        if (v != "f64" && v != "f32" && v != "bf16") fail("--precision '{}': expected f64, f32 or bf16", v);
-        run.precision.reset();
-        if (v != "f64") run.precision = parse_precision(std::string(v));
+        run.precision = parse_check_precision(value());
       } else if (arg == "--seed") {
         run.options.seed = parse_number<uint64_t>(arg, value());
       } else if (arg == "--full-jacobian-limit") {
@@ -293,11 +328,10 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
       }
     }
     validate(run.options);
-    if (run.precision == ProductPrecision::bf16)
-      if (const std::string why = bf16_unavailable_reason(); !why.empty()) {
-        fmt::print(stderr, "{}: error: --precision bf16: {}\n", program, why);
-        return 1;
-      }
+    if (const std::string why = precision_refusal(run); !why.empty()) {
+      fmt::print(stderr, "{}: error: {}\n", program, why);
+      return 1;
+    }
     return run_gradcheck(registry, run);
   } catch (const Error& e) {
     std::fflush(stdout);

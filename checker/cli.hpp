@@ -31,6 +31,14 @@ struct GradcheckRun {
   GradcheckOptions options;
 };
 
+// --precision NAME, as both command lines take it: f64 (nothing set: float64 alone), f32 or bf16; throws Error
+// naming what was expected.
+std::optional<ProductPrecision> parse_check_precision(std::string_view name);
+// What --precision does, in one paragraph written from the precision check's constants (checker/precision.hpp).
+std::string precision_option_help();
+// Why this run cannot be made here ("--precision bf16: <what is missing>"), or "" when it can.
+std::string precision_refusal(const GradcheckRun& run);
+
 // Checks the selected ops' cases and prints a table (with the diagnosis of each failure) or JSON to `out`.
 // Returns 0 when every case passed, 1 otherwise; throws Error for an op the registry does not have (and, with
 // precision bf16, where bf16 products cannot run here).

@@ -11,6 +11,7 @@
 
 #include "checker/gradcheck.hpp"
 #include "checker/cli.hpp"
+#include "checker/precision.hpp"
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
@@ -735,6 +736,14 @@ TEST_CASE("run_gradcheck and gradcheck_main over a registry of one's own ops") {
   CHECK(main_with({"--atol", "-1"}) == 2);
   CHECK(main_with({"--eps", "abc"}) == 2);
   CHECK(main_with({"--op"}) == 2);
+  CHECK(main_with({"--help"}) == 0);
+  CHECK(main_with({"--precision", "f16"}) == 2);
+  CHECK_THROWS_WITH(parse_check_precision("f16"), doctest::Contains("expected f64, f32 or bf16"));
+  CHECK_FALSE(parse_check_precision("f64").has_value());
+  CHECK(parse_check_precision("bf16") == ProductPrecision::bf16);
+  // Both command lines print the one paragraph, written from the check's own constants.
+  CHECK(precision_option_help().find(fmt::format("within {}x", kBoundMultiple)) != std::string::npos);
+  CHECK(precision_option_help().find(fmt::format("{} seeds", kRoundingSeeds)) != std::string::npos);
 }
 
 TEST_CASE("gradcheck refuses float32 inputs") {

@@ -26,16 +26,8 @@ void add_gradcheck_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({1, 2}));
   cmd->add_option_function<std::string>(
-         "--precision",
-         [args](const std::string& name) {
-           if (name == "f64") args->precision.reset();
-           else args->precision = parse_precision(name);
-         },
-         "f64: the float64 check alone. f32, bf16: each case's float64 check, then its VJP and JVP in float32 tensors "
-         "with float32 or bf16 products (bf16: every product's operands rounded to bfloat16, whatever its size) "
-         "against the same node in float64 on the same rounded inputs; a rule passes when its error is within 2x "
-         "how far float64 moves when its inputs, values and products are rounded at that precision (measured, 8 seeds). "
-         "bf16 needs AVX512_BF16 or AMX-BF16 and oneDNN (exit 1 saying what is missing)")
+         "--precision", [args](const std::string& name) { args->precision = parse_check_precision(name); },
+         precision_option_help())
       ->check(CLI::IsMember({"f64", "f32", "bf16"}))
       ->default_str("f64");
   cmd->add_option("--atol", args->options.atol, "Absolute tolerance")->capture_default_str()->check(positive());
@@ -47,11 +39,10 @@ void add_gradcheck_command(CLI::App& app) {
       ->capture_default_str()
       ->check(non_negative());
   cmd->callback([args] {
-    if (args->precision == ProductPrecision::bf16)
-      if (const std::string why = bf16_unavailable_reason(); !why.empty()) {
-        fmt::print(stderr, "tapegrad: error: --precision bf16: {}\n", why);
-        return set_exit_code(1);
-      }
+    if (const std::string why = precision_refusal(*args); !why.empty()) {
+      fmt::print(stderr, "tapegrad: error: {}\n", why);
+      return set_exit_code(1);
+    }
     if (run_gradcheck(builtin_registry(), *args)) set_exit_code(1);
   });
 }
