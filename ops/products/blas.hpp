@@ -92,6 +92,16 @@ void by_row_blocks(int64_t m, int64_t n, int64_t k, F&& rows_product) {
 template <class T>
 const T* rows_of(const T* a, bool trans_a, int64_t lda, int64_t r0) { return trans_a ? a + r0 : a + r0 * lda; }
 
+// C = α·op(A)·op(B) + β·C on the library `via` names, by row blocks where the product is large enough.
+template <class T>
+void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, MatrixOperand<T> a,
+                           MatrixOperand<T> b, T beta, T* c, int64_t ldc) {
+  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+    gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha, rows_of(a.data, a.transposed, a.ld, r0), a.ld,
+              b.data, b.ld, beta, c + r0 * ldc, ldc);
+  });
+}
+
 // A bf16 product: B rounded once on this thread, then by row blocks, each block's rows of op(A) rounded by the
 // thread that multiplies them. Rounded operands are packed (the leading dimension is the stored row's length):
 // with A rounded whole before the split, a block of a transposed A is read with A's wider leading dimension, which
@@ -133,11 +143,7 @@ inline void emulated_rounding_product(int64_t m, int64_t n, int64_t k, double al
         out[static_cast<size_t>(i * cols + j)] = emulate_rounding(x.data[i * x.ld + j], r.operand_roundoff, r.seed);
     return MatrixOperand<double>{out.data(), cols, x.transposed};
   };
-  const MatrixOperand<double> ar = copy(a_copy, a, m, k), br = copy(b_copy, b, k, n);
-  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
-    gemm_call(Route::openblas, ar.transposed, br.transposed, r1 - r0, n, k, alpha,
-              rows_of(ar.data, ar.transposed, ar.ld, r0), ar.ld, br.data, br.ld, beta, c + r0 * ldc, ldc);
-  });
+  product_by_row_blocks(Route::openblas, m, n, k, alpha, copy(a_copy, a, m, k), copy(b_copy, b, k, n), beta, c, ldc);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = emulate_rounding(c[i * ldc + j], r.result_roundoff, ~r.seed);
 }
@@ -165,11 +171,7 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
       if (via == blas_detail::Route::onednn_bf16)
         return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
                                          c, ldc);
-    blas_detail::by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
-      blas_detail::gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha,
-                             blas_detail::rows_of(a.data, a.transposed, a.ld, r0), a.ld, b.data, b.ld, beta,
-                             c + r0 * ldc, ldc);
-    });
+    blas_detail::product_by_row_blocks(via, m, n, k, alpha, a, b, beta, c, ldc);
   };
   ProductLog* log = std::is_same_v<T, float> ? product_log() : nullptr;
   if (!log) return product();
