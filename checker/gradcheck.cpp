@@ -96,7 +96,7 @@ class Checker {
     Tensor central, plus, minus;
   };
 
-  std::string name(size_t i) const { return i < names_.size() ? names_[i] : fmt::format("x{}", i); }
+  std::string name(size_t i) const { return input_name(names_, i); }
   const Shape& yshape() const { return y0_.shape(); }
 
   // (f(x + ε·dir) − f(x − ε·dir)) / 2ε from the two values.
@@ -507,15 +507,27 @@ GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> input
                    std::span<const std::string>(names.begin(), names.size()), opt);
 }
 
+CaseInputs case_inputs(const GradcheckCase& c, const GradcheckOptions& opt) {
+  CaseInputs in{make_inputs(c.inputs, DType::f64, opt.seed), {}, opt};
+  for (const InputSpec& s : c.inputs) in.names.push_back(s.name);
+  if (c.atol) in.options.atol = *c.atol;
+  if (c.rtol) in.options.rtol = *c.rtol;
+  return in;
+}
+
+std::string input_name(std::span<const std::string> names, size_t i) {
+  return i < names.size() ? names[i] : fmt::format("x{}", i);
+}
+
+std::string report_title(std::string_view op, std::string_view case_name) {
+  if (op.empty()) return std::string(case_name.empty() ? "gradcheck" : case_name);
+  return case_name.empty() ? std::string(op) : fmt::format("{} / {}", op, case_name);
+}
+
 GradcheckReport check_case(FunctionCheck check, const GradcheckCase& c, const GradcheckOptions& opt,
                            std::string_view op) {
-  GradcheckOptions o = opt;
-  if (c.atol) o.atol = *c.atol;
-  if (c.rtol) o.rtol = *c.rtol;
-  std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, opt.seed);
-  std::vector<std::string> names;
-  for (const auto& s : c.inputs) names.push_back(s.name);
-  GradcheckReport rep = check(c.build, xs, names, o);
+  const CaseInputs in = case_inputs(c, opt);
+  GradcheckReport rep = check(c.build, in.values, in.names, in.options);
   rep.op = std::string(op);
   rep.case_name = c.name;
   rep.conclude();

@@ -181,8 +181,20 @@ GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> input
                           std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});
 // Checks a registered case, with its inputs drawn from opt.seed.
 GradcheckReport gradcheck(const GradcheckCase& c, const GradcheckOptions& opt = {}, std::string_view op = "");
-// A check of a function (gradcheck, gradcheck_second_order) run on a registered case: its inputs in float64 from
-// opt.seed, its input names and tolerances; the report named by op and case.
+// What a check of a registered case runs on: its inputs in float64 drawn from opt.seed, their names, and opt with
+// the case's own tolerances.
+struct CaseInputs {
+  std::vector<Tensor> values;
+  std::vector<std::string> names;
+  GradcheckOptions options;
+};
+CaseInputs case_inputs(const GradcheckCase& c, const GradcheckOptions& opt);
+// The name a report gives input i: its name where given, else "x<i>".
+std::string input_name(std::span<const std::string> names, size_t i);
+// A report's title: "op / case", or whichever of the two is given, or "gradcheck".
+std::string report_title(std::string_view op, std::string_view case_name);
+// A check of a function (gradcheck, gradcheck_second_order) run on a registered case (case_inputs); the report
+// named by op and case.
 using FunctionCheck = GradcheckReport (*)(const Function&, std::span<const Tensor>, std::span<const std::string>,
                                           const GradcheckOptions&);
 GradcheckReport check_case(FunctionCheck check, const GradcheckCase& c, const GradcheckOptions& opt,

@@ -112,17 +112,20 @@ Rules rules(const Function& f, std::span<const Tensor> x, const Tensor& u, std::
   return r;
 }
 
+// run() with every product at p: a rule run on float32 tensors.
+template <class Run>
+auto at_precision(ProductPrecision p, Run&& run) {
+  PrecisionScope scope(p, Bf16Reach::every_product);
+  return run();
+}
+
 // The rules at p, run on float32 tensors (x, u and the tangents hold float32 values).
 Rules rules_at(ProductPrecision p, const Function& f, std::span<const Tensor> x, const Tensor& u,
                std::span<const Tensor> tangents) {
   const std::vector<Tensor> x32 = each(x, as_float32), t32 = each(tangents, as_float32);
-  PrecisionScope scope(p, Bf16Reach::every_product);
-  return rules(f, x32, as_float32(u), t32);
+  return at_precision(p, [&] { return rules(f, x32, as_float32(u), t32); });
 }
 
-std::string name_of(std::span<const std::string> names, size_t i) {
-  return i < names.size() ? names[i] : fmt::format("x{}", i);
-}
 
 // The rows of f at p on x (float32 values in float64): the errors and what rounding explains of them.
 std::vector<PrecisionRow> measure(const Function& f, std::span<const Tensor> x, std::span<const std::string> names,
@@ -154,7 +157,7 @@ std::vector<PrecisionRow> measure(const Function& f, std::span<const Tensor> x, 
   for (size_t i = 0; i < x.size(); ++i) {
     if (!is_float(x[i])) continue;
     for (bool is_vjp : {true, false}) {
-      PrecisionRow r{name_of(names, i), is_vjp ? "vjp" : "jvp"};
+      PrecisionRow r{input_name(names, i), is_vjp ? "vjp" : "jvp"};
       const Tensor& got = is_vjp ? low.vjp[i] : low.jvp[i];
       const Tensor& want = is_vjp ? ref.vjp[i] : ref.jvp[i];
       if (!want.defined() || !got.defined()) {
@@ -177,22 +180,13 @@ Function claimed_at(ProductPrecision p, const Function& f) {
   return claimed({fmt::format("rules at {}", precision_name(p)), f,
                   [p, f](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
                     const std::vector<Tensor> x32 = each(at.inputs, as_float32);
-                    std::vector<Tensor> got;
-                    {
-                      PrecisionScope scope(p, Bf16Reach::every_product);
-                      got = vjp(f, x32, as_float32(g));
-                    }
+                    const std::vector<Tensor> got = at_precision(p, [&] { return vjp(f, x32, as_float32(g)); });
                     for (size_t i = 0; i < gin.size(); ++i)
                       if (gin[i].defined()) gin[i].accumulate(as_float64(got[i]));
                   },
                   [p, f](const ClaimPoint& at, std::span<const Tensor> tin, Tensor& tout) {
                     const std::vector<Tensor> x32 = each(at.inputs, as_float32), t32 = each(tin, as_float32);
-                    Tensor got;
-                    {
-                      PrecisionScope scope(p, Bf16Reach::every_product);
-                      got = jvp(f, x32, t32).second;
-                    }
-                    tout.accumulate(as_float64(got));
+                    tout.accumulate(as_float64(at_precision(p, [&] { return jvp(f, x32, t32).second; })));
                   }});
 }
 
@@ -255,9 +249,8 @@ std::string precision_header(ProductPrecision p) {
 }
 
 std::string PrecisionReport::str() const {
-  std::string title = op.empty() ? (case_name.empty() ? "gradcheck" : case_name)
-                                 : (case_name.empty() ? op : fmt::format("{} / {}", op, case_name));
-  std::string s = fmt::format("{} at {}: {}\n", title, precision_name(precision), passed ? "passed" : "FAILED");
+  std::string s = fmt::format("{} at {}: {}\n", report_title(op, case_name), precision_name(precision),
+                              passed ? "passed" : "FAILED");
   if (!float64.passed) {
     s += "  the float64 check fails, so the reference does not stand:\n";
     const std::string text = float64.str();
@@ -296,13 +289,8 @@ PrecisionReport gradcheck_at_precision(const Function& f, std::span<const Tensor
 
 PrecisionReport gradcheck_at_precision(const GradcheckCase& c, ProductPrecision p, const GradcheckOptions& opt,
                                        std::string_view op) {
-  GradcheckOptions o = opt;  // the case's own tolerances serve its float64 check
-  if (c.atol) o.atol = *c.atol;
-  if (c.rtol) o.rtol = *c.rtol;
-  const std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, opt.seed);
-  std::vector<std::string> names;
-  for (const InputSpec& s : c.inputs) names.push_back(s.name);
-  PrecisionReport rep = gradcheck_at_precision(c.build, xs, names, p, o);
+  const CaseInputs in = case_inputs(c, opt);  // the case's own tolerances serve its float64 check
+  PrecisionReport rep = gradcheck_at_precision(c.build, in.values, in.names, p, in.options);
   rep.op = rep.float64.op = std::string(op);
   rep.case_name = rep.float64.case_name = c.name;
   rep.float64.conclude();

@@ -135,9 +135,8 @@ bool GradcheckReport::has(Finding f, std::string_view input) const { return find
 
 std::string GradcheckReport::str() const {
   const auto [ok, why_not] = outcome_of(checks);
-  std::string title = op.empty() ? (case_name.empty() ? "gradcheck" : case_name)
-                                  : (case_name.empty() ? op : fmt::format("{} / {}", op, case_name));
-  std::string s = fmt::format("{}: {}\n", title, ok ? "passed" : why_not.empty() ? "FAILED" : "NOT CHECKED: " + why_not);
+  std::string s = fmt::format("{}: {}\n", report_title(op, case_name),
+                              ok ? "passed" : why_not.empty() ? "FAILED" : "NOT CHECKED: " + why_not);
   s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode", "max_abs_err",
                    "max_rel_err", "worst element", "result");
   for (const auto& c : checks) {

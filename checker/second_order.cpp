@@ -94,7 +94,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   std::vector<std::string> all_names, float_names;
   for (size_t i = 0; i < inputs.size(); ++i) {
     x.push_back(inputs[i].dtype() == DType::i32 ? inputs[i] : inputs[i].to(DType::f64));
-    all_names.push_back(i < names.size() ? names[i] : fmt::format("x{}", i));
+    all_names.push_back(input_name(names, i));
     if (inputs[i].dtype() != DType::i32) float_names.push_back(all_names.back());
   }
   Rng rng(opt.seed ^ 0x5ec0d0dull);
