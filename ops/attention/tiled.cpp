@@ -393,9 +393,9 @@ std::vector<OpInfo> tiled_attention_ops() {
   r.add({.name = kOp,
          .family = "attention/tiled",
          .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
-         .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
-                     "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
-                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
+         .vjp = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
+                "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS",
+         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇, tile by tile",
          .second_order = attention_second_order_rule,
          .derivation = "5.6, 2.1",
          .second_order_derivation = "6.9",
