@@ -8,8 +8,8 @@
 // Masked scores are 0, not −∞ (β(−∞) is NaN): zero-masking equals β of the visible prefix padded with zeros.
 // A row whose scores are all 0 gives Bβ_i = 0 and O_i = 0. The node keeps Bβ and r.
 //
-// The row map β, its derivative dβ(x)·h = c·h − (⟨β, h⟩/r)·β (symmetric, so the VJP too) and where it departs
-// from the β-attention post's homogeneity shortcut: ops/row_maps.hpp, beta_row and beta_row_derivative.
+// The row map β and its derivative (symmetric, so the VJP too) are derived above beta_row in ops/row_maps.hpp;
+// where the β-attention post's homogeneity shortcut fails, docs/derivations.md §1.3.
 //
 // Work, as in softmax.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
 // the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees keys
