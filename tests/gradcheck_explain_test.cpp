@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -233,4 +234,31 @@ TEST_CASE("tapegrad explain --index-markdown: one row per op from its sheet, VJP
   std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
   REQUIRE(in.good());
   for (std::string line; std::getline(in, line);) CHECK_MESSAGE(!line.starts_with("| `exp` |"), line);
+}
+
+TEST_CASE("the case counts docs/derivations.md gives for a node are its sheet's") {
+  // Its measured figures say over how many cases they were taken (the cases column of "Gradcheck per node", or
+  // "Gradcheck of `op`, N cases" in running text): a case added to a sheet must reach them, or this fails.
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  std::string text, table;
+  bool per_node = false;
+  for (std::string line; std::getline(in, line);) {
+    text += line + " ";
+    if (line.starts_with("## ")) per_node = line == "## Gradcheck per node";
+    if (per_node && line.starts_with("| `")) table += line + "\n";
+  }
+  auto check = [](const std::regex& pattern, const std::string& where, int& counted) {
+    for (auto m = std::sregex_iterator(where.begin(), where.end(), pattern); m != std::sregex_iterator(); ++m) {
+      const OpInfo* op = builtin_registry().find((*m)[1].str());
+      INFO("docs/derivations.md: " << m->str());
+      REQUIRE(op != nullptr);
+      CHECK(std::stoul((*m)[2].str()) == op->cases.size());
+      ++counted;
+    }
+  };
+  int counted = 0;
+  check(std::regex(R"(Gradcheck of `(\w+)`[^.:;]{0,40}?\b(\d+) cases)"), text, counted);
+  check(std::regex(R"(\| `(\w+)`[^|]*\| (\d+) \|)"), table, counted);
+  CHECK(counted >= 7);  // every row of "Gradcheck per node"
 }
