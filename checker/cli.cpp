@@ -18,10 +18,15 @@ namespace tapegrad {
 
 namespace {
 
+// One op a line, its JVP under its VJP:  softmax  softmax  6 cases   VJP per row: x̄ += ...
+//                                                                    JVP per row: ẏ = ...
 void list_ops(const Registry& reg, std::FILE* out) {
-  for (const OpInfo& op : reg.ops())
-    fmt::print(out, "{:<16} {:<17} {} case{}   {}\n", op.name, op.family, op.cases.size(),
-               op.cases.size() == 1 ? " " : "s", op.equation);
+  for (const OpInfo& op : reg.ops()) {
+    const std::string head = fmt::format("{:<16} {:<17} {} case{}   ", op.name, op.family, op.cases.size(),
+                                         op.cases.size() == 1 ? " " : "s");
+    fmt::print(out, "{}VJP {}\n{:<{}}JVP {}\n", head, op.vjp.empty() ? "(not given)" : op.vjp, "", head.size(),
+               op.jvp.empty() ? "(not given)" : op.jvp);
+  }
 }
 
 void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
@@ -34,7 +39,7 @@ constexpr const char* kUsage =
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
     "  --op NAME                only this op (repeatable)\n"
-    "  --list                   list the ops, their families, case counts and equations\n"
+    "  --list                   list the ops, their families, case counts, VJPs and JVPs\n"
     "  --json                   a JSON list of {{op, case, input, check, max_abs_err, max_rel_err, passed}}\n"
     "  -v, --verbose            one row per input and check instead of one per case\n"
     "  --order 2                second order instead: Hessian-vector products against differences of the\n"

@@ -15,18 +15,6 @@ namespace tapegrad {
 
 namespace {
 
-// Letters with a dot above, as UTF-8: the tangents a JVP's left-hand side names.
-constexpr std::string_view kDotted[] = {"ẏ", "Ẏ", "ż", "Ż", "ȧ", "Ȧ", "ḃ", "Ḃ", "ẋ", "Ẋ", "ȯ", "Ȯ", "ṡ", "Ṡ",
-                                         "ẇ", "Ẇ", "ṗ", "Ṗ", "ṙ", "Ṙ", "ġ", "Ġ", "ḋ", "Ḋ", "ċ", "Ċ", "ė", "Ė"};
-constexpr std::string_view kCombiningDot = "\xcc\x87";  // U+0307, after a base letter: L̇
-
-bool starts_with_tangent(std::string_view s) {
-  for (std::string_view d : kDotted)
-    if (s.starts_with(d)) return true;
-  // A base letter (one byte, or a two-byte sequence) followed by the combining dot.
-  return s.size() >= 3 && (s.substr(1, 2) == kCombiningDot || (s.size() >= 4 && s.substr(2, 2) == kCombiningDot));
-}
-
 // The section that derives the second-order rules, as a whole.
 constexpr std::string_view kSecondOrderSection = "6";
 
@@ -145,13 +133,6 @@ std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::st
   return {std::string(text.substr(0, eq)), Shape(std::span<const int64_t>(dims))};
 }
 
-std::pair<std::string, std::string> split_equation(std::string_view equation) {
-  for (size_t at = equation.find("; "); at != std::string_view::npos; at = equation.find("; ", at + 2))
-    if (starts_with_tangent(equation.substr(at + 2)))
-      return {std::string(equation.substr(0, at)), std::string(equation.substr(at + 2))};
-  return {std::string(equation), ""};
-}
-
 int line_of_function(const std::string& path, const std::string& function) {
   std::ifstream in(path);
   const std::string call = function + "(";
@@ -214,7 +195,8 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.op = info->name;
   e.family = info->family;
   e.forward = info->forward;
-  std::tie(e.vjp, e.jvp) = split_equation(info->equation);
+  e.vjp = info->vjp;
+  e.jvp = info->jvp;
   e.second_order = info->second_order;
   bool read = false;
   e.sections = derivation_sections(info->derivation, options.derivations_path, read);
@@ -300,10 +282,10 @@ std::string sections_of(const OpInfo& op) {
 }  // namespace
 
 std::string index_markdown(const Registry& registry) {
-  std::string s = "| op | file | forward | VJP; JVP | second order | derived in |\n|---|---|---|---|---|---|\n";
+  std::string s = "| op | file | forward | VJP | JVP | second order | derived in |\n|---|---|---|---|---|---|---|\n";
   for (const OpInfo& op : registry.ops())
-    s += fmt::format("| `{}` | `ops/{}.cpp` | {} | {} | {} | {} |\n", op.name, op.family, cell(op.forward),
-                     cell(op.equation), cell(op.second_order), sections_of(op));
+    s += fmt::format("| `{}` | `ops/{}.cpp` | {} | {} | {} | {} | {} |\n", op.name, op.family, cell(op.forward),
+                     cell(op.vjp), cell(op.jvp), cell(op.second_order), sections_of(op));
   return s;
 }
 
@@ -327,8 +309,8 @@ std::string bytes(int64_t b) {
 std::string format_explanation(const Explanation& e) {
   std::string s = fmt::format("{} ({})\n", e.op, e.family);
   s += fmt::format("  forward    {}\n", e.forward.empty() ? "(not given at registration)" : e.forward);
-  s += fmt::format("  VJP        {}\n", e.vjp);
-  s += fmt::format("  JVP        {}\n", e.jvp.empty() ? "(none: forward mode is not defined for it)" : e.jvp);
+  s += fmt::format("  VJP        {}\n", e.vjp.empty() ? "(not given at registration)" : e.vjp);
+  s += fmt::format("  JVP        {}\n", e.jvp.empty() ? "(not given at registration)" : e.jvp);
   s += fmt::format("  2nd order  {}\n", e.second_order.empty() ? "(not given at registration)" : e.second_order);
   s += fmt::format("  code       {} (the node: forward, VJP and JVP); registered at {}\n", e.recorded_at,
                    e.registered_at);

@@ -69,16 +69,12 @@ nlohmann::json explanation_json(const Explanation& e);
 // header of kernels; 0 when the file cannot be read or does not have it.
 int line_of_function(const std::string& path, const std::string& function);
 
-// The registry as a markdown table, one row per op: its file, forward, VJP and JVP, second-order rule and the
-// sections of docs/derivations.md that derive them, from its sheet. `tapegrad explain --index-markdown` prints it;
-// docs/derivations.md's "Index by op" is this text, and a test keeps the two equal.
+// The registry as a markdown table, one row per op: its file, forward, VJP, JVP, second-order rule and the
+// sections of docs/derivations.md that derive them, from its sheet. `tapegrad explain --index-markdown` prints it:
+// the index by op is made from the sheets when asked for, and no doc keeps a copy that an added op would make stale.
 std::string index_markdown(const Registry& registry);
 
 // "x=4,6" → {"x", (4, 6)}; "x=" is a scalar. Throws an Error naming `option` for anything else.
 std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text);
-
-// The registry's one-line equation cut into the VJP and the JVP: the JVP begins at the first "; "-separated part
-// whose left-hand side is a tangent (a dotted letter: ẏ, ż, Ȯ, L̇, ...). An equation with none has no JVP ("").
-std::pair<std::string, std::string> split_equation(std::string_view equation);
 
 }  // namespace tapegrad

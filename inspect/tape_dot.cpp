@@ -368,8 +368,8 @@ class Drawer {
       if (c.forward + c.backward > 0)
         lines.push_back(small(fmt::format("{} forward, {} backward", flops_text(c.forward), flops_text(c.backward))));
       tip = fmt::format("#{} {}{}\n", id, nd.op, scope.empty() ? "" : " in scope " + scope);
-      if (const OpInfo* op = info(nd)) tip += fmt::format("VJP; JVP: {}\n", op->equation);
-      else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no equation\n", nd.op);
+      if (const OpInfo* op = info(nd)) tip += fmt::format("VJP: {}\nJVP: {}\n", op->vjp, op->jvp);
+      else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no formulas\n", nd.op);
       tip += fmt::format("recorded at {}\nkeeps {} bytes: its output and what its VJP and JVP saved",
                          source_text(nd.where), nd.bytes_kept);
       for (const Allocation& a : kept)
@@ -403,7 +403,7 @@ class Drawer {
     bool bad = false, loss = false;
     std::string first_bad;
     std::string tip = fmt::format("scope {}\n", box.scope);
-    std::set<std::string> equations;
+    std::set<std::string> formulas;  // "op VJP: ...\nop JVP: ..." of each op in the box, once
     std::vector<uint32_t> outputs;  // values used outside the box, or the loss
     for (uint32_t id : box.values) {
       const auto& [value, grad] = summaries_[id];
@@ -429,7 +429,7 @@ class Drawer {
         flops.backward += c.backward;
         tip += fmt::format("#{} {} {} at {} ({} bytes)\n", id, nd.op, shape_text(tape_.value_at(id)),
                            source_text(nd.where), nd.bytes_kept);
-        if (const OpInfo* op = info(nd)) equations.insert(fmt::format("{}: {}", nd.op, op->equation));
+        if (const OpInfo* op = info(nd)) formulas.insert(fmt::format("{} VJP: {}\n{} JVP: {}\n", nd.op, op->vjp, nd.op, op->jvp));
       }
       if (bad_here && !bad) first_bad = fmt::format("#{}", id);
       bad = bad || bad_here;
@@ -437,7 +437,7 @@ class Drawer {
     for (uint32_t id : box.values)
       if ((loss_ && *loss_ == id) || used_outside_[id]) outputs.push_back(id);
     if (outputs.empty()) outputs.push_back(box.values.back());
-    for (const std::string& e : equations) tip += "VJP; JVP of " + e + "\n";
+    for (const std::string& f : formulas) tip += f;
     tip += fmt::format("keeps {} bytes in all", kept);
 
     std::vector<std::string> lines{fmt::format("<b>{}</b>", html(box.scope))};
@@ -524,7 +524,7 @@ class Drawer {
     else
       lines.push_back("forward only: backward has not run");
     lines.push_back(small("ellipses: leaves (yellow inputs, green params, grey constants); boxes: ops; "
-                          "red: a NaN or an infinity; hover for equations"));
+                          "red: a NaN or an infinity; hover for formulas"));
     std::string label;
     for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
     return label;

@@ -2,7 +2,7 @@
 // per input of each recorded node, in the order reverse mode walks them backwards.
 //
 //   DotOptions opt;
-//   opt.registry = &builtin_registry();                      // equations and FLOPs (ops/ops.hpp)
+//   opt.registry = &builtin_registry();                      // formulas and FLOPs (ops/ops.hpp)
 //   opt.scopes = &scopes;  opt.allocations = &log;            // ScopeNames, AllocationLog attached before recording
 //   write_file_atomic("tape.dot", tape_to_dot(tape, opt));    // then: dot -Tsvg tape.dot -o tape.svg
 //
@@ -11,7 +11,7 @@
 // saved, which is all the tape knows of them), and the norm, min and max of its value and, after backward, of its
 // gradient where one is held; a NaN or ±∞ in either colours it red. An intermediate's gradient is held after
 // backward only when asked for (Tape::set_retain_grads, Tape::retain_grad). Its tooltip (the SVG shows it on
-// hover) holds the registry's equation (VJP; JVP) and the op's file:line. Leaves are ellipses, ops boxes; the
+// hover) holds the op's VJP and JVP from its sheet and its file:line. Leaves are ellipses, ops boxes; the
 // value backward was called on (the loss) has a double border. The caption gives the node count, the bytes the
 // tape keeps and the FLOPs of the ops with a registered cost, forward and backward.
 //
@@ -38,7 +38,7 @@ namespace tapegrad {
 class Registry;
 
 struct DotOptions {
-  const Registry* registry = nullptr;  // where equations and cost functions are found; nullptr: neither is shown
+  const Registry* registry = nullptr;  // where VJPs, JVPs and cost functions are found; nullptr: neither is shown
   bool group = false;                  // fold scopes into boxes (above), as `scopes` names them
   // Observers that watched the recording: the scope of each value (needed by group), and what each node
   // allocated (listed on its node). nullptr: not shown.

@@ -236,22 +236,24 @@ std::vector<OpInfo> arithmetic_ops() {
     Var (*fn)(Var, Var);
     Fill b_fill;
     const char* forward;
-    const char* equation;
+    const char* vjp;
+    const char* jvp;
     const char* second_order;
     const char* second_order_derivation;
   };
   for (const Binary& op :
-       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ; ẏ = ȧ + ḃ", kNoSecondOrderTerm, "6.1"},
-        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ; ẏ = ȧ − ḃ", kNoSecondOrderTerm, "6.1"},
-        Binary{"mul", mul, Fill::normal, "y = a·b (broadcast)", "ā += Σ_bcast ȳ·b, b̄ += Σ_bcast ȳ·a; ẏ = ȧ·b + a·ḃ",
+       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ", "ẏ = ȧ + ḃ", kNoSecondOrderTerm, "6.1"},
+        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ", "ẏ = ȧ − ḃ", kNoSecondOrderTerm, "6.1"},
+        Binary{"mul", mul, Fill::normal, "y = a·b (broadcast)", "ā += Σ_bcast ȳ·b, b̄ += Σ_bcast ȳ·a", "ẏ = ȧ·b + a·ḃ",
                "ā̇ += Σ_bcast ȳ·ḃ, b̄̇ += Σ_bcast ȳ·ȧ", "6.2"},
         Binary{"div", div, Fill::positive, "y = a/b (broadcast)",
-               "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²; ẏ = ȧ/b − a·ḃ/b²",
+               "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²", "ẏ = ȧ/b − a·ḃ/b²",
                "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)", "6.3"}}) {
     r.add({.name = op.name,
            .family = "arithmetic",
            .forward = op.forward,
-           .equation = op.equation,
+           .vjp = op.vjp,
+           .jvp = op.jvp,
            .second_order = op.second_order,
            .second_order_derivation = op.second_order_derivation,
            // Its gradcheck cases, each checked to first and second order by the suite:
@@ -263,14 +265,16 @@ std::vector<OpInfo> arithmetic_ops() {
   r.add({.name = "neg",
          .family = "arithmetic",
          .forward = "y = −x",
-         .equation = "x̄ −= ȳ; ẏ = −ẋ",
+         .vjp = "x̄ −= ȳ",
+         .jvp = "ẏ = −ẋ",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }}}});
   r.add({.name = "scale",
          .family = "arithmetic",
          .forward = "y = s·x",
-         .equation = "x̄ += s·ȳ; ẏ = s·ẋ",
+         .vjp = "x̄ += s·ȳ",
+         .jvp = "ẏ = s·ẋ",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }}}});

@@ -187,8 +187,8 @@ std::vector<OpInfo> cross_entropy_ops() {
   r.add({.name = "cross_entropy",
          .family = "cross_entropy",
          .forward = "L = (1/N)·Σ_r (log Σ_v exp x_r[v] − x_r[t_r]) over the N rows r with targets t_r",
-         .equation = "x̄_r += ḡ·(p_r − e_{t_r})/N; L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r]), p_r = softmax(x_r); "
-                     "targets not differentiable",
+         .vjp = "x̄_r += ḡ·(p_r − e_{t_r})/N, p_r = softmax(x_r); targets not differentiable",
+         .jvp = "L̇ = (1/N)·Σ_r (⟨p_r, ẋ_r⟩ − ẋ_r[t_r])",
          .second_order = "ẋ̄_r += (ḡ/N)·ṗ_r, ṗ_r = p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩)",
          .second_order_derivation = "6.5",
          // Its gradcheck cases, each checked to first and second order by the suite:

@@ -107,7 +107,8 @@ std::vector<OpInfo> embedding_ops() {
   r.add({.name = "embedding",
          .family = "embedding",
          .forward = "Y[p] = E[ids[p]]: the rows of the table E the ids name",
-         .equation = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; Ẏ[p] = Ė[ids[p]]; ids not differentiable",
+         .vjp = "Ē[v] += Σ_{p: ids[p] = v} Ȳ[p]; ids not differentiable",
+         .jvp = "Ẏ[p] = Ė[ids[p]]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup},

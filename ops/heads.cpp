@@ -129,7 +129,8 @@ std::vector<OpInfo> heads_ops() {
   r.add({.name = "split_heads",
          .family = "heads",
          .forward = "y[b,i,t,e] = x[b,t,offset+i·d+e]: (B, T, C) columns to (B, h, T, d) heads",
-         .equation = "x̄[b,t,offset+i·d+e] += ȳ[b,i,t,e]; ẏ[b,i,t,e] = ẋ[b,t,offset+i·d+e]",
+         .vjp = "x̄[b,t,offset+i·d+e] += ȳ[b,i,t,e]",
+         .jvp = "ẏ[b,i,t,e] = ẋ[b,t,offset+i·d+e]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"x (2, 3, 8), 2 heads from column 2", {{"x", {2, 3, 8}}},
@@ -139,7 +140,8 @@ std::vector<OpInfo> heads_ops() {
   r.add({.name = "merge_heads",
          .family = "heads",
          .forward = "z[b,t,i·d+e] = y[b,i,t,e]: (B, h, T, d) heads to (B, T, h·d)",
-         .equation = "ȳ[b,i,t,e] += z̄[b,t,i·d+e]; ż[b,t,i·d+e] = ẏ[b,i,t,e]",
+         .vjp = "ȳ[b,i,t,e] += z̄[b,t,i·d+e]",
+         .jvp = "ż[b,t,i·d+e] = ẏ[b,i,t,e]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"y (2, 3, 4, 2)", {{"y", {2, 3, 4, 2}}},

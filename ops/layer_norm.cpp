@@ -294,8 +294,8 @@ std::vector<OpInfo> layer_norm_ops() {
   r.add({.name = "layer_norm",
          .family = "layer_norm",
          .forward = "per row: y = w⊙x̂ + b, x̂ = (x − mean x)·ρ, ρ = 1/√(var x + ε)",
-         .equation = "ĝ = w⊙ȳ: x̄ += ρ(ĝ − mean ĝ − x̂·mean(x̂⊙ĝ)), w̄ += Σ ȳ⊙x̂, b̄ += Σ ȳ; "
-                     "ẏ = w⊙ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)) + ẇ⊙x̂ + ḃ",
+         .vjp = "ĝ = w⊙ȳ: x̄ += ρ(ĝ − mean ĝ − x̂·mean(x̂⊙ĝ)), w̄ += Σ ȳ⊙x̂, b̄ += Σ ȳ",
+         .jvp = "ẏ = w⊙ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)) + ẇ⊙x̂ + ḃ",
          .second_order = "m = mean(x̂⊙ĝ), ĝ̇ = ẇ⊙ȳ, ρ̇ = −ρ²·mean(x̂⊙ẋ), x̂̇ = ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)): "
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
          .second_order_derivation = "6.7",

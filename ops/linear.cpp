@@ -73,7 +73,8 @@ std::vector<OpInfo> linear_ops() {
   r.add({.name = "linear",
          .family = "linear",
          .forward = "y = xWᵀ + b over the rows of x",
-         .equation = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ; ẏ = ẋWᵀ + xẆᵀ + ḃ",
+         .vjp = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ",
+         .jvp = "ẏ = ẋWᵀ + xẆᵀ + ḃ",
          .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)",
          .second_order_derivation = "6.2",
          // y = xWᵀ: numel(y)·in multiply-adds; backward and forward mode two products of the same size

@@ -196,7 +196,8 @@ std::vector<OpInfo> matmul_ops() {
   r.add({.name = "matmul",
          .family = "matmul",
          .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
-         .equation = "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches); ẏ = ȧ·b + a·ḃ",
+         .vjp = "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches)",
+         .jvp = "ẏ = ȧ·b + a·ḃ",
          .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent",
          .second_order_derivation = "6.2",
          // y (…, m, n) = a (…, m, k) · b (…, k, n): numel(y)·k multiply-adds; ā and b̄ (or ȧ·b and a·ḃ) the same

@@ -215,8 +215,9 @@ std::vector<OpInfo> mlp_ops() {
   r.add({.name = kOp,
          .family = "mlp",
          .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
-         .equation = "h = gelu(xW₁ᵀ + b₁): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
-                     "x̄ += ūW₁; ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
+         .vjp = "u = xW₁ᵀ + b₁, h = gelu(u): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
+                "x̄ += ūW₁",
+         .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
          .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
                          "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
          .second_order_derivation = "6.8",

@@ -98,7 +98,8 @@ std::vector<OpInfo> mse_loss_ops() {
   r.add({.name = "mse_loss",
          .family = "mse_loss",
          .forward = "L = mean((p − t)²), p and t of one shape",
-         .equation = "d = p − t: p̄ += (2/n)·L̄·d, t̄ −= (2/n)·L̄·d; L̇ = (2/n)·Σ d⊙(ṗ − ṫ)",
+         .vjp = "d = p − t: p̄ += (2/n)·L̄·d, t̄ −= (2/n)·L̄·d",
+         .jvp = "L̇ = (2/n)·Σ d⊙(ṗ − ṫ)",
          .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)",
          .second_order_derivation = "6.3",
          .cost = [](std::span<const Shape> in, const Shape&) {

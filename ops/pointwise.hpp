@@ -5,7 +5,8 @@
 // VJP along ẋ, which Tape::hvp and `tapegrad gradcheck --order 2` use).
 //
 // f, df and d2f are called with float for float32 tensors and double for float64: write them as generic lambdas.
-// df takes x, or x and y = f(x) when f′ is cheaper in y (exp: f′ = y; tanh: f′ = 1 − y²). The node keeps x and y.
+// df takes x, or x and y = f(x) when f′ is cheaper in y (exp: f′ = y; tanh: f′ = 1 − y²); d2f likewise (exp: f″ = y;
+// tanh: f″ = −2y(1 − y²)). The node keeps x and y.
 //
 //   Var softsign(Var x) {                                 // f = x/(1+|x|), f′ = 1/(1+|x|)², f″ = −2·sign(x)/(1+|x|)³
 //     return pointwise("softsign", x, [](auto v) { return v / (1 + std::abs(v)); },

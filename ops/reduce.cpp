@@ -145,13 +145,14 @@ std::vector<OpInfo> reduce_ops() {
     Var (*all)(Var);
     Var (*along)(Var, int, bool);
     const char* forward;
-    const char* equation;
+    const char* vjp;
+    const char* jvp;
   };
   for (const Reduction& f :
        {Reduction{"sum", sum, sum, "y[o,i] = Σ_j x[o,j,i] (over one axis, or all of x)",
-                  "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x)); ẏ[o,i] = Σ_j ẋ[o,j,i]"},
+                  "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x))", "ẏ[o,i] = Σ_j ẋ[o,j,i]"},
         Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
-                  "x̄[o,j,i] += ȳ[o,i]/n; ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
+                  "x̄[o,j,i] += ȳ[o,i]/n", "ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };
@@ -159,7 +160,8 @@ std::vector<OpInfo> reduce_ops() {
     r.add({.name = f.name,
            .family = "reduce",
            .forward = f.forward,
-           .equation = f.equation,
+           .vjp = f.vjp,
+           .jvp = f.jvp,
            .second_order = kNoSecondOrderTerm,
            // Its gradcheck cases, each checked to first and second order by the suite:
            .cases = {{"all elements", {{"x", {3, 4}}}, whole},

@@ -7,8 +7,8 @@
 //              vjp: (const Tensor& ȳ, span of x̄) adds J_iᵀȳ into each defined x̄_i;
 //              jvp: (span of ẋ, const Tensor& ẏ) adds Σ_i J_i ẋ_i into ẏ (skip undefined ẋ_i).
 //              An op without a forward-mode rule passes no_jvp(name) as its jvp (engine/no_jvp.hpp).
-//   sheet      std::vector<OpInfo> my_ops() { return {{.name = ..., .family = ..., .forward = ..., .equation = ...,
-//              .second_order = ..., .cases = {{case, inputs, build}}}}; }  (ops/sheet.hpp)
+//   sheet      std::vector<OpInfo> my_ops() { return {{.name = ..., .family = ..., .forward = ..., .vjp = ...,
+//              .jvp = ..., .second_order = ..., .cases = {{case, inputs, build}}}}; }  (ops/sheet.hpp)
 //   register   Registry registry{my_ops()};  or  registry.add(my_ops());
 //   claim      claimed({name, forward, vjp, jvp, hvp}) registers like an op: a forward with the derivatives a paper
 //              claims (checker/claimed.hpp).

@@ -67,7 +67,7 @@ inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n) {
 // dσ(x) = diag(y) − y yᵀ, symmetric, so the VJP and the JVP are the same product:
 //   x̄ = y ⊙ (ȳ − ⟨y, ȳ⟩)          ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)
 // The row term ⟨y, u⟩ is an argument: the attention node has it cheaper than a dot product over the row
-// (⟨A_i, dA_i⟩ = G_i·O_i, docs/derivations.md §2.1); softmax_row_term computes it directly.
+// (G_i·O_i, derived above attention_vjp in ops/attention/softmax.cpp); softmax_row_term computes it directly.
 template <Into into, class T>
 inline void softmax_row_derivative(T* out, const T* y, const T* u, T row_term, int64_t n) {
   for (int64_t j = 0; j < n; ++j) row_maps_detail::put<into>(out[j], y[j] * (u[j] - row_term));
@@ -77,7 +77,7 @@ inline T softmax_row_term(const T* y, const T* u, int64_t n) {
   return lane_dot(y, u, n);
 }
 
-// Second order (Tape::hvp): the tangent of x̄ = y ⊙ (ȳ − ⟨y, ȳ⟩) at a fixed ȳ, with ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩):
+// Second order (Tape::hvp): the tangent of the VJP above at a fixed ȳ, where only y moves, with the JVP's ẏ:
 //   ẋ̄ = ẏ ⊙ (ȳ − ⟨y, ȳ⟩) − ⟨ẏ, ȳ⟩·y,      ⟨ẏ, ȳ⟩ = ⟨y ⊙ ẋ, ȳ⟩ − ⟨y, ẋ⟩⟨y, ȳ⟩
 // (so ẏ is never stored). Masked entries (y_j = 0) and fully masked rows give 0, as in the first order.
 template <class T>
@@ -143,14 +143,8 @@ inline void log_softmax_row_second_order(T* out, const T* z, const T* dz, const 
 // The derivative is written in β and r, which the forward returns: c = 1/(1 + r) is then exact, where recovering
 // it as 1 − ‖β‖ would cancel catastrophically for large r (c = 1e-4 leaves three digits in float32).
 //
-// Departure from the β-attention post (docs/derivations.md §1.3). The post claims the homogeneity property
-// dβ(x)·h = f(x,h)·β(x) with f(x,h) = ⟨x,h⟩/(r²(1 + r)), and builds a "simpler total derivative" of β-attention on
-// it. That is false for general h. Splitting h into its parts along and across x,
-//   dβ(x)·h = f(x,h)·β(x) + (I − x xᵀ/r²)·h/(1 + r),
-// the claimed form is only the first term: right for h ∥ x, while for h ⟂ x it gives 0 where the true derivative is
-// h/(1 + r). The post matched the two sides along x alone, which drops the (I − x xᵀ/r²)h/(1 + r) part. The
-// kernels below implement the full derivative; tests/ops_row_normalize_test.cpp shows the gradchecker rejecting the
-// claimed JVP.
+// The β-attention post's homogeneity shortcut, dβ(x)·h = f(x,h)·β(x), holds along x only (docs/derivations.md §1.3
+// shows why); the kernels below implement the full derivative.
 
 // y[0..visible) = β(x[0..visible)), y[visible..n) = 0; returns r = ‖x[0..visible)‖.
 template <class T>
@@ -175,7 +169,8 @@ inline void beta_row_derivative(T* out, const T* u, const T* beta, T r, int64_t 
 // Second order (Tape::hvp): the tangent of x̄ = c·ȳ − k·β, k = ⟨β, ȳ⟩/r, at a fixed ȳ. With ṙ = ⟨x, ẋ⟩/r =
 // (1 + r)·⟨β, ẋ⟩/r, ċ = −c²·ṙ and β̇ = c·ẋ − (⟨β, ẋ⟩/r)·β (the JVP above):
 //   ẋ̄ = ċ·ȳ − k̇·β − k·β̇,      k̇ = ⟨β̇, ȳ⟩/r − ⟨β, ȳ⟩·ṙ/r²
-// β is not twice differentiable at x = 0 (r = 0): the term is taken as 0 there.
+// β is not twice differentiable at x = 0 (r = 0: k·β carries x xᵀ/‖x‖, whose derivative has no limit there): the
+// term is taken as 0, which is also what central differences of the gradient give, since k·β is even in x.
 template <class T>
 inline void beta_row_second_order(T* out, const T* g, const T* tx, const T* beta, T r, int64_t n) {
   if (!(r > 0)) return;

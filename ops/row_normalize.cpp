@@ -58,8 +58,8 @@ std::vector<OpInfo> row_normalize_ops() {
   r.add({.name = "row_normalize",
          .family = "row_normalize",
          .forward = "per row: y = β(x) = x/(1 + ‖x‖)",
-         .equation =
-             "per row, r = ‖x‖, c = 1/(1+r): x̄ += c·ȳ − (⟨y,ȳ⟩/r)·y; ẏ = c·ẋ − (⟨y,ẋ⟩/r)·y; identity at x = 0",
+         .vjp = "per row, r = ‖x‖, c = 1/(1+r): x̄ += c·ȳ − (⟨y,ȳ⟩/r)·y; identity at x = 0",
+         .jvp = "per row: ẏ = c·ẋ − (⟨y,ẋ⟩/r)·y; identity at x = 0",
          .second_order = "per row, x̄ = c·ȳ − k·y with k = ⟨y, ȳ⟩/r: ẋ̄ += ċ·ȳ − k̇·y − k·ẏ, ṙ = ⟨x, ẋ⟩/r, "
                          "ċ = −c²ṙ, k̇ = ⟨ẏ, ȳ⟩/r − k·ṙ/r; 0 at x = 0 (β is not C² there)",
          .derivation = "1.2, 1.3",

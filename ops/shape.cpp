@@ -395,7 +395,8 @@ std::vector<OpInfo> shape_ops() {
   r.add({.name = "reshape",
          .family = "shape",
          .forward = "y[l] = x[l] in the new shape (the same row-major order)",
-         .equation = "x̄[l] += ȳ[l]; ẏ[l] = ẋ[l] (same row-major order)",
+         .vjp = "x̄[l] += ȳ[l]",
+         .jvp = "ẏ[l] = ẋ[l] (same row-major order)",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})},
@@ -408,7 +409,8 @@ std::vector<OpInfo> shape_ops() {
   r.add({.name = "permute",
          .family = "shape",
          .forward = "y[o] = x[off(o)]: the axes of x in the order p",
-         .equation = "x̄[off(o)] += ȳ[o]; ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
+         .vjp = "x̄[off(o)] += ȳ[o]",
+         .jvp = "ẏ[o] = ẋ[off(o)], off(o) = Σ_d i_d·stride_x[p[d]]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(B, T, h, d) → (B, h, T, d)", {{"x", {2, 3, 2, 4}}}, permuted({0, 2, 1, 3})},
@@ -428,7 +430,8 @@ std::vector<OpInfo> shape_ops() {
   r.add({.name = "slice",
          .family = "shape",
          .forward = "y[o, j, i] = x[o, start + j, i], 0 ≤ j < stop − start",
-         .equation = "x̄[o, start + j, i] += ȳ[o, j, i]; ẏ[o, j, i] = ẋ[o, start + j, i]",
+         .vjp = "x̄[o, start + j, i] += ȳ[o, j, i]",
+         .jvp = "ẏ[o, j, i] = ẋ[o, start + j, i]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"head 1 of 2 along the last axis: (2, 3, 8)[..., 4:8]", {{"x", {2, 3, 8}}}, sliced(-1, 4, 8)},
@@ -440,7 +443,8 @@ std::vector<OpInfo> shape_ops() {
   r.add({.name = "concat",
          .family = "shape",
          .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
-         .equation = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]; ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
+         .vjp = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]",
+         .jvp = "ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)},

@@ -1,5 +1,5 @@
 // An op's sheet: plain data that describes one op to whatever reads it — its name on the tape, its forward map, the
-// derivatives its node implements (first and second order) in one line each, the sections of docs/derivations.md
+// derivatives its node implements (VJP, JVP and second order) in one line each, the sections of docs/derivations.md
 // that derive them, where the formulas are written when not in the node's own file, its cost in FLOPs, and the
 // gradcheck cases that exercise it. Strings, shapes and std::function: no checker code, so the op files that fill
 // their sheets (one block at the end of each file in ops/) include nothing of the tooling, and the tooling
@@ -64,12 +64,13 @@ struct FormulaPlace {
 inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
 
 // An op's sheet. Aggregate-initialized with designators in this order ({.name = ..., .family = ..., .forward =
-// ..., .equation = ...}).
+// ..., .vjp = ..., .jvp = ...}).
 struct OpInfo {
   std::string name;      // as recorded on the tape
   std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
   std::string forward{};   // the forward map, in one line
-  std::string equation{};  // the derivatives it implements, in one line: the VJP, then "; " and the JVP (ẏ = ...)
+  std::string vjp{};       // its VJP in one line (x̄ += ...), with what it needs of the forward ("d = p − t: ...")
+  std::string jvp{};       // its JVP in one line (ẏ = ...); "no forward-mode rule" for an op without one
   // Its second-order rule in one line: the tangent of its VJP at a fixed cotangent, ẋ̄ᵢ += Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
   // (what Tape::hvp adds beside the VJP of ȳ̇); kNoSecondOrderTerm for an op whose VJP does not depend on its inputs.
   std::string second_order{};

@@ -22,7 +22,8 @@ TEST_CASE("the ops docs/adding-an-op.md registers pass the gradchecker, first an
   for (const OpInfo& op : registry.ops()) {
     CAPTURE(op.name);
     CHECK(!op.forward.empty());
-    CHECK(!op.equation.empty());
+    CHECK(!op.vjp.empty());
+    CHECK(!op.jvp.empty());
     CHECK(!op.second_order.empty());
     REQUIRE(!op.cases.empty());
     for (const GradcheckCase& c : op.cases) {

@@ -1,6 +1,6 @@
 // Drawing the tape (inspect/tape_dot.hpp): the DOT text, read back through Graphviz's own parser (dot -Tjson), has
 // one node per value and one edge per input of each node, labels with the op and shape, tooltips with the
-// registry's equation and source line, the bytes the tape keeps, red for NaN and ±∞, and a node limit. The scopes,
+// op's VJP and JVP and source line, the bytes the tape keeps, red for NaN and ±∞, and a node limit. The scopes,
 // retained gradients and read accessors the drawing uses (engine/tape.hpp).
 #include <doctest/doctest.h>
 
@@ -98,7 +98,8 @@ void check_drawing(const Tape& tape, const Drawing& d) {
     CHECK(testing::contains(node.label, tape.value_at(n.out).shape().str()));
     const OpInfo* info = builtin_registry().find(n.op);
     REQUIRE(info != nullptr);
-    CHECK(testing::contains(node.tooltip, info->equation));
+    CHECK(testing::contains(node.tooltip, "VJP: " + info->vjp));
+    CHECK(testing::contains(node.tooltip, "JVP: " + info->jvp));
     CHECK(testing::contains(node.tooltip, fmt::format("ops/{}.cpp:{}", info->family, n.where.line())));
     CHECK(testing::contains(node.tooltip, fmt::format("keeps {} bytes", n.bytes_kept)));
   }
@@ -280,7 +281,8 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
     if (testing::contains(node.label, "<b>transformer.h.0.attn</b>")) {
       attn = true;
       CHECK(testing::contains(node.label, "split_heads ×3"));
-      CHECK(testing::contains(node.tooltip, builtin_registry().find("attention")->equation));
+      CHECK(testing::contains(node.tooltip, "attention VJP: " + builtin_registry().find("attention")->vjp));
+      CHECK(testing::contains(node.tooltip, "attention JVP: " + builtin_registry().find("attention")->jvp));
     }
   }
   CHECK(attn);

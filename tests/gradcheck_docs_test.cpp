@@ -1,7 +1,8 @@
 // Docs that cannot drift: every path the docs give in backquotes exists, every link to a file of the repository
-// resolves and every #anchor names a heading, every code fragment a table quotes from a file occurs in that file (a
-// "…" in a fragment stands for any text; spaces are not compared), every function or type a backquoted span of
-// running text names is a word of the code, and no doc gives a line number. The docs are docs/*.md and README.md.
+// resolves and every #anchor names a heading, every code fragment a table quotes from a file and every fragment of
+// code running text quotes beside a source file occurs in that file (a "…" in a fragment stands for any text; spaces
+// are not compared), every function or type a backquoted span of running text names is a word of the code, and no
+// doc gives a line number. The docs are docs/*.md and README.md.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -271,4 +272,106 @@ TEST_CASE("docs: every code fragment a table quotes from a file occurs in that f
     }
   }
   CHECK(fragments > 30);
+}
+
+namespace {
+
+bool is_source_file(const std::string& span) {
+  if (!is_repo_path(span) || !fs::is_regular_file(kRoot / span)) return false;
+  const std::string ext = fs::path(span).extension().string();
+  return ext == ".cpp" || ext == ".hpp" || ext == ".py" || ext == ".cmake" || ext == ".sh" ||
+         fs::path(span).filename() == "CMakeLists.txt";
+}
+
+// A span that reads as a piece of a statement rather than a name or a call: an assignment (`x = …`, `+=`, `-=`,
+// `*=`, `/=`, not `==`, `<=`, `>=`, `!=`, nor a lambda's `[=]`), an index (`name[…]`) or an elided part (`…`).
+// A command line is not code quoted from a file: one that starts with ./, an option or an environment variable.
+bool quotes_code(const std::string& span) {
+  static const std::regex statement(R"([A-Za-z0-9_)\]]\s*[-+*/]?=(?!=)|[A-Za-z0-9_]\[)");
+  static const std::regex command(R"((\./|--|[A-Z_][A-Z0-9_]*=).*)");
+  if (std::regex_match(span, command)) return false;
+  return std::regex_search(span, statement) || span.find("…") != std::string::npos;
+}
+
+// The units of a doc's running text: a paragraph, a list item, a heading or a table row, each with its lines (their
+// numbers from 1) and, for a table row, the source files its header names (a code column's "code, `file`").
+struct Unit {
+  std::vector<ProseLine> lines;
+  std::vector<std::string> header_files;
+};
+std::vector<Unit> units_of(const fs::path& md) {
+  static const std::regex item(R"(\s*([-*]|[0-9]+\.) .*)");
+  std::vector<Unit> units;
+  Unit paragraph;
+  std::vector<std::string> header_files;
+  bool in_table = false;
+  int last = 0;
+  auto close = [&] {
+    if (!paragraph.lines.empty()) units.push_back(std::move(paragraph));
+    paragraph = {};
+  };
+  for (const ProseLine& prose : prose_lines(md)) {
+    const std::string& line = prose.text;
+    if (prose.n != last + 1 || line.starts_with("```")) close();  // a fence between two prose lines
+    last = prose.n;
+    if (line.starts_with("```")) continue;
+    if (line.starts_with("|")) {
+      close();
+      if (!in_table) {
+        header_files.clear();
+        for (const std::string& span : code_spans(line))
+          if (is_source_file(span)) header_files.push_back(span);
+      }
+      in_table = true;
+      units.push_back({{prose}, header_files});
+      continue;
+    }
+    in_table = false;
+    const bool blank = line.find_first_not_of(" \t") == std::string::npos;
+    if (blank || line.starts_with("#") || std::regex_match(line, item)) close();
+    if (!blank) paragraph.lines.push_back(prose);
+    if (line.starts_with("#")) close();
+  }
+  close();
+  return units;
+}
+
+}  // namespace
+
+TEST_CASE("docs: every fragment of code that running text quotes beside a source file occurs in that file") {
+  // A unit of text (paragraph, list item, table row) that names a source file in backquotes quotes it: each of its
+  // spans that reads as a statement (quotes_code) must occur in one of the files the unit names (a table's header
+  // counts for its rows), or, for a line quoted from a file the unit does not name, somewhere in the code.
+  std::string all_code;
+  for (const char* dir : {"engine", "ops", "checker", "inspect", "models", "tools", "tests", "examples", "fuzz",
+                          "cmake", "python"}) {
+    if (!fs::exists(kRoot / dir)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / dir))
+      if (e.is_regular_file() && is_source_file(fs::relative(e.path(), kRoot).string()))
+        all_code += without_spaces(read(e.path()));
+  }
+  int fragments = 0, in_named_file = 0;
+  for (const fs::path& md : docs()) {
+    for (const Unit& unit : units_of(md)) {
+      std::vector<std::string> files = unit.header_files;
+      for (const ProseLine& line : unit.lines)
+        for (const std::string& span : code_spans(line.text))
+          if (is_source_file(span)) files.push_back(span);
+      if (files.empty()) continue;
+      std::string text;
+      for (const std::string& f : files) text += without_spaces(read(kRoot / f));
+      for (const ProseLine& line : unit.lines)
+        for (const std::string& span : code_spans(line.text)) {
+          if (is_repo_path(span) || !quotes_code(span)) continue;
+          INFO(fs::relative(md, kRoot).string() << ":" << line.n << ": `" << span << "`, quoted beside "
+                                                << files.front());
+          const bool here = occurs(span, text);
+          CHECK_MESSAGE((here || occurs(span, all_code)), "a stale fragment: quote what the code now says");
+          ++fragments;
+          in_named_file += here;
+        }
+    }
+  }
+  CHECK(fragments > 25);
+  CHECK(in_named_file > fragments / 2);  // most fragments are found in the file their text names
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -107,13 +108,26 @@ TEST_CASE("explain: ops without a cost function say so; errors name what exists"
                          "explain", {"16777216 elements", "at most"});
 }
 
-TEST_CASE("split_equation: the JVP starts at the first part whose left side is a tangent") {
-  CHECK(split_equation("x̄ += y·ȳ; ẏ = y·ẋ") == std::pair<std::string, std::string>{"x̄ += y·ȳ", "ẏ = y·ẋ"});
-  CHECK(split_equation("dV += AᵀG; dS = A ⊙ G; Ȯ = AV̇") ==
-        std::pair<std::string, std::string>{"dV += AᵀG; dS = A ⊙ G", "Ȯ = AV̇"});
-  CHECK(split_equation("x̄_r += p_r − e; L̇ = ⟨p, ẋ⟩; targets not differentiable").second ==
-        "L̇ = ⟨p, ẋ⟩; targets not differentiable");
-  CHECK(split_equation("x̄ += ȳ/(1 + |x|)²; no JVP").second.empty());
+TEST_CASE("explain: the VJP and the JVP are the sheet's two lines, as given") {
+  for (const OpInfo& op : builtin_registry().ops()) {
+    INFO("op: " << op.name);
+    const Explanation e = explain(builtin_registry(), op.name);
+    CHECK(e.vjp == op.vjp);
+    CHECK(e.jvp == op.jvp);
+    const std::string text = format_explanation(e);
+    CHECK(text.find("  VJP        " + op.vjp + "\n") != std::string::npos);
+    CHECK(text.find("  JVP        " + op.jvp + "\n") != std::string::npos);
+    const auto json = explanation_json(e);
+    CHECK(json["vjp"] == op.vjp);
+    CHECK(json["jvp"] == op.jvp);
+  }
+  // A sheet without a JVP line says so rather than printing an empty one.
+  OpInfo square_vjp_only = *builtin_registry().find("square");
+  square_vjp_only.jvp.clear();
+  Registry reg;
+  reg.add(square_vjp_only);
+  CHECK(format_explanation(explain(reg, "square")).find("  JVP        (not given at registration)\n") !=
+        std::string::npos);
 }
 
 TEST_CASE("parse_named_shape: NAME=D,D,... and one-line errors") {
@@ -209,19 +223,42 @@ TEST_CASE("explain: every op shows its second-order rule, where it is derived, a
   }
 }
 
-TEST_CASE("docs/derivations.md's index by op is what tapegrad explain --index-markdown prints from the sheets") {
-  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
-  REQUIRE(in.good());
-  std::string table;
-  bool in_section = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.starts_with("## ")) in_section = line == "## Index by op";
-    if (in_section && line.starts_with("|")) table += line + "\n";
-  }
+TEST_CASE("tapegrad explain --index-markdown: one row per op from its sheet, VJP and JVP in their own columns") {
   const std::string generated = index_markdown(builtin_registry());
-  // On a difference: ./build/tapegrad explain --index-markdown, in place of the section's table.
-  CHECK(table == generated);
-  CHECK(generated.find("| `exp` | `ops/pointwise.cpp` | y = exp x | x̄ += y·ȳ; ẏ = y·ẋ | ẋ̄ += y·ẋ·ȳ |") !=
+  CHECK(generated.starts_with("| op | file | forward | VJP | JVP | second order | derived in |\n"));
+  CHECK(std::count(generated.begin(), generated.end(), '\n') == 2 + static_cast<long>(builtin_registry().ops().size()));
+  CHECK(generated.find("| `exp` | `ops/pointwise.cpp` | y = exp x | x̄ += y·ȳ | ẏ = y·ẋ | ẋ̄ += y·ẋ·ȳ |") !=
         std::string::npos);
   CHECK(generated.find("y = \\|x\\|") != std::string::npos);  // a formula's | is escaped in its cell
+  // The table is made when asked for: no doc keeps a copy that a new op would leave behind.
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  for (std::string line; std::getline(in, line);) CHECK_MESSAGE(!line.starts_with("| `exp` |"), line);
+}
+
+TEST_CASE("the case counts docs/derivations.md gives for a node are its sheet's") {
+  // Its measured figures say over how many cases they were taken (the cases column of "Gradcheck per node", or
+  // "Gradcheck of `op`, N cases" in running text): a case added to a sheet must reach them, or this fails.
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
+  REQUIRE(in.good());
+  std::string text, table;
+  bool per_node = false;
+  for (std::string line; std::getline(in, line);) {
+    text += line + " ";
+    if (line.starts_with("## ")) per_node = line == "## Gradcheck per node";
+    if (per_node && line.starts_with("| `")) table += line + "\n";
+  }
+  auto check = [](const std::regex& pattern, const std::string& where, int& counted) {
+    for (auto m = std::sregex_iterator(where.begin(), where.end(), pattern); m != std::sregex_iterator(); ++m) {
+      const OpInfo* op = builtin_registry().find((*m)[1].str());
+      INFO("docs/derivations.md: " << m->str());
+      REQUIRE(op != nullptr);
+      CHECK(std::stoul((*m)[2].str()) == op->cases.size());
+      ++counted;
+    }
+  };
+  int counted = 0;
+  check(std::regex(R"(Gradcheck of `(\w+)`[^.:;]{0,40}?\b(\d+) cases)"), text, counted);
+  check(std::regex(R"(\| `(\w+)`[^|]*\| (\d+) \|)"), table, counted);
+  CHECK(counted >= 7);  // every row of "Gradcheck per node"
 }

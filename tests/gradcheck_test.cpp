@@ -675,13 +675,13 @@ TEST_CASE("attention-bias post (docs/derivations.md §5.3): the prose dS = dA �
 
 TEST_CASE("run_gradcheck and gradcheck_main over a registry of one's own ops") {
   Registry reg;
-  reg.add({.name = "square_without_jvp", .family = "test", .equation = "x̄ += 2x·ȳ; no JVP"});
+  reg.add({.name = "square_without_jvp", .family = "test", .vjp = "x̄ += 2x·ȳ", .jvp = "no forward-mode rule"});
   reg.add_case("square_without_jvp",
                {"rows", {{"x", {2, 3}}}, [](Tape&, std::span<const Var> x) { return square_without_jvp(x[0]); }});
-  reg.add({.name = "planted_square", .family = "test", .equation = "x̄ += −2x·ȳ (a sign slip)"});
+  reg.add({.name = "planted_square", .family = "test", .vjp = "x̄ += −2x·ȳ (a sign slip)"});
   reg.add_case("planted_square", square_case({.vjp_factor = -2}));
   reg.add({.name = "beta_homogeneity_jvp", .family = "claims",
-           .equation = "the β-attention post: dβ(x)·h = f(x,h)·β(x)"});
+           .jvp = "the β-attention post: dβ(x)·h = f(x,h)·β(x)"});
   reg.add_case("beta_homogeneity_jvp",
                {"rows", {{"x", {4, 6}}}, claimed({"beta_homogeneity_jvp", [](Tape&, std::span<const Var> x) {
                                                     return row_normalize(x[0]);

@@ -36,7 +36,7 @@ void add_explain_command(CLI::App& app) {
                   "An input's shape in place of the case's, NAME=D,D,... (repeatable; NAME= for a scalar)");
   cmd->add_flag("--json", args->json, "Print the same as one JSON object");
   cmd->add_flag("--index-markdown", args->index_markdown,
-                "Print every op's formulas as the markdown table of docs/derivations.md's \"Index by op\"");
+                "Print every op's formulas as one markdown table: file, forward, VJP, JVP, second order, sections");
   cmd->callback([args] {
     if (args->index_markdown) {
       fmt::print("{}", index_markdown(builtin_registry()));

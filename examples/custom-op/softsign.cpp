@@ -22,7 +22,8 @@ std::vector<OpInfo> softsign_ops() {
   return {{.name = "softsign",
            .family = "my_ops",
            .forward = "y = x/(1 + |x|)",
-           .equation = "x̄ += ȳ/(1 + |x|)²; ẏ = ẋ/(1 + |x|)²",
+           .vjp = "x̄ += ȳ/(1 + |x|)²",
+           .jvp = "ẏ = ẋ/(1 + |x|)²",
            .second_order = "ẋ̄ −= 2·sign(x)·ẋ·ȳ/(1 + |x|)³",
            .cases = {{"matrix", {{"x", {3, 4}}}, [](Tape&, std::span<const Var> x) { return softsign(x[0]); }}}}};
 }

@@ -8,8 +8,8 @@
 // Masked scores are 0, not −∞ (β(−∞) is NaN): zero-masking equals β of the visible prefix padded with zeros.
 // A row whose scores are all 0 gives Bβ_i = 0 and O_i = 0. The node keeps Bβ and r.
 //
-// The row map β, its derivative dβ(x)·h = c·h − (⟨β, h⟩/r)·β (symmetric, so the VJP too) and where it departs
-// from the β-attention post's homogeneity shortcut: ops/row_maps.hpp, beta_row and beta_row_derivative.
+// The row map β and its derivative (symmetric, so the VJP too) are derived above beta_row in ops/row_maps.hpp;
+// where the β-attention post's homogeneity shortcut fails, docs/derivations.md §1.3.
 //
 // Work, as in softmax.cpp: the slices (b, h) run on the engine's threads, one slice per thread at a time, and
 // the queries go in blocks I = [i0, i1) of at most kQueryBlock rows; under the causal mask block I sees keys
@@ -221,8 +221,8 @@ std::vector<OpInfo> beta_attention_ops() {
   r.add({.name = "beta_attention",
          .family = "attention/beta",
          .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
-         .equation = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; "
-                     "dK += s·dPᵀ·Q; Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
+         .vjp = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; dK += s·dPᵀ·Q",
+         .jvp = "Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
          .second_order = "dP = GVᵀ, Ṗ = M ⊙ s(Q̇Kᵀ + QK̇ᵀ): dṠ_i = (β's rule at p_i along ṗ_i, applied to dP_i) + "
                          "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)",
          .derivation = "1.4, 1.2",

@@ -281,8 +281,8 @@ inline constexpr const char* attention_second_order_rule =
     "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), dḂ += Σ_bcast dṠ";
 
 // Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
-// probabilities A (T, Tk): the tangent of the VJP at a fixed G. With dA = GVᵀ and dS = A ⊙ (dA −
-// ⟨A_i, dA_i⟩) as in the VJP, and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
+// probabilities A (T, Tk): the tangent of the VJP at a fixed G (docs/derivations.md §6.9). With dA = GVᵀ and dS as
+// in the VJP (ops/attention/softmax.cpp, attention_vjp), and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
 //   dṠ = Ȧ ⊙ (dA − ⟨A_i, dA_i⟩) − ⟨Ȧ_i, dA_i⟩·A + A ⊙ (GV̇ᵀ − ⟨A_i, (GV̇ᵀ)_i⟩)     (softmax's rule, ops/row_maps.hpp,
 //                                                                             plus its VJP of the moved dA)
 //   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ

@@ -567,8 +567,9 @@ std::vector<OpInfo> linear_attention_ops() {
          .family = "attention/linear",
          .forward = "O_i = φ(q_i)ᵀS_i / φ(q_i)ᵀz_i, S_i = Σ_j φ(k_j)v_jᵀ, z_i = Σ_j φ(k_j) (j ≤ i when causal), "
                     "φ = elu + 1",
-         .equation = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
-                     "dv_j = R_jᵀk_j; Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
+         .vjp = "O_i = q_iᵀS_i/q_iᵀz_i, q = φ(Q), k = φ(K); dq_i = S_iGn_i + γ_iz_i, dk_j = R_jv_j + r_j, "
+                "dv_j = R_jᵀk_j",
+         .jvp = "Ȯ_i = (q̇_iᵀS_i + q_iᵀṠ_i − O_i(q̇_iᵀz_i + q_iᵀż_i))/den_i",
          .second_order = "w_ij = q_iᵀk_j, Gn_i = G_i/den_i, γ_i = ⟨G_i, O_i⟩/den_i: Ġn_i = −Gn_i·ḋen_i/den_i, "
                          "γ̇_i = (⟨G_i, Ȯ_i⟩ − γ_i·ḋen_i)/den_i, ḋw_ij = ⟨Ġn_i, v_j⟩ + ⟨Gn_i, v̇_j⟩ − γ̇_i; "
                          "ḋQ = φ′(Q) ⊙ Σ_j(ḋw_ij k_j + dw_ij k̇_j) + φ″(Q) ⊙ Q̇ ⊙ dq, likewise K; "

@@ -48,21 +48,16 @@ void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const
   });
 }
 
-// VJP (the attention-gradient post's gradient in the vectorized form of docs/derivations.md §2.1, with the
-// attention-bias post's bias):
+// VJP of softmax attention, derived here once (the tiled node and the second-order rule use these steps; the
+// attention-gradient post's Ω is this dS with s = 1, docs/derivations.md §2.1 maps its letters to these):
 //   dV += AᵀG                                  (Tk, dv)
 //   dA  = GVᵀ                                  (T, Tk)
 //   D   = rowsum(A ⊙ dA) = rowsum(G ⊙ O)      (T):   Σ_j A_ij (G_i·V_j) = G_i·(Σ_j A_ij V_j) = G_i·O_i,
 //                                                    so D costs O(T·dv) and no (T, Tk) temporary
-//   dS  = A ⊙ (dA − D·1ᵀ)                     (T, Tk): the softmax VJP row by row, dσ(p)ᵀ = diag(σ) − σσᵀ
+//   dS  = A ⊙ (dA − D·1ᵀ)                     (T, Tk): softmax's row VJP (ops/row_maps.hpp) with the row term D_i
 //   dQ += s·dS·K,   dK += s·dSᵀ·Q,   dB += dS summed over the broadcast axes of B (§5.4)
-// A is 0 at masked entries, so dS is 0 there with no extra mask (−∞ masking, docs/derivations.md §2.1).
-// Where this departs from the attention-bias post (docs/derivations.md §5.3, §5.5): its prose
-// dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong twice, the first factor must be A, and the row term must be rowsum(A ⊙ dA), the
-// DIAGONAL of dA·Aᵀ, not the row sums of dA·Aᵀ. Its code line `dS = dA * A - (A * dA).sum(dim=-1, keepdim=True) * A`
-// (`*` element-wise), i.e. A ⊙ (dA − D·1ᵀ), is the form used here. Its prose dQ = dS·K and dK = dS·Q omit the scale
-// s and the transpose of dS. The attention-gradient post's Ω is this dS (with s = 1); its per-row loop is replaced by
-// gemm.
+// A is 0 at masked entries, so dS is 0 there with no extra mask (−∞ masking).
+// The attention-bias post's prose dS, dQ and dK are wrong; its code line is this dS: docs/derivations.md §5.3, §5.5.
 // Block by block, every product above splits over the query rows I: dV[0:e] += A_Iᵀ G_I, dA_I = G_I V[0:e]ᵀ,
 // dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
 // One slice; gq, gk, gv, gbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
@@ -252,8 +247,8 @@ std::vector<OpInfo> attention_ops() {
   r.add({.name = "attention",
          .family = "attention/softmax",
          .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
-         .equation = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS; "
-                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
+         .vjp = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS",
+         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
          .second_order = attention_second_order_rule,
          .derivation = "2.1, 1.1, 5.3, 5.4",
          .second_order_derivation = "6.9",

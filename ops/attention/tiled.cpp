@@ -158,13 +158,8 @@ void tiled_attention_forward(T* o, T* lse, const SliceInputs<T>& x, const BiasLa
 }
 
 // ---- VJP ----
-// docs/derivations.md §2.1 with the attention-bias post's bias (§5.4), tile by tile, with A_IJ recomputed from L:
-//   D_i = rowsum(A ⊙ GVᵀ)_i = G_i·O_i              (T; needs O only, no T×Tk matrix)
-//   dV_J += A_IJᵀ G_I,   dS_IJ = A_IJ ⊙ (G_I V_Jᵀ − D_I 1ᵀ)
-//   dQ_I += s·dS_IJ K_J,   dK_J += s·dS_IJᵀ Q_I,   dB += dS_IJ summed over the broadcast axes of B
-// The attention-bias post's prose dS = dA ⊙ (dA − (dA·Aᵀ)1) is wrong (docs/derivations.md §5.3): the first factor
-// is A, and the row term is rowsum(A ⊙ dA), the diagonal of dA·Aᵀ; its dQ = dS·K, dK = dS·Q miss the scale s and the
-// transpose of dS.
+// The steps of ops/attention/softmax.cpp's attention_vjp (derived there), tile by tile, with A_IJ recomputed from L:
+// D_I = G_I·O_I once per query block (it needs O only), then from each tile dV_J, dS_IJ, dQ_I, dK_J and dB.
 // A is 0 at masked entries, so dS is 0 there. Each product runs on the visible parts of the tile (rows
 // I′ ⊆ I, keys J′ ⊆ J, for_each_visible_part): the masked rest of A and dS is 0 and adds nothing.
 // gq, gk, gv, gbias are added into; null ones are not computed.
@@ -187,7 +182,7 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
         if (gv) gemm(cs, dims.dv, rs, T(1), transposed(A, cs), as_is(gi, dims.dv), T(1), gv + j0 * dims.dv, dims.dv);
         if (!need_ds) return;
         gemm(rs, cs, dims.dv, T(1), as_is(gi, dims.dv), transposed(x.v + j0 * dims.dv, dims.dv), T(0), dS, cs);
-        for (int64_t a = 0; a < rs; ++a) {  // dS = A ⊙ (GVᵀ − D1ᵀ) on the visible columns, 0 on the rest
+        for (int64_t a = 0; a < rs; ++a) {  // dS on the visible columns, 0 on the rest
           T *ds_row = dS + a * cs, *a_row = A + a * cs;
           const int64_t vis = visible_cols(dims, i + a, j0, cs);
           softmax_row_derivative<Into::replace>(ds_row, a_row, ds_row, D[a0 + a], vis);
@@ -393,9 +388,9 @@ std::vector<OpInfo> tiled_attention_ops() {
   r.add({.name = kOp,
          .family = "attention/tiled",
          .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
-         .equation = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
-                     "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS; "
-                     "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇",
+         .vjp = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
+                "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS",
+         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇, tile by tile",
          .second_order = attention_second_order_rule,
          .derivation = "5.6, 2.1",
          .second_order_derivation = "6.9",

@@ -7,7 +7,7 @@ from . import _tapegrad
 
 def graph(tape, path=None, *, format=None, title=""):
     """Draws everything recorded on `tape` since its last clear(): one node per value (op, dtype, shape, bytes kept,
-    norms of value and gradient), one edge per input, the ops' equations in the tooltips. With a path, writes the
+    norms of value and gradient), one edge per input, the ops' VJPs and JVPs in the tooltips. With a path, writes the
     drawing in the format its suffix names (.svg, .png by Graphviz's dot; .dot: the DOT text) and returns the path;
     without one, returns the DOT text."""
     if path is None:
