@@ -1,6 +1,7 @@
 // The op registry: the sheets of the ops a program knows (ops/sheet.hpp: name, forward, derivatives,
 // derivation sections, cost, gradcheck cases), which `tapegrad gradcheck`, explain, the profile and the test suite
-// read; a test fails for an op without a case. The built-in ops' sheets are listed in ops/all_ops.cpp.
+// read; a test fails for an op without a case. The built-in ops' sheets are the sheet functions of the files of
+// ops/, listed by the build (ops/all_ops.hpp).
 //
 // The same API serves ops defined outside tapegrad, in a user's own file (examples/custom-op/ is one):
 //   node       y = tape.empty(...) + forward; tape.record(name, inputs, y, vjp, jvp, second)  (engine/tape.hpp)
