@@ -1,6 +1,6 @@
 # The code of a guide, built by the tests: every ```cpp block of GUIDE that follows a line
 #   <!-- built by tests: MARK -->
-# is written, in order, into OUT (a source file compiled into a test program), so the guide's code is built exactly
+# is written, in order, into OUT (a source file that a test builds), so the guide's code is built exactly
 # as the guide shows it.
 #   cmake -D GUIDE=<docs/x.md> -D MARK=<name> -D OUT=<file.cpp> -P extract_guide_code.cmake
 cmake_minimum_required(VERSION 3.25)

@@ -1,4 +1,6 @@
-// The built-in ops' sheets (ops/sheet.hpp), every family's in one list: ops/all_ops.cpp.
+// The built-in ops' sheets (ops/sheet.hpp), every family's in one list. No one writes that list: the build generates
+// builtin_ops() from the files of ops/ (cmake/generate_op_list.cmake), calling every function
+// `std::vector<OpInfo> NAME()` that a file defines at the start of a line within namespace tapegrad.
 #pragma once
 
 #include <vector>
@@ -7,8 +9,8 @@
 
 namespace tapegrad {
 
-// Every built-in op's sheet, family by family in the order of ops/all_ops.cpp. builtin_registry() (ops/ops.hpp)
-// is the registry filled from them.
+// Every built-in op's sheet, file by file in the order of their paths under ops/ (arithmetic.cpp,
+// attention/beta.cpp, ...). builtin_registry() (ops/ops.hpp) is the registry filled from them.
 std::vector<OpInfo> builtin_ops();
 
 }  // namespace tapegrad

@@ -260,7 +260,9 @@ std::vector<OpInfo> arithmetic_ops() {
            .cases = {{"same shape", {{"a", {3, 4}}, {"b", {3, 4}, op.b_fill}}, bin(op.fn)},
                      {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)},
                      {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)},
-                     {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)}}});
+                     {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)}},
+           .inputs = 2,
+           .call = [fn = op.fn](std::span<const Var> x, const OpArgs&) { return fn(x[0], x[1]); }});
   }
   r.add({.name = "neg",
          .family = "arithmetic",
@@ -269,7 +271,9 @@ std::vector<OpInfo> arithmetic_ops() {
          .jvp = "ẏ = −ẋ",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }}}});
+         .cases = {{"matrix", {{"x", {3, 5}}}, [](Tape&, std::span<const Var> x) { return neg(x[0]); }}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs&) { return neg(x[0]); }});
   r.add({.name = "scale",
          .family = "arithmetic",
          .forward = "y = s·x",
@@ -277,7 +281,9 @@ std::vector<OpInfo> arithmetic_ops() {
          .jvp = "ẏ = s·ẋ",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }}}});
+         .cases = {{"s = -2.5", {{"x", {2, 3, 2}}}, [](Tape&, std::span<const Var> x) { return scale(x[0], -2.5); }}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) { return scale(x[0], a.number("s", 1.0)); }});
   return r.ops;
 }
 

@@ -194,7 +194,9 @@ std::vector<OpInfo> cross_entropy_ops() {
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss},
                    {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss},
-                   {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}}});
+                   {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}},
+         .inputs = 2,
+         .call = [](std::span<const Var> x, const OpArgs&) { return cross_entropy(x[0], x[1]); }});
   return r.ops;
 }
 

@@ -114,7 +114,9 @@ std::vector<OpInfo> embedding_ops() {
          .cases = {{"ids (2, 3), V = 6", {{"ids", {2, 3}, Fill::indices, 6}, {"table", {6, 4}}}, lookup},
                    {"12 ids, V = 5", {{"ids", {12}, Fill::indices, 5}, {"table", {5, 3}}}, lookup},
                    {"ids (2, 2, 3), V = 4", {{"ids", {2, 2, 3}, Fill::indices, 4}, {"table", {4, 2}}}, lookup},
-                   {"scalar id, V = 3", {{"ids", {}, Fill::indices, 3}, {"table", {3, 5}}}, lookup}}});
+                   {"scalar id, V = 3", {{"ids", {}, Fill::indices, 3}, {"table", {3, 5}}}, lookup}},
+         .inputs = 2,
+         .call = [](std::span<const Var> x, const OpArgs&) { return embedding(x[0], x[1]); }});
   return r.ops;
 }
 

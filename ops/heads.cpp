@@ -136,7 +136,11 @@ std::vector<OpInfo> heads_ops() {
          .cases = {{"x (2, 3, 8), 2 heads from column 2", {{"x", {2, 3, 8}}},
                     [](Tape&, std::span<const Var> x) { return split_heads(x[0], 2, 2, 4); }},
                    {"x (1, 4, 6), 3 heads, all columns", {{"x", {1, 4, 6}}},
-                    [](Tape&, std::span<const Var> x) { return split_heads(x[0], 3, 0, 6); }}}});
+                    [](Tape&, std::span<const Var> x) { return split_heads(x[0], 3, 0, 6); }}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           return split_heads(x[0], a.integer("heads"), a.integer("offset", 0), a.integer("width"));
+         }});
   r.add({.name = "merge_heads",
          .family = "heads",
          .forward = "z[b,t,i·d+e] = y[b,i,t,e]: (B, h, T, d) heads to (B, T, h·d)",
@@ -145,7 +149,9 @@ std::vector<OpInfo> heads_ops() {
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"y (2, 3, 4, 2)", {{"y", {2, 3, 4, 2}}},
-                    [](Tape&, std::span<const Var> x) { return merge_heads(x[0]); }}}});
+                    [](Tape&, std::span<const Var> x) { return merge_heads(x[0]); }}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs&) { return merge_heads(x[0]); }});
   return r.ops;
 }
 

@@ -86,7 +86,10 @@ std::vector<OpInfo> linear_ops() {
          .cases = {{"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }},
                    {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
-                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }}}});
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }}},
+         // x, W and an optional b.
+         .inputs = {2, 3},
+         .call = [](std::span<const Var> x, const OpArgs&) { return x.size() > 2 ? linear(x[0], x[1], x[2]) : linear(x[0], x[1]); }});
   return r.ops;
 }
 

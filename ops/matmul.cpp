@@ -217,7 +217,9 @@ std::vector<OpInfo> matmul_ops() {
                     product},
                    {"a 2-D, b rank 3: (3, 4) @ (2, 4, 5)", {{"a", {3, 4}}, {"b", {2, 4, 5}}}, product},
                    {"one input on both sides: x @ x, x (4, 4)", {{"x", {4, 4}}},
-                    [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }}}});
+                    [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }}},
+         .inputs = 2,
+         .call = [](std::span<const Var> x, const OpArgs&) { return matmul(x[0], x[1]); }});
   return r.ops;
 }
 

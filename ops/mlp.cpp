@@ -240,7 +240,15 @@ std::vector<OpInfo> mlp_ops() {
                     [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }},
                    {"tanh gelu, first bias only, x (3, 5), H = 7",
                     {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }}}});
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }}},
+         // x, W₁, b₁, W₂, b₂; form= exact or tanh (the default).
+         .inputs = 5,
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           const std::string name = a.text("form", "tanh");
+           const std::optional<GeluForm> form = gelu_form_named(name);
+           if (!form) fail("{}: form must be exact or tanh, got '{}'", kOp, name);
+           return mlp(x[0], x[1], x[2], x[3], x[4], *form);
+         }});
   return r.ops;
 }
 

@@ -109,7 +109,9 @@ std::vector<OpInfo> mse_loss_ops() {
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply},
                    {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply},
-                   {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply}}});
+                   {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply}},
+         .inputs = 2,
+         .call = [](std::span<const Var> x, const OpArgs&) { return mse_loss(x[0], x[1]); }});
   return r.ops;
 }
 

@@ -170,7 +170,12 @@ std::vector<OpInfo> reduce_ops() {
                      {"last axis", {{"x", {2, 3, 5}}}, along(2, false)},
                      {"axis -2", {{"x", {2, 4, 3}}}, along(-2, false)},
                      {"axis 1, keepdim", {{"x", {2, 3, 4}}}, along(1, true)},
-                     {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)}}});
+                     {"axis -1, keepdim", {{"x", {4, 3}}}, along(-1, true)}},
+           // No axis: over all of x.
+           .inputs = 1,
+           .call = [over_all = f.all, over_axis = f.along](std::span<const Var> x, const OpArgs& a) {
+             return a.has("axis") ? over_axis(x[0], a.axis("axis"), a.flag("keepdim", false)) : over_all(x[0]);
+           }});
   }
   return r.ops;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/ranges.h>
+
 #ifndef TAPEGRAD_SOURCE_DIR
 #define TAPEGRAD_SOURCE_DIR "."
 #endif
@@ -25,7 +27,37 @@ void Registry::add(OpInfo op, SourcePlace where) {
   if (op.name.empty()) fail("registry: an op needs a name");
   op.registered_at = where;
   if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);
+  if (op.call && op.inputs.max == 0) fail("registry: op '{}' has a .call and no .inputs (how many it takes)", op.name);
   ops_.push_back(std::move(op));
+}
+
+std::vector<std::string> Registry::callable() const {
+  std::vector<std::string> names;
+  for (const OpInfo& op : ops_)
+    if (op.call) names.push_back(op.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Var Registry::call(std::string_view name, std::span<const Var> inputs, OpArgs args) const {
+  const OpInfo* op = find(name);
+  if (!op) fail("no op '{}'; the ops called by name: {}", name, fmt::join(callable(), ", "));
+  if (!op->call)
+    fail("op '{}' is not called by name: its sheet (family {}) gives it no .call; the ops called by name: {}", name,
+         op->family, fmt::join(callable(), ", "));
+  if (!op->inputs.accepts(inputs.size()))
+    fail("{}: takes {} value{}, got {}", name, op->inputs.str(), op->inputs.max == 1 ? "" : "s", inputs.size());
+  std::string shapes;
+  for (const Var& x : inputs) {
+    if (!x.live()) fail("{}: an input is {}", name, to_string(x));
+    shapes += (shapes.empty() ? "" : ", ") + x.shape().str();
+  }
+  args.set_op(op->name);
+  try {
+    return op->call(inputs, args);
+  } catch (const Error& e) {
+    fail("{} on shapes {}: {}", name, shapes, e.what());
+  }
 }
 
 void Registry::add_case(std::string_view op, GradcheckCase c) {

@@ -1,6 +1,7 @@
 // The op registry: the sheets of the ops a program knows (ops/sheet.hpp: name, forward, derivatives,
 // derivation sections, cost, gradcheck cases), which `tapegrad gradcheck`, explain, the profile and the test suite
-// read; a test fails for an op without a case. The built-in ops' sheets are listed in ops/all_ops.cpp.
+// read; a test fails for an op without a case. The built-in ops' sheets are the sheet functions of the files of
+// ops/, listed by the build (ops/all_ops.hpp).
 //
 // The same API serves ops defined outside tapegrad, in a user's own file (examples/custom-op/ is one):
 //   node       y = tape.empty(...) + forward; tape.record(name, inputs, y, vjp, jvp, second)  (engine/tape.hpp)
@@ -10,6 +11,8 @@
 //   sheet      std::vector<OpInfo> my_ops() { return {{.name = ..., .family = ..., .forward = ..., .vjp = ...,
 //              .jvp = ..., .second_order = ..., .cases = {{case, inputs, build}}}}; }  (ops/sheet.hpp)
 //   register   Registry registry{my_ops()};  or  registry.add(my_ops());
+//   by name    .inputs = 2, .call = [](std::span<const Var> x, const OpArgs& a) { ... } in its sheet:
+//              registry.call("my_op", inputs, args) (Tape.op from Python calls the built-in ops so)
 //   claim      claimed({name, forward, vjp, jvp, hvp}) registers like an op: a forward with the derivatives a paper
 //              claims (checker/claimed.hpp).
 //   check      gradcheck(f, inputs) (checker/gradcheck.hpp); gradcheck_main(registry, argc, argv) makes a program
@@ -44,6 +47,11 @@ class Registry {
   void add_case(std::string_view op, GradcheckCase c);
   const std::vector<OpInfo>& ops() const { return ops_; }
   const OpInfo* find(std::string_view name) const;
+  // The op `name` called by name (OpInfo::call, as Tape.op from Python does) on its inputs with keyword arguments.
+  // Refuses, naming the op: one the registry does not have or that has no call, a count of inputs it does not take,
+  // an input no longer live; an Error from the op gets "NAME on shapes (..), (..): " in front.
+  Var call(std::string_view name, std::span<const Var> inputs, OpArgs args) const;
+  std::vector<std::string> callable() const;  // the names of the ops with a call, sorted
 
  private:
   std::vector<OpInfo> ops_;

@@ -401,7 +401,12 @@ std::vector<OpInfo> shape_ops() {
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(2, 3, 4) → (6, 4)", {{"x", {2, 3, 4}}}, reshaped({6, 4})},
                    {"(4, 6) → (2, 2, 6)", {{"x", {4, 6}}}, reshaped({2, 2, 6})},
-                   {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})}}});
+                   {"(1, 1) → ()", {{"x", {1, 1}}}, reshaped({})}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           const std::vector<int64_t> dims = a.integers("shape");
+           return reshape(x[0], Shape(std::span<const int64_t>(dims)));
+         }});
 
   auto permuted = [](std::vector<int> p) {
     return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
@@ -422,7 +427,13 @@ std::vector<OpInfo> shape_ops() {
                     [](Tape&, std::span<const Var> x) {
                       const std::array<int, 4> p{0, 2, 1, 3};
                       return permute(reshape(x[0], {2, 3, 2, 4}), p);
-                    }}}});
+                    }}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           std::vector<int> p;
+           for (const int64_t d : a.integers("perm")) p.push_back(static_cast<int>(d));
+           return permute(x[0], p);
+         }});
 
   auto sliced = [](int axis, int64_t start, int64_t stop) {
     return [=](Tape&, std::span<const Var> x) { return slice(x[0], axis, start, stop); };
@@ -437,7 +448,9 @@ std::vector<OpInfo> shape_ops() {
          .cases = {{"head 1 of 2 along the last axis: (2, 3, 8)[..., 4:8]", {{"x", {2, 3, 8}}}, sliced(-1, 4, 8)},
                    {"head 0 of 4 along the last axis: (3, 8)[:, 0:2]", {{"x", {3, 8}}}, sliced(1, 0, 2)},
                    {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)},
-                   {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)}}});
+                   {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) { return slice(x[0], a.axis("axis"), a.integer("start"), a.integer("stop")); }});
 
   auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
   r.add({.name = "concat",
@@ -456,7 +469,9 @@ std::vector<OpInfo> shape_ops() {
                       const std::array<Var, 3> heads{slice(x[0], -1, 0, 2), slice(x[0], -1, 2, 4),
                                                      slice(x[0], -1, 4, 6)};
                       return concat(heads, -1);
-                    }}}});
+                    }}},
+         .inputs = {1, InputCount::any},
+         .call = [](std::span<const Var> x, const OpArgs& a) { return concat(x, a.axis("axis", 0)); }});
   return r.ops;
 }
 

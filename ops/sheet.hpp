@@ -1,17 +1,22 @@
 // An op's sheet: plain data that describes one op to whatever reads it — its name on the tape, its forward map, the
 // derivatives its node implements (VJP, JVP and second order) in one line each, the sections of docs/derivations.md
 // that derive them, where the formulas are written when not in the node's own file, its cost in FLOPs, and the
-// gradcheck cases that exercise it. Strings, shapes and std::function: no checker code, so the op files that fill
-// their sheets (one block at the end of each file in ops/) include nothing of the tooling, and the tooling
-// (checker/: the registry, the gradchecker, explain; inspect/profile.hpp; inspect/tape_dot.hpp) reads the
-// sheets without knowing the ops.
+// gradcheck cases that exercise it, and how to call it by name with keyword arguments (Tape.op from Python). Strings,
+// shapes and std::function: no checker code, so the op files that fill their sheets (one block at the end of each
+// file in ops/) include nothing of the tooling, and the tooling (checker/: the registry, the gradchecker, explain;
+// inspect/profile.hpp; inspect/tape_dot.hpp; the Python module) reads the sheets without knowing the ops.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "../engine/source_place.hpp"
@@ -60,6 +65,55 @@ struct FormulaPlace {
   std::string function;
 };
 
+// An op's keyword arguments when it is called by name (Tape.op from Python, python/engine_bindings.cpp): named values
+// of a few plain kinds, read by typed getters. A getter with a fallback returns it when the key is absent; one
+// without needs the key. A key that is absent where needed, or of another kind, throws tapegrad::Error naming the op
+// and the key ("slice: needs the keyword stop=").
+class OpArgs {
+ public:
+  using Value = std::variant<bool, int64_t, double, std::vector<int64_t>, std::string>;
+
+  explicit OpArgs(std::string op = "op") : op_(std::move(op)) {}
+  void set_op(std::string op) { op_ = std::move(op); }
+  OpArgs& set(std::string key, Value value);
+  bool has(std::string_view key) const { return values_.find(key) != values_.end(); }
+
+  double number(std::string_view key) const;  // a number: a float or an integer
+  double number(std::string_view key, double fallback) const;
+  int64_t integer(std::string_view key) const;  // an integer, not a float or a bool
+  int64_t integer(std::string_view key, int64_t fallback) const;
+  int axis(std::string_view key) const;  // an integer that fits an int: an axis
+  int axis(std::string_view key, int fallback) const;
+  bool flag(std::string_view key) const;  // a bool
+  bool flag(std::string_view key, bool fallback) const;
+  std::vector<int64_t> integers(std::string_view key) const;  // a list of integers
+  std::string text(std::string_view key) const;              // a string
+  std::string text(std::string_view key, std::string fallback) const;
+
+ private:
+  const Value* find(std::string_view key) const;
+  const Value& need(std::string_view key) const;
+  [[noreturn]] void wrong(std::string_view key, const Value& v, std::string_view expected) const;
+
+  std::string op_;
+  std::map<std::string, Value, std::less<>> values_;
+};
+
+// How many inputs an op called by name takes: `.inputs = 3`, or a range, `.inputs = {3, 4}`, `{1, InputCount::any}`.
+struct InputCount {
+  static constexpr size_t any = std::numeric_limits<size_t>::max();
+  size_t min = 0, max = 0;
+
+  InputCount() = default;
+  InputCount(size_t n) : min(n), max(n) {}  // implicit: `.inputs = 3`
+  InputCount(size_t lo, size_t hi) : min(lo), max(hi) {}
+  bool accepts(size_t n) const { return n >= min && n <= max; }
+  std::string str() const;  // "3", "3 or 4", "one or more", "2 to 5"
+};
+
+// An op called by name: its inputs (as many as OpInfo::inputs accepts) and its keyword arguments.
+using OpCall = std::function<Var(std::span<const Var> inputs, const OpArgs& args)>;
+
 // OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
 inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
 
@@ -83,6 +137,10 @@ struct OpInfo {
   std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case
   SourcePlace registered_at{};  // where OpList::add or Registry::add was called; unknown (line 0): tapegrad
                                 // explain finds the op's name in its family's file
+  // How to call it by name (Registry::call; Tape.op from Python): the inputs it takes and a function of them and of
+  // its keyword arguments. An op without a call is not callable by name.
+  InputCount inputs{};
+  OpCall call{};
 };
 
 // A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:

@@ -153,7 +153,9 @@ std::vector<OpInfo> softmax_ops() {
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = row_cases(softmax, {{"masked -inf", {{"x", {4, 6}}}, [](Tape& tape, std::span<const Var> x) {
                                          return softmax(add_mask(tape, x[0]));
-                                       }}})});
+                                       }}}),
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs&) { return softmax(x[0]); }});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .forward = "per row: z = x − max x − log Σ exp(x − max x)",
@@ -167,7 +169,9 @@ std::vector<OpInfo> softmax_ops() {
                          {"second order", "ops/row_maps.hpp", "log_softmax_row_second_order"}},
          .cost = row_map_cost,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = row_cases(log_softmax)});
+         .cases = row_cases(log_softmax),
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs&) { return log_softmax(x[0]); }});
   return r.ops;
 }
 

@@ -1,8 +1,6 @@
 #include "python/engine_bindings.hpp"
 
 #include <atomic>
-#include <functional>
-#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -13,116 +11,43 @@
 #include "checker/explain.hpp"
 #include "inspect/tape_dot.hpp"
 #include "models/files.hpp"
-#include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
+#include "ops/registry.hpp"
 #include "python/numpy_tensor.hpp"
 
 namespace tapegrad::python {
 
 namespace {
 
-// An op applied to its input values, with its numeric options (axis, p, eps, ...) from Python keywords. It runs
-// without the GIL (call_op): reading a keyword takes the GIL back for that moment.
-using OpCall = std::function<Var(std::span<const Var>, const py::kwargs&)>;
-
-bool has_keyword(const py::kwargs& kw, const char* key) {
-  py::gil_scoped_acquire gil;
-  return kw.contains(key);
-}
-template <class T>
-T keyword(const py::kwargs& kw, const char* key, T fallback) {
-  py::gil_scoped_acquire gil;
-  return kw.contains(key) ? kw[key].cast<T>() : fallback;
-}
-template <class T>
-T required(const py::kwargs& kw, const char* op, const char* key) {
-  py::gil_scoped_acquire gil;
-  if (!kw.contains(key)) fail("{}: needs the keyword {}=", op, key);
-  return kw[key].cast<T>();
-}
-GeluForm gelu_form(const py::kwargs& kw) {
-  const std::string name = keyword<std::string>(kw, "form", "tanh");
-  if (auto f = gelu_form_named(name)) return *f;
-  fail("mlp: form must be exact or tanh, got '{}'", name);
-}
-AttentionOptions attention_options(const py::kwargs& kw) {
-  return {keyword(kw, "scale", 0.0), keyword(kw, "causal", false)};
-}
-
-struct OpEntry {
-  size_t inputs;  // how many values it takes (kAny: one or more)
-  OpCall call;
-};
-
-constexpr size_t kAny = SIZE_MAX;
-
-const std::map<std::string, OpEntry>& op_table() {
-  using S = std::span<const Var>;
-  using K = const py::kwargs&;
-  static const std::map<std::string, OpEntry> table = {
-      {"add", {2, [](S x, K) { return add(x[0], x[1]); }}},
-      {"sub", {2, [](S x, K) { return sub(x[0], x[1]); }}},
-      {"mul", {2, [](S x, K) { return mul(x[0], x[1]); }}},
-      {"div", {2, [](S x, K) { return div(x[0], x[1]); }}},
-      {"neg", {1, [](S x, K) { return neg(x[0]); }}},
-      {"scale", {1, [](S x, K k) { return scale(x[0], keyword(k, "s", 1.0)); }}},
-      {"exp", {1, [](S x, K) { return exp(x[0]); }}},
-      {"log", {1, [](S x, K) { return log(x[0]); }}},
-      {"tanh", {1, [](S x, K) { return tanh(x[0]); }}},
-      {"relu", {1, [](S x, K) { return relu(x[0]); }}},
-      {"gelu", {1, [](S x, K) { return gelu(x[0]); }}},
-      {"gelu_erf", {1, [](S x, K) { return gelu_erf(x[0]); }}},
-      {"elu", {1, [](S x, K k) { return elu(x[0], keyword(k, "alpha", 1.0)); }}},
-      {"sigmoid", {1, [](S x, K) { return sigmoid(x[0]); }}},
-      {"square", {1, [](S x, K) { return square(x[0]); }}},
-      {"sqrt", {1, [](S x, K) { return sqrt(x[0]); }}},
-      {"abs", {1, [](S x, K) { return abs(x[0]); }}},
-      {"pow", {1, [](S x, K k) { return pow(x[0], keyword(k, "p", 2.0)); }}},
-      {"sum", {1, [](S x, K k) {
-                 return has_keyword(k, "axis") ? sum(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
-                                           : sum(x[0]);
-               }}},
-      {"mean", {1, [](S x, K k) {
-                  return has_keyword(k, "axis") ? mean(x[0], keyword(k, "axis", -1), keyword(k, "keepdim", false))
-                                            : mean(x[0]);
-                }}},
-      {"transpose", {1, [](S x, K k) { return transpose(x[0], keyword(k, "axis0", -2), keyword(k, "axis1", -1)); }}},
-      {"permute", {1, [](S x, K k) { return permute(x[0], required<std::vector<int>>(k, "permute", "perm")); }}},
-      {"reshape", {1, [](S x, K k) {
-                     const auto dims = required<std::vector<int64_t>>(k, "reshape", "shape");
-                     return reshape(x[0], Shape(std::span<const int64_t>(dims)));
-                   }}},
-      {"slice", {1, [](S x, K k) {
-                   return slice(x[0], required<int>(k, "slice", "axis"), required<int64_t>(k, "slice", "start"),
-                                required<int64_t>(k, "slice", "stop"));
-                 }}},
-      {"concat", {kAny, [](S x, K k) { return concat(x, keyword(k, "axis", 0)); }}},
-      {"embedding", {2, [](S x, K) { return embedding(x[0], x[1]); }}},
-      {"mlp", {5, [](S x, K k) { return mlp(x[0], x[1], x[2], x[3], x[4], gelu_form(k)); }}},
-      {"split_heads", {1, [](S x, K k) {
-                         return split_heads(x[0], required<int64_t>(k, "split_heads", "heads"), keyword<int64_t>(k, "offset", 0),
-                                            required<int64_t>(k, "split_heads", "width"));
-                       }}},
-      {"merge_heads", {1, [](S x, K) { return merge_heads(x[0]); }}},
-      {"matmul", {2, [](S x, K) { return matmul(x[0], x[1]); }}},
-      {"linear", {3, [](S x, K) { return linear(x[0], x[1], x[2]); }}},
-      {"softmax", {1, [](S x, K) { return softmax(x[0]); }}},
-      {"log_softmax", {1, [](S x, K) { return log_softmax(x[0]); }}},
-      {"row_normalize", {1, [](S x, K) { return row_normalize(x[0]); }}},
-      {"layer_norm", {3, [](S x, K k) { return layer_norm(x[0], x[1], x[2], keyword(k, "eps", 1e-5)); }}},
-      {"mse_loss", {2, [](S x, K) { return mse_loss(x[0], x[1]); }}},
-      {"cross_entropy", {2, [](S x, K) { return cross_entropy(x[0], x[1]); }}},
-      {"attention", {3, [](S x, K k) { return attention(x[0], x[1], x[2], attention_options(k)); }}},
-      {"tiled_attention", {3, [](S x, K k) {
-                             return tiled_attention(x[0], x[1], x[2], attention_options(k), {},
-                                                    keyword<int64_t>(k, "block", 64));
-                           }}},
-      {"beta_attention", {3, [](S x, K k) { return beta_attention(x[0], x[1], x[2], attention_options(k)); }}},
-      {"linear_attention", {3, [](S x, K k) {
-                              return linear_attention(x[0], x[1], x[2], keyword(k, "causal", false));
-                            }}},
+// A Python keyword argument as one of OpArgs' kinds (ops/sheet.hpp): a bool, an integer, a number, a string, or a
+// sequence of integers; numpy's scalars and what has __index__ or __float__ count as what they convert to. Read
+// with the GIL and the tape's lock held: a keyword's __float__ that calls back into the same tape is refused
+// (TapeInUse), not run in the middle of the op.
+OpArgs::Value keyword_value(const std::string& op, const std::string& key, const py::handle v) {
+  auto integer = [&](const py::handle i) {
+    int overflow = 0;
+    const long long n = PyLong_AsLongLongAndOverflow(py::int_(py::reinterpret_borrow<py::object>(i)).ptr(), &overflow);
+    if (overflow != 0) fail("{}: the keyword {}= is an integer too large for 64 bits", op, key);
+    return static_cast<int64_t>(n);
   };
-  return table;
+  const std::string type = Py_TYPE(v.ptr())->tp_name;
+  if (py::isinstance<py::bool_>(v) || type == "numpy.bool_" || type == "numpy.bool") return v.cast<bool>();
+  if (py::isinstance<py::int_>(v)) return integer(v);
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::hasattr(v, "__index__")) return integer(v);
+  if (py::isinstance<py::sequence>(v)) {
+    std::vector<int64_t> list;
+    for (const py::handle item : py::reinterpret_borrow<py::sequence>(v)) {
+      if (py::isinstance<py::bool_>(item) || !(py::isinstance<py::int_>(item) || py::hasattr(item, "__index__")))
+        fail("{}: the keyword {}= holds a {}; a list keyword holds integers", op, key, Py_TYPE(item.ptr())->tp_name);
+      list.push_back(integer(item));
+    }
+    return list;
+  }
+  if (py::hasattr(v, "__float__")) return py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>();
+  fail("{}: the keyword {}= is a {}; keywords are bools, integers, numbers, strings or lists of integers", op, key,
+       type);
 }
 
 // A Tape made from Python. The engine's tape is not safe to use from two threads at once (an op appends to its
@@ -173,36 +98,6 @@ template <class On, class F>
 auto in_use(On& on, F&& f) {
   const TapeInUse use(on);
   return f();
-}
-
-std::string shapes_of(std::span<const Var> xs) {
-  std::string s;
-  for (const Var& x : xs) s += (s.empty() ? "" : ", ") + (x.live() ? x.shape().str() : to_string(x));
-  return s;
-}
-
-// The op by name on values of one tape; the C++ work runs without the GIL. A tapegrad::Error from the op gets
-// the op's name and its inputs' shapes in front.
-Var call_op(const std::string& name, const std::vector<Var>& xs, const py::kwargs& kw) {
-  const auto& table = op_table();
-  const auto it = table.find(name);
-  if (it == table.end()) {
-    std::string known;
-    for (const auto& [n, e] : table) known += (known.empty() ? "" : ", ") + n;
-    fail("Tape.op: no op '{}' here; the ops: {}", name, known);
-  }
-  if (it->second.inputs == kAny ? xs.empty() : xs.size() != it->second.inputs)
-    fail("{}: takes {} values, got {}", name, it->second.inputs == kAny ? "one or more" : std::to_string(it->second.inputs),
-         xs.size());
-  for (const Var& x : xs)
-    if (!x.live()) fail("{}: an input is {}", name, to_string(x));
-  const std::string shapes = shapes_of(xs);
-  try {
-    py::gil_scoped_release nogil;
-    return it->second.call(xs, kw);
-  } catch (const Error& e) {
-    fail("{} on shapes {}: {}", name, shapes, e.what());
-  }
 }
 
 py::array value_array(const Var& v) { return copy_to_numpy(v.value()); }
@@ -259,7 +154,14 @@ void bind_engine(py::module_& m) {
                       xs.size() - 1);
              }
              const TapeInUse use(t);
-             return call_op(name, xs, kw);
+             OpArgs args(name);
+             for (const auto& [key, value] : kw) {
+               const std::string k = py::str(key);
+               args.set(k, keyword_value(name, k, value));
+             }
+             // The op from its sheet (OpInfo::call), without the GIL.
+             py::gil_scoped_release nogil;
+             return builtin_registry().call(name, xs, std::move(args));
            }, py::keep_alive<0, 1>())
       .def("backward", [](PyTape& t, const Var& y, const py::object& seed) {
              const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
@@ -325,11 +227,8 @@ void bind_engine(py::module_& m) {
     }
     return path.empty() ? py::object(py::bytes(out)) : py::object(py::none());
   }, py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "");
-  m.def("ops", [] {
-    std::vector<std::string> names;
-    for (const auto& [n, e] : op_table()) names.push_back(n);
-    return names;
-  }, "The ops Tape.op calls by name");
+  m.def("ops", [] { return builtin_registry().callable(); },
+        "The ops Tape.op calls by name: those of tapegrad's registry whose sheet gives a call");
   m.def("registered_ops", [] {
     std::vector<std::string> names;
     for (const OpInfo& op : builtin_registry().ops()) names.push_back(op.name);

@@ -244,7 +244,9 @@ std::vector<OpInfo> beta_attention_ops() {
               qkv(causal)},
              // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
              {"Q = 0 (β at 0)", {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
-              qkv(plain)}}});
+              qkv(plain)}},
+         .inputs = 3,
+         .call = [](std::span<const Var> x, const OpArgs& a) { return beta_attention(x[0], x[1], x[2], attention_options(a)); }});
   return r.ops;
 }
 

@@ -136,6 +136,9 @@ inline OpCost attention_cost(std::span<const Shape> in, const Shape&) {
   return {forward, 2 * forward, 2 * forward};
 }
 
+// The options of an attention node called by name (its sheet's .call): scale= (0: 1/√d) and causal=.
+inline AttentionOptions attention_options(const OpArgs& a) { return {a.number("scale", 0.0), a.flag("causal", false)}; }
+
 // The bias. An additive bias on the attention scores S (B, h, T, Tk), taken by softmax.cpp and tiled.cpp.
 //
 // The bias broadcasts to (B, h, T, Tk) as in NumPy: its shape is aligned from the right, a missing leading axis

@@ -591,7 +591,9 @@ std::vector<OpInfo> linear_attention_ops() {
                     }},
                    {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)},
                    {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)},
-                   {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}}});
+                   {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}},
+         .inputs = 3,
+         .call = [](std::span<const Var> x, const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); }});
   return r.ops;
 }
 

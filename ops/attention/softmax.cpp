@@ -273,7 +273,10 @@ std::vector<OpInfo> attention_ops() {
              bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
              bias_case("bias (T,Tk)", {4, 5}, false),
              bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
-             bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)}});
+             bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
+         // Q, K, V and an optional bias.
+         .inputs = {3, 4},
+         .call = [](std::span<const Var> x, const OpArgs& a) { return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{}); }});
   return r.ops;
 }
 

@@ -415,7 +415,13 @@ std::vector<OpInfo> tiled_attention_ops() {
              bias_case("bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true),
              bias_case("bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false),
              {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}),
-              qkv_bias(causal, 40)}}});
+              qkv_bias(causal, 40)}},
+         // Q, K, V and an optional bias.
+         .inputs = {3, 4},
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           return tiled_attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{},
+                                  a.integer("block", 64));
+         }});
   return r.ops;
 }
 

@@ -87,7 +87,53 @@ def test_graph_draws_the_tape(tmp_path):
 
 
 def test_every_registered_op_is_callable_by_name():
-    assert set(tapegrad._tapegrad.registered_ops()) <= set(tapegrad.ops())
+    assert sorted(tapegrad._tapegrad.registered_ops()) == tapegrad.ops()
+
+
+def test_attention_by_name_takes_an_optional_bias():
+    """tape.op("attention", q, k, v, bias): O = softmax(QKᵀ/√d + B + M)·V, and B̄ = Σ over batch and heads of
+    A ⊙ (ȲVᵀ − rowsum(ȲVᵀ ⊙ A)); tiled_attention takes the bias the same way, beta_attention takes none."""
+    rng = np.random.default_rng(1)
+    tape = tapegrad.Tape()
+    q, k, v = (tape.leaf(rng.standard_normal((2, 2, 4, 3))) for _ in range(3))
+    b = rng.standard_normal((4, 4))
+    bias = tape.leaf(b)
+    y = tape.op("attention", q, k, v, bias, causal=True)
+    s = q.value @ k.value.swapaxes(-1, -2) / np.sqrt(3) + b + np.triu(np.full((4, 4), -np.inf), 1)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    a /= a.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y.value, a @ v.value, rtol=1e-12, atol=1e-12)
+    tiled = tape.op("tiled_attention", q, k, v, bias, causal=True, block=2)
+    np.testing.assert_allclose(tiled.value, y.value, rtol=1e-12, atol=1e-12)
+    tape.backward(tape.op("sum", y))
+    d_a = np.ones_like(y.value) @ v.value.swapaxes(-1, -2)
+    d_s = a * (d_a - (d_a * a).sum(-1, keepdims=True))
+    np.testing.assert_allclose(bias.grad, d_s.sum((0, 1)), rtol=1e-10, atol=1e-12)
+    without = tape.op("attention", q, k, v, causal=True)
+    assert np.abs(without.value - y.value).max() > 1e-3
+    with pytest.raises(tapegrad.Error, match="beta_attention: takes 3 values, got 4"):
+        tape.op("beta_attention", q, k, v, bias)
+    with pytest.raises(tapegrad.Error, match="attention: takes 3 or 4 values, got 2"):
+        tape.op("attention", q, k)
+
+
+def test_op_keywords_convert_from_python_and_a_wrong_kind_is_named():
+    tape = tapegrad.Tape()
+    x = tape.leaf(np.arange(6.0).reshape(2, 3))
+    assert tape.op("sum", x, axis=np.int64(1), keepdim=np.bool_(True)).shape == (2, 1)
+    assert tape.op("permute", x, perm=(1, 0)).shape == (3, 2)
+    assert tape.op("reshape", x, shape=[3, np.int32(2)]).shape == (3, 2)
+    assert tape.op("reshape", tape.leaf(np.ones((1, 1))), shape=()).shape == ()
+    np.testing.assert_array_equal(tape.op("scale", x, s=np.float32(0.5)).value, np.arange(6.0).reshape(2, 3) / 2)
+    with pytest.raises(tapegrad.Error, match=r"sum on shapes \(2, 3\): sum: the keyword axis= must be an integer, "
+                                             r"got the number 1.5"):
+        tape.op("sum", x, axis=1.5)
+    with pytest.raises(tapegrad.Error, match="scale: the keyword s= must be a number, got the string 'two'"):
+        tape.op("scale", x, s="two")
+    with pytest.raises(tapegrad.Error, match="mlp: form must be exact or tanh, got 'erf'"):
+        tape.op("mlp", *(tape.leaf(np.ones(s)) for s in [(2, 3), (4, 3), (4,), (3, 4), (3,)]), form="erf")
+    with pytest.raises(tapegrad.Error, match="permute: the keyword perm= holds a float"):
+        tape.op("permute", x, perm=[1.0, 0])
 
 
 def test_ops_with_indices_and_keywords():
