@@ -3,6 +3,7 @@
 // (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -62,7 +63,8 @@ TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their 
   CHECK(prose.has(Finding::nonlinear, "b"));  // dA ⊙ dA: degree 2 in the cotangent
 
   for (const char* file : {"docs/claims/beta-derivative.txt", "docs/claims/attention-bias-code-ds.txt",
-                           "docs/claims/attention-gradient.txt", "docs/claims/linear-attention.txt"}) {
+                           "docs/claims/attention-gradient.txt", "docs/claims/linear-attention.txt",
+                           "docs/claims/attention-shared-bias.txt"}) {
     for (const auto& c : claims_in(file)) {
       CAPTURE(file);
       CAPTURE(c.name);
@@ -70,6 +72,42 @@ TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their 
       CHECK_MESSAGE(r.passed(), r.str());
     }
   }
+}
+
+// The learner's chapter (docs/learn.md §4): layer norm's VJP as formulas holds; without its last term, the one
+// through ρ, it is a per-row term of x's VJP, and w and b stay right.
+TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term through ρ is a per-row term") {
+  const auto claims = claims_in("docs/claims/layer-norm.txt");
+  const GradcheckReport right = check_named(claims, "layer_norm_vjp");
+  CHECK_MESSAGE(right.passed(), right.str());
+  const GradcheckReport slip = check_named(claims, "layer_norm_dropped_row_term");
+  MESSAGE(slip.str());
+  CHECK_FALSE(slip.passed());
+  CHECK(slip.has(Finding::per_row_term, "x"));
+  CHECK(slip.has(Finding::vjp_only, "x"));
+  CHECK(slip.has(Finding::one_input, "x"));
+  CHECK_FALSE(slip.has(Finding::unexplained));
+}
+
+TEST_CASE("every file of docs/claims is run by a test") {
+  // A claims file the docs point to must not go stale unchecked: its path is named here or in tests/CMakeLists.txt.
+  const std::string root = TAPEGRAD_SOURCE_DIR;
+  std::string tests;
+  for (const char* f : {"/tests/gradcheck_claims_test.cpp", "/tests/CMakeLists.txt"}) {
+    std::ifstream in(root + f);
+    std::ostringstream s;
+    s << in.rdbuf();
+    tests += s.str();
+  }
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/docs/claims")) {
+    if (e.path().extension() != ".txt") continue;
+    const std::string name = "docs/claims/" + e.path().filename().string();
+    CAPTURE(name);
+    CHECK(tests.find(name) != std::string::npos);
+    ++files;
+  }
+  CHECK(files >= 8);
 }
 
 // Second-order slips as claims: each named by the kind a first-order slip of its shape gets, plus which block

@@ -102,10 +102,12 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
   });
 }
 
-// Second order (Tape::hvp), one slice: the tangent of the VJP at a fixed G. With dP = GVᵀ and dS = dβ(P)·dP
+// Second order (Tape::hvp), one slice: the tangent of the VJP at a fixed G. With dBβ = GVᵀ and dP = dβ(P)·dBβ
 // (masked to the visible keys) as in the VJP, and the JVP's Ṗ = s(Q̇Kᵀ + QK̇ᵀ) (masked), Ḃβ = dβ(P)·Ṗ:
-//   dṠ_i = (β's second-order rule at p_i along ṗ_i, applied to dP_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
-//   dV̇ += Ḃβᵀ·G,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)
+//   dṖ_i = (β's second-order rule at p_i along ṗ_i, applied to dBβ_i) + dβ(p_i)·(GV̇ᵀ)_i     (ops/row_maps.hpp)
+//   dV̇ += Ḃβᵀ·G,   dQ̇ += s(dṖ·K + dP·K̇),   dK̇ += s(dṖᵀ·Q + dPᵀ·Q̇)
+// The buffers keep the names of the helpers they share with softmax attention (ops/attention/kernels.hpp): dp holds
+// dBβ = GVᵀ, dpdot GV̇ᵀ, ds the score gradient dP and dsdot its tangent dṖ.
 // Dense over the slice: the products through gemm, β's rules row by row over each row's visible keys (zeros after
 // them). Outputs and tangents may be null. `work` holds second_order_slice_elements(dims) elements of scratch.
 template <class T>
@@ -113,9 +115,9 @@ void beta_attention_second_order(const AttentionDims& dims, const T* q, const T*
                                  const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
                                  T* out_v, T* work) {
   const int64_t T_ = dims.T, Tk = dims.Tk;
-  // (T, Tk) each; dS, Ḃβ and dṠ stay 0 beyond each row's visible keys
+  // (T, Tk) each; dP, Ḃβ and dṖ stay 0 beyond each row's visible keys
   auto [dp, dpdot, pdot, ds, bdot, dsdot] = zeroed_slice_matrices(work, T_ * Tk);
-  second_order_scores(dims, q, k, v, g, tq, tk, tv, dp, dpdot, pdot);  // dP, GV̇ᵀ, Ṗ
+  second_order_scores(dims, q, k, v, g, tq, tk, tv, dp, dpdot, pdot);  // dBβ = GVᵀ, GV̇ᵀ, Ṗ
   for (int64_t i = 0; i < T_; ++i) {
     const int64_t vis = dims.visible(i);
     const T* beta = bb + i * Tk;
@@ -223,8 +225,8 @@ std::vector<OpInfo> beta_attention_ops() {
          .forward = "O = Bβ·V, Bβ = β(P) per row, P = M ⊙ s·QKᵀ (M: 0 above the diagonal when causal)",
          .vjp = "dV += BβᵀG; dP = M ⊙ dβ(P)(GVᵀ) with dβ(p)u = c·u − c²(⟨p,u⟩/r)p; dQ += s·dP·K; dK += s·dPᵀ·Q",
          .jvp = "Ȯ = dβ(P)(M ⊙ s(Q̇Kᵀ + QK̇ᵀ))·V + Bβ·V̇",
-         .second_order = "dP = GVᵀ, Ṗ = M ⊙ s(Q̇Kᵀ + QK̇ᵀ): dṠ_i = (β's rule at p_i along ṗ_i, applied to dP_i) + "
-                         "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇)",
+         .second_order = "dBβ = GVᵀ, Ṗ = M ⊙ s(Q̇Kᵀ + QK̇ᵀ): dṖ_i = (β's rule at p_i along ṗ_i, applied to dBβ_i) + "
+                         "dβ(p_i)(GV̇ᵀ)_i, masked; dV̇ += Ḃβᵀ·G, dQ̇ += s(dṖ·K + dP·K̇), dK̇ += s(dṖᵀ·Q + dPᵀ·Q̇)",
          .derivation = "1.4, 1.2",
          .second_order_derivation = "6.10",
          .formulas_at = {{"β rows", "ops/row_maps.hpp", "beta_row"},

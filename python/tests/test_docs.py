@@ -125,3 +125,29 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     assert len(quoted) > 12
     for line in quoted:
         assert masked(line) in printed, f"docs/python.md quotes {line!r}, which no check prints"
+
+
+def test_learn_md_python_blocks_print_what_they_quote(tmp_path, monkeypatch):
+    """docs/learn.md's Python runs as shown: the layer-norm slip's report (its verdict, rows and diagnosis lines) and
+    the drawing of attention built from primitive ops."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not on PATH: the chapter's drawing cannot be made")
+    monkeypatch.chdir(tmp_path)
+    blocks = fenced_blocks("docs/learn.md", "python")
+    assert len(blocks) == 2
+    for code, quoted in blocks:
+        assert quoted, "each Python block of docs/learn.md is followed by the output it prints"
+        printed_lines = run(code)[0].splitlines()
+        for line in quoted.splitlines():
+            if line.strip() in ("", "…"):
+                continue
+            if re.match(r"\s+\w+\s+(vjp|jvp|adjoint|accumulate)\s", line):
+                head = line.split()[:3]
+                assert any(p.split()[:3] == head for p in printed_lines), f"no row {head}:\n{printed_lines}"
+            else:
+                assert line in printed_lines, f"docs/learn.md quotes {line!r}; the block printed:\n{printed_lines}"
+    assert (tmp_path / "steps.svg").stat().st_size > 0
