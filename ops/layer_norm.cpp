@@ -287,6 +287,29 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       });
 }
 
+// layer norm's worked example (`tapegrad explain layer_norm --trace`, docs/learn.md §4): three rows of four, the
+// forward and the VJP (layer_norm_vjp's formula) written again with primitive ops.
+OpTrace layer_norm_trace() {
+  return {.example = {"3 rows of 4", {{"x", {3, 4}}, {"w", {4}}, {"b", {4}}},
+                      [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); }},
+          .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
+            const Var eps = x[0].tape().constant(Tensor::from<double>(Shape{}, {1e-5}));
+            const Var mu = t.show("μ = mean(x), per row", mean(x[0], -1, true));
+            const Var centred = sub(x[0], mu);
+            const Var sigma = t.show("σ = √(mean((x − μ)²) + ε), per row   (ε = 1e-5)",
+                                     sqrt(add(mean(square(centred), -1, true), eps)));
+            const Var xhat = t.show("x̂ = (x − μ)/σ", div(centred, sigma));
+            t.show("y = w ⊙ x̂ + b", add(mul(x[1], xhat), x[2]));
+            t.part("VJP (ȳ given)");
+            const Var gw = t.show("ĝ = w ⊙ ȳ", mul(x[1], g));
+            const Var xbar = t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row",
+                                    div(sub(sub(gw, mean(gw, -1, true)), mul(xhat, mean(mul(gw, xhat), -1, true))), sigma));
+            const Var wbar = t.show("w̄ = Σ over the rows of ȳ ⊙ x̂", sum(mul(g, xhat), 0));
+            const Var bbar = t.show("b̄ = Σ over the rows of ȳ", sum(g, 0));
+            return {xbar, wbar, bbar};
+          }};
+}
+
 // The sheet: what the kernels above implement, in one line each.
 std::vector<OpInfo> layer_norm_ops() {
   OpList r;
@@ -303,7 +326,8 @@ std::vector<OpInfo> layer_norm_ops() {
          .cases = {{"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply},
                    {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return layer_norm(x[0], x[1], x[2], a.number("eps", 1e-5)); }});
+         .call = [](std::span<const Var> x, const OpArgs& a) { return layer_norm(x[0], x[1], x[2], a.number("eps", 1e-5)); },
+         .trace = layer_norm_trace()});
   return r.ops;
 }
 

@@ -52,6 +52,21 @@ Var row_normalize(Var x) {
       });
 }
 
+// β's worked example (`tapegrad explain row_normalize --trace`, docs/learn.md §5): three rows of two, the forward
+// and the VJP (beta_row_derivative's formula) written again with primitive ops.
+OpTrace row_normalize_trace() {
+  return {.example = {"3 rows of 2", {{"x", {3, 2}}}, [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); }},
+          .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
+            const Var one = x[0].tape().constant(Tensor::from<double>(Shape{}, {1.0}));
+            const Var r = t.show("r = ‖x‖, per row", sqrt(sum(square(x[0]), -1, true)));
+            const Var c = t.show("c = 1/(1 + r)", div(one, add(one, r)));
+            const Var y = t.show("y = β(x) = c·x", mul(c, x[0]));
+            t.part("VJP (ȳ given)");
+            const Var k = t.show("k = ⟨y, ȳ⟩/r, per row", div(sum(mul(y, g), -1, true), r));
+            return {t.show("x̄ = c·ȳ − k·y", sub(mul(c, g), mul(k, y)))};
+          }};
+}
+
 std::vector<OpInfo> row_normalize_ops() {
   OpList r;
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
@@ -78,7 +93,8 @@ std::vector<OpInfo> row_normalize_ops() {
                    {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply},
                    {"rank 3", {{"x", {2, 3, 4}}}, apply}},
          .inputs = 1,
-         .call = [](std::span<const Var> x, const OpArgs&) { return row_normalize(x[0]); }});
+         .call = [](std::span<const Var> x, const OpArgs&) { return row_normalize(x[0]); },
+         .trace = row_normalize_trace()});
   return r.ops;
 }
 

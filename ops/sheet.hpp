@@ -114,6 +114,26 @@ struct InputCount {
 // An op called by name: its inputs (as many as OpInfo::inputs accepts) and its keyword arguments.
 using OpCall = std::function<Var(std::span<const Var> inputs, const OpArgs& args)>;
 
+// A worked example of an op's rules, for `tapegrad explain OP --trace`: the forward and the VJP written again, line
+// by line, with the engine's primitive ops on a tiny seeded input, each line shown with the value it computes. The
+// explanation compares the x̄ the lines end with against the node's own VJP, and gradchecks the node at the same
+// numbers.
+class TraceLines {
+ public:
+  virtual ~TraceLines() = default;
+  // Starts a part of the example ("forward", "VJP").
+  virtual void part(std::string_view title) = 0;
+  // Shows v's value under `formula` ("D = rowsum(y ⊙ ȳ)") and returns v.
+  virtual Var show(std::string_view formula, Var v) = 0;
+};
+struct OpTrace {
+  // The node on a tiny input (a few rows of 2 or 3): its inputs are drawn from the seed as a gradcheck case's are.
+  GradcheckCase example;
+  // Given the inputs x and a cotangent ȳ of the node's output, shows the forward's and the VJP's lines and returns
+  // x̄ for each input (an undefined Var for an input without a gradient, such as indices).
+  std::function<std::vector<Var>(TraceLines& t, std::span<const Var> x, const Var& ybar)> lines;
+};
+
 // OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
 inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
 
@@ -141,6 +161,8 @@ struct OpInfo {
   // its keyword arguments. An op without a call is not callable by name.
   InputCount inputs{};
   OpCall call{};
+  // A worked example of its forward and VJP, line by line with their values (`tapegrad explain OP --trace`).
+  std::optional<OpTrace> trace{};
 };
 
 // A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:

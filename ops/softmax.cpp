@@ -113,6 +113,19 @@ Var add_mask(Tape& tape, Var x) {
 Var softmax(Var x) { return row_distribution<Softmax>(x); }
 Var log_softmax(Var x) { return row_distribution<LogSoftmax>(x); }
 
+// softmax's worked example (`tapegrad explain softmax --trace`, docs/learn.md §2): three rows of two, the forward
+// and the VJP written again with primitive ops. Without the shift by max x, which changes no value.
+OpTrace softmax_trace() {
+  return {.example = {"3 rows of 2", {{"x", {3, 2}}}, [](Tape&, std::span<const Var> x) { return softmax(x[0]); }},
+          .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
+            const Var e = t.show("e = exp(x)", exp(x[0]));
+            const Var y = t.show("y = e / rowsum(e)", div(e, sum(e, -1, true)));
+            t.part("VJP (ȳ given)");
+            const Var d = t.show("D = rowsum(y ⊙ ȳ), the row term ⟨y, ȳ⟩", sum(mul(y, g), -1, true));
+            return {t.show("x̄ = y ⊙ (ȳ − D)", mul(y, sub(g, d)))};
+          }};
+}
+
 std::vector<OpInfo> softmax_ops() {
   OpList r;
   // Per element, one flop per operation (exp as one): forward max, subtract, exp, sum, divide; VJP and JVP a
@@ -155,7 +168,8 @@ std::vector<OpInfo> softmax_ops() {
                                          return softmax(add_mask(tape, x[0]));
                                        }}}),
          .inputs = 1,
-         .call = [](std::span<const Var> x, const OpArgs&) { return softmax(x[0]); }});
+         .call = [](std::span<const Var> x, const OpArgs&) { return softmax(x[0]); },
+         .trace = softmax_trace()});
   r.add({.name = "log_softmax",
          .family = "softmax",
          .forward = "per row: z = x − max x − log Σ exp(x − max x)",

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "checker/explain.hpp"
+#include "checker/trace.hpp"
 #include "inspect/tape_dot.hpp"
 #include "models/files.hpp"
 #include "ops/ops.hpp"
@@ -245,6 +246,19 @@ void bind_engine(py::module_& m) {
     }
     return explanation_json(e).dump();
   }, py::arg("op"), py::arg("derivations_path") = "");
+  // explain(op, trace=True): `tapegrad explain OP --trace --json` parsed by Python's json module, and its text.
+  m.def("_trace_json", [](const std::string& op, uint64_t seed) {
+    GradcheckOptions o;
+    o.seed = seed;
+    OpTraceRun run;
+    {
+      py::gil_scoped_release nogil;
+      run = trace_op(builtin_registry(), op, o);
+    }
+    nlohmann::json j = trace_json(run);
+    j["text"] = format_trace(run);
+    return j.dump();
+  }, py::arg("op"), py::arg("seed") = GradcheckOptions{}.seed);
 }
 
 }  // namespace tapegrad::python

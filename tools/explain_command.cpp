@@ -1,5 +1,6 @@
 // tapegrad explain OP: one op's forward, VJP and JVP, where they are written and derived, what its node keeps and
-// costs at a shape, and its gradcheck there and then (checker/explain.hpp). With no op: the list of ops.
+// costs at a shape, and its gradcheck there and then (checker/explain.hpp); with --trace, its worked example with
+// the numbers (checker/trace.hpp). With no op: the list of ops.
 #include <fmt/core.h>
 
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "checker/explain.hpp"
 #include "checker/cli.hpp"
+#include "checker/trace.hpp"
 #include "models/files.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
@@ -20,6 +22,7 @@ struct ExplainArgs {
   std::vector<std::string> shapes;  // NAME=D,D,...
   bool json = false;
   bool index_markdown = false;
+  bool trace = false;
   ExplainOptions options;
 };
 
@@ -35,6 +38,12 @@ void add_explain_command(CLI::App& app) {
   cmd->add_option("--shape", args->shapes,
                   "An input's shape in place of the case's, NAME=D,D,... (repeatable; NAME= for a scalar)");
   cmd->add_flag("--json", args->json, "Print the same as one JSON object");
+  cmd->add_flag("--trace", args->trace,
+                "The op's worked example: each formula of its forward and VJP with the matrix it produces on a tiny "
+                "seeded input, the gradients it ends with against the node's own VJP, and the node's gradcheck there "
+                "(softmax, attention, layer_norm, row_normalize; exit 1 if they disagree)");
+  cmd->add_option("--seed", args->options.gradcheck.seed, "With --trace: the seed of the example's inputs and ȳ")
+      ->capture_default_str();
   cmd->add_flag("--index-markdown", args->index_markdown,
                 "Print every op's formulas as one markdown table: file, forward, VJP, JVP, second order, sections");
   cmd->callback([args] {
@@ -47,6 +56,17 @@ void add_explain_command(CLI::App& app) {
       list.list = true;
       list.json = args->json;
       run_gradcheck(builtin_registry(), list);
+      return;
+    }
+    if (args->trace) {
+      if (!args->shapes.empty() || !args->options.case_name.empty())
+        throw CLI::ValidationError("--trace", "runs the op's own worked example: --case and --shape do not apply");
+      const OpTraceRun run = trace_op(builtin_registry(), args->op, args->options.gradcheck);
+      if (args->json)
+        fmt::print("{}\n", trace_json(run).dump(2));
+      else
+        fmt::print("{}", format_trace(run));
+      if (!run.passed) set_exit_code(1);
       return;
     }
     for (const std::string& s : args->shapes) args->options.shapes.push_back(parse_named_shape("--shape", s));

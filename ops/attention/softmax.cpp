@@ -23,6 +23,7 @@
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
+#include "ops/ops.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -229,6 +230,31 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   return tape.record(op, {q, k, v}, o, vjp, jvp, second);
 }
 
+// attention's worked example (`tapegrad explain attention --trace`, docs/learn.md §3): a batch of 2, one head,
+// T = 3, d = 2, and a (T, T) bias shared by the batch; the forward and the VJP (attention_vjp's steps) written again
+// with primitive ops, down to the bias's gradient, dS summed over the batch.
+OpTrace attention_trace() {
+  return {.example = {"B=2 h=1 T=3 d=2, a (3, 3) bias",
+                      {{"q", {2, 1, 3, 2}}, {"k", {2, 1, 3, 2}}, {"v", {2, 1, 3, 2}}, {"bias", {3, 3}}},
+                      [](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], {}, x[3]); }},
+          .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
+            const Var &q = x[0], &k = x[1], &v = x[2], &bias = x[3];
+            const double s = 1 / std::sqrt(2.0);  // 1/√d
+            const Var scores = t.show("S = s·Q·Kᵀ + bias   (s = 1/√d)", add(scale(matmul(q, transpose(k)), s), bias));
+            const Var a = t.show("A = softmax(S), per row", softmax(scores));
+            t.show("O = A·V", matmul(a, v));
+            t.part("VJP (G = Ō given)");
+            const Var dv = t.show("dV = Aᵀ·G", matmul(transpose(a), g));
+            const Var da = t.show("dA = G·Vᵀ", matmul(g, transpose(v)));
+            const Var d = t.show("D = rowsum(A ⊙ dA)", sum(mul(a, da), -1, true));
+            const Var ds = t.show("dS = A ⊙ (dA − D·1ᵀ)", mul(a, sub(da, d)));
+            const Var dq = t.show("dQ = s·dS·K", scale(matmul(ds, k), s));
+            const Var dk = t.show("dK = s·dSᵀ·Q", scale(matmul(transpose(ds), q), s));
+            const Var db = t.show("d(bias) = Σ over the batch and heads of dS", sum(sum(ds, 0), 0));
+            return {dq, dk, dv, db};
+          }};
+}
+
 std::vector<OpInfo> attention_ops() {
   OpList r;
   auto qkv = [](AttentionOptions opt) {
@@ -276,7 +302,10 @@ std::vector<OpInfo> attention_ops() {
              bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
          // Q, K, V and an optional bias.
          .inputs = {3, 4},
-         .call = [](std::span<const Var> x, const OpArgs& a) { return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{}); }});
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
+         },
+         .trace = attention_trace()});
   return r.ops;
 }
 

@@ -1,10 +1,13 @@
 """tapegrad.explain(op): `tapegrad explain OP --json` as a dict, with docs/derivations.md found where tapegrad's
-shared files are (the build tree's share/tapegrad, or the install prefix's)."""
+shared files are (the build tree's share/tapegrad, or the install prefix's); explain(op, trace=True): the op's worked
+example with its numbers, as `tapegrad explain OP --trace`."""
 
 import json
 import os
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from . import _tapegrad
 
@@ -24,7 +27,24 @@ def _derivations_path():
     return ""
 
 
-def explain(op):
+def _array(value):
+    return np.array(value["values"], dtype=np.float64).reshape(value["shape"])
+
+
+def explain(op, trace=False, seed=None):
     """One op on one screen as a dict: its forward, VJP, JVP and second-order rule, where they are written, the
-    sections of docs/derivations.md that derive them, what its node keeps (bytes), its FLOPs, its gradchecks."""
-    return json.loads(_tapegrad._explain_json(op, _derivations_path()))
+    sections of docs/derivations.md that derive them, what its node keeps (bytes), its FLOPs, its gradchecks.
+
+    With trace=True, the op's worked example instead (softmax, attention, layer_norm, row_normalize): each formula of
+    its forward and VJP with the matrix it produces on a tiny input drawn from `seed` (None: the checker's
+    default seed), as numpy arrays:
+    {"op", "case", "seed", "inputs": {name: array}, "ybar": array, "lines": [(part, formula, array)],
+    "gradients": [{"input", "max_abs_diff", "scale", "agrees"}], "gradcheck_passed", "passed", "text"}, where
+    "gradients" compares what the lines end with against the node's own VJP and "text" is what the command prints."""
+    if not trace:
+        return json.loads(_tapegrad._explain_json(op, _derivations_path()))
+    run = json.loads(_tapegrad._trace_json(op) if seed is None else _tapegrad._trace_json(op, seed))
+    run["inputs"] = {i["name"]: _array(i["value"]) for i in run["inputs"]}
+    run["ybar"] = _array(run["ybar"])
+    run["lines"] = [(line["part"], line["formula"], _array(line["value"])) for line in run["lines"]]
+    return run

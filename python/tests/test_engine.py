@@ -52,6 +52,25 @@ def test_explain_is_a_dict_of_the_op_record():
     assert e["jvp"] == "per row: ẏ = y ⊙ (ẋ − ⟨y, ẋ⟩)"
 
 
+def test_explain_trace_gives_each_line_with_its_value_as_numpy():
+    run = tapegrad.explain("softmax", trace=True)
+    assert run["passed"] and run["gradcheck_passed"]
+    x = run["inputs"]["x"]
+    assert x.shape == (3, 2) and run["ybar"].shape == (3, 2)
+    parts = [part for part, _, _ in run["lines"]]
+    assert parts[0] == "forward" and parts[-1].startswith("VJP")
+    values = {formula: value for _, formula, value in run["lines"]}
+    y = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(values["y = e / rowsum(e)"], y, rtol=1e-14)
+    d = (y * run["ybar"]).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(values["x̄ = y ⊙ (ȳ − D)"], y * (run["ybar"] - d), rtol=1e-12, atol=1e-15)
+    assert "the same" in run["text"]
+    # Another seed, other numbers; an op without a worked example is refused.
+    assert not np.array_equal(tapegrad.explain("softmax", trace=True, seed=1)["inputs"]["x"], x)
+    with pytest.raises(tapegrad.Error, match="the ops that have one"):
+        tapegrad.explain("matmul", trace=True)
+
+
 def test_the_gil_is_released_while_an_op_runs():
     a = np.random.default_rng(0).standard_normal((1200, 1200))
     tape = tapegrad.Tape()

@@ -1,0 +1,160 @@
+#include "checker/trace.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/functions.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+// Keeps each line's value as the lines run.
+class Recorder : public TraceLines {
+ public:
+  explicit Recorder(std::vector<TracedLine>& lines) : lines_(lines) {}
+  void part(std::string_view title) override { part_ = title; }
+  Var show(std::string_view formula, Var v) override {
+    if (!v.live()) fail("trace: line '{}' has no value", formula);
+    lines_.push_back({part_, std::string(formula), v.value().to(DType::f64)});
+    return v;
+  }
+
+ private:
+  std::vector<TracedLine>& lines_;
+  std::string part_ = "forward";
+};
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (const double v : t.to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// `text` with every line after the first indented by `indent` spaces (empty lines stay empty).
+std::string indented(const std::string& text, size_t indent) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    out += text[i];
+    if (text[i] == '\n' && i + 1 < text.size() && text[i + 1] != '\n') out += std::string(indent, ' ');
+  }
+  return out;
+}
+
+// x̄ for a one-letter input, d(bias) for a longer name.
+std::string gradient_name(const std::string& input) {
+  return input.size() == 1 ? input + "\u0304" : "d(" + input + ")";
+}
+
+// A value as the trace prints it: its numbers, without Tensor::str's first line (the dtype is always float64).
+std::string numbers(const Tensor& t) {
+  const std::string s = t.str();
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(nl + 1);
+}
+
+std::vector<std::string> names_of_ops_with_traces(const Registry& registry) {
+  std::vector<std::string> names;
+  for (const OpInfo& op : registry.ops())
+    if (op.trace) names.push_back(op.name);
+  return names;
+}
+
+}  // namespace
+
+OpTraceRun trace_op(const Registry& registry, std::string_view name, const GradcheckOptions& options) {
+  const OpInfo* op = registry.find(name);
+  if (!op) fail("explain --trace: no op named '{}'", name);
+  if (!op->trace) {
+    std::string with;
+    for (const std::string& n : names_of_ops_with_traces(registry)) with += (with.empty() ? "" : ", ") + n;
+    fail("explain --trace: op '{}' has no worked example in its sheet; the ops that have one: {}", name, with);
+  }
+  const OpTrace& trace = *op->trace;
+  OpTraceRun run;
+  run.op = op->name;
+  run.case_name = trace.example.name;
+  run.seed = options.seed;
+  const CaseInputs in = case_inputs(trace.example, options);
+  for (size_t i = 0; i < in.values.size(); ++i) run.inputs.emplace_back(in.names[i], in.values[i]);
+
+  // The node's VJP at a cotangent drawn from the seed.
+  const Tensor y = evaluate(trace.example.build, in.values);
+  run.ybar = Tensor::uniform(DType::f64, y.shape(), options.seed + 1, -1.0, 1.0);
+  const std::vector<Tensor> node_gradients = vjp(trace.example.build, in.values, run.ybar);
+
+  // The lines, on another tape: what they compute owes nothing to the node's rules.
+  Tape lines_tape;
+  std::vector<Var> lx;
+  for (const Tensor& v : in.values) lx.push_back(lines_tape.constant(v));
+  Recorder recorder(run.lines);
+  const std::vector<Var> traced = trace.lines(recorder, lx, lines_tape.constant(run.ybar));
+  if (traced.size() != in.values.size())
+    fail("explain --trace {}: the worked example returns {} gradients for {} inputs", op->name, traced.size(),
+         in.values.size());
+  bool agree = true;
+  for (size_t i = 0; i < traced.size(); ++i) {
+    if (!trace.example.inputs[i].differentiable()) continue;
+    TracedGradient g{in.names[i]};
+    if (!traced[i].live()) fail("explain --trace {}: the worked example gives no gradient of {}", op->name, g.input);
+    const Tensor mine = traced[i].value().to(DType::f64);
+    if (mine.shape() != node_gradients[i].shape())
+      fail("explain --trace {}: the worked example's gradient of {} has shape {}, the input {}", op->name, g.input,
+           mine.shape(), node_gradients[i].shape());
+    const std::vector<double> a = mine.to_vector(), b = node_gradients[i].to_vector();
+    bool finite = true;
+    for (size_t j = 0; j < a.size(); ++j) {
+      finite = finite && std::isfinite(a[j]) && std::isfinite(b[j]);
+      g.max_abs_diff = std::max(g.max_abs_diff, std::abs(a[j] - b[j]));
+    }
+    g.scale = max_abs(node_gradients[i]);
+    g.agrees = finite && g.max_abs_diff <= 1e-12 * (1 + g.scale);
+    agree = agree && g.agrees;
+    run.gradients.push_back(g);
+  }
+  run.check = gradcheck(trace.example, options, op->name);
+  run.passed = agree && !run.gradients.empty() && run.check.passed;
+  return run;
+}
+
+std::string format_trace(const OpTraceRun& run) {
+  std::string s = fmt::format("{}: its worked example ('{}', seed {}), every value in float64\n", run.op,
+                              run.case_name, run.seed);
+  s += "\ninputs\n";
+  for (const auto& [name, value] : run.inputs) s += fmt::format("  {} =\n    {}\n", name, indented(numbers(value), 4));
+  s += fmt::format("  ȳ, the cotangent of the output, drawn from the seed =\n    {}\n", indented(numbers(run.ybar), 4));
+  std::string part;
+  for (const TracedLine& line : run.lines) {
+    if (line.part != part) s += fmt::format("\n{}\n", part = line.part);
+    s += fmt::format("  {}\n    {}\n", line.formula, indented(numbers(line.value), 4));
+  }
+  s += "\nthese lines against the node's own VJP at the same ȳ:\n";
+  for (const TracedGradient& g : run.gradients)
+    s += fmt::format("  {0}: max |lines − node| = {1:.2e} (largest |{0}| {2:.3g}): {3}\n", gradient_name(g.input),
+                     g.max_abs_diff, g.scale, g.agrees ? "the same" : "DIFFERENT");
+  s += "\nthe node's gradcheck at these inputs:\n" + run.check.str();
+  return s;
+}
+
+nlohmann::json trace_json(const OpTraceRun& run) {
+  auto values = [](const Tensor& t) {
+    std::vector<int64_t> dims;
+    for (int a = 0; a < t.rank(); ++a) dims.push_back(t.shape()[a]);
+    return nlohmann::json{{"shape", dims}, {"values", t.to_vector()}};
+  };
+  nlohmann::json j{{"op", run.op}, {"case", run.case_name}, {"seed", run.seed}, {"passed", run.passed}};
+  for (const auto& [name, value] : run.inputs) j["inputs"].push_back({{"name", name}, {"value", values(value)}});
+  j["ybar"] = values(run.ybar);
+  for (const TracedLine& l : run.lines)
+    j["lines"].push_back({{"part", l.part}, {"formula", l.formula}, {"value", values(l.value)}});
+  for (const TracedGradient& g : run.gradients)
+    j["gradients"].push_back({{"input", g.input}, {"max_abs_diff", g.max_abs_diff}, {"scale", g.scale},
+                              {"agrees", g.agrees}});
+  j["gradcheck_passed"] = static_cast<bool>(run.check.passed);
+  return j;
+}
+
+}  // namespace tapegrad
