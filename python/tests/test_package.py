@@ -23,3 +23,12 @@ def test_the_package_has_no_import_circle():
                 if imported not in seen:
                     seen.add(imported)
                     stack.append((imported, path + [imported]))
+
+
+def test_the_python_package_has_the_library_version():
+    import re
+
+    cmake = re.search(r"project\(tapegrad VERSION ([0-9.]+)", (SOURCE_DIR / "CMakeLists.txt").read_text()).group(1)
+    pyproject = re.search(r'^version = "([0-9.]+)"', (SOURCE_DIR / "pyproject.toml").read_text(), re.M).group(1)
+    assert pyproject == cmake
+    assert f"## {cmake} — " in (SOURCE_DIR / "docs" / "changelog.md").read_text()
