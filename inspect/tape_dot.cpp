@@ -70,6 +70,42 @@ std::string flops_text(double f) {
   return fmt::format("{:.3g} {}FLOP", f, kPrefix[i]);
 }
 
+// The width of UTF-8 text in characters: its code points (ȳ and Σ are one each).
+size_t width(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// `text` broken at spaces into lines of at most `columns` characters; a longer word stands on a line of its own. A
+// clause (up to a word ending in ';') that fits on a line does not start on one line and end on the next.
+std::vector<std::string> wrap(std::string_view text, size_t columns) {
+  std::vector<std::string> words;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find(' ', at), text.size());
+    if (end > at) words.emplace_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  std::vector<std::string> lines;
+  std::string line;
+  for (size_t i = 0; i < words.size(); ++i) {
+    size_t needed = width(words[i]);  // this word, or the whole clause it starts
+    if (i == 0 || words[i - 1].back() == ';') {
+      size_t clause = needed;
+      for (size_t j = i; words[j].back() != ';' && j + 1 < words.size(); ++j) clause += 1 + width(words[j + 1]);
+      if (clause <= columns) needed = clause;
+    }
+    if (!line.empty() && width(line) + 1 + needed > columns) {
+      lines.push_back(std::move(line));
+      line.clear();
+    }
+    if (!line.empty()) line += ' ';
+    line += words[i];
+  }
+  if (!line.empty()) lines.push_back(std::move(line));
+  return lines;
+}
+
 // "transformer.h.0" for "transformer.h.0.attn"; "" for a name without a dot.
 std::string_view parent_scope(std::string_view s) {
   const size_t dot = s.rfind('.');
@@ -131,9 +167,37 @@ std::string summary_text(std::string_view what, const Summary& s) {
   return r;
 }
 
+// The elements of a tensor, one string per row of its last axis ("[0.126, -1.3, 0.64]"), a row of more than
+// kRowNumbers numbers continued on the next string; a tensor of one element is its number alone.
+constexpr int64_t kRowNumbers = 8;
+
+std::vector<std::string> rows_text(const Tensor& t) {
+  std::vector<std::string> numbers;
+  if (t.dtype() == DType::i32) {
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) numbers.push_back(fmt::format("{}", t.data<int32_t>()[i]));
+  } else {
+    dispatch_float("tape_to_dot", t.dtype(), [&]<class T>(T) {
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) numbers.push_back(number(static_cast<double>(t.data<T>()[i])));
+    });
+  }
+  if (numbers.size() == 1) return numbers;
+  const size_t row = t.shape().rank() == 0 ? 1 : static_cast<size_t>(t.shape()[t.shape().rank() - 1]);
+  std::vector<std::string> lines;
+  for (size_t r = 0; r + row <= numbers.size() && row > 0; r += row)
+    for (size_t i = 0; i < row; i += kRowNumbers) {
+      std::string line = i == 0 ? "[" : " ";
+      for (size_t j = i; j < std::min(row, i + kRowNumbers); ++j)
+        line += numbers[r + j] + (j + 1 == row ? "]" : ", ");
+      lines.push_back(std::move(line));
+    }
+  return lines;
+}
+
 // ---- the drawing ----
 
 constexpr const char* kGradColour = "#b34700";
+constexpr const char* kFormulaColour = "#1f3f73";
+constexpr size_t kFormulaColumns = 48;  // a VJP's lines on its node are wrapped at spaces to this many characters
 
 struct Style {
   const char* shape;
@@ -158,9 +222,13 @@ class Drawer {
  public:
   Drawer(const Tape& tape, const DotOptions& opt) : tape_(tape), opt_(opt) {
     const size_t n = tape.num_values();
-    if (!opt.group && n > opt.max_nodes)
+    if (!opt.group && n > opt.max_nodes) {
+      if (opt.caller == DotOptions::Caller::python)
+        fail("graph: {} values to draw, more than the limit of {}: draw a smaller tape, or raise the limit with "
+             "tapegrad.graph(tape, path, max_nodes=N) (Graphviz takes minutes on tens of thousands)", n, opt.max_nodes);
       fail("graph: {} values to draw, more than the limit of {}: use --group (DotOptions::group) or fewer layers",
            n, opt.max_nodes);
+    }
     producer_.assign(n, -1);
     for (size_t k = 0; k < tape.num_nodes(); ++k) producer_[tape.node(k).out] = static_cast<int64_t>(k);
     loss_ = tape.backward_output();
@@ -320,16 +388,41 @@ class Drawer {
                   : fmt::format("<font point-size=\"9\">{}</font>", text);
   }
 
+  // The lines of a value or gradient t: of at most DotOptions::full_values elements, its norm then its rows (a
+  // single number alone); of more, its norm, min and max.
+  void tensor_lines(std::string_view what, const Tensor& t, const Summary& s, const char* colour,
+                    std::vector<std::string>& lines) const {
+    if (t.numel() == 0 || t.numel() > opt_.full_values) {
+      lines.push_back(small(html(summary_text(what, s)), colour));
+      return;
+    }
+    std::vector<std::string> rows = rows_text(t);
+    if (rows.size() == 1 && t.numel() == 1) {
+      lines.push_back(small(html(fmt::format("{}: {}", what, rows.front())), colour));
+      return;
+    }
+    const std::string head = s.bad() ? summary_text(what, s)
+                             : s.ints ? fmt::format("{}:", what)
+                                      : fmt::format("{}: norm {}", what, number(s.norm));
+    lines.push_back(small(html(head), colour));
+    for (const std::string& row : rows) lines.push_back(small(html(row), colour));
+  }
+
+  // How to keep an intermediate's gradient, in the calls of whoever recorded the tape.
+  const char* keep_hint() const {
+    return opt_.caller == DotOptions::Caller::python ? "<i>grad: not kept (tape.retain_grad(v) keeps it)</i>"
+                                                     : "<i>grad: not kept (Tape::set_retain_grads keeps it)</i>";
+  }
+
   // The value and gradient lines of value id, and whether either holds a NaN or ±∞.
   bool numbers(uint32_t id, std::vector<std::string>& lines) const {
     const auto& [value, grad] = summaries_[id];
-    lines.push_back(small(html(summary_text("value", value))));
+    tensor_lines("value", tape_.value_at(id), value, nullptr, lines);
     if (loss_) {
-      if (tape_.grad_at(id).defined()) {
-        lines.push_back(small(html(summary_text(*loss_ == id ? "grad (the seed)" : "grad", grad)), kGradColour));
+      if (const Tensor g = tape_.grad_at(id); g.defined()) {
+        tensor_lines(*loss_ == id ? "grad (the seed)" : "grad", g, grad, kGradColour, lines);
       } else if (tape_.requires_grad_at(id)) {
-        lines.push_back(small(tape_.is_leaf(id) ? "<i>grad: none (backward did not reach it)</i>"
-                                                : "<i>grad: not kept (Tape::set_retain_grads keeps it)</i>",
+        lines.push_back(small(tape_.is_leaf(id) ? "<i>grad: none (backward did not reach it)</i>" : keep_hint(),
                               kGradColour));
       }
     }
@@ -367,6 +460,9 @@ class Drawer {
       const OpCost c = cost(nd);
       if (c.forward + c.backward > 0)
         lines.push_back(small(fmt::format("{} forward, {} backward", flops_text(c.forward), flops_text(c.backward))));
+      if (const OpInfo* op = info(nd); op && opt_.formulas && !op->vjp.empty())
+        for (const std::string& line : wrap("VJP: " + op->vjp, kFormulaColumns))
+          lines.push_back(small(html(line), kFormulaColour));
       tip = fmt::format("#{} {}{}\n", id, nd.op, scope.empty() ? "" : " in scope " + scope);
       if (const OpInfo* op = info(nd)) tip += fmt::format("VJP: {}\nJVP: {}\n", op->vjp, op->jvp);
       else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no formulas\n", nd.op);
@@ -523,8 +619,10 @@ class Drawer {
                                                    : "(a leaf)")));
     else
       lines.push_back("forward only: backward has not run");
-    lines.push_back(small("ellipses: leaves (yellow inputs, green params, grey constants); boxes: ops; "
-                          "red: a NaN or an infinity; hover for formulas"));
+    lines.push_back(small(fmt::format("ellipses: leaves (yellow inputs, green params, grey constants); boxes: ops{}; "
+                                      "red: a NaN or an infinity; hover for {}",
+                                      opt_.formulas && opt_.registry ? " with their VJPs" : "",
+                                      opt_.formulas && opt_.registry ? "the JVP and the source line" : "formulas")));
     std::string label;
     for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
     return label;

@@ -8,10 +8,11 @@
 //
 // A node shows its op (leaf, param or constant for a leaf, with its name from DotOptions::names), its dtype and
 // shape, for an op the arena bytes it keeps for backward (Node::bytes_kept: its output and what its VJP and JVP
-// saved, which is all the tape knows of them), and the norm, min and max of its value and, after backward, of its
-// gradient where one is held; a NaN or ±∞ in either colours it red. An intermediate's gradient is held after
-// backward only when asked for (Tape::set_retain_grads, Tape::retain_grad). Its tooltip (the SVG shows it on
-// hover) holds the op's VJP and JVP from its sheet and its file:line. Leaves are ellipses, ops boxes; the
+// saved, which is all the tape knows of them) and its VJP from its sheet, and its value and, after backward, its
+// gradient where one is held: in full for a few elements (DotOptions::full_values), else their norm, min and max;
+// a NaN or ±∞ in either colours it red. An intermediate's gradient is held after backward only when asked for
+// (Tape::set_retain_grads, Tape::retain_grad). Its tooltip (the SVG shows it on hover) holds the op's VJP and JVP
+// from its sheet and its file:line. Leaves are ellipses, ops boxes; the
 // value backward was called on (the loss) has a double border. The caption gives the node count, the bytes the
 // tape keeps and the FLOPs of the ops with a registered cost, forward and backward.
 //
@@ -48,6 +49,16 @@ struct DotOptions {
   // Graphviz takes minutes on tens of thousands of nodes: more than this many boxes to draw throw an Error.
   size_t max_nodes = 2000;
   std::unordered_map<uint32_t, std::string> names;  // value id (Var::id) → name shown on its node
+  // A value or gradient of at most this many elements is drawn in full, one line per row of its last axis (a row
+  // of more than 8 numbers wraps); a larger one as its norm, min and max. 0: every tensor as norm, min and max.
+  int64_t full_values = 16;
+  // Each op's VJP from its sheet as lines of its label (wrapped near 48 characters), so that a PNG keeps it as the
+  // SVG's tooltip does; false: in the tooltip only. A folded scope's box lists its ops' formulas in the tooltip only.
+  bool formulas = true;
+  // Whose calls the drawing's hints name: C++'s (Tape::set_retain_grads keeps an intermediate gradient) or
+  // Python's (tape.retain_grad(v)), as the tape was recorded from one or the other.
+  enum class Caller { cpp, python };
+  Caller caller = Caller::cpp;
 };
 
 // The DOT text of everything recorded on `tape` since its last clear().

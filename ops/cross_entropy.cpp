@@ -196,7 +196,18 @@ std::vector<OpInfo> cross_entropy_ops() {
                    {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss},
                    {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}},
          .inputs = 2,
-         .call = [](std::span<const Var> x, const OpArgs&) { return cross_entropy(x[0], x[1]); }});
+         .call = [](std::span<const Var> x, const OpArgs&) { return cross_entropy(x[0], x[1]); },
+         // L = −(1/N)·Σ log_softmax(x) ⊙ E, the pick of x_r[t_r] a product with the one-hot rows E of the targets.
+         .unfused = [](Tape& tape, std::span<const Var> x) {
+           const Tensor& t = x[1].value();
+           const int64_t classes = x[0].shape()[x[0].shape().rank() - 1];
+           Tensor onehot = Tensor::zeros(x[0].dtype(), x[0].shape());
+           dispatch_float("cross_entropy", onehot.dtype(), [&]<class T>(T) {
+             for (int64_t row = 0; row < t.numel(); ++row)
+               onehot.data<T>()[row * classes + t.data<int32_t>()[row]] = T(1);
+           });
+           return scale(sum(mul(log_softmax(x[0]), tape.constant(onehot))), -1.0 / static_cast<double>(t.numel()));
+         }});
   return r.ops;
 }
 

@@ -327,6 +327,13 @@ std::vector<OpInfo> layer_norm_ops() {
                    {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}},
          .inputs = 3,
          .call = [](std::span<const Var> x, const OpArgs& a) { return layer_norm(x[0], x[1], x[2], a.number("eps", 1e-5)); },
+         // c = x − mean x, ρ = (mean c² + ε)^(−½), y = w⊙(c·ρ) + b per row, with ε = 1e-5.
+         .unfused = [](Tape& tape, std::span<const Var> x) {
+           const Var c = sub(x[0], mean(x[0], -1, true));
+           const Var eps = tape.constant(Tensor::full(x[0].dtype(), {1}, 1e-5));
+           const Var rho = pow(add(mean(square(c), -1, true), eps), -0.5);
+           return add(mul(mul(c, rho), x[1]), x[2]);
+         },
          .trace = layer_norm_trace()});
   return r.ops;
 }

@@ -89,7 +89,12 @@ std::vector<OpInfo> linear_ops() {
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }}},
          // x, W and an optional b.
          .inputs = {2, 3},
-         .call = [](std::span<const Var> x, const OpArgs&) { return x.size() > 2 ? linear(x[0], x[1], x[2]) : linear(x[0], x[1]); }});
+         .call = [](std::span<const Var> x, const OpArgs&) { return x.size() > 2 ? linear(x[0], x[1], x[2]) : linear(x[0], x[1]); },
+         // y = x·Wᵀ (+ b).
+         .unfused = [](Tape&, std::span<const Var> x) {
+           const Var y = matmul(x[0], transpose(x[1]));
+           return x.size() > 2 ? add(y, x[2]) : y;
+         }});
   return r.ops;
 }
 

@@ -248,7 +248,9 @@ std::vector<OpInfo> mlp_ops() {
            const std::optional<GeluForm> form = gelu_form_named(name);
            if (!form) fail("{}: form must be exact or tanh, got '{}'", kOp, name);
            return mlp(x[0], x[1], x[2], x[3], x[4], *form);
-         }});
+         },
+         // u = xW₁ᵀ + b₁, h = gelu(u) (the exact form, as the first case), y = hW₂ᵀ + b₂.
+         .unfused = [](Tape&, std::span<const Var> x) { return linear(gelu_erf(linear(x[0], x[1], x[2])), x[3], x[4]); }});
   return r.ops;
 }
 

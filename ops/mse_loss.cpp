@@ -111,7 +111,9 @@ std::vector<OpInfo> mse_loss_ops() {
                    {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply},
                    {"rank 3", {{"prediction", {2, 3, 4}}, {"target", {2, 3, 4}}}, apply}},
          .inputs = 2,
-         .call = [](std::span<const Var> x, const OpArgs&) { return mse_loss(x[0], x[1]); }});
+         .call = [](std::span<const Var> x, const OpArgs&) { return mse_loss(x[0], x[1]); },
+         // L = mean((p − t)²).
+         .unfused = [](Tape&, std::span<const Var> x) { return mean(square(sub(x[0], x[1]))); }});
   return r.ops;
 }
 

@@ -161,6 +161,11 @@ struct OpInfo {
   // its keyword arguments. An op without a call is not callable by name.
   InputCount inputs{};
   OpCall call{};
+  // A fused op's map written with the primitive ops it replaces (attention: matmul, scale, add, softmax, matmul),
+  // on the inputs of its first gradcheck case and at that case's options, for `tapegrad graph --unfused` to draw
+  // its steps; a test checks that its value and gradient are the op's on that case. Empty: a primitive, or an op
+  // with no such form.
+  Function unfused{};
   // A worked example of its forward and VJP, line by line with their values (`tapegrad explain OP --trace`).
   std::optional<OpTrace> trace{};
 };

@@ -3,7 +3,9 @@
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <pybind11/stl.h>
@@ -60,6 +62,9 @@ OpArgs::Value keyword_value(const std::string& op, const std::string& key, const
 struct PyTape : Tape {
   std::mutex mutex;
   std::atomic<std::thread::id> holder{};  // the thread in a call on this tape; none between calls
+  // The names given to leaves and constants (Tape.leaf(x, name="q")), by value id, as DotOptions::names holds them
+  // for the drawing; read and written with the lock held, forgotten by clear().
+  std::unordered_map<uint32_t, std::string> names;
 };
 
 // Holds a tape's lock for one call; taken with the GIL held. Where another thread is in a call on the tape, it
@@ -94,6 +99,30 @@ class TapeInUse {
   PyTape& tape_;
 };
 
+// The name given to v where it was made (Tape.leaf(x, name="q")), or "" for none or a Var from before clear().
+// Called with the tape's lock held.
+std::string name_of(const Var& v) {
+  if (!v.defined() || !v.live()) return {};
+  const auto& names = static_cast<const PyTape&>(v.tape()).names;
+  const auto it = names.find(v.id());
+  return it == names.end() ? std::string() : it->second;
+}
+
+// v's name quoted for a message ("'q'"), or "input 1" where it has none.
+std::string input_text(const Var& v, size_t i) {
+  const std::string name = name_of(v);
+  return name.empty() ? fmt::format("input {}", i) : fmt::format("'{}'", name);
+}
+
+// A leaf's or a constant's name, refused where it could not be read back on a drawing or in a message.
+void name_value(PyTape& t, const Var& v, const py::object& name, const char* what) {
+  if (name.is_none()) return;
+  if (!py::isinstance<py::str>(name)) fail("{}: name= is a {}; a name is a string", what, Py_TYPE(name.ptr())->tp_name);
+  std::string n = name.cast<std::string>();
+  if (n.empty()) fail("{}: name= is empty; leave it out for a value without a name", what);
+  t.names[v.id()] = std::move(n);
+}
+
 // f() with the lock of the tape `on` (a Tape or a Var's) held.
 template <class On, class F>
 auto in_use(On& on, F&& f) {
@@ -125,7 +154,21 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("live", [](const Var& v) { return in_use(v, [&] { return v.live(); }); })
       .def_property_readonly("id", &Var::id)
       .def("numpy", [](const Var& v) { return in_use(v, [&] { return value_array(v); }); })
-      .def("__repr__", [](const Var& v) { return in_use(v, [&] { return to_string(v); }); });
+      .def_property_readonly("name", [](const Var& v) {
+        return in_use(v, [&] {
+          const std::string n = name_of(v);
+          return n.empty() ? py::object(py::none()) : py::object(py::str(n));
+        });
+      }, "The name given by Tape.leaf(x, name=...) or Tape.constant(x, name=...); None for none")
+      .def("__repr__", [](const Var& v) {
+        return in_use(v, [&] {
+          const std::string n = name_of(v), text = to_string(v);
+          // "Var #0 'q' ..." : the name after the id, as the drawing shows it beside the op.
+          if (n.empty()) return text;
+          const size_t space = text.find(' ', 4);
+          return text.substr(0, space) + fmt::format(" '{}'", n) + (space == std::string::npos ? "" : text.substr(space));
+        });
+      });
 
   // Each binding holds the tape's lock (TapeInUse) for the whole call: calls on one tape from several threads run
   // one after another.
@@ -134,16 +177,22 @@ void bind_engine(py::module_& m) {
       // The leaf's memory is the array's own (no copy) when it is a C-contiguous float32/float64 array; the tape
       // keeps a reference to it until clear().
       // A Var points at its tape: each one returned keeps the Python tape alive (keep_alive<0, 1>).
-      .def("leaf", [](PyTape& t, const py::object& a, bool requires_grad) {
+      // A name (name="q") is shown on the value's node in tapegrad.graph and in the messages of Tape.op.
+      .def("leaf", [](PyTape& t, const py::object& a, bool requires_grad, const py::object& name) {
              const Tensor value = view_of(a, "leaf");
              const TapeInUse use(t);
-             return t.leaf(value, requires_grad);
-           }, py::arg("array"), py::arg("requires_grad") = true, py::keep_alive<0, 1>())
-      .def("constant", [](PyTape& t, const py::object& a) {
+             const Var v = t.leaf(value, requires_grad);
+             name_value(t, v, name, "leaf");
+             return v;
+           }, py::arg("array"), py::arg("requires_grad") = true, py::kw_only(), py::arg("name") = py::none(),
+           py::keep_alive<0, 1>())
+      .def("constant", [](PyTape& t, const py::object& a, const py::object& name) {
              const Tensor value = view_of(a, "constant");
              const TapeInUse use(t);
-             return t.constant(value);
-           }, py::keep_alive<0, 1>())
+             const Var v = t.constant(value);
+             name_value(t, v, name, "constant");
+             return v;
+           }, py::arg("array"), py::kw_only(), py::arg("name") = py::none(), py::keep_alive<0, 1>())
       .def("op", [](PyTape& t, const std::string& name, py::args values, const py::kwargs& kw) {
              std::vector<Var> xs;
              for (const py::handle v : values) {
@@ -160,9 +209,21 @@ void bind_engine(py::module_& m) {
                const std::string k = py::str(key);
                args.set(k, keyword_value(name, k, value));
              }
-             // The op from its sheet (OpInfo::call), without the GIL.
+             // The op from its sheet (OpInfo::call), without the GIL. Its message names the inputs that have names
+             // ("matmul on shapes (4, 3), (4, 4): ... [inputs: 'q', input 1]"): the shapes alone may not say which.
+             std::string inputs;
+             bool named = false;
+             for (size_t i = 0; i < xs.size(); ++i) {
+               named = named || !name_of(xs[i]).empty();
+               inputs += (i ? ", " : "") + input_text(xs[i], i);
+             }
              py::gil_scoped_release nogil;
-             return builtin_registry().call(name, xs, std::move(args));
+             try {
+               return builtin_registry().call(name, xs, std::move(args));
+             } catch (const Error& e) {
+               if (!named) throw;
+               throw Error(fmt::format("{} [inputs: {}]", e.what(), inputs));
+             }
            }, py::keep_alive<0, 1>())
       .def("backward", [](PyTape& t, const Var& y, const py::object& seed) {
              const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
@@ -210,24 +271,33 @@ void bind_engine(py::module_& m) {
       .def("clear", [](PyTape& t) {
              const TapeInUse use(t);
              t.clear();
+             t.names.clear();
            })
       .def_property_readonly("num_nodes", [](PyTape& t) { return in_use(t, [&] { return t.num_nodes(); }); })
       .def_property_readonly("num_values", [](PyTape& t) { return in_use(t, [&] { return t.num_values(); }); });
 
   // The tape drawn (inspect/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
   // or with a path written there by the program's one file writer (models/files.hpp: atomic, links followed).
-  m.def("_draw", [](PyTape& t, const std::string& format, const std::string& title, const std::string& path) {
+  m.def("_draw", [](PyTape& t, const std::string& format, const std::string& title, const std::string& path,
+                    bool formulas, size_t max_nodes) {
     DotOptions o;
     o.registry = &builtin_registry();
     o.title = title;
-    std::string out = in_use(t, [&] { return tape_to_dot(t, o); });
+    o.formulas = formulas;
+    o.max_nodes = max_nodes;
+    o.caller = DotOptions::Caller::python;  // its hints name Python's calls (tape.retain_grad(v))
+    std::string out = in_use(t, [&] {
+      o.names = t.names;
+      return tape_to_dot(t, o);
+    });
     {
       py::gil_scoped_release nogil;
       if (format != "dot") out = render_dot(out, format);
       if (!path.empty()) write_file_atomic(path, out);
     }
     return path.empty() ? py::object(py::bytes(out)) : py::object(py::none());
-  }, py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "");
+  }, py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "", py::arg("formulas") = true,
+     py::arg("max_nodes") = DotOptions{}.max_nodes);
   m.def("ops", [] { return builtin_registry().callable(); },
         "The ops Tape.op calls by name: those of tapegrad's registry whose sheet gives a call");
   m.def("registered_ops", [] {

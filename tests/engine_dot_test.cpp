@@ -226,6 +226,116 @@ TEST_CASE("tape_to_dot: more nodes than the limit throw, naming --group and fewe
   CHECK(testing::contains(testing::error_of([&] { (void)tape_to_dot(tape, opt); }), "fewer layers"));
 }
 
+TEST_CASE("tape_to_dot: a tensor of at most full_values elements is drawn in full, a larger one as norm, min, max") {
+  Tape tape;
+  tape.set_retain_grads(true);
+  Var x = tape.leaf(Tensor::from<double>({2, 3}, {1, 2, 3, 4, 5, 6}));
+  Var wide = tape.leaf(Tensor::from<double>({10}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  Var big = tape.leaf(Tensor::full(DType::f64, {17}, 0.5));
+  Var total = sum(scale(x, 2)) + sum(wide) + sum(big);
+  tape.backward(total);
+  const Drawing d = parse(tape_to_dot(tape, with_registry()));
+  const std::string& xl = d.nodes.at(vname(x.id())).label;
+  CAPTURE(xl);
+  // Each row of the last axis on a line of its own, the value's norm above them; its gradient, 2 everywhere, too.
+  CHECK(testing::contains(xl, fmt::format("value: norm {:.3g}", std::sqrt(91.0))));
+  CHECK(testing::contains(xl, ">[1, 2, 3]<"));
+  CHECK(testing::contains(xl, ">[4, 5, 6]<"));
+  CHECK(testing::contains(xl, ">grad: norm "));
+  CHECK(std::count(xl.begin(), xl.end(), '[') == 4);
+  CHECK(testing::contains(xl, ">[2, 2, 2]<"));
+  // A row of more than 8 numbers goes on over the next line.
+  const std::string& wl = d.nodes.at(vname(wide.id())).label;
+  CAPTURE(wl);
+  CHECK(testing::contains(wl, ">[1, 2, 3, 4, 5, 6, 7, 8, <"));
+  CHECK(testing::contains(wl, "> 9, 10]<"));
+  // 17 elements: norm, min and max, as before.
+  const std::string& bl = d.nodes.at(vname(big.id())).label;
+  CHECK(testing::contains(bl, "value: norm 2.06, min 0.5, max 0.5"));
+  CHECK(!testing::contains(bl, "["));
+  // A single number alone, the seed of the scalar loss too.
+  const std::string& tl = d.nodes.at(vname(total.id())).label;
+  CHECK(testing::contains(tl, ">value: 106<"));
+  CHECK(testing::contains(tl, ">grad (the seed): 1<"));
+  // full_values = 0: every tensor as norm, min and max.
+  DotOptions opt = with_registry();
+  opt.full_values = 0;
+  const Drawing summarized = parse(tape_to_dot(tape, opt));
+  CHECK(testing::contains(summarized.nodes.at(vname(x.id())).label, "value: norm 9.54, min 1, max 6"));
+  CHECK(testing::contains(summarized.nodes.at(vname(total.id())).label, "value: norm 106, min 106, max 106"));
+}
+
+namespace {
+
+// The lines of a label (as Graphviz reads it back) drawn in `colour`, without their markup.
+std::vector<std::string> lines_in(const std::string& label, const std::string& colour) {
+  std::vector<std::string> out;
+  const std::string open = fmt::format("color=\"{}\">", colour);
+  for (size_t at = label.find(open); at != std::string::npos; at = label.find(open, at + 1)) {
+    const size_t begin = at + open.size();
+    out.push_back(label.substr(begin, label.find('<', begin) - begin));
+  }
+  return out;
+}
+
+size_t characters(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+}  // namespace
+
+TEST_CASE("tape_to_dot: each op's VJP is lines of its label, wrapped near 48 characters; formulas = false leaves it "
+          "to the tooltip") {
+  Tape tape;
+  const Var o = record_case(tape, "attention", 0, true);
+  Var logits = tape.leaf(testing::random_tensor({2, 3}, 3));
+  Var y = softmax(logits);
+  const Drawing d = parse(tape_to_dot(tape, with_registry()));
+  for (size_t k = 0; k < tape.num_nodes(); ++k) {
+    const Node& n = tape.node(k);
+    const std::string& label = d.nodes.at(vname(n.out)).label;
+    CAPTURE(label);
+    const std::vector<std::string> lines = lines_in(label, "#1f3f73");
+    REQUIRE(!lines.empty());
+    std::string joined;
+    for (const std::string& line : lines) {
+      joined += (joined.empty() ? "" : " ") + line;
+      CHECK((characters(line) <= 48 || line.find(' ') == std::string::npos));
+    }
+    CHECK(joined == "VJP: " + builtin_registry().find(n.op)->vjp);
+  }
+  CHECK(lines_in(d.nodes.at(vname(0)).label, "#1f3f73").empty());  // a leaf has none
+  CHECK(lines_in(d.nodes.at(vname(o.id())).label, "#1f3f73").size() >= 2);  // attention's VJP is wrapped
+  CHECK(testing::contains(d.caption, "boxes: ops with their VJPs"));
+  DotOptions opt = with_registry();
+  opt.formulas = false;
+  const Drawing plain = parse(tape_to_dot(tape, opt));
+  for (const auto& [name, node] : plain.nodes) {
+    CHECK(lines_in(node.label, "#1f3f73").empty());
+    CHECK(!testing::contains(node.label, "VJP"));
+  }
+  CHECK(testing::contains(plain.nodes.at(vname(y.id())).tooltip, "VJP: " + builtin_registry().find("softmax")->vjp));
+}
+
+TEST_CASE("tape_to_dot: the hints name C++'s calls, or Python's for a tape recorded from Python") {
+  Tape tape;
+  Var x = tape.leaf(testing::random_tensor({3}, 1));
+  Var e = exp(x);
+  tape.backward(sum(e));
+  DotOptions opt = with_registry();
+  const std::string cpp = parse(tape_to_dot(tape, opt)).nodes.at(vname(e.id())).label;
+  CHECK(testing::contains(cpp, "grad: not kept (Tape::set_retain_grads keeps it)"));
+  opt.caller = DotOptions::Caller::python;
+  const std::string dot = tape_to_dot(tape, opt);
+  CHECK(testing::contains(parse(dot).nodes.at(vname(e.id())).label, "grad: not kept (tape.retain_grad(v) keeps it)"));
+  CHECK(!testing::contains(dot, "Tape::"));
+  opt.max_nodes = 2;
+  const std::string msg = testing::error_of([&] { (void)tape_to_dot(tape, opt); });
+  CHECK(testing::contains(msg, "tapegrad.graph(tape, path, max_nodes=N)"));
+  CHECK(!testing::contains(msg, "--group"));
+  CHECK(!testing::contains(msg, "DotOptions"));
+}
+
 TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nanoGPT's module names") {
   GPTConfig cfg;
   cfg.n_layer = 1;

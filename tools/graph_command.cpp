@@ -1,5 +1,7 @@
 // tapegrad graph: the tape of a computation drawn by Graphviz (inspect/tape_dot.hpp): an op's gradcheck case, or
 // one training step of a small GPT, with the gradients after backward.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -25,7 +27,7 @@ namespace {
 
 struct GraphArgs {
   std::string op, case_name;
-  bool model = false, backward = false, group = false;
+  bool model = false, backward = false, group = false, no_formulas = false, unfused = false;
   std::string format, out;  // format: "" until --format gives one
   size_t max_nodes = DotOptions{}.max_nodes;
   uint64_t seed = GradcheckOptions{}.seed;  // an op case's inputs are the ones tapegrad gradcheck checks
@@ -76,17 +78,46 @@ std::pair<const OpInfo*, const GradcheckCase*> find_case(const Registry& registr
   return found;
 }
 
+// With --unfused: the op's map as the primitive ops it replaces (OpInfo::unfused), checked here to be the case's
+// map at its inputs, since the form is written at the first case's options (a causal case's mask is not in it).
+Function unfused_form(const OpInfo& op, const GradcheckCase& c, const std::vector<Tensor>& xs) {
+  if (!op.unfused) {
+    std::string names;
+    for (const OpInfo& o : builtin_registry().ops())
+      if (o.unfused) names += (names.empty() ? "" : ", ") + o.name;
+    fail("graph: op '{}' has no unfused form; --unfused draws one of {}", op.name, names);
+  }
+  auto value = [&](const Function& f) {
+    Tape t;
+    std::vector<Var> vars;
+    for (size_t i = 0; i < xs.size(); ++i) vars.push_back(t.constant(xs[i]));
+    return f(t, vars).value().clone();
+  };
+  const Tensor fused = value(c.build), steps = value(op.unfused);
+  double worst = fused.shape() == steps.shape() ? 0 : 1;
+  for (int64_t i = 0; worst == 0 && i < fused.numel(); ++i)
+    worst = std::max(worst, std::abs(fused.item(i) - steps.item(i)) / (1 + std::abs(fused.item(i))));
+  if (!(worst <= 1e-12))
+    fail("graph: {} case '{}' is not the map of its unfused form, which is written at the first case's options "
+         "('{}'): draw that case, or another at the same options",
+         op.name, c.name, op.cases.front().name);
+  return op.unfused;
+}
+
 // The case's inputs as leaves (float64, named as the case names them) and its output; backward from the output
 // with a random seed gradient ȳ (the gradient of the loss ⟨ȳ, y⟩), or 1 for a scalar.
 std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
   const auto [op, c] = find_case(builtin_registry(), a);
   const std::vector<Tensor> xs = make_inputs(c->inputs, DType::f64, a.seed);
+  const Function build = a.unfused ? unfused_form(*op, *c, xs) : c->build;
   std::vector<Var> vars;
   for (size_t i = 0; i < xs.size(); ++i) {
     vars.push_back(tape.leaf(xs[i], c->inputs[i].differentiable()));
     opt.names[vars.back().id()] = c->inputs[i].name;
   }
-  const Var y = c->build(tape, vars);
+  const Var y = build(tape, vars);
+  std::string steps;  // the primitive ops recorded, in order
+  for (size_t k = 0; a.unfused && k < tape.num_nodes(); ++k) steps += fmt::format("{}{}", k ? ", " : "", tape.node(k).op);
   std::string how = "forward only";
   if (a.backward) {
     if (!y.requires_grad())
@@ -101,7 +132,8 @@ std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
       how = "backward with a random seed gradient ȳ (the loss is ⟨ȳ, y⟩)";
     }
   }
-  return fmt::format("{}, case '{}': float64 inputs drawn with seed {}; {}", op->name, c->name, a.seed, how);
+  return fmt::format("{}{}, case '{}': float64 inputs drawn with seed {}; {}", op->name,
+                     a.unfused ? fmt::format(" unfused ({})", steps) : "", c->name, a.seed, how);
 }
 
 // One training step of a GPT on a batch of random token ids: its loss, and with --backward its gradients.
@@ -155,6 +187,7 @@ std::string output_format(const GraphArgs& a) {
 void run(const GraphArgs& args) {
   GraphArgs a = args;
   a.format = output_format(args);
+  if (a.unfused && a.model) fail("graph: --unfused draws an op's case (--op), not the model");
   if (a.model && (!a.op.empty() || !a.case_name.empty()))
     fail("graph: --model draws a GPT and --op/--case an op's case: give one of them");
   if (!a.model && a.op.empty() && a.case_name.empty())
@@ -176,6 +209,7 @@ void run(const GraphArgs& args) {
   opt.scopes = &scopes;
   opt.registry = &builtin_registry();
   opt.group = a.group;
+  opt.formulas = !a.no_formulas;
   opt.max_nodes = a.max_nodes;
   std::unique_ptr<GPT> model;  // its parameters are on the tape
   opt.title = a.model ? draw_model(a, tape, opt, model) : draw_case(a, tape, opt);
@@ -199,14 +233,19 @@ void add_graph_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "graph", "Draw the tape of a computation with Graphviz: an op's gradcheck case (--op, --case) or one training "
                "step of a small GPT (--model); each node shows its shape, the bytes it keeps for backward and the norm, "
-               "min and max of its value and (--backward) its gradient; hovering shows the op's derivative and source line");
+               "min and max of its value and (--backward) its gradient, in full for a few elements, and each op's VJP; hovering "
+               "shows its JVP and source line");
   cmd->add_option("--op", args->op, "An op of tapegrad gradcheck --list: draws its first case (or --case)");
   cmd->add_option("--case", args->case_name, "A gradcheck case by name, of --op or of whichever op has it");
+  cmd->add_flag("--unfused", args->unfused,
+                "Draw a fused op (attention, mlp, layer_norm, ...) as the primitive ops it replaces, the same map");
   cmd->add_flag("--model", args->model, "One training step of a GPT (the options below) on random token ids");
   cmd->add_flag("--backward", args->backward,
                 "Run backward first, keeping every gradient; an op case's seed gradient is random (a scalar's is 1)");
   cmd->add_flag("--group", args->group,
                 "Fold each innermost scope (the GPT's transformer.h.0.attn, mlp, ...) into one box");
+  cmd->add_flag("--no-formulas", args->no_formulas,
+                "Leave each op's VJP out of its node's label (it stays in the SVG's tooltip)");
   cmd->add_option("--format", args->format,
                   "dot needs nothing; svg and png run Graphviz's dot (default: from --output's extension, else svg)")
       ->check(CLI::IsMember({"dot", "svg", "png"}));

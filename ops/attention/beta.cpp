@@ -248,7 +248,12 @@ std::vector<OpInfo> beta_attention_ops() {
              {"Q = 0 (β at 0)", {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
               qkv(plain)}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return beta_attention(x[0], x[1], x[2], attention_options(a)); }});
+         .call = [](std::span<const Var> x, const OpArgs& a) { return beta_attention(x[0], x[1], x[2], attention_options(a)); },
+         // P = s·QKᵀ, Bβ = row_normalize(P) = β(P) per row, O = Bβ·V, with s = 1/√d; causal cases add M.
+         .unfused = [](Tape&, std::span<const Var> x) {
+           const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+           return matmul(row_normalize(scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d))), x[2]);
+         }});
   return r.ops;
 }
 

@@ -305,6 +305,13 @@ std::vector<OpInfo> attention_ops() {
          .call = [](std::span<const Var> x, const OpArgs& a) {
            return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
          },
+         // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
+         .unfused = [](Tape&, std::span<const Var> x) {
+           const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+           Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
+           if (x.size() > 3) s = add(s, x[3]);
+           return matmul(softmax(s), x[2]);
+         },
          .trace = attention_trace()});
   return r.ops;
 }

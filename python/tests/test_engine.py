@@ -105,6 +105,51 @@ def test_graph_draws_the_tape(tmp_path):
     assert svg.read_text().lstrip().startswith("<?xml") and "softmax" in svg.read_text()
 
 
+def test_leaves_named_from_python_are_named_on_the_drawing_and_in_messages():
+    """tape.leaf(x, name="q") and tape.constant(x, name=...): the Var's name, its repr, its node on tapegrad.graph
+    (as C++ names leaves with DotOptions::names), and Tape.op's message when an op refuses its inputs."""
+    rng = np.random.default_rng(0)
+    tape = tapegrad.Tape()
+    q = tape.leaf(rng.standard_normal((4, 3)), name="q")
+    k = tape.leaf(rng.standard_normal((4, 3)), name="k")
+    mask = tape.constant(np.zeros((4, 4)), name="mask")
+    plain = tape.leaf(rng.standard_normal((4, 3)))
+    assert (q.name, k.name, mask.name, plain.name) == ("q", "k", "mask", None)
+    assert repr(q).startswith(f"Var #{q.id} 'q' ") and "'" not in repr(plain).split("\n")[0]
+    s = tape.op("add", tape.op("matmul", q, tape.op("permute", k, perm=[1, 0])), mask)
+    dot = tapegrad.graph(tape)
+    assert "<b>leaf</b> q" in dot and "<b>leaf</b> k" in dot and "<b>constant</b> mask" in dot
+    with pytest.raises(tapegrad.Error, match=r"matmul on shapes .*\[inputs: 'q', 'k'\]"):
+        tape.op("matmul", q, k)
+    with pytest.raises(tapegrad.Error, match=r"\[inputs: 'q', input 1\]"):
+        tape.op("matmul", q, plain)
+    with pytest.raises(tapegrad.Error) as unnamed:
+        tape.op("matmul", plain, plain)
+    assert "[inputs:" not in str(unnamed.value)
+    with pytest.raises(tapegrad.Error, match="name= is empty"):
+        tape.leaf(np.ones(2), name="")
+    with pytest.raises(tapegrad.Error, match="name= is a int; a name is a string"):
+        tape.constant(np.ones(2), name=3)
+    assert s.name is None
+    tape.clear()  # the names go with the values
+    x = tape.leaf(np.ones(2))
+    assert x.name is None and x.id == q.id and "<b>leaf</b> q" not in tapegrad.graph(tape)
+
+
+def test_graph_from_python_draws_small_values_in_full_vjps_and_python_hints():
+    tape = tapegrad.Tape()
+    x = tape.leaf(np.array([[1.0, 2.0], [3.0, 4.0]]), name="x")
+    e = tape.op("exp", x)
+    tape.backward(tape.op("sum", e))
+    dot = tapegrad.graph(tape)
+    assert ">[1, 2]<" in dot and ">[3, 4]<" in dot  # 4 elements: drawn in full
+    assert "grad: not kept (tape.retain_grad(v) keeps it)" in dot and "Tape::" not in dot
+    assert 'color="#1f3f73">VJP: ' in dot  # exp's VJP on its node
+    assert 'color="#1f3f73">VJP: ' not in tapegrad.graph(tape, formulas=False)
+    with pytest.raises(tapegrad.Error, match=r"max_nodes=N"):
+        tapegrad.graph(tape, max_nodes=2)
+
+
 def test_every_registered_op_is_callable_by_name():
     assert sorted(tapegrad._tapegrad.registered_ops()) == tapegrad.ops()
 

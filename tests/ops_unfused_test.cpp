@@ -1,0 +1,61 @@
+// A fused op's unfused form (OpInfo::unfused, drawn by `tapegrad graph --unfused`) is the same map: on the op's
+// first gradcheck case in float64, its value and the gradient of every differentiable input for a random seed
+// gradient equal the fused op's to 1e-12 relative, and it records none of the op itself, only ops with sheets.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+struct Run {
+  Tensor out;
+  std::vector<Tensor> grads;  // per input; undefined for one that is not differentiable
+  std::set<std::string> ops;  // the ops recorded
+};
+
+Run run(const Function& f, const GradcheckCase& c, const std::vector<Tensor>& xs, uint64_t seed) {
+  Tape tape;
+  std::vector<Var> vars;
+  for (size_t i = 0; i < xs.size(); ++i) vars.push_back(tape.leaf(xs[i], c.inputs[i].differentiable()));
+  const Var y = f(tape, vars);
+  Run r{y.value().clone(), {}, {}};
+  tape.backward(y, testing::draw_like(y.shape(), y.dtype(), seed));
+  for (const Var& v : vars) r.grads.push_back(v.requires_grad() ? v.grad().clone() : Tensor{});
+  for (size_t k = 0; k < tape.num_nodes(); ++k) r.ops.insert(tape.node(k).op);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("OpInfo::unfused: the same map as the fused op, value and gradient, on its first case in float64") {
+  std::set<std::string> with;
+  for (const OpInfo& op : builtin_registry().ops()) {
+    if (!op.unfused) continue;
+    with.insert(op.name);
+    CAPTURE(op.name);
+    REQUIRE(!op.cases.empty());
+    const GradcheckCase& c = op.cases.front();
+    const std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, 11);
+    const Run fused = run(c.build, c, xs, 12), unfused = run(op.unfused, c, xs, 12);
+    CHECK(fused.ops.count(op.name) == 1);
+    CHECK(unfused.ops.count(op.name) == 0);
+    CHECK(unfused.ops.size() >= 2);
+    for (const std::string& name : unfused.ops) CHECK_MESSAGE(builtin_registry().find(name) != nullptr, name);
+    CHECK(testing::max_relative_difference(unfused.out, fused.out) <= 1e-12);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      CAPTURE(c.inputs[i].name);
+      CHECK(c.inputs[i].differentiable() == fused.grads[i].defined());
+      CHECK(testing::max_relative_difference(unfused.grads[i], fused.grads[i]) <= 1e-12);
+    }
+  }
+  // The fused ops that have a primitive form (docs/graph.md lists them).
+  CHECK(with == std::set<std::string>{"attention", "beta_attention", "cross_entropy", "layer_norm", "linear",
+                                      "mlp", "mse_loss", "tiled_attention"});
+}
