@@ -293,6 +293,100 @@ TEST_CASE("a formula as text evaluates to the same values as the ops it names") 
   CHECK(x.grad().defined());
 }
 
+// The two spellings of a sum over an axis, and NumPy's broadcasting in + - * /: the shapes a shared bias and a
+// layer norm's weight have, written as they are.
+TEST_CASE("sum(e, axis=a) and mean(e, axis=a) drop their axis; + - * / broadcast as NumPy's") {
+  Tape tape;
+  Var x = tape.leaf(random_tensor({3, 5}, 41));
+  const Tensor dropped = formula("sum(x, axis=0)", {{"x", x}}).value();
+  CHECK(dropped.shape() == Shape{5});
+  CHECK(max_abs_diff(dropped, sum(x, 0, false).value()) == 0);
+  CHECK(max_abs_diff(formula("sum(x, axis = -1)", {{"x", x}}).value(), sum(x, -1, false).value()) == 0);
+  CHECK(formula("mean(x, axis=1)", {{"x", x}}).shape() == Shape{3});
+  CHECK(max_abs_diff(formula("mean(x, axis=1)", {{"x", x}}).value(), mean(x, 1, false).value()) == 0);
+  CHECK(formula("sum(x, 0)", {{"x", x}}).shape() == Shape{1, 5});  // the positional axis is kept
+  CHECK(max_abs_diff(formula("squeeze(sum(x, 0), 0)", {{"x", x}}).value(), dropped) == 0);
+
+  // (T, Tk) + (B, T, Tk): the bias read once per batch element; (N, C) ⊙ (C): the weight read once per row.
+  Var scores = tape.leaf(random_tensor({2, 3, 5}, 42));
+  Var w = tape.leaf(random_tensor({5}, 43));
+  const Tensor biased = formula("scores + x", {{"scores", scores}, {"x", x}}).value();
+  REQUIRE(biased.shape() == Shape{2, 3, 5});
+  const Tensor weighted = formula("x * w", {{"x", x}, {"w", w}}).value();
+  REQUIRE(weighted.shape() == Shape{3, 5});
+  for (int64_t e = 0; e < 30; ++e) CHECK(biased.item(e) == scores.value().item(e) + x.value().item(e % 15));
+  for (int64_t e = 0; e < 15; ++e) CHECK(weighted.item(e) == x.value().item(e) * w.value().item(e % 5));
+
+  // A bias shared by the batch, and a per-channel weight: their gradients sum the broadcast axes away.
+  const auto holds = [](const char* text) {
+    const auto claims = parse_claims(text, "f.txt");
+    REQUIRE(claims.size() == 1);
+    const GradcheckReport r = check_claim(claims[0]);
+    CHECK_MESSAGE(r.passed(), r.str());
+  };
+  holds("input s: 2, 3, 5\ninput bias: 3, 5\nforward softmax(s + bias)\n"
+        "vjp bias = sum(y * (g - sum(y * g, -1)), axis=0)\n");
+  holds("input x: 4, 6\ninput w: 6\nforward tanh(x * w)\nvjp w = sum(g * (1 - y * y) * x, axis=0)\n"
+        "vjp x = g * (1 - y * y) * w\n");
+  // A mean where the sum belongs is off by one over the batch size: [scale].
+  const auto mean_slip = parse_claims("input s: 2, 3, 5\ninput bias: 3, 5\nforward s + bias\n"
+                                      "vjp bias = mean(g, axis=0)\n", "f.txt");
+  const GradcheckReport scaled = check_claim(mean_slip[0]);
+  CHECK(scaled.has(Finding::scale, "bias"));
+
+  // The kept spelling where the dropped one belongs is refused with a pointer to axis=.
+  ClaimText kept;
+  kept.inputs = {parse_claim_input("--input", "s: 2, 3, 5"), parse_claim_input("--input", "bias: 3, 5")};
+  kept.forward = {"", "s + bias", "--forward"};
+  kept.vjp = {{"bias", "sum(g, 0)", "--vjp bias"}};
+  CHECK_THROWS_WITH_AS(validate_claim(kept),
+                       doctest::Contains("x̄ of bias must have the shape (3, 5); this formula gives (1, 3, 5) (sum(e, "
+                                         "a) and mean(e, a) keep axis a with size 1; sum(e, axis=a) and mean(e, "
+                                         "axis=a) drop it)"),
+                       ExpressionError);
+
+  // The wrong-axis edit moves the axis of the dropping spelling too.
+  const auto wrong_axis = parse_claims("input x: 4, 4\ninput b: 4\nforward x * b\nvjp b = sum(g * x, axis=1)\n",
+                                       "f.txt");
+  const GradcheckReport moved = check_claim(wrong_axis[0]);
+  CHECK(moved.has(Finding::wrong_axis, "b"));
+  CHECK(moved.str().find("sum(g * x, axis=1) → sum(g * x, axis=-2)") != std::string::npos);
+}
+
+TEST_CASE("shapes that do not broadcast, and keywords other than axis=, are errors naming what was written") {
+  const std::map<std::string, Shape> shapes = {{"s", Shape{2, 4, 5}}, {"bias", Shape{4, 6}}, {"x", Shape{4, 6}}};
+  const ExpressionError add = error_of("exp(s) + bias", shapes);
+  CHECK(add.offset == 7);
+  CHECK(add.message ==
+        "`exp(s)` (2, 4, 5) + `bias` (4, 6): the shapes do not broadcast; aligned from the right, axis -1 has 5 "
+        "against 6, and NumPy's rule wants the two equal or one of them 1 (a (T, Tk) bias adds to (B, T, Tk) scores, "
+        "a (C) weight multiplies (N, C) rows)");
+  const ExpressionError mul = error_of("mul(x, sum(s, axis=0))", shapes);
+  CHECK(mul.offset == 0);
+  CHECK(mul.message.find("`x` (4, 6) * `sum(s, axis=0)` (4, 5): the shapes do not broadcast; aligned from the right, "
+                         "axis -1 has 6 against 5") == 0);
+  CHECK(error_of("s - sum(s, axis=1)", shapes).message.find("axis -2 has 4 against 2") != std::string::npos);
+  // The rank differs where a leading axis is missing: it counts as 1, and what does not fit is named.
+  CHECK(error_of("s / x", shapes).message.find("`s` (2, 4, 5) / `x` (4, 6)") == 0);
+  struct Case {
+    const char* text;
+    size_t column;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"sum(x, keepdim=0)", 7, "'keepdim=' is not an argument of sum here"},
+      {"norm(x, axis=1)", 8, "'axis=' is not an argument of norm here"},
+      {"sum(axis=0)", 4, "axis= is the second argument of sum: sum(e, axis=a)"},
+      {"mean(x, axis=y)", 13, "argument 2 of mean is an axis"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ExpressionError e = error_of(c.text, shapes);
+    CHECK(e.message.find(c.says) != std::string::npos);
+    CHECK(e.offset == c.column);
+  }
+}
+
 TEST_CASE("errors in a formula point at their column with a caret, before anything is evaluated") {
   const std::map<std::string, Shape> shapes = {{"x", Shape{4, 6}}, {"w", Shape{5, 6}}};
   struct Case {
