@@ -126,6 +126,10 @@ struct Diagnosis {
   std::string input;    // the input it concerns; empty for the whole case
   std::string check;    // vjp, jvp, adjoint, accumulate; empty for the whole case
   std::string message;  // one line, with the numbers that back it
+  // Says where the error lies and names nothing of the rule: a per-row term whose vectors are none the checker
+  // knows (α_r·u_r·v_rᵀ). When the rule is written as formulas, an edit that puts it right takes its place
+  // (checker/formulas/edits.hpp).
+  bool unnamed = false;
   std::string str() const;  // "[kind] input, check: message"
 };
 // The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.

@@ -3,10 +3,13 @@
 // (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/expression.hpp"
@@ -87,6 +90,37 @@ TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term t
   CHECK(slip.has(Finding::vjp_only, "x"));
   CHECK(slip.has(Finding::one_input, "x"));
   CHECK_FALSE(slip.has(Finding::unexplained));
+}
+
+// Layer norm's x̄ with + before its term through ρ: a rank-one error per row along x̂ and w ⊙ x̂, which the
+// per-row fit names α_r·u_r·v_rᵀ at some shapes and misses at others (σ written without ε at (3, 5)). The edit
+// search names the flipped sign at every shape, whether ρ carries layer norm's ε or σ is written without it.
+TEST_CASE("layer norm's flipped row term is a sign of a term at every shape") {
+  const std::pair<int, int> shapes[] = {{3, 5}, {4, 6}, {2, 4}, {5, 3}, {6, 8}, {3, 7}};
+  for (const auto& [n, c] : shapes) {
+    const std::string head = fmt::format("input x: {0}, {1}\ninput w: {1}\ninput b: {1}\nlet gh = w * g\n"
+                                         "forward layer_norm(x, w, b)\nlet xc = x - mean(x, -1)\n", n, c);
+    const std::string with_rho = head + "let rho = exp(-0.5 * log(mean(xc * xc, -1) + 0.00001))\nlet xh = xc * rho\n"
+                                        "vjp x = rho * (gh - mean(gh, -1) + xh * mean(xh * gh, -1))\n";
+    const std::string with_sd = head + fmt::format("let sd = norm(xc, -1) / {:.17g}\nlet xh = xc / sd\n", std::sqrt(c)) +
+                                "vjp x = (gh - mean(gh, -1) + xh * mean(gh * xh, -1)) / sd\n";
+    for (const std::string& text : {with_rho, with_sd}) {
+      CAPTURE(n);
+      CAPTURE(c);
+      CAPTURE(text);
+      const GradcheckReport r = check_claim(parse_claims(text, "f.txt").at(0));
+      CHECK_FALSE(r.passed());
+      CHECK(r.has(Finding::term_sign, "x"));
+      CHECK_FALSE(r.has(Finding::per_row_term, "x"));
+      CHECK_FALSE(r.has(Finding::unexplained, "x"));
+    }
+  }
+  // A per-row term of vectors the checker names stays one, with no edit searched: the mean of centring added where
+  // it is subtracted is α·1·1ᵀ per row.
+  const GradcheckReport centred = check_claim(
+      parse_claims("input x: 4, 5\nforward 3 * (x - mean(x, -1))\nvjp x = 3 * (g + mean(g, -1))\n", "f.txt").at(0));
+  CHECK(centred.has(Finding::per_row_term, "x"));
+  CHECK_FALSE(centred.has(Finding::term_sign, "x"));
 }
 
 TEST_CASE("every file of docs/claims is run by a test") {
