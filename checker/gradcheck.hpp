@@ -59,6 +59,9 @@ struct CheckResult {
   bool passed = true;
   bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
   int64_t compared = 0;  // how many values were compared (elements, projections); a check that compared none fails
+  // What `analytic` and `numeric` are, as a failing row prints them: the rule against central differences, or for a
+  // check of two analytic results, what each side is (adjoint: ⟨J t, u⟩ and ⟨t, Jᵀu⟩).
+  std::string analytic_is = "analytic", numeric_is = "numeric";
 };
 
 // What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.

@@ -90,6 +90,20 @@ TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term t
   CHECK(slip.has(Finding::vjp_only, "x"));
   CHECK(slip.has(Finding::one_input, "x"));
   CHECK_FALSE(slip.has(Finding::unexplained));
+  // Each failing row prints what its two numbers are: the rule against central differences, or for the adjoint
+  // identity, its two analytic sides.
+  const std::string text = slip.str();
+  const auto row = [&](const std::string& start) {
+    const size_t at = text.find(start);
+    REQUIRE(at != std::string::npos);
+    return text.substr(at, text.find('\n', at) - at);
+  };
+  CHECK(row("  x        vjp").find("FAIL  (analytic ") != std::string::npos);
+  CHECK(row("  x        vjp").find(", numeric ") != std::string::npos);
+  const std::string adjoint = row("  x        adjoint");
+  CHECK(adjoint.find("FAIL  (⟨J t, u⟩ ") != std::string::npos);
+  CHECK(adjoint.find(", ⟨t, Jᵀu⟩ ") != std::string::npos);
+  CHECK(adjoint.find("numeric") == std::string::npos);
 }
 
 // Layer norm's x̄ with + before its term through ρ: a rank-one error per row along x̂ and w ⊙ x̂, which the
