@@ -255,13 +255,15 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
                                                     : fmt::format("{} to {}", subset_min, subset_max),
                            xc, subset_min == 1 ? "; in rows where S_r has one entry the error is that element" : "")
              : std::string(" — a per-row term (a normalizer, a mean, a row sum) is missing or wrong");
-  return Diagnosis{
+  Diagnosis found{
       Finding::per_row_term, v.input, v.check,
       fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{}{}",
                   rows_with_error, rows_with_error == 1 ? "" : "s",
                   l.axis < 0 ? std::string()
                              : fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis),
                   uname, vname, alpha, is_vjp ? "x̄_r" : v.check == "hvp" ? "ẋ̄_r" : "ẏ_r", term, what)};
+  found.unnamed = u_names.empty() || v_names.empty();
+  return found;
 }
 
 }  // namespace

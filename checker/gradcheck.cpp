@@ -289,6 +289,7 @@ class Checker {
     adj.max_abs_err = std::abs(lhs - rhs);
     adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
     adj.analytic = lhs, adj.numeric = rhs;
+    adj.analytic_is = "⟨J t, u⟩", adj.numeric_is = "⟨t, Jᵀu⟩";
     adj.compared = 1;
     adj.passed = std::isfinite(lhs) && std::isfinite(rhs) && std::abs(lhs - rhs) <= bound;
     return adj;
@@ -308,6 +309,7 @@ class Checker {
       if (y.requires_grad()) tape.backward(y, u);
     }
     CheckResult ac{name(i), "accumulate", "exact", 0, 0, "", 0, 0, true, false};
+    ac.analytic_is = "added", ac.numeric_is = "Jᵀu";  // what backward added to the gradient it found, and J_iᵀu
     double worst = -1;
     bool lost_r = true;  // acc = J_iᵀu: what an assignment leaves
     ac.compared = n;

@@ -59,6 +59,9 @@ struct CheckResult {
   bool passed = true;
   bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
   int64_t compared = 0;  // how many values were compared (elements, projections); a check that compared none fails
+  // What `analytic` and `numeric` are, as a failing row prints them: the rule against central differences, or for a
+  // check of two analytic results, what each side is (adjoint: ⟨J t, u⟩ and ⟨t, Jᵀu⟩).
+  std::string analytic_is = "analytic", numeric_is = "numeric";
 };
 
 // What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.
@@ -126,6 +129,10 @@ struct Diagnosis {
   std::string input;    // the input it concerns; empty for the whole case
   std::string check;    // vjp, jvp, adjoint, accumulate; empty for the whole case
   std::string message;  // one line, with the numbers that back it
+  // Says where the error lies and names nothing of the rule: a per-row term whose vectors are none the checker
+  // knows (α_r·u_r·v_rᵀ). When the rule is written as formulas, an edit that puts it right takes its place
+  // (checker/formulas/edits.hpp).
+  bool unnamed = false;
   std::string str() const;  // "[kind] input, check: message"
 };
 // The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.

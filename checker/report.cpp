@@ -147,7 +147,8 @@ std::string GradcheckReport::str() const {
     }
     s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode,
                      c.max_abs_err, c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
-    if (!c.passed && c.compared > 0) s += fmt::format("  (analytic {:.6g}, numeric {:.6g})", c.analytic, c.numeric);
+    if (!c.passed && c.compared > 0)
+      s += fmt::format("  ({} {:.6g}, {} {:.6g})", c.analytic_is, c.analytic, c.numeric_is, c.numeric);
     s += "\n";
   }
   if (!diagnoses.empty()) {

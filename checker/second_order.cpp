@@ -145,6 +145,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   sym.max_abs_err = std::abs(whv - vhw);
   sym.max_rel_err = sym.max_abs_err / std::max(bound, 1e-300);
   sym.analytic = whv, sym.numeric = vhw;
+  sym.analytic_is = "⟨w, H v⟩", sym.numeric_is = "⟨v, H w⟩";
   sym.compared = 1;
   sym.passed = sym.max_rel_err <= 1e-10;
   rep.checks.push_back(sym);
@@ -152,6 +153,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   const std::vector<Tensor> h2v = hessian_times(
       [&f](Tape& tape, std::span<const Var> xs) { return twice(f, tape, xs); }, x, u, v, &refused);
   CheckResult acc{.input = "all", .check = "accumulate", .mode = "exact", .worst = ""};
+  acc.analytic_is = "(H t) of f + f", acc.numeric_is = "2·(H t)";
   bool lost_one = true;  // H₂v = H·v: what a rule that assigns leaves
   double worst = -1;
   for (size_t i = 0; i < hv.size(); ++i)

@@ -3,10 +3,13 @@
 // (tests/claims/slips.txt); and the expression language itself: values, errors with their column.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/expression.hpp"
@@ -87,6 +90,51 @@ TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term t
   CHECK(slip.has(Finding::vjp_only, "x"));
   CHECK(slip.has(Finding::one_input, "x"));
   CHECK_FALSE(slip.has(Finding::unexplained));
+  // Each failing row prints what its two numbers are: the rule against central differences, or for the adjoint
+  // identity, its two analytic sides.
+  const std::string text = slip.str();
+  const auto row = [&](const std::string& start) {
+    const size_t at = text.find(start);
+    REQUIRE(at != std::string::npos);
+    return text.substr(at, text.find('\n', at) - at);
+  };
+  CHECK(row("  x        vjp").find("FAIL  (analytic ") != std::string::npos);
+  CHECK(row("  x        vjp").find(", numeric ") != std::string::npos);
+  const std::string adjoint = row("  x        adjoint");
+  CHECK(adjoint.find("FAIL  (⟨J t, u⟩ ") != std::string::npos);
+  CHECK(adjoint.find(", ⟨t, Jᵀu⟩ ") != std::string::npos);
+  CHECK(adjoint.find("numeric") == std::string::npos);
+}
+
+// Layer norm's x̄ with + before its term through ρ: a rank-one error per row along x̂ and w ⊙ x̂, which the
+// per-row fit names α_r·u_r·v_rᵀ at some shapes and misses at others (σ written without ε at (3, 5)). The edit
+// search names the flipped sign at every shape, whether ρ carries layer norm's ε or σ is written without it.
+TEST_CASE("layer norm's flipped row term is a sign of a term at every shape") {
+  const std::pair<int, int> shapes[] = {{3, 5}, {4, 6}, {2, 4}, {5, 3}, {6, 8}, {3, 7}};
+  for (const auto& [n, c] : shapes) {
+    const std::string head = fmt::format("input x: {0}, {1}\ninput w: {1}\ninput b: {1}\nlet gh = w * g\n"
+                                         "forward layer_norm(x, w, b)\nlet xc = x - mean(x, -1)\n", n, c);
+    const std::string with_rho = head + "let rho = exp(-0.5 * log(mean(xc * xc, -1) + 0.00001))\nlet xh = xc * rho\n"
+                                        "vjp x = rho * (gh - mean(gh, -1) + xh * mean(xh * gh, -1))\n";
+    const std::string with_sd = head + fmt::format("let sd = norm(xc, -1) / {:.17g}\nlet xh = xc / sd\n", std::sqrt(c)) +
+                                "vjp x = (gh - mean(gh, -1) + xh * mean(gh * xh, -1)) / sd\n";
+    for (const std::string& text : {with_rho, with_sd}) {
+      CAPTURE(n);
+      CAPTURE(c);
+      CAPTURE(text);
+      const GradcheckReport r = check_claim(parse_claims(text, "f.txt").at(0));
+      CHECK_FALSE(r.passed());
+      CHECK(r.has(Finding::term_sign, "x"));
+      CHECK_FALSE(r.has(Finding::per_row_term, "x"));
+      CHECK_FALSE(r.has(Finding::unexplained, "x"));
+    }
+  }
+  // A per-row term of vectors the checker names stays one, with no edit searched: the mean of centring added where
+  // it is subtracted is α·1·1ᵀ per row.
+  const GradcheckReport centred = check_claim(
+      parse_claims("input x: 4, 5\nforward 3 * (x - mean(x, -1))\nvjp x = 3 * (g + mean(g, -1))\n", "f.txt").at(0));
+  CHECK(centred.has(Finding::per_row_term, "x"));
+  CHECK_FALSE(centred.has(Finding::term_sign, "x"));
 }
 
 TEST_CASE("every file of docs/claims is run by a test") {
@@ -291,6 +339,100 @@ TEST_CASE("a formula as text evaluates to the same values as the ops it names") 
   Var loss = sum(formula("norm(x, -1) * mean(x, -1)", {{"x", x}}));
   tape.backward(loss);
   CHECK(x.grad().defined());
+}
+
+// The two spellings of a sum over an axis, and NumPy's broadcasting in + - * /: the shapes a shared bias and a
+// layer norm's weight have, written as they are.
+TEST_CASE("sum(e, axis=a) and mean(e, axis=a) drop their axis; + - * / broadcast as NumPy's") {
+  Tape tape;
+  Var x = tape.leaf(random_tensor({3, 5}, 41));
+  const Tensor dropped = formula("sum(x, axis=0)", {{"x", x}}).value();
+  CHECK(dropped.shape() == Shape{5});
+  CHECK(max_abs_diff(dropped, sum(x, 0, false).value()) == 0);
+  CHECK(max_abs_diff(formula("sum(x, axis = -1)", {{"x", x}}).value(), sum(x, -1, false).value()) == 0);
+  CHECK(formula("mean(x, axis=1)", {{"x", x}}).shape() == Shape{3});
+  CHECK(max_abs_diff(formula("mean(x, axis=1)", {{"x", x}}).value(), mean(x, 1, false).value()) == 0);
+  CHECK(formula("sum(x, 0)", {{"x", x}}).shape() == Shape{1, 5});  // the positional axis is kept
+  CHECK(max_abs_diff(formula("squeeze(sum(x, 0), 0)", {{"x", x}}).value(), dropped) == 0);
+
+  // (T, Tk) + (B, T, Tk): the bias read once per batch element; (N, C) ⊙ (C): the weight read once per row.
+  Var scores = tape.leaf(random_tensor({2, 3, 5}, 42));
+  Var w = tape.leaf(random_tensor({5}, 43));
+  const Tensor biased = formula("scores + x", {{"scores", scores}, {"x", x}}).value();
+  REQUIRE(biased.shape() == Shape{2, 3, 5});
+  const Tensor weighted = formula("x * w", {{"x", x}, {"w", w}}).value();
+  REQUIRE(weighted.shape() == Shape{3, 5});
+  for (int64_t e = 0; e < 30; ++e) CHECK(biased.item(e) == scores.value().item(e) + x.value().item(e % 15));
+  for (int64_t e = 0; e < 15; ++e) CHECK(weighted.item(e) == x.value().item(e) * w.value().item(e % 5));
+
+  // A bias shared by the batch, and a per-channel weight: their gradients sum the broadcast axes away.
+  const auto holds = [](const char* text) {
+    const auto claims = parse_claims(text, "f.txt");
+    REQUIRE(claims.size() == 1);
+    const GradcheckReport r = check_claim(claims[0]);
+    CHECK_MESSAGE(r.passed(), r.str());
+  };
+  holds("input s: 2, 3, 5\ninput bias: 3, 5\nforward softmax(s + bias)\n"
+        "vjp bias = sum(y * (g - sum(y * g, -1)), axis=0)\n");
+  holds("input x: 4, 6\ninput w: 6\nforward tanh(x * w)\nvjp w = sum(g * (1 - y * y) * x, axis=0)\n"
+        "vjp x = g * (1 - y * y) * w\n");
+  // A mean where the sum belongs is off by one over the batch size: [scale].
+  const auto mean_slip = parse_claims("input s: 2, 3, 5\ninput bias: 3, 5\nforward s + bias\n"
+                                      "vjp bias = mean(g, axis=0)\n", "f.txt");
+  const GradcheckReport scaled = check_claim(mean_slip[0]);
+  CHECK(scaled.has(Finding::scale, "bias"));
+
+  // The kept spelling where the dropped one belongs is refused with a pointer to axis=.
+  ClaimText kept;
+  kept.inputs = {parse_claim_input("--input", "s: 2, 3, 5"), parse_claim_input("--input", "bias: 3, 5")};
+  kept.forward = {"", "s + bias", "--forward"};
+  kept.vjp = {{"bias", "sum(g, 0)", "--vjp bias"}};
+  CHECK_THROWS_WITH_AS(validate_claim(kept),
+                       doctest::Contains("x̄ of bias must have the shape (3, 5); this formula gives (1, 3, 5) (sum(e, "
+                                         "a) and mean(e, a) keep axis a with size 1; sum(e, axis=a) and mean(e, "
+                                         "axis=a) drop it)"),
+                       ExpressionError);
+
+  // The wrong-axis edit moves the axis of the dropping spelling too.
+  const auto wrong_axis = parse_claims("input x: 4, 4\ninput b: 4\nforward x * b\nvjp b = sum(g * x, axis=1)\n",
+                                       "f.txt");
+  const GradcheckReport moved = check_claim(wrong_axis[0]);
+  CHECK(moved.has(Finding::wrong_axis, "b"));
+  CHECK(moved.str().find("sum(g * x, axis=1) → sum(g * x, axis=-2)") != std::string::npos);
+}
+
+TEST_CASE("shapes that do not broadcast, and keywords other than axis=, are errors naming what was written") {
+  const std::map<std::string, Shape> shapes = {{"s", Shape{2, 4, 5}}, {"bias", Shape{4, 6}}, {"x", Shape{4, 6}}};
+  const ExpressionError add = error_of("exp(s) + bias", shapes);
+  CHECK(add.offset == 7);
+  CHECK(add.message ==
+        "`exp(s)` (2, 4, 5) + `bias` (4, 6): the shapes do not broadcast; aligned from the right, axis -1 has 5 "
+        "against 6, and NumPy's rule wants the two equal or one of them 1 (a (T, Tk) bias adds to (B, T, Tk) scores, "
+        "a (C) weight multiplies (N, C) rows)");
+  const ExpressionError mul = error_of("mul(x, sum(s, axis=0))", shapes);
+  CHECK(mul.offset == 0);
+  CHECK(mul.message.find("`x` (4, 6) * `sum(s, axis=0)` (4, 5): the shapes do not broadcast; aligned from the right, "
+                         "axis -1 has 6 against 5") == 0);
+  CHECK(error_of("s - sum(s, axis=1)", shapes).message.find("axis -2 has 4 against 2") != std::string::npos);
+  // The rank differs where a leading axis is missing: it counts as 1, and what does not fit is named.
+  CHECK(error_of("s / x", shapes).message.find("`s` (2, 4, 5) / `x` (4, 6)") == 0);
+  struct Case {
+    const char* text;
+    size_t column;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"sum(x, keepdim=0)", 7, "'keepdim=' is not an argument of sum here"},
+      {"norm(x, axis=1)", 8, "'axis=' is not an argument of norm here"},
+      {"sum(axis=0)", 4, "axis= is the second argument of sum: sum(e, axis=a)"},
+      {"mean(x, axis=y)", 13, "argument 2 of mean is an axis"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ExpressionError e = error_of(c.text, shapes);
+    CHECK(e.message.find(c.says) != std::string::npos);
+    CHECK(e.offset == c.column);
+  }
 }
 
 TEST_CASE("errors in a formula point at their column with a caret, before anything is evaluated") {

@@ -172,6 +172,13 @@ TEST_CASE("a slip in a second-order term fails the hvp check") {
   CHECK(r.checks[0].check == "hvp");
   CHECK_FALSE(r.checks[0].passed);
   CHECK(r.checks[0].analytic == doctest::Approx(r.checks[0].numeric / 2));
+  // The hvp row compares the rule with central differences; symmetry and accumulate compare two analytic values.
+  CHECK(r.checks[0].analytic_is == "analytic");
+  CHECK(r.checks[0].numeric_is == "numeric");
+  CHECK(r.checks[1].analytic_is == "⟨w, H v⟩");
+  CHECK(r.checks[1].numeric_is == "⟨v, H w⟩");
+  CHECK(r.checks[2].analytic_is == "(H t) of f + f");
+  CHECK(r.checks[2].numeric_is == "2·(H t)");
 }
 
 TEST_CASE("second-order slips are named as first-order ones are") {

@@ -104,9 +104,23 @@ Parsed parse_formulas(const ClaimText& c) {
   return p;
 }
 
+// Whether `got` is `want` with axes of size 1 put in: a sum or mean that kept the axes it reduced.
+bool kept_axes(const Shape& want, const Shape& got) {
+  if (got.rank() <= want.rank()) return false;
+  int w = 0;
+  for (int d = 0; d < got.rank(); ++d) {
+    if (w < want.rank() && got[d] == want[w]) ++w;
+    else if (got[d] != 1) return false;
+  }
+  return w == want.rank();
+}
+
 [[noreturn]] void wrong_shape(const Formula& f, std::string_view what, const Shape& want, const Shape& got) {
+  const std::string hint = kept_axes(want, got) ? " (sum(e, a) and mean(e, a) keep axis a with size 1; "
+                                                  "sum(e, axis=a) and mean(e, axis=a) drop it)"
+                                                : "";
   throw ExpressionError(f.label(), f.text(), 0,
-                        fmt::format("{} must have the shape {}; this formula gives {}", what, want, got));
+                        fmt::format("{} must have the shape {}; this formula gives {}{}", what, want, got, hint));
 }
 
 // Names and shapes of every formula in its context, before anything is evaluated.

@@ -163,13 +163,18 @@ struct Edit {
 void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
                        std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
                        RuleBlocks* blocks) {
-  // The inputs whose failing VJP no kind of the Jacobian explains. Only those: an edit that puts a rule right is
-  // not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian shows first
-  // is the better name. (An input named a per-row term is left as it is: that kind already says where the error
-  // lies, and the search's trace and evaluations cost more than a check of a small op itself.)
+  // The inputs whose failing VJP no kind of the Jacobian explains, or explains only by where the error lies (a
+  // per-row term α_r·u_r·v_rᵀ whose vectors are none the checker knows: Diagnosis::unnamed). Not the others: an
+  // edit that puts a rule right is not always the slip (taking a mask's transpose can zero a wrong term), so a
+  // structure the Jacobian shows (a mean's 1·1ᵀ, a normalizer's y_r·y_rᵀ) is the better name, and it spares the
+  // search. An unnamed per-row term is no such structure: a sign flipped on layer norm's x̂·mean(x̂ ⊙ ĝ) is one along
+  // x̂ and w ⊙ x̂, and whether the fit holds to the tolerance depends on the shape and the draw (that slip, with σ
+  // written without layer norm's ε, fit it at (4, 6) and not at (3, 5)), so without the search the same slip was a
+  // sign of a term at one shape and a per-row term at another. Where no edit puts the rule right, it stays.
   auto unexplained_vjp = [&](size_t i) {
     return std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
-      return d.kind == Finding::unexplained && d.input == names[i] && d.check == "vjp";
+      return (d.kind == Finding::unexplained || (d.kind == Finding::per_row_term && d.unnamed)) &&
+             d.input == names[i] && d.check == "vjp";
     });
   };
   std::vector<size_t> failing;

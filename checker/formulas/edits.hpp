@@ -39,7 +39,9 @@ using VjpFormulasAt = std::function<std::optional<VjpFormulas>(std::span<const T
 // Inputs whose elements the search differentiates at most (central differences: two evaluations of f each).
 inline constexpr int64_t kEditSearchElements = 4096;
 
-// For a report in which no kind of the Jacobian explains an input's failing VJP (a diagnosis of no known kind):
+// For a report in which no kind of the Jacobian explains an input's failing VJP (a diagnosis of no known kind), or
+// explains it only as a per-row term of vectors it cannot name (Diagnosis::unnamed; a sign flipped on a row term is
+// one, at some shapes and not others):
 // tries the edits, and replaces that diagnosis with the first edit that puts the rule right for every input. The
 // edits come last: a rule can be put right by an edit that is not the slip (a mask transposed can zero a wrong
 // term), so a structure the Jacobian shows is the better name. Does nothing when the formulas, unedited,

@@ -124,6 +124,7 @@ class Evaluator {
         default: return {true, a.number / b.number, {}};
       }
     }
+    if (!a.is_number && !b.is_number) operands_broadcast(n, op, a.var.shape(), b.var.shape());
     return at(n, [&]() -> Var {
       if (op == '*' && b.is_number) return scale(a.var, b.number);
       if (op == '*' && a.is_number) return scale(b.var, a.number);
@@ -137,6 +138,21 @@ class Evaluator {
         default: return div(l, r);
       }
     });
+  }
+  // NumPy's rule, which the arithmetic ops follow: the shapes aligned from the right, each pair of axes equal or one
+  // of them 1 (a missing axis counts as 1). Where they are not, the error names both operands as written, their
+  // shapes and the first axis from the right that differs, at the operator.
+  void operands_broadcast(const ExpressionNode& n, char op, const Shape& a, const Shape& b) const {
+    const int ra = a.rank(), rb = b.rank();
+    for (int d = 1; d <= std::max(ra, rb); ++d) {
+      const int64_t sa = d <= ra ? a[ra - d] : 1, sb = d <= rb ? b[rb - d] : 1;
+      if (sa == sb || sa == 1 || sb == 1) continue;
+      auto written = [&](size_t i) { return text_.substr(n.args[i]->begin, n.args[i]->end - n.args[i]->begin); };
+      error(n.offset, fmt::format("`{}` {} {} `{}` {}: the shapes do not broadcast; aligned from the right, axis {} "
+                                  "has {} against {}, and NumPy's rule wants the two equal or one of them 1 (a (T, "
+                                  "Tk) bias adds to (B, T, Tk) scores, a (C) weight multiplies (N, C) rows)",
+                                  written(0), a, op, written(1), b, -d, sa, sb));
+    }
   }
   Var tensor_argument(const ExpressionNode& call, size_t i, const Value& v) {
     if (v.is_number)
@@ -181,8 +197,8 @@ class Evaluator {
       if (f == "matmul") return matmul(x[0], x[1]);
       if (f == "linear") return linear(x[0], x[1], x.size() > 2 ? x[2] : Var{});
       if (f == "layer_norm") return layer_norm(x[0], x[1], x[2]);
-      if (f == "sum") return n.args.size() == 1 ? sum(x[0]) : sum(x[0], axis(1), true);
-      if (f == "mean") return n.args.size() == 1 ? mean(x[0]) : mean(x[0], axis(1), true);
+      if (f == "sum") return n.args.size() == 1 ? sum(x[0]) : sum(x[0], axis(1), !n.axis_keyword);
+      if (f == "mean") return n.args.size() == 1 ? mean(x[0]) : mean(x[0], axis(1), !n.axis_keyword);
       if (f == "norm") return exp(scale(log(sum(mul(x[0], x[0]), axis(1), true)), 0.5));
       if (f == "tril") return mul(x[0], x[0].tape().constant(lower_triangle(x[0], n.args.size() > 1 ? axis(1) : 0)));
       if (f == "transpose") return n.args.size() == 1 ? transpose(x[0]) : transpose(x[0], axis(1), axis(2));

@@ -10,12 +10,13 @@
 //   add sub mul div matmul                                              f(a, b)
 //   linear(x, W[, b])  layer_norm(x, w, b)
 //   sum(e[, axis])  mean(e[, axis])   over all elements, or over one axis keeping it (size 1)
+//   sum(e, axis=a)  mean(e, axis=a)   over axis a, dropping it, as NumPy's (the gradient of a broadcast input)
 //   norm(e, axis)                     ‖e‖₂ over one axis, keeping it: exp(½·log Σ e²)
 //   transpose(e[, a, b])              axes a and b swapped (the last two by default)
 //   where(cond, a, b)                 a where cond ≠ 0, else b (cond is read as a mask: no gradient through it)
 //   tril(e[, k])                      e where j ≤ i + k over its last two axes (i, j), else 0 (a causal mask)
-//   squeeze(e, axis)  unsqueeze(e, axis)   an axis of size 1 taken away (squeeze(sum(e, 1), 1): a sum that drops
-//                                     its axis) or put in (negative: from the end of the result), as torch's
+//   squeeze(e, axis)  unsqueeze(e, axis)   an axis of size 1 taken away (squeeze(sum(e, 1), 1) is
+//                                     sum(e, axis=1)) or put in (negative: from the end of the result), as torch's
 // `inf` is the number ∞ (where(mask, -inf, s): a mask as attention writes it); where writes a number only where its
 // side holds, so −inf stays out of the other positions.
 // Axes are whole numbers written in the call (negative from the end). A number with a tensor is a constant of that
@@ -23,7 +24,7 @@
 //
 // A formula is parsed and its shapes checked before anything is evaluated: an unknown name, a wrong number of
 // arguments, shapes an op rejects, all throw ExpressionError, whose message shows the text with a caret under the
-// column at fault. docs/claims/README.md has the grammar with examples; `tapegrad claim` checks derivatives
+// column at fault; operands of + - * / whose shapes do not broadcast name both operands and their shapes. docs/claims/README.md has the grammar with examples; `tapegrad claim` checks derivatives
 // written in it (checker/formulas/claim.hpp).
 #pragma once
 

@@ -248,8 +248,10 @@ class Parser {
     n->name = name;
     skip_space();
     if (!accept(')')) {
-      do n->args.push_back(expression());
-      while (accept(','));
+      do {
+        if (keyword_axis(*f, n->args.size())) n->axis_keyword = true;
+        n->args.push_back(expression());
+      } while (accept(','));
       skip_space();
       if (!accept(')')) error(pos_, fmt::format("expected ',' or ')' in the arguments of {}, found {}", name,
                                                 quoted_token()));
@@ -270,6 +272,28 @@ class Parser {
         error(n->args[a]->offset, fmt::format("argument {} of {} is an axis: a whole number written here, as -1",
                                               a + 1, name));
     return measured(std::move(n));
+  }
+
+  // Takes `axis =` before argument `index` of f where it is written: sum(e, axis=a) and mean(e, axis=a) drop the
+  // axis they reduce, as NumPy's do, where sum(e, a) keeps it with size 1. Any other `name =` is an error.
+  bool keyword_axis(const FunctionSpec& f, size_t index) {
+    skip_space();
+    const size_t at = pos_;
+    size_t end = pos_;
+    while (end < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[end])) || text_[end] == '_')) ++end;
+    size_t after = end;
+    while (after < text_.size() && std::isspace(static_cast<unsigned char>(text_[after]))) ++after;
+    if (end == at || after >= text_.size() || text_[after] != '=') return false;
+    const std::string_view keyword = text_.substr(at, end - at);
+    const bool reduces = f.name == "sum" || f.name == "mean";
+    if (keyword == "axis" && reduces && index != 1)
+      error(at, fmt::format("axis= is the second argument of {0}: {0}(e, axis=a)", f.name));
+    if (keyword != "axis" || !reduces)
+      error(at, fmt::format("'{}=' is not an argument of {} here; the one keyword is axis=, the second argument of "
+                            "sum and mean: sum(e, axis=a) drops axis a, sum(e, a) keeps it with size 1",
+                            keyword, f.name));
+    pos_ = after + 1;
+    return true;
   }
 
   NodePtr binary(char op, size_t at, NodePtr left, NodePtr right) {

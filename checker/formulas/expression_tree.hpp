@@ -20,6 +20,7 @@ struct ExpressionNode {
   std::string name;    // name, call
   char op = 0;         // binary: + - * /
   std::vector<std::shared_ptr<const ExpressionNode>> args;  // call, binary (2), negate (1)
+  bool axis_keyword = false;  // call: sum(e, axis=a) or mean(e, axis=a), whose axis is dropped, not kept
   int height = 1;      // levels from this node down to its deepest leaf (the evaluator recurses this deep)
 };
 

@@ -97,7 +97,8 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
     for i, input_name in enumerate(names):
         ok = comparison.passed(i)
         at = "" if comparison.worst[i] is None else f"{input_name}[{', '.join(map(str, comparison.worst[i]))}]"
-        _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i])
+        _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i],
+                             (DTYPE_NAMES[dtype], "reference"))
         line = _explained(input_name, comparison.error[i], comparison.bound[i], ok, dtype)
         if fused:
             fused_bound = comparison.fused_bound[i]
@@ -106,7 +107,7 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
         notes.append(line)
     forward_ok = comparison.forward_passed()
     _tapegrad._add_check(report, "y", f"forward {DTYPE_NAMES[dtype]}", "exact", forward_ok, comparison.forward_error,
-                         "", comparison.forward_error, comparison.forward_bound)
+                         "", comparison.forward_error, comparison.forward_bound, ("error", "bound"))
     notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype))
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:

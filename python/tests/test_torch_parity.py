@@ -75,6 +75,9 @@ def test_a_backward_that_ignores_grad_output_fails_the_zero_cotangent_row():
     assert not report
     row = [c for c in report.checks if c.check == "zero ȳ"][0]
     assert row.input == "x" and not row.passed and row.max_abs_err > 0
+    # x̄ at ȳ = 0 against the 0 it must be: no finite difference is compared, and the row says so
+    assert (row.analytic_is, row.numeric_is) == ("x̄", "expected")
+    assert f"(x̄ {row.analytic:.6g}, expected 0)" in str(report), report
     assert report.has("nonlinear", "x"), report
     assert "x̄ is not 0 at ȳ = 0" in str(report)
 

@@ -408,8 +408,9 @@ def centred(slip=None):
 
 
 def test_a_per_row_term_with_the_wrong_sign_is_named_a_per_row_term_and_no_edit_is_searched():
-    # The Jacobian's per-row term says where the error lies; the edit search (a trace and its evaluations, more
-    # than the small check itself costs) runs only for an input no kind explains.
+    # The Jacobian's per-row term, of vectors it names (1·1ᵀ: a mean), says where the error lies; the edit search (a
+    # trace and its evaluations, more than the small check itself costs) runs only for an input no kind explains or
+    # one whose per-row term names no vectors.
     report = tapegrad.gradcheck(centred("mean_sign").apply, (torch.randn(4, 5, dtype=torch.float64,
                                                                          requires_grad=True),))
     assert report.has("per_row_term", "x") and not report.has("term_sign", "x"), report
