@@ -315,10 +315,17 @@ std::string format_explanation(const Explanation& e) {
   s += fmt::format("  code       {} (the node: forward, VJP and JVP); registered at {}\n", e.recorded_at,
                    e.registered_at);
   if (!e.formulas_at.empty()) {
-    std::string places;
-    for (const FormulaLocation& f : e.formulas_at)
-      places += fmt::format("{}{} {} ({})", places.empty() ? "" : "; ", f.what, f.at, f.function);
-    s += fmt::format("  formulas   {}\n", places);
+    // One kernel a line: "  kernels    VJP  ops/attention/softmax.cpp:66 (attention_vjp)".
+    auto characters = [](const std::string& text) {  // UTF-8: every byte but a continuation byte starts one
+      return static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    };
+    size_t width = 0;
+    for (const FormulaLocation& f : e.formulas_at) width = std::max(width, characters(f.what));
+    for (size_t i = 0; i < e.formulas_at.size(); ++i) {
+      const FormulaLocation& f = e.formulas_at[i];
+      s += fmt::format("  {} {}{}  {} ({})\n", i == 0 ? "kernels   " : "          ", f.what,
+                       std::string(width - characters(f.what), ' '), f.at, f.function);
+    }
   }
   if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
   for (size_t i = 0; i < e.sections.size(); ++i)

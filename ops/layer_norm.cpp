@@ -322,6 +322,11 @@ std::vector<OpInfo> layer_norm_ops() {
          .second_order = "m = mean(x̂⊙ĝ), ĝ̇ = ẇ⊙ȳ, ρ̇ = −ρ²·mean(x̂⊙ẋ), x̂̇ = ρ(ẋ − mean ẋ − x̂·mean(x̂⊙ẋ)): "
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
          .second_order_derivation = "6.7",
+         .formulas_at = {{"forward", "ops/layer_norm.cpp", "layer_norm_forward"},
+                         {"VJP of x", "ops/layer_norm.cpp", "layer_norm_vjp_x"},
+                         {"VJP of w and b", "ops/layer_norm.cpp", "layer_norm_vjp_affine"},
+                         {"JVP", "ops/layer_norm.cpp", "layer_norm_jvp"},
+                         {"second order", "ops/layer_norm.cpp", "layer_norm_second_order_rows"}},
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply},
                    {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}},

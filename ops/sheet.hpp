@@ -56,9 +56,10 @@ struct OpCost {
 // A node's cost from its inputs' and output's shapes (inspect/profile.hpp charges it to the op's row).
 using CostFunction = std::function<OpCost(std::span<const Shape> inputs, const Shape& output)>;
 
-// Where one of an op's formulas is written, when that is not its node's own file: what it is, the file from the
-// project's top folder, and the function that implements it ({"VJP and JVP", "ops/row_maps.hpp",
-// "softmax_row_derivative"}). tapegrad explain finds the function's line in the file; a test checks that it is there.
+// The kernel that computes one of an op's formulas, in the node's own file or elsewhere: what it is, the file from
+// the project's top folder, and the function ({"VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"}).
+// tapegrad explain prints the function's line, so that a formula is one step from the code that computes it; a test
+// checks that the function is there.
 struct FormulaPlace {
   std::string what;
   std::string file;
@@ -152,7 +153,7 @@ struct OpInfo {
                                           // empty: a textbook rule
   std::string second_order_derivation{};  // its section of docs/derivations.md ("6.4"); empty: 6.1 for a
                                           // kNoSecondOrderTerm op, else the section 6 as a whole
-  std::vector<FormulaPlace> formulas_at{};  // where its formulas are written, if elsewhere than the node's file
+  std::vector<FormulaPlace> formulas_at{};  // the kernels that compute its formulas
   CostFunction cost{};                      // ops with matrix products (and a few row maps); empty: not counted
   std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case
   SourcePlace registered_at{};  // where OpList::add or Registry::add was called; unknown (line 0): tapegrad

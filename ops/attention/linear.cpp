@@ -576,6 +576,10 @@ std::vector<OpInfo> linear_attention_ops() {
                          "ḋv_j = Σ_i (ẇ_ij Gn_i + w_ij Ġn_i)",
          .derivation = "4.1, 4.2",
          .second_order_derivation = "6.11",
+         .formulas_at = {{"forward", "ops/attention/linear.cpp", "linear_attention_forward"},
+                         {"VJP", "ops/attention/linear.cpp", "linear_attention_vjp"},
+                         {"JVP", "ops/attention/linear.cpp", "linear_attention_jvp"},
+                         {"second order", "ops/attention/linear.cpp", "linear_attention_second_order"}},
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"non-causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(false)},
                    {"causal, T=7 d=5 dv=3", inputs(2, 2, 7, 7, 5, 3), build(true)},

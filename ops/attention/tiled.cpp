@@ -394,7 +394,10 @@ std::vector<OpInfo> tiled_attention_ops() {
          .second_order = attention_second_order_rule,
          .derivation = "5.6, 2.1",
          .second_order_derivation = "6.9",
-         .formulas_at = {{"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .formulas_at = {{"forward", "ops/attention/tiled.cpp", "tiled_attention_forward"},
+                         {"VJP", "ops/attention/tiled.cpp", "tiled_attention_vjp"},
+                         {"JVP", "ops/attention/tiled.cpp", "tiled_attention_jvp"},
+                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
          .cost = attention_cost,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {
