@@ -27,7 +27,7 @@ Tensor causal_mask(int64_t T, int64_t Tk) {
   return m;
 }
 
-// softmax(s·Q·Kᵀ + B + M)·V from primitive ops: matmul, transpose, scale, add, softmax.
+// softmax(s·Q·Kᵀ + bias + M)·V from primitive ops: matmul, transpose, scale, add, softmax.
 Var attention_from_primitives(Tape& tape, Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   const double s = opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(q.shape()[3]));
   Var scores = scale(matmul(q, transpose(k)), s);
@@ -183,7 +183,7 @@ bool vjp_failed(const GradcheckReport& r, const std::string& input) {
 
 }  // namespace
 
-TEST_CASE("attention equals softmax(s·QKᵀ + B + M)·V built from primitive ops: forward, VJP and JVP") {
+TEST_CASE("attention equals softmax(s·QKᵀ + bias + M)·V built from primitive ops: forward, VJP and JVP") {
   const std::vector<Layout> layouts = {
       {"B=2 h=2 T=4 d=3", 2, 2, 4, 4, 3, 3, false, 0, {}},
       {"causal B=1 h=2 T=7 d=5", 1, 2, 7, 7, 5, 5, true, 0, {}},

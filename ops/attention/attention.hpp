@@ -13,7 +13,7 @@ struct AttentionOptions {
   bool causal = false;
 };
 
-// softmax.cpp — O = softmax(s·QKᵀ + B + M)·V (the attention-gradient and attention-bias posts). `bias` is optional
+// softmax.cpp — O = softmax(s·QKᵀ + bias + M)·V (the attention-gradient and attention-bias posts). `bias` is optional
 // (an undefined Var) and broadcasts to (B, h, T, Tk) from (B,h,T,Tk), (h,T,Tk), (T,Tk), (B,1,T,Tk) or (B,1,1,Tk); its
 // gradient is summed over exactly the broadcast axes.
 Var attention(Var q, Var k, Var v, const AttentionOptions& opt = {}, Var bias = {});

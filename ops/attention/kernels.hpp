@@ -281,14 +281,14 @@ void second_order_products(const AttentionDims& dims, const T* q, const T* k, co
 // The rule in one line, as the registry of both nodes gives it to tapegrad explain.
 inline constexpr const char* attention_second_order_rule =
     "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
-    "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), dḂ += Σ_bcast dṠ";
+    "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), d(bias) moves by Σ_bcast dṠ";
 
 // Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
 // probabilities A (T, Tk): the tangent of the VJP at a fixed G (docs/derivations.md §6.9). With dA = GVᵀ and dS as
-// in the VJP (ops/attention/softmax.cpp, attention_vjp), and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
+// in the VJP (ops/attention/softmax.cpp, attention_vjp), and the JVP's Ż = s(Q̇Kᵀ + QK̇ᵀ) + ḃias, Ȧ = A ⊙ (Ż − ⟨A_i, Ż_i⟩):
 //   dṠ = Ȧ ⊙ (dA − ⟨A_i, dA_i⟩) − ⟨Ȧ_i, dA_i⟩·A + A ⊙ (GV̇ᵀ − ⟨A_i, (GV̇ᵀ)_i⟩)     (softmax's rule, ops/row_maps.hpp,
 //                                                                             plus its VJP of the moved dA)
-//   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   dḂ += Σ_bcast dṠ
+//   dV̇ += ȦᵀG,   dQ̇ += s(dṠ·K + dS·K̇),   dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇),   d(bias) moves by Σ_bcast dṠ
 // Dense over the (T, Tk) slice: A is 0 at masked entries, so the mask needs no other care. The products go through
 // gemm (ops/products/blas.hpp), the row terms are plain loops. Outputs and tangents may be null. `work` holds
 // second_order_slice_elements(dims) elements of scratch.

@@ -3,7 +3,7 @@
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), the bias broadcast to (T, Tk),
 // G = ∂L/∂O (T, dv), s the scale:
-//   S = s·QKᵀ + B + M        M_ij = 0 where key j is visible to query i, −∞ where it is masked (causal: j > i)
+//   S = s·QKᵀ + bias + M     M_ij = 0 where key j is visible to query i, −∞ where it is masked (causal: j > i)
 //   A = softmax_row(S)        (T, Tk), exactly 0 at masked entries
 //   O = A·V                   (T, dv)
 // The node keeps A and O; the backward needs no other n×n tensor than one (block, Tk) matrix of scratch per range
@@ -272,9 +272,9 @@ std::vector<OpInfo> attention_ops() {
   };
   r.add({.name = "attention",
          .family = "attention/softmax",
-         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + B + M (M: −∞ above the diagonal when causal)",
-         .vjp = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dB += Σ_bcast dS",
-         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + Ḃ",
+         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + bias + M (M: −∞ above the diagonal when causal)",
+         .vjp = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; d(bias) += Σ_bcast dS",
+         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + ḃias",
          .second_order = attention_second_order_rule,
          .derivation = "2.1, 1.1, 5.3, 5.4",
          .second_order_derivation = "6.9",

@@ -4,7 +4,7 @@
 // fused kernels usually do not give (docs/derivations.md §5.6).
 //
 // Per (b, h) slice, tokens as rows: Q (T, d), K (Tk, d), V (Tk, dv), bias broadcast to (T, Tk), s the scale:
-//   S = s·QKᵀ + B + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
+//   S = s·QKᵀ + bias + M,   A = softmax_row(S),   O = A·V        (M_ij = −∞ where causal hides key j > i)
 // The scores are visited in tiles I × J of `block` query rows and `block` key columns. Under the causal mask a
 // query tile I = [i0, i0 + r) sees keys j < i0 + r only, so the tiles entirely above the diagonal are skipped,
 // and a tile that crosses the diagonal goes in sub-blocks of kSubRows query rows, each multiplied against the
@@ -387,9 +387,9 @@ std::vector<OpInfo> tiled_attention_ops() {
   };
   r.add({.name = kOp,
          .family = "attention/tiled",
-         .forward = "attention's O = softmax(s·QKᵀ + B + M)·V, over key blocks with an online softmax (m, ℓ per row)",
+         .forward = "attention's O = softmax(s·QKᵀ + bias + M)·V, over key blocks with an online softmax (m, ℓ per row)",
          .vjp = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
-                "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; dB += Σ_bcast dS",
+                "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; d(bias) += Σ_bcast dS",
          .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇, tile by tile",
          .second_order = attention_second_order_rule,
          .derivation = "5.6, 2.1",
