@@ -388,3 +388,30 @@ def test_a_saved_intermediate_is_named_when_second_order_fails():
         assert f"`{value}` was saved in forward (test_torch_parity.py:" in text, text
         assert "is a constant to double backward: save the inputs and recompute it in backward" in text
         assert any(d.kind == "saved_in_forward" for d in report.diagnoses), text
+
+
+class _LayerNormVarianceSlip(torch.autograd.Function):
+    """x̂ = (x − μ)/σ per row, whose backward divides by the variance where σ belongs: each row's gradient is off by
+    its own constant ratio 1/σ_r."""
+
+    @staticmethod
+    def forward(ctx, x):
+        centred = x - x.mean(-1, keepdim=True)
+        variance = (centred * centred).mean(-1, keepdim=True) + 1e-5
+        xh = centred / torch.sqrt(variance)
+        ctx.save_for_backward(xh, variance)
+        return xh
+
+    @staticmethod
+    def backward(ctx, g):
+        xh, variance = ctx.saved_tensors
+        return (g - g.mean(-1, keepdim=True) - xh * (g * xh).mean(-1, keepdim=True)) / variance
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (4, 6), (8, 16)])
+def test_a_per_row_ratio_is_named_at_every_shape(shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    report = tapegrad.gradcheck(_LayerNormVarianceSlip.apply, (x,))
+    assert not report.passed
+    assert report.has("per_row_factor", "x"), report
