@@ -200,6 +200,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   e.second_order = info->second_order;
   bool read = false;
   e.sections = derivation_sections(info->derivation, options.derivations_path, read);
+  e.derived_in = info->derived_in;
   const std::string section = !info->second_order_derivation.empty() ? info->second_order_derivation
                               : info->second_order == kNoSecondOrderTerm ? "6.1"
                                                                          : std::string(kSecondOrderSection);
@@ -276,7 +277,8 @@ std::string sections_of(const OpInfo& op) {
   const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
                              : op.second_order == kNoSecondOrderTerm ? "6.1"
                                                                      : std::string(kSecondOrderSection);
-  return (s.empty() ? "textbook" : s) + "; 2nd order §" + second;
+  if (s.empty()) s = op.derived_in.empty() ? "textbook" : "`" + op.derived_in + "`";
+  return s + "; 2nd order §" + second;
 }
 
 }  // namespace
@@ -327,7 +329,8 @@ std::string format_explanation(const Explanation& e) {
                        std::string(width - characters(f.what), ' '), f.at, f.function);
     }
   }
-  if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
+  if (!e.derived_in.empty()) s += fmt::format("  derivation {} (the comment at its top)\n", e.derived_in);
+  else if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
   for (size_t i = 0; i < e.sections.size(); ++i)
     s += fmt::format("  {} {} § {}\n", i == 0 ? "derivation" : "          ", e.derivations_file, e.sections[i]);
   s += fmt::format("  2nd order  {} § {}\n", e.derivations_file, e.second_order_section);
@@ -390,6 +393,7 @@ nlohmann::json explanation_json(const Explanation& e) {
              return f;
            }()},
           {"derivation", e.sections},
+          {"derived_in", e.derived_in},
           {"derivations_file", e.derivations_file},
           {"case", e.case_name},
           {"shapes_given", e.shapes_given},

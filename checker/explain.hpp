@@ -38,6 +38,7 @@ struct Explanation {
   std::string second_order;          // OpInfo::second_order; empty: not given at registration
   std::string second_order_section;  // the heading of docs/derivations.md that derives the rules ("6" if not found)
   std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
+  std::string derived_in;              // OpInfo::derived_in: a file whose opening comment derives the rules
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
   std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
   std::string registered_at;           // file:line of its sheet (or its registration)

@@ -339,7 +339,8 @@ std::vector<OpInfo> layer_norm_ops() {
            const Var rho = pow(add(mean(square(c), -1, true), eps), -0.5);
            return add(mul(mul(c, rho), x[1]), x[2]);
          },
-         .trace = layer_norm_trace()});
+         .trace = layer_norm_trace(),
+         .derived_in = "ops/layer_norm.cpp"});
   return r.ops;
 }
 

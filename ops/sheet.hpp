@@ -169,6 +169,9 @@ struct OpInfo {
   Function unfused{};
   // A worked example of its forward and VJP, line by line with their values (`tapegrad explain OP --trace`).
   std::optional<OpTrace> trace{};
+  // Where its first-order rules are derived when no section of docs/derivations.md does: a source file whose opening
+  // comment derives them ("ops/layer_norm.cpp"). Empty with no section either: a textbook rule.
+  std::string derived_in{};
 };
 
 // A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:

@@ -262,3 +262,20 @@ TEST_CASE("the case counts docs/derivations.md gives for a node are its sheet's"
   check(std::regex(R"(\| `(\w+)`[^|]*\| (\d+) \|)"), table, counted);
   CHECK(counted >= 7);  // every row of "Gradcheck per node"
 }
+
+TEST_CASE("explain names the file whose opening comment derives an op's rules, where a sheet says so") {
+  int named = 0;
+  for (const OpInfo& op : builtin_registry().ops()) {
+    if (op.derived_in.empty()) continue;
+    INFO("op " << op.name << " is derived in " << op.derived_in);
+    ++named;
+    std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + op.derived_in);
+    REQUIRE(in.good());
+    std::string first;
+    std::getline(in, first);
+    CHECK(first.starts_with("//"));
+    const std::string text = format_explanation(explain(builtin_registry(), op.name, with_docs()));
+    CHECK(text.find("  derivation " + op.derived_in + " (the comment at its top)") != std::string::npos);
+  }
+  CHECK(named >= 1);  // layer_norm
+}
