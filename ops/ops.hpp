@@ -93,7 +93,7 @@ inline Var operator*(Var x, double s) { return scale(x, s); }
 inline Var operator*(double s, Var x) { return scale(x, s); }
 
 // The registry of every built-in op with its gradcheck cases, filled on first use from their sheets
-// (ops/all_ops.hpp); defined above the ops, in ops/builtin_registry.cpp.
+// (ops/all_ops.hpp); defined in ops/registry.cpp.
 Registry& builtin_registry();
 
 }  // namespace tapegrad
