@@ -31,6 +31,7 @@
 #include "ops/products/blas_info.hpp"
 #include "ops/products/onednn_gemm.hpp"
 #include "ops/products/products.hpp"
+#include "ops/products/small_products.hpp"
 #include "ops/registry.hpp"
 #include "ops/row_maps.hpp"
 #include "ops/sheet.hpp"

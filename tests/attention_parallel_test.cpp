@@ -9,8 +9,12 @@
 #include <vector>
 
 #include "engine/parallel.hpp"
+#include "engine/tape.hpp"
+#include "ops/products/products.hpp"
+#include "ops/products/small_products.hpp"
 #include "ops/registry.hpp"
 #include "ops/attention/attention.hpp"
+#include "ops/ops.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;
@@ -72,6 +76,34 @@ TEST_CASE("attention nodes on two threads give the same bits in every run") {
     const Derivatives first = derivatives_on_threads(c, 2, 7), again = derivatives_on_threads(c, 2, 7);
     CHECK(first.out.to_vector() == again.out.to_vector());
     for (size_t i = 0; i < first.grads.size(); ++i) CHECK(first.grads[i].to_vector() == again.grads[i].to_vector());
+  }
+  set_num_threads(saved);
+}
+
+// Kᵀ (forward) and Vᵀ (backward) are each packed once per slice and use, for all the slice's query blocks, however
+// many threads run the slices: float32, T = 64 in two causal blocks of 32, d = dv = 32, so that every other operand
+// (V, K, Q, G as they lie, 32 columns wide) is read in place. Where the rule sends these products elsewhere (a CPU
+// without AVX-512, TAPEGRAD_GEMM set) nothing is packed by the engine.
+TEST_CASE("attention packs Kᵀ and Vᵀ once per slice and use, on one thread and on two") {
+  const int saved = num_threads();
+  const int64_t B = 2, H = 3, T = 64, d = 32;
+  const bool on_engine = product_backend(32, 64, 32) == ProductBackend::engine;
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Tape tape;
+    AttentionOptions causal;
+    causal.causal = true;
+    Var q = tape.leaf(Tensor::randn(DType::f32, {B, H, T, d}, 1));
+    Var k = tape.leaf(Tensor::randn(DType::f32, {B, H, T, d}, 2));
+    Var v = tape.leaf(Tensor::randn(DType::f32, {B, H, T, d}, 3));
+    const uint64_t before = small_kernel_packings();
+    Var o = attention(q, k, v, causal);
+    const uint64_t forward = small_kernel_packings() - before;
+    tape.backward(sum(o));
+    const uint64_t backward = small_kernel_packings() - before - forward;
+    CHECK(forward == static_cast<uint64_t>(on_engine ? B * H : 0));   // Kᵀ
+    CHECK(backward == static_cast<uint64_t>(on_engine ? B * H : 0));  // Vᵀ
   }
   set_num_threads(saved);
 }

@@ -19,6 +19,7 @@
 #include "ops/products/blas_info.hpp"
 #include "ops/products/onednn_gemm.hpp"
 #include "ops/products/products.hpp"
+#include "ops/products/small_products.hpp"
 #include "engine/rng.hpp"
 #include "test_util.hpp"
 
@@ -129,20 +130,24 @@ void for_each_product(uint64_t seed, std::initializer_list<std::pair<float, floa
 
 }  // namespace
 
-TEST_CASE("the rule: oneDNN for large products of width a multiple of 16 on AVX-512 CPUs, OpenBLAS otherwise") {
+TEST_CASE("the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-adds, oneDNN above for a width a multiple "
+          "of 16, OpenBLAS otherwise") {
   struct Row {
     CpuFeatures cpu;
     bool onednn;
     int64_t m, n, k;
     ProductBackend expected;
   };
-  const auto one = ProductBackend::onednn, blas = ProductBackend::openblas;
+  const auto one = ProductBackend::onednn, blas = ProductBackend::openblas, engine = ProductBackend::engine;
   for (const Row& r : {
            Row{with_avx512(true), true, 768, 384, 128, one},    // the default model's c_attn
            Row{with_avx512(false), true, 768, 128, 512, one},   // an AVX-512 CPU without bf16: the rule is the same
            Row{with_avx512(true), true, 128, 64, 64, one},      // exactly 2^19 multiply-adds
-           Row{with_avx512(true), true, 64, 64, 64, blas},      // 2^18: below
-           Row{with_avx512(true), true, 64, 64, 32, blas},      // an attention head's product at T = 64
+           Row{with_avx512(true), true, 64, 64, 64, engine},    // 2^18: below
+           Row{with_avx512(true), true, 64, 64, 32, engine},    // an attention head's product at T = 64
+           Row{with_avx512(true), true, 32, 65, 32, engine},    // any width
+           Row{with_avx512(true), false, 64, 64, 32, engine},   // the engine's kernel needs no oneDNN
+           Row{avx2_only(), true, 64, 64, 32, blas},            // nor on AVX2 CPUs
            Row{with_avx512(true), true, 768, 65, 128, blas},    // the head: 65 columns
            Row{with_avx512(true), false, 768, 384, 128, blas},  // built without oneDNN
            Row{avx2_only(), true, 768, 384, 128, blas},         // AVX2 CPUs keep OpenBLAS
@@ -228,6 +233,59 @@ TEST_CASE("oneDNN's float32 products equal the float64 product to float32's accu
     CHECK(compare(p, dnnl, float32_bound(p.k)).error_over_bound <= 1.0);
     CHECK(compare(p, blas, float32_bound(p.k)).error_over_bound <= 1.0);
   });
+}
+
+// The small kernel: each element one FMA chain over p = 0 … k−1, so float32's accumulation bound holds; shapes with
+// tails of rows (not a multiple of 6) and of columns (not of 16), k = 1, and wide products (several column blocks).
+TEST_CASE("the engine's small-product kernel equals the float64 product to float32's accumulation bound" *
+          doctest::skip(!small_kernel_available())) {
+  uint64_t seed = 300;
+  for (Dims s : {Dims{1, 1, 1}, Dims{7, 5, 3}, Dims{6, 16, 1}, Dims{13, 17, 9}, Dims{32, 32, 64}, Dims{64, 32, 32},
+                 Dims{33, 48, 17}, Dims{5, 130, 7}, Dims{32, 65, 40}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}, std::pair{-2.0f, 0.5f}}) {
+          const Product p(s.m, s.n, s.k, ta, tb, alpha, beta, seed++);
+          INFO(fmt::format("(m, n, k) = ({}, {}, {}), ta = {}, tb = {}, α = {}, β = {}", s.m, s.n, s.k, ta, tb, alpha,
+                           beta));
+          std::vector<float> c = p.c;
+          small_sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.a.data(), p.lda, p.b.data(), p.ldb, p.beta, c.data(),
+                      p.ldc);
+          CHECK(compare(p, c, float32_bound(p.k)).error_over_bound <= 1.0);
+        }
+}
+
+TEST_CASE("β = 0 never reads C: NaN there does not reach the small kernel's result" *
+          doctest::skip(!small_kernel_available())) {
+  const Product p(9, 20, 5, false, true, 1.0f, 0.0f, 7);
+  std::vector<float> c = p.c;
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) c[i * p.ldc + j] = std::nanf("");
+  small_sgemm(p.ta, p.tb, p.m, p.n, p.k, p.alpha, p.a.data(), p.lda, p.b.data(), p.ldb, 0.0f, c.data(), p.ldc);
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) REQUIRE(std::isfinite(c[i * p.ldc + j]));
+}
+
+// A SharedOperand: products of several row blocks on its first n columns, packed once, and the same bits as the same
+// products through gemm() with the operand as given.
+TEST_CASE("a shared operand is packed once for all the products that read it, with gemm()'s bits") {
+  const int64_t k = 32, columns = 64;
+  const std::vector<float> a = normal_floats(static_cast<size_t>(64 * k), 11);
+  const std::vector<float> b = normal_floats(static_cast<size_t>(columns * k), 12);  // stored (columns, k): op(B) = Bᵀ
+  std::vector<float> storage, shared(64 * columns, 0.0f), plain(64 * columns, 0.0f);
+  SharedOperand<float> bt(transposed(b.data(), k), k, columns, storage);
+  const uint64_t before = small_kernel_packings();
+  for (int64_t i0 = 0; i0 < 64; i0 += 16) {  // four blocks of 16 rows, the i-th sees the first 16(i + 1) columns
+    const int64_t n = i0 + 16;
+    gemm(16, n, 1.0f, as_is(a.data() + i0 * k, k), bt, 0.0f, shared.data() + i0 * columns, columns);
+    gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f,
+                plain.data() + i0 * columns, columns);
+  }
+  CHECK(shared == plain);
+  // The plain products pack their transposed B at every call on the small kernel; the shared one once.
+  const uint64_t packed = small_kernel_packings() - before;
+  if (product_backend(16, 64, k) == ProductBackend::engine) CHECK(packed == 1 + 4);
+  else CHECK(packed == 0);
 }
 
 TEST_CASE("bf16 products: float64 within bf16's bound from 2^19 multiply-adds, float32's below, through gemm()") {

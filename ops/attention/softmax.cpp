@@ -34,12 +34,16 @@ namespace {
 
 // Forward of one slice, block by block:  S_I = s·Q_I Kᵀ (gemm) + B_I (broadcast),  A_I = softmax_row(S_I + M_I),
 // O_I = A_I·V (gemm).                                                       a (T, Tk), o (T, dv) of the slice
+// Kᵀ is one operand of every block's S_I product, packed at most once per slice (ops/products/blas.hpp
+// SharedOperand).
 template <class T>
 void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const BiasLayout& L, T* a, T* o) {
   const T s = static_cast<T>(dims.scale);
+  thread_local std::vector<T> packed;
+  SharedOperand<T> k_t(transposed(x.k, dims.d), dims.d, dims.Tk, packed);
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
     T* a_blk = a + i0 * dims.Tk;
-    gemm(rows, key_end, dims.d, s, as_is(x.q + i0 * dims.d, dims.d), transposed(x.k, dims.d), T(0), a_blk, dims.Tk);
+    gemm(rows, key_end, s, as_is(x.q + i0 * dims.d, dims.d), k_t, T(0), a_blk, dims.Tk);
     if (x.bias) add_bias_block(L, a_blk, dims.Tk, x.bias, x.b, x.head, i0, rows, 0, key_end);
     for (int64_t i = 0; i < rows; ++i) {
       T* a_i = a_blk + i * dims.Tk;
@@ -61,18 +65,21 @@ void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const
 // The attention-bias post's prose dS, dQ and dK are wrong; its code line is this dS: docs/derivations.md §5.3, §5.5.
 // Block by block, every product above splits over the query rows I: dV[0:e] += A_Iᵀ G_I, dA_I = G_I V[0:e]ᵀ,
 // dQ_I += s·dS_I K[0:e], dK[0:e] += s·dS_Iᵀ Q_I, with e = key_end(I).
-// One slice; gq, gk, gv, gbias may be null (no gradient wanted); ds is a (block, Tk) scratch.
+// One slice; gq, gk, gv, gbias may be null (no gradient wanted); ds is a (block, Tk) scratch. Vᵀ, an operand of
+// every block's dA_I product, is packed at most once per slice.
 template <class T>
 void attention_vjp(const AttentionDims& dims, const SliceInputs<T>& x, const T* a, const T* o, const T* g,
                    const BiasLayout& L, T* gq, T* gk, T* gv, T* gbias, T* ds) {
   const T s = static_cast<T>(dims.scale);
   const bool need_ds = gq || gk || gbias;
+  thread_local std::vector<T> packed;
+  SharedOperand<T> v_t(transposed(x.v, dims.dv), dims.dv, dims.Tk, packed);
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
     const T* a_blk = a + i0 * dims.Tk;
     const T* g_blk = g + i0 * dims.dv;
     if (gv) gemm(key_end, dims.dv, rows, T(1), transposed(a_blk, dims.Tk), as_is(g_blk, dims.dv), T(1), gv, dims.dv);
     if (!need_ds) return;
-    gemm(rows, key_end, dims.dv, T(1), as_is(g_blk, dims.dv), transposed(x.v, dims.dv), T(0), ds, key_end);
+    gemm(rows, key_end, T(1), as_is(g_blk, dims.dv), v_t, T(0), ds, key_end);
     for (int64_t i = 0; i < rows; ++i) {
       const T row_term = lane_dot(g_blk + i * dims.dv, o + (i0 + i) * dims.dv, dims.dv);  // D_i = G_i·O_i
       T* ds_i = ds + i * key_end;

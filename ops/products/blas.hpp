@@ -1,7 +1,7 @@
 // Every matrix product in tapegrad goes through gemm() below: C = α·op(A)·op(B) + β·C, row-major. float64
 // products run on OpenBLAS (cblas_dgemm), with their operands read through an emulated rounding while one is set;
-// a float32 product runs on OpenBLAS or oneDNN, in f32 or bf16, as ops/products/products.hpp decides from the CPU, the
-// whole product's shape and the precision setting.
+// a float32 product runs on OpenBLAS, oneDNN or the engine's small-product kernel, in f32 or bf16, as
+// ops/products/products.hpp decides from the CPU, the whole product's shape and the precision setting.
 //
 // OpenBLAS and oneDNN run single-threaded and the engine's pool splits large products (engine/parallel.hpp gives the
 // policy): C (m, n) is cut into row blocks [r0, r1) and each thread runs one gemm on its block,
@@ -24,6 +24,7 @@
 #include "onednn_gemm.hpp"
 #include "../../engine/parallel.hpp"
 #include "products.hpp"
+#include "small_products.hpp"
 
 namespace tapegrad {
 
@@ -43,18 +44,23 @@ namespace blas_detail {
 
 // Where a float32 product runs: chosen once per product from its whole shape, so that the blocks of a split
 // product all run on the same kernels.
-enum class Route { openblas, onednn_f32, onednn_bf16 };
+enum class Route { openblas, onednn_f32, onednn_bf16, small };
 
 template <class T>
 Route route(int64_t m, int64_t n, int64_t k) {
   if constexpr (std::is_same_v<T, double>) return Route::openblas;
   if (m * n * k == 0) return Route::openblas;
   if (runs_in_bf16(m, n, k)) return Route::onednn_bf16;
-  return product_backend(m, n, k) == ProductBackend::onednn ? Route::onednn_f32 : Route::openblas;
+  switch (product_backend(m, n, k)) {
+    case ProductBackend::onednn: return Route::onednn_f32;
+    case ProductBackend::engine: return Route::small;
+    default: return Route::openblas;
+  }
 }
 
 inline void gemm_call(Route via, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (via == Route::small) return small_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (via == Route::onednn_f32 && onednn_detail::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
     return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
@@ -155,6 +161,20 @@ inline void check_core() {
 
 }  // namespace blas_detail
 
+namespace blas_detail {
+// Runs product() and, where a product log is set (float32 products: the bench, the profile), records its time.
+template <class T, class F>
+void logged(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, Route via, F&& product) {
+  ProductLog* log = std::is_same_v<T, float> ? product_log() : nullptr;
+  if (!log) return product();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool split = splits(m, n, k);
+  product();
+  log->record({m, n, k, trans_a, trans_b, split, via == Route::onednn_bf16,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+}
+}  // namespace blas_detail
+
 // C (m, n) = α·op(A)·op(B) + β·C, op(A) of shape (m, k) and op(B) of shape (k, n); C row-major with leading
 // dimension ldc. For example x·wᵀ into y:  gemm(n, out, in, 1.0f, as_is(x, in), transposed(w, in), 0.0f, y, out).
 template <class T>
@@ -166,20 +186,61 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
     if (const EmulatedRounding r = emulated_rounding(); r.any())
       return blas_detail::emulated_rounding_product(m, n, k, alpha, a, b, beta, c, ldc, r);
   const blas_detail::Route via = blas_detail::route<T>(m, n, k);
-  auto product = [&] {
+  blas_detail::logged<T>(m, n, k, a.transposed, b.transposed, via, [&] {
     if constexpr (std::is_same_v<T, float>)
       if (via == blas_detail::Route::onednn_bf16)
         return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
                                          c, ldc);
     blas_detail::product_by_row_blocks(via, m, n, k, alpha, a, b, beta, c, ldc);
-  };
-  ProductLog* log = std::is_same_v<T, float> ? product_log() : nullptr;
-  if (!log) return product();
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool split = blas_detail::splits(m, n, k);
-  product();
-  log->record({m, n, k, a.transposed, b.transposed, split, via == blas_detail::Route::onednn_bf16,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  });
+}
+
+// op(B) of several products — an op's blocks of rows multiplied by one matrix, as attention's query blocks are by
+// Kᵀ and Vᵀ — packed at most once for all of them: a product that runs on the small-product kernel
+// (ops/products/small_products.hpp) reads the one packed copy, made by the first such product; one that runs
+// elsewhere reads the operand as given, exactly as gemm() would. A product may use the first n ≤ columns of it
+// (a causal query block, the keys it sees). The storage is the caller's, kept from operand to operand (a thread's
+// loop over heads repacks into the same buffer).
+template <class T>
+class SharedOperand {
+ public:
+  // op(B) of shape (k, columns).
+  SharedOperand(MatrixOperand<T> b, int64_t k, int64_t columns, std::vector<T>& storage)
+      : source_(b), k_(k), columns_(columns), storage_(&storage) {}
+  const MatrixOperand<T>& source() const { return source_; }
+  int64_t k() const { return k_; }
+  int64_t columns() const { return columns_; }
+  // The packed copy, made on the first call (float32 only).
+  const PackedColumns& packed() {
+    static_assert(std::is_same_v<T, float>, "only float32 products run on the small kernel");
+    if (!packed_.rows) {
+      const bool in_place = !source_.transposed && columns_ % 16 == 0;  // B's own rows, nothing to pad
+      packed_ = in_place ? PackedColumns{source_.data, source_.ld, k_, columns_}
+                         : pack_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
+    }
+    return packed_;
+  }
+
+ private:
+  MatrixOperand<T> source_;
+  int64_t k_, columns_;
+  std::vector<T>* storage_;
+  PackedColumns packed_;
+};
+
+// gemm() with op(B) the first n columns of a shared operand (k = b.k()).
+template <class T>
+void gemm(int64_t m, int64_t n, std::type_identity_t<T> alpha, MatrixOperand<T> a, SharedOperand<T>& b,
+          std::type_identity_t<T> beta, T* c, int64_t ldc) {
+  const int64_t k = b.k();
+  if constexpr (std::is_same_v<T, float>) {
+    if (n <= b.columns() && blas_detail::route<T>(m, n, k) == blas_detail::Route::small) {
+      blas_detail::check_core();
+      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, blas_detail::Route::small,
+                                    [&] { small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc); });
+    }
+  }
+  gemm<T>(m, n, k, alpha, a, b.source(), beta, c, ldc);
 }
 
 }  // namespace tapegrad

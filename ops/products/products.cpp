@@ -26,8 +26,14 @@ namespace {
 //   A 16-core Intel Xeon (family 6 model 207, AVX-512, AMX): oneDNN 1.3-1.8x at the five shapes measured there.
 //   AMD EPYC Zen 3 (AVX2, no AVX-512): 1.04-1.35x on four shapes, 0.71x on (768, 512, 128): no rule wins there
 //   yet, so AVX2 CPUs keep OpenBLAS.
-// So: on a CPU with AVX-512 (F, BW, DQ, VL), oneDNN for products of at least 2^19 multiply-adds whose width n is
-// a multiple of 16 (one AVX-512 register of floats), OpenBLAS for the rest and on every other CPU.
+// Below 2^19 multiply-adds the engine's own kernel (ops/products/small_products.hpp) ran an attention head's
+// products faster than either library, one thread, median of seven, AMD EPYC Zen 5 (AVX-512), GFLOP/s of the
+// kernel against OpenBLAS (Haswell kernels) and oneDNN: (64, 32, 32)ᵀ· 169 vs 102 and 87; (32, 64, 32) 163 vs 99
+// and 98; 64³ 216 vs 109 and 169; (32, 32, 64)·ᵀ 105 vs 86 and 71, B transposed and packed at every call (an
+// attention node packs Kᵀ and Vᵀ once per head instead). Its AVX2 form reached 44-63, below OpenBLAS' 80-113.
+// So: on a CPU with AVX-512 (F, BW, DQ, VL), the engine's kernel for products of fewer than 2^19 multiply-adds,
+// oneDNN for larger products whose width n is a multiple of 16 (one AVX-512 register of floats), OpenBLAS for
+// the rest and on every other CPU.
 constexpr int64_t kOneDnnMinMacs = int64_t{1} << 19;
 constexpr int64_t kOneDnnWidthMultiple = 16;
 
@@ -71,7 +77,7 @@ std::atomic<ProductLog*> log{nullptr};
 }  // namespace
 
 const char* backend_name(ProductBackend backend) {
-  return backend == ProductBackend::onednn ? "oneDNN" : "OpenBLAS";
+  return backend == ProductBackend::onednn ? "oneDNN" : backend == ProductBackend::engine ? "engine" : "OpenBLAS";
 }
 const char* precision_name(ProductPrecision p) { return p == ProductPrecision::bf16 ? "bf16" : "f32"; }
 
@@ -86,16 +92,16 @@ bool onednn_built() {
 std::string onednn_version() { return onednn_built() ? "oneDNN " + onednn_detail::version() : ""; }
 
 ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k) {
-  if (with_onednn && runs_avx512(cpu) && m * n * k >= kOneDnnMinMacs && n % kOneDnnWidthMultiple == 0)
-    return ProductBackend::onednn;
+  if (!runs_avx512(cpu)) return ProductBackend::openblas;
+  if (m * n * k < kOneDnnMinMacs) return ProductBackend::engine;
+  if (with_onednn && n % kOneDnnWidthMultiple == 0) return ProductBackend::onednn;
   return ProductBackend::openblas;
 }
 
 ProductBackend product_backend(int64_t m, int64_t n, int64_t k) {
   const Choice& c = choice();
   if (c.forced) return *c.forced;
-  if (!c.onednn_for_large) return ProductBackend::openblas;
-  return backend_by_rule(c.cpu, true, m, n, k);
+  return backend_by_rule(c.cpu, onednn_built(), m, n, k);
 }
 
 std::string bf16_unavailable_reason() {
@@ -155,8 +161,11 @@ std::string products_summary() {
   std::string rule;
   if (c.forced) rule = fmt::format("{} (TAPEGRAD_GEMM={})", backend_name(*c.forced), c.forced_text);
   else if (c.onednn_for_large)
-    rule = fmt::format("{} for products of >= 2^19 multiply-adds and width a multiple of 16, OpenBLAS below",
+    rule = fmt::format("the engine's AVX-512 kernel below 2^19 multiply-adds, {} above where the width is a multiple "
+                       "of 16, OpenBLAS for the rest",
                        onednn_version());
+  else if (runs_avx512(c.cpu))
+    rule = "the engine's AVX-512 kernel below 2^19 multiply-adds, OpenBLAS above (built without oneDNN)";
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));

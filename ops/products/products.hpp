@@ -1,8 +1,9 @@
 // Which library runs each float32 matrix product, and in which precision.
 //
-// Two product backends sit behind ops/products/blas.hpp's one gemm():
+// Three product backends sit behind ops/products/blas.hpp's one gemm():
 //   - OpenBLAS (cblas_sgemm): the project's BLAS, on every machine, and every float64 product (the gradchecker's);
-//   - oneDNN (Debian's libdnnl, its matmul primitive), where tapegrad was built with it and it measured faster.
+//   - oneDNN (Debian's libdnnl, its matmul primitive), where tapegrad was built with it and it measured faster;
+//   - the engine's own kernel for small float32 products (ops/products/small_products.hpp), on AVX-512 CPUs.
 // Which one runs a float32 product is a fixed rule of the CPU class and the product's shape (product_backend
 // below, with the measurements it comes from), never a timing taken at run time: the same product runs on the
 // same kernels in every run, so a seed gives the same losses bit for bit on one machine and thread count.
@@ -37,10 +38,10 @@ namespace tapegrad {
 
 struct CpuFeatures;
 
-enum class ProductBackend { openblas, onednn };
+enum class ProductBackend { openblas, onednn, engine };
 enum class ProductPrecision { f32, bf16 };
 
-const char* backend_name(ProductBackend backend);        // "OpenBLAS", "oneDNN"
+const char* backend_name(ProductBackend backend);        // "OpenBLAS", "oneDNN", "engine"
 const char* precision_name(ProductPrecision precision);  // "f32", "bf16"
 
 // True where tapegrad was built with oneDNN.

@@ -1,0 +1,97 @@
+// The engine's float32 kernel for small products, on AVX-512 (ops/products/small_products.hpp says when it runs).
+// This file is compiled for AVX-512 (CMakeLists.txt) and called only on a CPU that has it; it includes no header
+// with inline functions of external linkage, so no code made for AVX-512 can stand in, at link time, for a copy
+// another file made for a CPU without it.
+//
+// C (m, n) = α·op(A)·P + β·C, with op(A)[i, p] = a[i·a_row + p·a_col] (as is: (lda, 1), transposed: (1, lda)) and
+// P = op(B) packed (ops/products/small_products.cpp): (k, ·) rows of ld floats, zero from column n to the next
+// multiple of 16.
+//
+// C goes in tiles of R rows × V vectors of 16 floats. For a tile, with its accumulators in registers,
+//   for p = 0 … k−1:   acc[r][v] = fma(op(A)[i0 + r, p], P[p, j0 + 16v : j0 + 16(v + 1)], acc[r][v])
+// so every element of C is one running sum over p in the order 0 … k−1, then C = α·acc (+ β·C where β ≠ 0). That
+// order depends on nothing but k: a product gives the same bits in every run, on any thread, whatever the rows
+// around it.
+// R = 6 rows and V ≤ 4 vectors (64 columns): 24 accumulators, P's 4 vectors of row p and one broadcast of op(A),
+// within AVX-512's 32 registers; each p costs 4 loads and 6 broadcasts for 24 FMAs.
+#include "ops/products/small_products.hpp"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+namespace {
+
+constexpr int kTileRows = 6;
+constexpr int kMaxVectors = 4;
+constexpr int64_t kWidth = 16;
+
+__mmask16 first_lanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
+
+template <int R, int V>
+inline void tile(int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                 const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 b[V];
+    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(p_rows + p * ld + j0 + v * kWidth);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * a_row + p * a_col]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int v = 0; v < V; ++v) {
+    const int64_t col = j0 + v * kWidth;
+    const int64_t cols = n - col < kWidth ? n - col : kWidth;
+    if (cols <= 0) break;
+    const __mmask16 lanes = first_lanes(cols);
+    for (int r = 0; r < R; ++r) {
+      float* out = c + r * ldc + col;
+      __m512 y = _mm512_mul_ps(va, acc[r][v]);
+      if (beta != 0.0f) y = _mm512_add_ps(y, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(lanes, out)));
+      _mm512_mask_storeu_ps(out, lanes, y);
+    }
+  }
+}
+
+// A tile of `rows` ≤ kTileRows rows: tile<rows, V>.
+template <int V>
+inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row,
+                      int64_t a_col, const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+  switch (rows) {
+    case 6: return tile<6, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 5: return tile<5, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 4: return tile<4, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 3: return tile<3, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 2: return tile<2, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    default: return tile<1, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+  }
+}
+
+}  // namespace
+
+namespace tapegrad::small_products_detail {
+
+void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                    const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+  const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
+  for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
+    const int64_t vectors = (n_pad - j0) / kWidth;
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t rows = m - i0 < kTileRows ? m - i0 : kTileRows;
+      const float* a_i = a + i0 * a_row;
+      float* c_i = c + i0 * ldc;
+      if (vectors >= 4) tile_rows<4>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 3) tile_rows<3>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 2) tile_rows<2>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else tile_rows<1>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+    }
+  }
+}
+
+}  // namespace tapegrad::small_products_detail
+
+#endif

@@ -1,0 +1,69 @@
+#include "ops/products/small_products.hpp"
+
+#include <atomic>
+
+#include "engine/tensor.hpp"
+#include "ops/products/blas_info.hpp"
+
+namespace tapegrad {
+
+namespace {
+constexpr int64_t kWidth = 16;  // floats in an AVX-512 register: P's columns are padded to a multiple of it
+std::atomic<uint64_t> packings{0};
+}  // namespace
+
+bool small_kernel_available() {
+  static const bool available = [] {
+    const CpuFeatures cpu = cpu_features();
+    return cpu.x86_64 && cpu.avx512f;
+  }();
+  return available;
+}
+
+uint64_t small_kernel_packings() { return packings.load(std::memory_order_relaxed); }
+
+PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                           int64_t ldb) {
+  const int64_t ld = (n + kWidth - 1) / kWidth * kWidth;
+  storage.resize(static_cast<size_t>(k * ld));
+  float* out = storage.data();
+  // P[p, j] = op(B)[p, j]: b[p·ldb + j], or b[j·ldb + p] when B is stored transposed (read along its rows, which
+  // are P's columns).
+  if (trans_b) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) out[p * ld + j] = b[j * ldb + p];
+  } else {
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) out[p * ld + j] = b[p * ldb + j];
+  }
+  for (int64_t p = 0; p < k; ++p)
+    for (int64_t j = n; j < ld; ++j) out[p * ld + j] = 0.0f;
+  packings.fetch_add(1, std::memory_order_relaxed);
+  return {out, ld, k, n};
+}
+
+void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const PackedColumns& p, float beta, float* c, int64_t ldc) {
+  if (!small_kernel_available()) throw Error("small_product: this CPU has no AVX-512, which the kernel needs");
+  if (n > p.n || k != p.k)
+    throw Error(fmt::format("small_product: a product of (m, n, k) = ({}, {}, {}) on packed columns of ({}, {})", m, n,
+                            k, p.k, p.n));
+#if defined(__x86_64__)
+  small_products_detail::product_avx512(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, p.rows, p.ld, beta,
+                                        c, ldc);
+#endif
+}
+
+void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  PackedColumns p;
+  if (!trans_b && n % kWidth == 0) {
+    p = {b, ldb, k, n};  // B's own rows: nothing to pad
+  } else {
+    thread_local std::vector<float> storage;
+    p = pack_columns(storage, trans_b, k, n, b, ldb);
+  }
+  small_product(trans_a, m, n, k, alpha, a, lda, p, beta, c, ldc);
+}
+
+}  // namespace tapegrad

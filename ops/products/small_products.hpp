@@ -1,0 +1,54 @@
+// Small float32 products on the engine's own kernel (ops/products/small_kernel.cpp, AVX-512). An attention head's
+// products are thousands of calls a step of a few tens of thousands of multiply-adds each (at T = 64: (32, 32, 64),
+// (64, 32, 32), (32, 64, 32), ...), where a library call's fixed cost (checks, choosing kernels, packing both
+// operands for a blocking made for large ones) is much of the time. The kernel reads op(A) where it lies, reads
+// op(B) as (k, n) rows — where it lies when B is used as is and n is a multiple of 16, else packed once into a
+// buffer — and keeps each tile of C in registers over the whole of k.
+//
+// A packed operand can be shared: an op that multiplies several blocks by the same op(B) (attention's query blocks
+// by Kᵀ and Vᵀ) packs it once, in a SharedOperand (ops/products/blas.hpp), and every product of its blocks reads
+// that one copy. packings() counts the packings, so that a test can hold an op to one per operand and use.
+//
+// Declarations only, besides: the kernel's file is compiled for AVX-512 and must not define anything another
+// file could link to.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tapegrad {
+
+namespace small_products_detail {
+// C = α·op(A)·P + β·C, op(A)[i, p] = a[i·a_row + p·a_col], P (k, ·) rows of ld floats, readable (and zero, or at
+// least finite) up to the next multiple of 16 past n (ops/products/small_kernel.cpp).
+void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                    const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
+}  // namespace small_products_detail
+
+// True where the CPU runs the small kernel (AVX-512F).
+bool small_kernel_available();
+
+// op(B) (k, n) as the kernel reads it: k rows of `ld` floats, columns n up to a multiple of 16 readable.
+struct PackedColumns {
+  const float* rows = nullptr;
+  int64_t ld = 0, k = 0, n = 0;
+};
+
+// Packs op(B) (k, n) — b as is (rows of ldb) or transposed (b stored (n, k)) — into `storage`, zero-padded to a
+// multiple of 16 columns, and counts one packing.
+PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                           int64_t ldb);
+
+// C (m, n) = α·op(A)·P + β·C on the small kernel, n ≤ P.n and k = P.k (small_kernel_available() must hold).
+void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const PackedColumns& p, float beta, float* c, int64_t ldc);
+
+// C (m, n) = α·op(A)·op(B) + β·C on the small kernel, op(B) read in place where it can be, else packed into a
+// buffer of the calling thread.
+void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// How many operands the small kernel has packed in this process (every thread).
+uint64_t small_kernel_packings();
+
+}  // namespace tapegrad
