@@ -74,9 +74,11 @@ Ceiling ceiling_of(const ShapeKey& s, int rounds) {
   const float* ap = a.data<float>();
   const float* bp = b.data<float>();
   float* cp = c.data<float>();
-  if (s.split) {  // the engine's product on the pool, in the step's precision
+  // The engine's product, in the step's precision: on the pool where the step split it, else on this thread (a
+  // product the step ran whole but that gemm() would split here is left to the libraries' single-thread rates).
+  if (s.split || !blas_detail::splits(s.m, s.n, s.k)) {
     const PrecisionScope precision(s.bf16 ? ProductPrecision::bf16 : ProductPrecision::f32);
-    consider("engine", [&] {
+    consider(s.split ? "engine" : "engine, 1 thr", [&] {
       gemm(s.m, s.n, s.k, 1.0f, MatrixOperand<float>{ap, lda, s.trans_a}, MatrixOperand<float>{bp, ldb, s.trans_b},
            0.0f, cp, s.n);
     });

@@ -115,15 +115,23 @@ void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, 
 // 31-32 ms instead of 17.7-18.0 (AMD EPYC Zen 4, 2 threads, alternating runs).
 // The rounded copies are thread_local because a product has no tape to take scratch from (engine/scratch.hpp is a
 // tape's, for nodes): gemm() is called by ops, tools and tests alike, inside a node's parallel loop or outside any.
-// B's copy is made by the calling thread and only read by the pool while this product runs; each thread rounds its
-// own block of A into its own a16, since the blocks run at once. Both are kept from product to product (resized to
-// the largest a thread has rounded) so that a training step's products allocate nothing after the first.
+// B's copy belongs to the calling thread and is only read by the pool while this product runs; where the product
+// is split, the pool rounds it, each thread a range of B's stored rows, so that no thread waits while one rounds
+// all of B (on 16 threads, one thread rounding it would keep fifteen idle). Each thread rounds its own block of A into its own a16, since the blocks run
+// at once. Both are kept from product to product (resized to the largest a thread has rounded) so that a training
+// step's products allocate nothing after the first.
 inline void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   thread_local std::vector<uint16_t> b16;
-  const int64_t b_cols = trans_b ? k : n;  // B stored (k, n) or (n, k)
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B stored (k, n) or (n, k)
   b16.resize(static_cast<size_t>(k * n));
-  onednn_detail::round_to_bf16_rows(b16.data(), b, trans_b ? n : k, b_cols, ldb);
+  uint16_t* b_out = b16.data();
+  if (splits(m, n, k))
+    parallel_for(b_rows, std::max<int64_t>(1, 16384 / b_cols), [&](int64_t r0, int64_t r1) {
+      onednn_detail::round_to_bf16_rows(b_out + r0 * b_cols, b + r0 * ldb, r1 - r0, b_cols, ldb);
+    });
+  else
+    onednn_detail::round_to_bf16_rows(b_out, b, b_rows, b_cols, ldb);
   const uint16_t* b_bf16 = b16.data();
   by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
     thread_local std::vector<uint16_t> a16;
