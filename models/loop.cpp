@@ -47,14 +47,14 @@ int remove_stale_temporaries(const std::string& dir) {
   return removed;
 }
 
+// Clipping's norm, then the update, with the clipping scale and the zeroing of the gradients folded into its one
+// pass over the parameters (Optimizer::step_and_zero_grad).
 void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profile) {
-  if (grad_clip > 0) clip_grad_norm(opt.parameters(), grad_clip);
+  const float scale = grad_clip > 0 ? clip_scale(grad_norm(opt.parameters()), grad_clip) : 1.0f;
   if (profile) profile->mark("optimizer: clip grad norm");
   opt.set_lr(lr);
-  opt.step();
-  if (profile) profile->mark(fmt::format("optimizer: {}", opt.name()));
-  opt.zero_grad();
-  if (profile) profile->mark("optimizer: zero grad");
+  opt.step_and_zero_grad(scale);
+  if (profile) profile->mark(fmt::format("optimizer: {}, zero grad", opt.name()));
 }
 
 TrainingRun::TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng)

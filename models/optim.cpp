@@ -99,7 +99,7 @@ SGD::SGD(std::vector<Parameter> params, SGDOptions opt) : Optimizer(std::move(pa
   momentum_.tensors = zeros_like_parameters();
 }
 
-void SGD::step() {
+void SGD::update(float grad_scale, bool zero_grads) {
   ++t_;
   const float lr = static_cast<float>(lr_), mu = static_cast<float>(opt_.momentum);
   const float damp = t_ == 1 ? 0.0f : static_cast<float>(1 - opt_.dampening);  // b starts as g itself
@@ -107,19 +107,21 @@ void SGD::step() {
   const bool momentum = opt_.momentum > 0, nesterov = opt_.nesterov;
   for_each_parameter_range(params_, [=, this](size_t k, int64_t begin, int64_t end) {
     float* p = params_[k].value.data<float>();
-    const float* grad = params_[k].grad.data<float>();
+    Tensor grad_tensor = params_[k].grad;  // a Parameter is a handle: its gradient is written through a copy of it
+    float* grad = grad_tensor.data<float>();
     float* b = momentum_.tensors[k].data<float>();
     const float wd = params_[k].decay ? static_cast<float>(opt_.weight_decay) : 0.0f;
-    // g = ∇ + λp;   b ← μb + (1 − τ)g  (b ← g at the first step);   p ← p − lr·(nesterov ? g + μb : b)
-    // (plain SGD, μ = 0: p ← p − lr·g)
+    // g = s·∇ + λp;   b ← μb + (1 − τ)g  (b ← g at the first step);   p ← p − lr·(nesterov ? g + μb : b)
+    // (plain SGD, μ = 0: p ← p − lr·g; s the clipping scale, 1 without)
     for (int64_t i = begin; i < end; ++i) {
-      float g = grad[i] + wd * p[i];
+      float g = grad[i] * grad_scale + wd * p[i];
       if (momentum) {
         b[i] = first * g + (1 - first) * (mu * b[i] + damp * g);
         g = nesterov ? g + mu * b[i] : b[i];
       }
       p[i] -= lr * g;
     }
+    if (zero_grads) std::memset(grad + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
   });
 }
 
@@ -133,8 +135,10 @@ AdamW::AdamW(std::vector<Parameter> params, AdamWOptions opt) : Optimizer(std::m
 }
 
 // The update is element-wise: the elements of all parameters are split across the engine's threads, and the loop
-// vectorizes (sqrt and division included: the library builds without math errno).
-void AdamW::step() {
+// vectorizes (sqrt and division included: the library builds without math errno). Scaling each gradient as it is
+// read and zeroing it after (step_and_zero_grad) saves the training loop two passes over the gradients: the same
+// products g·s as clip_grad_norm's, so the same bits.
+void AdamW::update(float grad_scale, bool zero_grads) {
   ++t_;
   const double lr = lr_;
   const double c1 = 1 - std::pow(opt_.beta1, static_cast<double>(t_));
@@ -144,18 +148,22 @@ void AdamW::step() {
   const float eps = static_cast<float>(opt_.eps);
   for_each_parameter_range(params_, [=, this](size_t k, int64_t begin, int64_t end) {
     float* p = params_[k].value.data<float>();
-    const float* g = params_[k].grad.data<float>();
+    Tensor grad = params_[k].grad;  // a Parameter is a handle: its gradient is written through a copy of it
+    float* g = grad.data<float>();
     float* m = m_.tensors[k].data<float>();
     float* v = v_.tensors[k].data<float>();
     const float decay = params_[k].decay ? static_cast<float>(1 - lr * opt_.weight_decay) : 1.0f;
-    // p ← p(1 − lr·λ);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  p ← p − lr·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε)
-    // (Loshchilov & Hutter's decoupled decay, only where Parameter::decay)
+    // ĝ = s·g (s the clipping scale, 1 without);  p ← p(1 − lr·λ);  m ← β₁m + (1−β₁)ĝ;  v ← β₂v + (1−β₂)ĝ²;
+    // p ← p − lr·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε)   (Loshchilov & Hutter's decoupled decay, only where
+    // Parameter::decay)
     for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i] * grad_scale;
       p[i] *= decay;
-      m[i] = b1 * m[i] + (1 - b1) * g[i];
-      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
       p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
     }
+    if (zero_grads) std::memset(g + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
   });
 }
 
@@ -168,7 +176,7 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
 
 // ‖g‖² in double: per parameter, each range of elements sums in four lanes and the ranges are added in order,
 // so the norm is the same in every run for a given thread count.
-double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
+double grad_norm(const std::vector<Parameter>& params) {
   double sq = 0;
   for (const auto& p : params) {
     const float* g = p.grad.data<float>();
@@ -188,10 +196,18 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
     });
     for (int64_t c = 0, chunks = parallel_chunks(n, kGrain); c < chunks; ++c) sq += partial[c];
   }
-  const double norm = std::sqrt(sq);
+  return std::sqrt(sq);
+}
+
+float clip_scale(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1) {
-    const float scale = static_cast<float>(coef);
+  return coef < 1 ? static_cast<float>(coef) : 1.0f;
+}
+
+double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
+  const double norm = grad_norm(params);
+  const float scale = clip_scale(norm, max_norm);
+  if (scale < 1) {
     for_each_parameter_range(params, [=, &params](size_t k, int64_t begin, int64_t end) {
       Tensor grad = params[k].grad;  // a Parameter is a handle: its gradient is written through a copy of it
       float* g = grad.data<float>();

@@ -6,6 +6,8 @@
 //   clip_grad_norm(opt.parameters(), 1.0);   // optional
 //   opt.step();                              // at opt.lr(); set_lr() changes it between steps
 //   opt.zero_grad();
+// or the same in one pass over the parameters (the training loop's):
+//   opt.step_and_zero_grad(clip_scale(grad_norm(opt.parameters()), 1.0));
 //
 // The defaults are PyTorch's (torch.optim.SGD and AdamW); the GPT's trainer passes nanoGPT's own. Each
 // optimizer's state goes into a checkpoint next to the model (save_state) and comes back from it (load_state).
@@ -27,7 +29,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   // One update of every parameter from its gradient, at lr().
-  virtual void step() = 0;
+  void step() { update(1.0f, false); }
+  // A training loop's step in one pass over the parameters: each gradient multiplied by grad_scale as it is read
+  // (clip_scale()'s factor), the update, and the gradient set to zero once read. The same bits as scaling the
+  // gradients (clip_grad_norm), step() and zero_grad(), which take three passes.
+  void step_and_zero_grad(float grad_scale = 1.0f) { update(grad_scale, true); }
   virtual std::string_view name() const = 0;  // "SGD", "AdamW"
   // Every parameter's gradient to zero.
   void zero_grad();
@@ -50,6 +56,8 @@ class Optimizer {
     std::vector<Tensor> tensors;
   };
   virtual std::vector<Buffer*> buffers() = 0;
+  // The update, reading each gradient element as grad·grad_scale and, where zero_grads, leaving 0 in its place.
+  virtual void update(float grad_scale, bool zero_grads) = 0;
   virtual std::string_view steps_key() const = 0;  // the metadata key of the step count
   std::vector<Tensor> zeros_like_parameters() const;
 
@@ -69,13 +77,13 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   explicit SGD(std::vector<Parameter> params, SGDOptions opt = {});
-  void step() override;
   std::string_view name() const override { return "SGD"; }
   const SGDOptions& options() const { return opt_; }
 
  private:
   std::vector<Buffer*> buffers() override { return {&momentum_}; }
   std::string_view steps_key() const override { return "tapegrad.sgd_steps"; }
+  void update(float grad_scale, bool zero_grads) override;
   SGDOptions opt_;
   Buffer momentum_{"momentum_buffer", {}};
 };
@@ -89,7 +97,6 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   explicit AdamW(std::vector<Parameter> params, AdamWOptions opt = {});
-  void step() override;
   std::string_view name() const override { return "AdamW"; }
   const AdamWOptions& options() const { return opt_; }
   // The moments per parameter, in the order of parameters().
@@ -99,6 +106,7 @@ class AdamW : public Optimizer {
  private:
   std::vector<Buffer*> buffers() override { return {&m_, &v_}; }
   std::string_view steps_key() const override { return "tapegrad.adam_steps"; }
+  void update(float grad_scale, bool zero_grads) override;
   AdamWOptions opt_;
   Buffer m_{"exp_avg", {}}, v_{"exp_avg_sq", {}};
 };
@@ -108,5 +116,9 @@ double learning_rate(int64_t it, double lr, double min_lr, int64_t warmup, int64
 
 // Scales all gradients by min(1, max_norm/(‖g‖ + 1e-6)); returns the norm before clipping.
 double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
+// ‖g‖ over all the gradients (clip_grad_norm's norm), and the factor clipping to max_norm scales them by:
+// min(1, max_norm/(‖g‖ + 1e-6)) as a float (1 where the norm is within max_norm).
+double grad_norm(const std::vector<Parameter>& params);
+float clip_scale(double norm, double max_norm);
 
 }  // namespace tapegrad

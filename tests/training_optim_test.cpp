@@ -178,3 +178,40 @@ TEST_CASE("the trainer's checkpoint keeps its layout: parameters, then AdamW's m
   }
   CHECK(ck.metadata.at("tapegrad.adam_steps") == "4");
 }
+
+// The training loop's one pass (clipping's scale, the update, zeroing) against the three passes it replaces, on
+// parameters large enough to split across the pool, with a norm that clips and one that does not.
+TEST_CASE("step_and_zero_grad gives the bits of clip_grad_norm, step and zero_grad") {
+  auto make = [] {
+    std::vector<Parameter> ps;
+    ps.push_back({"w", Tensor::randn(DType::f32, {300, 200}, 1), Tensor::randn(DType::f32, {300, 200}, 2), true});
+    ps.push_back({"b", Tensor::randn(DType::f32, {200}, 3), Tensor::randn(DType::f32, {200}, 4), false});
+    return ps;
+  };
+  for (double max_norm : {1.0, 1e6}) {
+    CAPTURE(max_norm);
+    auto check = [&](auto make_opt) {
+      auto three = make(), one = make();
+      auto opt3 = make_opt(three);
+      auto opt1 = make_opt(one);
+      for (int step = 0; step < 3; ++step) {
+        for (size_t k = 0; k < three.size(); ++k) {  // the same fresh gradients on both sides
+          const Tensor g = Tensor::randn(DType::f32, three[k].grad.shape(), 10 + step * 7 + k);
+          three[k].grad.copy_from(g);
+          one[k].grad.copy_from(g);
+        }
+        const double norm = clip_grad_norm(three, max_norm);
+        opt3.step();
+        opt3.zero_grad();
+        CHECK(grad_norm(one) == norm);
+        opt1.step_and_zero_grad(clip_scale(grad_norm(one), max_norm));
+        for (size_t k = 0; k < three.size(); ++k) {
+          CHECK(one[k].value.to_vector() == three[k].value.to_vector());
+          CHECK(one[k].grad.to_vector() == three[k].grad.to_vector());
+        }
+      }
+    };
+    check([](std::vector<Parameter>& ps) { return AdamW(ps, {.weight_decay = 0.1}); });
+    check([](std::vector<Parameter>& ps) { return SGD(ps, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}); });
+  }
+}
