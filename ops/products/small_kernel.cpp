@@ -12,8 +12,10 @@
 // so every element of C is one running sum over p in the order 0 … k−1, then C = α·acc (+ β·C where β ≠ 0). That
 // order depends on nothing but k: a product gives the same bits in every run, on any thread, whatever the rows
 // around it.
-// R = 6 rows and V ≤ 4 vectors (64 columns): 24 accumulators, P's 4 vectors of row p and one broadcast of op(A),
-// within AVX-512's 32 registers; each p costs 4 loads and 6 broadcasts for 24 FMAs.
+// R × V accumulators, V ≤ 4 vectors (64 columns), P's V vectors of row p and one broadcast of op(A) stay within
+// AVX-512's 32 registers: R = 6 rows for V = 4 (24 accumulators; each p costs 4 loads and 6 broadcasts for 24
+// FMAs), R = 8 for V ≤ 3, so that the 32- and 64-row blocks of attention go in whole tiles (with 6 rows, a 32-row
+// block ended in a tile of 2 that ran at a third of the pace). How C is cut into tiles changes no element's sum.
 #include "ops/products/small_products.hpp"
 
 #if defined(__x86_64__)
@@ -22,7 +24,8 @@
 
 namespace {
 
-constexpr int kTileRows = 6;
+// The rows of a tile of V vectors.
+constexpr int64_t tile_rows_for(int64_t vectors) { return vectors >= 4 ? 6 : 8; }
 constexpr int kMaxVectors = 4;
 constexpr int64_t kWidth = 16;
 
@@ -57,11 +60,15 @@ inline void tile(int64_t k, int64_t n, int64_t j0, float alpha, const float* a, 
   }
 }
 
-// A tile of `rows` ≤ kTileRows rows: tile<rows, V>.
+// A tile of `rows` ≤ tile_rows_for(V) rows: tile<rows, V>.
 template <int V>
 inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row,
                       int64_t a_col, const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
   switch (rows) {
+    case 8: if constexpr (V <= 3) return tile<8, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+      [[fallthrough]];
+    case 7: if constexpr (V <= 3) return tile<7, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+      [[fallthrough]];
     case 6: return tile<6, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
     case 5: return tile<5, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
     case 4: return tile<4, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
@@ -80,8 +87,9 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
   const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
   for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
     const int64_t vectors = (n_pad - j0) / kWidth;
-    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-      const int64_t rows = m - i0 < kTileRows ? m - i0 : kTileRows;
+    const int64_t rows_per_tile = tile_rows_for(vectors);
+    for (int64_t i0 = 0; i0 < m; i0 += rows_per_tile) {
+      const int64_t rows = m - i0 < rows_per_tile ? m - i0 : rows_per_tile;
       const float* a_i = a + i0 * a_row;
       float* c_i = c + i0 * ldc;
       if (vectors >= 4) tile_rows<4>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
