@@ -57,7 +57,10 @@ constexpr int64_t kGrain = 16384;  // elements per range: a few microseconds of 
 // exp(−a_h²/2)·exp(−(a − a_h)(a + a_h)/2 + P), a_h = a with its 12 low mantissa bits cleared: a_h² is exact in
 // float32, so neither the rounding of a/√2 nor that of a² is amplified by the exp (each would cost up to 1e-5 of
 // the result near a = 11, where Φ(−a) is 1e-30). a is clamped at 14, where Φ(−a) is below float32's range (and
-// NaN goes to the clamp, its y staying NaN through y = x·Φ).
+// NaN goes to the clamp, its y staying NaN through y = x·Φ). The first exp's argument is ≤ 0, the second's within
+// [−1.2, 0] (P ∈ [−1.09, 3e-8] for a ∈ [0, 14], and 0 ≤ (a − a_h)(a + a_h) < 2⁻¹¹a·2a ≤ 0.2): neither reaches
+// fast_exp's upper clamp, the second not its lower one either, and leaving them out is the same bits for a
+// fifth less of the loop (one thread of an AMD EPYC Zen 5, 768 × 512 elements: 0.81 → 0.65 ms).
 inline float normal_tail(float a) {
   a = a < 14.0f ? a : 14.0f;
   const float tau = 1.0f / (1.0f + 0.5f * static_cast<float>(kSqrtHalf) * a);
@@ -71,7 +74,7 @@ inline float normal_tail(float a) {
                                          tau * (-1.13520398f +
                                                 tau * (1.48851587f + tau * (-0.82215223f + tau * 0.17087277f))))))));
   const float a_h = std::bit_cast<float>(std::bit_cast<uint32_t>(a) & 0xFFFFF000u);
-  return 0.5f * tau * fast_exp(-0.5f * a_h * a_h) * fast_exp(-0.5f * (a - a_h) * (a + a_h) + p);
+  return 0.5f * tau * fast_exp_nonpositive(-0.5f * a_h * a_h) * fast_math_detail::exp_reduced(-0.5f * (a - a_h) * (a + a_h) + p);
 }
 
 // Φ(x) = ½ erfc(−x/√2)
@@ -84,7 +87,7 @@ inline double normal_cdf(double x) { return 0.5 * std::erfc(-x * kSqrtHalf); }
 // φ(x) = exp(−x²/2)/√(2π)
 template <class T>
 inline T normal_pdf(T x) {
-  return T(kInvSqrt2Pi) * fast_exp(T(-0.5) * x * x);
+  return T(kInvSqrt2Pi) * fast_exp_nonpositive(T(-0.5) * x * x);
 }
 
 // The tanh form's 1 + t, t and 1 − t² from x and the saved c = 1 − |t|.
