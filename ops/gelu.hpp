@@ -34,6 +34,7 @@
 // 0.18 ms.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -262,13 +263,38 @@ void gelu_curvature(GeluForm form, T* out, const T* x, const T* s, const T* tx, 
   });
 }
 
+// x ← x + b (b added to every row; none if null), then y = GELU(x) saving s                 y, s, x: (rows, cols)
+// The fused MLP's first bias and gelu (mlp.cpp) in one pass over its pre-activation, by rows across the threads:
+// each row gets its bias (the same single rounding as add_rows) just before its gelu, while it is in the L1 cache,
+// and the bias no longer waits in a serial pass of its own. Two threads of an AMD EPYC Zen 5, the exact form, with
+// a copy of x: (768, 512) 0.20-0.28 → 0.19-0.20 ms, (4096, 1536) 4.1-4.3 → 3.7-3.8 ms. The backward's b̄₁ += Σ_rows ū
+// was tried the same way, fused with ū = gelu′ ⊙ h̄ by blocks of columns so that each b̄₁ⱼ keeps its order of rows:
+// 0.09-0.12 → 0.11-0.27 ms and 2.9-3.1 → 4.8-4.9 ms, slower, so mlp.cpp keeps the two passes there.
+template <class T>
+void gelu_forward_biased(GeluForm form, T* y, T* s, T* x, const T* b, int64_t rows, int64_t cols,
+                         GeluSimd simd = GeluSimd::best) {
+  using namespace gelu_detail;
+  with_form(form, [=]<GeluForm F>() {
+    each_range<T>(simd, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                  [=](int64_t r0, int64_t r1) TAPEGRAD_GELU_INLINE {
+                    for (int64_t r = r0; r < r1; ++r) {
+                      T* xr = x + r * cols;
+                      if (b)
+                        for (int64_t j = 0; j < cols; ++j) xr[j] += b[j];
+                      forward_elements<F>(y + r * cols, s + r * cols, xr, 0, cols);
+                    }
+                  });
+  });
+}
+
 // The kernels are compiled once, in the library (ops/gelu.cpp), with its flags: every caller runs the same code.
 #define TAPEGRAD_GELU_KERNELS(how, T)                                                                              \
   how void gelu_forward<T>(GeluForm, T*, T*, const T*, int64_t, GeluSimd);                                         \
   how void gelu_from_saved<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                                \
   how void gelu_derivative<T>(GeluForm, T*, const T*, const T*, const T*, int64_t, GeluSimd);                      \
   how void gelu_derivative_in_place<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                       \
-  how void gelu_curvature<T>(GeluForm, T*, const T*, const T*, const T*, const T*, int64_t, GeluSimd);
+  how void gelu_curvature<T>(GeluForm, T*, const T*, const T*, const T*, const T*, int64_t, GeluSimd);             \
+  how void gelu_forward_biased<T>(GeluForm, T*, T*, T*, const T*, int64_t, int64_t, GeluSimd);
 TAPEGRAD_GELU_KERNELS(extern template, float)
 TAPEGRAD_GELU_KERNELS(extern template, double)
 
