@@ -61,28 +61,28 @@ inline std::optional<GeluForm> gelu_form_named(std::string_view name) {
 // flags). Both give the same bits; tests compare them.
 enum class GeluSimd { best, portable };
 
-// The AVX-512 copy: x86-64 under GCC or Clang, on a CPU (and OS) with AVX-512 F, DQ, BW and VL, checked once.
-// prefer-vector-width=512 asks GCC for 512-bit vectors under any -mtune (Skylake-AVX512's prefers 256).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The AVX-512 copy: x86-64 under GCC or Clang, on a CPU (and OS) with AVX-512 F, DQ, BW and VL, checked once; only
+// in a library built for x86-64-v3 (__FMA__), which CMakeLists.txt builds with -ffp-contract=off: both copies could
+// then use FMA and neither does. (Built for plain x86-64, the portable copy has no FMA and the AVX-512 one, under
+// Clang's default -ffp-contract=on, would.) prefer-vector-width=512 asks GCC for 512-bit vectors under any -mtune
+// (Skylake-AVX512's prefers 256).
+#if defined(__x86_64__) && defined(__FMA__) && (defined(__GNUC__) || defined(__clang__))
 #if defined(__clang__)
 #define TAPEGRAD_GELU_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 #else
 #define TAPEGRAD_GELU_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,prefer-vector-width=512")))
 #endif
 #define TAPEGRAD_GELU_INLINE __attribute__((always_inline))
-inline bool gelu_runs_avx512() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }();
-  return yes;
-}
+#define TAPEGRAD_GELU_HAS_AVX512 1
 #else
 #define TAPEGRAD_GELU_AVX512
 #define TAPEGRAD_GELU_INLINE
-inline bool gelu_runs_avx512() { return false; }
+#define TAPEGRAD_GELU_HAS_AVX512 0
 #endif
+
+// Whether the float32 kernels take their AVX-512 copy (GeluSimd::best) on this CPU: false where the library was
+// built without one.
+bool gelu_runs_avx512();
 
 namespace gelu_detail {
 constexpr double kC = 0.7978845608028654;  // √(2/π)
@@ -112,7 +112,8 @@ inline float normal_tail(float a) {
                                          tau * (-1.13520398f +
                                                 tau * (1.48851587f + tau * (-0.82215223f + tau * 0.17087277f))))))));
   const float a_h = std::bit_cast<float>(std::bit_cast<uint32_t>(a) & 0xFFFFF000u);
-  return 0.5f * tau * fast_exp_nonpositive(-0.5f * a_h * a_h) * fast_math_detail::exp_reduced(-0.5f * (a - a_h) * (a + a_h) + p);
+  return 0.5f * tau * fast_exp_nonpositive(-0.5f * a_h * a_h) *
+         fast_math_detail::exp_reduced(-0.5f * (a - a_h) * (a + a_h) + p);
 }
 
 // Φ(x) = ½ erfc(−x/√2)
