@@ -31,6 +31,8 @@ namespace tapegrad {
 
 namespace fast_math_detail {
 
+constexpr float kExpLow = -87.3f, kExpHigh = 88.0f;  // the clamp of z
+
 // 2ⁿ·exp(r) for z already in the clamped range.
 inline float exp_reduced(float z) {
   constexpr float kRound = 12582912.0f;  // 1.5·2²³: adding it rounds z/ln 2 to an integer in the low mantissa bits
@@ -47,12 +49,21 @@ inline float exp_reduced(float z) {
 }  // namespace fast_math_detail
 
 inline float fast_exp(float z) {
-  constexpr float kLow = -87.3f, kHigh = 88.0f;
-  const float c = z > kHigh ? kHigh : (z < kLow ? kLow : z);  // NaN passes through
-  const float e = fast_math_detail::exp_reduced(c);
-  return z < kLow ? 0.0f : (z > kHigh ? INFINITY : e);
+  using namespace fast_math_detail;
+  const float c = z > kExpHigh ? kExpHigh : (z < kExpLow ? kExpLow : z);  // NaN passes through
+  const float e = exp_reduced(c);
+  return z < kExpLow ? 0.0f : (z > kExpHigh ? INFINITY : e);
 }
 inline double fast_exp(double z) { return std::exp(z); }
+
+// fast_exp(z) for z ≤ 0 or NaN (a Gaussian's exp(−x²/2)), without the upper clamp that such z never reach: the
+// same bits, two vector operations fewer of about twenty.
+inline float fast_exp_nonpositive(float z) {
+  using namespace fast_math_detail;
+  const float e = exp_reduced(z < kExpLow ? kExpLow : z);  // NaN passes through
+  return z < kExpLow ? 0.0f : e;
+}
+inline double fast_exp_nonpositive(double z) { return std::exp(z); }
 
 inline float fast_tanh(float u) {
   const float a = std::fabs(u);
@@ -74,7 +85,7 @@ template <class T>
 inline T tanh_complement(T u) {
   const T a = std::fabs(u);
   if (!(a >= T(0.625))) return 1 - std::fabs(fast_tanh(u));
-  const T e = fast_exp(-2 * a);
+  const T e = fast_exp_nonpositive(-2 * a);
   return 2 * e / (1 + e);
 }
 

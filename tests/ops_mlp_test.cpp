@@ -1,10 +1,15 @@
-// The fused MLP against linear → gelu → linear: values, gradients and tangents; float32 and float64; errors.
+// The fused MLP against linear → gelu → linear: values, gradients and tangents; float32 and float64; errors; its
+// fused gelu passes against the passes they replace.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "engine/parallel.hpp"
+#include "ops/common.hpp"
+#include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -61,4 +66,35 @@ TEST_CASE("mlp: shape errors name the op and the shapes") {
   CHECK_THROWS_WITH(mlp(x, w1, tape.leaf(Tensor::zeros(DType::f32, {31})), w2, {}, GeluForm::exact),
                     doctest::Contains("mlp: the first bias must be (32) for a weight of shape (32, 8), got (31)"));
   CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8})), GeluForm::exact), doctest::Contains("mlp"));
+}
+
+// The node's fused pass over u (ops/gelu.hpp's gelu_forward_biased) against the two it replaces, u += b₁ then the
+// gelu, bit for bit: with and without the bias, on one thread and split across two.
+TEST_CASE("mlp's fused bias and gelu give the bits of the two passes they replace") {
+  const int saved = num_threads();
+  const int64_t rows = 601, cols = 70;  // 234 rows to a range: two ranges on two threads
+  const std::vector<double> u0 = make_inputs(std::vector<InputSpec>{{"u", {rows, cols}}}, DType::f64, 21)[0].to_vector();
+  const std::vector<double> b0 = make_inputs(std::vector<InputSpec>{{"b", {cols}}}, DType::f64, 23)[0].to_vector();
+  std::vector<float> u(u0.begin(), u0.end()), b(b0.begin(), b0.end());
+  for (float& e : u) e *= 4;  // both tails of Φ
+  auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (int threads : {1, 2})
+    for (GeluForm form : {GeluForm::exact, GeluForm::tanh})
+      for (bool bias : {true, false}) {
+        CAPTURE(threads);
+        CAPTURE(gelu_form_name(form));
+        CAPTURE(bias);
+        set_num_threads(threads);
+        const int64_t n = rows * cols;
+        std::vector<float> u1 = u, u2 = u, s1(u.size()), s2(u.size()), h1(u.size()), h2(u.size());
+        if (bias) add_rows(u1.data(), b.data(), rows, cols);
+        gelu_forward(form, h1.data(), s1.data(), u1.data(), n);
+        gelu_forward_biased(form, h2.data(), s2.data(), u2.data(), bias ? b.data() : nullptr, rows, cols);
+        CHECK(same_bits(u1, u2));
+        CHECK(same_bits(s1, s2));
+        CHECK(same_bits(h1, h2));
+      }
+  set_num_threads(saved);
 }

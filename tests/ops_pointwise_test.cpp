@@ -1,12 +1,17 @@
 // gelu in float32 against float64, over the whole range and on the pool's threads: the tanh form with its
-// branch-free tanh, the exact form with its fitted erfc (ops/gelu.hpp).
+// branch-free tanh, the exact form with its fitted erfc (ops/gelu.hpp); its AVX-512 kernels against its portable
+// ones, bit for bit.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "engine/parallel.hpp"
+#include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 
 using namespace tapegrad;
@@ -107,4 +112,45 @@ TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, o
     CHECK(worst_tail < 1e-28);
   }
   set_num_threads(saved);
+}
+
+// The float32 kernels run 16 wide on an AVX-512 CPU and 8 wide elsewhere (ops/gelu.hpp): the same operations in
+// the same order, so the same bits. Checked on every 997th float32 bit pattern (both signs, zeros, subnormals,
+// huge, ±∞, NaNs) and the edges of the formulas, in both forms and every kernel.
+TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
+  if (!gelu_runs_avx512()) MESSAGE("this CPU has no AVX-512: both runs take the portable copy");
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 997) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float e : {0.0f, -0.0f, inf, -inf, nan, -nan, 1e-45f, -1e-45f, 1e-38f, 0.625f, -0.76f, 4.3f, 9.0f, 13.99f,
+                  -14.0f, -14.01f, 87.3f, -87.3f, 3e38f, -3e38f})
+    x.push_back(e);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> ones(x.size(), 1.0f), in(x.rbegin(), x.rend());  // `in` is x reversed: any float against any
+  auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (GeluForm form : {GeluForm::exact, GeluForm::tanh}) {
+    CAPTURE(gelu_form_name(form));
+    std::vector<float> y[2], s[2], h[2], d[2], v[2], c[2];
+    for (int path = 0; path < 2; ++path) {
+      const GeluSimd simd = path == 0 ? GeluSimd::portable : GeluSimd::best;
+      y[path].resize(x.size()), s[path].resize(x.size()), h[path].resize(x.size());
+      gelu_forward(form, y[path].data(), s[path].data(), x.data(), n, simd);
+      gelu_from_saved(form, h[path].data(), x.data(), s[0].data(), n, simd);
+      d[path] = ones;
+      gelu_derivative(form, d[path].data(), x.data(), s[0].data(), in.data(), n, simd);
+      v[path] = in;
+      gelu_derivative_in_place(form, v[path].data(), x.data(), s[0].data(), n, simd);
+      c[path] = ones;
+      gelu_curvature(form, c[path].data(), x.data(), s[0].data(), in.data(), ones.data(), n, simd);
+    }
+    CHECK(bits_equal(y[0], y[1]));
+    CHECK(bits_equal(s[0], s[1]));
+    CHECK(bits_equal(h[0], h[1]));
+    CHECK(bits_equal(h[0], y[0]));  // y from the saved s is the forward's y
+    CHECK(bits_equal(d[0], d[1]));
+    CHECK(bits_equal(v[0], v[1]));
+    CHECK(bits_equal(c[0], c[1]));
+  }
 }
