@@ -4,14 +4,12 @@
 // What the sheets do not say: sigmoid takes y from e^(−|x|), which cannot overflow; abs takes f′(0) = 0, the central
 // value of [−1, 1], as PyTorch and JAX take it, and what central differences give. sqrt and pow refuse inputs where
 // y would be NaN or infinite (x < 0; x < 0 with p not an integer; x = 0 with p < 0) instead of returning it.
-// gelu (tanh form) and gelu_erf (exact) have their own node below: it keeps 1 − |tanh u| or Φ(x) instead of y, so
-// that the derivative needs no second tanh or erfc.
+// gelu (tanh form) and gelu_erf (exact) have a node of their own, in ops/gelu.cpp.
 #include <cmath>
 #include <string_view>
 
 #include "ops/sheet.hpp"
 #include "ops/common.hpp"
-#include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"
 
@@ -32,36 +30,6 @@ void expect_each(const char* op, const Var& x, Ok ok, std::string_view expected)
 }
 
 }  // namespace
-
-// gelu and gelu_erf keep x and s (c = 1 − |tanh u|, or Φ(x); ops/gelu.hpp has both derivations): the VJP
-// x̄ += f′(x)·ȳ and the JVP ẏ = f′(x)·ẋ read s instead of evaluating tanh or erfc again.
-static Var gelu_node(const char* op, GeluForm form, Var x) {
-  expect_float(op, x);
-  Tape& tape = x.tape();
-  const Tensor xv = x.value();
-  Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor s = tape.empty(x.dtype(), x.shape(),
-                        form == GeluForm::exact ? "Φ(x) of gelu_erf" : "1 − |tanh| of gelu's argument");
-  const int64_t n = y.numel();
-  dispatch_float(op, x.dtype(), [&]<class T>(T) { gelu_forward(form, y.data<T>(), s.data<T>(), xv.data<T>(), n); });
-  auto apply_derivative = [op, form, xv, s, n](Tensor& out, const Tensor& in) {
-    dispatch_float(op, out.dtype(), [&]<class T>(T) {
-      gelu_derivative(form, out.data<T>(), xv.data<T>(), s.data<T>(), in.data<T>(), n);
-    });
-  };
-  return tape.record(
-      op, {x}, y, [=](const Tensor& g, std::span<Tensor> gin) { apply_derivative(gin[0], g); },
-      [=](std::span<const Tensor> tin, Tensor& ty) { apply_derivative(ty, tin[0]); },
-      [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
-        if (!tin[0].defined() || !gin_dot[0].defined()) return;
-        dispatch_float(op, g.dtype(), [&]<class T>(T) {
-          gelu_curvature(form, gin_dot[0].data<T>(), xv.data<T>(), s.data<T>(), tin[0].data<T>(), g.data<T>(), n);
-        });
-      });
-}
-
-Var gelu(Var x) { return gelu_node("gelu", GeluForm::tanh, x); }
-Var gelu_erf(Var x) { return gelu_node("gelu_erf", GeluForm::exact, x); }
 
 Var exp(Var x) {
   return pointwise("exp", x, [](auto v) { return std::exp(v); }, [](auto, auto y) { return y; },
@@ -161,17 +129,6 @@ std::vector<OpInfo> pointwise_ops() {
        .jvp = "ẏ = [x > 0]·ẋ (0 at the kink)",
        .second_order = "0 away from x = 0 (f″ = 0)", .second_order_derivation = d,
        .cases = matrix(relu, Fill::away_from_zero), .inputs = 1, .call = by_name(relu)},
-      {.name = "gelu", .family = f, .forward = "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
-       .vjp = "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form",
-       .jvp = "ẏ = gelu′(x)·ẋ",
-       .second_order = "ẋ̄ += gelu″(x)·ẋ·ȳ, gelu″ = (1 − t²)(u′ − x·t·u′² + ½x·u″), t = tanh u, "
-                       "u = √(2/π)(x + 0.044715x³)",
-       .second_order_derivation = d, .cases = matrix(gelu), .inputs = 1, .call = by_name(gelu)},
-      {.name = "gelu_erf", .family = f, .forward = "y = x·Φ(x) = ½x(1 + erf(x/√2))",
-       .vjp = "x̄ += (Φ(x) + x·φ(x))·ȳ",
-       .jvp = "ẏ = (Φ(x) + x·φ(x))·ẋ",
-       .second_order = "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(gelu_erf),
-       .inputs = 1, .call = by_name(gelu_erf)},
       {.name = "sigmoid", .family = f, .forward = "y = 1/(1 + e⁻ˣ)",
        .vjp = "x̄ += y(1 − y)·ȳ",
        .jvp = "ẏ = y(1 − y)·ẋ",
