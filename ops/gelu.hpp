@@ -1,4 +1,4 @@
-// GELU kernels in both forms over raw buffers of n elements: the gelu and gelu_erf nodes (pointwise.cpp) and the
+// GELU kernels in both forms over raw buffers of n elements: the gelu and gelu_erf nodes (ops/gelu.cpp) and the
 // fused MLP (mlp.cpp) call them. Each form saves one tensor s beside x in the forward, so that its derivative
 // needs no second tanh or erf.
 //
