@@ -78,6 +78,35 @@ inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alph
   }
 }
 
+// The 16 × 16 block at `in` (rows of in_ld floats) written transposed at `out` (rows of out_ld): 16 loads, four
+// rounds of 16 shuffles (pairs, quads, 128-bit lanes, halves), 16 stores.
+inline void transpose_16x16(const float* in, int64_t in_ld, float* out, int64_t out_ld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * in_ld);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + i * out_ld, r[i]);
+}
+
 }  // namespace
 
 namespace tapegrad::small_products_detail {
@@ -98,6 +127,15 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
       else tile_rows<1>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
     }
   }
+}
+
+void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld) {
+  const int64_t full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
+  for (int64_t i0 = 0; i0 < full_rows; i0 += 16)
+    for (int64_t j0 = 0; j0 < full_cols; j0 += 16) transpose_16x16(in + i0 * in_ld + j0, in_ld, out + j0 * out_ld + i0, out_ld);
+  // The edges: rows past the last whole block of 16, and columns past it in the whole blocks' rows.
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
 }
 
 }  // namespace tapegrad::small_products_detail

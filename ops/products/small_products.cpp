@@ -1,6 +1,5 @@
 #include "ops/products/small_products.hpp"
 
-#include <algorithm>
 #include <atomic>
 
 #include "engine/tensor.hpp"
@@ -11,19 +10,6 @@ namespace tapegrad {
 namespace {
 constexpr int64_t kWidth = 16;  // floats in an AVX-512 register: P's columns are padded to a multiple of it
 std::atomic<uint64_t> packings{0};
-
-// out[j·out_ld + i] = in[i·in_ld + j] for i < rows, j < cols, in tiles of 16 × 16, so that both the rows read and
-// the rows written stay in cache across a tile (element by element along a whole row, the strided side of a
-// (256, 64) transpose took 40 µs here, more than the product it fed).
-void transpose(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld) {
-  constexpr int64_t kTile = 16;
-  for (int64_t i0 = 0; i0 < rows; i0 += kTile)
-    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) out[j * out_ld + i] = in[i * in_ld + j];
-    }
-}
 }  // namespace
 
 bool small_kernel_available() {
@@ -38,12 +24,15 @@ uint64_t small_kernel_packings() { return packings.load(std::memory_order_relaxe
 
 PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
                            int64_t ldb) {
+  if (!small_kernel_available()) throw Error("pack_columns: this CPU has no AVX-512, which the small kernel needs");
   const int64_t ld = (n + kWidth - 1) / kWidth * kWidth;
   storage.resize(static_cast<size_t>(k * ld));
   float* out = storage.data();
   // P[p, j] = op(B)[p, j]: b[p·ldb + j], or b[j·ldb + p] when B is stored transposed (B's rows are P's columns).
   if (trans_b) {
-    transpose(b, ldb, n, k, out, ld);
+#if defined(__x86_64__)
+    small_products_detail::transpose_avx512(b, ldb, n, k, out, ld);  // B's rows, 16 × 16 at a time in registers
+#endif
   } else {
     for (int64_t p = 0; p < k; ++p)
       for (int64_t j = 0; j < n; ++j) out[p * ld + j] = b[p * ldb + j];

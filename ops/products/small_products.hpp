@@ -23,6 +23,8 @@ namespace small_products_detail {
 // least finite) up to the next multiple of 16 past n (ops/products/small_kernel.cpp).
 void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
                     const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
+// out[j·out_ld + i] = in[i·in_ld + j] for i < rows, j < cols, 16 × 16 blocks in registers.
+void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld);
 }  // namespace small_products_detail
 
 // True where the CPU runs the small kernel (AVX-512F).
