@@ -4,6 +4,10 @@
 // with the other factor's tangent, and b̄ does not move. The VJP, the JVP and that rule are stated once, in the
 // sheet at the end of this file.
 // Three gemm calls each way; the transposes are cblas flags, never copies.
+// Where the products run in bf16 (ops/products/products.hpp runs_in_bf16: all three have the forward's n·out·in
+// multiply-adds), x and W are rounded once, here, and the node keeps the rounded copies for its backward (dW reads
+// x, dX reads W), which rounds ȳ once for both of its products: five roundings a step where the products would
+// make seven, the copies shared by every thread.
 #include "ops/products/blas.hpp"
 #include "ops/sheet.hpp"
 #include "ops/common.hpp"
@@ -31,17 +35,35 @@ Var linear(Var x, Var w, Var b) {
   yshape[yshape.rank() - 1] = out;
   const Tensor xv = x.value(), wv = w.value(), bv = has_bias ? b.value() : Tensor{};
   Tensor y = tape.empty(x.dtype(), yshape);
+  const bool bf16 = x.dtype() == DType::f32 && runs_in_bf16(n, out, in);
+  const ScratchNeed g16_need = scratch_need(DType::f32, {(n * out + 1) / 2});  // ȳ rounded, in the backward
+  if (bf16) reserve_scratch(tape, g16_need.bytes());
+  const Bf16Copies rounded = bf16 ? Bf16Copies(tape, {n * in, out * in}) : Bf16Copies{};
+  const uint16_t *x16 = rounded.at(0), *w16 = rounded.at(1);
+  if (bf16) {
+    round_for_products(rounded.at(0), xv.data<float>(), n, in, in);
+    round_for_products(rounded.at(1), wv.data<float>(), out, in, in);
+  }
   dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(wv.data<T>(), in), T(0), y.data<T>(), out);
+    gemm(n, out, in, T(1), with_rounding(as_is(xv.data<T>(), in), x16), with_rounding(transposed(wv.data<T>(), in), w16),
+         T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
-  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
+  Tape* tp = &tape;
+  auto vjp = [=, keep = rounded](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(op, g.dtype(), [&]<class T>(T) {
       const T* pg = g.data<T>();
+      uint16_t* g16 = nullptr;
+      if (bf16 && runs_in_bf16(n, out, in) && gin[0].defined() && gin[1].defined()) {
+        g16 = tp->scratch().take_one(g16_need).take<uint16_t>(n * out);
+        round_for_products(g16, g.data<float>(), n, out, out);
+      }
       if (gin[0].defined())
-        gemm(n, in, out, T(1), as_is(pg, out), as_is(wv.data<T>(), in), T(1), gin[0].data<T>(), in);
+        gemm(n, in, out, T(1), with_rounding(as_is(pg, out), g16), with_rounding(as_is(wv.data<T>(), in), w16), T(1),
+             gin[0].data<T>(), in);
       if (gin[1].defined())
-        gemm(out, in, n, T(1), transposed(pg, out), as_is(xv.data<T>(), in), T(1), gin[1].data<T>(), in);
+        gemm(out, in, n, T(1), with_rounding(transposed(pg, out), g16), with_rounding(as_is(xv.data<T>(), in), x16),
+             T(1), gin[1].data<T>(), in);
       if (gin.size() > 2 && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
     });
   };

@@ -35,31 +35,54 @@ struct MlpDims {
   GeluForm form;
 };
 
+// Where the products run in bf16: the operands each rounded once (ops/products/blas.hpp round_for_products), the
+// forward's kept with the node for the backward. x, W₁, W₂ and h in the forward (so the backward neither recomputes
+// h nor rounds it again for W̄₂), ȳ and ū once each in the backward for their two products: six roundings a step
+// where the products would make twelve. All null in float32 and float64.
+struct MlpRounded {
+  uint16_t *x = nullptr, *w1 = nullptr, *w2 = nullptr, *h = nullptr;  // the forward's, kept
+  uint16_t *g = nullptr, *ubar = nullptr;                             // the backward's, in its scratch
+};
+
 // u = x·W₁ᵀ + b₁, s and h = gelu(u) (h into `h`; s is Φ(u) or 1 − |tanh| of the argument), y = h·W₂ᵀ + b₂.
 template <class T>
 void mlp_forward(const MlpDims& d, const T* x, const T* w1, const T* b1, const T* w2, const T* b2, T* u, T* s, T* h,
-                 T* y) {
-  gemm(d.n, d.h, d.c, T(1), as_is(x, d.c), transposed(w1, d.c), T(0), u, d.h);
+                 T* y, const MlpRounded& r) {
+  gemm(d.n, d.h, d.c, T(1), with_rounding(as_is(x, d.c), r.x), with_rounding(transposed(w1, d.c), r.w1), T(0), u, d.h);
   gelu_forward_biased(d.form, h, s, u, b1, d.n, d.h);  // u += b₁, h = gelu(u)
-  gemm(d.n, d.c_out, d.h, T(1), as_is(h, d.h), transposed(w2, d.h), T(0), y, d.c_out);
+  if constexpr (std::is_same_v<T, float>)
+    if (r.h) round_for_products(r.h, h, d.n, d.h, d.h);
+  gemm(d.n, d.c_out, d.h, T(1), with_rounding(as_is(h, d.h), r.h), with_rounding(transposed(w2, d.h), r.w2), T(0), y,
+       d.c_out);
   if (b2) add_rows(y, b2, d.n, d.c_out);
 }
 
 // The VJP of the header; gradients that are null are not computed. h and hbar are (n, H) scratch.
+// With r.g and r.ubar set, ȳ and ū are rounded into them once for their two products each.
 template <class T>
 void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* g, T* dx,
-             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar) {
+             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r) {
+  if constexpr (std::is_same_v<T, float>)
+    if (r.g) round_for_products(r.g, g, d.n, d.c_out, d.c_out);
   if (dw2) {
-    gelu_from_saved(d.form, h, u, s, d.n * d.h);
-    gemm(d.c_out, d.h, d.n, T(1), transposed(g, d.c_out), as_is(h, d.h), T(1), dw2, d.h);
+    if (!r.h || !runs_in_bf16(d.c_out, d.h, d.n)) gelu_from_saved(d.form, h, u, s, d.n * d.h);  // else h is r.h
+    gemm(d.c_out, d.h, d.n, T(1), with_rounding(transposed(g, d.c_out), r.g), with_rounding(as_is(h, d.h), r.h), T(1),
+         dw2, d.h);
   }
   if (db2) sum_rows(db2, g, d.n, d.c_out);
   if (!dx && !dw1 && !db1) return;
-  gemm(d.n, d.h, d.c_out, T(1), as_is(g, d.c_out), as_is(w2, d.h), T(0), hbar, d.h);
+  gemm(d.n, d.h, d.c_out, T(1), with_rounding(as_is(g, d.c_out), r.g), with_rounding(as_is(w2, d.h), r.w2), T(0), hbar,
+       d.h);
   gelu_derivative_in_place(d.form, hbar, u, s, d.n * d.h);  // ū
-  if (dw1) gemm(d.h, d.c, d.n, T(1), transposed(hbar, d.h), as_is(x, d.c), T(1), dw1, d.c);
+  if constexpr (std::is_same_v<T, float>)
+    if (r.ubar) round_for_products(r.ubar, hbar, d.n, d.h, d.h);
+  if (dw1)
+    gemm(d.h, d.c, d.n, T(1), with_rounding(transposed(hbar, d.h), r.ubar), with_rounding(as_is(x, d.c), r.x), T(1),
+         dw1, d.c);
   if (db1) sum_rows(db1, hbar, d.n, d.h);
-  if (dx) gemm(d.n, d.c, d.h, T(1), as_is(hbar, d.h), as_is(w1, d.c), T(1), dx, d.c);
+  if (dx)
+    gemm(d.n, d.c, d.h, T(1), with_rounding(as_is(hbar, d.h), r.ubar), with_rounding(as_is(w1, d.c), r.w1), T(1), dx,
+         d.c);
 }
 
 // The JVP of the header, added into ty; null tangents contribute nothing. h and hdot are (n, H) scratch.
@@ -165,14 +188,25 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
   Tensor y = tape.empty(dtype, y_shape);
   // Scratch (engine/scratch.hpp): two (N, H) arrays for the forward (h), the VJP (h, h̄) and the JVP (h, ḣ), five
   // for the second-order rule.
+  // In bf16 (MlpRounded), the VJP's scratch also holds ȳ and ū rounded, and the forward's roundings stay on the tape.
+  const bool bf16 = dtype == DType::f32 && runs_in_bf16(d.n, d.h, d.c);
   const ScratchNeed two = scratch_need(dtype, {d.n * d.h, d.n * d.h});
+  const ScratchNeed vjp_need =
+      bf16 ? scratch_need(dtype, {d.n * d.h, d.n * d.h, (d.n * d.c_out + 1) / 2, (d.n * d.h + 1) / 2}) : two;
   const ScratchNeed five = scratch_need(dtype, {d.n * d.h, d.n * d.h, d.n * d.h, d.n * d.h, d.n * d.h});
-  reserve_scratch(tape, two.bytes(), five.bytes());
+  reserve_scratch(tape, vjp_need.bytes(), five.bytes());
+  const Bf16Copies kept = bf16 ? Bf16Copies(tape, {d.n * d.c, d.h * d.c, d.c_out * d.h, d.n * d.h}) : Bf16Copies{};
+  MlpRounded rounded{kept.at(0), kept.at(1), kept.at(2), kept.at(3)};
+  if (bf16) {
+    round_for_products(rounded.x, xv.data<float>(), d.n, d.c, d.c);
+    round_for_products(rounded.w1, w1v.data<float>(), d.h, d.c, d.c);
+    round_for_products(rounded.w2, w2v.data<float>(), d.c_out, d.h, d.h);
+  }
   Tape* tp = &tape;
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     T* h = tape.scratch().take_one(two).take<T>(d.n * d.h);
     mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v),
-                u.data<T>(), s.data<T>(), h, y.data<T>());
+                u.data<T>(), s.data<T>(), h, y.data<T>(), rounded);
   });
   // gin / tin follow `inputs`: x, W₁, W₂, then b₁ and b₂ where given.
   const bool has_b1 = b1.defined(), has_b2 = b2.defined();
@@ -181,13 +215,18 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
     if (which == 1) return has_b1 ? slots[i1] : Tensor{};
     return has_b2 ? slots[i2] : Tensor{};
   };
-  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
+  auto vjp = [=, keep = kept](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(kOp, dtype, [&]<class T>(T) {
-      ScratchChunk scratch = tp->scratch().take_one(two);
+      ScratchChunk scratch = tp->scratch().take_one(vjp_need);
       T *h = scratch.take<T>(d.n * d.h), *hbar = scratch.take<T>(d.n * d.h);
+      MlpRounded r = rounded;
+      if (bf16 && runs_in_bf16(d.n, d.h, d.c)) {
+        r.g = scratch.take<uint16_t>(d.n * d.c_out);
+        r.ubar = scratch.take<uint16_t>(d.n * d.h);
+      }
       mlp_vjp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), g.data<T>(),
               data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(bias_slot(gin, 1)),
-              data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar);
+              data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar, r);
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {

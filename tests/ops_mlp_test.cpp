@@ -11,6 +11,8 @@
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
+#include "ops/products/blas.hpp"
+#include "ops/products/products.hpp"
 #include "test_util.hpp"
 
 using namespace tapegrad;
@@ -97,4 +99,47 @@ TEST_CASE("mlp's fused bias and gelu give the bits of the two passes they replac
         CHECK(same_bits(h1, h2));
       }
   set_num_threads(saved);
+}
+
+// bf16 products (at sizes that run in bf16): linear and mlp round each operand once and share the copy between
+// their products; every product must still give the bits it gives rounding its operands itself.
+TEST_CASE("bf16: linear's and mlp's shared roundings give the products' own bits" *
+          doctest::skip(!bf16_unavailable_reason().empty())) {
+  const PrecisionScope bf16(ProductPrecision::bf16);
+  const int64_t n = 768, c = 128, h = 512;
+  REQUIRE(runs_in_bf16(n, h, c));
+  const Tensor x0 = Tensor::randn(DType::f32, {n, c}, 1), w1_0 = Tensor::randn(DType::f32, {h, c}, 2);
+  const Tensor w2_0 = Tensor::randn(DType::f32, {c, h}, 3), g0 = Tensor::randn(DType::f32, {n, c}, 4);
+  const Tensor gh = Tensor::randn(DType::f32, {n, h}, 5);
+  SUBCASE("linear against its three products") {
+    Tape tape;
+    Var x = tape.leaf(x0), w = tape.leaf(w1_0);
+    Var y = linear(x, w);
+    tape.backward(y, gh);
+    Tensor y_ref = Tensor::zeros(DType::f32, {n, h}), dx_ref = Tensor::zeros(DType::f32, {n, c});
+    Tensor dw_ref = Tensor::zeros(DType::f32, {h, c});
+    gemm<float>(n, h, c, 1.0f, as_is(x0.data<float>(), c), transposed(w1_0.data<float>(), c), 0.0f,
+                y_ref.data<float>(), h);
+    gemm<float>(n, c, h, 1.0f, as_is(gh.data<float>(), h), as_is(w1_0.data<float>(), c), 1.0f, dx_ref.data<float>(), c);
+    gemm<float>(h, c, n, 1.0f, transposed(gh.data<float>(), h), as_is(x0.data<float>(), c), 1.0f,
+                dw_ref.data<float>(), c);
+    CHECK(y.value().to_vector() == y_ref.to_vector());
+    CHECK(x.grad().to_vector() == dx_ref.to_vector());
+    CHECK(w.grad().to_vector() == dw_ref.to_vector());
+  }
+  SUBCASE("mlp against linear, gelu, linear") {
+    auto run = [&](bool fused) {
+      Tape tape;
+      Var x = tape.leaf(x0), w1 = tape.leaf(w1_0), w2 = tape.leaf(w2_0);
+      Var y = fused ? mlp(x, w1, {}, w2, {}, GeluForm::exact) : linear(gelu_erf(linear(x, w1)), w2);
+      tape.backward(y, g0);
+      return std::vector<std::vector<double>>{y.value().to_vector(), x.grad().to_vector(), w1.grad().to_vector(),
+                                              w2.grad().to_vector()};
+    };
+    const auto fused = run(true), composed = run(false);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused[i] == composed[i]);
+    }
+  }
 }

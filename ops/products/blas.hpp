@@ -17,28 +17,73 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
 #include "blas_info.hpp"
 #include "onednn_gemm.hpp"
 #include "../../engine/parallel.hpp"
+#include "../../engine/tape.hpp"
 #include "products.hpp"
 #include "small_products.hpp"
 
 namespace tapegrad {
 
 // An operand of a product: a row-major matrix at `data` with leading dimension `ld`, used as it is or transposed.
+// `rounded`, where its owner made one (with_rounding, below), is the stored matrix already rounded to bf16,
+// packed (its leading dimension the stored row's length): a bf16 product reads it instead of rounding the operand
+// again, so a matrix that several products read (a weight in the forward and the backward, a gradient ȳ in both of
+// a linear layer's backward products) is rounded once. Float32 and float64 products never read it.
 template <class T>
 struct MatrixOperand {
   const T* data;
   int64_t ld;
   bool transposed;
+  const uint16_t* rounded = nullptr;
 };
 template <class T>
 MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
 template <class T>
 MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
+// x with the bf16 rounding of its stored matrix (round_for_products), or as it is where `rounded` is null (and for
+// float64, whose products are never rounded).
+template <class T>
+MatrixOperand<T> with_rounding(MatrixOperand<T> x, const uint16_t* rounded) {
+  if constexpr (std::is_same_v<T, float>) x.rounded = rounded;
+  return x;
+}
+
+// Room on a tape for bf16 roundings of a node's operands (round_for_products), kept with the node until the tape is
+// cleared: one array of each of the counts given, each starting on a 64-byte boundary. A default one holds none
+// (at(i) is null).
+class Bf16Copies {
+ public:
+  Bf16Copies() = default;
+  Bf16Copies(Tape& tape, std::initializer_list<int64_t> counts) {
+    int64_t floats = 0;  // in float32 elements of the tape's memory: two halves each, rounded up to 16
+    for (int64_t c : counts) {
+      offsets_.push_back(floats);
+      floats += ((c + 1) / 2 + 15) / 16 * 16;
+    }
+    storage_ = tape.empty(DType::f32, {floats}, "bf16 copies of the products' operands");
+    base_ = storage_.data<float>();
+  }
+  uint16_t* at(size_t i) const { return i < offsets_.size() ? reinterpret_cast<uint16_t*>(base_ + offsets_[i]) : nullptr; }
+
+ private:
+  Tensor storage_;  // the tape's memory, valid until it is cleared
+  float* base_ = nullptr;
+  std::vector<int64_t> offsets_;
+};
+
+// The stored matrix x (rows × cols, leading dimension ld) rounded to bf16 into out (rows × cols, packed), as a bf16
+// product would round it, on the pool's threads by ranges of rows: for an operand that several bf16 products read.
+inline void round_for_products(uint16_t* out, const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)), [=](int64_t r0, int64_t r1) {
+    onednn_detail::round_to_bf16_rows(out + r0 * cols, x + r0 * ld, r1 - r0, cols, ld);
+  });
+}
 
 namespace blas_detail {
 
@@ -108,38 +153,56 @@ void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, 
   });
 }
 
-// A bf16 product: B rounded once on this thread, then by row blocks, each block's rows of op(A) rounded by the
-// thread that multiplies them. Rounded operands are packed (the leading dimension is the stored row's length):
-// with A rounded whole before the split, a block of a transposed A is read with A's wider leading dimension, which
-// sends oneDNN to its generic gemm:jit instead of its brgemm kernels, and the default model's bf16 step took
-// 31-32 ms instead of 17.7-18.0 (AMD EPYC Zen 4, 2 threads, alternating runs).
+// A bf16 product: B rounded once, then by row blocks, each block's rows of op(A) rounded by the thread that
+// multiplies them. An operand whose owner already rounded it (MatrixOperand::rounded) is not rounded again: B is
+// read as it is, a block of A's rows too, and a block of a transposed A's columns is copied out of it. Rounded
+// operands are packed (the leading dimension is the stored row's length): with A rounded whole before the split,
+// a block of a transposed A is read with A's wider leading dimension, which sends oneDNN to its generic gemm:jit
+// instead of its brgemm kernels, and the default model's bf16 step took 31-32 ms instead of 17.7-18.0 (AMD EPYC
+// Zen 4, 2 threads, alternating runs).
 // The rounded copies are thread_local because a product has no tape to take scratch from (engine/scratch.hpp is a
 // tape's, for nodes): gemm() is called by ops, tools and tests alike, inside a node's parallel loop or outside any.
 // B's copy belongs to the calling thread and is only read by the pool while this product runs; where the product
 // is split, the pool rounds it, each thread a range of B's stored rows, so that no thread waits while one rounds
-// all of B (on 16 threads, one thread rounding it would keep fifteen idle). Each thread rounds its own block of A into its own a16, since the blocks run
-// at once. Both are kept from product to product (resized to the largest a thread has rounded) so that a training
-// step's products allocate nothing after the first.
-inline void bf16_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<uint16_t> b16;
+// all of B (on 16 threads, one thread rounding it would keep fifteen idle). Each thread rounds its own block of A
+// into its own a16, since the blocks run at once. Both are kept from product to product (resized to the largest a
+// thread has rounded) so that a training step's products allocate nothing after the first.
+inline void bf16_product(int64_t m, int64_t n, int64_t k, float alpha, MatrixOperand<float> a, MatrixOperand<float> b,
+                         float beta, float* c, int64_t ldc) {
+  const bool trans_a = a.transposed, trans_b = b.transposed;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B stored (k, n) or (n, k)
-  b16.resize(static_cast<size_t>(k * n));
-  uint16_t* b_out = b16.data();
-  if (splits(m, n, k))
-    parallel_for(b_rows, std::max<int64_t>(1, 16384 / b_cols), [&](int64_t r0, int64_t r1) {
-      onednn_detail::round_to_bf16_rows(b_out + r0 * b_cols, b + r0 * ldb, r1 - r0, b_cols, ldb);
-    });
-  else
-    onednn_detail::round_to_bf16_rows(b_out, b, b_rows, b_cols, ldb);
-  const uint16_t* b_bf16 = b16.data();
+  const uint16_t* b_bf16 = b.rounded;
+  if (!b_bf16) {
+    thread_local std::vector<uint16_t> b16;
+    b16.resize(static_cast<size_t>(k * n));
+    uint16_t* b_out = b16.data();
+    if (splits(m, n, k))
+      parallel_for(b_rows, std::max<int64_t>(1, 16384 / b_cols), [&](int64_t r0, int64_t r1) {
+        onednn_detail::round_to_bf16_rows(b_out + r0 * b_cols, b.data + r0 * b.ld, r1 - r0, b_cols, b.ld);
+      });
+    else
+      onednn_detail::round_to_bf16_rows(b_out, b.data, b_rows, b_cols, b.ld);
+    b_bf16 = b_out;
+  }
+  const int64_t a_stored_cols = trans_a ? m : k;  // A stored (m, k) or (k, m): the rounded copy's row length
   by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
     thread_local std::vector<uint16_t> a16;
     const int64_t rows = r1 - r0, a_cols = trans_a ? rows : k;  // op(A)'s rows stored (rows, k) or (k, rows)
-    a16.resize(static_cast<size_t>(rows * k));
-    onednn_detail::round_to_bf16_rows(a16.data(), rows_of(a, trans_a, lda, r0), trans_a ? k : rows, a_cols, lda);
-    onednn_detail::bf16_gemm(trans_a, trans_b, rows, n, k, alpha, a16.data(), a_cols, b_bf16, b_cols, beta,
-                             c + r0 * ldc, ldc);
+    const uint16_t* a_block;
+    if (a.rounded && (!trans_a || rows == m)) {
+      a_block = trans_a ? a.rounded : a.rounded + r0 * k;  // already packed: A's rows, or all of its columns
+    } else {
+      a16.resize(static_cast<size_t>(rows * k));
+      if (a.rounded)  // the block's columns of the rounded A, packed (a copy: no rounding again)
+        for (int64_t p = 0; p < k; ++p)
+          std::copy_n(a.rounded + p * a_stored_cols + r0, rows, a16.data() + p * rows);
+      else
+        onednn_detail::round_to_bf16_rows(a16.data(), rows_of(a.data, trans_a, a.ld, r0), trans_a ? k : rows, a_cols,
+                                          a.ld);
+      a_block = a16.data();
+    }
+    onednn_detail::bf16_gemm(trans_a, trans_b, rows, n, k, alpha, a_block, a_cols, b_bf16, b_cols, beta, c + r0 * ldc,
+                             ldc);
   });
 }
 
@@ -196,9 +259,7 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
   const blas_detail::Route via = blas_detail::route<T>(m, n, k);
   blas_detail::logged<T>(m, n, k, a.transposed, b.transposed, via, [&] {
     if constexpr (std::is_same_v<T, float>)
-      if (via == blas_detail::Route::onednn_bf16)
-        return blas_detail::bf16_product(a.transposed, b.transposed, m, n, k, alpha, a.data, a.ld, b.data, b.ld, beta,
-                                         c, ldc);
+      if (via == blas_detail::Route::onednn_bf16) return blas_detail::bf16_product(m, n, k, alpha, a, b, beta, c, ldc);
     blas_detail::product_by_row_blocks(via, m, n, k, alpha, a, b, beta, c, ldc);
   });
 }
