@@ -56,7 +56,8 @@ class Optimizer {
     std::vector<Tensor> tensors;
   };
   virtual std::vector<Buffer*> buffers() = 0;
-  // The update, reading each gradient element as grad·grad_scale and, where zero_grads, leaving 0 in its place.
+  // The update, reading each gradient element as grad·grad_scale and, where zero_grads, leaving 0 in its place:
+  // what an optimizer of one's own implements (step() and step_and_zero_grad() call it).
   virtual void update(float grad_scale, bool zero_grads) = 0;
   virtual std::string_view steps_key() const = 0;  // the metadata key of the step count
   std::vector<Tensor> zeros_like_parameters() const;
