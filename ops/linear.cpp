@@ -45,8 +45,8 @@ Var linear(Var x, Var w, Var b) {
     round_for_products(rounded.at(1), wv.data<float>(), out, in, in);
   }
   dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    gemm(n, out, in, T(1), with_rounding(as_is(xv.data<T>(), in), x16), with_rounding(transposed(wv.data<T>(), in), w16),
-         T(0), y.data<T>(), out);
+    gemm(n, out, in, T(1), with_rounding(as_is(xv.data<T>(), in), x16),
+         with_rounding(transposed(wv.data<T>(), in), w16), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
   Tape* tp = &tape;

@@ -11,7 +11,9 @@
 // t the tanh of gelu's argument) and not h, which the VJP and JVP rebuild from them (u·s, or ½u(1 + t)); and the
 // tape allocates no gradient for u and h: h, h̄ and ū (or ḣ) are two (N, H) arrays of the tape's scratch
 // (engine/scratch.hpp), reserved when the node is recorded and shared with every other node of the tape, not kept
-// per node (the forward takes h from it too; the second-order rule takes five). For the default GPT that is 4.7 MB less per block and step.
+// per node (the forward takes h from it too; the second-order rule takes five). For the default GPT that is 4.7 MB
+// less per block and step. Where the products run in bf16 the node does keep h, rounded (MlpRounded below): half
+// of h's bytes, for a backward that neither recomputes h nor rounds it again.
 // The forward adds b₁ to each row of u just before that row's gelu (gelu_forward_biased), one pass over u where
 // add_rows and the gelu took two.
 #include <algorithm>

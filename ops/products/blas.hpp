@@ -69,7 +69,9 @@ class Bf16Copies {
     storage_ = tape.empty(DType::f32, {floats}, "bf16 copies of the products' operands");
     base_ = storage_.data<float>();
   }
-  uint16_t* at(size_t i) const { return i < offsets_.size() ? reinterpret_cast<uint16_t*>(base_ + offsets_[i]) : nullptr; }
+  uint16_t* at(size_t i) const {
+    return i < offsets_.size() ? reinterpret_cast<uint16_t*>(base_ + offsets_[i]) : nullptr;
+  }
 
  private:
   Tensor storage_;  // the tape's memory, valid until it is cleared
@@ -305,8 +307,9 @@ void gemm(int64_t m, int64_t n, std::type_identity_t<T> alpha, MatrixOperand<T> 
   if constexpr (std::is_same_v<T, float>) {
     if (n <= b.columns() && blas_detail::route<T>(m, n, k) == blas_detail::Route::small) {
       blas_detail::check_core();
-      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, blas_detail::Route::small,
-                                    [&] { small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc); });
+      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, blas_detail::Route::small, [&] {
+        small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc);
+      });
     }
   }
   gemm<T>(m, n, k, alpha, a, b.source(), beta, c, ldc);

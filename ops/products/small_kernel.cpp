@@ -132,7 +132,8 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld) {
   const int64_t full_rows = rows / 16 * 16, full_cols = cols / 16 * 16;
   for (int64_t i0 = 0; i0 < full_rows; i0 += 16)
-    for (int64_t j0 = 0; j0 < full_cols; j0 += 16) transpose_16x16(in + i0 * in_ld + j0, in_ld, out + j0 * out_ld + i0, out_ld);
+    for (int64_t j0 = 0; j0 < full_cols; j0 += 16)
+      transpose_16x16(in + i0 * in_ld + j0, in_ld, out + j0 * out_ld + i0, out_ld);
   // The edges: rows past the last whole block of 16, and columns past it in the whole blocks' rows.
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
