@@ -1,7 +1,7 @@
 // The engine's float32 kernel for small products, on AVX-512 (ops/products/small_products.hpp says when it runs).
-// This file is compiled for AVX-512 (CMakeLists.txt) and called only on a CPU that has it; it includes no header
-// with inline functions of external linkage, so no code made for AVX-512 can stand in, at link time, for a copy
-// another file made for a CPU without it.
+// This file is compiled for AVX-512 (CMakeLists.txt) and called only on a CPU that has it; it uses no inline
+// function or template of external linkage (its own are in an anonymous namespace), so no code made for AVX-512
+// can stand in, at link time, for a copy another file made for a CPU without it.
 //
 // C (m, n) = α·op(A)·P + β·C, with op(A)[i, p] = a[i·a_row + p·a_col] (as is: (lda, 1), transposed: (1, lda)) and
 // P = op(B) packed (ops/products/small_products.cpp): (k, ·) rows of ld floats, zero from column n to the next
