@@ -4,9 +4,13 @@
 #include <cmath>
 #include <filesystem>
 
+#include "engine/parallel.hpp"
+#include "engine/rng.hpp"
 #include "models/gpt.hpp"
 #include "models/optim.hpp"
 #include "models/trainer.hpp"
+#include "ops/products/products.hpp"
+#include "ops/products/small_products.hpp"
 
 using namespace tapegrad;
 
@@ -197,4 +201,33 @@ TEST_CASE("sampling from a checkpoint continues the prompt with characters of th
   CHECK(text.size() == 6 + 40);
   CHECK(sample_from_checkpoint(dir + "/softmax/checkpoint.safetensors", sc) == text);  // seeded
   std::filesystem::remove_all(dir);
+}
+
+// One training step of the default model (4 layers, 4 heads of 32, T = 64, causal softmax attention, batch 3) packs
+// each shared operand once per use: Kᵀ once per (sequence, head, layer) in the forward and Vᵀ once in the backward,
+// 2·B·h·L packings, on one thread and on two. (Every other operand of the heads' products is read where it lies.)
+TEST_CASE("a training step packs each of attention's shared operands once per use, on one thread and on two") {
+  const int saved = num_threads();
+  GPTConfig cfg;
+  const int64_t batch = 3;
+  GPT model(cfg, 1);
+  const bool on_engine = product_backend(32, 64, 32) == ProductBackend::engine;
+  Rng rng(4);
+  Tensor idx = Tensor::empty(DType::i32, {batch, cfg.block_size});
+  Tensor targets = Tensor::empty(DType::i32, {batch, cfg.block_size});
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    idx.data<int32_t>()[i] = static_cast<int32_t>(rng.below(65));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(65));
+  }
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Tape tape;
+    const uint64_t before = small_kernel_packings();
+    Var loss = model.loss(tape, idx, targets);
+    tape.backward(loss);
+    const uint64_t expected = on_engine ? static_cast<uint64_t>(2 * batch * cfg.n_head * cfg.n_layer) : 0;
+    CHECK(small_kernel_packings() - before == expected);
+  }
+  set_num_threads(saved);
 }
