@@ -10,17 +10,14 @@
 #include "ops/common.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
+#include "ops/products/blas_info.hpp"
 #include "ops/sheet.hpp"
 
 namespace tapegrad {
 
 bool gelu_runs_avx512() {
 #if TAPEGRAD_GELU_HAS_AVX512
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }();
+  static const bool yes = cpu_features().avx512();
   return yes;
 #else
   return false;

@@ -26,6 +26,8 @@ struct CpuFeatures {
   bool avx = false, avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512bf16 = false;
   bool amx_bf16 = false;  // AMX tiles with bf16 products (and the OS saves the tile state)
+  // The AVX-512 the engine's own kernels and its rule for products count on: F, BW, DQ and VL.
+  bool avx512() const { return avx512f && avx512bw && avx512dq && avx512vl; }
 };
 CpuFeatures cpu_features();
 

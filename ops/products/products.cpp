@@ -37,8 +37,6 @@ namespace {
 constexpr int64_t kOneDnnMinMacs = int64_t{1} << 19;
 constexpr int64_t kOneDnnWidthMultiple = 16;
 
-bool runs_avx512(const CpuFeatures& cpu) { return cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl; }
-
 struct Choice {
   std::optional<ProductBackend> forced;  // TAPEGRAD_GEMM
   std::string forced_text;
@@ -59,7 +57,7 @@ Choice read_choice() {
     throw Error(fmt::format("TAPEGRAD_GEMM={}: expected openblas, onednn or auto", value));
   if (choice.forced) choice.forced_text = std::string(value);
   choice.cpu = cpu_features();
-  choice.onednn_for_large = onednn_built() && runs_avx512(choice.cpu);
+  choice.onednn_for_large = onednn_built() && choice.cpu.avx512();
   return choice;
 }
 
@@ -92,7 +90,7 @@ bool onednn_built() {
 std::string onednn_version() { return onednn_built() ? "oneDNN " + onednn_detail::version() : ""; }
 
 ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k) {
-  if (!runs_avx512(cpu)) return ProductBackend::openblas;
+  if (!cpu.avx512()) return ProductBackend::openblas;
   if (m * n * k < kOneDnnMinMacs) return ProductBackend::engine;
   if (with_onednn && n % kOneDnnWidthMultiple == 0) return ProductBackend::onednn;
   return ProductBackend::openblas;
@@ -164,7 +162,7 @@ std::string products_summary() {
     rule = fmt::format("the engine's AVX-512 kernel below 2^19 multiply-adds, {} above where the width is a multiple "
                        "of 16, OpenBLAS for the rest",
                        onednn_version());
-  else if (runs_avx512(c.cpu))
+  else if (c.cpu.avx512())
     rule = "the engine's AVX-512 kernel below 2^19 multiply-adds, OpenBLAS above (built without oneDNN)";
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";

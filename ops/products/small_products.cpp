@@ -13,10 +13,7 @@ std::atomic<uint64_t> packings{0};
 }  // namespace
 
 bool small_kernel_available() {
-  static const bool available = [] {
-    const CpuFeatures cpu = cpu_features();
-    return cpu.x86_64 && cpu.avx512f;
-  }();
+  static const bool available = cpu_features().avx512();
   return available;
 }
 

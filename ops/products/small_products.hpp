@@ -27,7 +27,7 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld);
 }  // namespace small_products_detail
 
-// True where the CPU runs the small kernel (AVX-512F).
+// True where the CPU runs the small kernel (AVX-512: CpuFeatures::avx512).
 bool small_kernel_available();
 
 // op(B) (k, n) as the kernel reads it: k rows of `ld` floats, columns n up to a multiple of 16 readable.
