@@ -281,14 +281,11 @@ class SharedOperand {
   const MatrixOperand<T>& source() const { return source_; }
   int64_t k() const { return k_; }
   int64_t columns() const { return columns_; }
-  // The packed copy, made on the first call (float32 only).
+  // The operand as the kernel reads it, made on the first call (float32 only).
   const PackedColumns& packed() {
     static_assert(std::is_same_v<T, float>, "only float32 products run on the small kernel");
-    if (!packed_.rows) {
-      const bool in_place = !source_.transposed && columns_ % 16 == 0;  // B's own rows, nothing to pad
-      packed_ = in_place ? PackedColumns{source_.data, source_.ld, k_, columns_}
-                         : pack_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
-    }
+    if (!packed_.rows)
+      packed_ = kernel_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
     return packed_;
   }
 

@@ -52,16 +52,16 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
 #endif
 }
 
+PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                             int64_t ldb) {
+  if (!trans_b && n % kWidth == 0) return {b, ldb, k, n};
+  return pack_columns(storage, trans_b, k, n, b, ldb);
+}
+
 void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  PackedColumns p;
-  if (!trans_b && n % kWidth == 0) {
-    p = {b, ldb, k, n};  // B's own rows: nothing to pad
-  } else {
-    thread_local std::vector<float> storage;
-    p = pack_columns(storage, trans_b, k, n, b, ldb);
-  }
-  small_product(trans_a, m, n, k, alpha, a, lda, p, beta, c, ldc);
+  thread_local std::vector<float> storage;
+  small_product(trans_a, m, n, k, alpha, a, lda, kernel_columns(storage, trans_b, k, n, b, ldb), beta, c, ldc);
 }
 
 }  // namespace tapegrad

@@ -41,6 +41,11 @@ struct PackedColumns {
 PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
                            int64_t ldb);
 
+// op(B) (k, n) as the kernel reads it: B's own rows where it is used as is and n is a multiple of 16 (nothing to
+// transpose or pad), else packed into `storage` (pack_columns).
+PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                             int64_t ldb);
+
 // C (m, n) = α·op(A)·P + β·C on the small kernel, n ≤ P.n and k = P.k (small_kernel_available() must hold).
 void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                    const PackedColumns& p, float beta, float* c, int64_t ldc);
