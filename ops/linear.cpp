@@ -8,6 +8,8 @@
 // multiply-adds), x and W are rounded once, here, and the node keeps the rounded copies for its backward (dW reads
 // x, dX reads W), which rounds ȳ once for both of its products: five roundings a step where the products would
 // make seven, the copies shared by every thread.
+#include <array>
+
 #include "ops/products/blas.hpp"
 #include "ops/sheet.hpp"
 #include "ops/common.hpp"
@@ -38,19 +40,20 @@ Var linear(Var x, Var w, Var b) {
   const bool bf16 = x.dtype() == DType::f32 && runs_in_bf16(n, out, in);
   const ScratchNeed g16_need = scratch_need(DType::f32, {(n * out + 1) / 2});  // ȳ rounded, in the backward
   if (bf16) reserve_scratch(tape, g16_need.bytes());
-  const Bf16Copies rounded = bf16 ? Bf16Copies(tape, {n * in, out * in}) : Bf16Copies{};
-  const uint16_t *x16 = rounded.at(0), *w16 = rounded.at(1);
+  std::array<uint16_t*, 2> rounded{};  // x and W rounded, kept for the backward; null in float32 and float64
   if (bf16) {
-    round_for_products(rounded.at(0), xv.data<float>(), n, in, in);
-    round_for_products(rounded.at(1), wv.data<float>(), out, in, in);
+    rounded = bf16_copies<2>(tape, {n * in, out * in});
+    round_for_products(rounded[0], xv.data<float>(), n, in, in);
+    round_for_products(rounded[1], wv.data<float>(), out, in, in);
   }
+  const uint16_t *x16 = rounded[0], *w16 = rounded[1];
   dispatch_float(op, x.dtype(), [&]<class T>(T) {
     gemm(n, out, in, T(1), with_rounding(as_is(xv.data<T>(), in), x16),
          with_rounding(transposed(wv.data<T>(), in), w16), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
   });
   Tape* tp = &tape;
-  auto vjp = [=, keep = rounded](const Tensor& g, std::span<Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(op, g.dtype(), [&]<class T>(T) {
       const T* pg = g.data<T>();
       uint16_t* g16 = nullptr;

@@ -17,6 +17,7 @@
 // The forward adds b₁ to each row of u just before that row's gelu (gelu_forward_biased), one pass over u where
 // add_rows and the gelu took two.
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -197,9 +198,10 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
       bf16 ? scratch_need(dtype, {d.n * d.h, d.n * d.h, (d.n * d.c_out + 1) / 2, (d.n * d.h + 1) / 2}) : two;
   const ScratchNeed five = scratch_need(dtype, {d.n * d.h, d.n * d.h, d.n * d.h, d.n * d.h, d.n * d.h});
   reserve_scratch(tape, vjp_need.bytes(), five.bytes());
-  const Bf16Copies kept = bf16 ? Bf16Copies(tape, {d.n * d.c, d.h * d.c, d.c_out * d.h, d.n * d.h}) : Bf16Copies{};
-  MlpRounded rounded{kept.at(0), kept.at(1), kept.at(2), kept.at(3)};
+  MlpRounded rounded;
   if (bf16) {
+    const std::array<uint16_t*, 4> kept = bf16_copies<4>(tape, {d.n * d.c, d.h * d.c, d.c_out * d.h, d.n * d.h});
+    rounded = {kept[0], kept[1], kept[2], kept[3]};
     round_for_products(rounded.x, xv.data<float>(), d.n, d.c, d.c);
     round_for_products(rounded.w1, w1v.data<float>(), d.h, d.c, d.c);
     round_for_products(rounded.w2, w2v.data<float>(), d.c_out, d.h, d.h);
@@ -217,7 +219,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
     if (which == 1) return has_b1 ? slots[i1] : Tensor{};
     return has_b2 ? slots[i2] : Tensor{};
   };
-  auto vjp = [=, keep = kept](const Tensor& g, std::span<Tensor> gin) {
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(kOp, dtype, [&]<class T>(T) {
       ScratchChunk scratch = tp->scratch().take_one(vjp_need);
       T *h = scratch.take<T>(d.n * d.h), *hbar = scratch.take<T>(d.n * d.h);

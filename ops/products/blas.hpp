@@ -15,9 +15,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -54,30 +54,21 @@ MatrixOperand<T> with_rounding(MatrixOperand<T> x, const uint16_t* rounded) {
   return x;
 }
 
-// Room on a tape for bf16 roundings of a node's operands (round_for_products), kept with the node until the tape is
-// cleared: one array of each of the counts given, each starting on a 64-byte boundary. A default one holds none
-// (at(i) is null).
-class Bf16Copies {
- public:
-  Bf16Copies() = default;
-  Bf16Copies(Tape& tape, std::initializer_list<int64_t> counts) {
-    int64_t floats = 0;  // in float32 elements of the tape's memory: two halves each, rounded up to 16
-    for (int64_t c : counts) {
-      offsets_.push_back(floats);
-      floats += ((c + 1) / 2 + 15) / 16 * 16;
-    }
-    storage_ = tape.empty(DType::f32, {floats}, "bf16 copies of the products' operands");
-    base_ = storage_.data<float>();
+// Room in the tape's memory (valid until the tape is cleared) for bf16 roundings of a node's operands
+// (round_for_products): one array of each of the counts given, each starting on a 64-byte boundary.
+template <size_t N>
+std::array<uint16_t*, N> bf16_copies(Tape& tape, const std::array<int64_t, N>& counts) {
+  std::array<int64_t, N> offsets{};  // in float32 elements of the tape's memory, two halves each, padded to 16
+  int64_t floats = 0;
+  for (size_t i = 0; i < N; ++i) {
+    offsets[i] = floats;
+    floats += ((counts[i] + 1) / 2 + 15) / 16 * 16;
   }
-  uint16_t* at(size_t i) const {
-    return i < offsets_.size() ? reinterpret_cast<uint16_t*>(base_ + offsets_[i]) : nullptr;
-  }
-
- private:
-  Tensor storage_;  // the tape's memory, valid until it is cleared
-  float* base_ = nullptr;
-  std::vector<int64_t> offsets_;
-};
+  float* base = tape.empty(DType::f32, {floats}, "bf16 copies of the products' operands").data<float>();
+  std::array<uint16_t*, N> arrays{};
+  for (size_t i = 0; i < N; ++i) arrays[i] = reinterpret_cast<uint16_t*>(base + offsets[i]);
+  return arrays;
+}
 
 // The stored matrix x (rows × cols, leading dimension ld) rounded to bf16 into out (rows × cols, packed), as a bf16
 // product would round it, on the pool's threads by ranges of rows: for an operand that several bf16 products read.
@@ -232,9 +223,6 @@ inline void check_core() {
   if (!core_checked.load(std::memory_order_relaxed)) warn_if_weak_blas_core();
 }
 
-}  // namespace blas_detail
-
-namespace blas_detail {
 // Runs product() and, where a product log is set (float32 products: the bench, the profile), records its time.
 template <class T, class F>
 void logged(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, Route via, F&& product) {
@@ -246,6 +234,7 @@ void logged(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, Route v
   log->record({m, n, k, trans_a, trans_b, split, via == Route::onednn_bf16,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
 }
+
 }  // namespace blas_detail
 
 // C (m, n) = α·op(A)·op(B) + β·C, op(A) of shape (m, k) and op(B) of shape (k, n); C row-major with leading
