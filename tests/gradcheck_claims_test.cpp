@@ -47,6 +47,26 @@ ExpressionError error_of(std::string_view text, const std::map<std::string, Shap
   return ExpressionError("", "", 0, "no error");
 }
 
+// A formula that must be refused, the 0-based column its error points at, and what the message says.
+struct ErrorCase {
+  const char* text;
+  size_t column;
+  const char* says;
+};
+
+// Each case's error says what it should at its column, with the caret under that column on the line after the
+// text.
+void check_errors(const std::vector<ErrorCase>& cases, const std::map<std::string, Shape>& shapes) {
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ExpressionError e = error_of(c.text, shapes);
+    CHECK(e.message.find(c.says) != std::string::npos);
+    CHECK(e.offset == c.column);
+    const std::string what = e.what();
+    CHECK(what.find(std::string("\n  ") + c.text + "\n  " + std::string(c.column, ' ') + "^") != std::string::npos);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their diagnosis, the right ones hold") {
@@ -419,33 +439,19 @@ TEST_CASE("shapes that do not broadcast, and keywords other than axis=, are erro
   CHECK(error_of("s - sum(s, axis=1)", shapes).message.find("axis -2 has 4 against 2") != std::string::npos);
   // The rank differs where a leading axis is missing: it counts as 1, and what does not fit is named.
   CHECK(error_of("s / x", shapes).message.find("`s` (2, 4, 5) / `x` (4, 6)") == 0);
-  struct Case {
-    const char* text;
-    size_t column;
-    const char* says;
-  };
-  const Case cases[] = {
-      {"sum(x, keepdim=0)", 7, "'keepdim=' is not an argument of sum here"},
-      {"norm(x, axis=1)", 8, "'axis=' is not an argument of norm here"},
-      {"sum(axis=0)", 4, "axis= is the second argument of sum: sum(e, axis=a)"},
-      {"mean(x, axis=y)", 13, "argument 2 of mean is an axis"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.text);
-    const ExpressionError e = error_of(c.text, shapes);
-    CHECK(e.message.find(c.says) != std::string::npos);
-    CHECK(e.offset == c.column);
-  }
+  check_errors(
+      {
+          {"sum(x, keepdim=0)", 7, "'keepdim=' is not an argument of sum here"},
+          {"norm(x, axis=1)", 8, "'axis=' is not an argument of norm here"},
+          {"sum(axis=0)", 4, "axis= is the second argument of sum: sum(e, axis=a)"},
+          {"mean(x, axis=y)", 13, "argument 2 of mean is an axis"},
+      },
+      shapes);
 }
 
 TEST_CASE("errors in a formula point at their column with a caret, before anything is evaluated") {
   const std::map<std::string, Shape> shapes = {{"x", Shape{4, 6}}, {"w", Shape{5, 6}}};
-  struct Case {
-    const char* text;
-    size_t column;  // 0-based
-    const char* says;
-  };
-  const Case cases[] = {
+  const std::vector<ErrorCase> cases = {
       {"y * (x - sum(x * z, -1))", 0, "unknown name 'y'"},
       {"x * (x - sum(x * z, -1))", 17, "unknown name 'z'"},
       {"softmax(x, 1)", 0, "softmax takes 1 argument, got 2"},
@@ -463,15 +469,7 @@ TEST_CASE("errors in a formula point at their column with a caret, before anythi
   const std::string deep = std::string(100000, '(') + "x" + std::string(100000, ')');
   CHECK(error_of(deep, shapes).message.find("nests deeper than 200 levels") != std::string::npos);
   CHECK(error_of(std::string(100000, '-') + "x", shapes).message.find("nests deeper") != std::string::npos);
-  for (const auto& c : cases) {
-    CAPTURE(c.text);
-    const ExpressionError e = error_of(c.text, shapes);
-    CHECK(e.message.find(c.says) != std::string::npos);
-    CHECK(e.offset == c.column);
-    // The caret sits under that column of the text, on the line after it.
-    const std::string what = e.what();
-    CHECK(what.find(std::string("\n  ") + c.text + "\n  " + std::string(c.column, ' ') + "^") != std::string::npos);
-  }
+  check_errors(cases, shapes);
 }
 
 TEST_CASE("claims check their shapes and names before anything runs") {
