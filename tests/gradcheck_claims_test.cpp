@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
