@@ -64,11 +64,7 @@ double OpArgs::number(std::string_view key) const {
 }
 double OpArgs::number(std::string_view key, double fallback) const { return has(key) ? number(key) : fallback; }
 
-int64_t OpArgs::integer(std::string_view key) const {
-  const Value& v = need(key);
-  if (const int64_t* i = std::get_if<int64_t>(&v)) return *i;
-  wrong(key, v, "an integer");
-}
+int64_t OpArgs::integer(std::string_view key) const { return need_a<int64_t>(key, "an integer"); }
 int64_t OpArgs::integer(std::string_view key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
 
 int OpArgs::axis(std::string_view key) const {
@@ -79,24 +75,14 @@ int OpArgs::axis(std::string_view key) const {
 }
 int OpArgs::axis(std::string_view key, int fallback) const { return has(key) ? axis(key) : fallback; }
 
-bool OpArgs::flag(std::string_view key) const {
-  const Value& v = need(key);
-  if (const bool* b = std::get_if<bool>(&v)) return *b;
-  wrong(key, v, "True or False");
-}
+bool OpArgs::flag(std::string_view key) const { return need_a<bool>(key, "True or False"); }
 bool OpArgs::flag(std::string_view key, bool fallback) const { return has(key) ? flag(key) : fallback; }
 
 std::vector<int64_t> OpArgs::integers(std::string_view key) const {
-  const Value& v = need(key);
-  if (const auto* l = std::get_if<std::vector<int64_t>>(&v)) return *l;
-  wrong(key, v, "a list of integers");
+  return need_a<std::vector<int64_t>>(key, "a list of integers");
 }
 
-std::string OpArgs::text(std::string_view key) const {
-  const Value& v = need(key);
-  if (const std::string* s = std::get_if<std::string>(&v)) return *s;
-  wrong(key, v, "a string");
-}
+std::string OpArgs::text(std::string_view key) const { return need_a<std::string>(key, "a string"); }
 std::string OpArgs::text(std::string_view key, std::string fallback) const {
   return has(key) ? text(key) : fallback;
 }

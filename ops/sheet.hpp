@@ -95,6 +95,13 @@ class OpArgs {
   const Value* find(std::string_view key) const;
   const Value& need(std::string_view key) const;
   [[noreturn]] void wrong(std::string_view key, const Value& v, std::string_view expected) const;
+  // The value `key` needs to be, a V (`expected` says what that is in the error otherwise).
+  template <class V>
+  const V& need_a(std::string_view key, std::string_view expected) const {
+    const Value& v = need(key);
+    if (const V* x = std::get_if<V>(&v)) return *x;
+    wrong(key, v, expected);
+  }
 
   std::string op_;
   std::map<std::string, Value, std::less<>> values_;
