@@ -137,6 +137,13 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x) const {
   // The post writes the efficient score as Q W_i^Q W_i^K K; it is Q W_i^Q (W_i^K)ᵀ Kᵀ before the slice K_i replaces
   // K W_i^K. The derivatives are those of the primitive nodes below and of attention().
   Var a = c_attn_(tape, x);
+  AttentionOptions ao;
+  ao.causal = true;
+  using AN = AttentionKind::Node;
+  // Standard attention on c_attn's q | k | v: one node that splits and merges the heads itself (ops/attention/
+  // softmax.cpp attention_qkv), the same numbers as split_heads ×3, attention, merge_heads below.
+  if (kind_->node == AN::softmax && kind_->keys_values == KV::projected)
+    return c_proj_(tape, attention_qkv(a, H, ao));
   Var q = heads(a, 0), k, v;
   switch (kind_->keys_values) {
     case KV::projected:
@@ -161,9 +168,6 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x) const {
       break;
     }
   }
-  AttentionOptions ao;
-  ao.causal = true;
-  using AN = AttentionKind::Node;
   Var y = kind_->node == AN::tiled  ? tiled_attention(q, k, v, ao)
           : kind_->node == AN::beta   ? beta_attention(q, k, v, ao)
           : kind_->node == AN::linear ? linear_attention(q, k, v, true)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checker/gradcheck.hpp"
+#include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
@@ -325,4 +326,43 @@ TEST_CASE("attention errors name the op and the shapes") {
   // Every allowed bias layout is accepted.
   for (Shape b : {Shape{2, 3, 4, 6}, Shape{3, 4, 6}, Shape{4, 6}, Shape{2, 1, 4, 6}, Shape{2, 1, 1, 6}})
     CHECK(error_of([&] { attention(q, k, v, {}, leaf(b)); }) == kNoError);
+}
+
+// attention_qkv against the five nodes it stands for, in float32 at the default GPT's shape (B = 12, T = 64, C = 128,
+// 4 heads), causal, on one thread and on two: the same numbers bit for bit (±0 aside: == treats them alike), the
+// value, the gradient, the tangent and the Hessian-vector product.
+TEST_CASE("attention_qkv equals split_heads ×3, attention, merge_heads bit for bit in float32") {
+  const int saved = num_threads();
+  const int64_t B = 12, T = 64, C = 128, H = 4;
+  AttentionOptions causal;
+  causal.causal = true;
+  const Function packed = [&](Tape&, std::span<const Var> x) { return attention_qkv(x[0], H, causal); };
+  const Function nodes = [&](Tape&, std::span<const Var> x) {
+    return merge_heads(
+        attention(split_heads(x[0], H, 0, C), split_heads(x[0], H, C, C), split_heads(x[0], H, 2 * C, C), causal));
+  };
+  const std::vector<Tensor> x{Tensor::randn(DType::f32, {B, T, 3 * C}, 7)};
+  const Tensor g = Tensor::randn(DType::f32, {B, T, C}, 8);
+  const std::vector<Tensor> t{Tensor::randn(DType::f32, {B, T, 3 * C}, 9)};
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    CHECK(evaluate(packed, x).to_vector() == evaluate(nodes, x).to_vector());
+    CHECK(vjp(packed, x, g)[0].to_vector() == vjp(nodes, x, g)[0].to_vector());
+    CHECK(jvp(packed, x, t).second.to_vector() == jvp(nodes, x, t).second.to_vector());
+    CHECK(hvp(packed, x, g, t)[0].to_vector() == hvp(nodes, x, g, t)[0].to_vector());
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE("attention_qkv refuses what is not a packed q | k | v, naming the shapes") {
+  Tape tape;
+  const Var bad_axis = tape.leaf(Tensor::zeros(DType::f64, {2, 4, 10}));
+  CHECK_THROWS_WITH_AS(attention_qkv(bad_axis, 2), doctest::Contains("its last axis 10 is not 3C"), Error);
+  const Var x = tape.leaf(Tensor::zeros(DType::f64, {2, 4, 12}));
+  CHECK_THROWS_WITH_AS(attention_qkv(x, 3), doctest::Contains("do not split into 3 heads"), Error);
+  const Var rank2 = tape.leaf(Tensor::zeros(DType::f64, {4, 12}));
+  CHECK_THROWS_WITH_AS(attention_qkv(rank2, 2), doctest::Contains("qkv must be (B, T, 3C), got shape"), Error);
+  CHECK_THROWS_WITH_AS(attention_qkv(x, 2, AttentionOptions{std::nan(""), false}),
+                       doctest::Contains("scale must be a finite number"), Error);
 }

@@ -363,8 +363,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
   CHECK(ops_in["transformer.wpe"] == std::vector<std::string>{"embedding"});
   CHECK(ops_in["transformer.h.0.ln_1"] == std::vector<std::string>{"layer_norm"});
   CHECK(ops_in["transformer.h.0.attn"] ==
-        std::vector<std::string>{"linear", "split_heads", "split_heads", "split_heads", "attention", "merge_heads",
-                                 "linear"});
+        std::vector<std::string>{"linear", "attention_qkv", "linear"});
   CHECK(ops_in["transformer.h.0.mlp"] == std::vector<std::string>{"mlp"});
   CHECK(ops_in["transformer.h.0"] == std::vector<std::string>{"add", "add"});
   CHECK(ops_in["transformer.ln_f"] == std::vector<std::string>{"layer_norm"});
@@ -390,9 +389,9 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
     shown += bytes_in(node.tooltip);
     if (testing::contains(node.label, "<b>transformer.h.0.attn</b>")) {
       attn = true;
-      CHECK(testing::contains(node.label, "split_heads ×3"));
-      CHECK(testing::contains(node.tooltip, "attention VJP: " + builtin_registry().find("attention")->vjp));
-      CHECK(testing::contains(node.tooltip, "attention JVP: " + builtin_registry().find("attention")->jvp));
+      CHECK(testing::contains(node.label, "linear ×2"));
+      CHECK(testing::contains(node.tooltip, "attention_qkv VJP: " + builtin_registry().find("attention_qkv")->vjp));
+      CHECK(testing::contains(node.tooltip, "attention_qkv JVP: " + builtin_registry().find("attention_qkv")->jvp));
     }
   }
   CHECK(attn);

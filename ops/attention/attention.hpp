@@ -18,6 +18,11 @@ struct AttentionOptions {
 // gradient is summed over exactly the broadcast axes.
 Var attention(Var q, Var k, Var v, const AttentionOptions& opt = {}, Var bias = {});
 
+// softmax.cpp — attention() on a transformer block's packed projection: qkv (B, T, 3C) holds Q | K | V side by side,
+// C = h·d columns each, head i's columns at i·d within each; O (B, T, C) holds head i's output at columns i·d. The
+// head split and merge happen inside the node (merge_heads ∘ attention ∘ split_heads, the same numbers).
+Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt = {});
+
 // beta.cpp — O = β(s·QKᵀ ⊙ M)·V with β(x) = x/(1+‖x‖) row-wise (the β-attention post); masked scores
 // are 0.
 Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt = {});

@@ -237,6 +237,191 @@ Var attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias) {
   return tape.record(op, {q, k, v}, o, vjp, jvp, second);
 }
 
+// attention_qkv: the same map on the attention block's packed projection, the head split and merge inside the node.
+// qkv (B, T, 3C) holds Q | K | V side by side, C = h·d columns each, head i's d columns at i·d within each; the
+// output (B, T, C) holds head i's d columns at i·d:
+//   O[b, t, i·d + e] = attention(Q_bi, K_bi, V_bi)[t, e]     Q_bi[t, e] = qkv[b, t, i·d + e], K_bi from column
+//                                                            C + i·d, V_bi from 2C + i·d
+// that is merge_heads(attention(split_heads(qkv, h, 0, C), split_heads(qkv, h, C, C), split_heads(qkv, h, 2C, C))),
+// so its VJP, JVP and second-order rule are attention()'s with the moves of ops/heads.cpp around them. A slice's
+// rows are copied out of qkv (and out of O, G and the tangents where a rule reads them), attention_forward,
+// attention_vjp, attention_jvp and attention_second_order run on the copies unchanged, and what they give is
+// written (added) back in place: the same operations on the same numbers as those five nodes, without the four
+// (B, h, T, d) tensors and their gradient buffers that the split and merge put on the tape. The copies are one
+// slice at a time per range of the loop, in the tape's scratch, so they stay in cache.
+namespace {
+
+// Head `head` of batch row b in a packed (B, T, W) tensor: T rows of d elements, W apart, from column head·d.
+struct PackedHeads {
+  int64_t T, W, d;
+  int64_t at(int64_t b, int64_t head) const { return b * T * W + head * d; }
+};
+template <class T>
+void copy_slice_out(T* slice, const T* packed, int64_t rows, int64_t d, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(packed + r * ld, d, slice + r * d);
+}
+template <class T>
+void copy_slice_in(T* packed, int64_t ld, const T* slice, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(slice + r * d, d, packed + r * ld);
+}
+template <class T>
+void add_slice_in(T* packed, int64_t ld, const T* slice, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t e = 0; e < d; ++e) packed[r * ld + e] += slice[r * d + e];
+}
+
+// The dims of attention_qkv's slices: T queries and as many keys, d = dv = C/h.
+AttentionDims packed_attention_dims(const char* op, const Var& qkv, int64_t heads, const AttentionOptions& opt) {
+  expect_float(op, qkv);
+  if (qkv.rank() != 3) fail("{}: qkv must be (B, T, 3C), got shape {}", op, qkv.shape());
+  const Shape& s = qkv.shape();
+  if (s[2] % 3 != 0 || s[2] == 0)
+    fail("{}: qkv {} must hold Q, K and V side by side, C columns each; its last axis {} is not 3C", op, s, s[2]);
+  const int64_t C = s[2] / 3;
+  if (heads < 1 || C % heads != 0)
+    fail("{}: the C = {} columns of each of Q, K, V (qkv {}) do not split into {} heads of equal width", op, C, s,
+         heads);
+  if (s[1] < 1) fail("{}: qkv {} has no tokens (T = 0)", op, s);
+  if (!std::isfinite(opt.scale)) fail("{}: scale must be a finite number (0: 1/√d), got {}", op, opt.scale);
+  AttentionDims dims;
+  dims.B = s[0];
+  dims.H = heads;
+  dims.T = dims.Tk = s[1];
+  dims.d = dims.dv = C / heads;
+  dims.scale = opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
+  dims.causal = opt.causal;
+  return dims;
+}
+
+// A range's copies of one slice: Q, K, V, O, G; Q̄, K̄, V̄ (gradients or second-order terms, adjacent); Q̇, K̇, V̇; each
+// (T, d). `rest`, the kernels' own scratch, follows them.
+template <class T>
+struct SliceCopies {
+  static constexpr int64_t kArrays = 11;
+  T *q, *k, *v, *o, *g, *gq, *gk, *gv, *tq, *tk, *tv, *rest;
+  SliceCopies(T* base, int64_t n)
+      : q(base), k(base + n), v(base + 2 * n), o(base + 3 * n), g(base + 4 * n), gq(base + 5 * n), gk(base + 6 * n),
+        gv(base + 7 * n), tq(base + 8 * n), tk(base + 9 * n), tv(base + 10 * n), rest(base + 11 * n) {}
+};
+
+// body(copies, b, head, bh) for every slice bh = b·H + head, on the engine's threads, each range with its copies
+// from the tape's scratch (`need`: SliceCopies and the kernels' scratch, per range).
+template <class T, class Body>
+void each_packed_slice(Tape& tape, const AttentionDims& dims, const ScratchNeed& need, int64_t per_range,
+                       Body&& body) {
+  const ScratchChunks scratch = tape.scratch().take(need)[0];
+  parallel_for(dims.heads(), dims.slice_grain(), [&](int64_t begin, int64_t end, int64_t chunk) {
+    SliceCopies<T> c(scratch.chunk(chunk).take<T>(per_range), dims.T * dims.d);
+    for (int64_t bh = begin; bh < end; ++bh) body(c, bh / dims.H, bh % dims.H, bh);
+  });
+}
+
+}  // namespace
+
+Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
+  const char* op = "attention_qkv";
+  Tape& tape = tape_of(op, {qkv});
+  const AttentionDims dims = packed_attention_dims(op, qkv, heads, opt);
+  const int64_t T_ = dims.T, d = dims.d, C = dims.H * d, n = T_ * d;
+  const PackedHeads in{T_, 3 * C, d}, out{T_, C, d};
+  const DType dtype = qkv.dtype();
+  const Tensor xv = qkv.value();
+  Tensor a = tape.empty(dtype, {dims.B, dims.H, T_, T_}, "A = softmax(S)");
+  Tensor o = tape.empty(dtype, {dims.B, T_, C});
+  // Per range: the slice's copies, then a (block, Tk) matrix for the VJP's dS or the JVP's Ż, or the second-order
+  // rule's six (T, Tk) matrices.
+  const int64_t copies = SliceCopies<float>::kArrays * n, block = max_query_block_rows(dims) * T_,
+                second = second_order_slice_elements(dims);
+  auto need = [=](int64_t per_range) {
+    return scratch_need(dtype, {per_range}, parallel_chunks(dims.heads(), dims.slice_grain()));
+  };
+  reserve_scratch(tape, need(copies + block).bytes(), need(copies + second).bytes());
+  const BiasLayout no_bias{};
+  // Q, K, V of slice (b, head) copied out of qkv.
+  auto read_qkv = [=]<class T>(SliceCopies<T>& c, const T* x, int64_t b, int64_t head) {
+    const T* xs = x + in.at(b, head);
+    copy_slice_out(c.q, xs, T_, d, in.W);
+    copy_slice_out(c.k, xs + C, T_, d, in.W);
+    copy_slice_out(c.v, xs + 2 * C, T_, d, in.W);
+  };
+  // Q̄, K̄, V̄ (or their second-order terms) of slice (b, head) added into a qkv-shaped gradient.
+  auto add_into_qkv = [=]<class T>(T* dx, const SliceCopies<T>& c, int64_t b, int64_t head) {
+    T* ds = dx + in.at(b, head);
+    add_slice_in(ds, in.W, c.gq, T_, d);
+    add_slice_in(ds + C, in.W, c.gk, T_, d);
+    add_slice_in(ds + 2 * C, in.W, c.gv, T_, d);
+  };
+  dispatch_float(op, dtype, [&]<class T>(T) {
+    const T* x = xv.data<T>();
+    T *pa = a.data<T>(), *po = o.data<T>();
+    each_packed_slice<T>(tape, dims, need(copies), copies, [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
+      read_qkv(c, x, b, head);
+      attention_forward<T>(dims, {c.q, c.k, c.v, nullptr, b, head}, no_bias, pa + bh * T_ * T_, c.o);
+      copy_slice_in(po + out.at(b, head), out.W, c.o, T_, d);
+    });
+  });
+  Tape* tp = &tape;
+  auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
+    if (!gin[0].defined()) return;
+    dispatch_float(op, dtype, [&]<class T>(T) {
+      const T *x = xv.data<T>(), *pa = a.data<T>(), *po = o.data<T>(), *pg = g.data<T>();
+      T* dx = gin[0].data<T>();
+      each_packed_slice<T>(*tp, dims, need(copies + block), copies + block,
+                           [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
+                             read_qkv(c, x, b, head);
+                             copy_slice_out(c.o, po + out.at(b, head), T_, d, out.W);
+                             copy_slice_out(c.g, pg + out.at(b, head), T_, d, out.W);
+                             std::fill(c.gq, c.gq + 3 * n, T(0));
+                             attention_vjp<T>(dims, {c.q, c.k, c.v, nullptr, b, head}, pa + bh * T_ * T_, c.o, c.g,
+                                              no_bias, c.gq, c.gk, c.gv, nullptr, c.rest);
+                             add_into_qkv(dx, c, b, head);
+                           });
+    });
+  };
+  auto jvp = [=](std::span<const Tensor> tin, Tensor& tout) {
+    if (!tin[0].defined()) return;
+    dispatch_float(op, dtype, [&]<class T>(T) {
+      const T *x = xv.data<T>(), *pa = a.data<T>(), *po = o.data<T>(), *tx = tin[0].data<T>();
+      T* pt = tout.data<T>();
+      each_packed_slice<T>(*tp, dims, need(copies + block), copies + block,
+                           [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
+                             read_qkv(c, x, b, head);
+                             const T* ts = tx + in.at(b, head);
+                             copy_slice_out(c.tq, ts, T_, d, in.W);
+                             copy_slice_out(c.tk, ts + C, T_, d, in.W);
+                             copy_slice_out(c.tv, ts + 2 * C, T_, d, in.W);
+                             copy_slice_out(c.o, po + out.at(b, head), T_, d, out.W);
+                             std::fill(c.g, c.g + n, T(0));  // Ȯ of the slice
+                             attention_jvp<T>(dims, {c.q, c.k, c.v, nullptr, b, head}, pa + bh * T_ * T_, c.o, c.tq,
+                                              c.tk, c.tv, nullptr, no_bias, c.g, c.rest);
+                             add_slice_in(pt + out.at(b, head), out.W, c.g, T_, d);
+                           });
+    });
+  };
+  auto second_order = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
+    if (!tin[0].defined() || !gin_dot[0].defined()) return;
+    dispatch_float(op, dtype, [&]<class T>(T) {
+      const T *x = xv.data<T>(), *pa = a.data<T>(), *pg = g.data<T>(), *tx = tin[0].data<T>();
+      T* dx_dot = gin_dot[0].data<T>();
+      each_packed_slice<T>(*tp, dims, need(copies + second), copies + second,
+                           [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
+                             read_qkv(c, x, b, head);
+                             const T* ts = tx + in.at(b, head);
+                             copy_slice_out(c.tq, ts, T_, d, in.W);
+                             copy_slice_out(c.tk, ts + C, T_, d, in.W);
+                             copy_slice_out(c.tv, ts + 2 * C, T_, d, in.W);
+                             copy_slice_out(c.g, pg + out.at(b, head), T_, d, out.W);
+                             std::fill(c.gq, c.gq + 3 * n, T(0));
+                             attention_second_order<T>(dims, c.q, c.k, c.v, b, head, pa + bh * T_ * T_, c.g, c.tq,
+                                                       c.tk, c.tv, nullptr, no_bias, c.gq, c.gk, c.gv, nullptr,
+                                                       c.rest);
+                             add_into_qkv(dx_dot, c, b, head);
+                           });
+    });
+  };
+  return tape.record(op, {qkv}, o, vjp, jvp, second_order);
+}
+
 // attention's worked example (`tapegrad explain attention --trace`, docs/learn.md §3): a batch of 2, one head,
 // T = 3, d = 2, and a (T, T) bias shared by the batch; the forward and the VJP (attention_vjp's steps) written again
 // with primitive ops, down to the bias's gradient, dS summed over the batch.
@@ -323,6 +508,46 @@ std::vector<OpInfo> attention_ops() {
            return matmul(softmax(s), x[2]);
          },
          .trace = attention_trace()});
+  auto packed = [](int64_t heads, AttentionOptions opt) {
+    return [heads, opt](Tape&, std::span<const Var> x) { return attention_qkv(x[0], heads, opt); };
+  };
+  r.add({.name = "attention_qkv",
+         .family = "attention/softmax",
+         .forward = "O = attention(Q, K, V) per head, merged to (B, T, C); Q | K | V = qkv (B, T, 3C), h heads of d each",
+         .vjp = "attention's VJP per head; dQ, dK, dV added into the columns of q̄kv their heads came from",
+         .jvp = "attention's JVP per head on the heads of q̇kv; Ȯ merged as O",
+         .second_order = attention_second_order_rule,
+         .derivation = "2.1, 1.1",
+         .second_order_derivation = "6.9",
+         .formulas_at = {{"forward", "ops/attention/softmax.cpp", "attention_forward"},
+                         {"VJP", "ops/attention/softmax.cpp", "attention_vjp"},
+                         {"JVP", "ops/attention/softmax.cpp", "attention_jvp"},
+                         {"the heads' copies", "ops/attention/softmax.cpp", "attention_qkv"},
+                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         // attention's cost on its heads: B·h slices of T queries and keys, d = C/h wide, so 2·B·T²·(C + C)
+         // whatever h is
+         .cost = [](std::span<const Shape> in, const Shape&) {
+           const Shape& x = in[0];
+           const double B = static_cast<double>(x[0]), T = static_cast<double>(x[1]), C = static_cast<double>(x[2] / 3);
+           const double forward = 2 * B * T * T * (C + C);
+           return OpCost{forward, 2 * forward, 2 * forward};
+         },
+         // Its gradcheck cases, each checked to first and second order by the suite:
+         .cases = {{"B=2 T=4 C=6, 2 heads", {{"qkv", {2, 4, 18}}}, packed(2, plain)},
+                   {"causal B=1 T=7 C=10, 2 heads", {{"qkv", {1, 7, 30}}}, packed(2, causal)},
+                   // three query blocks, each one's products cut at its last key; two slices per thread
+                   {"causal T=70 C=8, 4 heads, s=0.7", {{"qkv", {1, 70, 24}}}, packed(4, AttentionOptions{0.7, true})}},
+         .inputs = 1,
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           return attention_qkv(x[0], a.integer("heads"), attention_options(a));
+         },
+         // The heads split out of qkv, S = s·QKᵀ, A = softmax(S), O = AV, the heads merged (the first case: 2 heads).
+         .unfused = [](Tape&, std::span<const Var> x) {
+           const int64_t C = x[0].shape()[2] / 3;
+           const Var q = split_heads(x[0], 2, 0, C), k = split_heads(x[0], 2, C, C), v = split_heads(x[0], 2, 2 * C, C);
+           const Var s = scale(matmul(q, transpose(k)), 1 / std::sqrt(static_cast<double>(C / 2)));
+           return merge_heads(matmul(softmax(s), v));
+         }});
   return r.ops;
 }
 
