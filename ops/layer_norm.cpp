@@ -82,51 +82,45 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
   });
 }
 
-// x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ)) with ĝ = w ⊙ ȳ.     dx, x, dy: (rows, C); mean, rstd: (rows); w: (C)
-template <class T>
-void layer_norm_vjp_x(T* dx, const T* x, const T* mean, const T* rstd, const T* w, const T* dy, int64_t rows,
-                      int64_t C) {
-  const T inv_c = T(1) / static_cast<T>(C);
-  parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T* xi = x + i * C;
-      const T* gi = dy + i * C;
-      T* di = dx + i * C;
-      const T mu = mean[i], rho = rstd[i];
-      T g_mean, hg_mean;
-      affine_row_sums(w, gi, xi, mu, rho, C, g_mean, hg_mean);
-      g_mean *= inv_c;
-      hg_mean *= inv_c;
-      for (int64_t j = 0; j < C; ++j) di[j] += rho * (w[j] * gi[j] - g_mean - ((xi[j] - mu) * rho) * hg_mean);
-    }
-  });
-}
-
-// The scratch of layer_norm_vjp_affine: one (2, C) partial per range of rows.
+// The scratch of layer_norm_vjp: one (2, C) partial of w̄ and b̄ per range of rows.
 ScratchNeed affine_partials_need(DType dtype, int64_t rows, int64_t C) {
   return scratch_need(dtype, {2 * C}, parallel_chunks(rows, row_grain(C)));
 }
 
-// w̄ += Σ_rows ȳ ⊙ x̂,  b̄ += Σ_rows ȳ; either may be null. Each range of rows sums into its own zeroed (2, C) partial,
-// its chunk of `partials` (affine_partials_need), added into w̄ and b̄ in range order.
-//                                                                            x, dy: (rows, C); mean, rstd: (rows)
+// The VJP, row by row in one pass over x and ȳ (each row's x̂ and ĝ = w ⊙ ȳ serve all three):
+//   x̄ += ρ·(ĝ − mean(ĝ) − x̂·mean(x̂ ⊙ ĝ)),   w̄ += Σ_rows ȳ ⊙ x̂,   b̄ += Σ_rows ȳ
+// Any of dx, dw, db may be null. Each range of rows sums w̄ and b̄ into its own zeroed (2, C) partial, its chunk of
+// `partials` (affine_partials_need), added into w̄ and b̄ in range order afterwards.
+//                                                   dx, x, dy: (rows, C); mean, rstd: (rows); w, dw, db: (C)
 template <class T>
-void layer_norm_vjp_affine(T* dw, T* db, const T* x, const T* mean, const T* rstd, const T* dy, int64_t rows,
-                           int64_t C, const ScratchChunks& partials) {
+void layer_norm_vjp(T* dx, T* dw, T* db, const T* x, const T* mean, const T* rstd, const T* w, const T* dy,
+                    int64_t rows, int64_t C, const ScratchChunks& partials) {
+  const T inv_c = T(1) / static_cast<T>(C);
+  const bool affine = dw || db;
   const int64_t grain = row_grain(C), chunks = parallel_chunks(rows, grain);
   parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
-    T* pw = partials.chunk(chunk).zeroed<T>(2 * C);
-    T* pb = pw + C;
+    T* pw = affine ? partials.chunk(chunk).zeroed<T>(2 * C) : nullptr;
+    T* pb = affine ? pw + C : nullptr;
     for (int64_t i = begin; i < end; ++i) {
       const T* xi = x + i * C;
       const T* gi = dy + i * C;
       const T mu = mean[i], rho = rstd[i];
-      for (int64_t j = 0; j < C; ++j) {
-        pw[j] += gi[j] * ((xi[j] - mu) * rho);
-        pb[j] += gi[j];
+      if (dx) {
+        T* di = dx + i * C;
+        T g_mean, hg_mean;
+        affine_row_sums(w, gi, xi, mu, rho, C, g_mean, hg_mean);
+        g_mean *= inv_c;
+        hg_mean *= inv_c;
+        for (int64_t j = 0; j < C; ++j) di[j] += rho * (w[j] * gi[j] - g_mean - ((xi[j] - mu) * rho) * hg_mean);
       }
+      if (affine)
+        for (int64_t j = 0; j < C; ++j) {
+          pw[j] += gi[j] * ((xi[j] - mu) * rho);
+          pb[j] += gi[j];
+        }
     }
   });
+  if (!affine) return;
   for (int64_t c = 0; c < chunks; ++c) {
     const T* pw = partials.chunk(c).take<T>(2 * C);
     const T* pb = pw + C;
@@ -261,14 +255,9 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
       kOp, {x, weight, bias}, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
-          if (gin[0].defined())
-            layer_norm_vjp_x(gin[0].data<T>(), xv.data<T>(), mean.data<T>(), rstd.data<T>(), wv.data<T>(),
-                             g.data<T>(), rows, C);
-          if (gin[1].defined() || gin[2].defined()) {
-            const ScratchChunks partials = tp->scratch().take(affine_partials_need(g.dtype(), rows, C))[0];
-            layer_norm_vjp_affine(data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xv.data<T>(), mean.data<T>(),
-                                  rstd.data<T>(), g.data<T>(), rows, C, partials);
-          }
+          const ScratchChunks partials = tp->scratch().take(affine_partials_need(g.dtype(), rows, C))[0];
+          layer_norm_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(gin[2]), xv.data<T>(),
+                         mean.data<T>(), rstd.data<T>(), wv.data<T>(), g.data<T>(), rows, C, partials);
         });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
@@ -323,8 +312,7 @@ std::vector<OpInfo> layer_norm_ops() {
                          "ẋ̄ += ρ̇(ĝ − mean ĝ − x̂m) + ρ(ĝ̇ − mean ĝ̇ − x̂̇m − x̂ṁ), ẇ̄ += Σ ȳ⊙x̂̇ (b̄ does not move)",
          .second_order_derivation = "6.7",
          .formulas_at = {{"forward", "ops/layer_norm.cpp", "layer_norm_forward"},
-                         {"VJP of x", "ops/layer_norm.cpp", "layer_norm_vjp_x"},
-                         {"VJP of w and b", "ops/layer_norm.cpp", "layer_norm_vjp_affine"},
+                         {"VJP", "ops/layer_norm.cpp", "layer_norm_vjp"},
                          {"JVP", "ops/layer_norm.cpp", "layer_norm_jvp"},
                          {"second order", "ops/layer_norm.cpp", "layer_norm_second_order_rows"}},
          // Its gradcheck cases, each checked to first and second order by the suite:
