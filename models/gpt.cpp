@@ -101,6 +101,9 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
   }
   Var x = tok + pos;  // (B,T,C)
   x = dropout(tape, x, dropout_seed);
+  // Without dropout between a branch and its residual add, the add happens in the branch's last node (c_proj's
+  // linear, the mlp): x + branch(x) with the same numbers, one node and one (B, T, C) tensor fewer per add.
+  const bool dropout_off = cfg_.dropout <= 0 || dropout_seed == 0;
   for (size_t l = 0; l < h_.size(); ++l) {
     const GPTBlock& blk = h_[l];
     TapeScope block(tape, fmt::format("transformer.h.{}", l));
@@ -111,18 +114,21 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
     }
     {
       TapeScope scope(tape, "attn");
-      a = dropout(tape, blk.attn(tape, a), dropout_seed);
+      if (dropout_off) x = blk.attn(tape, a, x);  // x + attn(ln_1(x))
+      else a = dropout(tape, blk.attn(tape, a), dropout_seed);
     }
-    x = x + a;
+    if (!dropout_off) x = x + a;
     {
       TapeScope scope(tape, "ln_2");
       a = blk.ln_2(tape, x);
     }
     {
       TapeScope scope(tape, "mlp");
-      a = dropout(tape, blk.mlp(tape, a), dropout_seed);  // c_proj(gelu(c_fc(ln_2(x)))) as one node
+      // c_proj(gelu(c_fc(ln_2(x)))) as one node, x added in it without dropout
+      if (dropout_off) x = blk.mlp(tape, a, x);
+      else a = dropout(tape, blk.mlp(tape, a), dropout_seed);
     }
-    x = x + a;
+    if (!dropout_off) x = x + a;
   }
   {
     TapeScope scope(tape, "transformer.ln_f");

@@ -30,10 +30,10 @@ Linear::Linear(std::string name, int64_t in, int64_t out, uint64_t seed, LinearO
                   false);
 }
 
-Var Linear::operator()(Tape& tape, Var x) const {
+Var Linear::operator()(Tape& tape, Var x, Var residual) const {
   if (x.dtype() != DType::f32 || x.rank() < 1 || x.shape()[x.rank() - 1] != in_) bad_input(x.shape(), last_axis(in_));
   const Parameter* b = bias();
-  return linear(x, weight().on(tape), b ? b->on(tape) : Var{});
+  return linear(x, weight().on(tape), b ? b->on(tape) : Var{}, residual);
 }
 
 Embedding::Embedding(std::string name, int64_t num, int64_t dim, uint64_t seed, double std)
@@ -97,11 +97,11 @@ FeedForward::FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, 
   adopt(c_proj_);
 }
 
-Var FeedForward::operator()(Tape& tape, Var x) const {
+Var FeedForward::operator()(Tape& tape, Var x, Var residual) const {
   const int64_t C = c_fc_.in_features();
   if (x.dtype() != DType::f32 || x.rank() < 2 || x.shape()[x.rank() - 1] != C) bad_input(x.shape(), last_axis(C));
   auto bias = [&](const Linear& l) { return l.bias() ? l.bias()->on(tape) : Var{}; };
-  return mlp(x, c_fc_.weight().on(tape), bias(c_fc_), c_proj_.weight().on(tape), bias(c_proj_), gelu_);
+  return mlp(x, c_fc_.weight().on(tape), bias(c_fc_), c_proj_.weight().on(tape), bias(c_proj_), gelu_, residual);
 }
 
 CausalSelfAttention::CausalSelfAttention(std::string name, const AttentionConfig& cfg, uint64_t seed, double std,
@@ -121,7 +121,7 @@ CausalSelfAttention::CausalSelfAttention(std::string name, const AttentionConfig
   adopt(c_proj_);
 }
 
-Var CausalSelfAttention::operator()(Tape& tape, Var x) const {
+Var CausalSelfAttention::operator()(Tape& tape, Var x, Var residual) const {
   const int64_t C = cfg_.n_embd, H = cfg_.n_head;
   if (x.dtype() != DType::f32 || x.rank() != 3 || x.shape()[2] != C || x.shape()[1] > cfg_.block_size)
     bad_input(x.shape(), fmt::format("expected (B, T, {}) float32 with T ≤ block_size {}", C, cfg_.block_size));
@@ -143,7 +143,7 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x) const {
   // Standard attention on c_attn's q | k | v: one node that splits and merges the heads itself (ops/attention/
   // softmax.cpp attention_qkv), the same numbers as split_heads ×3, attention, merge_heads below.
   if (kind_->node == AN::softmax && kind_->keys_values == KV::projected)
-    return c_proj_(tape, attention_qkv(a, H, ao));
+    return c_proj_(tape, attention_qkv(a, H, ao), residual);
   Var q = heads(a, 0), k, v;
   switch (kind_->keys_values) {
     case KV::projected:
@@ -173,7 +173,7 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x) const {
           : kind_->node == AN::linear ? linear_attention(q, k, v, true)
                                         : attention(q, k, v, ao);
   y = merge_heads(y);  // (B, h, T, d) → (B, T, C)
-  return c_proj_(tape, y);
+  return c_proj_(tape, y, residual);
 }
 
 }  // namespace tapegrad

@@ -30,7 +30,8 @@ class Linear : public Module {
  public:
   Linear() = default;
   Linear(std::string name, int64_t in, int64_t out, uint64_t seed, LinearOptions opt = {});
-  Var operator()(Tape& tape, Var x) const;
+  // With a residual r (the output's shape): (x·Wᵀ + b) + r in the one node (ops/ops.hpp linear).
+  Var operator()(Tape& tape, Var x, Var residual = {}) const;
   const Parameter& weight() const { return parameters()[0]; }
   const Parameter* bias() const { return has_bias_ ? &parameters()[1] : nullptr; }
   int64_t in_features() const { return in_; }
@@ -96,7 +97,8 @@ class FeedForward : public Module {
   FeedForward() = default;
   FeedForward(std::string name, int64_t C, uint64_t seed, bool bias, double std, double proj_std,
               GeluForm gelu = GeluForm::exact);
-  Var operator()(Tape& tape, Var x) const;
+  // With a residual r (x's shape): c_proj(gelu(c_fc(x))) + r in the one node.
+  Var operator()(Tape& tape, Var x, Var residual = {}) const;
 
  private:
   Linear c_fc_, c_proj_;
@@ -117,7 +119,8 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention() = default;
   CausalSelfAttention(std::string name, const AttentionConfig& cfg, uint64_t seed, double std, double proj_std);
-  Var operator()(Tape& tape, Var x) const;
+  // With a residual r (x's shape): c_proj(…) + r, added in c_proj's node.
+  Var operator()(Tape& tape, Var x, Var residual = {}) const;
   const AttentionKind& kind() const { return *kind_; }
 
  private:

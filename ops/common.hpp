@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "../engine/parallel.hpp"
 #include "../engine/tape.hpp"
 
 namespace tapegrad {
@@ -89,6 +90,15 @@ template <class T>
 void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
+}
+
+// out[i] += x[i] for i < n, ranges of 16k elements on the engine's threads: a residual joining a layer's output, and
+// its gradient (element-wise: the same bits on any thread count).
+template <class T>
+void add_elements(T* out, const T* x, int64_t n) {
+  parallel_for(n, 16384, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] += x[i];
+  });
 }
 
 }  // namespace tapegrad

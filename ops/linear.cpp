@@ -3,6 +3,9 @@
 // The VJP is bilinear in (x, W) and linear in ȳ, so its tangent at a fixed ȳ (the second-order rule) is the VJP
 // with the other factor's tangent, and b̄ does not move. The VJP, the JVP and that rule are stated once, in the
 // sheet at the end of this file.
+// With a residual r (y's shape) the output joins a residual stream: y = (x·Wᵀ + b) + r, added as the forward's last
+// step, and r̄ += ȳ, ṙ into ẏ (r moves nothing else: no second-order term). The GPT's blocks pass their input, so
+// the add the block would record, its output and its gradient buffer are not on the tape.
 // Three gemm calls each way; the transposes are cblas flags, never copies.
 // Where the products run in bf16 (ops/products/products.hpp runs_in_bf16: all three have the forward's n·out·in
 // multiply-adds), x and W are rounded once, here, and the node keeps the rounded copies for its backward (dW reads
@@ -17,7 +20,7 @@
 
 namespace tapegrad {
 
-Var linear(Var x, Var w, Var b) {
+Var linear(Var x, Var w, Var b, Var residual) {
   const char* op = "linear";
   expect_float(op, x);
   expect_same_dtype(op, x, w);
@@ -25,16 +28,28 @@ Var linear(Var x, Var w, Var b) {
   if (w.rank() != 2 || w.shape()[1] != x.shape().back())
     fail("{}: weight must be (out, {}) for an input of shape {}, got {}", op, x.shape().back(), x.shape(),
          w.shape());
-  const bool has_bias = b.defined();
+  const bool has_bias = b.defined(), has_residual = residual.defined();
   if (has_bias) {
     expect_same_dtype(op, x, b);
     if (b.rank() != 1 || b.shape()[0] != w.shape()[0])
       fail("{}: bias must be ({}) for a weight of shape {}, got {}", op, w.shape()[0], w.shape(), b.shape());
   }
-  Tape& tape = has_bias ? tape_of(op, {x, w, b}) : tape_of(op, {x, w});
+  // x, W, then b and r where given: the order of gin and tin below.
+  std::vector<Var> inputs{x, w};
+  if (has_bias) inputs.push_back(b);
+  if (has_residual) inputs.push_back(residual);
+  Tape& tape = x.tape();
+  for (const Var& v : inputs) (void)tape_of(op, {x, v});
   const int64_t n = x.shape().rows(), in = w.shape()[1], out = w.shape()[0];
   Shape yshape = x.shape();
   yshape[yshape.rank() - 1] = out;
+  if (has_residual) {
+    expect_same_dtype(op, x, residual);
+    if (!(residual.shape() == yshape))
+      fail("{}: the residual must have the output's shape {} (x {}, weight {}), got {}", op, yshape, x.shape(),
+           w.shape(), residual.shape());
+  }
+  const Tensor rv = has_residual ? residual.value() : Tensor{};
   const Tensor xv = x.value(), wv = w.value(), bv = has_bias ? b.value() : Tensor{};
   Tensor y = tape.empty(x.dtype(), yshape);
   const bool bf16 = x.dtype() == DType::f32 && runs_in_bf16(n, out, in);
@@ -51,7 +66,9 @@ Var linear(Var x, Var w, Var b) {
     gemm(n, out, in, T(1), with_rounding(as_is(xv.data<T>(), in), x16),
          with_rounding(transposed(wv.data<T>(), in), w16), T(0), y.data<T>(), out);
     if (has_bias) add_rows(y.data<T>(), bv.data<T>(), n, out);
+    if (has_residual) add_elements(y.data<T>(), rv.data<T>(), n * out);
   });
+  const size_t residual_slot = has_bias ? 3 : 2;
   Tape* tp = &tape;
   auto vjp = [=](const Tensor& g, std::span<Tensor> gin) {
     dispatch_float(op, g.dtype(), [&]<class T>(T) {
@@ -67,7 +84,8 @@ Var linear(Var x, Var w, Var b) {
       if (gin[1].defined())
         gemm(out, in, n, T(1), with_rounding(transposed(pg, out), g16), with_rounding(as_is(xv.data<T>(), in), x16),
              T(1), gin[1].data<T>(), in);
-      if (gin.size() > 2 && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
+      if (has_bias && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
+      if (has_residual && gin[residual_slot].defined()) add_elements(gin[residual_slot].data<T>(), pg, n * out);
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
@@ -77,7 +95,8 @@ Var linear(Var x, Var w, Var b) {
         gemm(n, out, in, T(1), as_is(tin[0].data<T>(), in), transposed(wv.data<T>(), in), T(1), pt, out);
       if (tin[1].defined())
         gemm(n, out, in, T(1), as_is(xv.data<T>(), in), transposed(tin[1].data<T>(), in), T(1), pt, out);
-      if (tin.size() > 2 && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
+      if (has_bias && tin[2].defined()) add_rows(pt, tin[2].data<T>(), n, out);
+      if (has_residual && tin[residual_slot].defined()) add_elements(pt, tin[residual_slot].data<T>(), n * out);
     });
   };
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
@@ -89,8 +108,7 @@ Var linear(Var x, Var w, Var b) {
         gemm(out, in, n, T(1), transposed(pg, out), as_is(tin[0].data<T>(), in), T(1), gin_dot[1].data<T>(), in);
     });
   };
-  if (has_bias) return tape.record(op, {x, w, b}, y, vjp, jvp, second);
-  return tape.record(op, {x, w}, y, vjp, jvp, second);
+  return tape.record(op, std::span<const Var>(inputs), y, vjp, jvp, second);
 }
 
 std::vector<OpInfo> linear_ops() {
@@ -98,9 +116,9 @@ std::vector<OpInfo> linear_ops() {
   r.add({.name = "linear",
          .family = "linear",
          .forward = "y = xWᵀ + b over the rows of x",
-         .vjp = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ",
-         .jvp = "ẏ = ẋWᵀ + xẆᵀ + ḃ",
-         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ does not move)",
+         .vjp = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ (r̄ += ȳ with a residual)",
+         .jvp = "ẏ = ẋWᵀ + xẆᵀ + ḃ (+ ṙ)",
+         .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ and r̄ do not move)",
          .second_order_derivation = "6.2",
          // y = xWᵀ: numel(y)·in multiply-adds; backward and forward mode two products of the same size
          .cost = [](std::span<const Shape> in, const Shape& y) {
@@ -111,10 +129,21 @@ std::vector<OpInfo> linear_ops() {
          .cases = {{"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }},
                    {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
-                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }}},
-         // x, W and an optional b.
-         .inputs = {2, 3},
-         .call = [](std::span<const Var> x, const OpArgs&) { return x.size() > 2 ? linear(x[0], x[1], x[2]) : linear(x[0], x[1]); },
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }},
+                   {"with bias and residual", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}, {"r", {5, 3}}},
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2], v[3]); }},
+                   {"residual, no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}, {"r", {2, 3, 6}}},
+                    [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], Var{}, v[2]); }}},
+         // x, W and an optional b; with residual=true, the last value is the residual r.
+         .inputs = {2, 4},
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           const bool residual = a.flag("residual", false);
+           const size_t without = x.size() - (residual ? 1 : 0);  // x, W and b where given
+           if (without < 2 || without > 3)
+             fail("linear: takes x, W and an optional b{}, got {} values", residual ? ", then the residual" : "",
+                  x.size());
+           return linear(x[0], x[1], without > 2 ? x[2] : Var{}, residual ? x.back() : Var{});
+         },
          // y = x·Wᵀ (+ b).
          .unfused = [](Tape&, std::span<const Var> x) {
            const Var y = matmul(x[0], transpose(x[1]));

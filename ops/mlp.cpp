@@ -163,10 +163,11 @@ void expect_bias(const Var& b, int64_t n, const char* what, const Var& w) {
 
 }  // namespace
 
-Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
+Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
   std::vector<Var> inputs{x, w1, w2};
   if (b1.defined()) inputs.push_back(b1);
   if (b2.defined()) inputs.push_back(b2);
+  if (residual.defined()) inputs.push_back(residual);
   Tape& tape = x.tape();
   for (const Var& v : inputs) {
     (void)tape_of(kOp, {x, v});
@@ -183,6 +184,10 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
   const MlpDims d{x.shape().rows(), c, hidden, w2.shape()[0], form};
   Shape y_shape = x.shape();
   y_shape[y_shape.rank() - 1] = d.c_out;
+  if (residual.defined() && !(residual.shape() == y_shape))
+    fail("{}: the residual must have the output's shape {} (x {}, second weight {}), got {}", kOp, y_shape, x.shape(),
+         w2.shape(), residual.shape());
+  const Tensor rv = residual.defined() ? residual.value() : Tensor{};
   const Tensor xv = x.value(), w1v = w1.value(), w2v = w2.value();
   const Tensor b1v = b1.defined() ? b1.value() : Tensor{}, b2v = b2.defined() ? b2.value() : Tensor{};
   const DType dtype = x.dtype();
@@ -211,9 +216,11 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
     T* h = tape.scratch().take_one(two).take<T>(d.n * d.h);
     mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v),
                 u.data<T>(), s.data<T>(), h, y.data<T>(), rounded);
+    if (rv.defined()) add_elements(y.data<T>(), rv.data<T>(), d.n * d.c_out);  // y += r, after b₂
   });
-  // gin / tin follow `inputs`: x, W₁, W₂, then b₁ and b₂ where given.
-  const bool has_b1 = b1.defined(), has_b2 = b2.defined();
+  // gin / tin follow `inputs`: x, W₁, W₂, then b₁, b₂ and the residual where given.
+  const bool has_b1 = b1.defined(), has_b2 = b2.defined(), has_residual = residual.defined();
+  const size_t residual_slot = 3 + (has_b1 ? 1 : 0) + (has_b2 ? 1 : 0);
   auto bias_slot = [has_b1, has_b2](std::span<const Tensor> slots, int which) {
     const size_t i1 = 3, i2 = has_b1 ? 4 : 3;
     if (which == 1) return has_b1 ? slots[i1] : Tensor{};
@@ -231,6 +238,8 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
       mlp_vjp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), g.data<T>(),
               data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(bias_slot(gin, 1)),
               data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar, r);
+      if (has_residual && gin[residual_slot].defined())
+        add_elements(gin[residual_slot].data<T>(), g.data<T>(), d.n * d.c_out);  // r̄ += ȳ
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
@@ -240,6 +249,8 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form) {
       mlp_jvp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), data_or_null<T>(tin[0]),
               data_or_null<T>(tin[1]), data_or_null<T>(bias_slot(tin, 1)), data_or_null<T>(tin[2]),
               data_or_null<T>(bias_slot(tin, 2)), ty.data<T>(), h, hdot);
+      if (has_residual && tin[residual_slot].defined())
+        add_elements(ty.data<T>(), tin[residual_slot].data<T>(), d.n * d.c_out);  // ẏ += ṙ
     });
   };
   auto second = [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
@@ -260,8 +271,8 @@ std::vector<OpInfo> mlp_ops() {
          .family = "mlp",
          .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
          .vjp = "u = xW₁ᵀ + b₁, h = gelu(u): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
-                "x̄ += ūW₁",
-         .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂",
+                "x̄ += ūW₁ (r̄ += ȳ with a residual)",
+         .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂ (+ ṙ)",
          .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
                          "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
          .second_order_derivation = "6.8",
@@ -284,14 +295,20 @@ std::vector<OpInfo> mlp_ops() {
                     [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }},
                    {"tanh gelu, first bias only, x (3, 5), H = 7",
                     {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }}},
-         // x, W₁, b₁, W₂, b₂; form= exact or tanh (the default).
-         .inputs = 5,
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }},
+                   {"exact gelu, no biases, residual, x (3, 4), H = 6",
+                    {{"x", {3, 4}}, {"w1", {6, 4}}, {"w2", {5, 6}}, {"r", {3, 5}}},
+                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact, v[3]); }}},
+         // x, W₁, b₁, W₂, b₂, and with residual=true the residual r; form= exact or tanh (the default).
+         .inputs = {5, 6},
          .call = [](std::span<const Var> x, const OpArgs& a) {
            const std::string name = a.text("form", "tanh");
            const std::optional<GeluForm> form = gelu_form_named(name);
            if (!form) fail("{}: form must be exact or tanh, got '{}'", kOp, name);
-           return mlp(x[0], x[1], x[2], x[3], x[4], *form);
+           const bool residual = a.flag("residual", false);
+           if (x.size() != (residual ? 6u : 5u))
+             fail("{}: takes x, W₁, b₁, W₂, b₂{}, got {} values", kOp, residual ? " and the residual" : "", x.size());
+           return mlp(x[0], x[1], x[2], x[3], x[4], *form, residual ? x[5] : Var{});
          },
          // u = xW₁ᵀ + b₁, h = gelu(u) (the exact form, as the first case), y = hW₂ᵀ + b₂.
          .unfused = [](Tape&, std::span<const Var> x) { return linear(gelu_erf(linear(x[0], x[1], x[2])), x[3], x[4]); }});

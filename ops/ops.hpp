@@ -51,12 +51,15 @@ Var concat(std::span<const Var> xs, int axis);
 // ops/products/blas.hpp: float64 on OpenBLAS, float32 on OpenBLAS or oneDNN, in f32 or bf16, by ops/products/products.hpp's rule.
 Var matmul(Var a, Var b);
 
-// linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var).
-Var linear(Var x, Var weight, Var bias = {});
+// linear.cpp — y = x·Wᵀ + b with W (out, in) as PyTorch stores it; bias optional (an undefined Var). With a residual
+// r of y's shape, the layer's output joins a residual stream in the same node: y = (x·Wᵀ + b) + r, the numbers of
+// add(r, linear(x, weight, bias)) without the node and tensor between them.
+Var linear(Var x, Var weight, Var bias = {}, Var residual = {});
 
 // mlp.cpp — linear, gelu, linear as one node (the GPT block's MLP): y = gelu(x·W₁ᵀ + b₁)·W₂ᵀ + b₂, biases optional,
 // the gelu of either form (exact: nanoGPT's; tanh: GPT-2's).
-Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form);
+// With a residual r of y's shape: y = (gelu(x·W₁ᵀ + b₁)·W₂ᵀ + b₂) + r, as for linear.
+Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual = {});
 
 // softmax.cpp — over the last axis.
 Var softmax(Var x);

@@ -143,3 +143,52 @@ TEST_CASE("bf16: linear's and mlp's shared roundings give the products' own bits
     }
   }
 }
+
+// A residual added in the node against the add node it replaces (the GPT block's x + c_proj(…) and x + mlp(…)), in
+// float32 at the default model's sizes, one thread and two: the same bits (±0 aside) in the value, the gradients,
+// the tangent and the Hessian-vector product.
+TEST_CASE("linear and mlp with a residual equal add(r, linear(…)) and add(r, mlp(…)) bit for bit in float32") {
+  const int saved = num_threads();
+  const int64_t N = 768, C = 128, H = 512;
+  const std::vector<Tensor> lin_x{Tensor::randn(DType::f32, {N, C}, 1), Tensor::randn(DType::f32, {C, C}, 2),
+                                  Tensor::randn(DType::f32, {N, C}, 3)};
+  const std::vector<Tensor> mlp_x{Tensor::randn(DType::f32, {N, C}, 4), Tensor::randn(DType::f32, {H, C}, 5),
+                                  Tensor::randn(DType::f32, {C, H}, 6), Tensor::randn(DType::f32, {N, C}, 7)};
+  const Function lin_fused = [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], Var{}, v[2]); };
+  const Function lin_nodes = [](Tape&, std::span<const Var> v) { return add(v[2], linear(v[0], v[1])); };
+  const Function mlp_fused = [](Tape&, std::span<const Var> v) {
+    return mlp(v[0], v[1], Var{}, v[2], Var{}, GeluForm::exact, v[3]);
+  };
+  const Function mlp_nodes = [](Tape&, std::span<const Var> v) {
+    return add(v[3], mlp(v[0], v[1], Var{}, v[2], Var{}, GeluForm::exact));
+  };
+  const Tensor g = Tensor::randn(DType::f32, {N, C}, 8);
+  auto same = [&](const Function& fused, const Function& nodes, const std::vector<Tensor>& x) {
+    std::vector<Tensor> t;
+    for (size_t i = 0; i < x.size(); ++i) t.push_back(Tensor::randn(DType::f32, x[i].shape(), 20 + i));
+    CHECK(evaluate(fused, x).to_vector() == evaluate(nodes, x).to_vector());
+    const std::vector<Tensor> a = vjp(fused, x, g), b = vjp(nodes, x, g);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(a[i].to_vector() == b[i].to_vector());
+    CHECK(jvp(fused, x, t).second.to_vector() == jvp(nodes, x, t).second.to_vector());
+    const std::vector<Tensor> ha = hvp(fused, x, g, t), hb = hvp(nodes, x, g, t);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(ha[i].to_vector() == hb[i].to_vector());
+  };
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    same(lin_fused, lin_nodes, lin_x);
+    same(mlp_fused, mlp_nodes, mlp_x);
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE("a residual of another shape than the output is refused, naming both") {
+  Tape tape;
+  const Var x = tape.leaf(Tensor::zeros(DType::f64, {4, 3})), w = tape.leaf(Tensor::zeros(DType::f64, {2, 3}));
+  const Var r = tape.leaf(Tensor::zeros(DType::f64, {4, 3}));
+  CHECK_THROWS_WITH_AS(linear(x, w, Var{}, r), doctest::Contains("the residual must have the output's shape (4, 2)"),
+                       Error);
+  const Var w1 = tape.leaf(Tensor::zeros(DType::f64, {5, 3})), w2 = tape.leaf(Tensor::zeros(DType::f64, {2, 5}));
+  CHECK_THROWS_WITH_AS(mlp(x, w1, Var{}, w2, Var{}, GeluForm::exact, r),
+                       doctest::Contains("the residual must have the output's shape (4, 2)"), Error);
+}
