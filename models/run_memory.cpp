@@ -32,14 +32,20 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64
   e.optimizer_bytes = 2 * 4 * e.parameters;
 
   // Float32 elements one block keeps, at rows = B·T: ln_1 and ln_2 (out + μ, ρ), c_attn's output, the heads split
-  // out of it, the attention's output and merged heads, c_proj's output, two residual sums, the MLP's u and tanh
-  // (4C each) and its output, and with dropout one mask per residual branch. The attention map: B·h·T² for the
-  // nodes that keep it (softmax, β), O(T) state for the tiled node and C-sized state for linear attention.
-  const double dropout_masks = m.dropout > 0 ? 2 * rows * C : 0;
+  // out of it and merged again (not for standard attention, whose node attention_qkv reads and writes the packed
+  // layout), the attention's output, c_proj's output, the MLP's u and Φ(u) or tanh (4C each) and its output, and
+  // with dropout the two residual sums (without, c_proj's and the MLP's outputs are the sums: they take the
+  // residual) and one mask per residual branch. The attention map: B·h·T² for the nodes that keep it (softmax, β),
+  // O(T) state for the tiled node and C-sized state for linear attention.
+  const bool dropout = m.dropout > 0;
+  const double dropout_masks = dropout ? 2 * rows * C : 0, residual_sums = dropout ? 2 * rows * C : 0;
+  const bool packed_heads =
+      kind.node == AttentionKind::Node::softmax && kind.keys_values == AttentionKind::KeysValues::projected;
+  const double heads = packed_heads ? 0 : rows * proj * C + rows * C;
   const bool keeps_map = kind.node != AttentionKind::Node::tiled && kind.node != AttentionKind::Node::linear;
   const double map = keeps_map ? B * H * T * T : B * H * T * 4;
-  const double per_block = 2 * (rows * C + 2 * rows) + 2 * rows * proj * C + 2 * rows * C + rows * C +
-                           2 * rows * C + 2 * rows * 4 * C + rows * C + dropout_masks + map;
+  const double per_block = 2 * (rows * C + 2 * rows) + rows * proj * C + heads + rows * C + rows * C + residual_sums +
+                           2 * rows * 4 * C + rows * C + dropout_masks + map;
   // Embeddings (token and position rows, their sum), ln_f and the logits (cross-entropy keeps two numbers per row:
   // its exp(x − m) is one row at a time of the tape's scratch).
   const double head = 3 * rows * C + (rows * C + 2 * rows) + rows * V;
