@@ -337,12 +337,15 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
   };
   reserve_scratch(tape, need(copies + block).bytes(), need(copies + second).bytes());
   const BiasLayout no_bias{};
-  // Q, K, V of slice (b, head) copied out of qkv.
-  auto read_qkv = [=]<class T>(SliceCopies<T>& c, const T* x, int64_t b, int64_t head) {
+  // The three heads of slice (b, head) copied out of a qkv-shaped tensor (the values, or their tangents).
+  auto read_heads = [=]<class T>(T* q, T* k, T* v, const T* x, int64_t b, int64_t head) {
     const T* xs = x + in.at(b, head);
-    copy_slice_out(c.q, xs, T_, d, in.W);
-    copy_slice_out(c.k, xs + C, T_, d, in.W);
-    copy_slice_out(c.v, xs + 2 * C, T_, d, in.W);
+    copy_slice_out(q, xs, T_, d, in.W);
+    copy_slice_out(k, xs + C, T_, d, in.W);
+    copy_slice_out(v, xs + 2 * C, T_, d, in.W);
+  };
+  auto read_qkv = [=]<class T>(SliceCopies<T>& c, const T* x, int64_t b, int64_t head) {
+    read_heads(c.q, c.k, c.v, x, b, head);
   };
   // Q̄, K̄, V̄ (or their second-order terms) of slice (b, head) added into a qkv-shaped gradient.
   auto add_into_qkv = [=]<class T>(T* dx, const SliceCopies<T>& c, int64_t b, int64_t head) {
@@ -386,10 +389,7 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
       each_packed_slice<T>(*tp, dims, need(copies + block), copies + block,
                            [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
                              read_qkv(c, x, b, head);
-                             const T* ts = tx + in.at(b, head);
-                             copy_slice_out(c.tq, ts, T_, d, in.W);
-                             copy_slice_out(c.tk, ts + C, T_, d, in.W);
-                             copy_slice_out(c.tv, ts + 2 * C, T_, d, in.W);
+                             read_heads(c.tq, c.tk, c.tv, tx, b, head);
                              copy_slice_out(c.o, po + out.at(b, head), T_, d, out.W);
                              std::fill(c.g, c.g + n, T(0));  // Ȯ of the slice
                              attention_jvp<T>(dims, {c.q, c.k, c.v, nullptr, b, head}, pa + bh * T_ * T_, c.o, c.tq,
@@ -406,10 +406,7 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
       each_packed_slice<T>(*tp, dims, need(copies + second), copies + second,
                            [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
                              read_qkv(c, x, b, head);
-                             const T* ts = tx + in.at(b, head);
-                             copy_slice_out(c.tq, ts, T_, d, in.W);
-                             copy_slice_out(c.tk, ts + C, T_, d, in.W);
-                             copy_slice_out(c.tv, ts + 2 * C, T_, d, in.W);
+                             read_heads(c.tq, c.tk, c.tv, tx, b, head);
                              copy_slice_out(c.g, pg + out.at(b, head), T_, d, out.W);
                              std::fill(c.gq, c.gq + 3 * n, T(0));
                              attention_second_order<T>(dims, c.q, c.k, c.v, b, head, pa + bh * T_ * T_, c.g, c.tq,
@@ -456,6 +453,15 @@ std::vector<OpInfo> attention_ops() {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt, x[3]); };
   };
   const AttentionOptions plain{}, causal{0, true};
+  // Where both nodes' formulas are: the kernels of this file, `more`, and the second-order rule.
+  auto kernels_and = [](std::vector<FormulaPlace> more) {
+    std::vector<FormulaPlace> places{{"forward", "ops/attention/softmax.cpp", "attention_forward"},
+                                     {"VJP", "ops/attention/softmax.cpp", "attention_vjp"},
+                                     {"JVP", "ops/attention/softmax.cpp", "attention_jvp"}};
+    places.insert(places.end(), more.begin(), more.end());
+    places.push_back({"second order", "ops/attention/kernels.hpp", "attention_second_order"});
+    return places;
+  };
   // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
   auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
     const int64_t tk = causal_mask ? 4 : 5;
@@ -470,12 +476,8 @@ std::vector<OpInfo> attention_ops() {
          .second_order = attention_second_order_rule,
          .derivation = "2.1, 1.1, 5.3, 5.4",
          .second_order_derivation = "6.9",
-         .formulas_at = {{"forward", "ops/attention/softmax.cpp", "attention_forward"},
-                         {"VJP", "ops/attention/softmax.cpp", "attention_vjp"},
-                         {"JVP", "ops/attention/softmax.cpp", "attention_jvp"},
-                         {"softmax rows", "ops/row_maps.hpp", "softmax_row"},
-                         {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"},
-                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .formulas_at = kernels_and({{"softmax rows", "ops/row_maps.hpp", "softmax_row"},
+                                     {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"}}),
          .cost = attention_cost,
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {
@@ -519,11 +521,7 @@ std::vector<OpInfo> attention_ops() {
          .second_order = attention_second_order_rule,
          .derivation = "2.1, 1.1",
          .second_order_derivation = "6.9",
-         .formulas_at = {{"forward", "ops/attention/softmax.cpp", "attention_forward"},
-                         {"VJP", "ops/attention/softmax.cpp", "attention_vjp"},
-                         {"JVP", "ops/attention/softmax.cpp", "attention_jvp"},
-                         {"the heads' copies", "ops/attention/softmax.cpp", "attention_qkv"},
-                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+         .formulas_at = kernels_and({{"the heads' copies", "ops/attention/softmax.cpp", "attention_qkv"}}),
          // attention's cost on its heads: B·h slices of T queries and keys, d = C/h wide, so 2·B·T²·(C + C)
          // whatever h is
          .cost = [](std::span<const Shape> in, const Shape&) {

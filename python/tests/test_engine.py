@@ -200,6 +200,19 @@ def test_op_keywords_convert_from_python_and_a_wrong_kind_is_named():
         tape.op("permute", x, perm=[1.0, 0])
 
 
+def test_linear_and_mlp_take_a_residual_by_name():
+    rng = np.random.default_rng(0)
+    tape = tapegrad.Tape()
+    x, w, r = (tape.leaf(rng.standard_normal(s)) for s in [(4, 3), (2, 3), (4, 2)])
+    w1, b1, w2, b2 = (tape.leaf(rng.standard_normal(s)) for s in [(5, 3), (5,), (2, 5), (2,)])
+    y = tape.op("linear", x, w, r, residual=True)
+    np.testing.assert_array_equal(y.value, tape.op("add", r, tape.op("linear", x, w)).value)
+    z = tape.op("mlp", x, w1, b1, w2, b2, r, form="exact", residual=True)
+    np.testing.assert_array_equal(z.value, tape.op("add", r, tape.op("mlp", x, w1, b1, w2, b2, form="exact")).value)
+    with pytest.raises(tapegrad.Error, match="linear: takes x, W and an optional b, then the residual, got 2 values"):
+        tape.op("linear", x, w, residual=True)
+
+
 def test_ops_with_indices_and_keywords():
     rng = np.random.default_rng(0)
     tape = tapegrad.Tape()
