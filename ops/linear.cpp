@@ -115,7 +115,7 @@ std::vector<OpInfo> linear_ops() {
   OpList r;
   r.add({.name = "linear",
          .family = "linear",
-         .forward = "y = xWᵀ + b over the rows of x",
+         .forward = "y = xWᵀ + b over the rows of x (+ r, a residual)",
          .vjp = "x̄ += ȳW, W̄ += ȳᵀx, b̄ += Σ_rows ȳ (r̄ += ȳ with a residual)",
          .jvp = "ẏ = ẋWᵀ + xẆᵀ + ḃ (+ ṙ)",
          .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ and r̄ do not move)",

@@ -15,7 +15,8 @@
 // less per block and step. Where the products run in bf16 the node does keep h, rounded (MlpRounded below): half
 // of h's bytes, for a backward that neither recomputes h nor rounds it again.
 // The forward adds b₁ to each row of u just before that row's gelu (gelu_forward_biased), one pass over u where
-// add_rows and the gelu took two.
+// add_rows and the gelu took two. With a residual r of y's shape, y = (h·W₂ᵀ + b₂) + r, r̄ += ȳ and ẏ += ṙ, as for
+// linear (linear.cpp): the GPT block's x + mlp(ln_2(x)) in this node.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -269,7 +270,7 @@ std::vector<OpInfo> mlp_ops() {
   OpList r;
   r.add({.name = kOp,
          .family = "mlp",
-         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (gelu exact, x·Φ(x), or of the tanh form)",
+         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (+ r, a residual; gelu exact, x·Φ(x), or of the tanh form)",
          .vjp = "u = xW₁ᵀ + b₁, h = gelu(u): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
                 "x̄ += ūW₁ (r̄ += ȳ with a residual)",
          .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂ (+ ṙ)",
