@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <new>
 #include <optional>
 #include <ostream>
@@ -203,10 +204,33 @@ class Tape {
   friend class TapeScope;
   struct ValueRec {
     Tensor value, grad, tangent;
-    bool requires_grad;
+    bool requires_grad = false;
     bool leaf = true;          // not the output of a recorded node
     bool retain_grad = false;  // an intermediate whose gradient outlives backward
     bool param = false;        // made by param()
+  };
+  // The records, in blocks that never move: a reference to one (Var::value(), Var::shape()) stays valid while the
+  // tape records more values, until clear() (a vector would move them as it grew). The blocks are kept across
+  // clear(), so a training step after the first allocates none.
+  class ValueRecords {
+   public:
+    ValueRec& operator[](size_t i) { return blocks_[i / kBlock][i % kBlock]; }
+    const ValueRec& operator[](size_t i) const { return blocks_[i / kBlock][i % kBlock]; }
+    size_t size() const { return size_; }
+    ValueRec& back() { return (*this)[size_ - 1]; }
+    void push_back(ValueRec r) {
+      if (size_ == blocks_.size() * kBlock) blocks_.push_back(std::make_unique<ValueRec[]>(kBlock));
+      (*this)[size_++] = std::move(r);
+    }
+    void clear() {  // the records' tensors are released; their blocks stay
+      for (size_t i = 0; i < size_; ++i) (*this)[i] = ValueRec{};
+      size_ = 0;
+    }
+
+   private:
+    static constexpr size_t kBlock = 256;
+    std::vector<std::unique_ptr<ValueRec[]>> blocks_;
+    size_t size_ = 0;
   };
   template <class Vjp, class Jvp, class Second>
   struct NodeImpl final : Node {
@@ -259,7 +283,7 @@ class Tape {
 
   Arena arena_;
   mutable Scratch scratch_;  // not the recording's state: a const tape's rules use it too
-  std::vector<ValueRec> values_;
+  ValueRecords values_;
   std::vector<Node*> nodes_;
   std::vector<Tensor> sweep_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
   std::vector<Tensor> spare_grads_;  // arena buffers of released gradients

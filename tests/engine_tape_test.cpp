@@ -252,3 +252,14 @@ TEST_CASE("tracked allocations name what each node keeps: its output and the ten
   AllocationLog late(untracked);  // attached after the node was recorded
   CHECK(late.of(0).empty());
 }
+
+TEST_CASE("a value's reference and its shape's stay valid while the tape records more values") {
+  Tape tape;
+  Var x = tape.leaf(Tensor::from<double>({3}, {1, 2, 3}));
+  const Tensor& value = x.value();
+  const Shape& shape = x.shape();
+  for (int i = 0; i < 2000; ++i) x = scale(x, 1.0);  // thousands of records: storage that moved would dangle
+  CHECK(value.to_vector() == std::vector<double>{1, 2, 3});
+  CHECK(shape == Shape{3});
+  CHECK(tape.num_values() == 2001);
+}
