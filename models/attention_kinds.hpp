@@ -29,6 +29,8 @@ struct AttentionKind {
   bool compared;        // in `tapegrad compare`'s default list (tiled is left out: it computes softmax's map)
 
   bool mixing_matrix() const { return keys_values == KeysValues::values_mixed; }
+  // Standard attention on c_attn's q | k | v: one attention_qkv node, with no head split or merge on the tape.
+  bool packed_heads() const { return node == Node::softmax && keys_values == KeysValues::projected; }
   // Parameters of one block's attention without biases: c_attn, c_proj and W^A (n_embd C, context T).
   int64_t parameter_count(int64_t C, int64_t T) const {
     return projections * C * C + C * C + (mixing_matrix() ? T * T : 0);

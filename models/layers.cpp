@@ -142,8 +142,7 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x, Var residual) const {
   using AN = AttentionKind::Node;
   // Standard attention on c_attn's q | k | v: one node that splits and merges the heads itself (ops/attention/
   // softmax.cpp attention_qkv), the same numbers as split_heads ×3, attention, merge_heads below.
-  if (kind_->node == AN::softmax && kind_->keys_values == KV::projected)
-    return c_proj_(tape, attention_qkv(a, H, ao), residual);
+  if (kind_->packed_heads()) return c_proj_(tape, attention_qkv(a, H, ao), residual);
   Var q = heads(a, 0), k, v;
   switch (kind_->keys_values) {
     case KV::projected:

@@ -39,9 +39,7 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64
   // O(T) state for the tiled node and C-sized state for linear attention.
   const bool dropout = m.dropout > 0;
   const double dropout_masks = dropout ? 2 * rows * C : 0, residual_sums = dropout ? 2 * rows * C : 0;
-  const bool packed_heads =
-      kind.node == AttentionKind::Node::softmax && kind.keys_values == AttentionKind::KeysValues::projected;
-  const double heads = packed_heads ? 0 : rows * proj * C + rows * C;
+  const double heads = kind.packed_heads() ? 0 : rows * proj * C + rows * C;
   const bool keeps_map = kind.node != AttentionKind::Node::tiled && kind.node != AttentionKind::Node::linear;
   const double map = keeps_map ? B * H * T * T : B * H * T * 4;
   const double per_block = 2 * (rows * C + 2 * rows) + rows * proj * C + heads + rows * C + rows * C + residual_sums +
