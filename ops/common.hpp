@@ -92,6 +92,12 @@ void sum_rows(T* db, const T* g, int64_t n, int64_t m) {
     for (int64_t j = 0; j < m; ++j) db[j] += g[i * m + j];
 }
 
+// A residual joining an op's output (linear, mlp): where given, it has the output's shape.
+inline void expect_residual_shape(const char* op, const Var& residual, const Shape& out, const Var& x) {
+  if (residual.defined() && !(residual.shape() == out))
+    fail("{}: the residual must have the output's shape {} (x {}), got {}", op, out, x.shape(), residual.shape());
+}
+
 // out[i] += x[i] for i < n, ranges of 16k elements on the engine's threads: a residual joining a layer's output, and
 // its gradient (element-wise: the same bits on any thread count).
 template <class T>

@@ -43,12 +43,8 @@ Var linear(Var x, Var w, Var b, Var residual) {
   const int64_t n = x.shape().rows(), in = w.shape()[1], out = w.shape()[0];
   Shape yshape = x.shape();
   yshape[yshape.rank() - 1] = out;
-  if (has_residual) {
-    expect_same_dtype(op, x, residual);
-    if (!(residual.shape() == yshape))
-      fail("{}: the residual must have the output's shape {} (x {}, weight {}), got {}", op, yshape, x.shape(),
-           w.shape(), residual.shape());
-  }
+  if (has_residual) expect_same_dtype(op, x, residual);
+  expect_residual_shape(op, residual, yshape, x);
   const Tensor rv = has_residual ? residual.value() : Tensor{};
   const Tensor xv = x.value(), wv = w.value(), bv = has_bias ? b.value() : Tensor{};
   Tensor y = tape.empty(x.dtype(), yshape);

@@ -185,9 +185,7 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
   const MlpDims d{x.shape().rows(), c, hidden, w2.shape()[0], form};
   Shape y_shape = x.shape();
   y_shape[y_shape.rank() - 1] = d.c_out;
-  if (residual.defined() && !(residual.shape() == y_shape))
-    fail("{}: the residual must have the output's shape {} (x {}, second weight {}), got {}", kOp, y_shape, x.shape(),
-         w2.shape(), residual.shape());
+  expect_residual_shape(kOp, residual, y_shape, x);
   const Tensor rv = residual.defined() ? residual.value() : Tensor{};
   const Tensor xv = x.value(), w1v = w1.value(), w2v = w2.value();
   const Tensor b1v = b1.defined() ? b1.value() : Tensor{}, b2v = b2.defined() ? b2.value() : Tensor{};
