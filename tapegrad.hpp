@@ -24,6 +24,7 @@
 #include "ops/attention/kernels.hpp"
 #include "ops/common.hpp"
 #include "ops/fast_math.hpp"
+#include "ops/float_pack.hpp"
 #include "ops/gelu.hpp"
 #include "ops/ops.hpp"
 #include "ops/pointwise.hpp"

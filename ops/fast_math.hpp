@@ -27,23 +27,27 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_pack.hpp"
+
 namespace tapegrad {
 
 namespace fast_math_detail {
 
 constexpr float kExpLow = -87.3f, kExpHigh = 88.0f;  // the clamp of z
 
-// 2ⁿ·exp(r) for z already in the clamped range.
-inline float exp_reduced(float z) {
+// 2ⁿ·exp(r) for z already in the clamped range. V is float, or a FloatPack (ops/float_pack.hpp): the same
+// operations on each lane.
+template <class V>
+TAPEGRAD_PACK_INLINE V exp_reduced(V z) {
   constexpr float kRound = 12582912.0f;  // 1.5·2²³: adding it rounds z/ln 2 to an integer in the low mantissa bits
-  const float shifted = z * 1.44269504089f + kRound;
-  const int32_t n = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
-  const float nf = shifted - kRound;
-  const float r = (z - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
-  const float exp_r =
+  const V shifted = z * 1.44269504089f + kRound;
+  const auto n = float_bits(shifted) - std::bit_cast<int32_t>(kRound);
+  const V nf = shifted - kRound;
+  const V r = (z - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
+  const V exp_r =
       1.0f + r * (1.0f + r * (0.49999991059f + r * (0.16666419804f +
                                                    r * (0.04166822508f + r * (0.00837481674f + r * 0.00138369261f)))));
-  return exp_r * std::bit_cast<float>((n + 127) << 23);  // 2ⁿ, n ∈ [−126, 127]
+  return exp_r * bits_float((n + 127) << 23);  // 2ⁿ, n ∈ [−126, 127]
 }
 
 }  // namespace fast_math_detail
@@ -57,11 +61,13 @@ inline float fast_exp(float z) {
 inline double fast_exp(double z) { return std::exp(z); }
 
 // fast_exp(z) for z ≤ 0 or NaN (a Gaussian's exp(−x²/2)), without the upper clamp that such z never reach: the
-// same bits, two vector operations fewer of about twenty.
-inline float fast_exp_nonpositive(float z) {
+// same bits, two vector operations fewer of about twenty. V is float or a FloatPack (double: the overload below).
+template <class V>
+TAPEGRAD_PACK_INLINE V fast_exp_nonpositive(V z) {
   using namespace fast_math_detail;
-  const float e = exp_reduced(z < kExpLow ? kExpLow : z);  // NaN passes through
-  return z < kExpLow ? 0.0f : e;
+  const auto below = z < kExpLow;
+  const V e = exp_reduced(select(below, V(kExpLow), z));  // NaN passes through
+  return select(below, V(0.0f), e);
 }
 inline double fast_exp_nonpositive(double z) { return std::exp(z); }
 

@@ -44,6 +44,7 @@
 
 #include "../engine/parallel.hpp"
 #include "fast_math.hpp"
+#include "float_pack.hpp"
 
 namespace tapegrad {
 
@@ -99,10 +100,12 @@ constexpr int64_t kGrain = 16384;  // elements per range: a few microseconds of 
 // [−1.2, 0] (P ∈ [−1.09, 3e-8] for a ∈ [0, 14], and 0 ≤ (a − a_h)(a + a_h) < 2⁻¹¹a·2a ≤ 0.2): neither reaches
 // fast_exp's upper clamp, the second not its lower one either, and leaving them out is the same bits for a
 // fifth less of the loop (one thread of an AMD EPYC Zen 5, 768 × 512 elements: 0.81 → 0.65 ms).
-inline float normal_tail(float a) {
-  a = a < 14.0f ? a : 14.0f;
-  const float tau = 1.0f / (1.0f + 0.5f * static_cast<float>(kSqrtHalf) * a);
-  const float p =
+// V is float or a FloatPack (ops/float_pack.hpp): the same operations on each lane.
+template <class V>
+TAPEGRAD_PACK_INLINE V normal_tail(V a) {
+  a = select(a < 14.0f, a, V(14.0f));
+  const V tau = 1.0f / (1.0f + 0.5f * static_cast<float>(kSqrtHalf) * a);
+  const V p =
       -1.26551223f +
       tau * (1.00002368f +
              tau * (0.37409196f +
@@ -111,22 +114,24 @@ inline float normal_tail(float a) {
                                   tau * (0.27886807f +
                                          tau * (-1.13520398f +
                                                 tau * (1.48851587f + tau * (-0.82215223f + tau * 0.17087277f))))))));
-  const float a_h = std::bit_cast<float>(std::bit_cast<uint32_t>(a) & 0xFFFFF000u);
+  const V a_h = bits_float(float_bits(a) & ~int32_t{0xFFF});
   return 0.5f * tau * fast_exp_nonpositive(-0.5f * a_h * a_h) *
          fast_math_detail::exp_reduced(-0.5f * (a - a_h) * (a + a_h) + p);
 }
 
 // Φ(x) = ½ erfc(−x/√2)
-inline float normal_cdf(float x) {
-  const float tail = normal_tail(std::fabs(x));  // Φ(−|x|)
-  return x < 0 ? tail : 1.0f - tail;
+template <class V>
+TAPEGRAD_PACK_INLINE V normal_cdf(V x) {
+  const V tail = normal_tail(magnitude(x));  // Φ(−|x|)
+  return select(x < 0.0f, tail, 1.0f - tail);
 }
 inline double normal_cdf(double x) { return 0.5 * std::erfc(-x * kSqrtHalf); }
 
 // φ(x) = exp(−x²/2)/√(2π)
 template <class T>
-inline T normal_pdf(T x) {
-  return T(kInvSqrt2Pi) * fast_exp_nonpositive(T(-0.5) * x * x);
+TAPEGRAD_PACK_INLINE T normal_pdf(T x) {
+  using Scalar = std::conditional_t<std::is_same_v<T, double>, double, float>;  // a FloatPack's lanes are float
+  return T(static_cast<Scalar>(kInvSqrt2Pi)) * fast_exp_nonpositive(T(-0.5f) * x * x);
 }
 
 // The tanh form's 1 + t, t and 1 − t² from x and the saved c = 1 − |t|.
@@ -139,7 +144,7 @@ inline T one_minus_tanh_squared(T c) { return c * (2 - c); }
 
 // f′(x) from x and the saved s (c = 1 − |tanh u|, or Φ(x)).
 template <GeluForm F, class T>
-inline T slope(T x, T s) {
+TAPEGRAD_PACK_INLINE T slope(T x, T s) {
   if constexpr (F == GeluForm::exact) {
     return s + x * normal_pdf(x);
   } else {
@@ -164,7 +169,7 @@ inline T curvature(T x, T s) {
 
 // y from x and the saved s.
 template <GeluForm F, class T>
-inline T value(T x, T s) {
+TAPEGRAD_PACK_INLINE T value(T x, T s) {
   if constexpr (F == GeluForm::exact) return x * s;
   else return T(0.5) * x * one_plus_tanh(x, s);
 }
@@ -176,10 +181,25 @@ inline void with_form(GeluForm form, Body&& body) {
   else body.template operator()<GeluForm::tanh>();
 }
 
+// Whether a float32 loop takes whole FloatPacks of W-byte vectors before its last elements (ops/float_pack.hpp):
+// the exact form, whose erfc and exp are long chains of dependent operations. (The tanh form's branch on |u| does
+// not go into packs; W = 0: one element at a time.)
+template <GeluForm F, class T, int W>
+inline constexpr bool in_packs = F == GeluForm::exact && std::is_same_v<T, float> && W > 0;
+
 // y[i] = GELU(x[i]) and s[i] for i in [begin, end)
-template <GeluForm F, class T>
+template <GeluForm F, int W, class T>
 TAPEGRAD_GELU_INLINE inline void forward_elements(T* y, T* s, const T* x, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
+  int64_t i = begin;
+  if constexpr (in_packs<F, T, W>) {
+    using P = FloatPack<W>;
+    for (; i + P::kFloats <= end; i += P::kFloats) {
+      const P xi = P::load(x + i), si = normal_cdf(xi);
+      si.store(s + i);
+      value<F>(xi, si).store(y + i);
+    }
+  }
+  for (; i < end; ++i) {
     const T xi = x[i];
     T si;
     if constexpr (F == GeluForm::exact) si = normal_cdf(xi);
@@ -189,21 +209,24 @@ TAPEGRAD_GELU_INLINE inline void forward_elements(T* y, T* s, const T* x, int64_
   }
 }
 
-// Each loop over [begin, end) is a lambda marked TAPEGRAD_GELU_INLINE, so that it is compiled again inside
-// run_avx512 below, 16 floats to a vector instead of the library's 8.
+// Each loop over [begin, end) is a lambda marked TAPEGRAD_GELU_INLINE, taking the vector width in bytes as its
+// third argument (a std::integral_constant), so that it is compiled again inside run_avx512 below with 64-byte
+// vectors, 16 floats to a vector instead of the library's 8.
+template <int W>
+using VectorBytes = std::integral_constant<int, W>;
 template <class Loop>
 TAPEGRAD_GELU_AVX512 void run_avx512(const Loop& loop, int64_t begin, int64_t end) {
-  loop(begin, end);
+  loop(begin, end, VectorBytes<64>{});
 }
 
-// loop(begin, end) over the ranges of [0, n) on the engine's threads, `grain` at least per range: float32 on the
-// AVX-512 copy where the CPU has it (and simd is best), everything else as compiled.
+// loop(begin, end, width) over the ranges of [0, n) on the engine's threads, `grain` at least per range: float32
+// on the AVX-512 copy where the CPU has it (and simd is best), everything else as compiled.
 template <class T, class Loop>
 void each_range(GeluSimd simd, int64_t n, int64_t grain, const Loop& loop) {
   if constexpr (std::is_same_v<T, float>)
     if (simd == GeluSimd::best && gelu_runs_avx512())
       return parallel_for(n, grain, [&](int64_t begin, int64_t end) { run_avx512(loop, begin, end); });
-  parallel_for(n, grain, loop);
+  parallel_for(n, grain, [&](int64_t begin, int64_t end) { loop(begin, end, VectorBytes<kPortableVectorBytes>{}); });
 }
 }  // namespace gelu_detail
 
@@ -212,8 +235,8 @@ template <class T>
 void gelu_forward(GeluForm form, T* y, T* s, const T* x, int64_t n, GeluSimd simd = GeluSimd::best) {
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
-    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end) TAPEGRAD_GELU_INLINE {
-      forward_elements<F>(y, s, x, begin, end);
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
+      forward_elements<F, decltype(width)::value>(y, s, x, begin, end);
     });
   });
 }
@@ -223,7 +246,7 @@ template <class T>
 void gelu_from_saved(GeluForm form, T* y, const T* x, const T* s, int64_t n, GeluSimd simd = GeluSimd::best) {
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
-    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end) TAPEGRAD_GELU_INLINE {
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto) TAPEGRAD_GELU_INLINE {
       for (int64_t i = begin; i < end; ++i) y[i] = value<F>(x[i], s[i]);
     });
   });
@@ -235,8 +258,14 @@ void gelu_derivative(GeluForm form, T* out, const T* x, const T* s, const T* in,
                      GeluSimd simd = GeluSimd::best) {
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
-    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end) TAPEGRAD_GELU_INLINE {
-      for (int64_t i = begin; i < end; ++i) out[i] += slope<F>(x[i], s[i]) * in[i];
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
+      int64_t i = begin;
+      if constexpr (in_packs<F, T, decltype(width)::value>) {
+        using P = FloatPack<decltype(width)::value>;
+        for (; i + P::kFloats <= end; i += P::kFloats)
+          (P::load(out + i) + slope<F>(P::load(x + i), P::load(s + i)) * P::load(in + i)).store(out + i);
+      }
+      for (; i < end; ++i) out[i] += slope<F>(x[i], s[i]) * in[i];
     });
   });
 }
@@ -246,8 +275,14 @@ template <class T>
 void gelu_derivative_in_place(GeluForm form, T* v, const T* x, const T* s, int64_t n, GeluSimd simd = GeluSimd::best) {
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
-    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end) TAPEGRAD_GELU_INLINE {
-      for (int64_t i = begin; i < end; ++i) v[i] *= slope<F>(x[i], s[i]);
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
+      int64_t i = begin;
+      if constexpr (in_packs<F, T, decltype(width)::value>) {
+        using P = FloatPack<decltype(width)::value>;
+        for (; i + P::kFloats <= end; i += P::kFloats)
+          (P::load(v + i) * slope<F>(P::load(x + i), P::load(s + i))).store(v + i);
+      }
+      for (; i < end; ++i) v[i] *= slope<F>(x[i], s[i]);
     });
   });
 }
@@ -258,7 +293,7 @@ void gelu_curvature(GeluForm form, T* out, const T* x, const T* s, const T* tx, 
                     GeluSimd simd = GeluSimd::best) {
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
-    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end) TAPEGRAD_GELU_INLINE {
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto) TAPEGRAD_GELU_INLINE {
       for (int64_t i = begin; i < end; ++i) out[i] += curvature<F>(x[i], s[i]) * tx[i] * g[i];
     });
   });
@@ -277,12 +312,12 @@ void gelu_forward_biased(GeluForm form, T* y, T* s, T* x, const T* b, int64_t ro
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
     each_range<T>(simd, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                  [=](int64_t r0, int64_t r1) TAPEGRAD_GELU_INLINE {
+                  [=](int64_t r0, int64_t r1, auto width) TAPEGRAD_GELU_INLINE {
                     for (int64_t r = r0; r < r1; ++r) {
                       T* xr = x + r * cols;
                       if (b)
                         for (int64_t j = 0; j < cols; ++j) xr[j] += b[j];
-                      forward_elements<F>(y + r * cols, s + r * cols, xr, 0, cols);
+                      forward_elements<F, decltype(width)::value>(y + r * cols, s + r * cols, xr, 0, cols);
                     }
                   });
   });

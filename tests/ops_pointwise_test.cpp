@@ -114,8 +114,8 @@ TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, o
   set_num_threads(saved);
 }
 
-// The float32 kernels run 16 wide on an AVX-512 CPU and 8 wide elsewhere (ops/gelu.hpp): the same operations in
-// the same order, so the same bits. Checked on every 997th float32 bit pattern (both signs, zeros, subnormals,
+// The float32 kernels run 16 wide on an AVX-512 CPU and 8 wide elsewhere (ops/gelu.hpp), the exact form's in packs
+// of eight vectors: the same operations in the same order, so the same bits. Checked on every 997th float32 bit pattern (both signs, zeros, subnormals,
 // huge, ±∞, NaNs) and the edges of the formulas, in both forms and every kernel.
 TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
   if (!gelu_runs_avx512()) MESSAGE("this CPU has no AVX-512: both runs take the portable copy");
@@ -147,6 +147,19 @@ TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
     }
     CHECK(bits_equal(y[0], y[1]));
     CHECK(bits_equal(s[0], s[1]));
+    // Both copies take the exact form's elements eight vectors at a time (ops/float_pack.hpp): one element at a
+    // time, through the same formulas on plain floats, gives the same bits.
+    if (form == GeluForm::exact) {
+      std::vector<float> y_one(x.size()), s_one(x.size()), v_one(in);
+      for (size_t i = 0; i < x.size(); ++i) {
+        s_one[i] = gelu_detail::normal_cdf(x[i]);
+        y_one[i] = x[i] * s_one[i];
+        v_one[i] *= gelu_detail::slope<GeluForm::exact>(x[i], s[0][i]);
+      }
+      CHECK(bits_equal(y[0], y_one));
+      CHECK(bits_equal(s[0], s_one));
+      CHECK(bits_equal(v[0], v_one));
+    }
     CHECK(bits_equal(h[0], h[1]));
     CHECK(bits_equal(h[0], y[0]));  // y from the saved s is the forward's y
     CHECK(bits_equal(d[0], d[1]));
