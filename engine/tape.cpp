@@ -1,5 +1,7 @@
 #include "engine/tape.hpp"
 
+#include <algorithm>
+
 #include "engine/tape_observer.hpp"
 
 namespace tapegrad {
@@ -96,6 +98,12 @@ std::span<const uint32_t> Tape::store_ids(std::span<const Var> inputs) {
 // ---- gradient buffers: released ones are reused, smallest fit first ----
 
 Tensor Tape::zeroed_gradient_buffer(DType dtype, const Shape& shape) {
+  Tensor t = gradient_buffer(dtype, shape);
+  t.fill_zero();
+  return t;
+}
+
+Tensor Tape::gradient_buffer(DType dtype, const Shape& shape) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   size_t best = spare_grads_.size();  // the smallest spare buffer that fits
   for (size_t i = 0; i < spare_grads_.size(); ++i)
@@ -107,8 +115,15 @@ Tensor Tape::zeroed_gradient_buffer(DType dtype, const Shape& shape) {
     spare_grads_[best] = std::move(spare_grads_.back());
     spare_grads_.pop_back();
   }
-  t.fill_zero();
   return t;
+}
+
+void Tape::vjp_writes_fresh(Var y) {
+  const ValueRec& r = rec(y, "vjp_writes_fresh");
+  if (!recording_ || r.leaf) return;  // nothing recorded (NoGradGuard), or not an op's output
+  if (nodes_.empty() || nodes_.back()->out != y.id_)
+    fail("vjp_writes_fresh: call it right after record(), with the output it returned");
+  nodes_.back()->writes_fresh = true;
 }
 
 void Tape::release_buffer(Tensor& t) {
@@ -124,6 +139,8 @@ void Tape::release_buffer(Tensor& t) {
 // into them (gin[lane][i]: input i's buffer in that lane, undefined where it needs none), and then the output's
 // buffers go back to the spares (unless it is a leaf or its gradient is kept), so only the cotangents of values
 // still ahead of the sweep are held.
+// In backward (one lane), a node marked writes_fresh gets the buffers it is the first to reach unzeroed, flagged in
+// fresh_ for its VJP (Tape::fresh_gradient), unless it takes that input twice.
 template <size_t Lanes, class Cotangent, class Step>
 void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
   static_assert(Lanes <= 2);
@@ -132,17 +149,28 @@ void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
     const ValueRec& o = values_[n.out];
     if (!o.requires_grad || !cotangent(0, n.out).defined()) continue;
     for (size_t lane = 0; lane < Lanes; ++lane) sweep_[lane].assign(n.inputs.size(), Tensor{});
+    fresh_.assign(n.inputs.size(), 0);
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const uint32_t id = n.inputs[i];
       const ValueRec& r = values_[id];
       if (!r.requires_grad) continue;
+      const bool once = std::count(n.inputs.begin(), n.inputs.end(), id) == 1;
       for (size_t lane = 0; lane < Lanes; ++lane) {
         Tensor& c = cotangent(lane, id);
-        if (!c.defined()) c = zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
+        if (!c.defined()) {
+          const bool fresh = Lanes == 1 && n.writes_fresh && once;
+          c = fresh ? gradient_buffer(r.value.dtype(), r.value.shape())
+                    : zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
+          fresh_[i] = fresh;
+        }
         sweep_[lane][i] = c;
       }
     }
     notify([&](TapeObserver& ob) { ob.on_vjp_begin(*this, n); });
+    struct ClearFresh {
+      std::vector<uint8_t>& f;
+      ~ClearFresh() { f.clear(); }  // also when the VJP throws: no later call sees this node's flags
+    } clear_fresh{fresh_};
     step(n, sweep_);
     notify([&](TapeObserver& ob) { ob.on_vjp_end(*this, n, sweep_[0]); });
     if (o.leaf || o.retain_grad || retain_grads_) continue;

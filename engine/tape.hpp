@@ -72,6 +72,8 @@ class Var {
 
 // A recorded node. gin[i] / tin[i] are undefined where input i needs no gradient / has no tangent. VJP and JVP add
 // into gin and tout (zeroed by the tape), the only tensors they may write: gout, tin and saved values are const.
+// A node marked writes_fresh (Tape::vjp_writes_fresh) may instead write gin[i] where Tape::fresh_gradient(i) says
+// the buffer is fresh: backward has not zeroed it, and this VJP is the first to give the input a gradient.
 class Node {
  public:
   Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept,
@@ -90,6 +92,7 @@ class Node {
   // Arena bytes the op allocated since the tape's previous node or leaf: its output and what its VJP and JVP keep.
   size_t bytes_kept;
   SourcePlace where;  // the op's tape.record call: its forward, with the VJP and JVP it passes
+  bool writes_fresh = false;  // its VJP writes each fresh gradient in full (see above)
 };
 
 class Tape {
@@ -144,6 +147,15 @@ class Tape {
     return record(op, std::span<const Var>(inputs.begin(), inputs.size()), std::move(out), std::forward<Vjp>(vjp),
                   std::forward<Jvp>(jvp), NoSecondOrder{}, where);
   }
+
+  // Fresh gradients. An op whose VJP can write an input's gradient rather than add into it marks its node right
+  // after recording it (y: the output record() returned). backward then gives the node's inputs that no node has
+  // given a gradient yet a buffer it has not zeroed, and the VJP asks fresh_gradient(i), for input i (the index of
+  // gin), whether to write gin[i] whole (true) or to add into it (false, as every VJP does). What backward saves is
+  // zeroing the buffer and the VJP's reading it back: the bits are the same, since 0 + v is v. False outside a
+  // VJP that backward runs, in hvp, and for an input the node takes twice.
+  void vjp_writes_fresh(Var y);
+  bool fresh_gradient(size_t input) const { return input < fresh_.size() && fresh_[input] != 0; }
 
   // Reverse mode. A scalar y is seeded with 1; any other y needs a seed of its shape. Once per recording.
   void backward(Var y, const Tensor& seed = {});
@@ -273,8 +285,10 @@ class Tape {
   const ValueRec& at(uint32_t id) const;
   Var add_value(Tensor value, bool requires_grad);
   std::span<const uint32_t> store_ids(std::span<const Var> inputs);
-  // A zeroed buffer for a gradient: the smallest released one that fits, else a new one from the arena.
+  // A zeroed buffer for a gradient: the smallest released one that fits, else a new one from the arena; and one
+  // whose contents are left as they are, for a VJP that writes it whole.
   Tensor zeroed_gradient_buffer(DType dtype, const Shape& shape);
+  Tensor gradient_buffer(DType dtype, const Shape& shape);
   void release_buffer(Tensor& t);  // t's memory becomes a spare; t is left undefined
   Tensor allocate(DType dtype, const Shape& shape) {  // unobserved: gradient and tangent buffers
     return Tensor(dtype, shape, arena_.allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype)));
@@ -286,6 +300,7 @@ class Tape {
   ValueRecords values_;
   std::vector<Node*> nodes_;
   std::vector<Tensor> sweep_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
+  std::vector<uint8_t> fresh_;    // per input of the node whose VJP backward runs: its gradient buffer is fresh
   std::vector<Tensor> spare_grads_;  // arena buffers of released gradients
   std::vector<TapeObserver*> observers_;
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)

@@ -98,6 +98,29 @@ inline void expect_residual_shape(const char* op, const Var& residual, const Sha
     fail("{}: the residual must have the output's shape {} (x {}), got {}", op, out, x.shape(), residual.shape());
 }
 
+// Fresh gradient buffers (engine/tape.hpp, Tape::vjp_writes_fresh), in the VJP of a node marked for them: the β of
+// a product that gives input i its gradient, 0 where the buffer is fresh (the product writes it) and 1 where it
+// adds; and, for a path that can only add, the buffer zeroed first where it is fresh.
+template <class T>
+T beta_for(const Tape& tape, size_t input) {
+  return tape.fresh_gradient(input) ? T(0) : T(1);
+}
+inline void zero_if_fresh(const Tape& tape, size_t input, Tensor g) {
+  if (g.defined() && tape.fresh_gradient(input)) g.fill_zero();
+}
+
+// out[i] (+)= x[i] for i < n, ranges of 16k elements on the engine's threads: with `add` false, a copy (a fresh
+// gradient's first contribution).
+template <class T>
+void add_or_copy_elements(T* out, const T* x, int64_t n, bool add) {
+  parallel_for(n, 16384, [=](int64_t begin, int64_t end) {
+    if (add)
+      for (int64_t i = begin; i < end; ++i) out[i] += x[i];
+    else
+      std::copy(x + begin, x + end, out + begin);
+  });
+}
+
 // out[i] += x[i] for i < n, ranges of 16k elements on the engine's threads: a residual joining a layer's output, and
 // its gradient (element-wise: the same bits on any thread count).
 template <class T>

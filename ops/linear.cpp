@@ -75,13 +75,17 @@ Var linear(Var x, Var w, Var b, Var residual) {
         round_for_products(g16, g.data<float>(), n, out, out);
       }
       if (gin[0].defined())
-        gemm(n, in, out, T(1), with_rounding(as_is(pg, out), g16), with_rounding(as_is(wv.data<T>(), in), w16), T(1),
-             gin[0].data<T>(), in);
+        gemm(n, in, out, T(1), with_rounding(as_is(pg, out), g16), with_rounding(as_is(wv.data<T>(), in), w16),
+             beta_for<T>(*tp, 0), gin[0].data<T>(), in);
       if (gin[1].defined())
         gemm(out, in, n, T(1), with_rounding(transposed(pg, out), g16), with_rounding(as_is(xv.data<T>(), in), x16),
-             T(1), gin[1].data<T>(), in);
-      if (has_bias && gin[2].defined()) sum_rows(gin[2].data<T>(), pg, n, out);
-      if (has_residual && gin[residual_slot].defined()) add_elements(gin[residual_slot].data<T>(), pg, n * out);
+             beta_for<T>(*tp, 1), gin[1].data<T>(), in);
+      if (has_bias && gin[2].defined()) {
+        zero_if_fresh(*tp, 2, gin[2]);
+        sum_rows(gin[2].data<T>(), pg, n, out);
+      }
+      if (has_residual && gin[residual_slot].defined())  // r̄ += ȳ, or r̄ = ȳ where fresh
+        add_or_copy_elements(gin[residual_slot].data<T>(), pg, n * out, !tp->fresh_gradient(residual_slot));
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
@@ -104,7 +108,9 @@ Var linear(Var x, Var w, Var b, Var residual) {
         gemm(out, in, n, T(1), transposed(pg, out), as_is(tin[0].data<T>(), in), T(1), gin_dot[1].data<T>(), in);
     });
   };
-  return tape.record(op, std::span<const Var>(inputs), y, vjp, jvp, second);
+  Var out_var = tape.record(op, std::span<const Var>(inputs), y, vjp, jvp, second);
+  tape.vjp_writes_fresh(out_var);
+  return out_var;
 }
 
 std::vector<OpInfo> linear_ops() {

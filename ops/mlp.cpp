@@ -62,16 +62,20 @@ void mlp_forward(const MlpDims& d, const T* x, const T* w1, const T* b1, const T
 }
 
 // The VJP of the header; gradients that are null are not computed. h and hbar are (n, H) scratch.
-// With r.g and r.ubar set, ȳ and ū are rounded into them once for their two products each.
+// With r.g and r.ubar set, ȳ and ū are rounded into them once for their two products each. The products add into
+// x̄, W̄₁ and W̄₂ with β = 1, or write them with β = 0 (a fresh gradient buffer, Tape::fresh_gradient).
+struct MlpBetas {
+  double dx = 1, dw1 = 1, dw2 = 1;
+};
 template <class T>
 void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* g, T* dx,
-             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r) {
+             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r, const MlpBetas& beta = {}) {
   if constexpr (std::is_same_v<T, float>)
     if (r.g) round_for_products(r.g, g, d.n, d.c_out, d.c_out);
   if (dw2) {
     if (!r.h || !runs_in_bf16(d.c_out, d.h, d.n)) gelu_from_saved(d.form, h, u, s, d.n * d.h);  // else h is r.h
-    gemm(d.c_out, d.h, d.n, T(1), with_rounding(transposed(g, d.c_out), r.g), with_rounding(as_is(h, d.h), r.h), T(1),
-         dw2, d.h);
+    gemm(d.c_out, d.h, d.n, T(1), with_rounding(transposed(g, d.c_out), r.g), with_rounding(as_is(h, d.h), r.h),
+         T(beta.dw2), dw2, d.h);
   }
   if (db2) sum_rows(db2, g, d.n, d.c_out);
   if (!dx && !dw1 && !db1) return;
@@ -81,12 +85,12 @@ void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
   if constexpr (std::is_same_v<T, float>)
     if (r.ubar) round_for_products(r.ubar, hbar, d.n, d.h, d.h);
   if (dw1)
-    gemm(d.h, d.c, d.n, T(1), with_rounding(transposed(hbar, d.h), r.ubar), with_rounding(as_is(x, d.c), r.x), T(1),
-         dw1, d.c);
+    gemm(d.h, d.c, d.n, T(1), with_rounding(transposed(hbar, d.h), r.ubar), with_rounding(as_is(x, d.c), r.x),
+         T(beta.dw1), dw1, d.c);
   if (db1) sum_rows(db1, hbar, d.n, d.h);
   if (dx)
-    gemm(d.n, d.c, d.h, T(1), with_rounding(as_is(hbar, d.h), r.ubar), with_rounding(as_is(w1, d.c), r.w1), T(1), dx,
-         d.c);
+    gemm(d.n, d.c, d.h, T(1), with_rounding(as_is(hbar, d.h), r.ubar), with_rounding(as_is(w1, d.c), r.w1),
+         T(beta.dx), dx, d.c);
 }
 
 // The JVP of the header, added into ty; null tangents contribute nothing. h and hdot are (n, H) scratch.
@@ -234,11 +238,15 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
         r.g = scratch.take<uint16_t>(d.n * d.c_out);
         r.ubar = scratch.take<uint16_t>(d.n * d.h);
       }
+      if (has_b1) zero_if_fresh(*tp, 3, gin[3]);  // b̄₁ and b̄₂ are sums over rows, added into their buffers
+      if (has_b2) zero_if_fresh(*tp, has_b1 ? 4 : 3, bias_slot(gin, 2));
+      const MlpBetas betas{beta_for<double>(*tp, 0), beta_for<double>(*tp, 1), beta_for<double>(*tp, 2)};
       mlp_vjp(d, xv.data<T>(), w1v.data<T>(), w2v.data<T>(), u.data<T>(), s.data<T>(), g.data<T>(),
               data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), data_or_null<T>(bias_slot(gin, 1)),
-              data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar, r);
-      if (has_residual && gin[residual_slot].defined())
-        add_elements(gin[residual_slot].data<T>(), g.data<T>(), d.n * d.c_out);  // r̄ += ȳ
+              data_or_null<T>(gin[2]), data_or_null<T>(bias_slot(gin, 2)), h, hbar, r, betas);
+      if (has_residual && gin[residual_slot].defined())  // r̄ += ȳ, or r̄ = ȳ where fresh
+        add_or_copy_elements(gin[residual_slot].data<T>(), g.data<T>(), d.n * d.c_out,
+                             !tp->fresh_gradient(residual_slot));
     });
   };
   auto jvp = [=](std::span<const Tensor> tin, Tensor& ty) {
@@ -261,7 +269,9 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
                        tp->scratch().take_one(five));
     });
   };
-  return tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp, second);
+  Var out = tape.record(kOp, std::span<const Var>(inputs), y, vjp, jvp, second);
+  tape.vjp_writes_fresh(out);
+  return out;
 }
 
 std::vector<OpInfo> mlp_ops() {

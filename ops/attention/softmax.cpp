@@ -347,12 +347,15 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
   auto read_qkv = [=]<class T>(SliceCopies<T>& c, const T* x, int64_t b, int64_t head) {
     read_heads(c.q, c.k, c.v, x, b, head);
   };
-  // Q̄, K̄, V̄ (or their second-order terms) of slice (b, head) added into a qkv-shaped gradient.
-  auto add_into_qkv = [=]<class T>(T* dx, const SliceCopies<T>& c, int64_t b, int64_t head) {
+  // Q̄, K̄, V̄ (or their second-order terms) of slice (b, head) added into a qkv-shaped gradient, or written into it
+  // where the buffer is fresh (Tape::fresh_gradient): the slices cover it.
+  auto add_into_qkv = [=]<class T>(T* dx, const SliceCopies<T>& c, int64_t b, int64_t head, bool add = true) {
     T* ds = dx + in.at(b, head);
-    add_slice_in(ds, in.W, c.gq, T_, d);
-    add_slice_in(ds + C, in.W, c.gk, T_, d);
-    add_slice_in(ds + 2 * C, in.W, c.gv, T_, d);
+    for (int part = 0; part < 3; ++part) {
+      const T* from = part == 0 ? c.gq : part == 1 ? c.gk : c.gv;
+      if (add) add_slice_in(ds + part * C, in.W, from, T_, d);
+      else copy_slice_in(ds + part * C, in.W, from, T_, d);
+    }
   };
   dispatch_float(op, dtype, [&]<class T>(T) {
     const T* x = xv.data<T>();
@@ -369,6 +372,7 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
     dispatch_float(op, dtype, [&]<class T>(T) {
       const T *x = xv.data<T>(), *pa = a.data<T>(), *po = o.data<T>(), *pg = g.data<T>();
       T* dx = gin[0].data<T>();
+      const bool add = !tp->fresh_gradient(0);
       each_packed_slice<T>(*tp, dims, need(copies + block), copies + block,
                            [&](SliceCopies<T>& c, int64_t b, int64_t head, int64_t bh) {
                              read_qkv(c, x, b, head);
@@ -377,7 +381,7 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
                              std::fill(c.gq, c.gq + 3 * n, T(0));
                              attention_vjp<T>(dims, {c.q, c.k, c.v, nullptr, b, head}, pa + bh * T_ * T_, c.o, c.g,
                                               no_bias, c.gq, c.gk, c.gv, nullptr, c.rest);
-                             add_into_qkv(dx, c, b, head);
+                             add_into_qkv(dx, c, b, head, add);
                            });
     });
   };
@@ -416,7 +420,9 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
                            });
     });
   };
-  return tape.record(op, {qkv}, o, vjp, jvp, second_order);
+  Var result = tape.record(op, {qkv}, o, vjp, jvp, second_order);
+  tape.vjp_writes_fresh(result);
+  return result;
 }
 
 // attention's worked example (`tapegrad explain attention --trace`, docs/learn.md §3): a batch of 2, one head,
