@@ -287,6 +287,31 @@ void gelu_derivative_in_place(GeluForm form, T* v, const T* x, const T* s, int64
   });
 }
 
+// y = GELU(x) from the saved s, and v ← f′(x) ⊙ v, in one pass over x and s: the fused MLP's backward
+// (mlp.cpp), which needs h for W̄₂ and ū = gelu′(u) ⊙ h̄.                        y, v, x, s: (n)
+template <class T>
+void gelu_value_and_derivative_in_place(GeluForm form, T* y, T* v, const T* x, const T* s, int64_t n,
+                                        GeluSimd simd = GeluSimd::best) {
+  using namespace gelu_detail;
+  with_form(form, [=]<GeluForm F>() {
+    each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
+      int64_t i = begin;
+      if constexpr (in_packs<F, T, decltype(width)::value>) {
+        using P = FloatPack<decltype(width)::value>;
+        for (; i + P::kFloats <= end; i += P::kFloats) {
+          const P xi = P::load(x + i), si = P::load(s + i);
+          value<F>(xi, si).store(y + i);
+          (P::load(v + i) * slope<F>(xi, si)).store(v + i);
+        }
+      }
+      for (; i < end; ++i) {
+        y[i] = value<F>(x[i], s[i]);
+        v[i] *= slope<F>(x[i], s[i]);
+      }
+    });
+  });
+}
+
 // out += f″(x) ⊙ tx ⊙ g: the second-order term of x̄ = f′(x)·ȳ along ẋ (Tape::hvp).   out, x, s, tx, g: (n)
 template <class T>
 void gelu_curvature(GeluForm form, T* out, const T* x, const T* s, const T* tx, const T* g, int64_t n,
@@ -329,6 +354,7 @@ void gelu_forward_biased(GeluForm form, T* y, T* s, T* x, const T* b, int64_t ro
   how void gelu_from_saved<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                                \
   how void gelu_derivative<T>(GeluForm, T*, const T*, const T*, const T*, int64_t, GeluSimd);                      \
   how void gelu_derivative_in_place<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                       \
+  how void gelu_value_and_derivative_in_place<T>(GeluForm, T*, T*, const T*, const T*, int64_t, GeluSimd);         \
   how void gelu_curvature<T>(GeluForm, T*, const T*, const T*, const T*, const T*, int64_t, GeluSimd);             \
   how void gelu_forward_biased<T>(GeluForm, T*, T*, T*, const T*, int64_t, int64_t, GeluSimd);
 TAPEGRAD_GELU_KERNELS(extern template, float)

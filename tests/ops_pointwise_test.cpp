@@ -144,6 +144,11 @@ TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
       gelu_derivative_in_place(form, v[path].data(), x.data(), s[0].data(), n, simd);
       c[path] = ones;
       gelu_curvature(form, c[path].data(), x.data(), s[0].data(), in.data(), ones.data(), n, simd);
+      // h and gelu′ ⊙ v in one pass (the fused MLP's backward) are the two kernels' bits
+      std::vector<float> h_one(x.size()), v_one = in;
+      gelu_value_and_derivative_in_place(form, h_one.data(), v_one.data(), x.data(), s[0].data(), n, simd);
+      CHECK(bits_equal(h_one, h[path]));
+      CHECK(bits_equal(v_one, v[path]));
     }
     CHECK(bits_equal(y[0], y[1]));
     CHECK(bits_equal(s[0], s[1]));
