@@ -4,7 +4,7 @@
 // previous event to what the event ends:
 //   a node recorded          → its op's forward   (the op computed its output just before recording it)
 //   a node's VJP returned    → its op's backward  (timed around the call)
-//   gradient buffers zeroed  → "tape: gradient buffers"  (the zeroed x̄ a VJP adds into)
+//   gradient buffers made    → "tape: gradient buffers"  (the x̄ a VJP adds into, zeroed, or a fresh one it writes)
 //   a leaf or parameter made → "tape: leaves and glue"   (with whatever the caller did since the last event)
 //   backward or clear() ends → "tape: backward" / "tape: clear"
 // and the caller names what it does outside the tape with mark("optimizer: AdamW"), the same way. Between pause()
@@ -56,7 +56,7 @@ class Profile final : public TapeObserver {
   void on_leaf(const Tape&, const Tensor&) override;
   void on_output(const Tape&, const char* op, std::span<const Var> inputs, const Tensor& out) override;
   void on_backward_begin(const Tape&, const Tensor&) override;
-  void on_vjp_begin(const Tape&, const Node&) override;  // the time before a VJP: its zeroed gradient buffers
+  void on_vjp_begin(const Tape&, const Node&) override;  // the time before a VJP: its gradient buffers
   void on_vjp_end(const Tape&, const Node& n, std::span<const Tensor>) override;
   void on_backward_end(const Tape&) override;
   void on_clear(const Tape&) override;
