@@ -22,6 +22,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 // Every function here is inlined into its caller (always_inline), so GCC's note that a 64-byte vector passed by
 // value changes the ABI without AVX-512 concerns no call that is made.
@@ -152,6 +153,21 @@ TAPEGRAD_PACK_INLINE IntPack<W> operator&(const IntPack<W>& a, int32_t b) {
 TAPEGRAD_PACK_INLINE float select(bool mask, float a, float b) { return mask ? a : b; }
 TAPEGRAD_PACK_INLINE int32_t float_bits(float a) { return std::bit_cast<int32_t>(a); }
 TAPEGRAD_PACK_INLINE float bits_float(int32_t a) { return std::bit_cast<float>(a); }
+
+// A V (a FloatPack or the element type T itself) from the elements at p, and back: a loop body written once over V.
+template <class V, class T>
+TAPEGRAD_PACK_INLINE V load_as(const T* p) {
+  if constexpr (std::is_same_v<V, T>) return *p;
+  else return V::load(p);
+}
+template <class T>
+TAPEGRAD_PACK_INLINE void store_to(T* p, T v) {
+  *p = v;
+}
+template <int W>
+TAPEGRAD_PACK_INLINE void store_to(float* p, const FloatPack<W>& v) {
+  v.store(p);
+}
 
 // |a|: the sign bit cleared (for floats what std::fabs does).
 template <class V>

@@ -190,26 +190,28 @@ inline void with_form(GeluForm form, Body&& body) {
 template <GeluForm F, class T, int W>
 inline constexpr bool in_packs = F == GeluForm::exact && std::is_same_v<T, float> && W > 0;
 
+// body.template operator()<V>(i) over [begin, end): at i, a FloatPack's worth of elements from there (V =
+// FloatPack<W>) where the loop goes in packs, then one element at a time (V = T). Each loop below writes its
+// element once, over V, with load_as and store_to (ops/float_pack.hpp).
+template <GeluForm F, class T, int W, class Body>
+TAPEGRAD_GELU_INLINE inline void for_elements(int64_t begin, int64_t end, const Body& body) {
+  int64_t i = begin;
+  if constexpr (in_packs<F, T, W>)
+    for (; i + FloatPack<W>::kFloats <= end; i += FloatPack<W>::kFloats) body.template operator()<FloatPack<W>>(i);
+  for (; i < end; ++i) body.template operator()<T>(i);
+}
+
 // y[i] = GELU(x[i]) and s[i] for i in [begin, end)
 template <GeluForm F, int W, class T>
 TAPEGRAD_GELU_INLINE inline void forward_elements(T* y, T* s, const T* x, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  if constexpr (in_packs<F, T, W>) {
-    using P = FloatPack<W>;
-    for (; i + P::kFloats <= end; i += P::kFloats) {
-      const P xi = P::load(x + i), si = normal_cdf(xi);
-      si.store(s + i);
-      value<F>(xi, si).store(y + i);
-    }
-  }
-  for (; i < end; ++i) {
-    const T xi = x[i];
-    T si;
+  for_elements<F, T, W>(begin, end, [=]<class V>(int64_t i) TAPEGRAD_GELU_INLINE {
+    const V xi = load_as<V>(x + i);
+    V si;
     if constexpr (F == GeluForm::exact) si = normal_cdf(xi);
     else si = tanh_complement(T(kC) * (xi + T(kA) * xi * xi * xi));
-    s[i] = si;
-    y[i] = value<F>(xi, si);
-  }
+    store_to(s + i, si);
+    store_to(y + i, value<F>(xi, si));
+  });
 }
 
 // Each loop over [begin, end) is a lambda marked TAPEGRAD_GELU_INLINE, taking the vector width in bytes as its
@@ -262,13 +264,9 @@ void gelu_derivative(GeluForm form, T* out, const T* x, const T* s, const T* in,
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
     each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
-      int64_t i = begin;
-      if constexpr (in_packs<F, T, decltype(width)::value>) {
-        using P = FloatPack<decltype(width)::value>;
-        for (; i + P::kFloats <= end; i += P::kFloats)
-          (P::load(out + i) + slope<F>(P::load(x + i), P::load(s + i)) * P::load(in + i)).store(out + i);
-      }
-      for (; i < end; ++i) out[i] += slope<F>(x[i], s[i]) * in[i];
+      for_elements<F, T, decltype(width)::value>(begin, end, [=]<class V>(int64_t i) TAPEGRAD_GELU_INLINE {
+        store_to(out + i, load_as<V>(out + i) + slope<F>(load_as<V>(x + i), load_as<V>(s + i)) * load_as<V>(in + i));
+      });
     });
   });
 }
@@ -279,13 +277,9 @@ void gelu_derivative_in_place(GeluForm form, T* v, const T* x, const T* s, int64
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
     each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
-      int64_t i = begin;
-      if constexpr (in_packs<F, T, decltype(width)::value>) {
-        using P = FloatPack<decltype(width)::value>;
-        for (; i + P::kFloats <= end; i += P::kFloats)
-          (P::load(v + i) * slope<F>(P::load(x + i), P::load(s + i))).store(v + i);
-      }
-      for (; i < end; ++i) v[i] *= slope<F>(x[i], s[i]);
+      for_elements<F, T, decltype(width)::value>(begin, end, [=]<class V>(int64_t i) TAPEGRAD_GELU_INLINE {
+        store_to(v + i, load_as<V>(v + i) * slope<F>(load_as<V>(x + i), load_as<V>(s + i)));
+      });
     });
   });
 }
@@ -298,19 +292,11 @@ void gelu_value_and_derivative_in_place(GeluForm form, T* y, T* v, const T* x, c
   using namespace gelu_detail;
   with_form(form, [=]<GeluForm F>() {
     each_range<T>(simd, n, kGrain, [=](int64_t begin, int64_t end, auto width) TAPEGRAD_GELU_INLINE {
-      int64_t i = begin;
-      if constexpr (in_packs<F, T, decltype(width)::value>) {
-        using P = FloatPack<decltype(width)::value>;
-        for (; i + P::kFloats <= end; i += P::kFloats) {
-          const P xi = P::load(x + i), si = P::load(s + i);
-          value<F>(xi, si).store(y + i);
-          (P::load(v + i) * slope<F>(xi, si)).store(v + i);
-        }
-      }
-      for (; i < end; ++i) {
-        y[i] = value<F>(x[i], s[i]);
-        v[i] *= slope<F>(x[i], s[i]);
-      }
+      for_elements<F, T, decltype(width)::value>(begin, end, [=]<class V>(int64_t i) TAPEGRAD_GELU_INLINE {
+        const V xi = load_as<V>(x + i), si = load_as<V>(s + i);
+        store_to(y + i, value<F>(xi, si));
+        store_to(v + i, load_as<V>(v + i) * slope<F>(xi, si));
+      });
     });
   });
 }
