@@ -121,13 +121,11 @@ void add_or_copy_elements(T* out, const T* x, int64_t n, bool add) {
   });
 }
 
-// out[i] += x[i] for i < n, ranges of 16k elements on the engine's threads: a residual joining a layer's output, and
-// its gradient (element-wise: the same bits on any thread count).
+// out[i] += x[i] for i < n: a residual joining a layer's output, and its gradient (element-wise: the same bits on any
+// thread count).
 template <class T>
 void add_elements(T* out, const T* x, int64_t n) {
-  parallel_for(n, 16384, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] += x[i];
-  });
+  add_or_copy_elements(out, x, n, true);
 }
 
 }  // namespace tapegrad

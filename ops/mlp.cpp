@@ -72,31 +72,24 @@ void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
              T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r, const MlpBetas& beta = {}) {
   if constexpr (std::is_same_v<T, float>)
     if (r.g) round_for_products(r.g, g, d.n, d.c_out, d.c_out);
-  // Without rounded operands: h̄ = ȳ·W₂ first, then h = gelu(u) and ū = gelu′(u) ⊙ h̄ in one pass over u and s,
-  // then the products that read them (each product gives the same bits in either order: none adds into another's).
-  if (!r.h && (dx || dw1 || db1)) {
-    gemm(d.n, d.h, d.c_out, T(1), as_is(g, d.c_out), as_is(w2, d.h), T(0), hbar, d.h);
-    if (dw2) gelu_value_and_derivative_in_place(d.form, h, hbar, u, s, d.n * d.h);  // h and ū
+  // h for W̄₂ is rebuilt from u and s, unless the forward kept it rounded for a bf16 product. h̄ = ȳ·W₂ first, then
+  // h and ū = gelu′(u) ⊙ h̄ in one pass over u and s, then the products that read them (in any order the same bits:
+  // none adds into another's).
+  const bool h_needed = dw2 && (!r.h || !runs_in_bf16(d.c_out, d.h, d.n)), ubar_needed = dx || dw1 || db1;
+  if (ubar_needed) {
+    gemm(d.n, d.h, d.c_out, T(1), with_rounding(as_is(g, d.c_out), r.g), with_rounding(as_is(w2, d.h), r.w2), T(0),
+         hbar, d.h);
+    if (h_needed) gelu_value_and_derivative_in_place(d.form, h, hbar, u, s, d.n * d.h);  // h and ū
     else gelu_derivative_in_place(d.form, hbar, u, s, d.n * d.h);                   // ū
-    if (dw2) gemm(d.c_out, d.h, d.n, T(1), transposed(g, d.c_out), as_is(h, d.h), T(beta.dw2), dw2, d.h);
-    if (db2) sum_rows(db2, g, d.n, d.c_out);
-    if (dw1) gemm(d.h, d.c, d.n, T(1), transposed(hbar, d.h), as_is(x, d.c), T(beta.dw1), dw1, d.c);
-    if (db1) sum_rows(db1, hbar, d.n, d.h);
-    if (dx) gemm(d.n, d.c, d.h, T(1), as_is(hbar, d.h), as_is(w1, d.c), T(beta.dx), dx, d.c);
-    return;
+    if constexpr (std::is_same_v<T, float>)
+      if (r.ubar) round_for_products(r.ubar, hbar, d.n, d.h, d.h);
+  } else if (h_needed) {
+    gelu_from_saved(d.form, h, u, s, d.n * d.h);
   }
-  if (dw2) {
-    if (!r.h || !runs_in_bf16(d.c_out, d.h, d.n)) gelu_from_saved(d.form, h, u, s, d.n * d.h);  // else h is r.h
+  if (dw2)
     gemm(d.c_out, d.h, d.n, T(1), with_rounding(transposed(g, d.c_out), r.g), with_rounding(as_is(h, d.h), r.h),
          T(beta.dw2), dw2, d.h);
-  }
   if (db2) sum_rows(db2, g, d.n, d.c_out);
-  if (!dx && !dw1 && !db1) return;
-  gemm(d.n, d.h, d.c_out, T(1), with_rounding(as_is(g, d.c_out), r.g), with_rounding(as_is(w2, d.h), r.w2), T(0), hbar,
-       d.h);
-  gelu_derivative_in_place(d.form, hbar, u, s, d.n * d.h);  // ū
-  if constexpr (std::is_same_v<T, float>)
-    if (r.ubar) round_for_products(r.ubar, hbar, d.n, d.h, d.h);
   if (dw1)
     gemm(d.h, d.c, d.n, T(1), with_rounding(transposed(hbar, d.h), r.ubar), with_rounding(as_is(x, d.c), r.x),
          T(beta.dw1), dw1, d.c);
