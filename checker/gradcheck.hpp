@@ -78,7 +78,8 @@ enum class Finding {
                        // formulas, agrees once transpose() is put around that value or taken from it (found by
                        // editing the formulas: checker/formulas/edits.hpp)
   term_sign,           // one term of the rule has the wrong sign: the formulas agree once a + b becomes a − b (or
-                       // the reverse), or −u becomes u (found by editing them, as transposed_term)
+                       // the reverse), or −u becomes u (found by editing them, as transposed_term); from Python,
+                       // e = −2·(one edge's term) of a Function's forward (python/tapegrad/_forward.py)
   wrong_axis,          // a reduction or broadcast taken along the wrong axis: the formulas agree once a sum's (or
                        // mean's, unsqueeze's) axis becomes another of the same size; from Python, the forward's
                        // rule with one call's axis changed, or a broadcast operand's gradient reduced otherwise

@@ -10,8 +10,8 @@ shape (softmax, exp, a norm's division), running it "straight through" (the valu
 identity) gives x̄ with that call's own derivative left out.
 
 The user's error e = x̄_user − x̄_true, at a few random ȳ stacked, is fitted as α·d for one candidate at a time. A fit
-whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dropped term, α = +1 a term counted twice, any
-other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value of the forward such as
+whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dropped term, α = +1 a term counted twice, α = −2
+a term of the wrong sign, any other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value of the forward such as
 β or √d), and a straight-through fit with α = −1 a gradient built from the wrong value (dP where dS belongs). Where
 several edges fit (along a chain every edge carries the same term), the one at the call that joins two terms (a
 product, a sum) names it best, and among those the latest. Where no term fits, a term built from the wrong value is
@@ -311,8 +311,8 @@ def _named_values(calls, fixed, parameters, xs, names):
 
 
 def _preference(fit, values):
-    """Order of the fits: a dropped term, a term counted twice, a wrong value, a factor the forward's values
-    explain, any factor; then the call that joins two terms; then the latest call."""
+    """Order of the fits: a dropped term, a term counted twice, a term of the wrong sign, a wrong value, a factor the
+    forward's values explain, any factor; then the call that joins two terms; then the latest call."""
     call, j, how, alpha, _ = fit
     if how == "straight":
         rank = 2
@@ -320,6 +320,8 @@ def _preference(fit, values):
         rank = 0
     elif abs(alpha - 1) <= 1e-6:
         rank = 1
+    elif abs(alpha + 2) <= 1e-6:
+        rank = 1.5
     else:
         rank = 3 if _describe_factor(1 + alpha, values)[1] is not None or _fraction(1 + alpha) else 4
     return rank, -len(call.operands), -call.index
@@ -349,6 +351,10 @@ def _finding(fit, chain, input_name, operand, values, note):
         return ("term_added", input_name, "vjp",
                 f"x̄ counts one term of the forward's rule twice (the error is +1 × that term, to rounding): {term}; "
                 f"the backward must count it once{note}")
+    if abs(alpha + 2) <= 1e-6:
+        return ("term_sign", input_name, "vjp",
+                f"x̄ has one term of the forward's rule with the wrong sign (the error is −2 × that term, to "
+                f"rounding): {term}; the backward must add it where it subtracts it, or the reverse{note}")
     factor = 1 + alpha
     described, value_name = _describe_factor(factor, values)
     hint = ""

@@ -407,13 +407,17 @@ def centred(slip=None):
     return Centred
 
 
-def test_a_per_row_term_with_the_wrong_sign_is_named_a_per_row_term_and_no_edit_is_searched():
-    # The Jacobian's per-row term, of vectors it names (1·1ᵀ: a mean), says where the error lies; the edit search (a
-    # trace and its evaluations, more than the small check itself costs) runs only for an input no kind explains or
-    # one whose per-row term names no vectors.
+def test_a_per_row_term_with_the_wrong_sign_is_named_from_the_forward_and_no_edit_is_searched():
+    # The Jacobian's per-row term, of vectors it names (1·1ᵀ: a mean), says what shape the error has in each row; the
+    # term of the forward's rule it comes from is named from the forward (one forward and backward per edge), before
+    # it. The edit search (a trace and its evaluations, more than the small check itself costs) runs only for an
+    # input no kind explains or one whose per-row term names no vectors: its finding would say "once ... → ...".
     report = tapegrad.gradcheck(centred("mean_sign").apply, (torch.randn(4, 5, dtype=torch.float64,
                                                                          requires_grad=True),))
-    assert report.has("per_row_term", "x") and not report.has("term_sign", "x"), report
+    assert report.kinds[:2] == ["term_sign", "per_row_term"], report
+    named = report.diagnoses[0]
+    assert "the error is −2 × that term" in named.message and " once " not in named.message, report
+    assert "the term of `x.mean(-1, keepdim=True)` in `x - x.mean(-1, keepdim=True)` at test_trace.py:" in named.message
     right = tapegrad.gradcheck(centred().apply, (torch.randn(4, 5, dtype=torch.float64, requires_grad=True),))
     assert right.passed, right
 
