@@ -18,19 +18,26 @@ namespace {
 // The section that derives the second-order rules, as a whole.
 constexpr std::string_view kSecondOrderSection = "6";
 
+// A sheet's list of section numbers, "2.1, 1.1" → {"2.1", "1.1"}.
+std::vector<std::string> section_numbers(const std::string& list) {
+  std::vector<std::string> numbers;
+  for (size_t start = 0; start < list.size();) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    std::string n = list.substr(start, end - start);
+    n.erase(0, n.find_first_not_of(' '));
+    n.erase(n.find_last_not_of(' ') + 1);
+    if (!n.empty()) numbers.push_back(n);
+    start = end + 1;
+  }
+  return numbers;
+}
+
 // "2.1, 1.1" → the headings "### 2.1 ..." (or "## 6. ...") of the derivations file, or the numbers where it cannot
 // be read.
 std::vector<std::string> derivation_sections(const std::string& numbers, const std::string& path, bool& read) {
-  std::vector<std::string> wanted, found;
-  for (size_t start = 0; start < numbers.size();) {
-    size_t end = numbers.find(',', start);
-    if (end == std::string::npos) end = numbers.size();
-    std::string n = numbers.substr(start, end - start);
-    n.erase(0, n.find_first_not_of(' '));
-    n.erase(n.find_last_not_of(' ') + 1);
-    if (!n.empty()) wanted.push_back(n);
-    start = end + 1;
-  }
+  const std::vector<std::string> wanted = section_numbers(numbers);
+  std::vector<std::string> found;
   std::vector<std::string> headings;
   if (!path.empty()) {
     std::ifstream in(path);
@@ -265,15 +272,7 @@ std::string cell(const std::string& text) {
 // "§2.1, §1.1; 2nd order §6.4" from a sheet's section numbers.
 std::string sections_of(const OpInfo& op) {
   std::string s;
-  for (size_t start = 0; start < op.derivation.size();) {
-    size_t end = op.derivation.find(',', start);
-    if (end == std::string::npos) end = op.derivation.size();
-    std::string n = op.derivation.substr(start, end - start);
-    n.erase(0, n.find_first_not_of(' '));
-    n.erase(n.find_last_not_of(' ') + 1);
-    if (!n.empty()) s += (s.empty() ? "§" : ", §") + n;
-    start = end + 1;
-  }
+  for (const std::string& n : section_numbers(op.derivation)) s += (s.empty() ? "§" : ", §") + n;
   const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
                              : op.second_order == kNoSecondOrderTerm ? "6.1"
                                                                      : std::string(kSecondOrderSection);
