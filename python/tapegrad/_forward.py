@@ -10,21 +10,22 @@ shape (softmax, exp, a norm's division), running it "straight through" (the valu
 identity) gives x̄ with that call's own derivative left out.
 
 The user's error e = x̄_user − x̄_true, at a few random ȳ stacked, is fitted as α·d for one candidate at a time. A fit
-whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dropped term, α = +1 a term counted twice, α = −2
-a term of the wrong sign, any other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value of the forward such as
-β or √d), and a straight-through fit with α = −1 a gradient built from the wrong value (dP where dS belongs). Where
-several edges fit (along a chain every edge carries the same term), the one at the call that joins two terms (a
-product, a sum) names it best, and among those the latest. Where no term fits, a term built from the wrong value is
-tried: the forward run with one operand of one call replaced by another value it has at that point, of the same
-shape (an input, an earlier call's output); x̄_user equal to that run's x̄ says which value the backward reads.
-Before that, a term whose factor is a value of the forward element by element (x̄_user = x̄_true − d + d·v or
-− d + d/v). Last, where the forward calls one of _PARTS (silu, softmax, …), all of it runs again with those calls
-written out in their parts, each part an edge of its own. What still fits nothing goes to the fits of
-_forward_fits.py: an element-wise call's derivative written wrong or taken at the wrong value (at most 48 rewritten
-forwards), a call's or a broadcast's axis (at most 32), and a loop's step.
+whose residual is rounding (≤ 1e-6 of ‖e‖) names the slip: α = −1 a dropped term, α = +1 a term counted twice, α = −2 a
+term of the wrong sign, any other α a term with the factor 1 + α (read as a number, a power rule's exponent, or a value
+of the forward such as β or √d), and a straight-through fit with α = −1 a gradient built from the wrong value (dP where
+dS belongs). Where several edges fit (along a chain every edge carries the same term), the one at the call that joins
+two terms (a product, a sum) names it best, and among those the latest. Where no term fits, a term built from the wrong
+value is tried: the forward run with one operand of one call replaced by another value it has at that point, of the same
+shape (an input, an earlier call's output); x̄_user equal to that run's x̄ says which value the backward reads. Before
+that, a term whose factor is a value of the forward element by element (x̄_user = x̄_true − d + d·v or − d + d/v). Last,
+where the forward calls one of _PARTS (silu, softmax, …), all of it runs again with those calls written out in their
+parts, each part an edge of its own. What still fits nothing goes to the fits of _forward_fits.py: an element-wise
+call's derivative written wrong or taken at the wrong value (at most 48 rewritten forwards), a call's or a broadcast's
+axis (at most 32), and a loop's step.
 
-It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides), and
-costs one forward and backward per candidate, at most 64 edges: VJPs only, so at any size.
+It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides; a per-row
+term, which gives the error's shape in each row and not its term, is not one), and costs one forward and backward
+per candidate, at most 64 edges: VJPs only, so at any size.
 """
 
 import os

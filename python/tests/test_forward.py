@@ -141,7 +141,7 @@ def check(fn, args, **options):
     return tapegrad.gradcheck(fn.apply, args, **options)
 
 
-FORWARD_KINDS = {"term_dropped", "term_added", "term_factor", "wrong_value"}
+FORWARD_KINDS = {"term_dropped", "term_added", "term_sign", "term_factor", "wrong_value"}
 
 
 def test_silu_with_the_product_rules_second_term_dropped_names_that_term():
