@@ -56,6 +56,6 @@ TEST_CASE("OpInfo::unfused: the same map as the fused op, value and gradient, on
     }
   }
   // The fused ops that have a primitive form (docs/graph.md lists them).
-  CHECK(with == std::set<std::string>{"attention", "attention_qkv", "beta_attention", "cross_entropy",
-                                      "layer_norm", "linear", "mlp", "mse_loss", "tiled_attention"});
+  CHECK(with == std::set<std::string>{"attention", "attention_qkv", "beta_attention", "cross_entropy", "layer_norm",
+                                      "linear", "linear_attention", "mlp", "mse_loss", "tiled_attention"});
 }

@@ -597,7 +597,16 @@ std::vector<OpInfo> linear_attention_ops() {
                    {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)},
                    {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); }});
+         .call = [](std::span<const Var> x, const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); },
+         // q = φ(Q), k = φ(K) with φ = elu + 1; O = q(kᵀV) / (q·z) row by row, z = kᵀ1: the first case's map
+         // (non-causal).
+         .unfused = [](Tape& tape, std::span<const Var> x) {
+           const Var one = tape.constant(Tensor::full(x[0].dtype(), {1}, 1.0));
+           const Var q = add(elu(x[0]), one), k = add(elu(x[1]), one);
+           const Var numerator = matmul(q, matmul(transpose(k), x[2]));     // (B, h, T, dv)
+           const Var denominator = matmul(q, sum(transpose(k), -1, true));  // (B, h, T, 1)
+           return div(numerator, denominator);
+         }});
   return r.ops;
 }
 
