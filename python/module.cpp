@@ -92,19 +92,20 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
 
 // A diagnosis found in Python (tapegrad/_forward.py) added to a report made here: it takes the place of the input's
 // "no known kind" for that check where there is one (as the edit search's finding does), goes before its per-row
-// term, or before the note that random projections show no structure, where there is one (either keeps saying what
-// the Jacobian shows of the error), and the verdict is concluded again so that the printed report holds it.
+// term or masked positions, or before the note that random projections show no structure, where there is one (each
+// keeps saying what the Jacobian shows of the error), and the verdict is concluded again so that the printed report
+// holds it.
 void add_diagnosis(GradcheckReport& report, std::string_view kind, const std::string& input, const std::string& check,
                    const std::string& message) {
   Diagnosis d{finding_or_fail(kind), input, check, message};
   auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
     return e.kind == Finding::unexplained && e.input == input && e.check == check;
   });
-  // What the Jacobian says of the input's error as a whole: the shape it has in each row, or that random
-  // projections show no structure at this size.
+  // What the Jacobian says of the input's error as a whole: the shape it has in each row, where it lies, or that
+  // random projections show no structure at this size.
   const auto about_the_input = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
-    return e.input == input && ((e.kind == Finding::per_row_term && e.check == check) ||
-                                (e.kind == Finding::unexplained && e.check.empty()));
+    const bool where = e.kind == Finding::per_row_term || e.kind == Finding::masked_positions;
+    return e.input == input && ((where && e.check == check) || (e.kind == Finding::unexplained && e.check.empty()));
   });
   if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
   else if (about_the_input != report.diagnoses.end()) report.diagnoses.insert(about_the_input, std::move(d));

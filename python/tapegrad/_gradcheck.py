@@ -97,12 +97,13 @@ def _require_full_jacobian_memory(impl, name, arrays):
 
 # Kinds that already say what is wrong with an input's VJP; a failure none of them explains is fitted against the
 # terms of the forward (tapegrad/_forward.py). A VJP that ignores ȳ is not linear in it, as "nonlinear" says: no
-# term of the forward (each linear in ȳ) fits its error at several ȳ. A per-row term is not among them: it says
-# what shape the error has in each row (α_r·u·vᵀ), not which term of the rule makes it; the term the forward names
-# is put before it.
+# term of the forward (each linear in ȳ) fits its error at several ȳ. A per-row term and masked positions are not
+# among them: they say what shape the error has in each row (α_r·u·vᵀ) or where it lies (where the rule gives 0 and
+# y depends on x, or the reverse), not which term of the rule makes it (a term left out is 0 where it lived); the
+# term the forward names is put before them.
 _EXPLAINING = {"not_finite", "zero", "nonlinear", "ignores_cotangent", "sign", "scale", "transposed_jacobian",
                "transposed_input", "transposed_output", "transposed_term", "term_sign", "wrong_axis",
-               "masked_positions", "kink", "tolerance", "overwrites"}
+               "kink", "tolerance", "overwrites"}
 
 
 def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):

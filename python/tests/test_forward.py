@@ -207,6 +207,30 @@ def test_softmax_with_its_row_sum_term_added_is_a_term_of_the_wrong_sign():
     assert "the quotient rule's term through the denominator `sum`" in report.diagnoses[0].message
 
 
+def shifted(slip=None):
+    """y = 3x + 2·roll(x, 1) along the rows, whose slip leaves the rolled term out of the backward."""
+
+    class Shifted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3.0 + x.roll(1, -1) * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3.0 if slip == "no_roll" else g * 3.0 + g.roll(-1, -1) * 2.0
+
+    return Shifted
+
+
+def test_a_term_left_out_where_it_was_the_only_one_names_the_term_before_the_masked_positions():
+    # The rolled term's Jacobian lives off the diagonal, where the rule without it gives 0: the Jacobian sees masked
+    # positions; the forward names the term that is missing there.
+    report = check(shifted("no_roll"), inputs((4, 6)))
+    assert report.kinds[:2] == ["term_dropped", "masked_positions"], str(report)
+    assert "the term of `x.roll(1, -1) * 2.0` in `x * 3.0 + x.roll(1, -1) * 2.0`" in report.diagnoses[0].message
+    assert check(shifted(), inputs((4, 6))).passed
+
+
 def test_attention_with_dP_for_dS_names_the_softmax_left_out():
     report = check(attention("dP_for_dS"), inputs((4, 3), (4, 3), (4, 3)))
     found = {d.input: d for d in report.diagnoses if d.kind == "wrong_value"}
