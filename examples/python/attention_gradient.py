@@ -14,8 +14,7 @@ derivation easily makes; what the checker says of each (run this file to see the
                       an (n, n) value of the backward transposed is no axis of k or of y, so no kind of the
                       Jacobian fits; the checker traces this backward into formulas and finds that transposing
                       d_s where the dK line reads it puts the rule right
-    "no_row_term"     dS = P ⊙ dP: the −p·pᵀ part of softmax's Jacobian   → term_dropped (q, k): softmax's
-                      denominator term, named from the forward with the call written out; per_row_term (q)
+    "no_row_term"     dS = P ⊙ dP: the −p·pᵀ part of softmax's Jacobian   → term_dropped (q, k), per_row_term (q)
     "no_scale_dQ"     dQ = dS·K: the 1/√d left out                        → scale (c = √d, printed), one_input (q)
 
 The backward is made of torch ops, so torch can differentiate it again (double backward) and

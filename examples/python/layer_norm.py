@@ -7,8 +7,7 @@ Per row: x̂ = (x − mean x)·ρ with ρ = 1/√(var x + ε), y = w ⊙ x̂ + b
 
 (docs/learn.md, section 4). make_layer_norm(slip) builds it right (slip=None) or with the last term of x̄ left
 out (slip="dropped_row_term", x̄ = ρ·(ĝ − mean ĝ)): the term through ρ, which every entry of the row moves.
-tapegrad names it from the forward, the product rule's term through rho dropped, above the per-row term the
-Jacobian shows in x's VJP (each row's error is one outer product), and finds w and b right.
+tapegrad names it from the forward (the product rule's term through rho, dropped), then its per-row term; w, b right.
 
     PYTHONPATH=build/python:examples/python python3 examples/python/layer_norm.py
 """

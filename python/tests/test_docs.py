@@ -41,16 +41,6 @@ def test_readme_example_prints_what_the_readme_quotes():
             assert any(p.split()[:3] == head for p in printed_lines), f"no row {head}:\n{printed}"
 
 
-def test_learn_md_quotes_what_the_layer_norm_example_prints():
-    """docs/learn.md's check from PyTorch: the block runs, and every diagnosis line it quotes is one it prints."""
-    (code, quoted), = [(c, q) for c, q in fenced_blocks("docs/learn.md", "python") if "make_layer_norm" in c]
-    printed = run(code)[0].splitlines()
-    lines = [line for line in quoted.splitlines() if line.lstrip().startswith("[")]
-    assert any("[dropped term]" in line for line in lines)
-    for line in lines:
-        assert line in printed, f"docs/learn.md quotes {line!r}; the example printed:\n" + "\n".join(printed)
-
-
 def test_python_md_quotes_the_reports_of_the_examples_slips_word_for_word():
     """Every diagnosis line docs/python.md quotes from the attention example is one that example's report prints."""
     from attention_gradient import SLIPS, inputs, make_attention
