@@ -154,11 +154,11 @@ void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
       const uint32_t id = n.inputs[i];
       const ValueRec& r = values_[id];
       if (!r.requires_grad) continue;
-      const bool once = std::count(n.inputs.begin(), n.inputs.end(), id) == 1;
       for (size_t lane = 0; lane < Lanes; ++lane) {
         Tensor& c = cotangent(lane, id);
         if (!c.defined()) {
-          const bool fresh = Lanes == 1 && n.writes_fresh && once;
+          const bool fresh =
+              Lanes == 1 && n.writes_fresh && std::count(n.inputs.begin(), n.inputs.end(), id) == 1;
           c = fresh ? gradient_buffer(r.value.dtype(), r.value.shape())
                     : zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
           fresh_[i] = fresh;
