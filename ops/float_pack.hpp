@@ -124,30 +124,20 @@ TAPEGRAD_PACK_INLINE FloatPack<W> bits_float(const IntPack<W>& a) {
   for (int k = 0; k < kPackVectors; ++k) r.v[k] = std::bit_cast<typename FloatPack<W>::Vector>(a.v[k]);
   return r;
 }
-template <int W>
-TAPEGRAD_PACK_INLINE IntPack<W> operator+(const IntPack<W>& a, int32_t b) {
-  IntPack<W> r;
-  for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] + b;
-  return r;
-}
-template <int W>
-TAPEGRAD_PACK_INLINE IntPack<W> operator-(const IntPack<W>& a, int32_t b) {
-  IntPack<W> r;
-  for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] - b;
-  return r;
-}
-template <int W>
-TAPEGRAD_PACK_INLINE IntPack<W> operator<<(const IntPack<W>& a, int b) {
-  IntPack<W> r;
-  for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] << b;
-  return r;
-}
-template <int W>
-TAPEGRAD_PACK_INLINE IntPack<W> operator&(const IntPack<W>& a, int32_t b) {
-  IntPack<W> r;
-  for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] & b;
-  return r;
-}
+
+// Integer lanes (the bits of a FloatPack): +, − and & by a constant, << by a count.
+#define TAPEGRAD_INT_PACK_OPERATOR(op, Rhs)                                            \
+  template <int W>                                                                     \
+  TAPEGRAD_PACK_INLINE IntPack<W> operator op(const IntPack<W>& a, Rhs b) {            \
+    IntPack<W> r;                                                                      \
+    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b;                       \
+    return r;                                                                          \
+  }
+TAPEGRAD_INT_PACK_OPERATOR(+, int32_t)
+TAPEGRAD_INT_PACK_OPERATOR(-, int32_t)
+TAPEGRAD_INT_PACK_OPERATOR(<<, int)
+TAPEGRAD_INT_PACK_OPERATOR(&, int32_t)
+#undef TAPEGRAD_INT_PACK_OPERATOR
 
 // The float counterparts, so that a kernel written over V compiles for V = float too.
 TAPEGRAD_PACK_INLINE float select(bool mask, float a, float b) { return mask ? a : b; }
