@@ -115,8 +115,9 @@ TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, o
 }
 
 // The float32 kernels run 16 wide on an AVX-512 CPU and 8 wide elsewhere (ops/gelu.hpp), the exact form's in packs
-// of eight vectors: the same operations in the same order, so the same bits. Checked on every 997th float32 bit pattern (both signs, zeros, subnormals,
-// huge, ±∞, NaNs) and the edges of the formulas, in both forms and every kernel.
+// of eight vectors: the same operations in the same order, so the same bits. Checked on every 997th float32 bit
+// pattern (both signs, zeros, subnormals, huge, ±∞, NaNs) and the edges of the formulas, in both forms and every
+// kernel.
 TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
   if (!gelu_runs_avx512()) MESSAGE("this CPU has no AVX-512: both runs take the portable copy");
   std::vector<float> x;
