@@ -51,17 +51,26 @@ inline void put(T& out, T value) {
 // every ⟨y, ·⟩ below. A row that is entirely −∞ has no finite max (x_j − m would be NaN); it is DEFINED as
 // σ = 0 (a query that may see no key attends to nothing: its attention output is 0), and the derivatives below
 // then give 0 on it as they stand. A +∞ or NaN entry is not a mask and gives a NaN row.
+// `readable` (visible ≤ readable ≤ n): x[visible, readable) may be read too, whatever it holds. The exponentials and
+// the scaling then run on to the next multiple of 8 past `visible` where that is readable, so that a causal row
+// (visible = i + 1) ends in a whole vector rather than up to seven elements one at a time; what they leave past
+// `visible` is overwritten by the zeros, and the max and the sum read [0, visible) only: the same bits.
 template <class T>
-inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n) {
+inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n, int64_t readable) {
   const T m = lane_max(x, visible, -std::numeric_limits<T>::infinity());
   if (m == -std::numeric_limits<T>::infinity()) {  // fully masked row: y = 0
     std::fill(y, y + n, T(0));
     return;
   }
-  for (int64_t j = 0; j < visible; ++j) y[j] = fast_exp(x[j] - m);
+  const int64_t width = std::min(readable, (visible + 7) / 8 * 8);
+  for (int64_t j = 0; j < width; ++j) y[j] = fast_exp(x[j] - m);
   const T inv = 1 / lane_sum(y, visible);
-  for (int64_t j = 0; j < visible; ++j) y[j] *= inv;
+  for (int64_t j = 0; j < width; ++j) y[j] *= inv;
   std::fill(y + visible, y + n, T(0));
+}
+template <class T>
+inline void softmax_row(T* y, const T* x, int64_t visible, int64_t n) {
+  softmax_row(y, x, visible, n, visible);
 }
 
 // dσ(x) = diag(y) − y yᵀ, symmetric, so the VJP and the JVP are the same product:

@@ -47,7 +47,7 @@ void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const
     if (x.bias) add_bias_block(L, a_blk, dims.Tk, x.bias, x.b, x.head, i0, rows, 0, key_end);
     for (int64_t i = 0; i < rows; ++i) {
       T* a_i = a_blk + i * dims.Tk;
-      softmax_row(a_i, a_i, dims.visible(i0 + i), dims.Tk);  // ops/row_maps.hpp
+      softmax_row(a_i, a_i, dims.visible(i0 + i), dims.Tk, key_end);  // ops/row_maps.hpp
     }
     gemm(rows, dims.dv, key_end, T(1), as_is(a_blk, dims.Tk), as_is(x.v, dims.dv), T(0), o + i0 * dims.dv, dims.dv);
   });
