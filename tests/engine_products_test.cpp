@@ -130,34 +130,42 @@ void for_each_product(uint64_t seed, std::initializer_list<std::pair<float, floa
 
 }  // namespace
 
-TEST_CASE("the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-adds, oneDNN above for a width a multiple "
-          "of 16, OpenBLAS otherwise") {
+TEST_CASE("the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-adds and above for A as is with k <= "
+          "1024, oneDNN for the other large ones, where the width is a multiple of 16; OpenBLAS otherwise") {
   struct Row {
     CpuFeatures cpu;
     bool onednn;
     int64_t m, n, k;
+    bool a_transposed;
     ProductBackend expected;
   };
   const auto one = ProductBackend::onednn, blas = ProductBackend::openblas, engine = ProductBackend::engine;
   for (const Row& r : {
-           Row{with_avx512(true), true, 768, 384, 128, one},    // the default model's c_attn
-           Row{with_avx512(false), true, 768, 128, 512, one},   // an AVX-512 CPU without bf16: the rule is the same
-           Row{with_avx512(true), true, 128, 64, 64, one},      // exactly 2^19 multiply-adds
-           Row{with_avx512(true), true, 64, 64, 64, engine},    // 2^18: below
-           Row{with_avx512(true), true, 64, 64, 32, engine},    // an attention head's product at T = 64
-           Row{with_avx512(true), true, 32, 65, 32, engine},    // any width
-           Row{with_avx512(true), false, 64, 64, 32, engine},   // the engine's kernel needs no oneDNN
-           Row{avx2_only(), true, 64, 64, 32, blas},            // nor on AVX2 CPUs
-           Row{with_avx512(true), true, 768, 65, 128, blas},    // the head: 65 columns
-           Row{with_avx512(true), false, 768, 384, 128, blas},  // built without oneDNN
-           Row{avx2_only(), true, 768, 384, 128, blas},         // AVX2 CPUs keep OpenBLAS
-           Row{CpuFeatures{}, true, 2048, 2048, 2048, blas},    // another architecture
+           Row{with_avx512(true), true, 768, 384, 128, false, engine},  // the default model's c_attn, x·Wᵀ
+           Row{with_avx512(true), true, 768, 128, 512, false, engine},  // ū·W₁, the MLP's x̄
+           Row{with_avx512(false), true, 768, 128, 512, false, engine}, // an AVX-512 CPU without bf16: the same
+           Row{with_avx512(true), true, 512, 128, 768, true, one},      // W̄₁ = ūᵀ·x: A transposed
+           Row{with_avx512(true), true, 4096, 384, 1536, false, one},   // k = 1536: deeper than the kernel's 1024
+           Row{with_avx512(true), true, 4096, 384, 1024, false, engine},
+           Row{with_avx512(true), true, 128, 64, 64, false, engine},    // exactly 2^19 multiply-adds
+           Row{with_avx512(true), true, 128, 64, 64, true, one},
+           Row{with_avx512(true), true, 64, 64, 64, true, engine},      // 2^18: below, either way
+           Row{with_avx512(true), true, 64, 64, 32, false, engine},     // an attention head's product at T = 64
+           Row{with_avx512(true), true, 32, 65, 32, false, engine},     // any width
+           Row{with_avx512(true), false, 64, 64, 32, false, engine},    // the engine's kernel needs no oneDNN
+           Row{avx2_only(), true, 64, 64, 32, false, blas},             // nor on AVX2 CPUs
+           Row{with_avx512(true), true, 768, 65, 128, false, blas},     // the head: 65 columns
+           Row{with_avx512(true), false, 768, 384, 128, false, engine}, // built without oneDNN
+           Row{with_avx512(true), false, 384, 128, 768, true, blas},
+           Row{avx2_only(), true, 768, 384, 128, false, blas},          // AVX2 CPUs keep OpenBLAS
+           Row{CpuFeatures{}, true, 2048, 2048, 2048, false, blas},     // another architecture
        }) {
     CAPTURE(r.m);
     CAPTURE(r.n);
     CAPTURE(r.k);
+    CAPTURE(r.a_transposed);
     CAPTURE(r.onednn);
-    CHECK(backend_by_rule(r.cpu, r.onednn, r.m, r.n, r.k) == r.expected);
+    CHECK(backend_by_rule(r.cpu, r.onednn, r.m, r.n, r.k, r.a_transposed) == r.expected);
   }
 }
 
@@ -169,6 +177,11 @@ TEST_CASE("this process follows the rule for its CPU, or TAPEGRAD_GEMM") {
                                     : env == "onednn" ? ProductBackend::onednn
                                                       : backend_by_rule(cpu_features(), onednn_built(), s.m, s.n, s.k);
     CHECK(product_backend(s.m, s.n, s.k) == expected);
+    const ProductBackend expected_at = env == "openblas" ? ProductBackend::openblas
+                                       : env == "onednn"
+                                           ? ProductBackend::onednn
+                                           : backend_by_rule(cpu_features(), onednn_built(), s.m, s.n, s.k, true);
+    CHECK(product_backend(s.m, s.n, s.k, true) == expected_at);
   }
   const nlohmann::json j = products_json();
   CHECK(j["precision"].get<std::string>() == "f32");

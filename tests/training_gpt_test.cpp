@@ -205,8 +205,11 @@ TEST_CASE("sampling from a checkpoint continues the prompt with characters of th
 
 // One training step of the default model (4 layers, 4 heads of 32, T = 64, causal softmax attention, batch 3) packs
 // each shared operand once per use: Kᵀ once per (sequence, head, layer) in the forward and Vᵀ once in the backward,
-// 2·B·h·L packings, on one thread and on two. (Every other operand of the heads' products is read where it lies.)
-TEST_CASE("a training step packs each of attention's shared operands once per use, on one thread and on two") {
+// 2·B·h·L packings; and where the layers' products x·Wᵀ run on the engine's kernel, each weight's Wᵀ once for all
+// the threads that share the product (c_attn, the attention's c_proj, c_fc and the MLP's c_proj: 4 per layer). The
+// same count on one thread and on two. (Every other operand of the engine's products is read where it lies: the
+// backward's ȳ·W reads W as it is.)
+TEST_CASE("a training step packs each shared operand once per use, on one thread and on two") {
   const int saved = num_threads();
   GPTConfig cfg;
   const int64_t batch = 3;
@@ -226,7 +229,12 @@ TEST_CASE("a training step packs each of attention's shared operands once per us
     const uint64_t before = small_kernel_packings();
     Var loss = model.loss(tape, idx, targets);
     tape.backward(loss);
-    const uint64_t expected = on_engine ? static_cast<uint64_t>(2 * batch * cfg.n_head * cfg.n_layer) : 0;
+    const int64_t rows = batch * cfg.block_size, c = cfg.n_embd;
+    int64_t weights = 0;  // the layer's x·Wᵀ products (m, n, k) that run on the engine's kernel
+    for (auto [n, k] : {std::pair{3 * c, c}, std::pair{c, c}, std::pair{4 * c, c}, std::pair{c, 4 * c}})
+      weights += product_backend(rows, n, k, false) == ProductBackend::engine ? 1 : 0;
+    const uint64_t expected =
+        static_cast<uint64_t>((on_engine ? 2 * batch * cfg.n_head * cfg.n_layer : 0) + weights * cfg.n_layer);
     CHECK(small_kernel_packings() - before == expected);
   }
   set_num_threads(saved);

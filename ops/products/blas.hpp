@@ -85,11 +85,11 @@ namespace blas_detail {
 enum class Route { openblas, onednn_f32, onednn_bf16, small };
 
 template <class T>
-Route route(int64_t m, int64_t n, int64_t k) {
+Route route(int64_t m, int64_t n, int64_t k, bool a_transposed) {
   if constexpr (std::is_same_v<T, double>) return Route::openblas;
   if (m * n * k == 0) return Route::openblas;
   if (runs_in_bf16(m, n, k)) return Route::onednn_bf16;
-  switch (product_backend(m, n, k)) {
+  switch (product_backend(m, n, k, a_transposed)) {
     case ProductBackend::onednn: return Route::onednn_f32;
     case ProductBackend::engine: return Route::small;
     default: return Route::openblas;
@@ -143,6 +143,22 @@ void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, 
   by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
     gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha, rows_of(a.data, a.transposed, a.ld, r0), a.ld,
               b.data, b.ld, beta, c + r0 * ldc, ldc);
+  });
+}
+
+// A float32 product on the engine's kernel, split by row blocks across the pool: op(B) as the kernel reads it — where
+// it lies when B is used as is with a width a multiple of 16, else packed once, the pool taking a share of its
+// columns each (pack_columns_on_pool) — and every block of every thread reads that one copy. oneDNN, handed the
+// same blocks, packs all of B into its own layout in every one of them: the packing of a split product grew with
+// the thread count. The packed copy is thread_local to the calling thread (a product has no tape to take scratch
+// from), kept from product to product, and read by the pool only while this product runs.
+inline void engine_product_by_row_blocks(int64_t m, int64_t n, int64_t k, float alpha, MatrixOperand<float> a,
+                                         MatrixOperand<float> b, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> storage;
+  const PackedColumns p = pack_columns_on_pool(storage, b.transposed, k, n, b.data, b.ld);
+  by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
+    small_product(a.transposed, r1 - r0, n, k, alpha, rows_of(a.data, a.transposed, a.ld, r0), a.ld, p, beta,
+                  c + r0 * ldc, ldc);
   });
 }
 
@@ -247,10 +263,13 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
   if constexpr (std::is_same_v<T, double>)
     if (const EmulatedRounding r = emulated_rounding(); r.any())
       return blas_detail::emulated_rounding_product(m, n, k, alpha, a, b, beta, c, ldc, r);
-  const blas_detail::Route via = blas_detail::route<T>(m, n, k);
+  const blas_detail::Route via = blas_detail::route<T>(m, n, k, a.transposed);
   blas_detail::logged<T>(m, n, k, a.transposed, b.transposed, via, [&] {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
       if (via == blas_detail::Route::onednn_bf16) return blas_detail::bf16_product(m, n, k, alpha, a, b, beta, c, ldc);
+      if (via == blas_detail::Route::small && blas_detail::splits(m, n, k))
+        return blas_detail::engine_product_by_row_blocks(m, n, k, alpha, a, b, beta, c, ldc);
+    }
     blas_detail::product_by_row_blocks(via, m, n, k, alpha, a, b, beta, c, ldc);
   });
 }
@@ -291,7 +310,7 @@ void gemm(int64_t m, int64_t n, std::type_identity_t<T> alpha, MatrixOperand<T> 
           std::type_identity_t<T> beta, T* c, int64_t ldc) {
   const int64_t k = b.k();
   if constexpr (std::is_same_v<T, float>) {
-    if (n <= b.columns() && blas_detail::route<T>(m, n, k) == blas_detail::Route::small) {
+    if (n <= b.columns() && blas_detail::route<T>(m, n, k, a.transposed) == blas_detail::Route::small) {
       blas_detail::check_core();
       return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, blas_detail::Route::small, [&] {
         small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc);

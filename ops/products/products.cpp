@@ -31,10 +31,25 @@ namespace {
 // kernel against OpenBLAS (Haswell kernels) and oneDNN: (64, 32, 32)ᵀ· 169 vs 102 and 87; (32, 64, 32) 163 vs 99
 // and 98; 64³ 216 vs 109 and 169; (32, 32, 64)·ᵀ 105 vs 86 and 71, B transposed and packed at every call (an
 // attention node packs Kᵀ and Vᵀ once per head instead). Its AVX2 form reached 44-63, below OpenBLAS' 80-113.
-// So: on a CPU with AVX-512 (F, BW, DQ, VL), the engine's kernel for products of fewer than 2^19 multiply-adds,
-// oneDNN for larger products whose width n is a multiple of 16 (one AVX-512 register of floats), OpenBLAS for
-// the rest and on every other CPU.
+// Above 2^19, one thread of an AMD EPYC Zen 5 (AVX-512), best of seven, GFLOP/s of the engine's kernel against
+// oneDNN on a thread's half of each of the default model's products: (384, 128, 512) 247 vs 250, (384, 128, 384)
+// 243 vs 247, (384, 512, 128) 256 vs 257, (384, 128, 128) 257 vs 251, with B transposed (384, 512, 128) 252 vs
+// 251 (and 218 vs 254 at (384, 128, 512), where the kernel packed Bᵀ at every call); every element the same bits,
+// since both sum over k in order, one FMA a term (300 steps of the default model gave the same losses and
+// checkpoint on either). With Aᵀ (the weight gradients) 224-251 vs 236-238, and other bits. At nanoGPT's
+// shakespeare-char shape, a thread's half, best of seven: k = 384 even ((2048, 384, 1536) 237 vs 239, with Bᵀ packed
+// at the call 236 vs 243; (2048, 384, 1152) 246 vs 243), the same bits; k = 1536 slower ((2048, 1536, 384) 203 vs
+// 220, with Bᵀ 198 vs 234) and other bits: the kernel keeps a tile's sums in registers over all of k, where oneDNN
+// blocks k. A product split over the pool gives oneDNN all of B in every block, which it packs into its own layout
+// in each thread, so its packing grows with the thread count; the kernel reads B where it lies (as is, a width a
+// multiple of 16) or one copy packed once for every block (ops/products/blas.hpp). With the 48 rows a thread of 16
+// takes of the default model's products: (48, 128, 512) 25.3 vs 27.9 µs, (48, 512, 128) 24.1 vs 25.1 µs.
+// So: on a CPU with AVX-512 (F, BW, DQ, VL), the engine's kernel for products of fewer than 2^19 multiply-adds and
+// for larger ones whose A is read as it is, whose k is at most 1024 and whose width n is a multiple of 16 (one
+// AVX-512 register of floats); oneDNN for the other large ones of such a width; OpenBLAS for the rest and on every
+// other CPU.
 constexpr int64_t kOneDnnMinMacs = int64_t{1} << 19;
+constexpr int64_t kEngineMaxDepth = 1024;
 constexpr int64_t kOneDnnWidthMultiple = 16;
 
 struct Choice {
@@ -89,17 +104,19 @@ bool onednn_built() {
 
 std::string onednn_version() { return onednn_built() ? "oneDNN " + onednn_detail::version() : ""; }
 
-ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k) {
+ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k,
+                               bool a_transposed) {
   if (!cpu.avx512()) return ProductBackend::openblas;
   if (m * n * k < kOneDnnMinMacs) return ProductBackend::engine;
-  if (with_onednn && n % kOneDnnWidthMultiple == 0) return ProductBackend::onednn;
-  return ProductBackend::openblas;
+  if (n % kOneDnnWidthMultiple != 0) return ProductBackend::openblas;
+  if (!a_transposed && k <= kEngineMaxDepth) return ProductBackend::engine;
+  return with_onednn ? ProductBackend::onednn : ProductBackend::openblas;
 }
 
-ProductBackend product_backend(int64_t m, int64_t n, int64_t k) {
+ProductBackend product_backend(int64_t m, int64_t n, int64_t k, bool a_transposed) {
   const Choice& c = choice();
   if (c.forced) return *c.forced;
-  return backend_by_rule(c.cpu, onednn_built(), m, n, k);
+  return backend_by_rule(c.cpu, onednn_built(), m, n, k, a_transposed);
 }
 
 std::string bf16_unavailable_reason() {
@@ -159,11 +176,12 @@ std::string products_summary() {
   std::string rule;
   if (c.forced) rule = fmt::format("{} (TAPEGRAD_GEMM={})", backend_name(*c.forced), c.forced_text);
   else if (c.onednn_for_large)
-    rule = fmt::format("the engine's AVX-512 kernel below 2^19 multiply-adds, {} above where the width is a multiple "
-                       "of 16, OpenBLAS for the rest",
+    rule = fmt::format("the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, "
+                       "{} for the other large ones, where the width is a multiple of 16; OpenBLAS for the rest",
                        onednn_version());
   else if (c.cpu.avx512())
-    rule = "the engine's AVX-512 kernel below 2^19 multiply-adds, OpenBLAS above (built without oneDNN)";
+    rule = "the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, where the width "
+           "is a multiple of 16; OpenBLAS for the rest (built without oneDNN)";
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));

@@ -3,7 +3,8 @@
 // Three product backends sit behind ops/products/blas.hpp's one gemm():
 //   - OpenBLAS (cblas_sgemm): the project's BLAS, on every machine, and every float64 product (the gradchecker's);
 //   - oneDNN (Debian's libdnnl, its matmul primitive), where tapegrad was built with it and it measured faster;
-//   - the engine's own kernel for small float32 products (ops/products/small_products.hpp), on AVX-512 CPUs.
+//   - the engine's own kernel (ops/products/small_products.hpp), on AVX-512 CPUs: small float32 products, and large
+//     ones whose A is read as it is (x·Wᵀ, ȳ·W), with op(B) read where it lies or packed once for every thread.
 // Which one runs a float32 product is a fixed rule of the CPU class and the product's shape (product_backend
 // below, with the measurements it comes from), never a timing taken at run time: the same product runs on the
 // same kernels in every run, so a seed gives the same losses bit for bit on one machine and thread count.
@@ -49,13 +50,15 @@ bool onednn_built();
 // "oneDNN 2.6.3" (the library loaded), or "" where tapegrad was built without it.
 std::string onednn_version();
 
-// The rule alone, as a function of the CPU, of whether oneDNN is built in, and of the product's shape (m, n, k).
-ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k);
+// The rule alone, as a function of the CPU, of whether oneDNN is built in, of the product's shape (m, n, k) and of
+// whether A is read transposed (op(A) = Aᵀ).
+ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k,
+                               bool a_transposed = false);
 
 // The backend a float32 product C (m, n) = op(A) (m, k) · op(B) (k, n) runs on in f32 mode (bf16 products always
 // run on oneDNN). Throws tapegrad::Error once for a TAPEGRAD_GEMM value that is not openblas, onednn or auto, or
 // onednn where tapegrad was built without it. Without TAPEGRAD_GEMM: backend_by_rule for this CPU and build.
-ProductBackend product_backend(int64_t m, int64_t n, int64_t k);
+ProductBackend product_backend(int64_t m, int64_t n, int64_t k, bool a_transposed = false);
 
 // The precision of float32 products, for the whole program (every thread). set_product_precision(bf16) throws
 // tapegrad::Error, and changes nothing, on a CPU without bf16 units or a build without oneDNN: the message names

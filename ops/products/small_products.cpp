@@ -1,8 +1,10 @@
 #include "ops/products/small_products.hpp"
 
+#include <algorithm>
 #include <atomic>
 
 #include "engine/tensor.hpp"
+#include "engine/parallel.hpp"
 #include "ops/products/blas_info.hpp"
 
 namespace tapegrad {
@@ -50,6 +52,34 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
   small_products_detail::product_avx512(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, p.rows, p.ld, beta,
                                         c, ldc);
 #endif
+}
+
+PackedColumns pack_columns_on_pool(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                                   int64_t ldb) {
+  if (!trans_b && n % kWidth == 0) return {b, ldb, k, n};
+  if (!small_kernel_available()) throw Error("pack_columns: this CPU has no AVX-512, which the small kernel needs");
+  const int64_t ld = (n + kWidth - 1) / kWidth * kWidth, blocks = ld / kWidth;
+  storage.resize(static_cast<size_t>(k * ld));
+  float* out = storage.data();
+  // P's columns [j0, j1) of each range, as pack_columns makes them: B's rows j0.. transposed, or its columns
+  // copied; then the zeros past n.
+  parallel_for(blocks, std::max<int64_t>(1, 16384 / (kWidth * k)), [&](int64_t b0, int64_t b1) {
+    const int64_t j0 = b0 * kWidth, j1 = std::min(b1 * kWidth, n), end = b1 * kWidth;
+    if (j0 < j1) {
+      if (trans_b) {
+#if defined(__x86_64__)
+        small_products_detail::transpose_avx512(b + j0 * ldb, ldb, j1 - j0, k, out + j0, ld);
+#endif
+      } else {
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = j0; j < j1; ++j) out[p * ld + j] = b[p * ldb + j];
+      }
+    }
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = std::max(j0, n); j < end; ++j) out[p * ld + j] = 0.0f;
+  });
+  packings.fetch_add(1, std::memory_order_relaxed);
+  return {out, ld, k, n};
 }
 
 PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,

@@ -41,6 +41,12 @@ struct PackedColumns {
 PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
                            int64_t ldb);
 
+// pack_columns on the engine's pool, each thread a range of P's 16-column blocks (for a product split over the
+// pool: no thread waits while one packs), counted as one packing; B's own rows where it is used as is and n is a
+// multiple of 16, as kernel_columns.
+PackedColumns pack_columns_on_pool(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                                   int64_t ldb);
+
 // op(B) (k, n) as the kernel reads it: B's own rows where it is used as is and n is a multiple of 16 (nothing to
 // transpose or pad), else packed into `storage` (pack_columns).
 PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
