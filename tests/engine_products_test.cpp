@@ -301,7 +301,56 @@ TEST_CASE("a shared operand is packed once for all the products that read it, wi
   else CHECK(packed == 0);
 }
 
-TEST_CASE("bf16 products: float64 within bf16's bound from 2^19 multiply-adds, float32's below, through gemm()") {
+// The engine's bf16 tiles against the float64 product of the operands rounded as round_to_bf16 rounds them: within
+// float32's accumulation bound, so every operand element is rounded once, to the right bfloat16, and each pair of k
+// lands in its lane (odd k and odd widths end in a zero half; padding past n is never written).
+TEST_CASE("the engine's bf16 tiles: the float64 product of the rounded operands to float32's bound, every transpose" *
+          doctest::skip(!small_bf16_kernel_available())) {
+  for (const int64_t m : {1, 5, 33})
+    for (const int64_t n : {1, 17, 32, 65})
+      for (const int64_t k : {1, 2, 7, 32, 33, 64})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.125f, 1.0f}}) {
+              Product p(m, n, k, ta, tb, alpha, beta, static_cast<uint64_t>(m * 1000 + n * 10 + k));
+              CAPTURE(m);
+              CAPTURE(n);
+              CAPTURE(k);
+              CAPTURE(ta);
+              CAPTURE(tb);
+              Product rounded = p;
+              for (float& x : rounded.a) x = onednn_detail::round_to_bf16(x);
+              for (float& x : rounded.b) x = onednn_detail::round_to_bf16(x);
+              std::vector<float> c = p.c;
+              small_bf16_sgemm(ta, tb, m, n, k, alpha, p.a.data(), p.lda, p.b.data(), p.ldb, beta, c.data(), p.ldc);
+              CHECK(compare(rounded, c, float32_bound(k)).error_over_bound <= 1.0);
+            }
+}
+
+// In bf16 mode a shared operand is rounded and packed once for the products of all its blocks, with the bits of the
+// same products through gemm() packing it at every call.
+TEST_CASE("in bf16 mode a shared operand's bf16 pairs are packed once, with gemm()'s bits" *
+          doctest::skip(!bf16_unavailable_reason().empty() || !small_bf16_kernel_available())) {
+  PrecisionScope bf16(ProductPrecision::bf16);
+  const int64_t k = 32, columns = 64;
+  const std::vector<float> a = normal_floats(static_cast<size_t>(64 * k), 13);
+  const std::vector<float> b = normal_floats(static_cast<size_t>(columns * k), 14);  // stored (columns, k): op(B) = Bᵀ
+  std::vector<float> storage, shared(64 * columns, 0.0f), plain(64 * columns, 0.0f);
+  std::vector<uint32_t> pairs;
+  SharedOperand<float> bt(transposed(b.data(), k), k, columns, storage, &pairs);
+  const uint64_t before = small_kernel_packings();
+  for (int64_t i0 = 0; i0 < 64; i0 += 16) {
+    const int64_t n = i0 + 16;
+    gemm(16, n, 1.0f, as_is(a.data() + i0 * k, k), bt, 0.0f, shared.data() + i0 * columns, columns);
+    gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f,
+                plain.data() + i0 * columns, columns);
+  }
+  CHECK(shared == plain);
+  CHECK(small_kernel_packings() - before == 1 + 4);
+}
+
+TEST_CASE("bf16 products: float64 within bf16's bound, from 2^19 multiply-adds on oneDNN and below on the engine's bf16 "
+          "tiles where the CPU has them (else float32's bound), through gemm()") {
   const std::string missing = bf16_unavailable_reason();
   if (!missing.empty()) {  // this CPU (or build) cannot: the setting is refused and changes nothing
     CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products");
@@ -318,8 +367,10 @@ TEST_CASE("bf16 products: float64 within bf16's bound from 2^19 multiply-adds, f
     std::vector<float> c = p.c;
     gemm(p.m, p.n, p.k, p.alpha, MatrixOperand<float>{p.a.data(), p.lda, p.ta},
          MatrixOperand<float>{p.b.data(), p.ldb, p.tb}, p.beta, c.data(), p.ldc);
-    const bool in_bf16 = runs_in_bf16(p.m, p.n, p.k);
-    CHECK(in_bf16 == (p.m * p.n * p.k >= (int64_t{1} << 19)));
+    const bool large = runs_in_bf16(p.m, p.n, p.k);
+    CHECK(large == (p.m * p.n * p.k >= (int64_t{1} << 19)));
+    const bool in_bf16 = large || (small_bf16_kernel_available() && product_backend(p.m, p.n, p.k, p.ta) ==
+                                                                        ProductBackend::engine);
     const Worst w = compare(p, c, in_bf16 ? 2 * u + u * u + float32_bound(p.k) : float32_bound(p.k));
     CHECK(w.error_over_bound <= 1.0);
     if (in_bf16) largest_relative = std::max(largest_relative, w.relative);

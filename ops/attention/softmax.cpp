@@ -40,7 +40,8 @@ template <class T>
 void attention_forward(const AttentionDims& dims, const SliceInputs<T>& x, const BiasLayout& L, T* a, T* o) {
   const T s = static_cast<T>(dims.scale);
   thread_local std::vector<T> packed;
-  SharedOperand<T> k_t(transposed(x.k, dims.d), dims.d, dims.Tk, packed);
+  thread_local std::vector<uint32_t> pairs;
+  SharedOperand<T> k_t(transposed(x.k, dims.d), dims.d, dims.Tk, packed, &pairs);
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
     T* a_blk = a + i0 * dims.Tk;
     gemm(rows, key_end, s, as_is(x.q + i0 * dims.d, dims.d), k_t, T(0), a_blk, dims.Tk);
@@ -73,7 +74,8 @@ void attention_vjp(const AttentionDims& dims, const SliceInputs<T>& x, const T* 
   const T s = static_cast<T>(dims.scale);
   const bool need_ds = gq || gk || gbias;
   thread_local std::vector<T> packed;
-  SharedOperand<T> v_t(transposed(x.v, dims.dv), dims.dv, dims.Tk, packed);
+  thread_local std::vector<uint32_t> pairs;
+  SharedOperand<T> v_t(transposed(x.v, dims.dv), dims.dv, dims.Tk, packed, &pairs);
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
     const T* a_blk = a + i0 * dims.Tk;
     const T* g_blk = g + i0 * dims.dv;

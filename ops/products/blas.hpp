@@ -82,7 +82,9 @@ namespace blas_detail {
 
 // Where a float32 product runs: chosen once per product from its whole shape, so that the blocks of a split
 // product all run on the same kernels.
-enum class Route { openblas, onednn_f32, onednn_bf16, small };
+// small_bf16: a product bf16 mode leaves below oneDNN's size (runs_in_bf16 false) on the engine's bf16 tiles, where
+// the CPU has them (small_bf16_kernel_available): an attention head's products in bf16 mode.
+enum class Route { openblas, onednn_f32, onednn_bf16, small, small_bf16 };
 
 template <class T>
 Route route(int64_t m, int64_t n, int64_t k, bool a_transposed) {
@@ -91,7 +93,9 @@ Route route(int64_t m, int64_t n, int64_t k, bool a_transposed) {
   if (runs_in_bf16(m, n, k)) return Route::onednn_bf16;
   switch (product_backend(m, n, k, a_transposed)) {
     case ProductBackend::onednn: return Route::onednn_f32;
-    case ProductBackend::engine: return Route::small;
+    case ProductBackend::engine:
+      return product_precision() == ProductPrecision::bf16 && small_bf16_kernel_available() ? Route::small_bf16
+                                                                                            : Route::small;
     default: return Route::openblas;
   }
 }
@@ -99,6 +103,8 @@ Route route(int64_t m, int64_t n, int64_t k, bool a_transposed) {
 inline void gemm_call(Route via, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (via == Route::small) return small_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (via == Route::small_bf16)
+    return small_bf16_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (via == Route::onednn_f32 && onednn_detail::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
     return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
@@ -247,7 +253,7 @@ void logged(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, Route v
   const auto t0 = std::chrono::steady_clock::now();
   const bool split = splits(m, n, k);
   product();
-  log->record({m, n, k, trans_a, trans_b, split, via == Route::onednn_bf16,
+  log->record({m, n, k, trans_a, trans_b, split, via == Route::onednn_bf16 || via == Route::small_bf16,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
 }
 
@@ -283,9 +289,10 @@ void gemm(int64_t m, int64_t n, int64_t k, std::type_identity_t<T> alpha, Matrix
 template <class T>
 class SharedOperand {
  public:
-  // op(B) of shape (k, columns).
-  SharedOperand(MatrixOperand<T> b, int64_t k, int64_t columns, std::vector<T>& storage)
-      : source_(b), k_(k), columns_(columns), storage_(&storage) {}
+  // op(B) of shape (k, columns); `pair_storage`, where given, holds its bf16 pairs for bf16 mode's small products.
+  SharedOperand(MatrixOperand<T> b, int64_t k, int64_t columns, std::vector<T>& storage,
+                std::vector<uint32_t>* pair_storage = nullptr)
+      : source_(b), k_(k), columns_(columns), storage_(&storage), pair_storage_(pair_storage) {}
   const MatrixOperand<T>& source() const { return source_; }
   int64_t k() const { return k_; }
   int64_t columns() const { return columns_; }
@@ -296,12 +303,21 @@ class SharedOperand {
       packed_ = kernel_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
     return packed_;
   }
+  // The operand rounded to bf16 in pairs (pack_pairs), made on the first call; null without pair storage.
+  const PackedPairs* packed_pairs() {
+    static_assert(std::is_same_v<T, float>, "only float32 products run in bf16");
+    if (!pair_storage_) return nullptr;
+    if (!pairs_.rows) pairs_ = pack_pairs(*pair_storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
+    return &pairs_;
+  }
 
  private:
   MatrixOperand<T> source_;
   int64_t k_, columns_;
   std::vector<T>* storage_;
+  std::vector<uint32_t>* pair_storage_;
   PackedColumns packed_;
+  PackedPairs pairs_;
 };
 
 // gemm() with op(B) the first n columns of a shared operand (k = b.k()).
@@ -310,10 +326,17 @@ void gemm(int64_t m, int64_t n, std::type_identity_t<T> alpha, MatrixOperand<T> 
           std::type_identity_t<T> beta, T* c, int64_t ldc) {
   const int64_t k = b.k();
   if constexpr (std::is_same_v<T, float>) {
-    if (n <= b.columns() && blas_detail::route<T>(m, n, k, a.transposed) == blas_detail::Route::small) {
+    const blas_detail::Route via = blas_detail::route<T>(m, n, k, a.transposed);
+    if (n <= b.columns() && via == blas_detail::Route::small) {
       blas_detail::check_core();
-      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, blas_detail::Route::small, [&] {
+      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, via, [&] {
         small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc);
+      });
+    }
+    if (n <= b.columns() && via == blas_detail::Route::small_bf16 && b.packed_pairs()) {
+      blas_detail::check_core();
+      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, via, [&] {
+        small_bf16_product(a.transposed, m, n, k, alpha, a.data, a.ld, *b.packed_pairs(), beta, c, ldc);
       });
     }
   }

@@ -10,6 +10,7 @@
 
 #include "ops/products/blas_info.hpp"
 #include "ops/products/onednn_gemm.hpp"
+#include "ops/products/small_products.hpp"
 #include "engine/tensor.hpp"
 
 namespace tapegrad {
@@ -187,6 +188,10 @@ std::string products_summary() {
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));
   if (product_precision() == ProductPrecision::bf16 && bf16_reach() == Bf16Reach::every_product)
     text += fmt::format(" for every product ({}, float32 accumulation)", onednn_version());
+  else if (product_precision() == ProductPrecision::bf16 && small_bf16_kernel_available())
+    text += fmt::format(" for every product ({} from 2^19 multiply-adds, the engine's bf16 tiles below; float32 "
+                        "accumulation)",
+                        onednn_version());
   else if (product_precision() == ProductPrecision::bf16)
     text += fmt::format(" for products of >= 2^19 multiply-adds ({}, float32 accumulation), f32 below", onednn_version());
   return text;

@@ -12,9 +12,11 @@
 // unset, keeps it).
 //
 // Precision. In f32 mode (the default) a product reads and accumulates float32. In bf16 mode every float32
-// product large enough to gain from it (runs_in_bf16; Bf16Reach::every_product for all of them) rounds copies of
-// its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
-// accumulates in float32 on the CPU's bf16 units (AVX512_BF16 or AMX-BF16, through oneDNN); C stays float32, and
+// product rounds copies of its two operands to bfloat16 (8 bits of mantissa, round to nearest even) and
+// accumulates in float32 on the CPU's bf16 units: through oneDNN (AVX512_BF16 or AMX-BF16) from 2^19
+// multiply-adds (runs_in_bf16; Bf16Reach::every_product sends all of them there), on the engine's own bf16 tiles
+// below (an attention head's products; ops/products/small_products.hpp, where the CPU has AVX512_BF16, else they
+// stay float32); C stays float32, and
 // so do the tensors, the parameters, the optimizer state and the gradients. float64 products are never rounded
 // (but under an emulated rounding, below, which moves them as another precision's rounding would).
 // bf16 is a mode of the products, not a tensor dtype: the products are where the units pay off, everything else
@@ -91,10 +93,11 @@ class PrecisionScope {
   ProductPrecision previous_;
   Bf16Reach previous_reach_;
 };
-// Whether this float32 product runs in bf16: in bf16 mode, those of at least 2^19 multiply-adds (every one with
-// Bf16Reach::every_product). Smaller ones (an attention head's at T = 64) stay float32, on the backend of the rule:
-// for them bf16's rounding pass and oneDNN's call cost more than the faster product saves (the default model's
-// attention took 4.3 ms a step with every product in bf16, 2.3 in float32).
+// Whether this float32 product runs in bf16 on oneDNN: in bf16 mode, those of at least 2^19 multiply-adds (every
+// one with Bf16Reach::every_product). For smaller ones (an attention head's at T = 64) oneDNN's call and a separate
+// rounding pass cost more than the faster product saves (the default model's attention took 4.3 ms a step with every
+// product in bf16 on oneDNN, 2.3 in float32): they run on the engine's bf16 tiles, which round as they pack, where
+// the CPU has AVX512_BF16 (small_bf16_kernel_available), else in float32 on the backend of the rule.
 bool runs_in_bf16(int64_t m, int64_t n, int64_t k);
 // The unit roundoff of a bf16 operand (8 significant bits: 2⁻⁸) and of a float32 one (24 bits: 2⁻²⁴): a rounded
 // operand a' = a·(1 + δ) with |δ| ≤ u.

@@ -19,6 +19,7 @@
 #include "ops/products/small_products.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #if defined(__x86_64__)
 
@@ -83,6 +84,68 @@ inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alph
     case 2: return tile<2, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
     default: return tile<1, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
   }
+}
+
+// bf16 tiles (bf16 mode, a CPU with AVX512_BF16): the same tiles over pairs of k. P2 holds op(B) rounded to
+// bfloat16, row q of it the pairs (op(B)[2q, j], op(B)[2q + 1, j]) for every column j, one 32-bit lane each; A holds
+// op(A)'s pairs (op(A)[i, 2q], op(A)[i, 2q + 1]) at a[i·a_row + q·a_col]. For q = 0 … k2 − 1, vdpbf16ps adds both
+// products of a pair to a float32 sum: each product of two bfloat16 numbers is exact in float32, each addition
+// rounded (the CPU flushes subnormals to zero there). The order depends on k alone, as in the float32 tiles.
+#define TAPEGRAD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+template <int R, int V>
+TAPEGRAD_BF16_TARGET inline void tile_bf16(int64_t k2, int64_t n, int64_t j0, float alpha, const uint32_t* a,
+                                           int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld,
+                                           float beta, float* c, int64_t ldc) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t q = 0; q < k2; ++q) {
+    __m512i b[V];
+    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_si512(p_rows + q * ld + j0 + v * kWidth);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(a[r * a_row + q * a_col]));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)x, (__m512bh)b[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int v = 0; v < V; ++v) {
+    const int64_t col = j0 + v * kWidth;
+    const int64_t cols = n - col < kWidth ? n - col : kWidth;
+    if (cols <= 0) break;
+    const __mmask16 lanes = first_lanes(cols);
+    for (int r = 0; r < R; ++r) {
+      float* out = c + r * ldc + col;
+      __m512 y = _mm512_mul_ps(va, acc[r][v]);
+      if (beta != 0.0f) y = _mm512_add_ps(y, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(lanes, out)));
+      _mm512_mask_storeu_ps(out, lanes, y);
+    }
+  }
+}
+
+template <int V>
+TAPEGRAD_BF16_TARGET inline void tile_rows_bf16(int64_t rows, int64_t k2, int64_t n, int64_t j0, float alpha,
+                                                const uint32_t* a, int64_t a_row, int64_t a_col,
+                                                const uint32_t* p_rows, int64_t ld, float beta, float* c,
+                                                int64_t ldc) {
+  switch (rows) {
+    case 8: if constexpr (V <= 3) return tile_bf16<8, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+      [[fallthrough]];
+    case 7: if constexpr (V <= 3) return tile_bf16<7, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+      [[fallthrough]];
+    case 6: return tile_bf16<6, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 5: return tile_bf16<5, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 4: return tile_bf16<4, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 3: return tile_bf16<3, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 2: return tile_bf16<2, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    default: return tile_bf16<1, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+  }
+}
+
+// 16 floats rounded to bfloat16 (vcvtneps2bf16: to nearest even, NaN quiet, subnormals to zero: the bits of
+// ops/products/onednn_gemm.hpp round_to_bf16), lanes past `count` zero.
+TAPEGRAD_BF16_TARGET inline __m256i round16(const float* x, int64_t count) {
+  const __m512 v = count >= kWidth ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(first_lanes(count), x);
+  return (__m256i)_mm512_cvtneps_pbh(v);
 }
 
 // The 16 × 16 block at `in` (rows of in_ld floats) written transposed at `out` (rows of out_ld): 16 loads, four
@@ -156,6 +219,58 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
     for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
 }
 
+
+TAPEGRAD_BF16_TARGET void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a,
+                                              int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld,
+                                              float beta, float* c, int64_t ldc) {
+  const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
+  for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
+    const int64_t vectors = (n_pad - j0) / kWidth;
+    const int64_t rows_per_tile = tile_rows_for(vectors);
+    for (int64_t i0 = 0; i0 < m; i0 += rows_per_tile) {
+      const int64_t rows = m - i0 < rows_per_tile ? m - i0 : rows_per_tile;
+      const uint32_t* a_i = a + i0 * a_row;
+      float* c_i = c + i0 * ldc;
+      if (vectors >= 4) tile_rows_bf16<4>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 3) tile_rows_bf16<3>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 2) tile_rows_bf16<2>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else tile_rows_bf16<1>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+    }
+  }
+}
+
+TAPEGRAD_BF16_TARGET void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows,
+                                                      int64_t cols, int64_t ldx) {
+  const int64_t pairs = (cols + 1) / 2;
+  for (int64_t i = 0; i < rows; ++i) {
+    auto* row = reinterpret_cast<uint16_t*>(out + i * ld_out);
+    int64_t j = 0;
+    for (; j + kWidth <= cols; j += kWidth) _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), round16(x + i * ldx + j, kWidth));
+    if (j < cols) {
+      const int64_t rest = 2 * pairs - j;  // the row's last elements and, for an odd count, the zero after them
+      _mm256_mask_storeu_epi16(row + j, static_cast<__mmask16>((1u << rest) - 1u), round16(x + i * ldx + j, cols - j));
+    }
+  }
+}
+
+TAPEGRAD_BF16_TARGET void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows,
+                                                       int64_t cols, int64_t ldx) {
+  // Lane j of a pair-row: the first row's bfloat16 in its low half, the second's in its high half.
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t q = 0; q < (rows + 1) / 2; ++q) {
+    const float* first = x + 2 * q * ldx;
+    const float* second = 2 * q + 1 < rows ? first + ldx : nullptr;
+    for (int64_t j = 0; j < ld_out; j += kWidth) {
+      const int64_t count = cols - j < kWidth ? std::max<int64_t>(cols - j, 0) : kWidth;
+      const __mmask16 lanes = first_lanes(count);
+      const __m512 lo = _mm512_maskz_loadu_ps(lanes, first + j);
+      const __m512 hi = second ? _mm512_maskz_loadu_ps(lanes, second + j) : _mm512_setzero_ps();
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lo's 16 bfloat16 in the low half, hi's above
+      _mm512_storeu_si512(out + q * ld_out + j, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
 }  // namespace tapegrad::small_products_detail
 
 #endif

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include <fmt/core.h>
+
 #include "engine/tensor.hpp"
 #include "engine/parallel.hpp"
 #include "ops/products/blas_info.hpp"
@@ -86,6 +88,66 @@ PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t 
                              int64_t ldb) {
   if (!trans_b && n % kWidth == 0) return {b, ldb, k, n};
   return pack_columns(storage, trans_b, k, n, b, ldb);
+}
+
+bool small_bf16_kernel_available() {
+  static const bool available = cpu_features().avx512() && cpu_features().avx512bf16;
+  return available;
+}
+
+PackedPairs pack_pairs(std::vector<uint32_t>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                       int64_t ldb) {
+  if (!small_bf16_kernel_available())
+    throw Error("pack_pairs: this CPU has no AVX512_BF16, which the kernel's bf16 tiles need");
+  const int64_t ld = (n + kWidth - 1) / kWidth * kWidth, k2 = (k + 1) / 2;
+  storage.resize(static_cast<size_t>(k2 * ld));
+#if defined(__x86_64__)
+  if (trans_b) {
+    // B stored (n, k): a pair of op(B)'s rows is a pair of neighbours in each of B's rows. B's rows rounded in
+    // pairs (n rows of k2), then moved as 32-bit lanes: P's row q is their column q.
+    thread_local std::vector<uint32_t> rows;
+    rows.resize(static_cast<size_t>(n * k2));
+    small_products_detail::pairs_along_rows_avx512bf16(rows.data(), k2, b, n, k, ldb);
+    small_products_detail::transpose_avx512(reinterpret_cast<const float*>(rows.data()), k2, n, k2,
+                                            reinterpret_cast<float*>(storage.data()), ld);
+    for (int64_t q = 0; q < k2; ++q) std::fill(storage.begin() + q * ld + n, storage.begin() + (q + 1) * ld, 0u);
+  } else {
+    small_products_detail::pairs_across_rows_avx512bf16(storage.data(), ld, b, k, n, ldb);
+  }
+#endif
+  packings.fetch_add(1, std::memory_order_relaxed);
+  return {storage.data(), ld, k, n};
+}
+
+void small_bf16_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                        const PackedPairs& p, float beta, float* c, int64_t ldc) {
+  if (!small_bf16_kernel_available())
+    throw Error("small_bf16_product: this CPU has no AVX512_BF16, which the kernel's bf16 tiles need");
+  if (n > p.n || k != p.k)
+    throw Error(fmt::format("small_bf16_product: a product of (m, n, k) = ({}, {}, {}) on packed pairs of ({}, {})", m,
+                            n, k, p.k, p.n));
+#if defined(__x86_64__)
+  // op(A)'s pairs: A's rows rounded in place order (pairs of neighbours), or, A stored (k, m), its rows 2q and
+  // 2q + 1 interleaved.
+  thread_local std::vector<uint32_t> pairs;
+  const int64_t k2 = (k + 1) / 2;
+  if (trans_a) {
+    const int64_t ld = (m + kWidth - 1) / kWidth * kWidth;
+    pairs.resize(static_cast<size_t>(k2 * ld));
+    small_products_detail::pairs_across_rows_avx512bf16(pairs.data(), ld, a, k, m, lda);
+    small_products_detail::product_bf16_avx512(m, n, k2, alpha, pairs.data(), 1, ld, p.rows, p.ld, beta, c, ldc);
+  } else {
+    pairs.resize(static_cast<size_t>(m * k2));
+    small_products_detail::pairs_along_rows_avx512bf16(pairs.data(), k2, a, m, k, lda);
+    small_products_detail::product_bf16_avx512(m, n, k2, alpha, pairs.data(), k2, 1, p.rows, p.ld, beta, c, ldc);
+  }
+#endif
+}
+
+void small_bf16_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<uint32_t> storage;
+  small_bf16_product(trans_a, m, n, k, alpha, a, lda, pack_pairs(storage, trans_b, k, n, b, ldb), beta, c, ldc);
 }
 
 void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

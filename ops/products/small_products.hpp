@@ -25,6 +25,18 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
                     const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
 // out[j·out_ld + i] = in[i·in_ld + j] for i < rows, j < cols, 16 × 16 blocks in registers.
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld);
+// bf16 (AVX512_BF16): C = α·op(A)·P2 + β·C over k2 pairs of k, op(A)'s pairs at a[i·a_row + q·a_col], P2 (k2 rows
+// of ld pairs, readable to the next multiple of 16 past n).
+void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
+                         int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
+// Each of `rows` rows of x (cols floats, ldx apart) rounded to bfloat16 in place order, (cols + 1)/2 pairs a row
+// (an odd row ends with a zero), rows ld_out pairs apart: a row's pairs are its neighbours (2q, 2q + 1).
+void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows, int64_t cols,
+                                 int64_t ldx);
+// Rows 2q and 2q + 1 of x rounded and interleaved: out[q·ld_out + j] = (x[2q, j], x[2q + 1, j]) for j < cols, zero
+// for cols ≤ j < ld_out (a multiple of 16) and in the second half where rows is odd.
+void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows, int64_t cols,
+                                  int64_t ldx);
 }  // namespace small_products_detail
 
 // True where the CPU runs the small kernel (AVX-512: CpuFeatures::avx512).
@@ -61,7 +73,29 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
 void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// How many operands the small kernel has packed in this process (every thread).
+// bf16 mode. Where the CPU has AVX512_BF16 (with AVX-512), the products bf16 mode leaves below oneDNN's size run on
+// the kernel's bf16 tiles: op(A) and op(B) rounded to bfloat16 (as round_to_bf16 rounds), the sums in float32.
+bool small_bf16_kernel_available();
+
+// op(B) (k, n) rounded to bfloat16 in pairs of k: (k + 1)/2 rows of ld 32-bit pairs, row q holding
+// (op(B)[2q, j], op(B)[2q + 1, j]) in lane j, zero past n (to ld, a multiple of 16) and past k.
+struct PackedPairs {
+  const uint32_t* rows = nullptr;
+  int64_t ld = 0, k = 0, n = 0;
+};
+// Rounds and packs op(B) (b as is, rows of ldb, or transposed, b stored (n, k)) into `storage`; counts one packing.
+PackedPairs pack_pairs(std::vector<uint32_t>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                       int64_t ldb);
+
+// C (m, n) = α·op(A)·P + β·C with op(A) rounded to bfloat16 (into a buffer of the calling thread), n ≤ P.n, k = P.k.
+void small_bf16_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                        const PackedPairs& p, float beta, float* c, int64_t ldc);
+
+// C (m, n) = α·op(A)·op(B) + β·C with both operands rounded to bfloat16, on the kernel's bf16 tiles.
+void small_bf16_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// How many operands the small kernel has packed in this process (every thread), in float32 or bf16.
 uint64_t small_kernel_packings();
 
 }  // namespace tapegrad
