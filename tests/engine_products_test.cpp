@@ -346,7 +346,11 @@ TEST_CASE("in bf16 mode a shared operand's bf16 pairs are packed once, with gemm
                 plain.data() + i0 * columns, columns);
   }
   CHECK(shared == plain);
-  CHECK(small_kernel_packings() - before == 1 + 4);
+  // On the engine's tiles (the rule's backend for these products, not one forced by TAPEGRAD_GEMM) the plain
+  // products round and pack their B at every call, the shared one once.
+  const uint64_t packed = small_kernel_packings() - before;
+  if (product_backend(16, 64, k) == ProductBackend::engine) CHECK(packed == 1 + 4);
+  else CHECK(packed == 0);
 }
 
 TEST_CASE("bf16 products: float64 within bf16's bound, from 2^19 multiply-adds on oneDNN and below on the engine's bf16 "
