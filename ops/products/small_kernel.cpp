@@ -219,7 +219,6 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
     for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
 }
 
-
 TAPEGRAD_BF16_TARGET void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a,
                                               int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld,
                                               float beta, float* c, int64_t ldc) {
@@ -245,10 +244,11 @@ TAPEGRAD_BF16_TARGET void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_
   for (int64_t i = 0; i < rows; ++i) {
     auto* row = reinterpret_cast<uint16_t*>(out + i * ld_out);
     int64_t j = 0;
-    for (; j + kWidth <= cols; j += kWidth) _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), round16(x + i * ldx + j, kWidth));
+    for (; j + kWidth <= cols; j += kWidth)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), round16(x + i * ldx + j, kWidth));
     if (j < cols) {
       const int64_t rest = 2 * pairs - j;  // the row's last elements and, for an odd count, the zero after them
-      _mm256_mask_storeu_epi16(row + j, static_cast<__mmask16>((1u << rest) - 1u), round16(x + i * ldx + j, cols - j));
+      _mm256_mask_storeu_epi16(row + j, first_lanes(rest), round16(x + i * ldx + j, cols - j));
     }
   }
 }
@@ -271,6 +271,7 @@ TAPEGRAD_BF16_TARGET void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld
     }
   }
 }
+
 }  // namespace tapegrad::small_products_detail
 
 #endif
