@@ -279,25 +279,39 @@ TEST_CASE("β = 0 never reads C: NaN there does not reach the small kernel's res
     for (int64_t j = 0; j < p.n; ++j) REQUIRE(std::isfinite(c[i * p.ldc + j]));
 }
 
-// A SharedOperand: products of several row blocks on its first n columns, packed once, and the same bits as the same
-// products through gemm() with the operand as given.
-TEST_CASE("a shared operand is packed once for all the products that read it, with gemm()'s bits") {
+namespace {
+
+// Products of four row blocks of 16 by one op(B) = Bᵀ (B stored (64, 32)), the i-th on its first 16(i + 1) columns,
+// through a SharedOperand (with bf16 pair storage where `pairs` is given) into `shared` and through gemm() with B as
+// given into `plain`; returns how many operands were packed.
+uint64_t shared_operand_products(uint64_t seed, std::vector<uint32_t>* pairs, std::vector<float>& shared,
+                                 std::vector<float>& plain) {
   const int64_t k = 32, columns = 64;
-  const std::vector<float> a = normal_floats(static_cast<size_t>(64 * k), 11);
-  const std::vector<float> b = normal_floats(static_cast<size_t>(columns * k), 12);  // stored (columns, k): op(B) = Bᵀ
-  std::vector<float> storage, shared(64 * columns, 0.0f), plain(64 * columns, 0.0f);
-  SharedOperand<float> bt(transposed(b.data(), k), k, columns, storage);
+  const std::vector<float> a = normal_floats(static_cast<size_t>(64 * k), seed);
+  const std::vector<float> b = normal_floats(static_cast<size_t>(columns * k), seed + 1);
+  std::vector<float> storage;
+  shared.assign(64 * columns, 0.0f);
+  plain.assign(64 * columns, 0.0f);
+  SharedOperand<float> bt(transposed(b.data(), k), k, columns, storage, pairs);
   const uint64_t before = small_kernel_packings();
-  for (int64_t i0 = 0; i0 < 64; i0 += 16) {  // four blocks of 16 rows, the i-th sees the first 16(i + 1) columns
+  for (int64_t i0 = 0; i0 < 64; i0 += 16) {
     const int64_t n = i0 + 16;
     gemm(16, n, 1.0f, as_is(a.data() + i0 * k, k), bt, 0.0f, shared.data() + i0 * columns, columns);
     gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f,
                 plain.data() + i0 * columns, columns);
   }
+  return small_kernel_packings() - before;
+}
+
+}  // namespace
+
+// A SharedOperand: packed once, and the same bits as the same products through gemm() with the operand as given,
+// which packs its transposed B at every call where the products run on the engine's kernel.
+TEST_CASE("a shared operand is packed once for all the products that read it, with gemm()'s bits") {
+  std::vector<float> shared, plain;
+  const uint64_t packed = shared_operand_products(11, nullptr, shared, plain);
   CHECK(shared == plain);
-  // The plain products pack their transposed B at every call on the small kernel; the shared one once.
-  const uint64_t packed = small_kernel_packings() - before;
-  if (product_backend(16, 64, k) == ProductBackend::engine) CHECK(packed == 1 + 4);
+  if (product_backend(16, 64, 32) == ProductBackend::engine) CHECK(packed == 1 + 4);
   else CHECK(packed == 0);
 }
 
@@ -328,28 +342,16 @@ TEST_CASE("the engine's bf16 tiles: the float64 product of the rounded operands 
 }
 
 // In bf16 mode a shared operand is rounded and packed once for the products of all its blocks, with the bits of the
-// same products through gemm() packing it at every call.
+// same products through gemm() rounding and packing it at every call (on the engine's tiles, the rule's backend
+// for these products; none is packed where TAPEGRAD_GEMM forces a library).
 TEST_CASE("in bf16 mode a shared operand's bf16 pairs are packed once, with gemm()'s bits" *
           doctest::skip(!bf16_unavailable_reason().empty() || !small_bf16_kernel_available())) {
   PrecisionScope bf16(ProductPrecision::bf16);
-  const int64_t k = 32, columns = 64;
-  const std::vector<float> a = normal_floats(static_cast<size_t>(64 * k), 13);
-  const std::vector<float> b = normal_floats(static_cast<size_t>(columns * k), 14);  // stored (columns, k): op(B) = Bᵀ
-  std::vector<float> storage, shared(64 * columns, 0.0f), plain(64 * columns, 0.0f);
+  std::vector<float> shared, plain;
   std::vector<uint32_t> pairs;
-  SharedOperand<float> bt(transposed(b.data(), k), k, columns, storage, &pairs);
-  const uint64_t before = small_kernel_packings();
-  for (int64_t i0 = 0; i0 < 64; i0 += 16) {
-    const int64_t n = i0 + 16;
-    gemm(16, n, 1.0f, as_is(a.data() + i0 * k, k), bt, 0.0f, shared.data() + i0 * columns, columns);
-    gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f,
-                plain.data() + i0 * columns, columns);
-  }
+  const uint64_t packed = shared_operand_products(13, &pairs, shared, plain);
   CHECK(shared == plain);
-  // On the engine's tiles (the rule's backend for these products, not one forced by TAPEGRAD_GEMM) the plain
-  // products round and pack their B at every call, the shared one once.
-  const uint64_t packed = small_kernel_packings() - before;
-  if (product_backend(16, 64, k) == ProductBackend::engine) CHECK(packed == 1 + 4);
+  if (product_backend(16, 64, 32) == ProductBackend::engine) CHECK(packed == 1 + 4);
   else CHECK(packed == 0);
 }
 

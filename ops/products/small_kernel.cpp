@@ -39,20 +39,10 @@ constexpr int64_t kWidth = 16;
 
 __mmask16 first_lanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
 
+// C's tile from its R × V sums: C = α·sum + β·C on the tile's rows, its columns before n (β = 0: C is not read).
 template <int R, int V>
-inline void tile(int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row, int64_t a_col,
-                 const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
-  __m512 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < k; ++p) {
-    __m512 b[V];
-    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(p_rows + p * ld + j0 + v * kWidth);
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * a_row + p * a_col]);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
-    }
-  }
+inline void store_tile(const __m512 (&acc)[R][V], int64_t n, int64_t j0, float alpha, float beta, float* c,
+                       int64_t ldc) {
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   for (int v = 0; v < V; ++v) {
     const int64_t col = j0 + v * kWidth;
@@ -68,21 +58,61 @@ inline void tile(int64_t k, int64_t n, int64_t j0, float alpha, const float* a, 
   }
 }
 
-// A tile of `rows` ≤ tile_rows_for(V) rows: tile<rows, V>.
-template <int V>
-inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row,
-                      int64_t a_col, const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+// The float32 tile: k steps of one row of P (V vectors) and R broadcasts of op(A).
+template <int R, int V>
+struct FloatTile {
+  static void run(int64_t k, int64_t n, int64_t j0, float alpha, const float* a, int64_t a_row, int64_t a_col,
+                  const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+    __m512 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+      __m512 b[V];
+      for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(p_rows + p * ld + j0 + v * kWidth);
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(a[r * a_row + p * a_col]);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+      }
+    }
+    store_tile<R, V>(acc, n, j0, alpha, beta, c, ldc);
+  }
+};
+
+// C's rows [row_begin, row_end) in tiles: column panels of up to 4 vectors, tile_rows_for(V) rows a tile and fewer at
+// the end, each Tile<rows, V>::run(depth, n, j0, α, op(A)'s rows, a_row, a_col, P, ld, β, C's rows, ldc). `depth`
+// is k, or its pairs for the bf16 tiles; A is float or its bf16 pairs, and so is P.
+template <template <int, int> class Tile, int V, class A, class P>
+inline void run_tile(int64_t rows, int64_t depth, int64_t n, int64_t j0, float alpha, const A* a, int64_t a_row,
+                     int64_t a_col, const P* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
   switch (rows) {
-    case 8: if constexpr (V <= 3) return tile<8, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 8: if constexpr (V <= 3) return Tile<8, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
       [[fallthrough]];
-    case 7: if constexpr (V <= 3) return tile<7, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 7: if constexpr (V <= 3) return Tile<7, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
       [[fallthrough]];
-    case 6: return tile<6, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 5: return tile<5, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 4: return tile<4, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 3: return tile<3, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 2: return tile<2, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    default: return tile<1, V>(k, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 6: return Tile<6, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 5: return Tile<5, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 4: return Tile<4, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 3: return Tile<3, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 2: return Tile<2, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    default: return Tile<1, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+  }
+}
+template <template <int, int> class Tile, class A, class P>
+inline void run_tiles(int64_t row_begin, int64_t row_end, int64_t depth, int64_t n, float alpha, const A* a,
+                      int64_t a_row, int64_t a_col, const P* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+  const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
+  for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
+    const int64_t vectors = (n_pad - j0) / kWidth;
+    const int64_t rows_per_tile = tile_rows_for(vectors);
+    for (int64_t i0 = row_begin; i0 < row_end; i0 += rows_per_tile) {
+      const int64_t rows = row_end - i0 < rows_per_tile ? row_end - i0 : rows_per_tile;
+      const A* a_i = a + i0 * a_row;
+      float* c_i = c + i0 * ldc;
+      if (vectors >= 4) run_tile<Tile, 4>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 3) run_tile<Tile, 3>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 2) run_tile<Tile, 2>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else run_tile<Tile, 1>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+    }
   }
 }
 
@@ -93,53 +123,24 @@ inline void tile_rows(int64_t rows, int64_t k, int64_t n, int64_t j0, float alph
 // rounded (the CPU flushes subnormals to zero there). The order depends on k alone, as in the float32 tiles.
 #define TAPEGRAD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 template <int R, int V>
-TAPEGRAD_BF16_TARGET inline void tile_bf16(int64_t k2, int64_t n, int64_t j0, float alpha, const uint32_t* a,
-                                           int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld,
-                                           float beta, float* c, int64_t ldc) {
-  __m512 acc[R][V];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t q = 0; q < k2; ++q) {
-    __m512i b[V];
-    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_si512(p_rows + q * ld + j0 + v * kWidth);
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_set1_epi32(static_cast<int>(a[r * a_row + q * a_col]));
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)x, (__m512bh)b[v]);
+struct Bf16Tile {
+  TAPEGRAD_BF16_TARGET static void run(int64_t k2, int64_t n, int64_t j0, float alpha, const uint32_t* a,
+                                       int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta,
+                                       float* c, int64_t ldc) {
+    __m512 acc[R][V];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < k2; ++q) {
+      __m512i b[V];
+      for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_si512(p_rows + q * ld + j0 + v * kWidth);
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(static_cast<int>(a[r * a_row + q * a_col]));
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)x, (__m512bh)b[v]);
+      }
     }
+    store_tile<R, V>(acc, n, j0, alpha, beta, c, ldc);
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (int v = 0; v < V; ++v) {
-    const int64_t col = j0 + v * kWidth;
-    const int64_t cols = n - col < kWidth ? n - col : kWidth;
-    if (cols <= 0) break;
-    const __mmask16 lanes = first_lanes(cols);
-    for (int r = 0; r < R; ++r) {
-      float* out = c + r * ldc + col;
-      __m512 y = _mm512_mul_ps(va, acc[r][v]);
-      if (beta != 0.0f) y = _mm512_add_ps(y, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(lanes, out)));
-      _mm512_mask_storeu_ps(out, lanes, y);
-    }
-  }
-}
-
-template <int V>
-TAPEGRAD_BF16_TARGET inline void tile_rows_bf16(int64_t rows, int64_t k2, int64_t n, int64_t j0, float alpha,
-                                                const uint32_t* a, int64_t a_row, int64_t a_col,
-                                                const uint32_t* p_rows, int64_t ld, float beta, float* c,
-                                                int64_t ldc) {
-  switch (rows) {
-    case 8: if constexpr (V <= 3) return tile_bf16<8, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-      [[fallthrough]];
-    case 7: if constexpr (V <= 3) return tile_bf16<7, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-      [[fallthrough]];
-    case 6: return tile_bf16<6, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 5: return tile_bf16<5, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 4: return tile_bf16<4, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 3: return tile_bf16<3, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    case 2: return tile_bf16<2, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-    default: return tile_bf16<1, V>(k2, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-  }
-}
+};
 
 // 16 floats rounded to bfloat16 (vcvtneps2bf16: to nearest even, NaN quiet, subnormals to zero: the bits of
 // ops/products/onednn_gemm.hpp round_to_bf16), lanes past `count` zero.
@@ -189,24 +190,9 @@ constexpr int64_t kChunkBytes = 256 * 1024;
 
 void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
                     const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
-  const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
   const int64_t chunk = std::max<int64_t>(24, kChunkBytes / (4 * std::max<int64_t>(k, 1)) / 24 * 24);
-  for (int64_t c0 = 0; c0 < m; c0 += chunk) {
-    const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;
-    for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
-      const int64_t vectors = (n_pad - j0) / kWidth;
-      const int64_t rows_per_tile = tile_rows_for(vectors);
-      for (int64_t i0 = c0; i0 < c1; i0 += rows_per_tile) {
-        const int64_t rows = c1 - i0 < rows_per_tile ? c1 - i0 : rows_per_tile;
-        const float* a_i = a + i0 * a_row;
-        float* c_i = c + i0 * ldc;
-        if (vectors >= 4) tile_rows<4>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-        else if (vectors == 3) tile_rows<3>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-        else if (vectors == 2) tile_rows<2>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-        else tile_rows<1>(rows, k, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      }
-    }
-  }
+  for (int64_t c0 = 0; c0 < m; c0 += chunk)
+    run_tiles<FloatTile>(c0, std::min(m, c0 + chunk), k, n, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
 }
 
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld) {
@@ -219,23 +205,9 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
     for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
 }
 
-TAPEGRAD_BF16_TARGET void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a,
-                                              int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld,
-                                              float beta, float* c, int64_t ldc) {
-  const int64_t n_pad = (n + kWidth - 1) / kWidth * kWidth;
-  for (int64_t j0 = 0; j0 < n_pad; j0 += kMaxVectors * kWidth) {
-    const int64_t vectors = (n_pad - j0) / kWidth;
-    const int64_t rows_per_tile = tile_rows_for(vectors);
-    for (int64_t i0 = 0; i0 < m; i0 += rows_per_tile) {
-      const int64_t rows = m - i0 < rows_per_tile ? m - i0 : rows_per_tile;
-      const uint32_t* a_i = a + i0 * a_row;
-      float* c_i = c + i0 * ldc;
-      if (vectors >= 4) tile_rows_bf16<4>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      else if (vectors == 3) tile_rows_bf16<3>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      else if (vectors == 2) tile_rows_bf16<2>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      else tile_rows_bf16<1>(rows, k2, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-    }
-  }
+void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
+                         int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+  run_tiles<Bf16Tile>(0, m, k2, n, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
 }
 
 TAPEGRAD_BF16_TARGET void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows,
