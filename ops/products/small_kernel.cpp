@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__)
 
@@ -202,7 +203,8 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
       transpose_16x16(in + i0 * in_ld + j0, in_ld, out + j0 * out_ld + i0, out_ld);
   // The edges: rows past the last whole block of 16, and columns past it in the whole blocks' rows.
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j) out[j * out_ld + i] = in[i * in_ld + j];
+    for (int64_t j = i < full_rows ? full_cols : 0; j < cols; ++j)  // bytes: pack_pairs moves bf16 pairs this way
+      std::memcpy(out + j * out_ld + i, in + i * in_ld + j, sizeof(float));
 }
 
 void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,

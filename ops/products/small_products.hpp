@@ -23,7 +23,8 @@ namespace small_products_detail {
 // least finite) up to the next multiple of 16 past n (ops/products/small_kernel.cpp).
 void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_row, int64_t a_col,
                     const float* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
-// out[j·out_ld + i] = in[i·in_ld + j] for i < rows, j < cols, 16 × 16 blocks in registers.
+// out[j·out_ld + i] = in[i·in_ld + j] for i < rows, j < cols, 16 × 16 blocks in registers; each element's 32 bits
+// moved as they are (pack_pairs moves pairs of bfloat16 with it).
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld);
 // bf16 (AVX512_BF16): C = α·op(A)·P2 + β·C over k2 pairs of k, op(A)'s pairs at a[i·a_row + q·a_col], P2 (k2 rows
 // of ld pairs, readable to the next multiple of 16 past n).
