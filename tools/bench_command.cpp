@@ -170,12 +170,10 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_ms / 1e6;
     ceiling = std::max({ceiling, gf_raw, gf_engine});
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
-    const ProductBackend rule = product_backend(s.m, s.n, s.k);
-    const bool engine_bf16 = product_precision() == ProductPrecision::bf16 && rule == ProductBackend::engine &&
-                             small_bf16_kernel_available();
-    const std::string backend = runs_in_bf16(s.m, s.n, s.k) ? "oneDNN bf16"
-                                : engine_bf16               ? "engine bf16"
-                                                            : backend_name(rule);
+    const blas_detail::Route via = blas_detail::route<float>(s.m, s.n, s.k, false);  // the matmul node: A as is
+    const std::string backend = via == blas_detail::Route::onednn_bf16 ? "oneDNN bf16"
+                                : via == blas_detail::Route::small_bf16 ? "engine bf16"
+                                                                        : backend_name(product_backend(s.m, s.n, s.k));
     out.print("  {:<12} {:<16} {:<9} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>8.3f}×{}\n", s.what, shape, backend,
               engine.ms, gf_engine, raw_ms, gf_raw, overhead, torch_cells(engine, vs));
     json& r = out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine);

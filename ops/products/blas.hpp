@@ -327,16 +327,13 @@ void gemm(int64_t m, int64_t n, std::type_identity_t<T> alpha, MatrixOperand<T> 
   const int64_t k = b.k();
   if constexpr (std::is_same_v<T, float>) {
     const blas_detail::Route via = blas_detail::route<T>(m, n, k, a.transposed);
-    if (n <= b.columns() && via == blas_detail::Route::small) {
+    const bool fits = n <= b.columns();
+    const bool bf16 = fits && via == blas_detail::Route::small_bf16 && b.packed_pairs();
+    if ((fits && via == blas_detail::Route::small) || bf16) {
       blas_detail::check_core();
       return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, via, [&] {
-        small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc);
-      });
-    }
-    if (n <= b.columns() && via == blas_detail::Route::small_bf16 && b.packed_pairs()) {
-      blas_detail::check_core();
-      return blas_detail::logged<T>(m, n, k, a.transposed, b.source().transposed, via, [&] {
-        small_bf16_product(a.transposed, m, n, k, alpha, a.data, a.ld, *b.packed_pairs(), beta, c, ldc);
+        if (bf16) small_bf16_product(a.transposed, m, n, k, alpha, a.data, a.ld, *b.packed_pairs(), beta, c, ldc);
+        else small_product(a.transposed, m, n, k, alpha, a.data, a.ld, b.packed(), beta, c, ldc);
       });
     }
   }

@@ -143,13 +143,6 @@ struct Bf16Tile {
   }
 };
 
-// 16 floats rounded to bfloat16 (vcvtneps2bf16: to nearest even, NaN quiet, subnormals to zero: the bits of
-// ops/products/onednn_gemm.hpp round_to_bf16), lanes past `count` zero.
-TAPEGRAD_BF16_TARGET inline __m256i round16(const float* x, int64_t count) {
-  const __m512 v = count >= kWidth ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(first_lanes(count), x);
-  return (__m256i)_mm512_cvtneps_pbh(v);
-}
-
 // The 16 × 16 block at `in` (rows of in_ld floats) written transposed at `out` (rows of out_ld): 16 loads, four
 // rounds of 16 shuffles (pairs, quads, 128-bit lanes, halves), 16 stores.
 inline void transpose_16x16(const float* in, int64_t in_ld, float* out, int64_t out_ld) {
@@ -210,21 +203,6 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
 void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
                          int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
   run_tiles<Bf16Tile>(0, m, k2, n, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
-}
-
-TAPEGRAD_BF16_TARGET void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows,
-                                                      int64_t cols, int64_t ldx) {
-  const int64_t pairs = (cols + 1) / 2;
-  for (int64_t i = 0; i < rows; ++i) {
-    auto* row = reinterpret_cast<uint16_t*>(out + i * ld_out);
-    int64_t j = 0;
-    for (; j + kWidth <= cols; j += kWidth)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + j), round16(x + i * ldx + j, kWidth));
-    if (j < cols) {
-      const int64_t rest = 2 * pairs - j;  // the row's last elements and, for an odd count, the zero after them
-      _mm256_mask_storeu_epi16(row + j, first_lanes(rest), round16(x + i * ldx + j, cols - j));
-    }
-  }
 }
 
 TAPEGRAD_BF16_TARGET void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows,

@@ -30,10 +30,6 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
 // of ld pairs, readable to the next multiple of 16 past n).
 void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
                          int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
-// Each of `rows` rows of x (cols floats, ldx apart) rounded to bfloat16 in place order, (cols + 1)/2 pairs a row
-// (an odd row ends with a zero), rows ld_out pairs apart: a row's pairs are its neighbours (2q, 2q + 1).
-void pairs_along_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows, int64_t cols,
-                                 int64_t ldx);
 // Rows 2q and 2q + 1 of x rounded and interleaved: out[q·ld_out + j] = (x[2q, j], x[2q + 1, j]) for j < cols, zero
 // for cols ≤ j < ld_out (a multiple of 16) and in the second half where rows is odd.
 void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows, int64_t cols,
