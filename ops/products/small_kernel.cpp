@@ -1,4 +1,5 @@
-// The engine's float32 kernel for small products, on AVX-512 (ops/products/small_products.hpp says when it runs).
+// The engine's own product kernel, on AVX-512: float32 tiles, and bf16 tiles on AVX512_BF16 (below the float32 ones)
+// (ops/products/products.hpp and small_products.hpp say when each runs).
 // This file is compiled for AVX-512 (CMakeLists.txt) and called only on a CPU that has it; it uses no inline
 // function or template of external linkage (its own are in an anonymous namespace), so no code made for AVX-512
 // can stand in, at link time, for a copy another file made for a CPU without it.

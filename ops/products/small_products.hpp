@@ -1,4 +1,6 @@
-// Small float32 products on the engine's own kernel (ops/products/small_kernel.cpp, AVX-512). An attention head's
+// Products on the engine's own kernel (ops/products/small_kernel.cpp, AVX-512): small ones, the large ones whose A is
+// read as it is (products.hpp gives the rule; pack_columns_on_pool below), and bf16 mode's small ones (the bf16
+// tiles, at the end). It was made for small products first: an attention head's
 // products are thousands of calls a step of a few tens of thousands of multiply-adds each (at T = 64: (32, 32, 64),
 // (64, 32, 32), (32, 64, 32), ...), where a library call's fixed cost (checks, choosing kernels, packing both
 // operands for a blocking made for large ones) is much of the time. The kernel reads op(A) where it lies, reads
