@@ -111,9 +111,67 @@ void warm_up_cores(double ms) {
     gemm(512, 512, 512, 1.0f, as_is(x.data<float>(), 512), as_is(x.data<float>(), 512), 0.0f, c.data<float>(), 512);
 }
 
-// Returns the product ceiling: the best GFLOP/s measured, through the engine (on the backend and in the precision
-// its products use) or raw.
-double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
+// One product of the matmul section, (m, k) times (k, n), as the engine's matmul node runs it (tape + node, the
+// pool's threads) or as a raw cblas_sgemm on OpenBLAS' own threads; run(reps, warmup) returns the ms per run.
+struct ProductRun {
+  int64_t m = 0, k = 0, n = 0;
+  bool raw = false;
+  Tensor x, w, c;
+  Tape tape;
+  ProductRun(int64_t m_, int64_t k_, int64_t n_, bool raw_)
+      : m(m_), k(k_), n(n_), raw(raw_), x(random_tensor({m_, k_}, 21)), w(random_tensor({k_, n_}, 22)),
+        c(Tensor::empty(DType::f32, {m_, n_})) {}
+  double flops() const { return 2.0 * static_cast<double>(m * k * n); }
+  void once() {
+    if (raw) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), 1.0f, x.data<float>(), static_cast<int>(k), w.data<float>(), static_cast<int>(n),
+                  0.0f, c.data<float>(), static_cast<int>(n));
+    } else {
+      tape.clear();
+      matmul(tape.constant(x), tape.constant(w));
+    }
+  }
+  // OpenBLAS' threads only in the raw product's blocks; they poll for ~0.1 s after a call.
+  double run(int reps, int warmup) {
+    if (raw) openblas_set_num_threads(num_threads());
+    for (int i = 0; i < warmup; ++i) once();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) once();
+    const double ms = ms_since(t0) / reps;
+    if (raw) openblas_set_num_threads(1);
+    return ms;
+  }
+  // As a peer of the matmul section's engine product, of the same size: the engine's block's runs.
+  static Peer same_size_peer(std::shared_ptr<ProductRun> p) {
+    return {[p](int reps, int warmup) -> std::optional<double> { return p->run(reps, warmup); }, 200};
+  }
+  // As a peer of a longer workload (the training step, a few runs a block): its own block of ~g_block_ms after
+  // ~10 ms of untimed runs, whatever the workload's block holds. After it the pool's threads poll for 300 µs,
+  // OpenBLAS' for ~0.1 s.
+  static Peer own_block_peer(std::shared_ptr<ProductRun> p) {
+    return {[p](int, int) -> std::optional<double> {
+              const auto t0 = Clock::now();
+              p->once();
+              const double one = std::max(ms_since(t0), 1e-3);
+              return p->run(std::clamp(static_cast<int>(g_block_ms / one), 1, 100000),
+                            std::clamp(static_cast<int>(10 / one), 1, 100000));
+            },
+            p->raw ? 200 : 1};
+  }
+};
+
+// The product ceiling: the best GFLOP/s of the matmul section, through the engine (on the backend and in the
+// precision its products use) or raw, and the product that reached it.
+struct ProductCeiling {
+  double gflops = NAN;
+  int64_t m = 0, k = 0, n = 0;
+  bool raw = false;
+  bool measured() const { return !std::isnan(gflops); }
+  std::string name() const { return fmt::format("({}, {}, {}) {}", m, k, n, raw ? "raw sgemm" : "through the engine"); }
+};
+
+ProductCeiling matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   struct Mm {
     int64_t m, k, n;
     const char* what;
@@ -129,46 +187,25 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
             num_threads(), precision_name(product_precision()), num_threads());
   out.print("  {:<12} {:<16} {:<9} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "backend", "engine ms",
             "GFLOP/s", "sgemm ms", "GFLOP/s", "ratio", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
-  double ceiling = 0;
+  ProductCeiling ceiling;
+  ceiling.gflops = 0;
   int id = 0;
   for (const Mm& s : shapes) {
-    Tensor x = random_tensor({s.m, s.k}, 21), w = random_tensor({s.k, s.n}, 22);
-    Tensor c = Tensor::empty(DType::f32, {s.m, s.n});
-    Tape tape;
+    ProductRun engine_side(s.m, s.k, s.n, false);
+    auto raw = std::make_shared<ProductRun>(s.m, s.k, s.n, true);
     const std::string tid = fmt::format("mm{}", id++);
     const auto torch_peer_name = vs && torch->ok() ? torch->prepare(tid, "matmul", {s.m, s.k, s.n}) : std::nullopt;
     const bool torch_ready = torch_peer_name.has_value();
-    // The raw product with OpenBLAS' own threads, only in its blocks; they poll for ~0.1 s after a call.
-    Peer raw{[&](int reps, int warmup) -> std::optional<double> {
-               openblas_set_num_threads(num_threads());
-               const auto sgemm = [&] {
-                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.m), static_cast<int>(s.n),
-                             static_cast<int>(s.k), 1.0f, x.data<float>(), static_cast<int>(s.k), w.data<float>(),
-                             static_cast<int>(s.n), 0.0f, c.data<float>(), static_cast<int>(s.n));
-               };
-               for (int i = 0; i < warmup; ++i) sgemm();
-               const auto t0 = Clock::now();
-               for (int i = 0; i < reps; ++i) sgemm();
-               const double ms = ms_since(t0) / reps;
-               openblas_set_num_threads(1);
-               return ms;
-             },
-             200};
-    std::vector<Peer> peers{raw};
+    std::vector<Peer> peers{ProductRun::same_size_peer(raw)};
     if (torch_ready) peers.push_back(torch_peer(torch, tid));
-    const PeerTimings p = measure_with(
-        [&] {
-          tape.clear();
-          matmul(tape.constant(x), tape.constant(w));
-        },
-        a.rounds, peers);
+    const PeerTimings p = measure_with([&] { engine_side.once(); }, a.rounds, peers);
     if (torch_ready) torch->release(tid);
     Timing engine = engine_timing(p, torch_ready ? 1 : -1);
     engine.peer = torch_peer_name.value_or("");
     const double raw_ms = p.peer_ms[0].value_or(NAN), overhead = p.ratio[0].value_or(NAN);
-    const double flops = 2.0 * static_cast<double>(s.m * s.k * s.n);
-    const double gf_engine = flops / engine.ms / 1e6, gf_raw = flops / raw_ms / 1e6;
-    ceiling = std::max({ceiling, gf_raw, gf_engine});
+    const double gf_engine = engine_side.flops() / engine.ms / 1e6, gf_raw = engine_side.flops() / raw_ms / 1e6;
+    for (const auto& [gf, is_raw] : {std::pair{gf_engine, false}, std::pair{gf_raw, true}})
+      if (gf > ceiling.gflops) ceiling = {gf, s.m, s.k, s.n, is_raw};
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
     const blas_detail::Route via = blas_detail::route<float>(s.m, s.n, s.k, false);  // the matmul node: A as is
     const std::string backend = via == blas_detail::Route::onednn_bf16 ? "oneDNN bf16"
@@ -181,7 +218,7 @@ double matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     r["sgemm_ms"] = raw_ms;
     r["vs_sgemm"] = overhead;
   }
-  out.print("  product ceiling (best GFLOP/s above, engine or raw): {:.1f}\n\n", ceiling);
+  out.print("  product ceiling (best GFLOP/s above, engine or raw): {:.1f}, {}\n\n", ceiling.gflops, ceiling.name());
   return ceiling;
 }
 
@@ -248,7 +285,11 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double
   out.print("\n");
 }
 
-void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double ceiling) {
+// The step's GFLOP/s against the product ceiling two ways: against the ceiling as the matmul section measured it, and
+// against the product that set it, timed again here block by block in turn with the step (a peer, as PyTorch's
+// step is): both then see the same state of a shared machine, whose pace moved by 10-20% within minutes (AMD EPYC
+// Zen 5, 2 threads), and the share is the median of the per-block shares.
+void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const ProductCeiling& ceiling) {
   TrainStep step(a.model, a.batch);
   // The PyTorch mirror at the same shape (tools/torch_bench.py's train_step), in bf16 autocast if asked.
   const json step_args = {{"model", {{"n_layer", a.model.n_layer}, {"n_head", a.model.n_head},
@@ -269,13 +310,23 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
       peer_names.push_back(*name);
     }
   }
+  std::shared_ptr<ProductRun> ceiling_product;
+  if (ceiling.measured()) {
+    ceiling_product = std::make_shared<ProductRun>(ceiling.m, ceiling.k, ceiling.n, ceiling.raw);
+    peers.push_back(ProductRun::own_block_peer(ceiling_product));
+  }
   const PeerTimings p = measure_with([&] { step.run(); }, a.rounds, peers);
   for (const char* id : {"train", "train_compiled"}) if (vs) torch->release(id);
   std::vector<Timing> ts;
-  for (size_t i = 0; i < peers.size(); ++i) {
+  for (size_t i = 0; i < peer_names.size(); ++i) {
     ts.push_back(engine_timing(p, static_cast<int>(i)));
     ts.back().peer = peer_names[i];
   }
+  // share = (step flops / step ms) / (product flops / product ms), per block: the flops' ratio over the per-block
+  // time ratio step / product, whose median measure_with gives.
+  const std::optional<double> time_ratio = ceiling_product ? p.ratio.back() : std::nullopt;
+  const double alternated_share = time_ratio ? step.nominal_flops() / ceiling_product->flops() / *time_ratio : NAN;
+  const double ceiling_now = ceiling_product && p.peer_ms.back() ? ceiling_product->flops() / *p.peer_ms.back() / 1e6 : NAN;
   const Timing t = ts.empty() ? engine_timing(p, -1) : ts.front();
   const double tokens = static_cast<double>(step.batch * step.cfg.block_size);
   const double gflops = step.nominal_flops() / t.ms / 1e6;
@@ -285,8 +336,13 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
             step.cfg.block_size, step.batch, precision_name(product_precision()));
   out.print("  {:.2f} ms/step, {:.0f} tokens/s; {:.2f} GFLOP per step (nominal) → {:.1f} GFLOP/s{}\n", t.ms,
             tokens / t.ms * 1000, step.nominal_flops() / 1e9, gflops,
-            std::isnan(ceiling) ? std::string(" (no product ceiling: the matmul section did not run)")
-                                : fmt::format(" = {:.0f}% of the product ceiling {:.1f}", 100 * gflops / ceiling, ceiling));
+            !ceiling.measured() ? std::string(" (no product ceiling: the matmul section did not run)")
+                                : fmt::format(" = {:.0f}% of the product ceiling {:.1f}", 100 * gflops / ceiling.gflops,
+                                              ceiling.gflops));
+  if (!std::isnan(alternated_share))
+    out.print("  against the ceiling's product {}, timed in turn with the step ({:.1f} GFLOP/s in these blocks): "
+              "{:.0f}% (median of the per-block shares)\n",
+              ceiling.name(), ceiling_now, 100 * alternated_share);
   if (torch != nullptr && ts.empty()) out.print("  PyTorch —\n");
   for (const Timing& pt : ts) {
     if (pt.torch_ms)
@@ -302,7 +358,11 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, double 
     json& r = out.row(i == 0 ? "train_step" : "train_step " + ts[i].peer, shape, t.ms, ts.empty() ? &t : &ts[i],
                       std::nullopt, gflops);
     r["tokens_per_s"] = tokens / t.ms * 1000;
-    r["product_ceiling_gflops"] = ceiling;
+    r["product_ceiling_gflops"] = ceiling.measured() ? json(ceiling.gflops) : json(nullptr);
+    r["share_of_product_ceiling"] = ceiling.measured() ? json(gflops / ceiling.gflops) : json(nullptr);
+    r["ceiling_product"] = ceiling.measured() ? json(ceiling.name()) : json(nullptr);
+    r["ceiling_product_gflops_alternated"] = std::isnan(ceiling_now) ? json(nullptr) : json(ceiling_now);
+    r["share_of_ceiling_alternated"] = std::isnan(alternated_share) ? json(nullptr) : json(alternated_share);
     r["precision"] = precision_name(product_precision());
     r["torch_autocast"] = a.torch_autocast.empty() ? json(nullptr) : json(a.torch_autocast);
   }
@@ -438,8 +498,8 @@ void run_bench(BenchArgs a) {
   const bool steps = wanted("training") || wanted("products") || wanted("hvp") || wanted("profile");
   header(out, a, torch.get(), steps);
   if (steps || wanted("matmul") || wanted("attention")) warm_up_cores(a.quick ? 20 : 500);
-  const double ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : NAN;
-  if (wanted("attention")) attention_section(out, a, torch.get(), ceiling);
+  const ProductCeiling ceiling = wanted("matmul") ? matmul_section(out, a, torch.get()) : ProductCeiling{};
+  if (wanted("attention")) attention_section(out, a, torch.get(), ceiling.gflops);
   if (wanted("training")) training_section(out, a, torch.get(), ceiling);
   if (wanted("products")) products_section(out, a);
   if (wanted("hvp")) curvature_section(out, a, torch.get());
