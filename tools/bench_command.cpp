@@ -1,6 +1,6 @@
 // tapegrad bench: the engine's speed and memory on this machine, optionally side by side with PyTorch.
 //
-// Sections: matmul through the engine next to a raw cblas_sgemm; each attention node forward and forward +
+// Sections: matmul through the engine next to a raw cblas_sgemm (tools/bench_matmul.cpp); each attention node forward and forward +
 // backward with the bytes it keeps; one training step of the default model; one Hessian-vector product of its
 // loss against a gradient (tools/bench_curvature.cpp); the peak RSS of a 200-step training
 // run; issue 3's memory table (bytes kept and peak RSS of one forward + backward at long contexts). How each is
@@ -18,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-#include <cblas.h>
 #include <fmt/core.h>
 
 #include "ops/products/blas.hpp"
@@ -111,117 +110,6 @@ void warm_up_cores(double ms) {
     gemm(512, 512, 512, 1.0f, as_is(x.data<float>(), 512), as_is(x.data<float>(), 512), 0.0f, c.data<float>(), 512);
 }
 
-// One product of the matmul section, (m, k) times (k, n), as the engine's matmul node runs it (tape + node, the
-// pool's threads) or as a raw cblas_sgemm on OpenBLAS' own threads; run(reps, warmup) returns the ms per run.
-struct ProductRun {
-  int64_t m = 0, k = 0, n = 0;
-  bool raw = false;
-  Tensor x, w, c;
-  Tape tape;
-  ProductRun(int64_t m_, int64_t k_, int64_t n_, bool raw_)
-      : m(m_), k(k_), n(n_), raw(raw_), x(random_tensor({m_, k_}, 21)), w(random_tensor({k_, n_}, 22)),
-        c(Tensor::empty(DType::f32, {m_, n_})) {}
-  double flops() const { return 2.0 * static_cast<double>(m * k * n); }
-  void once() {
-    if (raw) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                  static_cast<int>(k), 1.0f, x.data<float>(), static_cast<int>(k), w.data<float>(), static_cast<int>(n),
-                  0.0f, c.data<float>(), static_cast<int>(n));
-    } else {
-      tape.clear();
-      matmul(tape.constant(x), tape.constant(w));
-    }
-  }
-  // OpenBLAS' threads only in the raw product's blocks; they poll for ~0.1 s after a call.
-  double run(int reps, int warmup) {
-    if (raw) openblas_set_num_threads(num_threads());
-    for (int i = 0; i < warmup; ++i) once();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < reps; ++i) once();
-    const double ms = ms_since(t0) / reps;
-    if (raw) openblas_set_num_threads(1);
-    return ms;
-  }
-  // As a peer of the matmul section's engine product, of the same size: the engine's block's runs.
-  static Peer same_size_peer(std::shared_ptr<ProductRun> p) {
-    return {[p](int reps, int warmup) -> std::optional<double> { return p->run(reps, warmup); }, 200};
-  }
-  // As a peer of a longer workload (the training step, a few runs a block): its own block of ~g_block_ms after
-  // ~10 ms of untimed runs, whatever the workload's block holds. After it the pool's threads poll for 300 µs,
-  // OpenBLAS' for ~0.1 s.
-  static Peer own_block_peer(std::shared_ptr<ProductRun> p) {
-    return {[p](int, int) -> std::optional<double> {
-              const auto t0 = Clock::now();
-              p->once();
-              const double one = std::max(ms_since(t0), 1e-3);
-              return p->run(std::clamp(static_cast<int>(g_block_ms / one), 1, 100000),
-                            std::clamp(static_cast<int>(10 / one), 1, 100000));
-            },
-            p->raw ? 200 : 1};
-  }
-};
-
-// The product ceiling: the best GFLOP/s of the matmul section, through the engine (on the backend and in the
-// precision its products use) or raw, and the product that reached it.
-struct ProductCeiling {
-  double gflops = NAN;
-  int64_t m = 0, k = 0, n = 0;
-  bool raw = false;
-  bool measured() const { return !std::isnan(gflops); }
-  std::string name() const { return fmt::format("({}, {}, {}) {}", m, k, n, raw ? "raw sgemm" : "through the engine"); }
-};
-
-ProductCeiling matmul_section(Output& out, const BenchArgs& a, TorchSide* torch) {
-  struct Mm {
-    int64_t m, k, n;
-    const char* what;
-  };
-  std::vector<Mm> shapes{{768, 128, 384, "c_attn"}, {768, 128, 128, "attn c_proj"}, {768, 128, 512, "c_fc"},
-                         {768, 512, 128, "mlp c_proj"}, {768, 128, 65, "head"}, {512, 512, 512, "512³"},
-                         {2048, 2048, 2048, "2048³"}};
-  if (a.quick) shapes.pop_back();
-  const bool vs = torch != nullptr;
-  out.print("matmul: engine (tape + matmul node, pool of {} threads, products in {} on the backend named) vs raw "
-            "cblas_sgemm (OpenBLAS' own {} threads, f32), alternating; ratio = median of the per-block ratios "
-            "engine / sgemm\n",
-            num_threads(), precision_name(product_precision()), num_threads());
-  out.print("  {:<12} {:<16} {:<9} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "backend", "engine ms",
-            "GFLOP/s", "sgemm ms", "GFLOP/s", "ratio", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
-  ProductCeiling ceiling;
-  ceiling.gflops = 0;
-  int id = 0;
-  for (const Mm& s : shapes) {
-    ProductRun engine_side(s.m, s.k, s.n, false);
-    auto raw = std::make_shared<ProductRun>(s.m, s.k, s.n, true);
-    const std::string tid = fmt::format("mm{}", id++);
-    const auto torch_peer_name = vs && torch->ok() ? torch->prepare(tid, "matmul", {s.m, s.k, s.n}) : std::nullopt;
-    const bool torch_ready = torch_peer_name.has_value();
-    std::vector<Peer> peers{ProductRun::same_size_peer(raw)};
-    if (torch_ready) peers.push_back(torch_peer(torch, tid));
-    const PeerTimings p = measure_with([&] { engine_side.once(); }, a.rounds, peers);
-    if (torch_ready) torch->release(tid);
-    Timing engine = engine_timing(p, torch_ready ? 1 : -1);
-    engine.peer = torch_peer_name.value_or("");
-    const double raw_ms = p.peer_ms[0].value_or(NAN), overhead = p.ratio[0].value_or(NAN);
-    const double gf_engine = engine_side.flops() / engine.ms / 1e6, gf_raw = engine_side.flops() / raw_ms / 1e6;
-    for (const auto& [gf, is_raw] : {std::pair{gf_engine, false}, std::pair{gf_raw, true}})
-      if (gf > ceiling.gflops) ceiling = {gf, s.m, s.k, s.n, is_raw};
-    const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
-    const blas_detail::Route via = blas_detail::route<float>(s.m, s.n, s.k, false);  // the matmul node: A as is
-    const std::string backend = via == blas_detail::Route::onednn_bf16 ? "oneDNN bf16"
-                                : via == blas_detail::Route::small_bf16 ? "engine bf16"
-                                                                        : backend_name(product_backend(s.m, s.n, s.k));
-    out.print("  {:<12} {:<16} {:<9} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>8.3f}×{}\n", s.what, shape, backend,
-              engine.ms, gf_engine, raw_ms, gf_raw, overhead, torch_cells(engine, vs));
-    json& r = out.row("matmul", shape, engine.ms, &engine, std::nullopt, gf_engine);
-    r["backend"] = backend;
-    r["sgemm_ms"] = raw_ms;
-    r["vs_sgemm"] = overhead;
-  }
-  out.print("  product ceiling (best GFLOP/s above, engine or raw): {:.1f}, {}\n\n", ceiling.gflops, ceiling.name());
-  return ceiling;
-}
-
 // GFLOP/s of a causal attention node whose products are the softmax family's (S = QKᵀ, O = AV; backward
 // dV = AᵀG, dA = GVᵀ, dQ = dS·K, dK = dSᵀ·Q): 2·T²·d flops per product over the full T×T, half of that under the
 // causal mask, counted once (a node that recomputes S in backward is not credited for it). Linear attention's
@@ -310,10 +198,10 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const P
       peer_names.push_back(*name);
     }
   }
-  std::shared_ptr<ProductRun> ceiling_product;
+  std::shared_ptr<TimedProduct> ceiling_product;
   if (ceiling.measured()) {
-    ceiling_product = std::make_shared<ProductRun>(ceiling.m, ceiling.k, ceiling.n, ceiling.raw);
-    peers.push_back(ProductRun::own_block_peer(ceiling_product));
+    ceiling_product = std::make_shared<TimedProduct>(ceiling.m, ceiling.k, ceiling.n, ceiling.raw);
+    peers.push_back(TimedProduct::own_block_peer(ceiling_product));
   }
   const PeerTimings p = measure_with([&] { step.run(); }, a.rounds, peers);
   for (const char* id : {"train", "train_compiled"}) if (vs) torch->release(id);

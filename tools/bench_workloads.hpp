@@ -1,7 +1,9 @@
-// The workloads tapegrad bench times: an attention node on random inputs, and one training step of the default
-// model as tapegrad train runs it (without the logging).
+// The workloads tapegrad bench times: an attention node on random inputs, one training step of the default model
+// as tapegrad train runs it (without the logging), and one matrix product.
 #pragma once
 
+#include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,6 +136,42 @@ struct TrainStep {
     return 3 * forward_per_token * static_cast<double>(batch) * T;
   }
 };
+
+// One product, (m, k) times (k, n), as the engine's matmul node runs it (tape + node, the pool's threads) or as a raw
+// cblas_sgemm on OpenBLAS' own threads (tools/bench_matmul.cpp): the matmul section's rows, and the product that set
+// the product ceiling timed again beside the training step.
+struct TimedProduct {
+  int64_t m = 0, k = 0, n = 0;
+  bool raw = false;
+  Tensor x, w, c;
+  Tape tape;
+  TimedProduct(int64_t m_, int64_t k_, int64_t n_, bool raw_);
+  double flops() const { return 2.0 * static_cast<double>(m * k * n); }
+  void once();
+  // `warmup` untimed runs, then `reps` timed ones: the ms per timed run. OpenBLAS' threads run only in the raw
+  // product's blocks; they poll for ~0.1 s after a call.
+  double run(int reps, int warmup);
+  // As a peer of the matmul section's engine product, of the same size: the engine's block's runs.
+  static Peer same_size_peer(std::shared_ptr<TimedProduct> p);
+  // As a peer of a longer workload (the training step, a few runs a block): its own block of ~g_block_ms after
+  // ~10 ms of untimed runs, whatever the workload's block holds. After it the pool's threads poll for 300 µs,
+  // OpenBLAS' for ~0.1 s.
+  static Peer own_block_peer(std::shared_ptr<TimedProduct> p);
+};
+
+// The product ceiling: the best GFLOP/s of the matmul section, through the engine (on the backend and in the
+// precision its products use) or raw, and the product that reached it.
+struct ProductCeiling {
+  double gflops = NAN;
+  int64_t m = 0, k = 0, n = 0;
+  bool raw = false;
+  bool measured() const { return !std::isnan(gflops); }
+  std::string name() const { return fmt::format("({}, {}, {}) {}", m, k, n, raw ? "raw sgemm" : "through the engine"); }
+};
+
+// matmul through the engine next to a raw cblas_sgemm, shape by shape (tools/bench_matmul.cpp); returns the
+// product ceiling.
+ProductCeiling matmul_section(Output& out, const BenchArgs& a, TorchSide* torch);
 
 // The training step profiled op by op (inspect/profile.hpp) on one thread and on the engine's threads: where the
 // time goes, and which parts do not speed up with more threads.
