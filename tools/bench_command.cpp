@@ -1,11 +1,11 @@
 // tapegrad bench: the engine's speed and memory on this machine, optionally side by side with PyTorch.
 //
-// Sections: matmul through the engine next to a raw cblas_sgemm (tools/bench_matmul.cpp); each attention node forward and forward +
-// backward with the bytes it keeps; one training step of the default model; one Hessian-vector product of its
-// loss against a gradient (tools/bench_curvature.cpp); the peak RSS of a 200-step training
-// run; issue 3's memory table (bytes kept and peak RSS of one forward + backward at long contexts). How each is
-// timed: tools/bench_harness.hpp. Peak RSS figures come from child processes (their VmHWM), one per measurement,
-// since a process' peak never goes down.
+// Sections: matmul through the engine next to a raw cblas_sgemm (tools/bench_matmul.cpp); each attention node
+// forward and forward + backward with the bytes it keeps; one training step of the default model, against the
+// product ceiling and PyTorch; one Hessian-vector product of its loss against a gradient
+// (tools/bench_curvature.cpp); the peak RSS of a 200-step training run; issue 3's memory table (bytes kept and
+// peak RSS of one forward + backward at long contexts). How each is timed: tools/bench_harness.hpp. Peak RSS
+// figures come from child processes (their VmHWM), one per measurement, since a process' peak never goes down.
 #include <unistd.h>
 
 #include <algorithm>
@@ -175,7 +175,7 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double
 
 // The step's GFLOP/s against the product ceiling two ways: against the ceiling as the matmul section measured it, and
 // against the product that set it, timed again here block by block in turn with the step (a peer, as PyTorch's
-// step is): both then see the same state of a shared machine, whose pace moved by 10-20% within minutes (AMD EPYC
+// step is): both then see the same state of a shared machine, whose pace moved by 10–20% within minutes (AMD EPYC
 // Zen 5, 2 threads), and the share is the median of the per-block shares.
 void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const ProductCeiling& ceiling) {
   TrainStep step(a.model, a.batch);
