@@ -208,7 +208,8 @@ TEST_CASE("sampling from a checkpoint continues the prompt with characters of th
 // 2·B·h·L packings; and where the layers' products x·Wᵀ run on the engine's kernel, each weight's Wᵀ once for all
 // the threads that share the product (c_attn, the attention's c_proj, c_fc and the MLP's c_proj: 4 per layer). The
 // same count on one thread and on two. (Every other operand of the engine's products is read where it lies: the
-// backward's ȳ·W reads W as it is.)
+// backward's ȳ·W reads W as it is. The weight gradients ȳᵀ·x, which the rule gives to oneDNN, are not counted:
+// oneDNN packs their B inside each call, so once in each thread that takes a block of their rows.)
 TEST_CASE("a training step packs each shared operand once per use, on one thread and on two") {
   const int saved = num_threads();
   GPTConfig cfg;
