@@ -51,9 +51,7 @@ Peer TimedProduct::same_size_peer(std::shared_ptr<TimedProduct> p) {
 
 Peer TimedProduct::own_block_peer(std::shared_ptr<TimedProduct> p) {
   return {[p](int, int) -> std::optional<double> {
-            const auto t0 = Clock::now();
-            p->once();
-            const double one = std::max(ms_since(t0), 1e-3);
+            const double one = std::max(p->run(1, 0), 1e-3);  // on the threads the block runs on
             return p->run(std::clamp(static_cast<int>(g_block_ms / one), 1, 100000),
                           std::clamp(static_cast<int>(10 / one), 1, 100000));
           },
