@@ -41,6 +41,24 @@ void pack_column_blocks(float* out, int64_t ld, bool trans_b, int64_t k, int64_t
     for (int64_t j = std::max(j0, n); j < end; ++j) out[p * ld + j] = 0.0f;
 }
 
+// op(B) packed whole into `storage` (pack_column_blocks), by the calling thread or, on_pool, each thread of the pool
+// a range of the 16-column blocks; counted as one packing.
+PackedColumns pack_columns_into(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
+                                int64_t ldb, bool on_pool) {
+  if (!small_kernel_available()) throw Error("pack_columns: this CPU has no AVX-512, which the small kernel needs");
+  const int64_t ld = padded_width(n);
+  storage.resize(static_cast<size_t>(k * ld));
+  float* out = storage.data();
+  if (on_pool)
+    parallel_for(ld / kWidth, std::max<int64_t>(1, 16384 / (kWidth * k)), [&](int64_t b0, int64_t b1) {
+      pack_column_blocks(out, ld, trans_b, k, n, b, ldb, b0 * kWidth, b1 * kWidth);
+    });
+  else
+    pack_column_blocks(out, ld, trans_b, k, n, b, ldb, 0, ld);
+  packings.fetch_add(1, std::memory_order_relaxed);
+  return {out, ld, k, n};
+}
+
 // `rows` rows of x (cols floats, ldx apart) rounded to bfloat16 by round_to_bf16_rows into pairs of neighbours,
 // (cols + 1)/2 pairs a row: an odd row's last pair ends in a zero.
 void round_rows_into_pairs(uint32_t* out, const float* x, int64_t rows, int64_t cols, int64_t ldx) {
@@ -63,12 +81,7 @@ uint64_t small_kernel_packings() { return packings.load(std::memory_order_relaxe
 
 PackedColumns pack_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
                            int64_t ldb) {
-  if (!small_kernel_available()) throw Error("pack_columns: this CPU has no AVX-512, which the small kernel needs");
-  const int64_t ld = padded_width(n);
-  storage.resize(static_cast<size_t>(k * ld));
-  pack_column_blocks(storage.data(), ld, trans_b, k, n, b, ldb, 0, ld);
-  packings.fetch_add(1, std::memory_order_relaxed);
-  return {storage.data(), ld, k, n};
+  return pack_columns_into(storage, trans_b, k, n, b, ldb, false);
 }
 
 void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -86,15 +99,7 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
 PackedColumns pack_columns_on_pool(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
                                    int64_t ldb) {
   if (read_in_place(trans_b, n)) return {b, ldb, k, n};
-  if (!small_kernel_available()) throw Error("pack_columns: this CPU has no AVX-512, which the small kernel needs");
-  const int64_t ld = padded_width(n);
-  storage.resize(static_cast<size_t>(k * ld));
-  float* out = storage.data();
-  parallel_for(ld / kWidth, std::max<int64_t>(1, 16384 / (kWidth * k)), [&](int64_t b0, int64_t b1) {
-    pack_column_blocks(out, ld, trans_b, k, n, b, ldb, b0 * kWidth, b1 * kWidth);
-  });
-  packings.fetch_add(1, std::memory_order_relaxed);
-  return {out, ld, k, n};
+  return pack_columns_into(storage, trans_b, k, n, b, ldb, true);
 }
 
 PackedColumns kernel_columns(std::vector<float>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
