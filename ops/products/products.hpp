@@ -57,9 +57,10 @@ std::string onednn_version();
 ProductBackend backend_by_rule(const CpuFeatures& cpu, bool with_onednn, int64_t m, int64_t n, int64_t k,
                                bool a_transposed = false);
 
-// The backend a float32 product C (m, n) = op(A) (m, k) · op(B) (k, n) runs on in f32 mode (bf16 products always
-// run on oneDNN). Throws tapegrad::Error once for a TAPEGRAD_GEMM value that is not openblas, onednn or auto, or
-// onednn where tapegrad was built without it. Without TAPEGRAD_GEMM: backend_by_rule for this CPU and build.
+// The backend a float32 product C (m, n) = op(A) (m, k) · op(B) (k, n) runs on in f32 mode (in bf16 mode, oneDNN
+// from 2^19 multiply-adds, below it the engine's bf16 tiles where the CPU has AVX512_BF16: runs_in_bf16). Throws
+// tapegrad::Error once for a TAPEGRAD_GEMM value that is not openblas, onednn or auto, or onednn where tapegrad was
+// built without it. Without TAPEGRAD_GEMM: backend_by_rule for this CPU and build.
 ProductBackend product_backend(int64_t m, int64_t n, int64_t k, bool a_transposed = false);
 
 // The precision of float32 products, for the whole program (every thread). set_product_precision(bf16) throws
