@@ -26,6 +26,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "float_pack.hpp"
 
@@ -132,6 +133,64 @@ inline T lane_dot(const T* a, const T* b, int64_t n) {
   for (; j < n; ++j) s0 += a[j] * b[j];
   return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
+
+// lane_sum and lane_dot of R rows at once, rows ld apart: out[r] is exactly lane_sum(a + r·ld, n) (lane_dot(a +
+// r·ld, b + r·ldb, n)), bit for bit: each row's eight lanes are one vector of eight, added to in the same order as
+// the named lanes above, its tail added to lane 0, and the lanes combined in the same pairs. A row's sum is a chain
+// of n/8 dependent additions; the R rows' chains advance side by side, where lane_sum row after row waits on each.
+// Every function below is inlined (always_inline): GCC's note that a 64-byte vector returned by value changes the
+// ABI without AVX-512 (float64's eight lanes) concerns no call that is made.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+// N lanes of T as one vector (GCC's and Clang's vector extensions; float32 or float64).
+template <class T, int N>
+struct LaneVectorOf;
+template <int N>
+struct LaneVectorOf<float, N> {
+  typedef float type __attribute__((vector_size(N * sizeof(float))));
+};
+template <int N>
+struct LaneVectorOf<double, N> {
+  typedef double type __attribute__((vector_size(N * sizeof(double))));
+};
+template <class T, int N = 8>
+using LaneVector = typename LaneVectorOf<T, N>::type;
+template <class T, int N = 8>
+TAPEGRAD_PACK_INLINE LaneVector<T, N> lanes_at(const T* p) {
+  LaneVector<T, N> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+TAPEGRAD_PACK_INLINE T combine_lanes(const LaneVector<T>& s, T s0) {
+  return ((s0 + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+template <int R, class T>
+TAPEGRAD_PACK_INLINE void lane_sum_rows(const T* a, int64_t ld, int64_t n, T (&out)[R]) {
+  LaneVector<T> acc[R] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int r = 0; r < R; ++r) acc[r] += lanes_at(a + r * ld + j);
+  for (int r = 0; r < R; ++r) {
+    T s0 = acc[r][0];
+    for (int64_t t = j; t < n; ++t) s0 += a[r * ld + t];
+    out[r] = combine_lanes(acc[r], s0);
+  }
+}
+template <int R, class T>
+TAPEGRAD_PACK_INLINE void lane_dot_rows(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t n, T (&out)[R]) {
+  LaneVector<T> acc[R] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int r = 0; r < R; ++r) acc[r] += lanes_at(a + r * lda + j) * lanes_at(b + r * ldb + j);
+  for (int r = 0; r < R; ++r) {
+    T s0 = acc[r][0];
+    for (int64_t t = j; t < n; ++t) s0 += a[r * lda + t] * b[r * ldb + t];
+    out[r] = combine_lanes(acc[r], s0);
+  }
+}
+
+#pragma GCC diagnostic pop
 
 // max(init, max_j a_j); a NaN entry is skipped (as by a > m ? a : m).
 template <class T>

@@ -1,11 +1,13 @@
 // layer_norm: values against a naive reference, normalized statistics, constant rows, float32 against float64
-// for the value and all three gradients and tangents, and the errors (dtype, weight and bias shapes, eps).
+// for the value and all three gradients and tangents, the same bits for a row in a block of rows as alone (and the
+// row sums under them), and the errors (dtype, weight and bias shapes, eps).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -121,6 +123,53 @@ TEST_CASE("each tangent contributes on its own: ẏ = w⊙J_x̂ẋ + ẇ⊙x̂ +
   Tensor y = evaluate(layer_norm_of, xs);
   for (int64_t i = 0; i < 3; ++i)
     for (int64_t j = 0; j < 5; ++j) CHECK(tw.item(i * 5 + j) == doctest::Approx(y.item(i * 5 + j) - xs[2].item(j)));
+}
+
+TEST_CASE("lane_sum_rows and lane_dot_rows give each row lane_sum's and lane_dot's bits") {
+  // Widths around the eight lanes (tails of 0 to 7) and the default model's 128; values of mixed magnitudes, so
+  // that a different order of the additions would show.
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{31}, int64_t{128}}) {
+    CAPTURE(n);
+    const Tensor a = random_tensor({4, n}, DType::f32, 91, 1e3), b = random_tensor({4, n}, DType::f32, 92);
+    const float *pa = a.data<float>(), *pb = b.data<float>();
+    float sums[4], dots[4], one[1];
+    lane_sum_rows<4>(pa, n, n, sums);
+    lane_dot_rows<4>(pa, n, pb, n, n, dots);
+    for (int r = 0; r < 4; ++r) {
+      CHECK(sums[r] == lane_sum(pa + r * n, n));
+      CHECK(dots[r] == lane_dot(pa + r * n, pb + r * n, n));
+    }
+    lane_sum_rows<1>(pa + 2 * n, n, n, one);
+    CHECK(one[0] == lane_sum(pa + 2 * n, n));
+  }
+}
+
+TEST_CASE("a row gets the same bits in a block of rows as alone: y and x̄") {
+  // Seven rows: a block of four, then three one at a time; C = 13 leaves a tail past the lanes.
+  for (const int64_t C : {int64_t{13}, int64_t{128}}) {
+    CAPTURE(C);
+    const Tensor x = random_tensor({7, C}, DType::f32, 101, 2.0, 0.5), w = random_tensor({C}, DType::f32, 102),
+                 b = random_tensor({C}, DType::f32, 103), g = random_tensor({7, C}, DType::f32, 104);
+    const std::vector<Tensor> xs{x, w, b};
+    const Tensor y = evaluate(layer_norm_of, xs);
+    const std::vector<Tensor> all = vjp(layer_norm_of, xs, g);
+    for (int64_t i = 0; i < 7; ++i) {
+      CAPTURE(i);
+      auto row = [&](const Tensor& t) {  // row i as a (1, C) tensor: float32 → double → float32 is exact
+        std::vector<double> v;
+        for (int64_t j = 0; j < C; ++j) v.push_back(t.item(i * C + j));
+        return tensor_of({1, C}, v, DType::f32);
+      };
+      const Tensor xi = row(x), gi = row(g);
+      const std::vector<Tensor> xis{xi, w, b};
+      const Tensor yi = evaluate(layer_norm_of, xis);
+      const Tensor dxi = vjp(layer_norm_of, xis, gi)[0];
+      for (int64_t j = 0; j < C; ++j) {
+        CHECK(yi.item(j) == y.item(i * C + j));
+        CHECK(dxi.item(j) == all[0].item(i * C + j));
+      }
+    }
+  }
 }
 
 TEST_CASE("layer_norm errors name the op and the shapes") {
