@@ -134,15 +134,11 @@ inline T lane_dot(const T* a, const T* b, int64_t n) {
   return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-// lane_sum and lane_dot of R rows at once, rows ld apart: out[r] is exactly lane_sum(a + r·ld, n) (lane_dot(a +
-// r·ld, b + r·ldb, n)), bit for bit: each row's eight lanes are one vector of eight, added to in the same order as
-// the named lanes above, its tail added to lane 0, and the lanes combined in the same pairs. A row's sum is a chain
-// of n/8 dependent additions; the R rows' chains advance side by side, where lane_sum row after row waits on each.
 // Every function below is inlined (always_inline): GCC's note that a 64-byte vector returned by value changes the
 // ABI without AVX-512 (float64's eight lanes) concerns no call that is made.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-// N lanes of T as one vector (GCC's and Clang's vector extensions; float32 or float64).
+// N lanes of T as one vector (GCC's and Clang's vector extensions; float32 or float64), and N of them read from p.
 template <class T, int N>
 struct LaneVectorOf;
 template <int N>
@@ -161,10 +157,17 @@ TAPEGRAD_PACK_INLINE LaneVector<T, N> lanes_at(const T* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+
+// The eight lanes combined as lane_sum combines them, lane 0 given as s0 (with the row's tail added to it).
 template <class T>
 TAPEGRAD_PACK_INLINE T combine_lanes(const LaneVector<T>& s, T s0) {
   return ((s0 + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+
+// lane_sum and lane_dot of R rows at once, rows ld apart: out[r] is exactly lane_sum(a + r·ld, n) (lane_dot(a +
+// r·lda, b + r·ldb, n)), bit for bit: each row's eight lanes are one vector of eight, added to in the same order as
+// the named lanes above, its tail added to lane 0, and the lanes combined in the same pairs. A row's sum is a chain
+// of n/8 dependent additions; the R rows' chains advance side by side, where lane_sum row after row waits on each.
 template <int R, class T>
 TAPEGRAD_PACK_INLINE void lane_sum_rows(const T* a, int64_t ld, int64_t n, T (&out)[R]) {
   LaneVector<T> acc[R] = {};

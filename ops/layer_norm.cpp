@@ -72,7 +72,7 @@ void affine_row_sums(const T* w, const T* g, const T* x, int64_t ld, const T* mu
 // from i. Every row's arithmetic is the same whichever block it falls in.
 constexpr int kRowBlock = 4;
 template <class F>
-void by_row_blocks(int64_t begin, int64_t end, F&& body) {
+void each_block_of_rows(int64_t begin, int64_t end, F&& body) {
   int64_t i = begin;
   for (; i + kRowBlock <= end; i += kRowBlock) body.template operator()<kRowBlock>(i);
   for (; i < end; ++i) body.template operator()<1>(i);
@@ -85,7 +85,7 @@ template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, T eps, int64_t rows, int64_t C) {
   const T inv_c = T(1) / static_cast<T>(C);
   parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
-    by_row_blocks(begin, end, [&]<int R>(int64_t i0) {
+    each_block_of_rows(begin, end, [&]<int R>(int64_t i0) {
       T mu[R], var[R];
       lane_sum_rows<R>(x + i0 * C, C, C, mu);
       for (int r = 0; r < R; ++r) {
@@ -125,7 +125,7 @@ void layer_norm_vjp(T* dx, T* dw, T* db, const T* x, const T* mean, const T* rst
   parallel_for(rows, grain, [=](int64_t begin, int64_t end, int64_t chunk) {
     T* pw = affine ? partials.chunk(chunk).zeroed<T>(2 * C) : nullptr;
     T* pb = affine ? pw + C : nullptr;
-    by_row_blocks(begin, end, [&]<int R>(int64_t i0) {
+    each_block_of_rows(begin, end, [&]<int R>(int64_t i0) {
       T g_mean[R], hg_mean[R];
       if (dx) affine_row_sums<R>(w, dy + i0 * C, x + i0 * C, C, mean + i0, rstd + i0, C, g_mean, hg_mean);
       for (int r = 0; r < R; ++r) {

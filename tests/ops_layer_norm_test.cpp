@@ -126,8 +126,8 @@ TEST_CASE("each tangent contributes on its own: ẏ = w⊙J_x̂ẋ + ẇ⊙x̂ +
 }
 
 TEST_CASE("lane_sum_rows and lane_dot_rows give each row lane_sum's and lane_dot's bits") {
-  // Widths around the eight lanes (tails of 0 to 7) and the default model's 128; values of mixed magnitudes, so
-  // that a different order of the additions would show.
+  // Widths around the eight lanes (tails of 0 to 7) and the default model's 128; random values, whose sums round
+  // differently when added in another order.
   for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{31}, int64_t{128}}) {
     CAPTURE(n);
     const Tensor a = random_tensor({4, n}, DType::f32, 91, 1e3), b = random_tensor({4, n}, DType::f32, 92);
