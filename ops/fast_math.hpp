@@ -134,7 +134,7 @@ inline T lane_dot(const T* a, const T* b, int64_t n) {
   return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-// Every function below is inlined (always_inline): GCC's note that a 64-byte vector returned by value changes the
+// The functions below are inlined (lanes_at always): GCC's note that a 64-byte vector returned by value changes the
 // ABI without AVX-512 (float64's eight lanes) concerns no call that is made.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -193,26 +193,24 @@ TAPEGRAD_PACK_INLINE void lane_dot_rows(const T* a, int64_t lda, const T* b, int
   }
 }
 
-#pragma GCC diagnostic pop
-
-// max(init, max_j a_j); a NaN entry is skipped (as by a > m ? a : m).
+// max(init, max_j a_j); a NaN entry is skipped (as by a > m ? a : m). The header's eight lanes are one vector here:
+// as eight named scalars, GCC had left the selects one float at a time (one thread, one layer's softmax rows of the
+// default model: 107 → 96 µs).
 template <class T>
 inline T lane_max(const T* a, int64_t n, T init) {
-  T s0 = init, s1 = init, s2 = init, s3 = init, s4 = init, s5 = init, s6 = init, s7 = init;
   auto keep = [](T x, T m) { return x > m ? x : m; };
+  LaneVector<T> s;
+  for (int lane = 0; lane < 8; ++lane) s[lane] = init;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    s0 = keep(a[j], s0);
-    s1 = keep(a[j + 1], s1);
-    s2 = keep(a[j + 2], s2);
-    s3 = keep(a[j + 3], s3);
-    s4 = keep(a[j + 4], s4);
-    s5 = keep(a[j + 5], s5);
-    s6 = keep(a[j + 6], s6);
-    s7 = keep(a[j + 7], s7);
+    const LaneVector<T> x = lanes_at(a + j);
+    s = x > s ? x : s;
   }
+  T s0 = s[0];
   for (; j < n; ++j) s0 = keep(a[j], s0);
-  return keep(keep(keep(s1, s0), keep(s3, s2)), keep(keep(s5, s4), keep(s7, s6)));
+  return keep(keep(keep(s[1], s0), keep(s[3], s[2])), keep(keep(s[5], s[4]), keep(s[7], s[6])));
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace tapegrad

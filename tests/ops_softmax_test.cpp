@@ -1,12 +1,14 @@
 // softmax and log_softmax: values against a naive reference, stability at logits of ±1e4, masked (−∞) entries
-// and fully masked rows, float32 against float64, the raw row kernels, and the errors.
+// and fully masked rows, float32 against float64, the raw row kernels, lane_max's lanes, and the errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
 #include "test_util.hpp"
@@ -208,6 +210,31 @@ TEST_CASE("softmax_row of a visible prefix: the map of the prefix, zeros after i
   std::vector<double> masked{-inf, -inf, -inf};
   softmax_row(masked.data(), masked.data(), 3, 3);
   CHECK(masked == std::vector<double>{0, 0, 0});
+}
+
+TEST_CASE("lane_max: the eight lanes' rule, NaN entries skipped, the same as one float at a time") {
+  // The rule of ops/fast_math.hpp, written out: lane j mod 8 for the whole groups of eight, the tail in lane 0, the
+  // lanes kept in pairs; keep(x, m) = x > m ? x : m skips a NaN x.
+  auto keep = [](float x, float m) { return x > m ? x : m; };
+  auto by_lanes = [&](const std::vector<float>& a, float init) {
+    float s[8];
+    for (float& lane : s) lane = init;
+    const size_t whole = a.size() / 8 * 8;
+    for (size_t j = 0; j < whole; ++j) s[j % 8] = keep(a[j], s[j % 8]);
+    for (size_t j = whole; j < a.size(); ++j) s[0] = keep(a[j], s[0]);
+    return keep(keep(keep(s[1], s[0]), keep(s[3], s[2])), keep(keep(s[5], s[4]), keep(s[7], s[6])));
+  };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const size_t n : {size_t{0}, size_t{3}, size_t{8}, size_t{13}, size_t{64}}) {
+    CAPTURE(n);
+    const Tensor r = random_tensor({static_cast<int64_t>(n) + 1}, DType::f32, 31, 5.0);
+    std::vector<float> a(r.data<float>(), r.data<float>() + n);
+    if (n > 2) a[1] = nan, a[n - 1] = nan;  // in a lane and in the tail (or the last lane)
+    for (const float init : {-inf, 0.0f, 2.0f}) {
+      const float got = lane_max(a.data(), static_cast<int64_t>(n), init), want = by_lanes(a, init);
+      CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+    }
+  }
 }
 
 TEST_CASE("softmax and log_softmax errors name the op and the shapes") {
