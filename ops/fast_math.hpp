@@ -168,6 +168,8 @@ TAPEGRAD_PACK_INLINE T combine_lanes(const LaneVector<T>& s, T s0) {
 // r·lda, b + r·ldb, n)), bit for bit: each row's eight lanes are one vector of eight, added to in the same order as
 // the named lanes above, its tail added to lane 0, and the lanes combined in the same pairs. A row's sum is a chain
 // of n/8 dependent additions; the R rows' chains advance side by side, where lane_sum row after row waits on each.
+// (lane_sum and lane_dot stay as they are for one row: as lane_sum_rows<1>, one layer's softmax rows took 104
+// against 96 µs on one thread.)
 template <int R, class T>
 TAPEGRAD_PACK_INLINE void lane_sum_rows(const T* a, int64_t ld, int64_t n, T (&out)[R]) {
   LaneVector<T> acc[R] = {};
