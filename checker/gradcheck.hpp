@@ -120,6 +120,11 @@ enum class Finding {
   // fp16 or float32 against float64):
   precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
                        // kept or summed at the low precision where the reference keeps more bits, not a slip
+  // Refusals: the check cannot judge the rule, so the report fails with the reason (python/tapegrad/_rounds_inside.py)
+  not_a_function,      // the forward returns different values at the same input (noise it draws, a reduction in a
+                       // nondeterministic order): no derivative to compare, and no loosened check may pass it
+  rounds_inside,       // a float64 forward that rounds at fp16 or bf16 inside: finite differences in float64 read
+                       // its steps; check it at that precision instead
 };
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
 std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"

@@ -63,8 +63,12 @@ std::optional<double> common_factor(std::span<const double> a, std::span<const d
   }
   if (!(nn > 0) || !std::isfinite(an)) return std::nullopt;
   const double c = an / nn;
-  for (size_t e = 0; e < a.size(); ++e)
-    if (!tol.ok(a[e], c * n[map.empty() ? e : static_cast<size_t>(map[e])])) return std::nullopt;
+  // A = c·N to the tolerance, on N's scale or on A's: the noise the tolerance allows for scales with c where it is
+  // in what c multiplies (a rounded computation scaled by c, or N's own differences seen through c·N).
+  for (size_t e = 0; e < a.size(); ++e) {
+    const double ref = n[map.empty() ? e : static_cast<size_t>(map[e])];
+    if (!tol.ok(a[e], c * ref) && !(c != 0 && tol.ok(a[e] / c, ref))) return std::nullopt;
+  }
   return c;
 }
 

@@ -56,11 +56,13 @@ constexpr FindingNames kFindingNames[] = {
     {Finding::asymmetric, "asymmetric", "asymmetric"},
     {Finding::saved_in_forward, "saved_in_forward", "saved in forward"},
     {Finding::precision_defect, "precision_defect", "precision defect"},
+    {Finding::not_a_function, "not_a_function", "not a function"},
+    {Finding::rounds_inside, "rounds_inside", "rounds inside"},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kFindingNames); ++i)
     if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::precision_defect) + 1;
+  return std::size(kFindingNames) == static_cast<size_t>(Finding::rounds_inside) + 1;
 }
 static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
 

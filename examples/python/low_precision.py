@@ -1,16 +1,25 @@
-"""A linear map y = x·Wᵀ written as a torch.autograd.Function with a 16-bit fast path, checked at bfloat16 on the CPU.
+"""A per-feature scale and shift y = x ⊙ γ + β written as a torch.autograd.Function with a 16-bit fast path, checked
+at bfloat16 on the CPU.
 
-The backward of y = x·Wᵀ is x̄ = ȳ·W and W̄ = ȳᵀ·x. make_linear(variant) builds it:
-- "right": the same two products at any dtype.
+x is (rows, features), γ and β are (features,), broadcast over the rows (a normalization's affine step). The
+backward is x̄ = ȳ ⊙ γ, γ̄ = Σₜ ȳₜ ⊙ xₜ and β̄ = Σₜ ȳₜ, sums over the rows. make_affine(variant) builds it:
+- "right": those three at any dtype, the sums accumulated in float32 and rounded once (as torch's sum does).
 - "unscaled" (a slip of the 16-bit path alone): for bfloat16 and float16 the backward scales ȳ by 1024 before its
-  products, so that small gradients do not underflow, and divides x̄ by 1024 again, but not W̄. At float32 and
-  float64 it takes the plain path and is right, so a float64 check passes it.
-- "accumulate_low" (a precision defect, not a slip): W̄ = Σₜ ȳₜᵀ·xₜ summed row by row in the input's dtype, as a
-  kernel that keeps its accumulator in bf16 does. Each of the n additions rounds to 8 significant bits, so the error
-  grows with n; the formula is right, and at float32 the error is float32's.
+  products, so that small gradients do not underflow, and divides x̄ and β̄ by 1024 again, but not γ̄. At float32
+  and float64 it takes the plain path and is right, so a float64 check passes it.
+- "accumulate_low" (a precision defect, not a slip): γ̄ and β̄ summed row by row in the input's dtype, as a kernel
+  that keeps its accumulator in bf16 does. Each of the n additions rounds to 8 significant bits, so the error grows
+  with n; the formula is right, and at float32 the error is float32's.
+
+make_layer_norm(variant) is a fused layer norm over the last axis, y = (x − μ)/σ ⊙ w + b, its statistics and its
+backward in float32 inside, its inputs and outputs at their dtype:
+- "right": x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂))/σ with ĝ = ȳ ⊙ w, w̄ = Σₜ ȳₜ ⊙ x̂ₜ, b̄ = Σₜ ȳₜ.
+- "no_mean_16bit" (a slip of the 16-bit path alone): x̄ leaves out mean(ĝ), the mean of the projected gradient. Its
+  error is a few times what the composite reference errs at bf16, so a bound loose by a model of rounding passes it.
 
 tapegrad.gradcheck runs each at the inputs' precision and compares its VJP with a float64 reference (the composite
-x @ w.T, REFERENCE below) on the same rounded inputs, against what rounding at bf16 is measured to explain.
+x * g + b, REFERENCE below) on the same rounded inputs, against what rounding at bf16 is measured to explain: how far
+that composite errs when its own ops run at bf16.
 
     PYTHONPATH=build/python:examples/python python3 examples/python/low_precision.py
 """
@@ -23,49 +32,91 @@ VARIANTS = ("right", "unscaled", "accumulate_low")
 GRADIENT_SCALE = 1024.0
 
 
-def make_linear(variant="right"):
+def make_affine(variant="right"):
     if variant not in VARIANTS:
         raise ValueError(f"no variant {variant!r}; the variants: {', '.join(VARIANTS)}")
 
-    class Linear(torch.autograd.Function):
+    class Affine(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x @ w.t()
+        def forward(ctx, x, g, b):
+            ctx.save_for_backward(x, g)
+            return x * g + b
 
         @staticmethod
         def backward(ctx, grad):
-            x, w = ctx.saved_tensors
+            x, g = ctx.saved_tensors
             if variant == "accumulate_low":
-                gw = torch.zeros_like(w)
-                for t in range(x.shape[0]):
-                    gw = gw + torch.outer(grad[t], x[t])  # the running sum rounds to the input's dtype
-                return grad @ w, gw
+                gg, gb = torch.zeros_like(g), torch.zeros_like(g)
+                for t in range(x.shape[0]):  # each running sum rounds to the input's dtype
+                    gg, gb = gg + grad[t] * x[t], gb + grad[t]
+                return grad * g, gg, gb
             if variant == "unscaled" and grad.dtype in (torch.bfloat16, torch.float16):
                 scaled = grad * GRADIENT_SCALE
-                return (scaled @ w) / GRADIENT_SCALE, scaled.t() @ x  # W̄ keeps the factor 1024
-            return grad @ w, grad.t() @ x
+                return (scaled * g) / GRADIENT_SCALE, (scaled * x).sum(0), scaled.sum(0) / GRADIENT_SCALE  # γ̄ keeps 1024
+            return grad * g, (grad * x).sum(0), grad.sum(0)
 
-    Linear.__name__ = "linear" if variant == "right" else f"linear[{variant}]"
-    return Linear
-
-
-def REFERENCE(x, w):
-    return x @ w.t()
+    Affine.__name__ = "affine" if variant == "right" else f"affine[{variant}]"
+    return Affine
 
 
-def inputs(rows=512, features=16, outputs=8, dtype=torch.bfloat16, seed=0):
+def REFERENCE(x, g, b):
+    return x * g + b
+
+
+LAYER_NORM_VARIANTS = ("right", "no_mean_16bit")
+
+
+def make_layer_norm(variant="right"):
+    if variant not in LAYER_NORM_VARIANTS:
+        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(LAYER_NORM_VARIANTS)}")
+
+    class LayerNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            xf = x.float()
+            mean = xf.mean(-1, keepdim=True)
+            rstd = torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + 1e-5)
+            ctx.save_for_backward(x, w, mean, rstd)
+            return ((xf - mean) * rstd * w.float() + b.float()).to(x.dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, w, mean, rstd = ctx.saved_tensors
+            xhat, g = (x.float() - mean) * rstd, grad.float()
+            projected = g * w.float()
+            row_mean = projected.mean(-1, keepdim=True)
+            if variant == "no_mean_16bit" and x.dtype in (torch.bfloat16, torch.float16):
+                row_mean = torch.zeros_like(row_mean)
+            gx = rstd * (projected - row_mean - xhat * (projected * xhat).mean(-1, keepdim=True))
+            return gx.to(x.dtype), (g * xhat).sum(0).to(w.dtype), g.sum(0).to(w.dtype)
+
+    LayerNorm.__name__ = "layer_norm" if variant == "right" else f"layer_norm[{variant}]"
+    return LayerNorm
+
+
+def LAYER_NORM_REFERENCE(x, w, b):
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * w + b
+
+
+def layer_norm_inputs(rows=512, features=128, dtype=torch.bfloat16, seed=0):
+    return inputs(rows, features, dtype, seed)
+
+
+def inputs(rows=512, features=16, dtype=torch.bfloat16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(*shape, dtype=torch.float64, generator=gen).to(dtype).requires_grad_()
-                 for shape in ((rows, features), (outputs, features)))
+                 for shape in ((rows, features), (features,), (features,)))
 
 
 def main():
-    reports = {v: tapegrad.gradcheck(make_linear(v).apply, inputs(), reference=REFERENCE) for v in VARIANTS}
-    for report in reports.values():
+    reports = [(tapegrad.gradcheck(make_affine(v).apply, inputs(), reference=REFERENCE), v == "right")
+               for v in VARIANTS]
+    reports += [(tapegrad.gradcheck(make_layer_norm(v).apply, layer_norm_inputs(), reference=LAYER_NORM_REFERENCE),
+                 v == "right") for v in LAYER_NORM_VARIANTS]
+    for report, _ in reports:
         print(report)
-    expected = {"right": True, "unscaled": False, "accumulate_low": False}
-    return 0 if all(reports[v].passed == expected[v] for v in VARIANTS) else 1
+    return 0 if all(report.passed == right for report, right in reports) else 1
 
 
 if __name__ == "__main__":

@@ -309,10 +309,12 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
         reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
         impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
-    rounding_note = None
-    if order == 1 and count == 1 and not report.passed:
-        report, rounding_note = _again_if_rounding_inside(report, impls[0], name, arrays, checked_names, options)
-    if order == 1 and count == 1 and options.diagnose and not report.passed:
+    rounding_note, refused = None, False
+    if not report.passed:
+        # impls[-1]: the only output, or every output at once
+        report, rounding_note, refused = _unless_the_forward_is_unsteady(
+            report, impls[-1], name, arrays, checked_names, options, order == 1 and count == 1)
+    if order == 1 and count == 1 and options.diagnose and not report.passed and not refused:
         _name_from_forward(report, fn, inputs, slots, checked_names, arrays, options.seed)
     if order == 1:
         _zero_cotangent_rows(report, impls[0], arrays, checked_names)
@@ -328,14 +330,34 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
     return report
 
 
-def _again_if_rounding_inside(report, impl, name, arrays, checked_names, options):
-    """A failed float64 check of a forward that rounds inside (tapegrad/_rounds_inside.py), made again at the step
-    its rounding allows: (the report to keep, a note or None)."""
-    from ._rounds_inside import recheck, rounding_inside
-    rho = rounding_inside(impl, arrays, options.eps, options.seed)
+def _unless_the_forward_is_unsteady(report, impl, name, arrays, checked_names, options, may_recheck):
+    """A failed float64 check whose forward is not steady (tapegrad/_rounds_inside.py): refused where the forward is
+    not a function, or rounds inside too coarsely for a re-check to resolve a wrong rule; made again at the step its
+    rounding allows where it rounds at about float32 (and may_recheck). (the report to keep, a note or None, whether
+    it was refused)."""
+    from . import _rounds_inside as steady
+    moved = steady.differs_when_run_again(impl, arrays)
+    if moved is not None:
+        return _refused(report, "not_a_function", steady.not_a_function_message(*moved)), None, True
+    if not may_recheck:
+        return report, None, False
+    rho = steady.rounding_inside(impl, arrays, options.eps, options.seed)
     if rho is None:
-        return report, None
-    return recheck(impl, name, arrays, checked_names, options, rho)
+        return report, None, False
+    step, noise = steady.recheck_noise(impl, arrays, rho)
+    if (steady.unit_named(rho) != "float32"
+            or noise > steady.LOOSEST_ATOL * steady.largest_gradient(impl, arrays, options.seed)):
+        return _refused(report, "rounds_inside", steady.rounds_coarsely_message(rho)), None, True
+    report, note = steady.recheck(impl, name, arrays, checked_names, options, rho, step, noise)
+    return report, note, False
+
+
+def _refused(report, kind, message):
+    """The failed report with one diagnosis, the reason nothing could be judged (the others were read from noise)."""
+    for other in {d.kind for d in report.diagnoses}:
+        _tapegrad._drop_diagnoses(report, other)
+    _tapegrad._add_diagnosis(report, kind, "", "vjp", message)
+    return report
 
 
 def _runs_elsewhere(inputs, slots):

@@ -1,11 +1,18 @@
-"""The measured model of rounding that tapegrad/_precision.py judges an op at a low precision by.
+"""What rounding explains when an op runs at a low precision: the bound tapegrad/_precision.py judges an op by.
 
-Rounding(dtype) runs a float64 computation as one at dtype errs (Monte Carlo arithmetic: each op's result moved by
-up to OP_UNITS units of dtype's roundoff, then rounded to it; a product's or a sum's result first by a float32
-accumulator's error); its fused form rounds only the products' operands to dtype and keeps every other value in
-float32, as a fused kernel does. _Run is one op run (at a precision, or in float64 under Rounding) kept for its
-VJPs; _Comparison sets the kernel's VJPs against the reference's and measures, from two runs of the reference under
-Rounding (on x and on x moved by an ulp), what rounding explains: B = MARGIN · max(largest deviation, u·‖x̄‖∞).
+An op at precision p (bf16, fp16, float32) is compared with its reference in float64 on the same rounded inputs.
+A right kernel errs by about what the reference itself errs when it runs at p; so that is measured, not modeled:
+AtPrecision runs the reference's float64 computation with every one of its torch ops (forward and backward) computed
+at p, as the composite of torch ops at p computes it, once on x and once on x moved by an ulp. Two more figures
+cover what the composite's error may not: a fused kernel keeps its values in float32 between products (Rounding,
+a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused kernel sums long in float32
+(an allowance by the sum's length: u₃₂·√n·‖terms‖₂, the size of a float32 sum of n terms in the worst usual order).
+The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
+
+        B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
+
+with MARGIN = 1.5 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
+error is the largest figure.
 """
 
 import contextlib
@@ -14,7 +21,7 @@ import math
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ._torch_op import float_outputs
 
@@ -22,8 +29,9 @@ from ._torch_op import float_outputs
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32", torch.float64: "float64"}
 DRAWS = 2          # random ȳ per comparison
-MARGIN = 2.0       # B = MARGIN · the largest rounding error measured
-OP_UNITS = 3       # an op at a precision errs by up to this many units of its roundoff, and then rounds
+MARGIN = 1.5       # B = MARGIN · the largest figure of rounding measured (below 2: see the module's text)
+OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
+SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
 
 
 def _sums(func, args, kwargs):
@@ -54,22 +62,19 @@ def _rounded_to(t, dtype):
 
 
 class Rounding(TorchDispatchMode):
-    """A float64 computation that errs as one at dtype does (Monte Carlo arithmetic). Each floating-point result r
-    of a torch op is computed as it is, moved to r·(1 + k·u·ξ), then rounded to dtype (and kept in its own dtype):
-    an op at dtype errs by its result's rounding and, being a library's function (exp, erf, a fused normalization),
-    by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], drawn afresh for every element of every result. A
-    matrix product's or a sum's result first moves by what summing its n terms in float32 (the accumulator of
-    low-precision products) errs by: √n·u₃₂·Σ|terms|·ξ (the probabilistic size of a float sum's error). Views and
-    in-place results are left as they are (a copy would cut them from what they alias).
+    """A float64 computation that errs as a fused kernel at dtype does (Monte Carlo arithmetic): the operands of each
+    matrix product rounded to dtype (what its tensor cores read), every other value kept at float32 (at dtype where
+    that is float32). Each floating-point result r of a torch op is computed as it is, moved to r·(1 + k·u·ξ), then
+    rounded to float32 (and kept in its own dtype): an op errs by its result's rounding and, being a library's
+    function (exp, erf), by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], drawn afresh for every element
+    of every result. A matrix product's or a sum's result first moves by what summing its n terms in float32 errs
+    by: √n·u₃₂·Σ|terms|·ξ. Views and in-place results are left as they are (a copy would cut them from what they
+    alias)."""
 
-    fused: as a fused kernel at dtype computes instead: the operands of each matrix product rounded to dtype (what
-    its tensor cores read), every other value kept in float32 (the same moves at float32's unit roundoff)."""
-
-    def __init__(self, dtype, generator, fused=False):
+    def __init__(self, dtype, generator):
         super().__init__()
         self.dtype = dtype
-        self.intermediate = torch.float32 if fused and UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32] else dtype
-        self.fused = fused
+        self.intermediate = torch.float32 if UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32] else dtype
         self.generator = generator
         self.generators = {}
 
@@ -84,7 +89,7 @@ class Rounding(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        operands = _PRODUCTS.get(func.overloadpacket.__name__) if self.fused else None
+        operands = _PRODUCTS.get(func.overloadpacket.__name__)
         if operands is not None:
             args = tuple(_rounded_to(a, self.dtype) if k in operands else a for k, a in enumerate(args))
         out = func(*args, **kwargs)
@@ -109,13 +114,50 @@ class Rounding(TorchDispatchMode):
         return tree_map(rounded, out)
 
 
-class _Run:
-    """One op at one precision: its outputs at the inputs, kept with the graph for its VJPs; with rounding_to, its
-    forward and backward run under Rounding(rounding_to)."""
+def _float64(t):
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float64
 
-    def __init__(self, fn, args, slots, kwargs, who, rounding_to=None, generator=None, fused=False):
-        self.mode = ((lambda: Rounding(rounding_to, generator, fused)) if rounding_to is not None
-                     else contextlib.nullcontext)
+
+class AtPrecision(TorchDispatchMode):
+    """A float64 computation with each torch op computed at dtype: its float64 tensor arguments cast to dtype, the op
+    run there (torch's own kernel at dtype: a product accumulating as torch's does at dtype, a softmax in float32
+    inside and rounded once), its results rounded to dtype and kept in float64. An op torch has no kernel for at
+    dtype (most of fp16's on the CPU) is computed in float32 and rounded to dtype, as a GPU computes fp16 products.
+    Views and in-place ops run as they are (their values are those of tensors already rounded); a value the
+    computation casts to float32 itself stays float32."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(r.alias_info is not None for r in func._schema.returns):
+            return func(*args, **kwargs)
+
+        if not any(_float64(t) for t in tree_flatten((args, kwargs))[0]):
+            return func(*args, **kwargs)
+
+        def run_at(dtype):
+            cast = lambda t: t.to(dtype) if _float64(t) else t
+            return func(*tree_map(cast, args), **tree_map(cast, kwargs))
+        try:
+            out, computed = run_at(self.dtype), self.dtype
+        except RuntimeError as error:
+            if "not implemented for" not in str(error):
+                raise
+            out, computed = run_at(torch.float32), torch.float32
+        home = lambda t: (t.to(self.dtype).to(torch.float64)
+                          if isinstance(t, torch.Tensor) and t.dtype in (computed, torch.float64) else t)
+        return tree_map(home, out)
+
+
+class _Run:
+    """One op run once: its outputs at the inputs, kept with the graph for its VJPs; with mode (a function making a
+    TorchDispatchMode: AtPrecision, Rounding), its forward and backward run under it."""
+
+    def __init__(self, fn, args, slots, kwargs, who, mode=None):
+        self.mode = mode or contextlib.nullcontext
         self.xs = [args[i].detach().requires_grad_() for i in slots]
         args = list(args)
         for i, x in zip(slots, self.xs):
@@ -169,27 +211,36 @@ def _largest(arrays):
     return max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
 
 
-class _Comparison:
-    """The kernel's VJPs and values against the reference's, and the rounding model's bound, per input."""
+# The figures a bound is the largest of, as the report names them.
+FIGURES = ("composite", "fused", "sums", "storage")
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64, fused=False):
-        reference64 = reference_at(None, None)
+
+class _Comparison:
+    """The kernel's VJPs and values against the reference's, and what rounding explains, per input: the figures
+    (FIGURES: the composite's error at p, the fused kernel's model, the long sums' allowance, the result's own
+    rounding) and B = MARGIN times the largest."""
+
+    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator):
+        reference64 = reference_at(None)
         u = UNIT_ROUNDOFF[dtype]
-        samples = [reference_at(dtype, None), reference_at(dtype, "nudged")]
-        # the same model as a fused kernel computes (Rounding's fused): a second, tighter bound, said beside the first
-        fused_samples = [reference_at(dtype, None, True), reference_at(dtype, "nudged", True)] if fused else []
+        composite = [reference_at(lambda: AtPrecision(dtype)), reference_at(lambda: AtPrecision(dtype), nudged=True)]
+        fused = []
+        if u > UNIT_ROUNDOFF[torch.float32]:  # a fused kernel's float32 between products differs from the composite
+            fused = [reference_at(lambda: Rounding(dtype, generator)),
+                     reference_at(lambda: Rounding(dtype, generator), nudged=True)]
         count = len(kernel.xs)
         self.error = [0.0] * count
-        self.rounding = [0.0] * count
-        self.fused_rounding = [0.0] * count
-        self.scale = [0.0] * count
+        self.figures = [dict.fromkeys(FIGURES, 0.0) for _ in range(count)]
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
+        terms = _terms_norms(reference64, cotangents_64[0], generator)
+        self.output_shapes = [tuple(y.shape) for y in kernel.ys]
+        outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
             exact = reference64.vjp(g)
             got = kernel.vjp(g)
-            moved = [s.vjp(g) for s in samples]
-            moved_fused = [s.vjp(g) for s in fused_samples]
+            at_p = [s.vjp(g) for s in composite]
+            at_fused = [s.vjp(g) for s in fused]
             for i in range(count):
                 diff = np.abs(got[i] - exact[i])
                 if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
@@ -197,22 +248,43 @@ class _Comparison:
                     self.error[i] = float(diff.reshape(-1)[k])
                     self.worst[i] = np.unravel_index(k, diff.shape)
                     self.values[i] = (float(got[i].reshape(-1)[k]), float(exact[i].reshape(-1)[k]))
-                self.rounding[i] = max([self.rounding[i]] + [_largest([m[i] - exact[i]]) for m in moved])
-                self.fused_rounding[i] = max([self.fused_rounding[i]] +
-                                             [_largest([m[i] - exact[i]]) for m in moved_fused])
-                self.scale[i] = max(self.scale[i], _largest([exact[i]]))
-        self.bound = [MARGIN * max(r, u * s) for r, s in zip(self.rounding, self.scale)]
-        self.fused_bound = [MARGIN * max(r, u * s) for r, s in zip(self.fused_rounding, self.scale)] if fused else None
+                figures = self.figures[i]
+                figures["composite"] = max([figures["composite"]] + [_largest([m[i] - exact[i]]) for m in at_p])
+                figures["fused"] = max([figures["fused"]] + [_largest([m[i] - exact[i]]) for m in at_fused])
+                figures["storage"] = max(figures["storage"], u * _largest([exact[i]]))
+        for i in range(count):
+            # a float32 sum of n terms: n the outputs each element of x̄ gathers from, at least one
+            n = max(1.0, outputs / max(1, kernel.xs[i].numel()))
+            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i]
+            self.figures[i]["terms"] = n
+        self.scale = [f["storage"] / u for f in self.figures]
+        self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
-        forward_rounding = max(_largest([a - b]) for s in samples for a, b in zip(s.values(), y64))
+        forward_rounding = max(_largest([a - b]) for s in composite + fused for a, b in zip(s.values(), y64))
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
+
+    def judged_by(self, i):
+        """The figure the bound of input i is MARGIN times."""
+        return max(FIGURES, key=lambda k: self.figures[i][k])
 
     def passed(self, i):
         return within(self.error[i], self.bound[i])
 
     def forward_passed(self):
         return within(self.forward_error, self.forward_bound)
+
+
+def _terms_norms(reference64, cotangents, generator):
+    """max over the elements of x̄ of ‖terms‖₂, the terms J_kj·ȳ_k whose sum is x̄_j, per input: the mean of
+    (Jᵀ(ȳ ⊙ s))_j² over random signs s is Σ_k (J_kj·ȳ_k)²."""
+    squares = None
+    for _ in range(SIGNS):
+        signed = [g * (torch.randint(0, 2, tuple(g.shape), generator=generator, dtype=torch.float64) * 2 - 1)
+                  for g in cotangents]
+        grads = reference64.vjp(signed)
+        squares = [q ** 2 for q in grads] if squares is None else [a + q ** 2 for a, q in zip(squares, grads)]
+    return [math.sqrt(_largest([q / SIGNS])) for q in squares]
 
 
 def within(error, bound):
@@ -226,14 +298,13 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label, fused=False):
-    """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and in float64
-    under Rounding at dtype on args and on args moved by an ulp (and in Rounding's fused form where asked), at DRAWS
-    random ȳ drawn from generator."""
-    nudged = _nudged(args, slots, dtype, generator)
+def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label):
+    """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and with its
+    ops at dtype (and in the fused kernel's model, at bf16 and fp16) on args and on args moved by an ulp, at DRAWS
+    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64")."""
+    moved = _nudged(args, slots, dtype, generator)
 
-    def reference_at(rounding_to, how, fused=False):
-        source = nudged if how == "nudged" else args
-        who = label + ("" if rounding_to is None else f", rounding to {DTYPE_NAMES[rounding_to]}")
-        return _Run(ref_fn, _cast(source, torch.float64, device), slots, kwargs, who, rounding_to, generator, fused)
-    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), fused)
+    def reference_at(mode, nudged=False):
+        who = label if mode is None else f"{label}, with its ops at {DTYPE_NAMES[dtype]}"
+        return _Run(ref_fn, _cast(moved if nudged else args, torch.float64, device), slots, kwargs, who, mode)
+    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator)
