@@ -97,8 +97,9 @@ def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
               for line in (SOURCE_DIR / path).read_text().splitlines() if re.match(rf"    \[({kinds})\] ", line)]
     # python.md's lines of a sign of a term and of a per-row term are printed by them too (gradchecking.md's come
     # from the claims' edit search and the Jacobian, checked in C++)
-    quoted += [line for line in (SOURCE_DIR / "docs/python.md").read_text().splitlines()
-               if re.match(r"    \[(sign of a term|per-row term)\] ", line)]
+    text = (SOURCE_DIR / "docs/python.md").read_text()
+    text = text[:text.index("### Low precision and GPUs")] + text[text.index("## 2. numpy code"):]  # its own test
+    quoted += [line for line in text.splitlines() if re.match(r"    \[(sign of a term|per-row term)\] ", line)]
     assert len(quoted) >= 5
     for line in quoted:
         assert line in printed, f"the docs quote {line!r}, which no report of test_forward.py's slips prints"
@@ -106,17 +107,43 @@ def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
 
 def test_python_md_low_precision_lines_are_what_the_checks_print():
     """The report, diagnosis and note lines docs/python.md quotes in its low-precision section (and
-    docs/gradchecking.md's precision defect) are printed by the checks its text describes, word for word but for the
-    numbers (bf16 products round differently on other CPUs)."""
+    docs/gradchecking.md's precision defect, rounds inside and not a function) are printed by the checks its text
+    describes, word for word but for the numbers (bf16 products round differently on other CPUs)."""
+    import numpy as np
     import torch
-    from low_precision import REFERENCE, inputs, make_linear
+    from low_precision import (LAYER_NORM_REFERENCE, REFERENCE, inputs, layer_norm_inputs, make_affine,
+                               make_layer_norm)
 
     def softmax_in_float32(x):
         return torch.softmax(x.float(), dim=-1).double()
 
+    noise = np.random.default_rng()
+
+    class Dropoutish(torch.autograd.Function):  # noise from a generator the check's seed does not reach
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x + 1e-3 * torch.from_numpy(noise.standard_normal(tuple(x.shape)))
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2.1 * g
+
+    class RoundedExp(torch.autograd.Function):  # float64 in and out, bf16 inside
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.exp(x).to(torch.bfloat16).double()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * torch.exp(ctx.saved_tensors[0])
+
     x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    reports = [tapegrad.gradcheck(make_linear(v).apply, inputs(), reference=REFERENCE)
-               for v in ("right", "unscaled", "accumulate_low")] + [tapegrad.gradcheck(softmax_in_float32, (x,))]
+    reports = [tapegrad.gradcheck(make_affine(v).apply, inputs(), reference=REFERENCE)
+               for v in ("right", "unscaled", "accumulate_low")]
+    reports += [tapegrad.gradcheck(make_layer_norm("no_mean_16bit").apply, layer_norm_inputs(),
+                                   reference=LAYER_NORM_REFERENCE)]
+    reports += [tapegrad.gradcheck(f, (x,)) for f in (softmax_in_float32, Dropoutish.apply, RoundedExp.apply)]
 
     def masked(line):
         return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", line)
@@ -126,10 +153,10 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     quoted = [line for language, body in re.findall(r"^```(\w*)\n(.*?)^```\n", section, flags=re.S | re.M)
               if not language for line in body.splitlines() if line.strip()]
     quoted += [line for line in (SOURCE_DIR / "docs/gradchecking.md").read_text().splitlines()
-               if line.startswith("    [precision defect] w, vjp bf16")]
-    assert len(quoted) > 12
+               if re.match(r"    \[(precision defect|rounds inside|not a function)\] (\w+, vjp bf16|the forward)", line)]
+    assert len(quoted) > 20
     for line in quoted:
-        assert masked(line) in printed, f"docs/python.md quotes {line!r}, which no check prints"
+        assert masked(line) in printed, f"the docs quote {line!r}, which no check prints"
 
 
 def test_learn_md_python_blocks_print_what_they_quote(tmp_path, monkeypatch):
