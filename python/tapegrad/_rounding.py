@@ -139,7 +139,8 @@ class AtPrecision(TorchDispatchMode):
             return func(*args, **kwargs)
 
         def run_at(dtype):
-            cast = lambda t: t.to(dtype) if _float64(t) else t
+            # float64 tensors, and float64 named as a dtype (softmax's backward takes its input's), at dtype
+            cast = lambda t: t.to(dtype) if _float64(t) else dtype if t is torch.float64 else t
             return func(*tree_map(cast, args), **tree_map(cast, kwargs))
         try:
             out, computed = run_at(self.dtype), self.dtype
