@@ -6,7 +6,8 @@ AtPrecision runs the reference's float64 computation with every one of its torch
 at p, as the composite of torch ops at p computes it, once on x and once on x moved by an ulp. Two more figures
 cover what the composite's error may not: a fused kernel keeps its values in float32 between products (Rounding,
 a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused kernel sums long in float32
-(an allowance by the sum's length: u₃₂·√n·‖terms‖₂, the size of a float32 sum of n terms in the worst usual order).
+(an allowance by the sum's length: u₃₂·√n·‖terms‖₂/2, about the rms error of n float32 terms added one after the
+other, the worst usual order; a sum in blocks or in pairs errs less).
 The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
 
         B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
@@ -256,7 +257,7 @@ class _Comparison:
         for i in range(count):
             # a float32 sum of n terms: n the outputs each element of x̄ gathers from, at least one
             n = max(1.0, outputs / max(1, kernel.xs[i].numel()))
-            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i]
+            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i] / 2
             self.figures[i]["terms"] = n
         self.scale = [f["storage"] / u for f in self.figures]
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
