@@ -98,6 +98,21 @@ TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their 
   }
 }
 
+// A softmax over x's columns (y's rows are x's columns): without its row term the error is a per-row term along
+// y's last axis and x's first, named as one along a single axis is.
+TEST_CASE("a per-row term whose rows lie along one axis of y and another of x is named") {
+  const std::string head = "input x: 4, 6\nforward softmax(transpose(x))\n";
+  const GradcheckReport right =
+      check_claim(parse_claims(head + "vjp x = transpose(y * (g - sum(y * g, -1)))\n", "f.txt").at(0));
+  CHECK_MESSAGE(right.passed(), right.str());
+  const GradcheckReport slip = check_claim(parse_claims(head + "vjp x = transpose(y * g)\n", "f.txt").at(0));
+  MESSAGE(slip.str());
+  CHECK_FALSE(slip.passed());
+  const Diagnosis* d = slip.find(Finding::per_row_term, "x");
+  REQUIRE(d != nullptr);
+  CHECK(d->message.find("the slices of y along axis 1 and of x along axis 0") != std::string::npos);
+}
+
 // The learner's chapter (docs/learn.md §4): layer norm's VJP as formulas holds; without its last term, the one
 // through ρ, it is a per-row term of x's VJP, and w and b stay right.
 TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term through ρ is a per-row term") {

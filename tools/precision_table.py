@@ -140,7 +140,7 @@ def measure(case, xs, dtype, seed, versions, names):
     with torch.no_grad():
         out = case.make("right")(*[x.detach() if isinstance(x, torch.Tensor) else x for x in xs])
     gen = torch.Generator().manual_seed(10_000 + seed)
-    cotangent = torch.randn(out.shape, dtype=torch.float64, generator=gen).to(out.dtype).double()
+    cotangent = torch.randn(out.shape, dtype=torch.float64, generator=gen).to(out.dtype).to(out.device).double()
     exact = _vjp(case.reference, xs, torch.float64, cotangent)
     result = {"E_k": {}}
     try:

@@ -10,8 +10,8 @@ each of its torch ops computed at p (forward and backward), on x and on x moved 
 (x·(1 + u·ξ), ξ uniform in [−1, 1], rounded to p): how far that composite at p moves from x̄₆₄ is what a right
 computation at p errs here. Beside it: a fused kernel's model at bf16 and fp16 (only the products' operands at p,
 float32 between), a float32 sum's error over the length of x̄'s sums, and the result's own rounding u·‖x̄₆₄‖∞.
-        B = 1.5 · the largest of them
-(1.5, below 2: a rule erring twice what the composite at p errs fails). An input's row passes when
+        B = 1.75 · the largest of them
+(1.75, below 2: a rule erring twice what the composite at p errs fails). An input's row passes when
 max |x̄ₚ − x̄₆₄| ≤ B, over DRAWS random ȳ; the forward's value is held to the same measure.
 
 An error past B is a slip or a precision defect (tapegrad/_precision_names.py): a defect when it shrinks with the
@@ -24,7 +24,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _Run, compare
+from ._rounding import DRAWS, DTYPE_NAMES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
 def runs_elsewhere(inputs, slots):
@@ -59,23 +59,25 @@ def _explained(what, error, bound, ok, dtype):
 
 
 def _figures(comparison, i, dtype):
-    """Which figure judged input i, and the others: "(1.5 × the reference's own error with its ops at bf16, ...)"."""
+    """Which figure judged input i, and the others: "(1.75 × the reference's own error with its ops at bf16, ...)"."""
     f, p = comparison.figures[i], DTYPE_NAMES[dtype]
     said = {"composite": f"the reference's own error with its ops at {p}",
             "fused": "a fused kernel's (float32 between products)",
             "sums": f"a float32 sum of {f['terms']:.0f} terms",
             "storage": f"the result's rounding to {p}"}
+    measured = f.get("composite_measured", f["composite"])
+    if measured > f["composite"]:
+        said["composite"] = f"{LOOSE:g} × a fused kernel's error or the result's rounding"
     shown = [k for k in said if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
     others = "".join(f"; {said[k]} {f[k]:.2g}" for k in shown if k != judge)
     text = f" ({MARGIN:g} × {said[judge]}, {f[judge]:.2g}{others})"
-    if f["fused"] > 0 and f["composite"] > LOOSE_COMPOSITE * max(f["fused"], f["storage"]):
-        text += (f"; torch's own ops at {p} err {f['composite'] / f['fused']:.0f}× a fused kernel's here (a sum or a "
-                 f"product kept at {p} on this device): an error up to theirs passes")
+    if f["fused"] > 0 and measured > LOOSE * max(f["fused"], f["storage"]):
+        text += (f"; torch's own ops at {p} err {measured / max(f['fused'], f['storage']):.0f}× a fused kernel's here "
+                 f"(a sum or a product kept at {p} on this device): "
+                 + (f"a kernel that replaces them is held to {LOOSE:g}× a fused kernel's" if "composite_measured" in f
+                    else "an error up to theirs passes"))
     return text
-
-
-LOOSE_COMPOSITE = 4  # the composite at p erring this many times a fused kernel (or its result's rounding) is loose
 
 
 def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, float64_report):
@@ -96,7 +98,7 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
 
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}")
     comparison = compare(kernel, ref_fn, list(inputs), slots, kwargs, dtype, device, generator,
-                         f"the reference {ref_name} in float64")
+                         f"the reference {ref_name} in float64", replaced=reference is not None)
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:

@@ -5,7 +5,9 @@ Precision defect: the error shrinks with the precision, as rounding's does and a
 kernel at float32 on the same values errs by at most SHRINK times its error at p (a rounding error falls by
 u₃₂/uₚ = 2⁻¹⁶ from bf16, a slip's stays), and its error at p is at most DEFECT_UNITS units of p's roundoff relative
 to |x̄₆₄| (a sum kept at p errs by about u·√n to u·n relative, n its length; a slip of the 16-bit path alone, which
-also vanishes at float32, errs by a part of |x̄| itself).
+also vanishes at float32, errs by a part of |x̄| itself); and its errors do not add up: with e(ȳ) = x̄ₚ(ȳ) − x̄₆₄(ȳ),
+e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂) is at least ADDS_UP of e's size. A wrong rule's error is linear in ȳ, as the rule is;
+rounding's is not. A slip of the 16-bit path too small to tell from rounding this way is called neither.
 
 Slip: the C++ checker runs on an op whose forward is the reference in float64 (its Jacobian from finite
 differences, as in every float64 check) and whose VJP is the kernel's at p, with the bound B as its tolerance, so
@@ -16,11 +18,29 @@ import numpy as np
 import torch
 
 from . import _tapegrad
-from ._rounding import DTYPE_NAMES, UNIT_ROUNDOFF, _cast, _Run, compare
+from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
 DEFECT_UNITS = 32      # a precision defect's error is at most this many units of p's roundoff relative to |x̄₆₄|
+ADDS_UP = 0.25         # errors that fail to add up by this part of their size are rounding's, not a rule's
+
+
+def _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed):
+    """Per checked input, ‖e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂)‖∞ / max(‖e(ȳ₁)‖∞, ‖e(ȳ₂)‖∞), e the kernel's error against the
+    reference in float64; ȳ₁ + ȳ₂ is rounded to the output's dtype and given to both as it is."""
+    kernel = _Run(fn, list(inputs), slots, kwargs, "the kernel")
+    reference = _Run(ref_fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the reference in float64")
+    generator = torch.Generator().manual_seed(int(seed) + 3)
+    first, second = ([torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype)
+                      .to(torch.float64) for y in kernel.ys] for _ in range(2))
+    both = [(a + b).to(y.dtype).to(torch.float64) for a, b, y in zip(first, second, kernel.ys)]
+    errors = [[k - r for k, r in zip(kernel.vjp(g), reference.vjp(g))] for g in (first, second, both)]
+    ratios = []
+    for e1, e2, e12 in zip(*errors):
+        size = max(float(np.max(np.abs(e1), initial=0.0)), float(np.max(np.abs(e2), initial=0.0)))
+        ratios.append(float(np.max(np.abs(e12 - e1 - e2), initial=0.0)) / size if size > 0 else 0.0)
+    return ratios
 
 
 def _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed):
@@ -46,10 +66,16 @@ def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison
         return {}
     u, p = UNIT_ROUNDOFF[dtype], DTYPE_NAMES[dtype]
     found = {}
+    nonadditive = None
     for i in failing:
         units = comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
         shrinks = at32.error[i] <= SHRINK * comparison.error[i]
-        if shrinks and units <= DEFECT_UNITS:
+        if shrinks and units <= DEFECT_UNITS and nonadditive is None:
+            try:
+                nonadditive = _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed)
+            except Exception:
+                return {}
+        if shrinks and units <= DEFECT_UNITS and nonadditive[i] >= ADDS_UP:
             found[i] = (f"the error shrinks with the precision ({p}: {comparison.error[i]:.2g}, float32: "
                         f"{at32.error[i]:.2g}) and is {units:.0f} units of {p}'s roundoff relative to the largest "
                         f"|{names[i]}̄|: a value kept or summed at {p} where the reference keeps more bits (a long "
@@ -114,7 +140,9 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
         # largest entry (rounding errs relative to the terms a value is computed from: an entry near zero errs as
         # its row's largest does). An error of a part of every entry, a scale of 1.05, is then past it.
         options = _tapegrad._Options()
-        options.rtol = comparison.bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
+        # (the measured rounding itself, B without its margin: the structure is fitted, not judged)
+        noise = comparison.bound[i] / MARGIN
+        options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
         options.seed = int(seed)
         default_limit = options.full_jacobian_limit
         for args, where, cut_first in tries:

@@ -12,8 +12,11 @@ The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
 
         B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
 
-with MARGIN = 1.5 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
-error is the largest figure.
+with MARGIN = 1.75 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
+error is the largest figure, while a right fused kernel, whose order of operations is not the composite's, stays
+below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure). Where the reference is one a fused kernel replaces and torch's own ops at p are loose on
+the device (a product or a sum kept at p: some CPU builds of torch), the composite's figure is held to LOOSE times
+the fused kernel's: a kernel as loose as those ops is then a precision defect, not a pass.
 """
 
 import contextlib
@@ -30,9 +33,10 @@ from ._torch_op import float_outputs
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24, torch.float64: 2.0**-53}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32", torch.float64: "float64"}
 DRAWS = 2          # random ȳ per comparison
-MARGIN = 1.5       # B = MARGIN · the largest figure of rounding measured (below 2: see the module's text)
+MARGIN = 1.75      # B = MARGIN · the largest figure of rounding measured (below 2: see the module's text)
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
+LOOSE = 4          # torch's own ops at p erring this many times a fused kernel (or the result's rounding) are loose
 
 
 def _sums(func, args, kwargs):
@@ -222,7 +226,7 @@ class _Comparison:
     (FIGURES: the composite's error at p, the fused kernel's model, the long sums' allowance, the result's own
     rounding) and B = MARGIN times the largest."""
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator):
+    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator, replaced=False):
         reference64 = reference_at(None)
         u = UNIT_ROUNDOFF[dtype]
         composite = [reference_at(lambda: AtPrecision(dtype)), reference_at(lambda: AtPrecision(dtype), nudged=True)]
@@ -260,6 +264,14 @@ class _Comparison:
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i] / 2
             self.figures[i]["terms"] = n
         self.scale = [f["storage"] / u for f in self.figures]
+        if replaced:
+            # A reference the kernel replaces: where torch's own ops at p are loose on this device (a product or a
+            # sum kept at p), a right kernel errs as a fused one does, not as they do: their figure is held to
+            # LOOSE times the fused kernel's (or the result's rounding).
+            for f in self.figures:
+                f["composite_measured"] = f["composite"]
+                if f["fused"] > 0:
+                    f["composite"] = min(f["composite"], LOOSE * max(f["fused"], f["storage"]))
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
@@ -300,13 +312,14 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label):
+def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label, replaced=False):
     """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and with its
     ops at dtype (and in the fused kernel's model, at bf16 and fp16) on args and on args moved by an ulp, at DRAWS
-    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64")."""
+    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64"). replaced: ref_fn is
+    a reference the kernel replaces (reference=), not the kernel's own code in float64."""
     moved = _nudged(args, slots, dtype, generator)
 
     def reference_at(mode, nudged=False):
         who = label if mode is None else f"{label}, with its ops at {DTYPE_NAMES[dtype]}"
         return _Run(ref_fn, _cast(moved if nudged else args, torch.float64, device), slots, kwargs, who, mode)
-    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator)
+    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator, replaced)

@@ -77,7 +77,7 @@ def _layer_norm(slip):
 
 def _running(parts, dtype):
     """Σ parts, the running sum kept at dtype (a kernel whose accumulator is 16 bits)."""
-    total = torch.zeros(parts.shape[1:], dtype=dtype)
+    total = torch.zeros(parts.shape[1:], dtype=dtype, device=parts.device)
     for p in parts:
         total = (total.float() + p).to(dtype)
     return total.float()
