@@ -140,14 +140,21 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
         # largest entry (rounding errs relative to the terms a value is computed from: an entry near zero errs as
         # its row's largest does). An error of a part of every entry, a scale of 1.05, is then past it.
         options = _tapegrad._Options()
+        # (the structural diagnoses' own tolerance, per try below)
         # (the measured rounding itself, B without its margin: the structure is fitted, not judged)
-        noise = comparison.bound[i] / MARGIN
-        options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
         options.seed = int(seed)
         default_limit = options.full_jacobian_limit
         for args, where, cut_first in tries:
-            options.full_jacobian_limit = max(default_limit, CUT_LIMIT) if cut_first else default_limit
-            options.atol = max(options.rtol * _largest_entry(ref_fn, args, slots[i], kwargs, device, seed), 1e-300)
+            if cut_first:  # full Jacobians: their entries, fitted with the measured rounding (B without its margin)
+                options.full_jacobian_limit = max(default_limit, CUT_LIMIT)
+                noise = comparison.bound[i] / MARGIN
+                options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
+                largest = _largest_entry(ref_fn, args, slots[i], kwargs, device, seed)
+                options.atol = max(options.rtol * largest, 1e-300)
+            else:  # random projections of the whole inputs, which err as VJPs do: by up to B
+                options.full_jacobian_limit = default_limit
+                options.rtol = comparison.bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
+                options.atol = max(comparison.bound[i], 1e-300)
             impl = _KernelAgainstReference(fn, ref_fn, args, [slots[i]], kwargs, dtype, device)
             array = args[slots[i]].detach().to(torch.float64).cpu().numpy()
             structural = _tapegrad._check(impl, "kernel", [array], [names[i]], 1, options)
