@@ -14,10 +14,10 @@ float32 between), a float32 sum's error over the length of x̄'s sums, and the r
 (1.75, below 2: a rule erring twice what the composite at p errs fails). An input's row passes when
 max |x̄ₚ − x̄₆₄| ≤ B, over DRAWS random ȳ; the forward's value is held to the same measure.
 
-An error past B is a slip or a precision defect (tapegrad/_precision_names.py): a defect when it shrinks with the
-precision, as a long sum accumulated at p makes it; otherwise a slip, named by the checker's structural diagnoses
-run on the kernel's VJP against the reference's Jacobian (finite differences of the float64 reference), with B as
-the tolerance.
+An error past B is a slip or a precision defect (tapegrad/_precision_names.py): a slip where the checker's
+structural diagnoses, run on the kernel's VJP against the reference's Jacobian (finite differences of the float64
+reference) with the measured rounding as the tolerance, name it; else a defect where it shrinks with the precision
+and does not add up in ȳ, as a long sum accumulated at p makes it; else unexplained.
 """
 
 import torch

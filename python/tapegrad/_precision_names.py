@@ -10,8 +10,11 @@ e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂) is at least ADDS_UP of e's size. A wr
 rounding's is not. A slip of the 16-bit path too small to tell from rounding this way is called neither.
 
 Slip: the C++ checker runs on an op whose forward is the reference in float64 (its Jacobian from finite
-differences, as in every float64 check) and whose VJP is the kernel's at p, with the bound B as its tolerance, so
-that scale, sign, transposed, per-row and the other structural kinds are read from the kernel's error.
+differences, as in every float64 check) and whose VJP is the kernel's at p, one failing input at a time, so that
+scale, sign, transposed, per-row and the other structural kinds are read from the kernel's error: on the inputs cut
+along y's leading axes where the Jacobians are large (full Jacobians, with the measured rounding as the tolerance),
+else on the whole inputs' random projections (with B). The structural kinds come first: a slip of the 16-bit path
+alone also shrinks with the precision.
 """
 
 import numpy as np
