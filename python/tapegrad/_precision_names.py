@@ -68,19 +68,20 @@ def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison
     if at32 is None:
         return {}
     u, p = UNIT_ROUNDOFF[dtype], DTYPE_NAMES[dtype]
+    units = {i: comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
+             for i in failing}
+    shrinking = [i for i in failing if at32.error[i] <= SHRINK * comparison.error[i] and units[i] <= DEFECT_UNITS]
+    if not shrinking:
+        return {}
+    try:
+        nonadditive = _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed)
+    except Exception:
+        return {}
     found = {}
-    nonadditive = None
-    for i in failing:
-        units = comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
-        shrinks = at32.error[i] <= SHRINK * comparison.error[i]
-        if shrinks and units <= DEFECT_UNITS and nonadditive is None:
-            try:
-                nonadditive = _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed)
-            except Exception:
-                return {}
-        if shrinks and units <= DEFECT_UNITS and nonadditive[i] >= ADDS_UP:
+    for i in shrinking:
+        if nonadditive[i] >= ADDS_UP:
             found[i] = (f"the error shrinks with the precision ({p}: {comparison.error[i]:.2g}, float32: "
-                        f"{at32.error[i]:.2g}) and is {units:.0f} units of {p}'s roundoff relative to the largest "
+                        f"{at32.error[i]:.2g}) and is {units[i]:.0f} units of {p}'s roundoff relative to the largest "
                         f"|{names[i]}̄|: a value kept or summed at {p} where the reference keeps more bits (a long "
                         f"sum accumulated at {p}: its error grows with the sum's length); accumulate in float32 and "
                         "round once at the end. Not a slip of the rule")
@@ -138,17 +139,15 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
         tries.insert(0, cut + (True,))
     named, why = {}, {}
     for i in slips:
-        # The bound as a relative tolerance, B/‖x̄‖∞: what rounding moves a VJP, a Jacobian's row or a random
-        # projection by, relative to its size; and, for a Jacobian's entries, as an absolute one that much of the
-        # largest entry (rounding errs relative to the terms a value is computed from: an entry near zero errs as
-        # its row's largest does). An error of a part of every entry, a scale of 1.05, is then past it.
         options = _tapegrad._Options()
-        # (the structural diagnoses' own tolerance, per try below)
-        # (the measured rounding itself, B without its margin: the structure is fitted, not judged)
         options.seed = int(seed)
         default_limit = options.full_jacobian_limit
         for args, where, cut_first in tries:
-            if cut_first:  # full Jacobians: their entries, fitted with the measured rounding (B without its margin)
+            if cut_first:
+                # Full Jacobians, fitted (not judged) with the measured rounding, B without its margin: relative to
+                # x̄'s size, and for an entry as an absolute tolerance that much of the largest entry (rounding errs
+                # relative to the terms a value is computed from: an entry near zero errs as its row's largest
+                # does). An error of a part of every entry, a scale of 1.05, is then past it.
                 options.full_jacobian_limit = max(default_limit, CUT_LIMIT)
                 noise = comparison.bound[i] / MARGIN
                 options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
@@ -204,10 +203,10 @@ CUT_LIMIT = 1 << 17  # Jacobian entries (outputs × one input's elements) a cut'
 def cut_along_y(fn, ref_fn, inputs, slots, kwargs, device, limit):
     """(the inputs cut to their first rows along y's leading axes, where it says) so that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
-    op refuses one. An input is cut along y's
-    axis a where it has that axis: the same axis of the same length, its shape aligned with y's on the left (same
-    rank) or on the right (a broadcast operand, a per-head bias). Leading axes are cut first; the first keeps two
-    rows where that fits, so that a slip that reads one batch element only still shows."""
+    op refuses one. An input is cut along y's axis a where it has that axis: the same axis of the same length, its
+    shape aligned with y's on the left (same rank) or on the right (a broadcast operand, a per-head bias). Leading
+    axes are cut first; the first keeps two rows where that fits, so that a slip that reads one batch element only
+    still shows."""
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
     if len(ys) != 1 or ys[0].dim() < 2:  # no axis to cut: the inputs as they are, where they fit

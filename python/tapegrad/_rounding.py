@@ -14,9 +14,10 @@ The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
 
 with MARGIN = 1.75 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
 error is the largest figure, while a right fused kernel, whose order of operations is not the composite's, stays
-below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure). Where the reference is one a fused kernel replaces and torch's own ops at p are loose on
-the device (a product or a sum kept at p: some CPU builds of torch), the composite's figure is held to LOOSE times
-the fused kernel's: a kernel as loose as those ops is then a precision defect, not a pass.
+below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure). Where
+the reference is one a fused kernel replaces and torch's own ops at p are loose on the device (a product or a sum
+kept at p: some CPU builds of torch), the composite's figure is held to LOOSE times the fused kernel's: a kernel as
+loose as those ops is then a precision defect, not a pass.
 """
 
 import contextlib

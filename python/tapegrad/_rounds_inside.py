@@ -98,9 +98,10 @@ def _step_of_constant_pieces(at, y, eps):
     if not np.any(nonzero) or np.mean(at(eps / 100)[nonzero] == y[nonzero]) < 0.5:
         return None
     for h in eps * 10.0 ** np.arange(0, 7):
-        moved = (at(h) != y) & nonzero
+        y_moved = at(h)
+        moved = (y_moved != y) & nonzero
         if np.any(moved):
-            return float(np.min(np.abs(at(h)[moved] - y[moved]) / np.abs(y[moved])))
+            return float(np.min(np.abs(y_moved[moved] - y[moved]) / np.abs(y[moved])))
     return None
 
 
