@@ -23,21 +23,21 @@ struct Candidate {
 // How y and x split into rows along one axis: row r of y is the elements y_flat[r·yc .. (r+1)·yc), likewise x.
 struct RowLayout {
   int axis = -1;    // of y and x; -1: the last axis of each (their ranks may differ)
-  int x_axis = -1;  // of x, where it is not `axis` (a transposed row: y's along one axis, x's along another)
+  int x_axis = -1;  // of x: `axis`, or another (a transposed row: y's along one axis, x's along another)
   int64_t rows = 0, yc = 0, xc = 0;
   std::vector<int64_t> y_flat, x_flat;  // (rows, yc), (rows, xc): flat indices in row order
   std::vector<int64_t> y_row, x_row;    // the row of each flat index
 };
 
-// The rows along `axis` (-1: the last axis), or, with x_axis, along y's `axis` and x's `x_axis` where the other
-// axes of y and x are the same in order (softmax(xᵀ): y's rows are x's columns); nothing when y and x do not share
+// The rows along `axis` of y and of x (-1: the last axis of each), or along y's `axis` and x's `x_axis` where the
+// other axes of y and x are the same in order (softmax(xᵀ): y's rows are x's columns); nothing when y and x do not share
 // that many rows.
 std::optional<RowLayout> row_layout(const JacobianView& v, int axis, int x_axis = -1) {
   const Shape &ys = v.yshape, &xs = v.xshape;
   if (ys.rank() == 0 || xs.rank() == 0) return std::nullopt;
   RowLayout l;
   l.axis = axis;
-  l.x_axis = x_axis;
+  l.x_axis = axis >= 0 && x_axis < 0 ? axis : x_axis;
   auto fill = [&](const Shape& s, int a, int64_t len, std::vector<int64_t>& flat, std::vector<int64_t>& row_of) {
     const int64_t n = s.numel();
     flat.assign(static_cast<size_t>(n), 0);
@@ -59,27 +59,19 @@ std::optional<RowLayout> row_layout(const JacobianView& v, int axis, int x_axis 
     l.rows = v.m / l.yc;
     fill(ys, ys.rank() - 1, l.yc, l.y_flat, l.y_row);
     fill(xs, xs.rank() - 1, l.xc, l.x_flat, l.x_row);
-  } else if (x_axis >= 0) {
-    if (ys.rank() != xs.rank() || axis >= ys.rank() || x_axis >= xs.rank()) return std::nullopt;
+  } else {
+    if (ys.rank() != xs.rank() || axis >= ys.rank() || l.x_axis >= xs.rank()) return std::nullopt;
     auto others = [](const Shape& s, int skip) {
       std::vector<int64_t> out;
       for (int d = 0; d < s.rank(); ++d)
         if (d != skip) out.push_back(s[d]);
       return out;
     };
-    if (others(ys, axis) != others(xs, x_axis)) return std::nullopt;
-    l.yc = ys[axis], l.xc = xs[x_axis];
+    if (others(ys, axis) != others(xs, l.x_axis)) return std::nullopt;
+    l.yc = ys[axis], l.xc = xs[l.x_axis];
     l.rows = v.m / l.yc;
     fill(ys, axis, l.yc, l.y_flat, l.y_row);
-    fill(xs, x_axis, l.xc, l.x_flat, l.x_row);
-  } else {
-    if (ys.rank() != xs.rank() || axis >= ys.rank()) return std::nullopt;
-    for (int d = 0; d < ys.rank(); ++d)
-      if (d != axis && ys[d] != xs[d]) return std::nullopt;
-    l.yc = ys[axis], l.xc = xs[axis];
-    l.rows = v.m / l.yc;
-    fill(ys, axis, l.yc, l.y_flat, l.y_row);
-    fill(xs, axis, l.xc, l.x_flat, l.x_row);
+    fill(xs, l.x_axis, l.xc, l.x_flat, l.x_row);
   }
   if (l.yc < 2 || l.xc < 2) return std::nullopt;
   return l;
@@ -277,7 +269,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
       fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{}{}",
                   rows_with_error, rows_with_error == 1 ? "" : "s",
                   l.axis < 0      ? std::string()
-                  : l.x_axis < 0  ? fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis)
+                  : l.x_axis == l.axis ? fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis)
                                   : fmt::format(" (the slices of y along axis {} and of {} along axis {})", l.axis,
                                                 v.input, l.x_axis),
                   uname, vname, alpha, is_vjp ? "x̄_r" : v.check == "hvp" ? "ẋ̄_r" : "ẏ_r", term, what)};
