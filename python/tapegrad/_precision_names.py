@@ -17,16 +17,19 @@ else on the whole inputs' random projections (with B). The structural kinds come
 alone also shrinks with the precision.
 """
 
+import math
+
 import numpy as np
 import torch
 
 from . import _tapegrad
-from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare
+from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, within
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
 DEFECT_UNITS = 32      # a precision defect's error is at most this many units of p's roundoff relative to |x̄₆₄|
 ADDS_UP = 0.25         # errors that fail to add up by this part of their size are rounding's, not a rule's
+SCALE_REST = 1.5        # an error of one piece is a scale where what is left of it is at most this × rounding's rms
 
 
 def _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed):
@@ -268,6 +271,25 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
     """Adds to the report what each failing input's error is: the structural kinds first (a slip with a structure is a
     slip, whichever precision it lives in); an error none names is a precision defect where it shrinks with the
     precision, else unexplained."""
+    # an error within the bound at every element but of one piece along x̄: a scale under an ulp where what is left
+    # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
+    along_only = [i for i in failing if within(comparison.error[i], comparison.bound[i])]
+    for i in along_only:
+        r, name = comparison.along[i], names[i]
+        times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
+        seen = (f"its error is {r:+.2g} of {name}̄ itself, {times:.1f}× the share rounding's independent errors "
+                f"explain; at each element it is within rounding, so only its sum over the {comparison.sizes[i]} "
+                "elements shows it")
+        if comparison.along_rest[i] <= SCALE_REST * comparison.rounding_rms[i]:
+            _tapegrad._add_diagnosis(report, "scale", name, check,
+                                     f"{name}̄ is {1 + r:.6g} × the reference's ({seen}; the rest of the error is "
+                                     "rounding's size): a constant factor in the rule, such as n/(n − 1) for n")
+        else:
+            _tapegrad._add_diagnosis(report, "unexplained", name, check,
+                                     f"{seen}; the rest is {comparison.along_rest[i] / comparison.rounding_rms[i]:.1f}"
+                                     f"× rounding's rms, so it is no constant factor: a slip of one piece (a factor "
+                                     f"per row, a term) smaller than an ulp of {DTYPE_NAMES[dtype]}")
+    failing = [i for i in failing if i not in along_only]
     named, why = _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
                              check, seed)
     unnamed = [i for i in failing if i not in named]

@@ -3,21 +3,27 @@
 An op at precision p (bf16, fp16, float32) is compared with its reference in float64 on the same rounded inputs.
 A right kernel errs by about what the reference itself errs when it runs at p; so that is measured, not modeled:
 AtPrecision runs the reference's float64 computation with every one of its torch ops (forward and backward) computed
-at p, as the composite of torch ops at p computes it, once on x and once on x moved by an ulp. Two more figures
-cover what the composite's error may not: a fused kernel keeps its values in float32 between products (Rounding,
-a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused kernel sums long in float32
-(an allowance by the sum's length: u₃₂·√n·‖terms‖₂/2, about the rms error of n float32 terms added one after the
-other, the worst usual order; a sum in blocks or in pairs errs less).
+at p, as the composite of torch ops at p computes it on this device, on x and on x moved by an ulp (MOVED_32 such
+points at float32). At float32 each is held against float64 at x, so it carries x̄'s sensitivity to the input at the
+precision a float32 computation works in; at bf16 and fp16, where a kernel works in float32 between exact inputs and
+rounded stored values, the moved point is held against float64 at its own point: a second sample of how rounding
+falls. Two more figures cover what the composite's error may not: a fused kernel keeps its values in float32
+between products (Rounding, a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused
+kernel sums long in float32 (an allowance by the sum's length: u₃₂·√n·‖terms‖₂/2, about the rms error of n float32
+terms added one after the other, the worst usual order; a sum in blocks or in pairs errs less).
 The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
 
         B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
 
 with MARGIN = 1.75 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
 error is the largest figure, while a right fused kernel, whose order of operations is not the composite's, stays
-below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure). Where
-the reference is one a fused kernel replaces and torch's own ops at p are loose on the device (a product or a sum
-kept at p: some CPU builds of torch), the composite's figure is held to LOOSE times the fused kernel's: a kernel as
-loose as those ops is then a precision defect, not a pass.
+below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure).
+
+At bf16 and fp16 a slip can err by less than an ulp at every element (a scale of 1.004) and pass B. Its error is of
+one piece, though, where rounding's errors are nearly independent from element to element; so the share of x̄
+itself in the error, r = ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩/⟨x̄₆₄, x̄₆₄⟩, is held to MARGIN times the composite's and the fused
+model's own r, or SIGMAS times the σ that independent errors of their size (and of the kernel's, and of the
+result's rounding) give it. A slip's r grows past that σ with the number of elements.
 """
 
 import contextlib
@@ -35,9 +41,11 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32", torch.float64: "float64"}
 DRAWS = 2          # random ȳ per comparison
 MARGIN = 1.75      # B = MARGIN · the largest figure of rounding measured (below 2: see the module's text)
+LOOSE = 4          # torch's own ops at p erring this many times a fused kernel's (or the result's rounding) are loose
+MOVED_32 = 3       # points moved by an ulp the composite is run at, at float32 (one at bf16 and fp16)
+SIGMAS = 5         # r, the error's share along x̄, past this many σ of independent errors is of one piece
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
-LOOSE = 4          # torch's own ops at p erring this many times a fused kernel (or the result's rounding) are loose
 
 
 def _sums(func, args, kwargs):
@@ -227,16 +235,30 @@ class _Comparison:
     (FIGURES: the composite's error at p, the fused kernel's model, the long sums' allowance, the result's own
     rounding) and B = MARGIN times the largest."""
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator, replaced=False):
+    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator):
+        # Two points, x and x moved by an ulp at p. A right computation at p errs as an exact one does at an input
+        # moved by an ulp of the precision it computes in: at float32 that is the inputs' own, so the moved point's
+        # figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel computes in
+        # float32 between exact 16-bit inputs and its stored values, which the composite at p rounds already, so
+        # there the moved point is a second sample of how rounding falls, against float64 at its own point.
         reference64 = reference_at(None)
         u = UNIT_ROUNDOFF[dtype]
-        composite = [reference_at(lambda: AtPrecision(dtype)), reference_at(lambda: AtPrecision(dtype), nudged=True)]
+        working = float32_between(dtype)
+        # At float32, where no fused model is run, MOVED_32 moved points: the composite's largest error over more
+        # samples, a steadier figure for a right kernel erring by chance in another place.
+        moves = range(1, 1 + (1 if working else MOVED_32))
+        points = [(0, reference64)] + [(k, reference_at(None, move=k) if working else reference64) for k in moves]
+        composite = [(reference_at(lambda: AtPrecision(dtype), move=k), exact) for k, exact in points]
         fused = []
-        if u > UNIT_ROUNDOFF[torch.float32]:  # a fused kernel's float32 between products differs from the composite
-            fused = [reference_at(lambda: Rounding(dtype, generator)),
-                     reference_at(lambda: Rounding(dtype, generator), nudged=True)]
+        if working:  # a fused kernel's float32 between products differs from the composite
+            fused = [(reference_at(lambda: Rounding(dtype, generator), move=k), exact) for k, exact in points]
         count = len(kernel.xs)
         self.error = [0.0] * count
+        self.along = [0.0] * count      # the kernel's share r of x̄₆₄ in its error, the largest |r| over the ȳ drawn
+        along_rounding = [[0.0, 0.0] for _ in range(count)]  # [the composite's and fused model's |r|, the noise σ]
+        self.along_rest = [0.0] * count   # the rms of the rest of that error, d − r·x̄₆₄
+        self.rounding_rms = [0.0] * count  # the rms of rounding's error: the composite's, the fused model's, storage's
+        self.sizes = [x.numel() for x in kernel.xs]
         self.figures = [dict.fromkeys(FIGURES, 0.0) for _ in range(count)]
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
@@ -246,8 +268,8 @@ class _Comparison:
         for g in cotangents_64:
             exact = reference64.vjp(g)
             got = kernel.vjp(g)
-            at_p = [s.vjp(g) for s in composite]
-            at_fused = [s.vjp(g) for s in fused]
+            at_p = [(s.vjp(g), e.vjp(g)) for s, e in composite]
+            at_fused = [(s.vjp(g), e.vjp(g)) for s, e in fused]
             for i in range(count):
                 diff = np.abs(got[i] - exact[i])
                 if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
@@ -256,27 +278,36 @@ class _Comparison:
                     self.worst[i] = np.unravel_index(k, diff.shape)
                     self.values[i] = (float(got[i].reshape(-1)[k]), float(exact[i].reshape(-1)[k]))
                 figures = self.figures[i]
-                figures["composite"] = max([figures["composite"]] + [_largest([m[i] - exact[i]]) for m in at_p])
-                figures["fused"] = max([figures["fused"]] + [_largest([m[i] - exact[i]]) for m in at_fused])
+                figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
+                figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
                 figures["storage"] = max(figures["storage"], u * _largest([exact[i]]))
+                if working:
+                    r, sigma = along(got[i] - exact[i], exact[i])
+                    if not abs(r) <= abs(self.along[i]):
+                        self.along[i] = r
+                        self.along_rest[i] = _rms(got[i] - exact[i] - r * exact[i])
+                    seen = along_rounding[i]
+                    storage_rms = u / math.sqrt(3) * _rms(exact[i])  # rounding to p: δ uniform in ±u, relative
+                    seen[1] = max(seen[1], sigma, u / math.sqrt(3) * along(np.abs(exact[i]), exact[i])[1])
+                    self.rounding_rms[i] = max(self.rounding_rms[i], storage_rms)
+                    for m, e in at_p + at_fused:
+                        r_m, sigma_m = along(m[i] - e[i], e[i])
+                        seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
+                        self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
         for i in range(count):
             # a float32 sum of n terms: n the outputs each element of x̄ gathers from, at least one
             n = max(1.0, outputs / max(1, kernel.xs[i].numel()))
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i] / 2
             self.figures[i]["terms"] = n
         self.scale = [f["storage"] / u for f in self.figures]
-        if replaced:
-            # A reference the kernel replaces: where torch's own ops at p are loose on this device (a product or a
-            # sum kept at p), a right kernel errs as a fused one does, not as they do: their figure is held to
-            # LOOSE times the fused kernel's (or the result's rounding).
-            for f in self.figures:
-                f["composite_measured"] = f["composite"]
-                if f["fused"] > 0:
-                    f["composite"] = min(f["composite"], LOOSE * max(f["fused"], f["storage"]))
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
+        # |r| rounding explains (bf16, fp16): MARGIN times the composite's or the fused model's own, or SIGMAS times
+        # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
+        # result's rounding: u/√3 rms relative to each element)
+        self.along_bound = [max(MARGIN * r, SIGMAS * sigma) if working else math.inf for r, sigma in along_rounding]
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
-        forward_rounding = max(_largest([a - b]) for s in composite + fused for a, b in zip(s.values(), y64))
+        forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
     def judged_by(self, i):
@@ -284,10 +315,35 @@ class _Comparison:
         return max(FIGURES, key=lambda k: self.figures[i][k])
 
     def passed(self, i):
-        return within(self.error[i], self.bound[i])
+        return within(self.error[i], self.bound[i]) and self.along_passed(i)
+
+    def along_passed(self, i):
+        return within(abs(self.along[i]), self.along_bound[i])
 
     def forward_passed(self):
         return within(self.forward_error, self.forward_bound)
+
+
+def along(d, exact):
+    """(r, σ): the share of x̄ itself in an error d = x̄ₚ − x̄₆₄, r = ⟨d, x̄⟩/⟨x̄, x̄⟩ (x̄ₚ ≈ (1 + r)·x̄ + the rest),
+    and the σ of r were d's elements independent, √(Σ d²x̄²)/⟨x̄, x̄⟩. Rounding's errors are nearly independent and
+    r is then a few σ at most; a slip's error is of one piece, and r grows with x̄'s size past σ: a scale of 1.004 at
+    bf16, under half an ulp at each element, is many σ out at a few hundred elements."""
+    d, exact = np.asarray(d, dtype=np.float64).reshape(-1), np.asarray(exact, dtype=np.float64).reshape(-1)
+    norm = float(np.dot(exact, exact))
+    if not norm > 0:
+        return 0.0, 0.0
+    return float(np.dot(d, exact)) / norm, math.sqrt(float(np.dot(d * d, exact * exact))) / norm
+
+
+def _rms(a):
+    a = np.asarray(a, dtype=np.float64)
+    return math.sqrt(float(np.mean(a * a))) if a.size else 0.0
+
+
+def float32_between(dtype):
+    """Whether a kernel at dtype keeps its values in float32 between its inputs and its stored results (bf16, fp16)."""
+    return UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32]
 
 
 def _terms_norms(reference64, cotangents, generator):
@@ -313,14 +369,16 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label, replaced=False):
+def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label):
     """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and with its
     ops at dtype (and in the fused kernel's model, at bf16 and fp16) on args and on args moved by an ulp, at DRAWS
-    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64"). replaced: ref_fn is
-    a reference the kernel replaces (reference=), not the kernel's own code in float64."""
-    moved = _nudged(args, slots, dtype, generator)
+    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64")."""
+    moved = {}
 
-    def reference_at(mode, nudged=False):
+    def reference_at(mode, move=0):
+        """ref_fn run under mode (None: in float64) at args (move 0) or at the move-th point moved by an ulp."""
+        if move and move not in moved:
+            moved[move] = _nudged(args, slots, dtype, generator)
         who = label if mode is None else f"{label}, with its ops at {DTYPE_NAMES[dtype]}"
-        return _Run(ref_fn, _cast(moved if nudged else args, torch.float64, device), slots, kwargs, who, mode)
-    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator, replaced)
+        return _Run(ref_fn, _cast(moved[move] if move else args, torch.float64, device), slots, kwargs, who, mode)
+    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator)

@@ -141,8 +141,8 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     reports = [tapegrad.gradcheck(make_affine(v).apply, inputs(), reference=REFERENCE)
                for v in ("right", "unscaled", "accumulate_low")]
-    reports += [tapegrad.gradcheck(make_layer_norm("no_mean_16bit").apply, layer_norm_inputs(),
-                                   reference=LAYER_NORM_REFERENCE)]
+    reports += [tapegrad.gradcheck(make_layer_norm(v).apply, layer_norm_inputs(), reference=LAYER_NORM_REFERENCE)
+                for v in ("no_mean_16bit", "unbiased_backward")]
     reports += [tapegrad.gradcheck(f, (x,)) for f in (softmax_in_float32, Dropoutish.apply, RoundedExp.apply)]
 
     def masked(line):

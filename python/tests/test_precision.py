@@ -275,3 +275,28 @@ def test_a_slip_twice_the_composites_own_error_fails_where_the_old_bound_passed_
         right = tapegrad.gradcheck(make_layer_norm().apply, layer_norm_inputs(seed=seed),
                                    reference=LAYER_NORM_REFERENCE, seed=seed)
         assert right.passed, right
+
+
+def test_a_scale_under_an_ulp_fails_at_bf16_by_its_share_along_the_gradient():
+    """A layer norm whose backward recomputes σ with torch.var's default (n − 1 where the forward has n): w̄ is
+    0.9961 times right (x̄ nearly so), less than half an ulp of bf16 at every element, so no element's error shows
+    it; their share along x̄ and w̄ themselves, summed over the elements, does, and the report names a scale with
+    that factor. The right kernel passes the same test at every seed."""
+    from low_precision import LAYER_NORM_REFERENCE, layer_norm_inputs, make_layer_norm
+    factor = math.sqrt(127 / 128)
+    for seed in range(3):
+        report = tapegrad.gradcheck(make_layer_norm("unbiased_backward").apply, layer_norm_inputs(seed=seed),
+                                    reference=LAYER_NORM_REFERENCE, seed=seed)
+        assert not report.passed, report
+        assert all(c.passed for c in report.checks if c.input in ("b", "y")), report
+        scales = [d for d in report.diagnoses if d.kind == "scale" and d.input in ("x", "w")]
+        assert scales, report
+        for d in scales:
+            found = re.search(r"̄ is ([\d.]+) × the reference's|c = ([\d.]+)", d.message)
+            assert found, d.message
+            named = float(found.group(1) or found.group(2))
+            assert abs(named - factor) < 3e-4, d.message
+        assert "of one piece along" in str(report), report
+        right = tapegrad.gradcheck(make_layer_norm().apply, layer_norm_inputs(seed=seed),
+                                   reference=LAYER_NORM_REFERENCE, seed=seed)
+        assert right.passed, right
