@@ -91,13 +91,13 @@ def _column_sums(t, rows_per_block, acc_dtype, out_dtype):
     (in acc_dtype), then stored at out_dtype. Rows past the end are masked (zeros)."""
     rows, cols = t.shape
     blocks = -(-rows // rows_per_block)
-    padded = torch.zeros(blocks * rows_per_block, cols, dtype=acc_dtype)
+    padded = torch.zeros(blocks * rows_per_block, cols, dtype=acc_dtype, device=t.device)
     padded[:rows] = t.to(acc_dtype)
     padded = padded.view(blocks, rows_per_block, cols)
-    acc = torch.zeros(blocks, cols, dtype=acc_dtype)
+    acc = torch.zeros(blocks, cols, dtype=acc_dtype, device=t.device)
     for r in range(rows_per_block):  # the program's loop over its rows, all programs side by side
         acc = acc + padded[:, r, :]
-    total = torch.zeros(cols, dtype=acc_dtype)
+    total = torch.zeros(cols, dtype=acc_dtype, device=t.device)
     for p in range(blocks):
         total = total + acc[p]
     return total.to(out_dtype)
@@ -107,7 +107,7 @@ def _block_partials(t, rows_per_block, acc_dtype):
     """The per-program partial column sums (blocks, cols), before they are added up."""
     rows, cols = t.shape
     blocks = -(-rows // rows_per_block)
-    padded = torch.zeros(blocks * rows_per_block, cols, dtype=acc_dtype)
+    padded = torch.zeros(blocks * rows_per_block, cols, dtype=acc_dtype, device=t.device)
     padded[:rows] = t.to(acc_dtype)
     return padded.view(blocks, rows_per_block, cols).sum(1)
 
