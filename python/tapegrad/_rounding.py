@@ -9,8 +9,9 @@ precision a float32 computation works in; at bf16 and fp16, where a kernel works
 rounded stored values, the moved point is held against float64 at its own point: a second sample of how rounding
 falls. Two more figures cover what the composite's error may not: a fused kernel keeps its values in float32
 between products (Rounding, a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused
-kernel sums long in float32 (an allowance by the sum's length: u₃₂·√n·‖terms‖₂/2, about the rms error of n float32
-terms added one after the other, the worst usual order; a sum in blocks or in pairs errs less).
+kernel sums long in float32 (an allowance by the sum's length: u₃₂·‖terms‖₂·√(n/6), the rms error of n float32
+terms added one after the other, the worst usual order, times √(2·ln(2m)), about the largest of m such errors: x̄'s
+m elements; a sum in blocks or in pairs errs less).
 The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
 
         B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
@@ -295,9 +296,12 @@ class _Comparison:
                         seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
                         self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
         for i in range(count):
-            # a float32 sum of n terms: n the outputs each element of x̄ gathers from, at least one
+            # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one), added one after
+            # the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, whose rms is u₃₂·‖terms‖₂·√(n/6); the largest of the
+            # m·DRAWS elements compared is up to √(2·ln(2·m·DRAWS)) times that
             n = max(1.0, outputs / max(1, kernel.xs[i].numel()))
-            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n) * terms[i] / 2
+            largest_of = math.sqrt(2 * math.log(2 * max(1, kernel.xs[i].numel()) * DRAWS))
+            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
             self.figures[i]["terms"] = n
         self.scale = [f["storage"] / u for f in self.figures]
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
