@@ -388,7 +388,7 @@ def _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, r
         return gradcheck(fn64, inputs64, inputs_to_check=slots, names=checked_names, name=name, kwargs=kwargs,
                          **options)
     return check_at_precision(fn, inputs, slots, checked_names, name, kwargs, reference, options["seed"],
-                              float64_report if reference is None else None)
+                              float64_report)
 
 
 def _on_device(fn, device):

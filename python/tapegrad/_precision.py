@@ -79,9 +79,9 @@ def _figures(comparison, i, dtype):
 
 
 def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, float64_report):
-    """The report of fn at its inputs' precision and device (see the module's text). float64_report(fn64) runs the
-    float64 check of a callable on CPU float64 tensors (the caller's usual check), or is None where a reference is
-    given and fn need not run in float64."""
+    """The report of fn at its inputs' precision and device (see the module's text). float64_report() runs the
+    usual float64 check of fn on the inputs cast to CPU float64 tensors: first where no reference is given, and with
+    a reference only to name a failure that fn's float64 path makes too."""
     dtype, device = _precision_of(inputs, slots)
     kwargs = dict(kwargs or {})
     if dtype == torch.float64 and reference is None:  # float64 on a device: fn is its own reference
@@ -132,6 +132,6 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:
         name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
-                                check, seed)
+                                check, seed, float64_report if reference is not None else None)
     report._notes = getattr(report, "_notes", []) + notes
     return report

@@ -266,11 +266,53 @@ def _python_advice(message):
     return message if cut < 0 else message[:cut]
 
 
+def _same_in_float64(fn, ref_fn, inputs, slots, kwargs, device, comparison, failing, seed):
+    """The failing inputs whose error is fn's float64 path's own: fn run on the same values in float64 errs against
+    the reference as it does at p, to within rounding's bound, and by more than that bound. Such a slip is in every
+    precision, and the float64 check, which reads it at full precision (the forward's terms too), names it."""
+    try:
+        kernel64 = _Run(fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the op in float64")
+        kernel = _Run(fn, list(inputs), slots, kwargs, "the op")
+        reference = _Run(ref_fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the reference")
+    except Exception:  # a kernel for 16-bit types alone
+        return []
+    generator = torch.Generator().manual_seed(int(seed) + 3)
+    same = set(failing)
+    for _ in range(2):
+        g = [torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype).to(torch.float64)
+             for y in kernel.ys]
+        exact, at_p, at_64 = reference.vjp(g), kernel.vjp(g), kernel64.vjp(g)
+        for i in list(same):
+            apart = float(np.max(np.abs(at_p[i] - at_64[i]), initial=0.0))
+            off = float(np.max(np.abs(at_64[i] - exact[i]), initial=0.0))
+            if not (apart <= comparison.bound[i] < off):
+                same.discard(i)
+    return sorted(same)
+
+
+def _name_from_float64(report, names, check, same, float64_report):
+    """{input index: kinds} named by the float64 check of fn for the inputs whose error is its float64 path's."""
+    try:
+        report64 = float64_report()
+    except Exception:
+        return {}
+    named = {}
+    for i in same:
+        for d in report64.diagnoses:
+            if d.input == names[i] and d.kind not in ("unexplained", "nonlinear", "no_jvp", "tolerance", "one_input"):
+                _tapegrad._add_diagnosis(report, d.kind, names[i], check,
+                                         f"as in float64 (fn's float64 path errs as its {check.split()[-1]} one "
+                                         f"does, to rounding; its float64 check reads): {d.message}")
+                named.setdefault(i, []).append(d.kind)
+    return named
+
+
 def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
-                            check, seed):
-    """Adds to the report what each failing input's error is: the structural kinds first (a slip with a structure is a
-    slip, whichever precision it lives in); an error none names is a precision defect where it shrinks with the
-    precision, else unexplained."""
+                            check, seed, float64_report=None):
+    """Adds to the report what each failing input's error is: a slip fn's float64 path makes too is named by the
+    float64 check of fn (float64_report, where a reference is given); the structural kinds next (a slip with a
+    structure is a slip, whichever precision it lives in); an error none names is a precision defect where it
+    shrinks with the precision, else unexplained."""
     # an error within the bound at every element but of one piece along x̄: a scale under an ulp where what is left
     # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
     along_only = [i for i in failing if within(comparison.error[i], comparison.bound[i])]
@@ -290,6 +332,12 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
                                      f"× rounding's rms, so it is no constant factor: a slip of one piece (a factor "
                                      f"per row, a term) smaller than an ulp of {DTYPE_NAMES[dtype]}")
     failing = [i for i in failing if i not in along_only]
+    named64 = {}
+    if float64_report is not None:
+        same = _same_in_float64(fn, ref_fn, inputs, slots, kwargs, device, comparison, failing, seed)
+        if same:
+            named64 = _name_from_float64(report, names, check, same, float64_report)
+    failing = [i for i in failing if i not in named64]
     named, why = _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
                              check, seed)
     unnamed = [i for i in failing if i not in named]

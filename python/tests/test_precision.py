@@ -300,3 +300,32 @@ def test_a_scale_under_an_ulp_fails_at_bf16_by_its_share_along_the_gradient():
         right = tapegrad.gradcheck(make_layer_norm().apply, layer_norm_inputs(seed=seed),
                                    reference=LAYER_NORM_REFERENCE, seed=seed)
         assert right.passed, right
+
+
+class SiluSignSlip(torch.autograd.Function):
+    """y = x·σ(x), its backward in float32 at any dtype, with the product rule's x·σ′ term of the wrong sign."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xf = x.to(torch.float32) if x.dtype != torch.float64 else x
+        return (xf * torch.sigmoid(xf)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        xf = x.to(torch.float32) if x.dtype != torch.float64 else x
+        s = torch.sigmoid(xf)
+        return (g.to(xf.dtype) * (s - xf * s * (1 - s))).to(x.dtype)
+
+
+def test_a_slip_of_every_precision_is_named_at_bf16_as_its_float64_check_names_it():
+    """A slip the float64 path makes too errs at bf16 as in float64, to rounding: the report names it with the float64
+    check's kinds, read at full precision from the forward's terms, and says where the name comes from."""
+    x = drawn([(16, 32)], torch.bfloat16, 0)
+    report = tapegrad.gradcheck(SiluSignSlip.apply, x, reference=lambda x: x * torch.sigmoid(x))
+    assert not report.passed, report
+    assert "term_sign" in report.kinds, report
+    assert any(d.kind == "term_sign" and d.message.startswith("as in float64") for d in report.diagnoses), report
+    float64 = tapegrad.gradcheck(SiluSignSlip.apply, drawn([(16, 32)], torch.float64, 0))
+    assert "term_sign" in float64.kinds, float64
