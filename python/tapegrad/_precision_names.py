@@ -1,5 +1,12 @@
 """What an error past rounding's bound is (tapegrad/_precision.py): a precision defect, or a slip, named by the
-checker's structural diagnoses.
+checker's structural diagnoses. In the order tried:
+
+A scale under an ulp: an error within the bound at every element that fails by its share along x̄ (r, _rounding.py)
+is a constant factor where what is left of it is rounding's size.
+
+A slip of every precision: with a reference, where fn run in float64 on the same values errs against it as it does
+at p (to within the bound) and by more than the bound, fn's own float64 check names it, reading it at full precision
+and from the forward's terms.
 
 Precision defect: the error shrinks with the precision, as rounding's does and a wrong rule's does not: the same
 kernel at float32 on the same values errs by at most SHRINK times its error at p (a rounding error falls by
@@ -328,7 +335,8 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
                                      "rounding's size): a constant factor in the rule, such as n/(n − 1) for n")
         else:
             _tapegrad._add_diagnosis(report, "unexplained", name, check,
-                                     f"{seen}; the rest is {comparison.along_rest[i] / comparison.rounding_rms[i]:.1f}"
+                                     f"{seen}; the rest is "
+                                     f"{comparison.along_rest[i] / max(comparison.rounding_rms[i], 1e-300):.1f}"
                                      f"× rounding's rms, so it is no constant factor: a slip of one piece (a factor "
                                      f"per row, a term) smaller than an ulp of {DTYPE_NAMES[dtype]}")
     failing = [i for i in failing if i not in along_only]
