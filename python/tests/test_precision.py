@@ -329,3 +329,38 @@ def test_a_slip_of_every_precision_is_named_at_bf16_as_its_float64_check_names_i
     assert any(d.kind == "term_sign" and d.message.startswith("as in float64") for d in report.diagnoses), report
     float64 = tapegrad.gradcheck(SiluSignSlip.apply, drawn([(16, 32)], torch.float64, 0))
     assert "term_sign" in float64.kinds, float64
+
+
+def make_logsumexp(save_low):
+    """log Σ exp over the last axis, computed in float32; its backward is softmax = exp(x − lse). save_low keeps lse
+    at the input's dtype for the backward (the output, rounded), where a fused kernel keeps it in float32."""
+
+    class LogSumExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            lse = torch.logsumexp(x.to(torch.float32), -1)
+            out = lse.to(x.dtype)
+            ctx.save_for_backward(x, out.to(torch.float32) if save_low else lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            x, lse = ctx.saved_tensors
+            return (g.to(torch.float32)[:, None] * torch.exp(x.to(torch.float32) - lse[:, None])).to(x.dtype)
+    return LogSumExp.apply
+
+
+def test_a_value_saved_at_bf16_is_not_passed_for_the_inputs_own_sensitivity():
+    """A log-sum-exp whose backward reads lse rounded to bf16 errs several times what the composite reference errs at
+    bf16 (|lse| ≈ 10: a relative error of 10 units in every softmax row). Rounding's figures are measured at x and at
+    x moved by an ulp, each against float64 at its own point; held against x, the moved point carried x̄'s
+    sensitivity to a bf16 ulp of x, which is this slip's size, and passed it."""
+    def reference(x):
+        m = x.amax(-1, keepdim=True).detach()
+        return m.squeeze(-1) + torch.log(torch.exp(x - m).sum(-1))
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x = (3 + 2 * torch.randn(256, 128, dtype=torch.float64, generator=g)).to(torch.bfloat16).requires_grad_()
+        assert not tapegrad.gradcheck(make_logsumexp(True), (x,), reference=reference, seed=seed).passed
+        right = tapegrad.gradcheck(make_logsumexp(False), (x,), reference=reference, seed=seed)
+        assert right.passed, right
