@@ -27,7 +27,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare, within
+from ._rounding import DRAWS, DTYPE_NAMES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
 def runs_elsewhere(inputs, slots):
@@ -117,8 +117,7 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
         at = "" if comparison.worst[i] is None else f"{input_name}[{', '.join(map(str, comparison.worst[i]))}]"
         _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i],
                              (DTYPE_NAMES[dtype], "reference"))
-        notes.append(_explained(input_name, comparison.error[i], comparison.bound[i],
-                                within(comparison.error[i], comparison.bound[i]), dtype)
+        notes.append(_explained(input_name, comparison.error[i], comparison.bound[i], comparison.error_within(i), dtype)
                      + _figures(comparison, i, dtype))
         if not comparison.along_passed(i):
             r = comparison.along[i]

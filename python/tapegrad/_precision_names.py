@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import _tapegrad
-from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, within
+from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
@@ -69,7 +69,7 @@ def _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed):
 
 def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing, seed):
     """{input index: message} for the failing inputs whose error shrinks with the precision."""
-    if dtype not in (torch.bfloat16, torch.float16):
+    if not float32_between(dtype):
         return {}
     try:
         at32 = _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed)
@@ -273,16 +273,15 @@ def _python_advice(message):
     return message if cut < 0 else message[:cut]
 
 
-def _same_in_float64(fn, ref_fn, inputs, slots, kwargs, device, comparison, failing, seed):
+def _same_in_float64(fn, inputs, slots, kwargs, device, comparison, failing, seed):
     """The failing inputs whose error is fn's float64 path's own: fn run on the same values in float64 errs against
     the reference as it does at p, to within rounding's bound, and by more than that bound. Such a slip is in every
     precision, and the float64 check, which reads it at full precision (the forward's terms too), names it."""
     try:
         kernel64 = _Run(fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the op in float64")
-        kernel = _Run(fn, list(inputs), slots, kwargs, "the op")
-        reference = _Run(ref_fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the reference")
     except Exception:  # a kernel for 16-bit types alone
         return []
+    kernel, reference = comparison.kernel, comparison.reference64
     generator = torch.Generator().manual_seed(int(seed) + 3)
     same = set(failing)
     for _ in range(2):
@@ -322,7 +321,7 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
     shrinks with the precision, else unexplained."""
     # an error within the bound at every element but of one piece along x̄: a scale under an ulp where what is left
     # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
-    along_only = [i for i in failing if within(comparison.error[i], comparison.bound[i])]
+    along_only = [i for i in failing if comparison.error_within(i)]
     for i in along_only:
         r, name = comparison.along[i], names[i]
         times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
@@ -342,7 +341,7 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
     failing = [i for i in failing if i not in along_only]
     named64 = {}
     if float64_report is not None:
-        same = _same_in_float64(fn, ref_fn, inputs, slots, kwargs, device, comparison, failing, seed)
+        same = _same_in_float64(fn, inputs, slots, kwargs, device, comparison, failing, seed)
         if same:
             named64 = _name_from_float64(report, names, check, same, float64_report)
     failing = [i for i in failing if i not in named64]

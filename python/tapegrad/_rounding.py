@@ -89,7 +89,7 @@ class Rounding(TorchDispatchMode):
     def __init__(self, dtype, generator):
         super().__init__()
         self.dtype = dtype
-        self.intermediate = torch.float32 if UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32] else dtype
+        self.intermediate = torch.float32 if float32_between(dtype) else dtype
         self.generator = generator
         self.generators = {}
 
@@ -243,6 +243,7 @@ class _Comparison:
         # float32 between exact 16-bit inputs and its stored values, which the composite at p rounds already, so
         # there the moved point is a second sample of how rounding falls, against float64 at its own point.
         reference64 = reference_at(None)
+        self.kernel, self.reference64 = kernel, reference64  # kept: the naming compares with them again
         u = UNIT_ROUNDOFF[dtype]
         working = float32_between(dtype)
         # At float32, where no fused model is run, MOVED_32 moved points: the composite's largest error over more
@@ -323,7 +324,11 @@ class _Comparison:
         return max(FIGURES, key=lambda k: self.figures[i][k])
 
     def passed(self, i):
-        return within(self.error[i], self.bound[i]) and self.along_passed(i)
+        return self.error_within(i) and self.along_passed(i)
+
+    def error_within(self, i):
+        """Whether input i's largest error is within B (its share along x̄ aside)."""
+        return within(self.error[i], self.bound[i])
 
     def along_passed(self, i):
         return within(abs(self.along[i]), self.along_bound[i])
