@@ -817,11 +817,12 @@ def _grads(fn, xs, cotangent):
     return torch.autograd.grad(fn(*xs), leaves, cotangent)
 
 
-def _verify():
+def _verify(cases=None):
     """Every right version against torch.autograd.gradcheck in float64 (and against both references' gradients),
-    every slip differing from the right version at the dtype where it lives. Returns the number of problems."""
+    every slip differing from the right version at the dtype where it lives (the cases: CASES, or those given, on
+    their inputs' device). Returns the number of problems."""
     problems = 0
-    for case in CASES:
+    for case in CASES if cases is None else cases:
         for size in ("small", "large"):
             xs = case.inputs(size, torch.float64, 0)
             if size == "small":
@@ -829,7 +830,7 @@ def _verify():
                 print(f"{case.name}: right, torch.autograd.gradcheck in float64: {ok}")
             out = case.make("right")(*xs)
             gen = torch.Generator().manual_seed(1)
-            cot = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+            cot = torch.randn(out.shape, dtype=torch.float64, generator=gen).to(out.device)
             right = _grads(case.make("right"), xs, cot)
             for ref in (case.reference, case.f_reference):
                 if ref is None:
@@ -845,7 +846,7 @@ def _verify():
             xs = case.inputs("small", dtype, 0)
             out = case.make("right")(*xs)
             gen = torch.Generator().manual_seed(1)
-            cot = torch.randn(out.shape, dtype=torch.float64, generator=gen).to(dtype)
+            cot = torch.randn(out.shape, dtype=torch.float64, generator=gen).to(dtype).to(out.device)
             right = _grads(case.make("right"), xs, cot)
             for slip, (kind, where) in case.slips.items():
                 lives = where == "all" or dtype in LOW
