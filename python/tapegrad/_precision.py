@@ -10,7 +10,8 @@ each of its torch ops computed at p (forward and backward), on x and on x moved 
 (x·(1 + u·ξ), ξ uniform in [−1, 1], rounded to p; at bf16 and fp16 against float64 at that point, at float32
 against x̄₆₄, which adds the input's sensitivity at float32): how far that composite at p moves from float64 is what
 a right computation at p errs here. Beside it: a fused kernel's model at bf16 and fp16 (only the products' operands at p,
-float32 between), a float32 sum's error over the length of x̄'s sums, and the result's own rounding u·‖x̄₆₄‖∞.
+float32 between), a float32 sum's error over the length of x̄'s sums, and the result's own rounding (half an ulp at
+p of x̄₆₄'s largest element).
         B = 1.75 · the largest of them
 (1.75, below 2: a rule erring twice what the composite at p errs fails). An input's row passes when
 max |x̄ₚ − x̄₆₄| ≤ B, over DRAWS random ȳ, and, at bf16 and fp16, when the share of x̄₆₄ itself in that error is

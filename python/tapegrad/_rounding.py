@@ -12,9 +12,9 @@ between products (Rounding, a Monte Carlo model of that arithmetic: only the pro
 kernel sums long in float32 (an allowance by the sum's length: u₃₂·‖terms‖₂·√(n/6), the rms error of n float32
 terms added one after the other, the worst usual order, times √(2·ln(2m)), about the largest of m such errors: x̄'s
 m elements; a sum in blocks or in pairs errs less).
-The result, stored at p, moves by up to u·|x̄₆₄| too. The bound is
+The result, stored at p, moves by up to half an ulp too: ½ulp(‖x̄₆₄‖∞) = u·2^⌊log₂‖x̄₆₄‖∞⌋. The bound is
 
-        B = MARGIN · max(composite's error at p, fused model's, long sums', u·‖x̄₆₄‖∞)
+        B = MARGIN · max(composite's error at p, fused model's, long sums', ½ulp(‖x̄₆₄‖∞))
 
 with MARGIN = 1.75 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
 error is the largest figure, while a right fused kernel, whose order of operations is not the composite's, stays
@@ -264,6 +264,7 @@ class _Comparison:
         self.figures = [dict.fromkeys(FIGURES, 0.0) for _ in range(count)]
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
+        self.scale = [0.0] * count       # ‖x̄₆₄‖∞, the largest over the ȳ drawn
         terms = _terms_norms(reference64, cotangents_64[0], generator)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
         outputs = sum(y.numel() for y in kernel.ys)
@@ -286,7 +287,7 @@ class _Comparison:
                 figures = self.figures[i]
                 figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
                 figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
-                figures["storage"] = max(figures["storage"], u * _largest([exact[i]]))
+                self.scale[i] = max(self.scale[i], _largest([exact[i]]))
                 if working:
                     r, sigma = along(got[i] - exact[i], exact[i])
                     if not abs(r) <= abs(self.along[i]):
@@ -308,7 +309,8 @@ class _Comparison:
             largest_of = math.sqrt(2 * math.log(2 * max(1, kernel.xs[i].numel()) * DRAWS))
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
             self.figures[i]["terms"] = n
-        self.scale = [f["storage"] / u for f in self.figures]
+        for i, f in enumerate(self.figures):
+            f["storage"] = half_ulp(self.scale[i], dtype)
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
         # |r| rounding explains (bf16, fp16): MARGIN times the composite's or the fused model's own, or SIGMAS times
         # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
@@ -317,6 +319,8 @@ class _Comparison:
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))
+        # y's own rounding as u·‖y₆₄‖∞, up to a whole ulp: a right forward may round an intermediate (a product's
+        # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
     def judged_by(self, i):
@@ -352,6 +356,16 @@ def along(d, exact):
 def _rms(a):
     a = np.asarray(a, dtype=np.float64)
     return math.sqrt(float(np.mean(a * a))) if a.size else 0.0
+
+
+def half_ulp(largest, dtype):
+    """The most that rounding to nearest at dtype moves a value of magnitude up to `largest`: half a unit in the last
+    place of its binade, u·2^⌊log₂ largest⌋ (between ½·u·largest and u·largest). The binade is taken at largest·(1 + 4u),
+    so that a value computed a few roundings above a power of two is held to the binade it is stored in."""
+    u = UNIT_ROUNDOFF[dtype]
+    if not (largest > 0 and math.isfinite(largest)):
+        return u * largest
+    return u * 2.0 ** math.floor(math.log2(largest * (1 + 4 * u)))
 
 
 def float32_between(dtype):
