@@ -49,20 +49,47 @@ OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundo
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
 
 
+def _sum_length(func, args, result):
+    """The number of terms each element of result adds, for a matrix product or a sum; None for other ops."""
+    name = func.overloadpacket.__name__
+    if name in ("mm", "bmm", "mv", "dot"):
+        return args[0].shape[-1]
+    if name in ("addmm", "baddbmm"):
+        return args[1].shape[-1] + 1
+    if name == "sum" and args[0].is_floating_point() and isinstance(result, torch.Tensor):
+        return max(1, args[0].numel() // max(1, result.numel()))
+    return None
+
+
 def _sums(func, args, kwargs):
     """(Σ|terms| of each result element, the number of terms) for a matrix product or a sum; None for other ops."""
     name = func.overloadpacket.__name__
     if name in ("mm", "bmm", "mv", "dot"):
-        a, b = args[0], args[1]
-        return func(a.abs(), b.abs()), a.shape[-1]
-    if name in ("addmm", "baddbmm"):
+        magnitude = func(args[0].abs(), args[1].abs())
+    elif name in ("addmm", "baddbmm"):
         c, a, b = args[0], args[1], args[2]
-        return c.abs() + func(torch.zeros_like(c), a.abs(), b.abs()), a.shape[-1] + 1
-    if name == "sum" and args[0].is_floating_point():
-        x = args[0]
-        total = func(x.abs(), *args[1:], **kwargs)
-        return total, max(1, x.numel() // max(1, total.numel()))
-    return None
+        magnitude = c.abs() + func(torch.zeros_like(c), a.abs(), b.abs())
+    elif name == "sum" and args[0].is_floating_point():
+        magnitude = func(args[0].abs(), *args[1:], **kwargs)
+    else:
+        return None
+    return magnitude, _sum_length(func, args, magnitude)
+
+
+class SumLengths(TorchDispatchMode):
+    """Records the computation's long sums: lengths[k] = the most terms that an element adds, over the matrix products
+    and sums whose results have k elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.lengths = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        n = _sum_length(func, args, out)
+        if n is not None:
+            self.lengths[out.numel()] = max(self.lengths.get(out.numel(), 1), n)
+        return out
 
 
 # The matrix products, and which of their arguments are the two operands.
@@ -301,11 +328,16 @@ class _Comparison:
                         r_m, sigma_m = along(m[i] - e[i], e[i])
                         seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
                         self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
+        with SumLengths() as sums:  # the reference's backward: how many terms its products and sums add
+            reference64.vjp(cotangents_64[0])
         for i in range(count):
-            # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one), added one after
-            # the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, whose rms is u₃₂·‖terms‖₂·√(n/6); the largest of the
-            # m·DRAWS elements compared is up to √(2·ln(2·m·DRAWS)) times that
-            n = max(1.0, outputs / max(1, kernel.xs[i].numel()))
+            # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
+            # the reference's longest product or sum whose result is the size of x̄, where longer: a weight's
+            # gradient sums over the rows), added one after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, whose rms
+            # is u₃₂·‖terms‖₂·√(n/6); the largest of the m·DRAWS elements compared is up to √(2·ln(2·m·DRAWS))
+            # times that
+            size = kernel.xs[i].numel()
+            n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1))
             largest_of = math.sqrt(2 * math.log(2 * max(1, kernel.xs[i].numel()) * DRAWS))
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
             self.figures[i]["terms"] = n
