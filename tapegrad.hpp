@@ -37,10 +37,12 @@
 #include "ops/row_maps.hpp"
 #include "ops/sheet.hpp"
 
-// inspect/: what watches or draws a tape: the profile, anomaly detection, the allocation log, scope names, the drawing
+// inspect/: what watches or draws a tape: the profile, anomaly detection, the allocation log, scope names, the drawing;
+// and the memory the process may use
 #include "inspect/allocation_log.hpp"
 #include "inspect/anomaly.hpp"
 #include "inspect/graphviz.hpp"
+#include "inspect/process_memory.hpp"
 #include "inspect/profile.hpp"
 #include "inspect/scope_names.hpp"
 #include "inspect/tape_dot.hpp"

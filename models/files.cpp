@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/tensor.hpp"
-#include "models/run_memory.hpp"
+#include "inspect/process_memory.hpp"
 
 namespace tapegrad {
 

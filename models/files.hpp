@@ -49,7 +49,7 @@ void refuse_replacing_run_files(const std::string& path, std::string_view option
 // is not a regular file, cannot be read, or holds more than max_bytes (it is sized before it is read). Before it is
 // read, the memory the caller will hold for it, its size times held_per_byte (2 for a checkpoint: the bytes and the
 // tensors copied out of them), is checked against what the system has available (require_memory,
-// models/run_memory.hpp).
+// inspect/process_memory.hpp).
 std::string read_file(const std::string& path, size_t max_bytes, double held_per_byte = 1);
 
 // Opens an input for reading: a regular file (through symbolic links) and nothing else. A fifo, a device

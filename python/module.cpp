@@ -6,9 +6,9 @@
 #include <pybind11/stl.h>
 
 #include "checker/second_order.hpp"
-#include "models/run_memory.hpp"
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/edits.hpp"
+#include "inspect/process_memory.hpp"
 #include "python/engine_bindings.hpp"
 #include "python/numpy_tensor.hpp"
 #include "python/python_function.hpp"
@@ -269,7 +269,7 @@ PYBIND11_MODULE(_tapegrad, m) {
   m.def("_check", &check, py::arg("impl"), py::arg("name"), py::arg("inputs"), py::arg("names"), py::arg("order"),
         py::arg("options"));
   m.def("_claim", &check_claims, py::arg("text"), py::arg("options"));
-  // The CLI's refusal of work whose memory estimate exceeds what is available (models/run_memory.hpp).
+  // The CLI's refusal of work whose memory estimate exceeds what is available (inspect/process_memory.hpp).
   m.def("_require_memory", &require_memory, py::arg("bytes"), py::arg("what"), py::arg("advice"));
   py::class_<GradcheckOptions>(m, "_Options")
       .def(py::init<>())

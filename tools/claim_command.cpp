@@ -9,7 +9,6 @@
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/expression.hpp"
 #include "models/files.hpp"
-#include "models/run_memory.hpp"
 #include "tools/commands.hpp"
 
 namespace tapegrad::cli {

@@ -66,4 +66,8 @@ void validate_claim(const ClaimText& claim);
 // the second-order checks after the first). Throws ExpressionError (with its caret) before evaluating anything.
 GradcheckReport check_claim(const ClaimText& claim, const GradcheckOptions& opt = {});
 
+// Refuses a claim whose check would need more memory than memory_available() (inspect/process_memory.hpp), from its
+// inputs' shapes, before anything of that size is allocated: `tapegrad claim` and tapegrad.claim in Python.
+void require_claim_memory(const ClaimText& claim);
+
 }  // namespace tapegrad
