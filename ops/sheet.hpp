@@ -3,8 +3,9 @@
 // that derive them, where the formulas are written when not in the node's own file, its cost in FLOPs, and the
 // gradcheck cases that exercise it, and how to call it by name with keyword arguments (Tape.op from Python). Strings,
 // shapes and std::function: no checker code, so the op files that fill their sheets (one block at the end of each
-// file in ops/) include nothing of the tooling, and the tooling (checker/: the registry, the gradchecker, explain;
-// inspect/profile.hpp; inspect/tape_dot.hpp; the Python module) reads the sheets without knowing the ops.
+// file in ops/) include nothing of the tooling, and the tooling (checker/: the gradchecker, explain;
+// inspect/profile.hpp; inspect/tape_dot.hpp; the Python module) reads the sheets, through the registry of sheets
+// (ops/registry.hpp), without knowing the ops.
 #pragma once
 
 #include <cstdint>
