@@ -338,11 +338,10 @@ class _Comparison:
             # times that
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1))
-            largest_of = math.sqrt(2 * math.log(2 * max(1, kernel.xs[i].numel()) * DRAWS))
+            largest_of = math.sqrt(2 * math.log(2 * max(1, size) * DRAWS))
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
             self.figures[i]["terms"] = n
-        for i, f in enumerate(self.figures):
-            f["storage"] = half_ulp(self.scale[i], dtype)
+            self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
         self.bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
         # |r| rounding explains (bf16, fp16): MARGIN times the composite's or the fused model's own, or SIGMAS times
         # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
