@@ -27,7 +27,7 @@ and does not add up in ȳ, as a long sum accumulated at p makes it; else unexpla
 import torch
 
 from . import _tapegrad
-from ._precision_names import name_precision_failures
+from ._precision_names import PrecisionCheck, name_precision_failures
 from ._rounding import DRAWS, DTYPE_NAMES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
@@ -135,7 +135,8 @@ def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, 
     notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype))
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:
-        name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
-                                check, seed, float64_report if reference is not None else None)
+        context = PrecisionCheck(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, seed, check,
+                                 float64_report if reference is not None else None, comparison)
+        name_precision_failures(report, context, failing)
     report._notes = getattr(report, "_notes", []) + notes
     return report

@@ -25,6 +25,7 @@ alone also shrinks with the precision.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,12 +40,33 @@ ADDS_UP = 0.25         # errors that fail to add up by this part of their size a
 SCALE_REST = 1.5        # an error of one piece is a scale where what is left of it is at most this × rounding's rms
 
 
-def _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed):
+@dataclass
+class PrecisionCheck:
+    """One check of fn at a precision (tapegrad/_precision.py), as its passes read it: the op and its reference, the
+    inputs as given and which of them are checked (slots, names), fn's keyword arguments, the precision and device,
+    the seed, the report's check ("vjp bf16"), the comparison once measured (_rounding.compare), and float64_report:
+    fn's own float64 check, where a reference is given (to name a slip fn's float64 path makes too), else None."""
+    fn: object
+    ref_fn: object
+    inputs: list
+    slots: list
+    names: list
+    kwargs: dict
+    dtype: torch.dtype
+    device: torch.device
+    seed: int
+    check: str
+    float64_report: object = None
+    comparison: object = None
+
+
+def _nonadditive(c):
     """Per checked input, ‖e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂)‖∞ / max(‖e(ȳ₁)‖∞, ‖e(ȳ₂)‖∞), e the kernel's error against the
     reference in float64; ȳ₁ + ȳ₂ is rounded to the output's dtype and given to both as it is."""
-    kernel = _Run(fn, list(inputs), slots, kwargs, "the kernel")
-    reference = _Run(ref_fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the reference in float64")
-    generator = torch.Generator().manual_seed(int(seed) + 3)
+    kernel = _Run(c.fn, list(c.inputs), c.slots, c.kwargs, "the kernel")
+    reference = _Run(c.ref_fn, _cast(list(c.inputs), torch.float64, c.device), c.slots, c.kwargs,
+                     "the reference in float64")
+    generator = torch.Generator().manual_seed(int(c.seed) + 3)
     first, second = ([torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype)
                       .to(torch.float64) for y in kernel.ys] for _ in range(2))
     both = [(a + b).to(y.dtype).to(torch.float64) for a, b, y in zip(first, second, kernel.ys)]
@@ -56,35 +78,36 @@ def _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed):
     return ratios
 
 
-def _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed):
+def _float32_comparison(c):
     """The kernel at float32 on the same values against the reference, or None where it does not run at float32."""
-    args32 = _cast(list(inputs), torch.float32, device)
+    args32 = _cast(list(c.inputs), torch.float32, c.device)
     try:
-        kernel = _Run(fn, args32, slots, kwargs, "the op at float32")
+        kernel = _Run(c.fn, args32, c.slots, c.kwargs, "the op at float32")
     except Exception:  # a kernel written for 16-bit types alone: the precisions cannot be compared
         return None
-    generator = torch.Generator().manual_seed(int(seed) + 1)
-    return compare(kernel, ref_fn, args32, slots, kwargs, torch.float32, device, generator, "the reference")
+    generator = torch.Generator().manual_seed(int(c.seed) + 1)
+    return compare(kernel, c.ref_fn, args32, c.slots, c.kwargs, torch.float32, c.device, generator, "the reference")
 
 
-def _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing, seed):
+def _defects(c, failing):
     """{input index: message} for the failing inputs whose error shrinks with the precision."""
-    if not float32_between(dtype):
+    if not float32_between(c.dtype):
         return {}
     try:
-        at32 = _float32_comparison(fn, ref_fn, inputs, slots, kwargs, device, seed)
+        at32 = _float32_comparison(c)
     except Exception:
         return {}
     if at32 is None:
         return {}
-    u, p = UNIT_ROUNDOFF[dtype], DTYPE_NAMES[dtype]
+    comparison, names = c.comparison, c.names
+    u, p = UNIT_ROUNDOFF[c.dtype], DTYPE_NAMES[c.dtype]
     units = {i: comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
              for i in failing}
     shrinking = [i for i in failing if at32.error[i] <= SHRINK * comparison.error[i] and units[i] <= DEFECT_UNITS]
     if not shrinking:
         return {}
     try:
-        nonadditive = _nonadditive(fn, ref_fn, inputs, slots, kwargs, device, seed)
+        nonadditive = _nonadditive(c)
     except Exception:
         return {}
     found = {}
@@ -102,10 +125,10 @@ class _KernelAgainstReference:
     """The interface of python/python_function.hpp: forward is the reference in float64 (finite differences of it
     give the reference's Jacobian), and the VJP at the point is the kernel's at its precision."""
 
-    def __init__(self, fn, ref_fn, inputs, slots, kwargs, dtype, device):
-        self.fn, self.ref_fn, self.slots, self.kwargs = fn, ref_fn, slots, kwargs
-        self.dtype, self.device = dtype, device
-        self.fixed64 = _cast(list(inputs), torch.float64, device)
+    def __init__(self, c, inputs, slot):
+        self.fn, self.ref_fn, self.slots, self.kwargs = c.fn, c.ref_fn, [slot], c.kwargs
+        self.dtype, self.device = c.dtype, c.device
+        self.fixed64 = _cast(list(inputs), torch.float64, c.device)
         self.fixed = list(inputs)
         self.no_forward_mode = "the kernel's forward mode is not compared at its precision"
 
@@ -135,7 +158,7 @@ class _KernelAgainstReference:
         return None
 
 
-def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, slips, check, seed):
+def _name_slips(report, c, slips):
     """{input index: the kinds named} for the failing inputs the structural kinds name (its diagnosis added to the
     report), and {input index: the C++ checker's reason} for those none names. Each failing input is checked alone,
     the others held fixed. At sizes whose Jacobians exceed the full-Jacobian limit, the check is made on the inputs
@@ -143,14 +166,15 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
     where no cut can be made or the slip does not show on the cut."""
     # (inputs, where, full Jacobians up to CUT_LIMIT entries): the cut first, the whole inputs as the float64 check
     # takes them last
-    tries = [(list(inputs), "", False)]
-    cut = cut_along_y(fn, ref_fn, inputs, slots, kwargs, device, CUT_LIMIT)
+    tries = [(list(c.inputs), "", False)]
+    cut = cut_along_y(c, CUT_LIMIT)
+    comparison, slots, names = c.comparison, c.slots, c.names
     if cut is not None:
         tries.insert(0, cut + (True,))
     named, why = {}, {}
     for i in slips:
         options = _tapegrad._Options()
-        options.seed = int(seed)
+        options.seed = int(c.seed)
         default_limit = options.full_jacobian_limit
         for args, where, cut_first in tries:
             if cut_first:
@@ -161,13 +185,13 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
                 options.full_jacobian_limit = max(default_limit, CUT_LIMIT)
                 noise = comparison.bound[i] / MARGIN
                 options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
-                largest = _largest_entry(ref_fn, args, slots[i], kwargs, device, seed)
+                largest = _largest_entry(c, args, slots[i])
                 options.atol = max(options.rtol * largest, 1e-300)
             else:  # random projections of the whole inputs, which err as VJPs do: by up to B
                 options.full_jacobian_limit = default_limit
                 options.rtol = comparison.bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
                 options.atol = max(comparison.bound[i], 1e-300)
-            impl = _KernelAgainstReference(fn, ref_fn, args, [slots[i]], kwargs, dtype, device)
+            impl = _KernelAgainstReference(c, args, slots[i])
             array = args[slots[i]].detach().to(torch.float64).cpu().numpy()
             structural = _tapegrad._check(impl, "kernel", [array], [names[i]], 1, options)
             if cut_first and structural.passed:
@@ -180,7 +204,7 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
                 # it): a kind that models the whole error says more
                 found = [d for d in found if d.kind != "masked_positions"]
             for d in found:
-                _tapegrad._add_diagnosis(report, d.kind, names[i], check, where + d.message)
+                _tapegrad._add_diagnosis(report, d.kind, names[i], c.check, where + d.message)
                 named.setdefault(i, []).append(d.kind)
             if i not in named:
                 why.update({i: d.message for d in structural.diagnoses if d.kind == "unexplained"})
@@ -188,12 +212,12 @@ def _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device,
     return named, why
 
 
-def _largest_entry(ref_fn, args, slot, kwargs, device, seed, rows=8):
+def _largest_entry(c, args, slot, rows=8):
     """max |J_kj| over the reference's Jacobian along args[slot], estimated from rows rows of it (the VJPs of unit ȳ
     at random outputs k)."""
-    run = _Run(ref_fn, _cast(args, torch.float64, device), [slot], kwargs, "the reference in float64")
+    run = _Run(c.ref_fn, _cast(args, torch.float64, c.device), [slot], c.kwargs, "the reference in float64")
     sizes = [y.numel() for y in run.ys]
-    generator = torch.Generator().manual_seed(int(seed) + 2)
+    generator = torch.Generator().manual_seed(int(c.seed) + 2)
     largest = 0.0
     for k in torch.randint(sum(sizes), (rows,), generator=generator).tolist():
         units = []
@@ -210,13 +234,14 @@ def _largest_entry(ref_fn, args, slot, kwargs, device, seed, rows=8):
 CUT_LIMIT = 1 << 17  # Jacobian entries (outputs × one input's elements) a cut's full Jacobian may have
 
 
-def cut_along_y(fn, ref_fn, inputs, slots, kwargs, device, limit):
+def cut_along_y(c, limit):
     """(the inputs cut to their first rows along y's leading axes, where it says) so that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
     op refuses one. An input is cut along y's axis a where it has that axis: the same axis of the same length, its
     shape aligned with y's on the left (same rank) or on the right (a broadcast operand, a per-head bias). Leading
     axes are cut first; the first keeps two rows where that fits, so that a slip that reads one batch element only
     still shows."""
+    fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
     if len(ys) != 1 or ys[0].dim() < 2:  # no axis to cut: the inputs as they are, where they fit
@@ -241,7 +266,7 @@ def cut_along_y(fn, ref_fn, inputs, slots, kwargs, device, limit):
         try:
             with torch.no_grad():
                 got = float_outputs(fn(*args, **kwargs))
-                ref = float_outputs(ref_fn(*_cast(args, torch.float64, device), **kwargs))
+                ref = float_outputs(ref_fn(*_cast(args, torch.float64, c.device), **kwargs))
         except Exception:  # the op refuses the cut: a fixed input of another length, a shape it requires
             return False
         return len(got) == 1 and tuple(got[0].shape) == new_shape and tuple(ref[0].shape) == new_shape
@@ -273,16 +298,17 @@ def _python_advice(message):
     return message if cut < 0 else message[:cut]
 
 
-def _same_in_float64(fn, inputs, slots, kwargs, device, comparison, failing, seed):
+def _same_in_float64(c, failing):
     """The failing inputs whose error is fn's float64 path's own: fn run on the same values in float64 errs against
     the reference as it does at p, to within rounding's bound, and by more than that bound. Such a slip is in every
     precision, and the float64 check, which reads it at full precision (the forward's terms too), names it."""
     try:
-        kernel64 = _Run(fn, _cast(list(inputs), torch.float64, device), slots, kwargs, "the op in float64")
+        kernel64 = _Run(c.fn, _cast(list(c.inputs), torch.float64, c.device), c.slots, c.kwargs, "the op in float64")
     except Exception:  # a kernel for 16-bit types alone
         return []
+    comparison = c.comparison
     kernel, reference = comparison.kernel, comparison.reference64
-    generator = torch.Generator().manual_seed(int(seed) + 3)
+    generator = torch.Generator().manual_seed(int(c.seed) + 3)
     same = set(failing)
     for _ in range(2):
         g = [torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype).to(torch.float64)
@@ -296,13 +322,13 @@ def _same_in_float64(fn, inputs, slots, kwargs, device, comparison, failing, see
     return sorted(same)
 
 
-def _name_from_float64(report, names, check, same, float64_report):
+def _name_from_float64(report, c, same):
     """{input index: kinds} named by the float64 check of fn for the inputs whose error is its float64 path's."""
     try:
-        report64 = float64_report()
+        report64 = c.float64_report()
     except Exception:
         return {}
-    named = {}
+    named, names, check = {}, c.names, c.check
     for i in same:
         for d in report64.diagnoses:
             if d.input == names[i] and d.kind not in ("unexplained", "nonlinear", "no_jvp", "tolerance", "one_input"):
@@ -313,12 +339,12 @@ def _name_from_float64(report, names, check, same, float64_report):
     return named
 
 
-def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
-                            check, seed, float64_report=None):
+def name_precision_failures(report, c, failing):
     """Adds to the report what each failing input's error is: a slip fn's float64 path makes too is named by the
-    float64 check of fn (float64_report, where a reference is given); the structural kinds next (a slip with a
+    float64 check of fn (c.float64_report, where a reference is given); the structural kinds next (a slip with a
     structure is a slip, whichever precision it lives in); an error none names is a precision defect where it
     shrinks with the precision, else unexplained."""
+    comparison, names, check = c.comparison, c.names, c.check
     # an error within the bound at every element but of one piece along x̄: a scale under an ulp where what is left
     # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
     along_only = [i for i in failing if comparison.error_within(i)]
@@ -337,18 +363,17 @@ def name_precision_failures(report, fn, ref_fn, inputs, slots, names, kwargs, dt
                                      f"{seen}; the rest is "
                                      f"{comparison.along_rest[i] / max(comparison.rounding_rms[i], 1e-300):.1f}"
                                      f"× rounding's rms, so it is no constant factor: a slip of one piece (a factor "
-                                     f"per row, a term) smaller than an ulp of {DTYPE_NAMES[dtype]}")
+                                     f"per row, a term) smaller than an ulp of {DTYPE_NAMES[c.dtype]}")
     failing = [i for i in failing if i not in along_only]
     named64 = {}
-    if float64_report is not None:
-        same = _same_in_float64(fn, inputs, slots, kwargs, device, comparison, failing, seed)
+    if c.float64_report is not None:
+        same = _same_in_float64(c, failing)
         if same:
-            named64 = _name_from_float64(report, names, check, same, float64_report)
+            named64 = _name_from_float64(report, c, same)
     failing = [i for i in failing if i not in named64]
-    named, why = _name_slips(report, fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, failing,
-                             check, seed)
+    named, why = _name_slips(report, c, failing)
     unnamed = [i for i in failing if i not in named]
-    defects = _defects(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, comparison, unnamed, seed)
+    defects = _defects(c, unnamed)
     for i in unnamed:
         if i in defects:
             _tapegrad._add_diagnosis(report, "precision_defect", names[i], check, defects[i])
