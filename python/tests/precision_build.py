@@ -4,7 +4,7 @@ Each op is a torch.autograd.Function written as a fused kernel is: bf16 or float
 (statistics, softmax, accumulators), a hand-written backward. Its slips are annotated with the kind a careful reader
 names them and whether they live in the 16-bit path alone ("low") or in every precision ("all"). The held-out set,
 written apart from this one and not read while the bound was built, is python/tests/precision_heldout.py; both are
-run by tools/precision_table.py.
+run by python/tools/precision_table.py.
 """
 
 import math

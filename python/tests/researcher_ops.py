@@ -8,8 +8,8 @@ are made when such a backward is derived by hand.
                              size times an input's size passes 40,000 so that a checker switches to random projections
     OPS[op].slips            slip → Slip(kind, description): the kind of slip it is, from KINDS
 
-This is the set that tools/slip_table.py measures both checkers on and python/tests/test_researcher_ops.py holds to;
-its ops are not the suite's own cases, so it measures what a user of the checker meets.
+This is the set that python/tools/slip_table.py measures both checkers on and python/tests/test_researcher_ops.py
+holds to; its ops are not the suite's own cases, so it measures what a user of the checker meets.
 """
 
 import math

@@ -1,8 +1,8 @@
 """tapegrad.gradcheck on the held-out ops written as Triton kernels (precision_triton.py): the set verifies itself
 (each right kernel matches both references and torch.autograd.gradcheck in float64 on the GPU; each slip changes a
 gradient where, and only where, it lives), a right kernel passes at bf16, fp16 and float32, and a slip of every
-precision fails at float32 (at 16 bits some of them are smaller than rounding: tools/precision_table.py --set triton
-measures which). Needs Triton and a CUDA GPU; skipped without them."""
+precision fails at float32 (at 16 bits some of them are smaller than rounding: `python/tools/precision_table.py
+--set triton` measures which). Needs Triton and a CUDA GPU; skipped without them."""
 
 import pytest
 import torch

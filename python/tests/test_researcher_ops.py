@@ -3,7 +3,7 @@ as each has a differentiable backward, second order), as it passes torch's gradc
 slip that torch's checks catch, tapegrad's catches. A gap found later is marked xfail(strict) with the gap named (in
 RIGHT_GAPS, SLIP_GAPS), so that it turns into a failure, to be unmarked, once the gap is closed.
 
-tools/slip_table.py measures the same set at both sizes, with the kinds named and the times."""
+python/tools/slip_table.py measures the same set at both sizes, with the kinds named and the times."""
 
 import warnings
 
@@ -15,7 +15,7 @@ import tapegrad
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 
-# The gaps at the small size, measured by tools/slip_table.py: none now (a 0-d input, an op of two outputs and a
+# The gaps at the small size, measured by python/tools/slip_table.py: none now (a 0-d input, an op of two outputs and a
 # loss whose backward ignores grad_output were the last three).
 RIGHT_GAPS = {}
 SLIP_GAPS = {}
@@ -92,7 +92,7 @@ def test_tapegrad_catches_every_slip_torch_catches(op, slip):
 
 def test_most_slips_are_named_with_a_specific_kind():
     """At the small size (full Jacobians) at least 85% of the slips get a kind that says what the slip is, not only
-    where it is (R.GENERIC); tools/slip_table.py prints which, per slip, and at the large size too."""
+    where it is (R.GENERIC); python/tools/slip_table.py prints which, per slip, and at the large size too."""
     named, slips = [], 0
     for op, spec in R.OPS.items():
         for slip, s in spec.slips.items():

@@ -2,7 +2,7 @@
 settings (float64, eps 1e-6, atol 1e-5, rtol 1e-3, full Jacobians), right and with each planted slip: the time of
 each and what each says of a slip.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/python_gradcheck_bench.py [--n 8] [--d 16] [--repeat 5]
+    PYTHONPATH=build/python /usr/bin/python3 python/tools/python_gradcheck_bench.py [--n 8] [--d 16] [--repeat 5]
 
 Timings are measured, never tested. The figures of the last run are in docs/python.md.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
 
 import tapegrad  # noqa: E402
 from attention_gradient import SLIPS, inputs, make_attention  # noqa: E402

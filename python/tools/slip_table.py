@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Both checkers on researcher-style ops: which slips each catches, what tapegrad names them, and how long each takes.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/slip_table.py [--size small|large|both] [--only OP]
+    PYTHONPATH=build/python /usr/bin/python3 python/tools/slip_table.py [--size small|large|both] [--only OP]
                                                                   [--repeat 3] [--json FILE]
 
 The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
@@ -35,7 +35,7 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import researcher_ops as R  # noqa: E402
 import tapegrad  # noqa: E402

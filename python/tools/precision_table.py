@@ -2,7 +2,7 @@
 """tapegrad's check at low precision on a set of fused kernels: false failures of right kernels, false passes of
 slips that matter at that precision, and whether a caught slip is named with its kind.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/precision_table.py --set heldout|build|triton [--seeds 3]
+    PYTHONPATH=build/python /usr/bin/python3 python/tools/precision_table.py --set heldout|build|triton [--seeds 3]
         [--sizes small,large] [--dtypes bf16,float32] [--json FILE] [--only NAME]
 
 --set heldout reads python/tests/precision_heldout.py, --set build python/tests/precision_build.py, --set triton
@@ -66,7 +66,7 @@ from collections import Counter, defaultdict
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "python", "tests")
+TESTS = os.path.join(HERE, "..", "tests")
 SETS = {"heldout": "precision_heldout", "build": "precision_build", "triton": "precision_triton"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "float32": torch.float32}
 LOW = (torch.bfloat16, torch.float16)
