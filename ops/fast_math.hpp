@@ -170,8 +170,8 @@ inline T lane_dot(const T* a, const T* b, int64_t n) {
 }
 
 // max(init, max_j a_j); a NaN entry is skipped (as by a > m ? a : m). The header's eight lanes are one vector here:
-// as eight named scalars, GCC had left the selects one float at a time (one thread, one layer's softmax rows of the
-// default model, 48 slices × 64 causal rows: 104.6–105.8 → 100.2–102.0 µs).
+// written as eight named scalars, the selects are not vectorized by GCC (docs/performance.md, "What the kernels'
+// structure bought").
 template <class T>
 inline T lane_max(const T* a, int64_t n, T init) {
   auto keep = [](T x, T m) { return x > m ? x : m; };

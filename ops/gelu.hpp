@@ -27,14 +27,12 @@
 // themselves, compiled for it (GCC's target attribute), 16 floats to a vector instead of x86-64-v3's 8: the same
 // operations in the same order, each correctly rounded, and no contraction into FMA (the library builds with
 // -ffp-contract=off; ISO C++ mode has it off too), so every bit is the same. All 2³² float32 inputs gave the same
-// y, s, f′ and f″ from both copies, in both forms; ops_pointwise_test checks every 997th. One thread of an AMD
-// EPYC Zen 5 on u of the default model's MLP (768 × 512, x ~ N(0, 1)), median of 101: the exact forward took
-// 0.81 ms, 0.65 ms without the exp clamps that normal_tail and normal_pdf never reach (fast_exp_nonpositive,
-// exp_reduced: the same bits) and 0.30 ms in the AVX-512 copy; gelu′ ⊙ v 0.28 → 0.12 ms; the tanh forward 0.45 →
-// 0.18 ms. The exact form's loops then take eight vectors at a time (ops/float_pack.hpp: 128 floats in the AVX-512
-// copy, 64 in the portable one), so that the chains of its erfc and exps interleave: its forward 0.30 → 0.20 ms
-// (0.63 → 0.52 ms in the portable copy), the same bits as one element at a time (ops_pointwise_test); the default
-// training step 11.06-11.41 → 10.93-11.04 ms (two threads, alternating runs).
+// y, s, f′ and f″ from both copies, in both forms; ops_pointwise_test checks every 997th. The exps skip the clamps
+// that normal_tail and normal_pdf never reach (fast_exp_nonpositive, exp_reduced: the same bits), and the exact
+// form's loops take eight vectors at a time (ops/float_pack.hpp: 128 floats in the AVX-512 copy, 64 in the portable
+// one), so that the long chains of its erfc and exps interleave instead of waiting on each other: the same bits as
+// one element at a time (ops_pointwise_test). What each of these bought, measured: docs/performance.md, "What the
+// kernels' structure bought".
 #pragma once
 
 #include <algorithm>
@@ -316,10 +314,9 @@ void gelu_curvature(GeluForm form, T* out, const T* x, const T* s, const T* tx, 
 // x ← x + b (b added to every row; none if null), then y = GELU(x) saving s                 y, s, x: (rows, cols)
 // The fused MLP's first bias and gelu (mlp.cpp) in one pass over its pre-activation, by rows across the threads:
 // each row gets its bias (the same single rounding as add_rows) just before its gelu, while it is in the L1 cache,
-// and the bias no longer waits in a serial pass of its own. Two threads of an AMD EPYC Zen 5, the exact form, with
-// a copy of x: (768, 512) 0.20-0.28 → 0.19-0.20 ms, (4096, 1536) 4.1-4.3 → 3.7-3.8 ms. The backward's b̄₁ += Σ_rows ū
-// was tried the same way, fused with ū = gelu′ ⊙ h̄ by blocks of columns so that each b̄₁ⱼ keeps its order of rows:
-// 0.09-0.12 → 0.11-0.27 ms and 2.9-3.1 → 4.8-4.9 ms, slower, so mlp.cpp keeps the two passes there.
+// rather than in a serial pass of its own. The backward's b̄₁ += Σ_rows ū fused with ū = gelu′ ⊙ h̄ the same way (by
+// blocks of columns, so that each b̄₁ⱼ keeps its order of rows) was slower, so mlp.cpp keeps two passes there
+// (docs/performance.md, "What the kernels' structure bought").
 template <class T>
 void gelu_forward_biased(GeluForm form, T* y, T* s, T* x, const T* b, int64_t rows, int64_t cols,
                          GeluSimd simd = GeluSimd::best) {

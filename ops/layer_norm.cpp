@@ -18,9 +18,8 @@
 // vectorize and their order is fixed. w̄ and b̄ (sums over rows) go to one partial pair per range of rows (a chunk of
 // the tape's scratch, engine/scratch.hpp), added in range order afterwards. A row's sums are chains of dependent
 // additions (C/8 or C/4 long), so the rows go in blocks of four whose chains advance side by side, each row's sums
-// in its own order as before: the same bits (ops_layer_norm_test). One thread of an AMD EPYC Zen 5, the default
-// model's (768, 128), forward and backward of the node: 88 → 61 µs, the backward's sums having run one float at a
-// time before; the training step's nine layer norms (`bench --only profile`, one thread) 0.81-1.03 → 0.76 ms.
+// in its own order: the same bits as a row at a time (ops_layer_norm_test), measured in docs/performance.md, "What
+// the kernels' structure bought".
 #include <algorithm>
 #include <cmath>
 
