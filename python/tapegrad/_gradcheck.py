@@ -1,6 +1,7 @@
 """tapegrad.gradcheck: the inputs and options of a Python call, handed to the C++ checker (python/module.cpp)."""
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -106,7 +107,7 @@ _EXPLAINING = {"not_finite", "zero", "nonlinear", "ignores_cotangent", "sign", "
                "kink", "tolerance", "overwrites"}
 
 
-def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):
+def _name_from_forward(report, call):
     """Adds to the report the slip of each failing, unexplained VJP that is one term of a Function's forward."""
     failing = {c.input for c in report.checks if c.check == "vjp" and not c.passed and not c.skipped}
     for d in report.diagnoses:
@@ -118,7 +119,8 @@ def _name_from_forward(report, fn, inputs, slots, names, arrays, seed):
     if not failing:
         return
     from ._forward import name_from_forward
-    for kind, input_name, check, message in name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
+    for kind, input_name, check, message in name_from_forward(call.fn, call.inputs, call.slots, call.names,
+                                                              call.arrays, failing, call.options.seed):
         _tapegrad._add_diagnosis(report, kind, input_name, check, message)
 
 
@@ -264,11 +266,11 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
                              "can be checked (leave it out with inputs_to_check, or give it elements)")
 
+    call = _Call(fn, inputs, slots, checked_names, arrays, name, order, kwargs, options, fast_mode, reference,
+                 dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections, seed=seed,
+                      diagnose=diagnose))
     if vjp is None and _torch_if_loaded() is not None and (reference is not None or _runs_elsewhere(inputs, slots)):
-        float64_options = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections,
-                               seed=seed, diagnose=diagnose)
-        report = _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, reference,
-                                     float64_options)
+        report = _check_at_precision(call)
     elif vjp is not None:
         if reference is not None:
             raise ValueError("gradcheck: reference= goes with a torch op (numpy rules are checked in float64)")
@@ -281,15 +283,36 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     else:
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
-        report = _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, options, fast_mode)
+        report = _check_torch(call)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
     return report
 
 
-def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, options, fast_mode):
+@dataclass
+class _Call:
+    """One gradcheck call, its arguments read: the op, its inputs, which of them are checked (slots) with their names
+    and float64 values (arrays), the report's name, the order, fn's keyword arguments, the C++ checker's options,
+    fast_mode as given, the reference, and the keyword options a float64 check of the same op takes (keywords)."""
+    fn: object
+    inputs: tuple
+    slots: list
+    names: list
+    arrays: list
+    name: str
+    order: int
+    kwargs: dict
+    options: object
+    fast_mode: object
+    reference: object
+    keywords: dict
+
+
+def _check_torch(call):
     """The checks of a torch op: one per output (and one of all outputs at once) where it has several."""
     from ._torch_op import TorchOp
+    fn, inputs, slots, name, order, kwargs = call.fn, call.inputs, call.slots, call.name, call.order, call.kwargs
+    arrays, checked_names, options, fast_mode = call.arrays, call.names, call.options, call.fast_mode
     probe = TorchOp(fn, inputs, slots, name, kwargs=kwargs)
     with _torch_if_loaded().no_grad():
         count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
@@ -312,10 +335,10 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
     rounding_note, refused = None, False
     if not report.passed:
         # impls[-1]: the only output, or every output at once
-        report, rounding_note, refused = _unless_the_forward_is_unsteady(
-            report, impls[-1], name, arrays, checked_names, options, order == 1 and count == 1)
+        report, rounding_note, refused = _unless_the_forward_is_unsteady(report, impls[-1], call,
+                                                                         order == 1 and count == 1)
     if order == 1 and count == 1 and options.diagnose and not report.passed and not refused:
-        _name_from_forward(report, fn, inputs, slots, checked_names, arrays, options.seed)
+        _name_from_forward(report, call)
     if order == 1:
         _zero_cotangent_rows(report, impls[0], arrays, checked_names)
     elif not report.passed and _function_class(fn) is not None:
@@ -330,12 +353,13 @@ def _check_torch(fn, inputs, slots, name, order, kwargs, arrays, checked_names, 
     return report
 
 
-def _unless_the_forward_is_unsteady(report, impl, name, arrays, checked_names, options, may_recheck):
+def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):
     """A failed float64 check whose forward is not steady (tapegrad/_rounds_inside.py): refused where the forward is
     not a function, or rounds inside too coarsely for a re-check to resolve a wrong rule; made again at the step its
     rounding allows where it rounds at about float32 (and may_recheck). (the report to keep, a note or None, whether
     it was refused)."""
     from . import _rounds_inside as steady
+    name, arrays, checked_names, options = call.name, call.arrays, call.names, call.options
     moved = steady.differs_when_run_again(impl, arrays)
     if moved is not None:
         return _refused(report, "not_a_function", steady.not_a_function_message(*moved)), None, True
@@ -365,12 +389,13 @@ def _runs_elsewhere(inputs, slots):
     return runs_elsewhere(inputs, slots)
 
 
-def _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, reference, options):
+def _check_at_precision(call):
     """fn checked at its inputs' precision and device (tapegrad/_precision.py), under the float64 check of fn on the
-    same values where no reference is given. options: gradcheck's keyword options, passed on to that check."""
+    same values (with call.keywords, gradcheck's keyword options) where no reference is given."""
     from ._precision import check_at_precision
     torch = _torch_if_loaded()
-    if order != 1:
+    fn, inputs, slots = call.fn, call.inputs, call.slots
+    if call.order != 1:
         raise ValueError("gradcheck: order=2 runs in float64 (differences of a gradient at a low precision are "
                          "rounding): pass float64 CPU tensors")
     if not _runs_elsewhere(inputs, slots):
@@ -385,10 +410,9 @@ def _check_at_precision(fn, inputs, slots, checked_names, name, order, kwargs, r
             return x.cpu() if isinstance(x, torch.Tensor) else x
         inputs64 = tuple(moved(x) for x in inputs)
         fn64 = fn if device.type == "cpu" else _on_device(fn, device)
-        return gradcheck(fn64, inputs64, inputs_to_check=slots, names=checked_names, name=name, kwargs=kwargs,
-                         **options)
-    return check_at_precision(fn, inputs, slots, checked_names, name, kwargs, reference, options["seed"],
-                              float64_report)
+        return gradcheck(fn64, inputs64, inputs_to_check=slots, names=call.names, name=call.name, kwargs=call.kwargs,
+                         **call.keywords)
+    return check_at_precision(call, float64_report)
 
 
 def _on_device(fn, device):

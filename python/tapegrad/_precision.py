@@ -83,12 +83,15 @@ def _figures(comparison, i, dtype):
     return text
 
 
-def check_at_precision(fn, inputs, slots, names, name, kwargs, reference, seed, float64_report):
-    """The report of fn at its inputs' precision and device (see the module's text). float64_report() runs the
-    usual float64 check of fn on the inputs cast to CPU float64 tensors: first where no reference is given, and with
-    a reference only to name a failure that fn's float64 path makes too."""
+def check_at_precision(call, float64_report):
+    """The report of call.fn at its inputs' precision and device (see the module's text): call is gradcheck's call
+    (its op, inputs, checked slots and names, name, kwargs, reference and options). float64_report() runs the usual
+    float64 check of fn on the inputs cast to CPU float64 tensors: first where no reference is given, and with a
+    reference only to name a failure that fn's float64 path makes too."""
+    fn, inputs, slots, names, name = call.fn, call.inputs, call.slots, call.names, call.name
+    reference, seed = call.reference, call.options.seed
     dtype, device = _precision_of(inputs, slots)
-    kwargs = dict(kwargs or {})
+    kwargs = dict(call.kwargs or {})
     if dtype == torch.float64 and reference is None:  # float64 on a device: fn is its own reference
         report = float64_report()
         report._notes = [f"device: {device}: the op ran there; what was compared came to the CPU"] + \
