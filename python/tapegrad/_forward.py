@@ -35,23 +35,25 @@ import numpy as np
 import torch
 
 from ._forward_fits import named_otherwise
+from ._forward_rewrite import Search
 from ._forward_record import (COTANGENTS, FIT, _candidates, _describe_factor, _Forward, _fraction, _name_calls, _paths,
                               _run_forward, _term, _vjps)
 
 
-def name_from_forward(fn, inputs, slots, names, arrays, failing, seed):
+def name_from_forward(checked, failing):
     """[(kind, input, check, message)] for the inputs in `failing` (names) whose VJP error is one term of the
-    forward of the Function fn is the `apply` of; [] where fn is no Function or nothing fits."""
+    forward of the Function checked.fn is the `apply` of; [] where it is no Function or nothing fits. checked:
+    gradcheck's call (fn, inputs, slots, names, arrays, options.seed)."""
     from ._callables import _function_class, _parameter_names
-    function_class = _function_class(fn)
+    function_class = _function_class(checked.fn)
     if function_class is None or not failing:
         return []
     try:
-        parameters = _parameter_names(fn, len(inputs))
-        found, has_parts = _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters)
+        parameters = _parameter_names(checked.fn, len(checked.inputs))
+        found, has_parts = _name(function_class, checked, failing, parameters)
         rest = [n for n in failing if n not in {f[1] for f in found}]
         if rest and has_parts:
-            found += _name(function_class, fn, inputs, slots, names, arrays, rest, seed, parameters, parts=True)[0]
+            found += _name(function_class, checked, rest, parameters, parts=True)[0]
         return found
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
@@ -62,10 +64,11 @@ def _fixed(inputs):
             for x in inputs]
 
 
-def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, parameters, parts=False):
+def _name(function_class, checked, failing, parameters, parts=False):
     """(the findings, whether the forward makes a call of _PARTS: then a second search, over the parts written out,
     may name what the calls as written do not)."""
-    fixed = _fixed(inputs)
+    fn, slots, names, arrays, seed = checked.fn, checked.slots, checked.names, checked.arrays, checked.options.seed
+    fixed = _fixed(checked.inputs)
     recorder = _Forward(record=True, parts=parts)
     xs, y = _run_forward(function_class, fixed, slots, arrays, recorder)
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
@@ -155,21 +158,22 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
 
     found = []
     note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
+    # the searches past the edges' own terms: over the inputs still unnamed (search.errors)
+    search = Search(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, true, user,
+                    dict(errors), operand, terms, lambda call, j, i: full_terms(call, j, "detach")[i])
     for i in [i for i in errors if not fits[i]]:
-        factor = _value_factor(i, terms[i], user[i], true[i], errors[i], recorder.calls, xs, names, operand,
-                               lambda call, j, i=i: full_terms(call, j, "detach")[i])
+        factor = _value_factor(search, i)
         if factor is not None:
             found.append(factor)
             fits[i] = None  # named
     unfitted = {i: e for i, e in errors.items() if fits[i] is not None and not fits[i]}
     if unfitted:
-        found += _substitutions(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, user,
-                                unfitted, operand, parts)
+        search.errors = dict(unfitted)
+        found += _substitutions(search, parts)
         rest = {i: e for i, e in unfitted.items() if names[i] not in {f[1] for f in found}}
         if rest and not parts:  # a derivative, an axis, a loop's step (_forward_fits.py)
-            found += named_otherwise(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents,
-                                     true, user, rest, operand, terms,
-                                     lambda call, j, i: full_terms(call, j, "detach")[i])
+            search.errors = rest
+            found += named_otherwise(search)
     for i, candidates_of_i in fits.items():
         if not candidates_of_i:  # None: named by a value's factor; []: nothing fits
             continue
@@ -180,12 +184,15 @@ def _name(function_class, fn, inputs, slots, names, arrays, failing, seed, param
     return found, recorder.has_parts
 
 
-def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term):
+def _value_factor(search, i):
     """A term with a factor that is a value of the forward, element by element: x̄_user = x̄_true − d + d·v (a factor
     v too many: a power rule's exponent not lowered, x·x² for x²) or − d + d/v (the factor v missing: the other
     factor of a product, a chain rule's inner β of shape (C,)), for one edge's term d and one value v of the forward
     (an input or a call's output) broadcast to the input's shape. No forward is run: the terms are those the edges
-    gave at the first ȳ, and a fit there is confirmed at every ȳ (full_term(call, j): the edge's term at all)."""
+    gave at the first ȳ, and a fit there is confirmed at every ȳ (search.full_term: the edge's term at all)."""
+    terms, user, true, e = search.terms[i], search.user[i], search.true[i], search.errors[i]
+    xs, names, operand = search.xs, search.names, search.operand
+    calls = search.calls
     shape = tuple(xs[i].shape)
     values = []  # (name or None, the tensor, its values broadcast to x̄'s shape and stacked as x̄ is)
     for name, value in [(names[q], x) for q, x in enumerate(xs)] + [(None, c.out) for c in calls]:
@@ -206,7 +213,7 @@ def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term)
                 if np.linalg.norm(user[:n] - changed) > tolerance:
                     continue
                 try:  # at every ȳ
-                    d_all = full_term(call, j)
+                    d_all = search.full_term(call, j, i)
                 except Exception:
                     continue
                 v_all = np.tile(v, len(e) // n)
@@ -225,12 +232,13 @@ def _value_factor(i, terms, user, true, e, calls, xs, names, operand, full_term)
 MAX_SUBSTITUTIONS = 160  # (edge, value) pairs tried for a term built from the wrong value
 
 
-def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotangents, user, errors, operand,
-                   parts):
+def _substitutions(search, parts):
     """A term built from the wrong value: x̄_user is the VJP of the forward with one operand of one call replaced by
     another value the forward has at that point, of the same shape (an input, or an earlier call's output): the
     backward reads that value where the operand belongs (x for x̂, a for silu(a)). Tried for the inputs whose error
-    no edge's term fits; at most MAX_SUBSTITUTIONS forwards."""
+    no edge's term fits (search.errors); at most MAX_SUBSTITUTIONS forwards."""
+    calls, xs, names, cotangents, user = search.calls, search.xs, search.names, search.cotangents, search.user
+    errors, operand = search.errors, search.operand
     tried = 0
     found = {}
     for call in calls:
@@ -247,7 +255,7 @@ def _substitutions(function_class, fixed, slots, arrays, calls, xs, names, cotan
                 tried += 1
                 cut = _Forward(cut=(call.index, j, "substitute", source), parts=parts)
                 try:  # screened at the first ȳ, then compared at all of them
-                    sub_xs, sub_y = _run_forward(function_class, fixed, slots, arrays, cut)
+                    sub_xs, sub_y = _run_forward(search.function_class, search.fixed, search.slots, search.arrays, cut)
                     first = _vjps(sub_xs, sub_y, cotangents[:1])
                     close = [i for i, e in errors.items() if i not in found and
                              np.linalg.norm(user[i][:len(first[i])] - first[i]) <= FIT * np.linalg.norm(e)]

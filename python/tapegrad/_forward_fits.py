@@ -5,14 +5,11 @@ broadcast along the wrong axis (_forward_axis.py), then a slip made at every ste
 from ._forward_axis import AXIS_FITS
 from ._forward_derivative import DERIVATIVE_FITS
 from ._forward_loop import LOOP_FITS
-from ._forward_rewrite import Search
 
 
-def named_otherwise(function_class, fixed, slots, arrays, calls, xs, names, cotangents, true, user, errors, operand,
-                    terms, full_term):
-    """[(kind, input, check, message)] for the inputs of `errors` (index → x̄_user − x̄_true) these fits name."""
-    search = Search(function_class, fixed, slots, arrays, calls, xs, names, cotangents, true, user, dict(errors),
-                    operand, terms, full_term)
+def named_otherwise(search):
+    """[(kind, input, check, message)] for the inputs of search.errors (index → x̄_user − x̄_true) these fits name
+    (search: _forward_rewrite.Search); search.errors keeps those none names."""
     found = []
     for fit in DERIVATIVE_FITS + AXIS_FITS + LOOP_FITS:
         if not search.errors:

@@ -119,8 +119,7 @@ def _name_from_forward(report, call):
     if not failing:
         return
     from ._forward import name_from_forward
-    for kind, input_name, check, message in name_from_forward(call.fn, call.inputs, call.slots, call.names,
-                                                              call.arrays, failing, call.options.seed):
+    for kind, input_name, check, message in name_from_forward(call, failing):
         _tapegrad._add_diagnosis(report, kind, input_name, check, message)
 
 
