@@ -62,10 +62,9 @@ class PrecisionCheck:
 
 def _nonadditive(c):
     """Per checked input, ‖e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂)‖∞ / max(‖e(ȳ₁)‖∞, ‖e(ȳ₂)‖∞), e the kernel's error against the
-    reference in float64; ȳ₁ + ȳ₂ is rounded to the output's dtype and given to both as it is."""
-    kernel = _Run(c.fn, list(c.inputs), c.slots, c.kwargs, "the kernel")
-    reference = _Run(c.ref_fn, _cast(list(c.inputs), torch.float64, c.device), c.slots, c.kwargs,
-                     "the reference in float64")
+    reference in float64 (the comparison's own runs of both); ȳ₁ + ȳ₂ is rounded to the output's dtype and given to
+    both as it is."""
+    kernel, reference = c.comparison.kernel, c.comparison.reference64
     generator = torch.Generator().manual_seed(int(c.seed) + 3)
     first, second = ([torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype)
                       .to(torch.float64) for y in kernel.ys] for _ in range(2))

@@ -292,7 +292,8 @@ class _Comparison:
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
         self.scale = [0.0] * count       # ‖x̄₆₄‖∞, the largest over the ȳ drawn
-        terms = _terms_norms(reference64, cotangents_64[0], generator)
+        with SumLengths() as sums:  # the reference's backward, run here anyway: how many terms its sums add
+            terms = _terms_norms(reference64, cotangents_64[0], generator)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
         outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
@@ -328,8 +329,6 @@ class _Comparison:
                         r_m, sigma_m = along(m[i] - e[i], e[i])
                         seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
                         self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
-        with SumLengths() as sums:  # the reference's backward: how many terms its products and sums add
-            reference64.vjp(cotangents_64[0])
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
             # the reference's longest product or sum whose result is the size of x̄, where longer: a weight's
