@@ -51,6 +51,8 @@
 #include "checker/claimed.hpp"
 #include "checker/cli.hpp"
 #include "checker/explain.hpp"
+#include "checker/finding.hpp"
+#include "checker/finding_sheet.hpp"
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/edits.hpp"
 #include "checker/formulas/expression.hpp"

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checker/explain.hpp"
+#include "checker/finding_sheet.hpp"
 #include "checker/precision.hpp"
 #include "checker/second_order.hpp"
 #include "engine/parallel.hpp"
@@ -34,12 +35,13 @@ void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
 }
 
 constexpr const char* kUsage =
-    "usage: {0} [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2] [--precision f64|f32|bf16]\n"
+    "usage: {0} [gradcheck] [--op NAME]... [--list] [--kinds] [--json] [-v] [--order 1|2] [--precision f64|f32|bf16]\n"
     "          [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N]\n"
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
     "  --op NAME                only this op (repeatable)\n"
     "  --list                   list the ops, their families, case counts, VJPs and JVPs\n"
+    "  --kinds                  list the kinds of finding a report can name, as a Markdown table\n"
     "  --json                   a JSON list of {{op, case, input, check, max_abs_err, max_rel_err, passed}}\n"
     "  -v, --verbose            one row per input and check instead of one per case\n"
     "  --order 2                second order instead: Hessian-vector products against differences of the\n"
@@ -195,6 +197,10 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
     list_ops(reg, out);
     return 0;
   }
+  if (a.kinds) {
+    fmt::print(out, "{}", finding_kinds_table());
+    return 0;
+  }
   std::vector<const OpInfo*> selected;
   for (const auto& name : a.ops) {
     const OpInfo* op = reg.find(name);
@@ -312,6 +318,8 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
         run.ops.emplace_back(value());
       } else if (arg == "--list") {
         run.list = true;
+      } else if (arg == "--kinds") {
+        run.kinds = true;
       } else if (arg == "--json") {
         run.json = true;
       } else if (arg == "-v" || arg == "--verbose") {

@@ -22,6 +22,7 @@ namespace tapegrad {
 struct GradcheckRun {
   std::vector<std::string> ops;  // only these (all when empty)
   bool list = false;             // list the ops instead of checking them
+  bool kinds = false;            // list the kinds of finding instead (checker/finding_sheet.hpp), as Markdown
   bool json = false;             // [{op, case, input, check, max_abs_err, max_rel_err, passed}, ...]
   bool verbose = false;          // one row per input and check, not one per case
   int order = 1;                 // 1: VJP, JVP, adjoint, accumulation; 2: second order (checker/second_order.hpp)

@@ -1,88 +1,61 @@
-// The diagnosis of a failing VJP or JVP from its full Jacobian: the checks that end the search (not finite, kinks,
-// nothing written, one whole-Jacobian pattern), then the patterns of where the errors sit; and the findings over
-// the whole case (which rule, which input).
+// The diagnosis of a failing VJP or JVP from its full Jacobian: the passes of the kinds of finding
+// (checker/findings/), run in their order; the fast mode's reading of projections; and the findings over the whole
+// case (which rule, which input).
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "checker/finding_sheet.hpp"
 #include "checker/jacobian.hpp"
 
 namespace tapegrad::gradcheck_detail {
 
-// Everything the full Jacobians say about a failing VJP or JVP, most telling first. *all_kinks: every failing
-// element sits at a kink (the failure says nothing about the rule).
+namespace {
+
+// Every built-in kind's passes over a failing full Jacobian, lowest rank first.
+const std::vector<RankedPass>& jacobian_passes() {
+  static const std::vector<RankedPass> passes = [] {
+    std::vector<RankedPass> all;
+    for (const FindingSheet& sheet : builtin_findings())
+      for (const RankedPass& pass : sheet.passes) all.push_back(pass);
+    std::sort(all.begin(), all.end(), [](const RankedPass& a, const RankedPass& b) { return a.rank < b.rank; });
+    return all;
+  }();
+  return passes;
+}
+
+}  // namespace
+
+// Everything the full Jacobians say about a failing VJP or JVP, most telling first: each kind's pass in the order of
+// the ranks their sheets give them, until one explains the failure as a whole.
 std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks) {
-  std::vector<Diagnosis> out;
-  *all_kinks = false;
-  const bool is_vjp = v.check == "vjp";
-  const char* rule = rule_name(v.check);
-  const auto bad = failing_elements(v);
-  if (bad.empty()) return out;
+  const Elements bad = failing_elements(v);
+  JacobianSearch search(v, bad);
+  if (!bad.empty())
+    for (const RankedPass& pass : jacobian_passes())
+      if (pass.run(search)) break;
+  *all_kinks = search.all_kinks;
+  return std::move(search.found);
+}
 
-  for (auto [j, k] : bad)
-    if (!std::isfinite(v.a[static_cast<size_t>(j * v.cols + k)])) {
-      out.push_back({Finding::not_finite, v.input, v.check,
-                     fmt::format("the {} gives {} at {}: a division by zero or an overflow in the rule", rule,
-                                 v.a[static_cast<size_t>(j * v.cols + k)], element_str(v, j, k))});
-      return out;
-    }
-  // Kinks: every failing element has one-sided slopes that differ by more than its error.
-  if (!v.plus.empty()) {
-    int kinks = 0;
-    double fw = 0, bw = 0, f0 = 0, b0 = 0;
-    std::pair<int64_t, int64_t> first{-1, -1};
-    for (auto [j, k] : bad)
-      if (kink_at(v, j, k, &fw, &bw)) {
-        if (kinks++ == 0) first = {j, k}, f0 = fw, b0 = bw;
-      }
-    if (kinks > 0) {
-      const double a = v.a[static_cast<size_t>(first.first * v.cols + first.second)];
-      const char* side = std::abs(a - f0) <= std::abs(a - b0) ? "the right-hand" : "the left-hand";
-      out.push_back({Finding::kink, v.input, v.check,
-                     fmt::format("{} of {} failing elements sit at a kink: at {} the slope is {:.6g} to the right "
-                                 "and {:.6g} to the left, the central difference averages them and the {} gives {:.6g} "
-                                 "({} slope). The point is not differentiable: check away from it "
-                                 "(Fill::away_from_zero)",
-                                 kinks, bad.size(), element_str(v, first.first, first.second), f0, b0, rule, a,
-                                 side)});
-      if (kinks == static_cast<int>(bad.size())) {
-        *all_kinks = true;
-        return out;
-      }
-    }
+// The fast mode keeps only projections: A = c·N over them is all it can tell.
+std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
+                                         std::span<const double> a, std::span<const double> n, Tolerance tol) {
+  const char* rule = rule_name(check);
+  if (std::all_of(a.begin(), a.end(), [](double e) { return e == 0; }) &&
+      std::any_of(n.begin(), n.end(), [&](double e) { return std::abs(e) > tol.atol; }))
+    return Diagnosis{Finding::zero, input, check, fmt::format("the {} gives 0 for every projection of {}", rule, input)};
+  if (auto c = common_factor(a, n, {}, tol)) {
+    if (std::abs(*c + 1) <= 1e-3)
+      return Diagnosis{Finding::sign, input, check,
+                       fmt::format("analytic = −1 × numeric for every random projection: the {} has the wrong sign",
+                                   rule)};
+    return Diagnosis{Finding::scale, input, check,
+                     fmt::format("analytic = c × numeric for every random projection, c = {}: the {} is off by a "
+                                 "constant factor",
+                                 describe_factor(*c), rule)};
   }
-
-  if (std::all_of(v.a.begin(), v.a.end(), [](double e) { return e == 0; })) {
-    out.push_back({Finding::zero, v.input, v.check,
-                   v.check == "hvp"
-                       ? fmt::format("H·t is 0 in {} for every direction of {}: the second-order term is missing (a "
-                                     "rule that adds nothing, or linear_in_inputs for an op whose VJP moves with {})",
-                                     v.y_name, v.input, v.input)
-                   : is_vjp ? fmt::format("the VJP leaves x̄ of {} at 0 everywhere while y depends on it: it never "
-                                        "writes that input's gradient",
-                                        v.input)
-                          : fmt::format("the JVP leaves ẏ at 0 for every tangent of {}: it never adds that input's "
-                                        "term (an op without a forward-mode rule records no_jvp(name) instead)",
-                                        v.input)});
-    return out;
-  }
-
-  if (auto d = whole_jacobian_pattern(v)) {
-    out.push_back(*d);
-    return out;
-  }
-
-  if (auto d = per_row_factor(v)) {
-    out.push_back(*d);
-    return out;
-  }
-  if (auto d = elementwise_error(v)) {
-    out.push_back(*d);
-    return out;
-  }
-  confined_patterns(v, bad, out);
-  if (auto d = per_row_term(v, bad)) out.push_back(*d);
-  return out;
+  return std::nullopt;
 }
 
 // Which rule, and which input, is at fault: the findings over the whole case, from each input's outcome.

@@ -15,7 +15,8 @@
 // a triangle, a band, a set of rows; the diagonal; one row; a rank-one error per row along any axis: a per-row
 // term), and which rule is at fault (VJP or JVP alone, the adjoint identity, linearity in the cotangent or tangent,
 // the direction ẋ = x, one-sided differences at a kink). When no kind fits, it says where the error concentrates.
-// The diagnoses live one job per file in checker/diagnose_*.cpp; docs/gradchecking.md shows each.
+// Each kind of finding is one file of checker/findings/ (its sheet, and its pass over a failing Jacobian where it has
+// one); checker/diagnose.cpp runs the passes; docs/gradchecking.md shows each kind.
 #pragma once
 
 #include <initializer_list>
@@ -27,6 +28,7 @@
 
 #include "../ops/registry.hpp"
 #include "claimed.hpp"
+#include "finding.hpp"
 
 namespace tapegrad {
 
@@ -64,71 +66,11 @@ struct CheckResult {
   std::string analytic_is = "analytic", numeric_is = "numeric";
 };
 
-// What a failure looks like. Each kind names one pattern of the error; docs/gradchecking.md has an example of each.
-enum class Finding {
-  not_finite,          // the analytic derivative holds NaN or ±∞
-  zero,                // the analytic derivative is 0 everywhere: nothing written
-  nonlinear,           // the VJP is not linear in ȳ (or the JVP in ẋ)
-  sign,                // A = −N
-  scale,               // A = c·N, c ≠ 1: a missing or wrong factor
-  transposed_jacobian, // A = Nᵀ: J applied where Jᵀ belongs (or the reverse)
-  transposed_input,    // A = N with two equal-size axes of x swapped: x̄ (or its use) transposed
-  transposed_output,   // A = N with two equal-size axes of y swapped
-  transposed_term,     // a square value inside the rule used where its transpose belongs: the rule, written as
-                       // formulas, agrees once transpose() is put around that value or taken from it (found by
-                       // editing the formulas: checker/formulas/edits.hpp)
-  term_sign,           // one term of the rule has the wrong sign: the formulas agree once a + b becomes a − b (or
-                       // the reverse), or −u becomes u (found by editing them, as transposed_term); from Python,
-                       // e = −2·(one edge's term) of a Function's forward (python/tapegrad/_forward.py)
-  wrong_axis,          // a reduction or broadcast taken along the wrong axis: the formulas agree once a sum's (or
-                       // mean's, unsqueeze's) axis becomes another of the same size; from Python, the forward's
-                       // rule with one call's axis changed, or a broadcast operand's gradient reduced otherwise
-  masked_positions,    // all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0
-  diagonal,            // all errors on the Jacobian's diagonal ∂y_k/∂x_k, or on x's or y's matrix diagonal
-  one_row,             // all errors in one row (last axis) of y or of x
-  per_row_term,        // in each row (along the last axis or another) the error is one outer product: a per-row
-                       // term (normalizer, mean, row sum) wrong
-  unexplained,         // none of the kinds above fits: where the error concentrates (rows, columns, entries)
-  radial,              // the JVP is right along ẋ = x and wrong across it
-  kink,                // one-sided differences disagree: the point is not differentiable
-  tolerance,           // the errors are the finite differences' own: the tolerance is tighter than they resolve
-  one_input,           // only one input's derivatives fail
-  jvp_only,            // the VJP passes, the JVP fails
-  vjp_only,            // the JVP passes, the VJP fails
-  adjoint,             // VJP and JVP each pass but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩
-  consistent,          // VJP and JVP fail but agree with each other: one derivation shared by both is wrong
-  overwrites,          // backward assigns into the gradient instead of adding to it
-  no_jvp,              // the op was recorded without a JVP: forward mode not checked (a note, not a failure)
-  // Named from the forward (python/tapegrad/_forward.py: a torch.autograd.Function's forward differentiated by
-  // torch, one edge of its graph at a time; the error e = x̄ − x̄_true fitted as α times one edge's term):
-  term_dropped,        // e = −(one edge's term): the backward leaves out the term of one op of the forward
-  term_added,          // e = +(one edge's term): that term is counted twice
-  term_factor,         // e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)
-  wrong_value,         // x̄ is the right rule with one value of the forward replaced by another of its shape
-  // Named from the VJP's answers to random cotangents and from the Jacobian's rows:
-  ignores_cotangent,   // x̄ does not change with ȳ: the backward returns the gradient for ȳ = 1 (grad_output unused)
-  per_row_factor,      // each row of y or x (along any axis) off by its own factor: a per-row normalizer wrong
-  elementwise,         // an element-wise op (a diagonal Jacobian) whose derivative along the diagonal is the right
-                       // one times, or plus, a function of x or y: a factor or a term of f′ wrong
-  // Second order (checker/second_order.hpp):
-  first_order,         // H·t fails because the first-order VJP already does
-  hessian_block,       // which blocks ∂x̄_a/∂x_b of the Hessian fail: the terms of a rule along one input's tangent
-  asymmetric,          // H is not symmetric: ∂x̄_a/∂x_b ≠ (∂x̄_b/∂x_a)ᵀ, or ⟨w, H v⟩ ≠ ⟨v, H w⟩ with H·t passing
-  saved_in_forward,    // a torch Function keeps a value computed from its inputs for backward: a constant to double
-                       // backward, whose terms along the inputs are then lost (named from Python, with its line)
-  // At a working precision (checker/precision.hpp, python/tapegrad/_precision.py: an op run at bf16,
-  // fp16 or float32 against float64):
-  precision_defect,    // the error exceeds what rounding explains but shrinks with the precision: an intermediate
-                       // kept or summed at the low precision where the reference keeps more bits, not a slip
-  // Refusals: the check cannot judge the rule, so the report fails with the reason (python/tapegrad/_rounds_inside.py)
-  not_a_function,      // the forward returns different values at the same input (noise it draws, a reduction in a
-                       // nondeterministic order): no derivative to compare, and no loosened check may pass it
-  rounds_inside,       // a float64 forward that rounds at fp16 or bf16 inside: finite differences in float64 read
-                       // its steps; check it at that precision instead
-};
+// What a failure looks like: a kind of finding (checker/finding.hpp), each of which names one pattern of the error;
+// its sheet (checker/findings/KEY.cpp) says what it means and where it is found, and docs/gradchecking.md shows each.
 std::string_view finding_name(Finding f);  // as the report prints it: "per-row term"
-std::string_view finding_key(Finding f);   // the enumerator's own name, for programs: "per_row_term"
-std::span<const Finding> all_findings();   // every kind, in the order above
+std::string_view finding_key(Finding f);   // the key, for programs: "per_row_term"
+std::span<const Finding> all_findings();   // every built-in kind, in the order of their files' names
 
 struct Diagnosis {
   Finding kind;

@@ -104,4 +104,63 @@ bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, doubl
   return gap > 10 * (v.tol.atol + v.tol.rtol * std::abs(v.n[e])) && gap >= 0.9 * err && gap <= 4 * err;
 }
 
+double JacobianSearch::zero_tol() const {
+  return 1e-12 * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(), [](double p, double q) {
+    return std::abs(p) < std::abs(q);
+  }));
+}
+
+const std::optional<std::string>& JacobianSearch::structure() {
+  if (!structure_) structure_ = structured_set(v, bad, zero_tol());
+  return *structure_;
+}
+
+bool JacobianSearch::found_any(std::initializer_list<Finding> kinds) const {
+  return std::any_of(found.begin(), found.end(), [&](const Diagnosis& d) {
+    return std::find(kinds.begin(), kinds.end(), d.kind) != kinds.end();
+  });
+}
+
+namespace {
+
+// Index map (j, k) → (j, k with x's axes p and q swapped), or (j with y's axes swapped, k).
+std::vector<int64_t> swap_map(const JacobianView& v, bool on_x, int p, int q) {
+  std::vector<int64_t> map(static_cast<size_t>(v.m * v.cols));
+  const Shape& s = on_x ? v.xshape : v.yshape;
+  const int64_t len = on_x ? v.cols : v.m;
+  std::vector<int64_t> swapped(static_cast<size_t>(len));
+  for (int64_t e = 0; e < len; ++e) {
+    auto idx = unravel(s, e);
+    std::swap(idx[static_cast<size_t>(p)], idx[static_cast<size_t>(q)]);
+    swapped[static_cast<size_t>(e)] = ravel(s, idx);
+  }
+  for (int64_t j = 0; j < v.m; ++j)
+    for (int64_t k = 0; k < v.cols; ++k)
+      map[static_cast<size_t>(j * v.cols + k)] =
+          on_x ? j * v.cols + swapped[static_cast<size_t>(k)] : swapped[static_cast<size_t>(j)] * v.cols + k;
+  return map;
+}
+
+}  // namespace
+
+std::optional<SwappedAxes> swapped_axes(const JacobianView& v, bool on_x) {
+  const Shape& shape = on_x ? v.xshape : v.yshape;
+  for (int p = 0; p < shape.rank(); ++p)
+    for (int q = p + 1; q < shape.rank(); ++q) {
+      if (shape[p] != shape[q] || shape[p] < 2) continue;
+      if (const auto c = common_factor(v.a, v.n, swap_map(v, on_x, p, q), v.tol)) return SwappedAxes{p, q, *c};
+    }
+  return std::nullopt;
+}
+
+bool add_found(JacobianSearch& s, std::optional<Diagnosis> d, bool ends_search) {
+  if (!d) return false;
+  s.found.push_back(std::move(*d));
+  return ends_search;
+}
+
+std::string and_a_factor(double c) {
+  return std::abs(c - 1) <= 1e-6 ? "" : fmt::format(" (and a factor {})", describe_factor(c));
+}
+
 }  // namespace tapegrad::gradcheck_detail

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -81,23 +82,42 @@ bool confined(const JacobianView& v, const Elements& bad, Pred&& pred) {
 // One-sided differences at (j, k) that differ by more than the error there: x_k sits within ε of a kink.
 bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, double* backward);
 
-// The diagnoses, one file each (checker/diagnose_*.cpp).
-// A = c·N, A = c·Nᵀ, A = c·N with two axes of x or of y swapped: one pattern that explains every element.
-std::optional<Diagnosis> whole_jacobian_pattern(const JacobianView& v);
-// Errors confined to a set of entries: masked positions, the diagonal, one row.
-void confined_patterns(const JacobianView& v, const Elements& bad, std::vector<Diagnosis>& out);
+// A failing VJP's or JVP's full Jacobian as the kinds' passes search it (checker/finding_sheet.hpp; each kind's pass
+// is in its file of checker/findings/): the Jacobian, its failing elements, and what the passes before found.
+struct JacobianSearch {
+  JacobianSearch(const JacobianView& view, const Elements& failing) : v(view), bad(failing) {}
+  const JacobianView& v;
+  const Elements& bad;
+  std::vector<Diagnosis> found;
+  bool all_kinks = false;  // every failing element sits at a kink: the failure says nothing about the rule
+
+  // What counts as a zero of N: 1e-12 of its largest entry (or of 1).
+  double zero_tol() const;
+  // The tightest structured set that holds every failing element (structured_set), found once for the passes that
+  // say where the errors lie.
+  const std::optional<std::string>& structure();
+  // Whether a pass found a finding of one of these kinds.
+  bool found_any(std::initializer_list<Finding> kinds) const;
+
+ private:
+  std::optional<std::optional<std::string>> structure_;
+};
+
+// Two equal-size axes p < q of x (on_x) or of y, and the factor c, with A = c·N once they are swapped: the first such
+// pair, or none (the transposed input's and output's passes).
+struct SwappedAxes {
+  int p, q;
+  double c;
+};
+std::optional<SwappedAxes> swapped_axes(const JacobianView& v, bool on_x);
+// A pass's finding, where it made one, added to the search; whether it ends the search (it does when ends_search and
+// there is a finding).
+bool add_found(JacobianSearch& s, std::optional<Diagnosis> d, bool ends_search);
+// " (and a factor c)" when c is not 1, for a pattern found up to a factor.
+std::string and_a_factor(double c);
 // The tightest structured set (a triangle, a band, its edge, indices along one axis) that holds every failing
 // element and is at least half failing, described; zero_tol: what counts as a zero of N.
 std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
-// In each row the error is one outer product: a per-row term (rows whose error sits on one element included, when
-// other rows' is spread).
-std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad);
-// Each row of y (or of x), along any axis, off by a factor of its own: a per-row normalizer (diagnose_row_factor.cpp).
-std::optional<Diagnosis> per_row_factor(const JacobianView& v);
-// An element-wise op's derivative read along the diagonal as the right one times, or plus, a function of x or y
-// (diagnose_row_factor.cpp, beside the per-row factor: both read factors against the forward's own numbers).
-std::optional<Diagnosis> elementwise_error(const JacobianView& v);
-
 // The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
 // in full (check_in_full) on the first rows of the leading axis y (of shape yshape) and the inputs share, or one
 // line per input saying how to get a name (diagnose_narrowed.cpp).

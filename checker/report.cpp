@@ -1,7 +1,5 @@
-// The report: findings by name, the table, the verdict.
+// The report: the table, the verdict.
 #include <algorithm>
-#include <array>
-#include <iterator>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -9,78 +7,6 @@
 #include "checker/gradcheck.hpp"
 
 namespace tapegrad {
-
-namespace {
-
-// Each kind of finding, in the enum's order: the enumerator's name (for programs) and the name the report prints.
-struct FindingNames {
-  Finding kind;
-  std::string_view key, title;
-};
-constexpr FindingNames kFindingNames[] = {
-    {Finding::not_finite, "not_finite", "not finite"},
-    {Finding::zero, "zero", "zero"},
-    {Finding::nonlinear, "nonlinear", "nonlinear"},
-    {Finding::sign, "sign", "sign"},
-    {Finding::scale, "scale", "scale"},
-    {Finding::transposed_jacobian, "transposed_jacobian", "transposed Jacobian"},
-    {Finding::transposed_input, "transposed_input", "transposed input"},
-    {Finding::transposed_output, "transposed_output", "transposed output"},
-    {Finding::transposed_term, "transposed_term", "transposed term"},
-    {Finding::term_sign, "term_sign", "sign of a term"},
-    {Finding::wrong_axis, "wrong_axis", "wrong axis"},
-    {Finding::masked_positions, "masked_positions", "masked positions"},
-    {Finding::diagonal, "diagonal", "diagonal"},
-    {Finding::one_row, "one_row", "one row"},
-    {Finding::per_row_term, "per_row_term", "per-row term"},
-    {Finding::unexplained, "unexplained", "no known kind"},
-    {Finding::radial, "radial", "radial"},
-    {Finding::kink, "kink", "kink"},
-    {Finding::tolerance, "tolerance", "tolerance"},
-    {Finding::one_input, "one_input", "one input"},
-    {Finding::jvp_only, "jvp_only", "JVP only"},
-    {Finding::vjp_only, "vjp_only", "VJP only"},
-    {Finding::adjoint, "adjoint", "adjoint"},
-    {Finding::consistent, "consistent", "consistent"},
-    {Finding::overwrites, "overwrites", "overwrites"},
-    {Finding::no_jvp, "no_jvp", "no JVP"},
-    {Finding::term_dropped, "term_dropped", "dropped term"},
-    {Finding::term_added, "term_added", "term counted twice"},
-    {Finding::term_factor, "term_factor", "term with a wrong factor"},
-    {Finding::wrong_value, "wrong_value", "term from the wrong value"},
-    {Finding::ignores_cotangent, "ignores_cotangent", "ignores ȳ"},
-    {Finding::per_row_factor, "per_row_factor", "per-row factor"},
-    {Finding::elementwise, "elementwise", "element-wise"},
-    {Finding::first_order, "first_order", "first order"},
-    {Finding::hessian_block, "hessian_block", "Hessian block"},
-    {Finding::asymmetric, "asymmetric", "asymmetric"},
-    {Finding::saved_in_forward, "saved_in_forward", "saved in forward"},
-    {Finding::precision_defect, "precision_defect", "precision defect"},
-    {Finding::not_a_function, "not_a_function", "not a function"},
-    {Finding::rounds_inside, "rounds_inside", "rounds inside"},
-};
-constexpr bool in_enum_order() {
-  for (size_t i = 0; i < std::size(kFindingNames); ++i)
-    if (static_cast<size_t>(kFindingNames[i].kind) != i) return false;
-  return std::size(kFindingNames) == static_cast<size_t>(Finding::rounds_inside) + 1;
-}
-static_assert(in_enum_order(), "kFindingNames: one row per Finding, in the enum's order");
-
-const FindingNames& names_of(Finding f) { return kFindingNames[static_cast<size_t>(f)]; }
-
-}  // namespace
-
-std::string_view finding_name(Finding f) { return names_of(f).title; }
-std::string_view finding_key(Finding f) { return names_of(f).key; }
-
-std::span<const Finding> all_findings() {
-  static const auto kinds = [] {
-    std::array<Finding, std::size(kFindingNames)> k{};
-    for (size_t i = 0; i < k.size(); ++i) k[i] = kFindingNames[i].kind;
-    return k;
-  }();
-  return kinds;
-}
 
 std::string Diagnosis::str() const {
   std::string where = input.empty() ? "" : check.empty() ? input + ": " : input + ", " + check + ": ";

@@ -1,5 +1,5 @@
 // The built-in ops' sheets (ops/sheet.hpp), every family's in one list. No one writes that list: the build generates
-// builtin_ops() from the files of ops/ (cmake/generate_op_list.cmake), calling every function
+// builtin_ops() from the files of ops/ (cmake/generate_sheet_list.cmake), calling every function
 // `std::vector<OpInfo> NAME()` that a file defines at the start of a line within namespace tapegrad.
 #pragma once
 

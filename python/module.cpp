@@ -5,6 +5,7 @@
 
 #include <pybind11/stl.h>
 
+#include "checker/finding_sheet.hpp"
 #include "checker/second_order.hpp"
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/edits.hpp"
@@ -16,12 +17,6 @@
 namespace tapegrad::python {
 
 namespace {
-
-std::optional<Finding> finding_named(std::string_view kind) {
-  for (const Finding f : all_findings())
-    if (finding_key(f) == kind || finding_name(f) == kind) return f;
-  return std::nullopt;
-}
 
 Finding finding_or_fail(std::string_view kind) {
   if (auto f = finding_named(kind)) return *f;
@@ -90,27 +85,11 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   return report;
 }
 
-// A diagnosis found in Python (tapegrad/_forward.py) added to a report made here: it takes the place of the input's
-// "no known kind" for that check where there is one (as the edit search's finding does), goes before its per-row
-// term or masked positions, or before the note that random projections show no structure, where there is one (each
-// keeps saying what the Jacobian shows of the error), and the verdict is concluded again so that the printed report
-// holds it.
+// A diagnosis found in Python (tapegrad/_forward.py) added to a report made here, where the kinds' sheets put it
+// (add_finding, checker/finding_sheet.hpp).
 void add_diagnosis(GradcheckReport& report, std::string_view kind, const std::string& input, const std::string& check,
                    const std::string& message) {
-  Diagnosis d{finding_or_fail(kind), input, check, message};
-  auto unexplained = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
-    return e.kind == Finding::unexplained && e.input == input && e.check == check;
-  });
-  // What the Jacobian says of the input's error as a whole: the shape it has in each row, where it lies, or that
-  // random projections show no structure at this size.
-  const auto about_the_input = std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& e) {
-    const bool where = e.kind == Finding::per_row_term || e.kind == Finding::masked_positions;
-    return e.input == input && ((where && e.check == check) || (e.kind == Finding::unexplained && e.check.empty()));
-  });
-  if (unexplained != report.diagnoses.end()) *unexplained = std::move(d);
-  else if (about_the_input != report.diagnoses.end()) report.diagnoses.insert(about_the_input, std::move(d));
-  else report.diagnoses.push_back(std::move(d));
-  report.conclude();
+  add_finding(report, Diagnosis{finding_or_fail(kind), input, check, message});
 }
 
 // The claims of a text in the format of docs/claims/README.md, each checked as `tapegrad claim` does.
@@ -242,6 +221,13 @@ void bind_report(py::module_& m) {
   m.def("finding_kinds", [] {
     std::vector<std::string> kinds;
     for (const Finding f : all_findings()) kinds.emplace_back(finding_key(f));
+    return kinds;
+  });
+  // The kinds whose finding names its input's failure (FindingSheet::explains).
+  m.def("_explaining_kinds", [] {
+    std::vector<std::string> kinds;
+    for (const FindingSheet& s : builtin_findings())
+      if (s.explains) kinds.emplace_back(s.kind.key());
     return kinds;
   });
 }

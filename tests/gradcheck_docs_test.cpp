@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "checker/finding_sheet.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -162,7 +164,8 @@ std::set<std::string> code_words() {
       words.insert(m->str());
   };
   add(kRoot / "CMakeLists.txt");
-  for (const char* dir : {"engine", "ops", "models", "tools", "tests", "examples", "fuzz", "cmake", "python"}) {
+  for (const char* dir :
+       {"engine", "ops", "inspect", "checker", "models", "tools", "tests", "examples", "fuzz", "cmake", "python"}) {
     if (!fs::exists(kRoot / dir)) continue;
     for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
       const std::string ext = e.path().extension().string();
@@ -199,6 +202,29 @@ TEST_CASE("docs: every function or type that running text names in backquotes ex
     }
   }
   CHECK(names > 100);
+}
+
+TEST_CASE("docs: the table of kinds in docs/gradchecking.md is the one the sheets make (gradcheck --kinds)") {
+  const std::string text = read(kRoot / "docs" / "gradchecking.md");
+  const std::string mark = "<!-- the table `tapegrad gradcheck --kinds` prints -->\n";
+  const size_t at = text.find(mark);
+  REQUIRE_MESSAGE(at != std::string::npos, "docs/gradchecking.md has no line " << mark);
+  const size_t start = at + mark.size();
+  const size_t end = text.find("\n\n", start);
+  REQUIRE(end != std::string::npos);
+  CHECK(text.substr(start, end + 1 - start) == tapegrad::finding_kinds_table());
+}
+
+TEST_CASE("docs: every kind of finding's sheet names a section of the docs that exists") {
+  for (const tapegrad::FindingSheet& sheet : tapegrad::builtin_findings()) {
+    const std::string section(sheet.section);
+    CAPTURE(section);
+    const size_t hash = section.find('#');
+    REQUIRE(hash != std::string::npos);
+    const fs::path file = kRoot / section.substr(0, hash);
+    REQUIRE(fs::exists(file));
+    CHECK(anchors(file).count(section.substr(hash + 1)) == 1);
+  }
 }
 
 TEST_CASE("docs: every link to a file of the repository resolves, and every #anchor names a heading") {

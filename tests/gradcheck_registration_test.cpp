@@ -83,7 +83,7 @@ TEST_CASE("every op a GPT of each attention kind records, forward and backward, 
 TEST_CASE("every file of ops/ that records a node defines one sheet function, and its ops are built in") {
   namespace fs = std::filesystem;
   const fs::path root(TAPEGRAD_SOURCE_DIR);
-  // As cmake/generate_op_list.cmake finds them: at the start of a line, so the build lists every one it finds here.
+  // As cmake/generate_sheet_list.cmake finds them: at the start of a line, so the build lists every one it finds here.
   const std::regex sheet_definition(R"(\nstd::vector<OpInfo> (\w+)\(\) \{)");
   std::set<std::string> families;
   for (const OpInfo& op : builtin_ops()) families.insert(op.family);

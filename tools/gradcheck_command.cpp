@@ -17,6 +17,7 @@ void add_gradcheck_command(CLI::App& app) {
       "gradcheck", "Check every op's VJP and JVP against central finite differences in float64 (exit 1 on a failure)");
   cmd->add_option("--op", args->ops, "Only these ops (repeatable)");
   cmd->add_flag("--list", args->list, "List the registered ops and their cases");
+  cmd->add_flag("--kinds", args->kinds, "List the kinds of finding a report can name, as a Markdown table");
   cmd->add_flag("--json", args->json,
                 "Print a JSON list of {op, case, input, check, max_abs_err, max_rel_err, passed}");
   cmd->add_flag("-v,--verbose", args->verbose, "One row per input and check instead of one per case");

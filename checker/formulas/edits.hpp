@@ -1,5 +1,5 @@
 // Diagnosis by editing the rule. Some slips sit inside a rule, where the Jacobian-level kinds
-// (checker/diagnose_*.cpp) cannot see them: attention's dK = dS·Q/√d for dSᵀ·Q/√d transposes an (n, n)
+// (the passes of checker/findings/) cannot see them: attention's dK = dS·Q/√d for dSᵀ·Q/√d transposes an (n, n)
 // value of the backward, which is no axis of K or of the output. When the rule is written as formulas (a claim, or
 // a PyTorch op's backward traced into formulas by python/tapegrad/_trace.py), the checker can try edits one at a
 // time and name the one after which the rule agrees with central differences of the forward:

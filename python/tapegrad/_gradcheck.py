@@ -96,22 +96,18 @@ def _require_full_jacobian_memory(impl, name, arrays):
                               "the same rules in memory of the inputs' size")
 
 
-# Kinds that already say what is wrong with an input's VJP; a failure none of them explains is fitted against the
-# terms of the forward (tapegrad/_forward.py). A VJP that ignores ȳ is not linear in it, as "nonlinear" says: no
-# term of the forward (each linear in ȳ) fits its error at several ȳ. A per-row term and masked positions are not
-# among them: they say what shape the error has in each row (α_r·u·vᵀ) or where it lies (where the rule gives 0 and
-# y depends on x, or the reverse), not which term of the rule makes it (a term left out is 0 where it lived); the
-# term the forward names is put before them.
-_EXPLAINING = {"not_finite", "zero", "nonlinear", "ignores_cotangent", "sign", "scale", "transposed_jacobian",
-               "transposed_input", "transposed_output", "transposed_term", "term_sign", "wrong_axis",
-               "kink", "tolerance", "overwrites"}
 
 
 def _name_from_forward(report, call):
     """Adds to the report the slip of each failing, unexplained VJP that is one term of a Function's forward."""
     failing = {c.input for c in report.checks if c.check == "vjp" and not c.passed and not c.skipped}
+    # Kinds that already say what is wrong with an input's VJP (their sheets' `explains`, checker/findings/); a
+    # failure none of them explains is fitted against the terms of the forward (tapegrad/_forward.py). A per-row term
+    # and masked positions are not among them: they say what shape the error has in each row or where it lies, not
+    # which term of the rule makes it, and the term the forward names is put before them.
+    explaining = set(_tapegrad._explaining_kinds())
     for d in report.diagnoses:
-        if d.kind in _EXPLAINING:
+        if d.kind in explaining:
             if d.input:
                 failing.discard(d.input)
             else:

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "checker/finding_sheet.hpp"
 #include "checker/jacobian.hpp"
 
 namespace tapegrad::gradcheck_detail {
@@ -277,7 +278,6 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
   return found;
 }
 
-}  // namespace
 
 // The rows along the last axis first, then along each other axis y and x share, then along one axis of y and
 // another of x (a row of y that is a column of x).
@@ -297,4 +297,26 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
 
 
 
+// In each row the error is one outer product α_r·u·vᵀ: what shape the error has. The last pass.
+bool one_outer_product_per_row(JacobianSearch& s) { return add_found(s, per_row_term(s.v, s.bad), false); }
+
+}  // namespace
+
 }  // namespace tapegrad::gradcheck_detail
+
+namespace tapegrad {
+
+FindingSheet per_row_term_finding() {
+  return {
+      .kind = Finding::per_row_term,
+      .title = "per-row term",
+      .meaning = "in each row (along the last axis or another) the error is one outer product: a per-row term "
+                 "(normalizer, mean, row sum) wrong",
+      .found_by = "its pass over a failing full Jacobian, in this file",
+      .section = "docs/gradchecking.md#per-row-term",
+      .passes = {{120, gradcheck_detail::one_outer_product_per_row}},
+      .before_a_named_slip = BeforeANamedSlip::follows,
+  };
+}
+
+}  // namespace tapegrad

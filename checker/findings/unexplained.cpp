@@ -4,6 +4,7 @@
 
 #include <fmt/ranges.h>
 
+#include "checker/finding_sheet.hpp"
 #include "checker/jacobian.hpp"
 
 namespace tapegrad::gradcheck_detail {
@@ -83,3 +84,19 @@ Diagnosis unexplained(const JacobianView& v, const Elements& bad) {
 }
 
 }  // namespace tapegrad::gradcheck_detail
+
+namespace tapegrad {
+
+FindingSheet unexplained_finding() {
+  return {
+      .kind = Finding::unexplained,
+      .title = "no known kind",
+      .meaning = "none of the kinds fits: where the error concentrates (rows, columns, entries)",
+      .found_by = "unexplained() in this file, which `checker/gradcheck.cpp` calls when no pass names a failure; "
+                  "`checker/diagnose_narrowed.cpp` for checks by projections",
+      .section = "docs/gradchecking.md#no-known-kind",
+      .before_a_named_slip = BeforeANamedSlip::replaced,
+  };
+}
+
+}  // namespace tapegrad
