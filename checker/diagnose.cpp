@@ -46,7 +46,7 @@ std::optional<Diagnosis> diagnose_values(const std::string& input, const std::st
       std::any_of(n.begin(), n.end(), [&](double e) { return std::abs(e) > tol.atol; }))
     return Diagnosis{Finding::zero, input, check, fmt::format("the {} gives 0 for every projection of {}", rule, input)};
   if (auto c = common_factor(a, n, {}, tol)) {
-    if (std::abs(*c + 1) <= 1e-3)
+    if (std::abs(*c + 1) <= kSignSlack)
       return Diagnosis{Finding::sign, input, check,
                        fmt::format("analytic = −1 × numeric for every random projection: the {} has the wrong sign",
                                    rule)};

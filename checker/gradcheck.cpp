@@ -16,6 +16,14 @@ using namespace gradcheck_detail;
 
 namespace {
 
+// Linearity in ȳ (or ẋ) in float64: x̄(ȳ₁ + ȳ₂) − x̄(ȳ₁) − x̄(ȳ₂) within this part of their size.
+constexpr double kLinearRelative = 1e-8;
+// Doubling ȳ scales x̄ by 2^degree; a degree within this of a whole number is read as that number (0: ȳ unused).
+constexpr double kWholeDegree = 0.01;
+// Errors within this part of the largest derivative are the central differences' own (their rounding, about
+// 1e-16·|f|/ε, is 1e-10 at ε = 1e-6; their truncation ε²·|f‴|/6), not the rule's.
+constexpr double kDifferencesOwnError = 1e-7;
+
 // Running maximum of |a − n| over compared elements, and the element closest to failing.
 struct ErrorTracker {
   Tolerance tol;
@@ -285,9 +293,9 @@ class Checker {
       return adj;
     }
     double lhs = dot(jt, u), rhs = dot(t, ju);
-    double bound = (1e-10 + opt_.rounding) * (norm(jt) * norm(u) + norm(t) * norm(ju)) + 1e-300;
+    double bound = (kExactRelative + opt_.rounding) * (norm(jt) * norm(u) + norm(t) * norm(ju)) + kNoDivisionByZero;
     adj.max_abs_err = std::abs(lhs - rhs);
-    adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), 1e-300});
+    adj.max_rel_err = std::abs(lhs - rhs) / std::max({std::abs(lhs), std::abs(rhs), kNoDivisionByZero});
     adj.analytic = lhs, adj.numeric = rhs;
     adj.analytic_is = "⟨J t, u⟩", adj.numeric_is = "⟨t, Jᵀu⟩";
     adj.compared = 1;
@@ -316,11 +324,11 @@ class Checker {
     for (int64_t k = 0; k < n; ++k) {
       double got = acc.item(k) - r.item(k), want = ju.item(k);
       double err = std::abs(got - want);
-      double tol_k = 1e-10 * (std::abs(r.item(k)) + std::abs(want)) + 1e-12;
+      double tol_k = kExactRelative * (std::abs(r.item(k)) + std::abs(want)) + kExactAbsolute;
       if (!(err <= tol_k)) ac.passed = false;
       lost_r = lost_r && std::abs(acc.item(k) - want) <= tol_k;
       ac.max_abs_err = std::max(ac.max_abs_err, err);
-      ac.max_rel_err = std::max(ac.max_rel_err, err / std::max(std::abs(want), 1e-12));
+      ac.max_rel_err = std::max(ac.max_rel_err, err / std::max(std::abs(want), kExactAbsolute));
       if (err / tol_k > worst) {
         worst = err / tol_k;
         ac.worst = fmt::format("{}{}", name(i), index_str(xs_[i].shape(), k));
@@ -395,14 +403,15 @@ class Checker {
     double add_err = 0;
     for (int64_t e = 0; e < rpq.numel(); ++e)
       add_err = std::max(add_err, std::abs(rpq.item(e) - rp.item(e) - rq.item(e)));
-    const double size = std::max(norm(rp) + norm(rq), 1e-300);
+    const double size = std::max(norm(rp) + norm(rq), kNoDivisionByZero);
     // At a working precision (rounding > 0) each of the three results x̄(ȳ₁ + ȳ₂), x̄(ȳ₁), x̄(ȳ₂) may be off by the
     // rounding, relative, and by atol, the measured bound (ȳ₁ + ȳ₂ is about √2 times ȳ: 1 + 1 + √2 < 4).
-    const double allowed = (1e-8 + 3 * opt_.rounding) * size + 1e-12 + (opt_.rounding > 0 ? 4 * opt_.atol : 0);
+    const double allowed =
+        (kLinearRelative + 3 * opt_.rounding) * size + kExactAbsolute + (opt_.rounding > 0 ? 4 * opt_.atol : 0);
     if (!(add_err > allowed)) return std::nullopt;
-    const double ratio = norm(rp2) / std::max(norm(rp), 1e-300);
+    const double ratio = norm(rp2) / std::max(norm(rp), kNoDivisionByZero);
     const double degree = std::log2(ratio);
-    if (is_vjp && std::abs(degree) < 0.01 && norm(rp) > 0)
+    if (is_vjp && std::abs(degree) < kWholeDegree && norm(rp) > 0)
       return Diagnosis{Finding::ignores_cotangent, name(i), "vjp",
                        fmt::format("x̄ is the same for every ȳ (doubling ȳ scales it by {:.4g}, and x̄(ȳ₁ + ȳ₂) is "
                                    "not x̄(ȳ₁) + x̄(ȳ₂)): the backward does not multiply by ȳ (grad_output); it "
@@ -411,7 +420,7 @@ class Checker {
     const char* what = is_vjp ? "x̄ is not linear in ȳ: x̄(ȳ₁ + ȳ₂) − x̄(ȳ₁) − x̄(ȳ₂)"
                               : "ẏ is not linear in ẋ: ẏ(ẋ₁ + ẋ₂) − ẏ(ẋ₁) − ẏ(ẋ₂)";
     const char* of = is_vjp ? "ȳ" : "ẋ";
-    std::string deg = std::abs(degree - std::round(degree)) < 0.01
+    std::string deg = std::abs(degree - std::round(degree)) < kWholeDegree
                           ? fmt::format(" (degree {:.0f} in {}{})", std::round(degree), of,
                                         std::round(degree) >= 2 ? ": a product of several of its terms" : "")
                           : "";
@@ -430,7 +439,7 @@ class Checker {
                                                  : std::span<const double>(c.fn_jvp);
     double scale = 1;
     for (double e : ref) scale = std::max(scale, std::abs(e));
-    if (!(res.max_abs_err <= 1e-7 * scale)) return std::nullopt;  // NaN too
+    if (!(res.max_abs_err <= kDifferencesOwnError * scale)) return std::nullopt;  // NaN too
     return Diagnosis{Finding::tolerance, name(i), res.check,
                      fmt::format("the largest error, {:.3g}, is {:.2g} of the largest derivative: what central "
                                  "differences with ε = {:g} are off by themselves (rounding ≈ 1e-16·|f|/ε, "

@@ -40,7 +40,7 @@ std::string describe_factor(double c) {
   std::string s = fmt::format("{:.6g}", c);
   const double a = std::abs(c);
   const char* sign = c < 0 ? "−" : "";
-  auto near = [](double v, double k) { return std::abs(v - k) <= 1e-6 * k; };
+  auto near = [](double v, double k) { return std::abs(v - k) <= kSameFactor * k; };
   for (int k = 2; k <= 1024; ++k) {
     const double kk = k;
     const double root = std::sqrt(kk);
@@ -105,7 +105,7 @@ bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, doubl
 }
 
 double JacobianSearch::zero_tol() const {
-  return 1e-12 * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(), [](double p, double q) {
+  return kZeroOfN * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(), [](double p, double q) {
     return std::abs(p) < std::abs(q);
   }));
 }
@@ -160,7 +160,7 @@ bool add_found(JacobianSearch& s, std::optional<Diagnosis> d, bool ends_search) 
 }
 
 std::string and_a_factor(double c) {
-  return std::abs(c - 1) <= 1e-6 ? "" : fmt::format(" (and a factor {})", describe_factor(c));
+  return std::abs(c - 1) <= kSameFactor ? "" : fmt::format(" (and a factor {})", describe_factor(c));
 }
 
 }  // namespace tapegrad::gradcheck_detail

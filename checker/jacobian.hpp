@@ -24,6 +24,21 @@ std::string index_str(const Shape& s, int64_t flat);  // "[1, 2]"
 // Row `row` of s along its last axis, as "name[1, 2, :]" ("name[:]" for rank 1).
 std::string row_name(const Shape& s, const std::string& name, int64_t row);
 
+// The thresholds the checks and the passes share, named for what they measure.
+// The exact checks compare two analytic float64 results (the gradient backward added with J_iᵀu, H·t of f + f
+// with 2·H·t, the adjoint identity's and the Hessian's symmetry's two sides): they agree to rounding, this part of
+// their size, and this much absolutely.
+inline constexpr double kExactRelative = 1e-10, kExactAbsolute = 1e-12;
+// The floor of a denominator that may be 0 (both sides of a comparison 0): it keeps the ratio finite.
+inline constexpr double kNoDivisionByZero = 1e-300;
+// Two factors read off a Jacobian are one when they differ by this part of their size (c = 1, c_r = κ·s_r in every
+// row, a common factor of every entry).
+inline constexpr double kSameFactor = 1e-6;
+// A common factor within this of −1 is a sign (A = −N), not a scale.
+inline constexpr double kSignSlack = 1e-3;
+// An entry of N within this part of N's largest entry (or of 1) is a zero of N: y does not depend on it.
+inline constexpr double kZeroOfN = 1e-12;
+
 // |a − ref| ≤ atol + rtol·|ref|: the element test of every comparison (NaN fails).
 struct Tolerance {
   double atol, rtol;

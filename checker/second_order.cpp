@@ -54,6 +54,9 @@ namespace {
 
 using namespace gradcheck_detail;
 
+// A relative error where the numeric side is 0 is capped here, so that the table shows a number.
+constexpr double kLargestRelativeError = 1e5;
+
 double dot(std::span<const Tensor> a, std::span<const Tensor> b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i)
@@ -121,9 +124,9 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
     double worst_excess = -INFINITY;
     for (int64_t e = 0; e < hv[i].numel(); ++e) {
       const double a = hv[i].item(e), n = (plus[i].item(e) - minus[i].item(e)) / (2 * opt.eps);
-      const double err = std::abs(a - n), rel = err / std::max(std::abs(n), 1e-12);
+      const double err = std::abs(a - n), rel = err / std::max(std::abs(n), kExactAbsolute);
       r.max_abs_err = std::max(r.max_abs_err, err);
-      r.max_rel_err = std::max(r.max_rel_err, std::min(rel, 1e5));
+      r.max_rel_err = std::max(r.max_rel_err, std::min(rel, kLargestRelativeError));
       const double excess = err - (opt.atol + opt.rtol * std::abs(n));
       if (excess > worst_excess) {
         worst_excess = excess;
@@ -143,11 +146,11 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   const double bound = std::sqrt(dot(w, w) * dot(hv, hv)) + std::sqrt(dot(v, v) * dot(hw, hw));
   CheckResult sym{.input = "all", .check = "symmetry", .mode = "exact", .worst = "<w, H v> vs <v, H w>"};
   sym.max_abs_err = std::abs(whv - vhw);
-  sym.max_rel_err = sym.max_abs_err / std::max(bound, 1e-300);
+  sym.max_rel_err = sym.max_abs_err / std::max(bound, kNoDivisionByZero);
   sym.analytic = whv, sym.numeric = vhw;
   sym.analytic_is = "⟨w, H v⟩", sym.numeric_is = "⟨v, H w⟩";
   sym.compared = 1;
-  sym.passed = sym.max_rel_err <= 1e-10;
+  sym.passed = sym.max_rel_err <= kExactRelative;
   rep.checks.push_back(sym);
   // The Hessian of f(x) + f(x), each recorded on its own, is 2·H: H·v again, doubled.
   const std::vector<Tensor> h2v = hessian_times(
@@ -159,11 +162,11 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   for (size_t i = 0; i < hv.size(); ++i)
     for (int64_t e = 0; e < hv[i].numel(); ++e) {
       const double got = h2v[i].item(e), want = 2 * hv[i].item(e);
-      const double err = std::abs(got - want), tol = 1e-10 * std::abs(want) + 1e-12;
+      const double err = std::abs(got - want), tol = kExactRelative * std::abs(want) + kExactAbsolute;
       if (!(err <= tol)) acc.passed = false;
       lost_one = lost_one && std::abs(got - hv[i].item(e)) <= tol;
       acc.max_abs_err = std::max(acc.max_abs_err, err);
-      acc.max_rel_err = std::max(acc.max_rel_err, err / std::max(std::abs(want), 1e-12));
+      acc.max_rel_err = std::max(acc.max_rel_err, err / std::max(std::abs(want), kExactAbsolute));
       if (err / tol > worst) {
         worst = err / tol;
         acc.worst = fmt::format("(H t)[{}] of {}", e, float_names[i]);

@@ -12,6 +12,10 @@ namespace tapegrad {
 
 namespace {
 
+// The worked example's gradients agree with the node's when they differ by no more than this part of their size
+// (the same float64 arithmetic in another order).
+constexpr double kSameGradient = 1e-12;
+
 // Keeps each line's value as the lines run.
 class Recorder : public TraceLines {
  public:
@@ -111,7 +115,7 @@ OpTraceRun trace_op(const Registry& registry, std::string_view name, const Gradc
       g.max_abs_diff = std::max(g.max_abs_diff, std::abs(a[j] - b[j]));
     }
     g.scale = max_abs(node_gradients[i]);
-    g.agrees = finite && g.max_abs_diff <= 1e-12 * (1 + g.scale);
+    g.agrees = finite && g.max_abs_diff <= kSameGradient * (1 + g.scale);
     agree = agree && g.agrees;
     run.gradients.push_back(g);
   }

@@ -78,7 +78,7 @@ std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
     if (auto c = constant(e, p.g, n)) {
       const double size = std::abs(*c);  // written with its sign apart: f′ − 1.3, not f′ + -1.3
       const std::string term = p.name == "1"                 ? describe_factor(size)
-                               : std::abs(size - 1) <= 1e-6 ? p.name
+                               : std::abs(size - 1) <= kSameFactor ? p.name
                                                             : describe_factor(size) + "·" + p.name;
       const char* sign = *c < 0 ? "−" : "+";
       return Diagnosis{Finding::elementwise, v.input, v.check,

@@ -61,10 +61,10 @@ std::string matching_statistic(const std::vector<double>& c, const std::vector<b
         }
         const double k = c[r] / v;
         if (std::isnan(kappa)) kappa = k;
-        all = std::abs(k - kappa) <= 1e-6 * std::abs(kappa);
+        all = std::abs(k - kappa) <= kSameFactor * std::abs(kappa);
       }
       if (all && !std::isnan(kappa))
-        return std::abs(kappa - 1) <= 1e-6
+        return std::abs(kappa - 1) <= kSameFactor
                    ? (reciprocal ? "1/" + name : name)
                    : fmt::format("{} × {}", describe_factor(kappa), reciprocal ? "1/" + name : name);
     }
@@ -108,10 +108,10 @@ std::optional<Diagnosis> per_row_factor(const JacobianView& v) {
         if (!used[r]) continue;
         ++used_rows;
         lo = std::min(lo, c[r]), hi = std::max(hi, c[r]);
-        off += std::abs(c[r] - 1) > 1e-6;
+        off += std::abs(c[r] - 1) > kSameFactor;
       }
       // Factors all equal are a scale (named elsewhere); one row off is "one row".
-      if (used_rows < 2 || off < 2 || hi - lo <= 1e-6 * std::max(std::abs(hi), std::abs(lo))) continue;
+      if (used_rows < 2 || off < 2 || hi - lo <= kSameFactor * std::max(std::abs(hi), std::abs(lo))) continue;
       // What the factors are, in the rows' own numbers (those of the side whose rows they are).
       std::vector<std::pair<std::string, std::vector<double>>> candidates;
       if (by_y) {

@@ -99,6 +99,7 @@ double leading_singular_pair(const std::vector<double>& block, int64_t yc, int64
                              std::vector<double>& w) {
   w.assign(static_cast<size_t>(xc), 1.0);
   u.assign(static_cast<size_t>(yc), 0.0);
+  // The start: all ones, tilted a little (1 + b/100) so that it is not orthogonal to the leading vector by symmetry.
   for (int64_t b = 0; b < xc; ++b) w[static_cast<size_t>(b)] += 0.01 * static_cast<double>(b);
   double sigma = 0;
   for (int it = 0; it < 60; ++it) {
@@ -121,13 +122,24 @@ double leading_singular_pair(const std::vector<double>& block, int64_t yc, int64
   return sigma;
 }
 
+// A unit vector within this cosine of a candidate is that candidate (and an error vector with an entry this large
+// sits on one element).
+constexpr double kParallel = 0.999;
+// Two candidates whose Gram determinant is under this part of g₁₁·g₂₂ are parallel; a combination of two is kept
+// when the unit vector's squared residual against it is under kCombinationResidual and each weight over
+// kNonzeroWeight; its ratio ρ within kUnitRatio of ±1 is written without a factor.
+constexpr double kParallelPair = 1e-9, kCombinationResidual = 0.002, kNonzeroWeight = 1e-9, kUnitRatio = 1e-4;
+// A vector is constant on its support when its entries there differ by less than this part of its peak, and zero
+// elsewhere to the same part.
+constexpr double kFlat = 1e-6;
+
 // The candidates parallel to the unit vector; else the combinations c₂ + ρ·c₁ of two of them (as y_r − 1),
 // which join the candidates under that name.
 std::vector<std::string> fitting(std::vector<Candidate>& cs, const std::vector<double>& unit) {
   std::vector<std::string> names;
   for (const auto& c : cs) {
     const double cn = std::sqrt(dot(c.vec, c.vec));
-    if (cn > 0 && std::abs(dot(c.vec, unit)) / cn >= 0.999) names.push_back(c.name);
+    if (cn > 0 && std::abs(dot(c.vec, unit)) / cn >= kParallel) names.push_back(c.name);
   }
   if (!names.empty()) return names;
   const size_t singles = cs.size();
@@ -135,17 +147,17 @@ std::vector<std::string> fitting(std::vector<Candidate>& cs, const std::vector<d
     for (size_t q = p + 1; q < singles; ++q) {
       const auto &c1 = cs[p].vec, &c2 = cs[q].vec;
       const double g11 = dot(c1, c1), g12 = dot(c1, c2), g22 = dot(c2, c2), det = g11 * g22 - g12 * g12;
-      if (!(det > 1e-9 * g11 * g22)) continue;  // parallel: nothing a single one would not say
+      if (!(det > kParallelPair * g11 * g22)) continue;  // parallel: nothing a single one would not say
       const double b1 = dot(c1, unit), b2 = dot(c2, unit);
       const double a1 = (g22 * b1 - g12 * b2) / det, a2 = (g11 * b2 - g12 * b1) / det;
       std::vector<double> fit(unit.size());
       for (size_t e = 0; e < fit.size(); ++e) fit[e] = a1 * c1[e] + a2 * c2[e];
       double res = 0;
       for (size_t e = 0; e < fit.size(); ++e) res += (unit[e] - fit[e]) * (unit[e] - fit[e]);
-      if (res > 0.002 || std::abs(a2) < 1e-9 || std::abs(a1) < 1e-9) continue;
+      if (res > kCombinationResidual || std::abs(a2) < kNonzeroWeight || std::abs(a1) < kNonzeroWeight) continue;
       const double rho = a1 / a2;
       std::string name = fmt::format("({} {} {}{})", cs[q].name, rho < 0 ? "−" : "+",
-                                     std::abs(std::abs(rho) - 1) < 1e-4 ? "" : fmt::format("{:.4g}·", std::abs(rho)),
+                                     std::abs(std::abs(rho) - 1) < kUnitRatio ? "" : fmt::format("{:.4g}·", std::abs(rho)),
                                      cs[p].name);
       std::vector<double> vec(c2);
       for (size_t e = 0; e < vec.size(); ++e) vec[e] += rho * c1[e];
@@ -156,16 +168,16 @@ std::vector<std::string> fitting(std::vector<Candidate>& cs, const std::vector<d
   return names;
 }
 
-// The indicator of the unit vector's support, when the vector is constant there (to 1e-6) and zero elsewhere.
+// The indicator of the unit vector's support, when the vector is constant there (to kFlat) and zero elsewhere.
 std::optional<std::vector<double>> constant_on_support(const std::vector<double>& unit) {
   double peak = 0;
   for (double e : unit) peak = std::max(peak, std::abs(e));
   std::vector<double> indicator(unit.size(), 0.0);
   double level = 0;
   for (size_t e = 0; e < unit.size(); ++e) {
-    if (std::abs(unit[e]) <= 1e-6 * peak) continue;
+    if (std::abs(unit[e]) <= kFlat * peak) continue;
     if (level == 0) level = unit[e];
-    if (std::abs(unit[e] - level) > 1e-6 * peak) return std::nullopt;
+    if (std::abs(unit[e] - level) > kFlat * peak) return std::nullopt;
     indicator[e] = 1;
   }
   return indicator;
@@ -208,7 +220,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
     // An error in one column or one row of the block is one element's business, not a per-row term, unless other
     // rows' error is spread (checked after the loop).
     auto concentrated = [](const std::vector<double>& unit) {
-      return std::any_of(unit.begin(), unit.end(), [](double e) { return std::abs(e) >= 0.999; });
+      return std::any_of(unit.begin(), unit.end(), [](double e) { return std::abs(e) >= kParallel; });
     };
     spread_rows += !(concentrated(u) || concentrated(w));
     // E_r = σ·u wᵀ to the tolerance: A ≈ N + σ·u wᵀ element by element.
@@ -253,7 +265,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
   std::string term = is_vjp ? fmt::format("⟨{}, ȳ_r⟩·{}", uname, vname) : fmt::format("⟨{}, ẋ_r⟩·{}", vname, uname);
   std::string alpha;
   if (!u_names.empty() && !v_names.empty())
-    alpha = std::abs(alpha_max - alpha_min) <= 1e-6 * std::max(1.0, std::abs(alpha_max))
+    alpha = std::abs(alpha_max - alpha_min) <= kSameFactor * std::max(1.0, std::abs(alpha_max))
                 ? fmt::format(" with α = {:.6g} in every row", alpha_max)
                 : fmt::format(" with α_r from {:.6g} to {:.6g}", alpha_min, alpha_max);
   const bool subset = uname == "1_S" && vname == "1_S";

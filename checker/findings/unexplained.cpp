@@ -11,6 +11,9 @@ namespace tapegrad::gradcheck_detail {
 
 namespace {
 
+// The share of the total error the named groups carry: the rest is left unnamed.
+constexpr double kShownShare = 0.9;
+
 // The groups (by `group_of` over (j, k)) that carry 90% of the total error, largest first, as "name (share)";
 // "all N" when that takes every group that has any.
 std::string concentration(const JacobianView& v, int64_t groups, auto&& group_of, auto&& name_of) {
@@ -29,7 +32,7 @@ std::string concentration(const JacobianView& v, int64_t groups, auto&& group_of
   std::vector<std::string> parts;
   double covered = 0;
   for (int64_t g : order) {
-    if (covered >= 0.9 * total || mass[static_cast<size_t>(g)] == 0) break;
+    if (covered >= kShownShare * total || mass[static_cast<size_t>(g)] == 0) break;
     covered += mass[static_cast<size_t>(g)];
     parts.push_back(fmt::format("{} ({:.0f}%)", name_of(g), 100 * mass[static_cast<size_t>(g)] / total));
   }
