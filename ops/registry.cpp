@@ -160,10 +160,12 @@ std::string source_text(const SourcePlace& where) {
   constexpr std::string_view root = TAPEGRAD_SOURCE_DIR "/";
   if (file.starts_with(root)) {
     file.remove_prefix(root.size());
-  } else {  // a file of another project: from its innermost folder named as one of ours, if any
+  } else {  // relative to the build folder (ccache's base_dir, CMakeLists.txt), or a file of another project: from
+            // its innermost folder named as one of ours, if any
     size_t at = 0;
     bool found = false;
-    for (std::string_view top : {"/engine/", "/ops/", "/inspect/", "/checker/", "/models/", "/tools/", "/tests/", "/examples/", "/fuzz/"})
+    for (std::string_view top : {"/engine/", "/ops/", "/inspect/", "/checker/", "/models/", "/tools/", "/python/",
+                                   "/tests/", "/examples/", "/fuzz/"})
       if (const size_t p = file.rfind(top); p != std::string_view::npos && (!found || p > at)) {
         at = p;
         found = true;

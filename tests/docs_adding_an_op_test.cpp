@@ -17,6 +17,7 @@
 #include "ops/all_ops.hpp"
 #include "ops/ops.hpp"
 #include "ops/registry.hpp"
+#include "test_paths.hpp"
 
 using namespace tapegrad;
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checker/finding_sheet.hpp"
+#include "test_paths.hpp"
 
 namespace fs = std::filesystem;
 

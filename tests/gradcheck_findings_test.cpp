@@ -9,6 +9,7 @@
 #include <string>
 
 #include "checker/finding_sheet.hpp"
+#include "test_paths.hpp"
 
 using namespace tapegrad;
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 #include "models/gpt.hpp"
 #include "ops/all_ops.hpp"
 #include "ops/ops.hpp"
+#include "test_paths.hpp"
 
 using namespace tapegrad;
 

@@ -12,6 +12,7 @@
 
 #include "checker/trace.hpp"
 #include "ops/ops.hpp"
+#include "test_paths.hpp"
 
 using namespace tapegrad;
 

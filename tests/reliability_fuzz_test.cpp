@@ -8,6 +8,7 @@
 
 #include "fuzz/fuzz_targets.hpp"
 #include "training_test_util.hpp"
+#include "test_paths.hpp"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "training_test_util.hpp"
+#include "test_paths.hpp"
 
 namespace tapegrad::testing {
 

@@ -20,6 +20,7 @@
 #include "engine/rng.hpp"
 #include "engine/tape.hpp"
 #include "engine/tensor.hpp"
+#include "test_paths.hpp"
 
 namespace tapegrad::testing {
 

@@ -9,6 +9,7 @@
 #include "engine/tensor.hpp"
 #include "models/data.hpp"
 #include "training_test_util.hpp"
+#include "test_paths.hpp"
 
 using namespace tapegrad;
 using tapegrad::testing::ScratchDir;
