@@ -8,6 +8,7 @@
 #   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
 #   bash tools/dev.sh package [--install]  build tapegrad_<version>_<arch>.deb (CPack, in build-package/) and check
 #                                it (tools/package_check.sh); --install also installs it with apt-get, uses it, removes it
+#   bash tools/dev.sh lint       pyflakes over the Python files (CI runs it)
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,14 +31,17 @@ deps() {
   fi
 }
 
-build() {  # build DIR [cmake options...]
+build() {  # build DIR [cmake options...]; TAPEGRAD_WERROR=ON in the environment: warnings as errors (CI)
   local dir=$1; shift
-  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DTAPEGRAD_WERROR="${TAPEGRAD_WERROR:-OFF}" "$@" >/dev/null
   ninja -C "$dir" -j "$JOBS"
 }
 
 case "${1:-}" in
   deps) shift; deps "$@" ;;  # extra packages may follow
+  lint)  # the Python files git tracks, through pyflakes (unused names, undefined names, imports)
+    deps python3-pyflakes
+    git ls-files -z '*.py' | xargs -0 pyflakes3 ;;
   build) deps; build build ;;
   demo)
     deps; build build

@@ -20,7 +20,6 @@ Run this file on a GPU machine to verify the set itself (as precision_heldout.py
     python3 python/tests/precision_triton.py
 """
 
-import math
 import os
 import sys
 

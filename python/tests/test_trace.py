@@ -223,7 +223,7 @@ def test_a_view_written_in_place_after_it_was_taken_is_said():
 def test_a_slice_the_formulas_lack_leaves_the_tensor_it_was_taken_from_traced():
     def body(x, g):
         d = g @ x
-        unused = d[:, :2]  # a view the formulas cannot write: only it is lost, d keeps its formula
+        d[:, :2]  # a view the formulas cannot write: only it is lost, d keeps its formula
         return d * 0.5
     x = torch.randn(4, 3, dtype=torch.float64)
     traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tapegrad
-from triton_attention_bias import DTYPES, GRADIENTS, inputs, make_triton_attention_bias, max_errors, reference
+from triton_attention_bias import DTYPES, inputs, make_triton_attention_bias, max_errors, reference
 
 # Largest |error| allowed for O and every gradient, at B·H = 2, T = 128, d = 64, against float64 autograd of
 # reference() on the same rounded inputs: about 4 times the right kernel's largest error, measured on an H200
