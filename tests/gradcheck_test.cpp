@@ -517,6 +517,47 @@ TEST_CASE("diagnosis: J applied where Jᵀ belongs (the transposed Jacobian)") {
   CHECK_FALSE(r.has(Finding::scale));
 }
 
+// exp over (3, 5) whose VJP is off by one place: it writes x̄[r, c + 1] (writes_over) or reads ȳ[r, c + 1]
+// (reads_over) where x̄[r, c] and ȳ[r, c] belong; a sum's VJP that leaves each row's first element out is no shift.
+Function exp_off_by_one(bool writes_over) {
+  return claimed({"exp_off_by_one", [](Tape&, std::span<const Var> x) { return exp(x[0]); },
+                  [writes_over](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
+                    const int64_t cols = at.output.shape().back();
+                    for (int64_t e = 0; e < at.output.numel(); ++e) {
+                      if (e % cols + 1 == cols) continue;
+                      if (writes_over) data(gin[0])[e + 1] += data(g)[e] * data(at.output)[e];
+                      else data(gin[0])[e] += data(g)[e + 1] * data(at.output)[e];
+                    }
+                  },
+                  {}});
+}
+
+TEST_CASE("diagnosis: a VJP off by one place along an axis of x or of y is shifted") {
+  for (const bool writes_over : {true, false}) {
+    CAPTURE(writes_over);
+    GradcheckReport r = gradcheck(exp_off_by_one(writes_over), {random_tensor({3, 5}, 1)}, {"x"});
+    INFO(r.str());
+    const Diagnosis* d = r.find(Finding::shifted, "x");
+    REQUIRE(d);
+    CHECK(d->message.find(writes_over ? "axis 1 of x (3, 5) moved by +1" : "axis 1 of y (3, 5) moved by +1") !=
+          std::string::npos);
+    CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
+  }
+  // sum over the last axis, its VJP leaving x̄[r, 0] at 0: N is constant along the row, so N moved by one is N but
+  // at the edge; the pattern is masked positions, not a shift.
+  Function first_left_out = claimed({"sum_first_left_out", [](Tape&, std::span<const Var> x) { return sum(x[0], -1); },
+                                     [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
+                                       const int64_t cols = at.inputs[0].shape().back();
+                                       for (int64_t e = 0; e < at.inputs[0].numel(); ++e)
+                                         if (e % cols != 0) data(gin[0])[e] += data(g)[e / cols];
+                                     },
+                                     {}});
+  GradcheckReport r = gradcheck(first_left_out, {random_tensor({3, 5}, 2)}, {"x"});
+  INFO(r.str());
+  CHECK(!r.passed);
+  CHECK_FALSE(r.has(Finding::shifted));
+}
+
 TEST_CASE("diagnosis: an error confined to one input") {
   GradcheckReport r = check_mul_wrong_second_gradient();
   INFO(r.str());

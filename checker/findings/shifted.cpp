@@ -1,0 +1,91 @@
+// The kind of finding "shifted": A = N with one axis of x (or of y) moved by one place, and 0 where nothing moved
+// in: the rule writes each element of x̄ one place over (or reads ȳ one place over), an index off by one in a
+// window, a scan, a convolution's offset or a kernel's pointer arithmetic.
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "checker/finding_sheet.hpp"
+#include "checker/jacobian.hpp"
+
+namespace tapegrad {
+
+namespace {
+
+using namespace gradcheck_detail;
+
+// Whether A = N moved by d places along axis `axis` of x (on_x: columns k) or of y (rows j): the entry at index i of
+// that axis holds N's entry at i − d, and 0 where i − d falls outside the axis; and N is not itself the same moved
+// (a sum's Jacobian is constant along x's axis: a rule that drops the first element of each row matches it moved,
+// and is no shift).
+bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d) {
+  const Shape& shape = on_x ? v.xshape : v.yshape;
+  int64_t stride = 1;
+  for (int a = shape.rank() - 1; a > axis; --a) stride *= shape[a];
+  const int64_t len = shape[axis];
+  bool n_moves = false;  // N differs from N moved somewhere inside the axis
+  for (int64_t j = 0; j < v.m; ++j)
+    for (int64_t k = 0; k < v.cols; ++k) {
+      const size_t at = static_cast<size_t>(j * v.cols + k);
+      const int64_t flat = on_x ? k : j;
+      const int64_t from = (flat / stride) % len - d;
+      double moved = 0;
+      if (from >= 0 && from < len) {
+        const int64_t src = on_x ? j * v.cols + (k - d * stride) : (j - d * stride) * v.cols + k;
+        moved = v.n[static_cast<size_t>(src)];
+        n_moves = n_moves || !v.tol.ok(v.n[at], moved);
+      }
+      if (!v.tol.ok(v.a[at], moved)) return false;
+    }
+  return n_moves;
+}
+
+// The whole Jacobian moved by one place along one axis of x or of y. The search ends. Not when every failing
+// element is where the rule gives 0, or where N is 0: a mask's edge (an exclusive cumulative sum where the
+// inclusive one belongs is also its Jacobian moved by one) is told better by the masked positions, which say which
+// entries.
+bool moved_one_place(JacobianSearch& s) {
+  const JacobianView& v = s.v;
+  const double zero_of_n = s.zero_tol();
+  if (confined(v, s.bad, [&](int64_t j, int64_t k) { return v.a[static_cast<size_t>(j * v.cols + k)] == 0; }) ||
+      confined(v, s.bad,
+               [&](int64_t j, int64_t k) { return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero_of_n; }))
+    return false;
+  for (const bool on_x : {true, false}) {
+    const Shape& shape = on_x ? v.xshape : v.yshape;
+    const std::string& name = on_x ? v.input : v.y_name;
+    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
+      if (shape[axis] < 2) continue;
+      for (const int64_t d : {1, -1}) {
+        if (!moved_by(v, on_x, axis, d)) continue;
+        const bool vjp = v.check == "vjp";
+        const char* what = on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
+                                : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
+        s.found.push_back({Finding::shifted, v.input, v.check,
+                           fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d} (0 where nothing "
+                                       "moved in), at every one of {} elements: the {} {} one place {} along that "
+                                       "axis (an index off by one: a window, a scan, a convolution's offset)",
+                                       axis, name, shape, d, v.a.size(), rule_name(v.check), what,
+                                       d > 0 ? "later" : "earlier")});
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+FindingSheet shifted_finding() {
+  return {
+      .kind = Finding::shifted,
+      .title = "shifted",
+      .meaning = "A = N with one axis of x or of y moved by one place: each element written (or read) one place over",
+      .found_by = "its pass over a failing full Jacobian, in this file",
+      .section = "docs/gradchecking.md#shifted",
+      .passes = {{55, moved_one_place}},
+      .explains = true,
+  };
+}
+
+}  // namespace tapegrad
