@@ -1,6 +1,7 @@
 """tapegrad.gradcheck: the inputs and options of a Python call, handed to the C++ checker (python/module.cpp)."""
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,6 +129,19 @@ def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4
 # The kink advice of the C++ checker names the C++ test harness's fill; a Python user draws the inputs.
 _KINK_ADVICE = ("(Fill::away_from_zero)", "(draw the inputs away from it, e.g. x = torch.randn(...); "
                 "x = x + 0.2 * x.sign(), or pass a point whose elements are not at the kink)")
+
+
+def _in_python_terms(report):
+    """The C++ checker's advice said with gradcheck's own arguments: the kink's fill, and full_jacobian_limit (a C++
+    option; Python's gradcheck takes fast_mode)."""
+    _tapegrad._reword(report, *_KINK_ADVICE)
+    for d in report.diagnoses:
+        for limit in set(re.findall(r"above full_jacobian_limit = (\d+)\)", d.message)):
+            _tapegrad._reword(report, f", above full_jacobian_limit = {limit})",
+                              f", above the {limit} that gradcheck takes in full by default)" if limit != "0" else ")")
+        for entries in set(re.findall(r" or raise full_jacobian_limit to (\d+)", d.message)):
+            _tapegrad._reword(report, f" or raise full_jacobian_limit to {entries}",
+                              f" or pass fast_mode=False (a full Jacobian of {entries} entries)")
 
 
 def _module_call(module, count, parameter_names):
@@ -275,6 +289,7 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if fast_mode is not None and not fast_mode:
             _require_full_jacobian_memory(impl, name, arrays)
         report = _tapegrad._check(impl, name, arrays, checked_names, order, options)
+        _in_python_terms(report)
     else:
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
@@ -327,25 +342,78 @@ def _check_torch(call):
         reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
         impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
-    rounding_note, refused = None, False
-    if not report.passed:
+    after = _AfterTheCheck(call, report, impls, count)
+    for step in _AFTER_THE_CHECK:
+        step(after)
+    return after.report
+
+
+@dataclass
+class _AfterTheCheck:
+    """What the steps after the C++ checker's run on a torch op read and amend: the call, its report, the TorchOp of
+    each output (of all outputs at once last), how many outputs, and what the steadiness step found."""
+    call: _Call
+    report: object
+    impls: list
+    count: int
+    rounding_note: str = None
+    refused: bool = False
+
+    @property
+    def one_output_first_order(self):
+        return self.call.order == 1 and self.count == 1
+
+
+def _steadiness(after):
+    """A failed check whose forward is not steady: refused, or made again at the step its rounding allows."""
+    if not after.report.passed:
         # impls[-1]: the only output, or every output at once
-        report, rounding_note, refused = _unless_the_forward_is_unsteady(report, impls[-1], call,
-                                                                         order == 1 and count == 1)
-    if order == 1 and count == 1 and options.diagnose and not report.passed and not refused:
-        _name_from_forward(report, call)
-    if order == 1:
-        _zero_cotangent_rows(report, impls[0], arrays, checked_names)
-    elif not report.passed and _function_class(fn) is not None:
-        _name_saved_intermediates(report, impls[0], _function_class(fn), arrays)
-    for impl in impls if order == 1 else ():  # at order 2 the tangent comes from the backward: nothing skipped
-        if impl.no_forward_mode is not None:
-            _forward_mode_note(report, impl, fn)
-            break
-    if rounding_note is not None:
-        report._notes = getattr(report, "_notes", []) + [rounding_note]
-    _tapegrad._reword(report, *_KINK_ADVICE)
-    return report
+        after.report, after.rounding_note, after.refused = _unless_the_forward_is_unsteady(
+            after.report, after.impls[-1], after.call, after.one_output_first_order)
+
+
+def _terms_of_the_forward(after):
+    """A failing VJP that no kind explains, named as one term of a Function's forward (tapegrad/_forward.py)."""
+    if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
+        _name_from_forward(after.report, after.call)
+
+
+def _zero_cotangent(after):
+    """First order: the rows "zero ȳ" (the backward at ȳ = 0 runs and gives 0)."""
+    if after.call.order == 1:
+        _zero_cotangent_rows(after.report, after.impls[0], after.call.arrays, after.call.names)
+
+
+def _saved_intermediates(after):
+    """Second order, failed: the values a Function saved in forward that double backward holds constant."""
+    fn = after.call.fn
+    if after.call.order == 2 and not after.report.passed and _function_class(fn) is not None:
+        _name_saved_intermediates(after.report, after.impls[0], _function_class(fn), after.call.arrays)
+
+
+def _forward_mode(after):
+    """First order: one line under the title where forward mode is not written (at order 2 the tangent comes from
+    the backward: nothing is skipped)."""
+    if after.call.order == 1:
+        for impl in after.impls:
+            if impl.no_forward_mode is not None:
+                _forward_mode_note(after.report, impl, after.call.fn)
+                break
+
+
+def _rounding(after):
+    """The note of a re-check at the step a forward's rounding allows."""
+    if after.rounding_note is not None:
+        after.report._notes = getattr(after.report, "_notes", []) + [after.rounding_note]
+
+
+def _python_terms(after):
+    _in_python_terms(after.report)
+
+
+# What a torch op's check does after the C++ checker's run, in order.
+_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _zero_cotangent, _saved_intermediates, _forward_mode,
+                    _rounding, _python_terms)
 
 
 def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):

@@ -91,3 +91,25 @@ def test_raise_exception_raises_with_the_report():
         tapegrad.gradcheck(op, random_inputs(shapes), raise_exception=True)
     assert "[sign]" in str(caught.value)
     assert not caught.value.report.passed
+
+
+def test_advice_at_size_is_in_gradchecks_own_arguments():
+    # A slip at a size checked by projections, with nothing to cut: the advice names fast_mode, which gradcheck
+    # takes, not the C++ option full_jacobian_limit.
+    class SumOfSquares(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return (x * x).sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return 2 * x * g + 0.1 * x.roll(1)  # a term of the neighbour: a slip with no name at this size
+
+    report = tapegrad.gradcheck(SumOfSquares.apply, (torch.randn(50000, dtype=torch.float64),))
+    assert not report.passed
+    text = str(report)
+    assert "full_jacobian_limit" not in text, text
+    assert "above the 40000 that gradcheck takes in full by default" in text, text
+    assert "or pass fast_mode=False (a full Jacobian of 50000 entries)" in text, text
