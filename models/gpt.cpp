@@ -22,6 +22,14 @@ namespace {
 constexpr double kStd = 0.02;
 double proj_std(const GPTConfig& cfg) { return kStd / std::sqrt(2.0 * static_cast<double>(cfg.n_layer)); }
 
+// module() with the nodes it records named under nanoGPT's module name (for tape_to_dot's grouping; no number
+// changes).
+template <class Module>
+Var in_scope(Tape& tape, const char* name, Module&& module) {
+  TapeScope scope(tape, name);
+  return module();
+}
+
 }  // namespace
 
 GPTBlock::GPTBlock(std::string name, const GPTConfig& cfg, uint64_t seed) : Module(std::move(name)) {
@@ -78,6 +86,18 @@ Var GPT::dropout(Tape& tape, Var x, uint64_t& seed) const {
   return x * tape.constant(mask);
 }
 
+// x ← x + attn(ln_1(x)); x ← x + mlp(ln_2(x)). Without dropout each add happens in the branch's last node (c_proj's
+// linear, the mlp's): x + branch(a) with the same numbers, one node and one (B, T, C) tensor fewer per add.
+Var GPTBlock::operator()(Tape& tape, Var x, const BranchDropout& dropout) const {
+  Var a = in_scope(tape, "ln_1", [&] { return ln_1(tape, x); });
+  x = dropout ? x + in_scope(tape, "attn", [&] { return dropout(attn(tape, a)); })
+              : in_scope(tape, "attn", [&] { return attn(tape, a, x); });
+  a = in_scope(tape, "ln_2", [&] { return ln_2(tape, x); });
+  x = dropout ? x + in_scope(tape, "mlp", [&] { return dropout(mlp(tape, a)); })
+              : in_scope(tape, "mlp", [&] { return mlp(tape, a, x); });
+  return x;
+}
+
 Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
   if (idx.dtype() != DType::i32 || idx.rank() != 2)
     fail("gpt: token ids must be int32 of shape (B, T), got {} {}", idx.dtype(), idx.shape());
@@ -87,55 +107,18 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
          cfg_.block_size);
   Tensor positions = tape.empty(DType::i32, {T});
   for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t);
-
-  // Scopes name the nodes after nanoGPT's modules (for tape_to_dot's grouping); they change no number.
   Var wte = wte_.weight().on(tape);  // one leaf for the embedding and the tied head
-  Var tok, pos;
-  {
-    TapeScope scope(tape, "transformer.wte");
-    tok = wte_(tape.constant(idx), wte);
-  }
-  {
-    TapeScope scope(tape, "transformer.wpe");
-    pos = wpe_(tape, positions);
-  }
-  Var x = tok + pos;  // (B,T,C)
-  x = dropout(tape, x, dropout_seed);
-  // Without dropout between a branch and its residual add, the add happens in the branch's last node (c_proj's
-  // linear, the mlp): x + branch(x) with the same numbers, one node and one (B, T, C) tensor fewer per add.
-  const bool dropout_off = cfg_.dropout <= 0 || dropout_seed == 0;
+  Var tok = in_scope(tape, "transformer.wte", [&] { return wte_(tape.constant(idx), wte); });
+  Var pos = in_scope(tape, "transformer.wpe", [&] { return wpe_(tape, positions); });
+  Var x = dropout(tape, tok + pos, dropout_seed);  // (B, T, C)
+  BranchDropout drop;  // the next masks, drawn in order from dropout_seed, one per call
+  if (cfg_.dropout > 0 && dropout_seed != 0) drop = [&](Var v) { return dropout(tape, v, dropout_seed); };
   for (size_t l = 0; l < h_.size(); ++l) {
-    const GPTBlock& blk = h_[l];
     TapeScope block(tape, fmt::format("transformer.h.{}", l));
-    Var a;
-    {
-      TapeScope scope(tape, "ln_1");
-      a = blk.ln_1(tape, x);
-    }
-    {
-      TapeScope scope(tape, "attn");
-      if (dropout_off) x = blk.attn(tape, a, x);  // x + attn(ln_1(x))
-      else a = dropout(tape, blk.attn(tape, a), dropout_seed);
-    }
-    if (!dropout_off) x = x + a;
-    {
-      TapeScope scope(tape, "ln_2");
-      a = blk.ln_2(tape, x);
-    }
-    {
-      TapeScope scope(tape, "mlp");
-      // c_proj(gelu(c_fc(ln_2(x)))) as one node, x added in it without dropout
-      if (dropout_off) x = blk.mlp(tape, a, x);
-      else a = dropout(tape, blk.mlp(tape, a), dropout_seed);
-    }
-    if (!dropout_off) x = x + a;
+    x = h_[l](tape, x, drop);
   }
-  {
-    TapeScope scope(tape, "transformer.ln_f");
-    x = ln_f_(tape, x);
-  }
-  TapeScope scope(tape, "lm_head");
-  return linear(x, wte);  // tied head: logits = x·wteᵀ  (B, T, V)
+  x = in_scope(tape, "transformer.ln_f", [&] { return ln_f_(tape, x); });
+  return in_scope(tape, "lm_head", [&] { return linear(x, wte); });  // tied head: logits = x·wteᵀ  (B, T, V)
 }
 
 Var GPT::loss(Tape& tape, const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {

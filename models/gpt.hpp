@@ -4,6 +4,7 @@
 // Parameter names and layouts are nanoGPT's, so checkpoints load into its PyTorch model.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,14 @@ struct GPTConfig {
   void validate() const;  // throws a one-line Error for an inconsistent configuration
 };
 
-// One pre-norm transformer block: x ← x + attn(ln_1(x)); x ← x + mlp(ln_2(x)) (dropout after attn and mlp is the GPT's).
+// What a block does to a branch's output before adding it to x: the GPT's dropout, or nothing (empty).
+using BranchDropout = std::function<Var(Var)>;
+
+// One pre-norm transformer block: x ← x + attn(ln_1(x)); x ← x + mlp(ln_2(x)).
 struct GPTBlock : Module {
   GPTBlock() = default;
   GPTBlock(std::string name, const GPTConfig& cfg, uint64_t seed);
+  Var operator()(Tape& tape, Var x, const BranchDropout& dropout) const;
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
