@@ -49,6 +49,10 @@ _TAKEN = {"y", "g", "inf"}
 _LACKS = "which the formula language does not have"
 
 
+def _axis(d, rank):
+    """Axis d of a tensor of that rank, counted from the end (-1 the last)."""
+    return int(d) % rank - rank
+
 class _Untraceable(Exception):
     pass
 
@@ -332,17 +336,6 @@ class _Recorder(TorchDispatchMode):
 
     def _write(self, name, base, args, kwargs, out):
         x = args[0]
-
-        def scalar(v):
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                return _number(v)
-            if isinstance(v, torch.Tensor) and v.dim() == 0 and not self._is_traced(v):
-                return _number(v.item())
-            return None
-
-        def axis(d, rank):
-            return int(d) % rank - rank
-
         if base in ("mm", "bmm", "matmul"):
             return self._bind(out, "matmul({0}, {1})", args[:2])
         if base == "addmm":
@@ -379,13 +372,18 @@ class _Recorder(TorchDispatchMode):
             return self._bind(out, template, [x])
         if base in ("_softmax", "_log_softmax"):
             f = "softmax" if base == "_softmax" else "log_softmax"
-            a = axis(args[1], x.dim())
+            a = _axis(args[1], x.dim())
             if a == -1:
                 return self._bind(out, f + "({0})", [x])
             return self._bind(out, f"transpose({f}(transpose({{0}}, {a}, -1)), {a}, -1)", [x])
+        return self._write_pointwise(name, base, args, kwargs, out)
+
+    def _write_pointwise(self, name, base, args, kwargs, out):
+        """_write's element-wise ops, reductions, masks and torch's own backward formulas."""
+        x = args[0]
         # The derivatives of torch's own backward (a callable that is not a Function) for the ops above.
         if base == "_softmax_backward_data":  # (ḡ, y, dim): y ⊙ (ḡ − Σ ḡ ⊙ y), the sum kept
-            a = axis(args[2], x.dim())
+            a = _axis(args[2], x.dim())
             return self._bind(out, f"{{1}} * ({{0}} - sum({{0}} * {{1}}, {a}))", args[:2], infix=True)
         if base == "tanh_backward":  # (ḡ, y): ḡ ⊙ (1 − y²)
             return self._bind(out, "{0} * (1 - {1} * {1})", args[:2], infix=True)
@@ -403,7 +401,7 @@ class _Recorder(TorchDispatchMode):
             return self._bind(out, "1 / (1 + exp(-{0}))", [x], infix=True)
         if base == "reciprocal":
             return self._bind(out, "1 / {0}", [x], infix=True)
-        if base == "pow" and scalar(args[1]) is not None and self._is_traced(x):
+        if base == "pow" and self._scalar(args[1]) is not None and self._is_traced(x):
             p = float(args[1]) if not isinstance(args[1], torch.Tensor) else args[1].item()
             if p in (1.0, 2.0, 3.0, 4.0):
                 return self._bind(out, "mul(" * (int(p) - 1) + "{0}" + ", {0})" * (int(p) - 1), [x])
@@ -425,41 +423,54 @@ class _Recorder(TorchDispatchMode):
                 return self._bind(out, f"tril({{0}}, {k})", [x])
             return self._bind(out, f"{{0}} - tril({{0}}, {k - 1})", [x], infix=True)
         if base == "masked_fill":  # x where the mask is off, the number where it is on
-            value = scalar(args[2])
+            value = self._scalar(args[2])
             if value is None:
                 raise _Untraceable(f"aten.{name} by a tensor that depends on the inputs", _LACKS)
             return self._bind(out, f"where({{1}}, {value}, {{0}})", [x, args[1]])
         if base == "where":
             cond, a, b = args[:3]
-            sides = [scalar(a), scalar(b)]
+            sides = [self._scalar(a), self._scalar(b)]
             reads = [cond] + [v for v, s in zip((a, b), sides) if s is None]
             slot = iter(range(1, 3))
             text = [s if s is not None else f"{{{next(slot)}}}" for s in sides]
             return self._bind(out, f"where({{0}}, {text[0]}, {text[1]})", reads)
         if base in ("add", "sub", "mul", "div", "rsub"):
-            if base == "div" and kwargs.get("rounding_mode") is not None:
-                raise _Untraceable(f"aten.div with rounding_mode={kwargs['rounding_mode']!r}", _LACKS)
-            alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-            left, right = scalar(args[0]), scalar(args[1])
-            op = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rsub": "-"}[base]
-            if base == "rsub":  # other − alpha·x
-                if right is None:
-                    return self._bind(out, f"{{1}} - {{0}} * {_number(alpha)}" if alpha != 1 else "{1} - {0}",
-                                      args[:2], infix=True)
-                return self._bind(out, f"{right} - {{0}} * {_number(alpha)}" if alpha != 1 else f"{right} - {{0}}",
-                                  [x], infix=True)
-            if right is not None:
-                if base in ("add", "sub") and alpha != 1:
-                    right = _number(float(right) * alpha)
-                return self._bind(out, f"{{0}} {op} {right}", [x], infix=True)
-            if left is not None:
-                return self._bind(out, f"{left} {op} {{0}}", [args[1]], infix=True)
-            if base in ("add", "sub") and alpha != 1:
-                return self._bind(out, f"{{0}} {op} {{1}} * {_number(alpha)}", args[:2], infix=True)
-            return self._bind(out, f"{{0}} {op} {{1}}", args[:2], infix=True)
+            return self._write_arithmetic(base, args, kwargs, out)
         what = {"slice": "slicing", "select": "indexing", "index": "indexing", "gather": "indexing",
                 "index_select": "indexing"}.get(base)
         raise _Untraceable(f"aten.{name}" + (f" ({what})" if what else ""), _LACKS)
+
+    def _write_arithmetic(self, base, args, kwargs, out):
+        """x + y, x − y, x·y, x / y and other − alpha·x, with a number on either side written as one."""
+        x = args[0]
+        if base == "div" and kwargs.get("rounding_mode") is not None:
+            raise _Untraceable(f"aten.div with rounding_mode={kwargs['rounding_mode']!r}", _LACKS)
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        left, right = self._scalar(args[0]), self._scalar(args[1])
+        op = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rsub": "-"}[base]
+        if base == "rsub":  # other − alpha·x
+            if right is None:
+                return self._bind(out, f"{{1}} - {{0}} * {_number(alpha)}" if alpha != 1 else "{1} - {0}",
+                                  args[:2], infix=True)
+            return self._bind(out, f"{right} - {{0}} * {_number(alpha)}" if alpha != 1 else f"{right} - {{0}}",
+                              [x], infix=True)
+        if right is not None:
+            if base in ("add", "sub") and alpha != 1:
+                right = _number(float(right) * alpha)
+            return self._bind(out, f"{{0}} {op} {right}", [x], infix=True)
+        if left is not None:
+            return self._bind(out, f"{left} {op} {{0}}", [args[1]], infix=True)
+        if base in ("add", "sub") and alpha != 1:
+            return self._bind(out, f"{{0}} {op} {{1}} * {_number(alpha)}", args[:2], infix=True)
+        return self._bind(out, f"{{0}} {op} {{1}}", args[:2], infix=True)
+
+    def _scalar(self, v):
+        """v written as a number where it is one (a Python number, or a 0-d tensor the trace does not follow)."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return _number(v)
+        if isinstance(v, torch.Tensor) and v.dim() == 0 and not self._is_traced(v):
+            return _number(v.item())
+        return None
 
     def _reshape(self, name, x, out):
         """A view or reshape: the value itself where the shape stays, or where the last two axes stay (torch.matmul
