@@ -56,6 +56,7 @@ std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Ten
   const int64_t limit = std::max(opt.full_jacobian_limit, GradcheckOptions{}.full_jacobian_limit);
   // Every input that shares the axis cut (a weight that does not is checked whole against fewer rows of y), else
   // only the failing ones.
+  int64_t one_row_entries = 0;  // the smallest cut's Jacobian entries, where even that is above the limit
   for (bool all : {true, false}) {
     if (!all && !failing_share) break;
     std::vector<bool> cut(shares);
@@ -71,8 +72,11 @@ std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Ten
       } catch (...) {  // the op does not take its inputs cut this way (an Error, or a Python op's exception)
         break;
       }
-      if (!std::all_of(failing.begin(), failing.end(), [&](size_t i) { return ms * xs[i].numel() <= limit; }))
+      if (!std::all_of(failing.begin(), failing.end(), [&](size_t i) { return ms * xs[i].numel() <= limit; })) {
+        if (s == 1)
+          for (size_t i : failing) one_row_entries = std::max(one_row_entries, ms * xs[i].numel());
         continue;
+      }
       GradcheckOptions full = opt;
       full.full_jacobian_limit = limit;
       GradcheckReport r;
@@ -92,6 +96,9 @@ std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Ten
       return out;
     }
   }
+  if (one_row_entries > 0)
+    return how_to_name(fmt::format("even one of y's {} rows makes a Jacobian of {} entries, above the limit", rows,
+                                   one_row_entries));
   return how_to_name("y and the inputs share no leading axis the check can cut");
 }
 

@@ -52,7 +52,8 @@ void add_finding(GradcheckReport& report, Diagnosis d) {
   };
   auto& all = report.diagnoses;
   const auto replaced = std::find_if(all.begin(), all.end(), [&](const Diagnosis& e) {
-    return e.input == d.input && e.check == d.check && before_a_named_slip(e.kind) == BeforeANamedSlip::replaced;
+    return e.input == d.input && (e.check == d.check || e.check.empty()) &&
+           before_a_named_slip(e.kind) == BeforeANamedSlip::replaced;
   });
   const auto follows = std::find_if(all.begin(), all.end(), [&](const Diagnosis& e) {
     return e.input == d.input && (e.check == d.check || e.check.empty()) &&

@@ -59,8 +59,9 @@ const FindingSheet* finding_sheet(Finding f);
 // The built-in kind with that key or printed name ("per_row_term", "per-row term").
 std::optional<Finding> finding_named(std::string_view key_or_title);
 // Adds a finding that a later pass named (from Python) to a report made before: in the place of the input's finding
-// for that check that gives way to it (BeforeANamedSlip::replaced), else before the first of the input's findings for
-// that check, or for the input as a whole, that follow a named slip, else last; and concludes the report again.
+// for that check, or for the input as a whole, that gives way to it (BeforeANamedSlip::replaced: one report says one
+// thing of an input), else before the first of the input's findings for that check, or for the input as a whole,
+// that follow a named slip, else last; and concludes the report again.
 void add_finding(GradcheckReport& report, Diagnosis d);
 
 // The built-in kinds as a Markdown table, a row per sheet: its printed name linked to its section (links relative
