@@ -17,9 +17,11 @@ struct Run {
   std::string out;
 };
 
-// Runs the CLI with the given arguments; stdout and stderr together.
-Run run(const std::string& args, bool merge_stderr = true) {
-  std::string cmd = std::string(TAPEGRAD_CLI) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs the CLI with the given arguments (and redirections: `redirect` is the command's tail); by default stdout and
+// stderr together.
+Run run(const std::string& args, bool merge_stderr = true, const char* redirect = nullptr) {
+  std::string cmd = std::string(TAPEGRAD_CLI) + " " + args;
+  cmd += redirect ? redirect : merge_stderr ? " 2>&1" : " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p);
   std::string out;
@@ -118,4 +120,39 @@ TEST_CASE("a gradcheck that fails exits 1") {
   Run r = run("gradcheck --op exp --atol 1e-30 --rtol 0");  // no finite difference is that exact
   CHECK(r.code == 1);
   CHECK(r.out.find("FAIL") != std::string::npos);
+}
+
+TEST_CASE("integers are read as decimal, as people write them; other forms are refused naming the option") {
+  Run r = run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out /tmp/tapegrad_cli_decimal "
+              "--overwrite");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("10 layers") != std::string::npos);  // not 8: 010 is not octal
+  CHECK(r.out.find("batch 8") != std::string::npos);
+  for (const char* value : {"--seed 0x10", "--seed=-0x1", "--max-iters 1e3", "--n-layer 0b1"}) {
+    CAPTURE(value);
+    Run bad = run(std::string("train ") + value + " --out /tmp/tapegrad_cli_decimal --overwrite");
+    CHECK(bad.code == 2);
+    CHECK(bad.out.find("is not a decimal integer") != std::string::npos);
+  }
+}
+
+TEST_CASE("a claim's forward or JVP given twice is refused, not the last one kept") {
+  for (const char* twice : {"--forward 'exp(x)' --forward 'tanh(x)' --jvp 't_x*y'",
+                            "--forward 'exp(x)' --jvp 't_x*y*5' --jvp 't_x*y'"}) {
+    CAPTURE(twice);
+    Run r = run(std::string("claim --input x:4,6 ") + twice);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("At Most 1 required but received 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("output that cannot be written is a failure: exit 2 with the reason, not 0") {
+  for (const char* command : {"gradcheck --list", "gradcheck --kinds", "explain softmax",
+                              "claim --input x:4,6 --forward 'exp(x)' --jvp 't_x*y'"}) {
+    CAPTURE(command);
+    Run r = run(command, true, " 2>&1 >/dev/full");  // stderr to what run() reads, stdout to /dev/full
+    CHECK(r.code == 2);
+    CHECK(r.out.find("No space left on device") != std::string::npos);
+  }
 }

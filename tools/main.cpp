@@ -26,7 +26,8 @@ void report(const char* what, const char* hint = "") {
   std::string line = what;
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
-  fmt::print(stderr, "tapegrad: error: {}{}\n", line, hint);
+  // fputs, not fmt::print, which throws where stderr cannot be written: the exit code still says what happened.
+  std::fputs(fmt::format("tapegrad: error: {}{}\n", line, hint).c_str(), stderr);
 }
 
 // OpenBLAS chose its kernels when it loaded; where it chose weaker ones than this CPU runs (an Intel model it does
@@ -50,24 +51,33 @@ void use_best_blas_core(const tapegrad::BlasInfo& blas, char** argv) {
 
 
 
-// An integer option's value beyond its type's range is refused: CLI11 reads 99999999999999999999 into an int64 as
-// INT64_MAX, without a word. Values that are not plain decimal numbers are left to CLI11's own conversion.
+// An integer option's value is read as people write it: decimal digits with an optional sign, leading zeros
+// included (010 is ten), and anything else refused with the option's value (0x10, 1e3, 0b1), as is a value beyond
+// its type's range. CLI11 alone reads 010 as octal and 0x10 as hex, and 99999999999999999999 into an int64 as
+// INT64_MAX, without a word. The validator rewrites the value without its leading zeros, which CLI11 then reads.
 CLI::Validator integer_in_range(bool is_unsigned) {
   return CLI::Validator(
       [is_unsigned](std::string& s) -> std::string {
         const bool negative = !s.empty() && s[0] == '-';
-        const std::string_view digits = std::string_view(s).substr(negative || (!s.empty() && s[0] == '+') ? 1 : 0);
-        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) return {};
+        const bool sign = negative || (!s.empty() && s[0] == '+');
+        std::string_view digits = std::string_view(s).substr(sign ? 1 : 0);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+          return fmt::format("{} is not a decimal integer", s);
         if (is_unsigned && negative) return fmt::format("must be non-negative, got {}", s);
+        while (digits.size() > 1 && digits[0] == '0') digits.remove_prefix(1);
+        const std::string value = (negative ? "-" : "") + std::string(digits);
         bool fits;
         if (is_unsigned) {
           uint64_t v = 0;
-          fits = std::from_chars(digits.data(), digits.data() + digits.size(), v).ec == std::errc();
+          fits = std::from_chars(value.data(), value.data() + value.size(), v).ec == std::errc();
         } else {
           int64_t v = 0;
-          fits = std::from_chars(s.data() + (s[0] == '+' ? 1 : 0), s.data() + s.size(), v).ec == std::errc();
+          fits = std::from_chars(value.data(), value.data() + value.size(), v).ec == std::errc();
         }
-        return fits ? std::string() : fmt::format("{} is out of range for a 64-bit {}integer", s, is_unsigned ? "unsigned " : "");
+        if (!fits)
+          return fmt::format("{} is out of range for a 64-bit {}integer", s, is_unsigned ? "unsigned " : "");
+        s = value;
+        return {};
       },
       "", "");
 }
@@ -75,8 +85,9 @@ CLI::Validator integer_in_range(bool is_unsigned) {
 void refuse_out_of_range_integers(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
-    if (type.rfind("UINT", 0) == 0) option->check(integer_in_range(true));
-    else if (type.rfind("INT", 0) == 0) option->check(integer_in_range(false));
+    // transform: it runs before the option's other checks, and may rewrite the value
+    if (type.rfind("UINT", 0) == 0) option->transform(integer_in_range(true));
+    else if (type.rfind("INT", 0) == 0) option->transform(integer_in_range(false));
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_out_of_range_integers(*sub);
 }
@@ -131,6 +142,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     report(e.what());
+    return 2;
+  }
+  // Output that could not be written (a full disk, a closed pipe, /dev/full) is a failure, not exit 0.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    report(fmt::format("could not write the output: {}", std::strerror(errno)).c_str());
     return 2;
   }
   return tapegrad::cli::exit_code();
