@@ -156,3 +156,17 @@ TEST_CASE("output that cannot be written is a failure: exit 2 with the reason, n
     CHECK(r.out.find("No space left on device") != std::string::npos);
   }
 }
+
+TEST_CASE("graph -o with an empty path is refused, not written to graph.svg") {
+  Run r = run("graph --op softmax -o ''");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("an empty path names no file") != std::string::npos);
+}
+
+TEST_CASE("an input without elements fails as nothing compared, with no finding read from nothing") {
+  Run r = run("claim --input x:0,3 --forward 'exp(x)' --vjp 'g*y'");
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("nothing compared: x has no elements") != std::string::npos);
+  CHECK(r.out.find("[tolerance]") == std::string::npos);
+}

@@ -251,7 +251,10 @@ void add_graph_command(CLI::App& app) {
       ->check(CLI::IsMember({"dot", "svg", "png"}));
   cmd->add_option("-o,--output", args->out,
                   "The file to write (default graph.FORMAT; - for standard output); .dot/.gv, .svg or .png set the "
-                  "format. An existing file in a run's directory (one holding checkpoint.safetensors) is not replaced");
+                  "format. An existing file in a run's directory (one holding checkpoint.safetensors) is not replaced")
+      ->check(CLI::Validator(
+          [](std::string& path) { return path.empty() ? std::string("an empty path names no file") : std::string(); },
+          "", ""));
   cmd->add_option("--max-nodes", args->max_nodes, "Refuse to draw more nodes than this (Graphviz slows down)")
       ->capture_default_str()
       ->check(positive());
