@@ -170,3 +170,13 @@ TEST_CASE("an input without elements fails as nothing compared, with no finding 
   CHECK(r.out.find("nothing compared: x has no elements") != std::string::npos);
   CHECK(r.out.find("[tolerance]") == std::string::npos);
 }
+
+TEST_CASE("a claim with a long chain of --let holds (each let is checked against the names it reads)") {
+  std::string args = "claim --input x:4,6 --let a0=x";
+  for (int i = 1; i < 2000; ++i) args += " --let a" + std::to_string(i) + "=a" + std::to_string(i - 1) + "+x";
+  args += " --forward a1999 --vjp g*2000";
+  Run r = run(args);
+  INFO(r.out.substr(0, 2000));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("1 claim: 1 holds, 0 wrong") != std::string::npos);
+}

@@ -291,7 +291,11 @@ std::vector<Formula::Part> Formula::parts() const {
 Shape Formula::check(const std::map<std::string, Shape>& shapes) const {
   Tape tape;
   std::map<std::string, Var> zeros;
-  for (const auto& [name, shape] : shapes) zeros.emplace(name, tape.constant(Tensor::zeros(DType::f64, shape)));
+  // Only the names it reads: a claim checks each --let against every name before it, and zeros for all of them
+  // made a chain of n lets cost n² tensors.
+  for (const std::string& name : names())
+    if (const auto at = shapes.find(name); at != shapes.end())
+      zeros.emplace(name, tape.constant(Tensor::zeros(DType::f64, at->second)));
   NoGradGuard no_grad(tape);
   return evaluate(zeros).shape();
 }
