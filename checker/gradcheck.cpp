@@ -357,7 +357,10 @@ class Checker {
       const size_t first_detail = details_.size();  // this rule's findings start here
       if (auto d = nonlinearity(i, is_vjp)) details_.push_back(std::move(*d));
       if (res.passed) continue;
-      if (res.compared == 0) continue;  // an input without elements: its row says nothing was compared, not a finding
+      if (res.compared == 0) {  // an input without elements: its row says nothing was compared, and no finding
+        ++rules_explained;      // (which rule, which input) is read from nothing
+        continue;
+      }
       if (auto d = beyond_resolution(i, res, c)) {
         details_.push_back(std::move(*d));
         ++rules_explained;

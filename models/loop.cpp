@@ -101,18 +101,45 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
   static constexpr std::string_view kOptimizerState[] = {"optimizer."};
   load_parameters(ck, model_, path, kOptimizerState);  // all names and shapes checked before any is copied
   opt_.load_state(ck, path);
+  if (opt_.steps() != step)
+    fail("{}: {}: its state disagrees with itself: the run is at step {} ('tapegrad.step') and the optimizer has "
+         "taken {} steps", flag, path, step, opt_.steps());
   try {
     result_.first_step = step;
     auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
       if (!v.is_number_integer()) fail("{}: {}: a step in its log is {}, not an integer", flag, path, v.dump());
       return v.get<int64_t>();
     };
-    for (const auto& e : json::parse(training_metadata(ck, "tapegrad.evals", path)))
-      result_.evals.push_back({step_of(e[0]), e[1].get<double>(), e[2].get<double>()});
-    for (const auto& r : json::parse(training_metadata(ck, "tapegrad.log", path)))
-      result_.rows.push_back({step_of(r[0]), r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
+    // The evaluations and the log: lists (not objects), their steps never going back (a resumed run logs its first
+    // step's evaluation and its training on two rows) and none past the run's step (a log of steps 0 to 40 under a
+    // step of 0 would be written twice over), and the log reaching the step before the run's.
+    auto list_of = [&](const char* key) {
+      json list = json::parse(training_metadata(ck, key, path));
+      if (!list.is_array()) fail("{}: {}: its '{}' is {}, not a list", flag, path, key, list.type_name());
+      return list;
+    };
+    auto in_order = [&](const char* what, int64_t at, int64_t before) {
+      if (at > step)
+        fail("{}: {}: its {} has a row at step {}, past the run's step {}", flag, path, what, at, step);
+      if (at < before)
+        fail("{}: {}: its {} goes back from step {} to step {}", flag, path, what, before, at);
+      return at;
+    };
+    int64_t last = -1;
+    for (const auto& e : list_of("tapegrad.evals")) {
+      last = in_order("evaluations", step_of(e[0]), last);
+      result_.evals.push_back({last, e[1].get<double>(), e[2].get<double>()});
+    }
+    last = -1;
+    for (const auto& r : list_of("tapegrad.log")) {
+      last = in_order("log", step_of(r[0]), last);
+      result_.rows.push_back({last, r[1].get<double>(), r[2].is_null() ? NAN : r[2].get<double>(),
                               r[3].is_null() ? std::nullopt : std::optional<double>(r[3].get<double>()),
                               r[4].is_null() ? NAN : r[4].get<double>()});
+    }
+    if (step > 0 && last < step - 1)
+      fail("{}: {}: its state disagrees with itself: the run is at step {} and its log ends at step {}", flag, path,
+           step, last);
     if (batch_rng_) batch_rng_->set_state(rng_state);
     if (restore) restore(ck);
   } catch (const json::exception& e) {

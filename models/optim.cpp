@@ -72,6 +72,12 @@ void Optimizer::load_state(const Checkpoint& ck, const std::string& path) {
       if (t->dtype() != DType::f32 || !(t->shape() == params_[k].value.shape()))
         fail("checkpoint {}: {} state '{}' is {} {}, the parameter is float32 {}", path, this->name(), name, t->dtype(),
              t->shape(), params_[k].value.shape());
+      // A state that would poison the next step (and every checkpoint after it) is refused as it is read.
+      const float* v = t->data<float>();
+      for (int64_t e = 0; e < t->numel(); ++e)
+        if (!std::isfinite(v[e]) || (b->non_negative && v[e] < 0))
+          fail("checkpoint {}: {} state '{}' holds {} at element {}{}", path, this->name(), name, v[e], e,
+               b->non_negative ? ", where it is a mean of squares (finite, not negative)" : ", not a finite number");
       found.push_back(t);
     }
   auto it = ck.metadata.find(std::string(steps_key()));

@@ -54,6 +54,7 @@ class Optimizer {
   struct Buffer {
     std::string name;
     std::vector<Tensor> tensors;
+    bool non_negative = false;  // a mean of squares: a negative value in a checkpoint is a damaged one
   };
   virtual std::vector<Buffer*> buffers() = 0;
   // The update, reading each gradient element as grad·grad_scale and, where zero_grads, leaving 0 in its place:
@@ -109,7 +110,7 @@ class AdamW : public Optimizer {
   std::string_view steps_key() const override { return "tapegrad.adam_steps"; }
   void update(float grad_scale, bool zero_grads) override;
   AdamWOptions opt_;
-  Buffer m_{"exp_avg", {}}, v_{"exp_avg_sq", {}};
+  Buffer m_{"exp_avg", {}}, v_{"exp_avg_sq", {}, true};
 };
 
 // lr(it): linear warm-up lr·(it+1)/(warmup+1) for it < warmup, then cosine from lr down to min_lr at decay_iters.

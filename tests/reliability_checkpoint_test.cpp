@@ -428,6 +428,72 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
   }
 }
 
+TEST_CASE("--resume refuses a training state that disagrees with itself, naming the two facts") {
+  // Each edit keeps every field readable (and the checksums are dropped, as a file written without them is read):
+  // only their agreement is wrong.
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(3000));
+  const auto args = with({"train", "--data", "text.txt", "--max-iters", "6", "--eval-interval", "2", "--out", "runs"}, kTiny);
+  CliRun made = run_cli(dir.path.string(), with(args, {"--stop-after", "4"}));
+  REQUIRE_MESSAGE(made.code == 0, made.out);
+  const std::string path = dir.file("runs/softmax/checkpoint.safetensors");
+  const std::string good = slurp(path);
+  struct Bad {
+    const char* key;
+    const char* value;
+    const char* expect;
+    const char* also_key = nullptr;  // a second edit, where the first alone is caught by another fact
+    const char* also_value = nullptr;
+  };
+  for (const Bad& b : {Bad{"tapegrad.step", "0", "the run is at step 0 ('tapegrad.step') and the optimizer has taken 4"},
+                       // the weights, optimizer and log of step 4 under a step of 0 (and an optimizer edited to match)
+                       Bad{"tapegrad.step", "0", "past the run's step 0", "tapegrad.adam_steps", "0"},
+                       Bad{"tapegrad.step", "2", "past the run's step 2", "tapegrad.adam_steps", "2"},
+                       Bad{"tapegrad.adam_steps", "3", "the run is at step 4 ('tapegrad.step') and the optimizer has taken 3"},
+                       Bad{"tapegrad.log", "{}", "its 'tapegrad.log' is object, not a list"},
+                       Bad{"tapegrad.evals", "{}", "its 'tapegrad.evals' is object, not a list"},
+                       Bad{"tapegrad.log", "[]", "the run is at step 4 and its log ends at step -1"},
+                       Bad{"tapegrad.log", "[[3, 0.001, 4.2, null, 1.0], [1, 0.001, 4.2, null, 1.0]]",
+                           "its log goes back from step 3 to step 1"},
+                       Bad{"tapegrad.evals", "[[0, 4.1, 4.2], [9, 4.0, 4.1]]", "its evaluations has a row at step 9"}}) {
+    const std::string key = b.key, value = b.value;
+    CAPTURE(key);
+    CAPTURE(value);
+    Parts p = split(good);
+    p.header["__metadata__"][b.key] = b.value;
+    if (b.also_key) p.header["__metadata__"][b.also_key] = b.also_value;
+    p.header["__metadata__"].erase(std::string(kChecksumKey));
+    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+    spit(path, join(p.header, p.data));
+    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(b.expect) != std::string::npos);
+    CHECK(r.out.find('\n') == r.out.size() - 1);
+  }
+  // AdamW's moments: a NaN, or a negative mean of squares, is refused as it is read.
+  for (const char* which : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
+    CAPTURE(which);
+    Parts p = split(good);
+    std::string name;
+    for (const auto& [key, value] : p.header.items())
+      if (key.rfind(which, 0) == 0 && name.empty()) name = key;
+    REQUIRE(!name.empty());
+    const size_t at = p.header[name]["data_offsets"][0].get<size_t>();
+    const float poison = std::string(which) == "optimizer.exp_avg." ? std::numeric_limits<float>::quiet_NaN() : -1.0f;
+    std::memcpy(p.data.data() + at, &poison, sizeof poison);
+    p.header["__metadata__"].erase(std::string(kChecksumKey));
+    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+    spit(path, join(p.header, p.data));
+    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(name) != std::string::npos);
+    CHECK(r.out.find(std::string(which) == "optimizer.exp_avg." ? "not a finite number" : "a mean of squares") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("a checkpoint's vocabulary must be its model's, and --resume refuses another precision by name") {
   ScratchDir dir;
   CliRun made = make_tiny_run(dir.path, 2);
