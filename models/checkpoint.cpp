@@ -77,27 +77,32 @@ bool one_byte_from(std::string_view key, std::string_view name) {
 constexpr int kMaxHeaderDepth = 32;
 constexpr size_t kMaxHeaderValues = 4'000'000;
 
-struct TooBig {
+struct NotAHeader {
   std::string why;
 };
 
-// The JSON reader's events (SAX) of a header, counted before the tree is built: throws TooBig when the text nests
+// The JSON reader's events (SAX) of a header, counted before the tree is built: throws NotAHeader when the text nests
 // deeper than kMaxHeaderDepth or makes more than kMaxHeaderValues events (a value, a key, a container's start or
 // end), and rethrows the reader's own error for text that is not JSON.
 struct HeaderBounds {
   using json = nlohmann::json;
   size_t events = 0;
   int depth = 0;
+  // The keys of each object open at this point, innermost last (an array's entry is empty): a key given twice is
+  // refused, where the JSON reader keeps the last (a header without checksums could say two things of one key).
+  std::vector<std::set<std::string>> keys;
   bool event() {
-    if (++events > kMaxHeaderValues) throw TooBig{fmt::format("holds more than {} JSON values", kMaxHeaderValues)};
+    if (++events > kMaxHeaderValues) throw NotAHeader{fmt::format("holds more than {} JSON values", kMaxHeaderValues)};
     return true;
   }
   bool open() {
-    if (++depth > kMaxHeaderDepth) throw TooBig{fmt::format("nests deeper than {} levels", kMaxHeaderDepth)};
+    if (++depth > kMaxHeaderDepth) throw NotAHeader{fmt::format("nests deeper than {} levels", kMaxHeaderDepth)};
+    keys.emplace_back();
     return event();
   }
   bool close() {
     --depth;
+    keys.pop_back();
     return event();
   }
   bool null() { return event(); }
@@ -108,7 +113,11 @@ struct HeaderBounds {
   bool string(json::string_t&) { return event(); }
   bool binary(json::binary_t&) { return event(); }
   bool start_object(std::size_t) { return open(); }
-  bool key(json::string_t&) { return event(); }
+  bool key(json::string_t& k) {
+    if (!keys.back().insert(k).second)
+      throw NotAHeader{fmt::format("gives the key '{}' twice in one object", k.substr(0, 60))};
+    return event();
+  }
   bool end_object() { return close(); }
   bool start_array(std::size_t) { return open(); }
   bool end_array() { return close(); }
@@ -281,7 +290,7 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range (1e400)
     refuse(path, fmt::format("the header is not valid JSON (not a safetensors file?): {}", e.what()));
-  } catch (const TooBig& e) {
+  } catch (const NotAHeader& e) {
     refuse(path, fmt::format("the header {}: not a safetensors file, or a corrupt one", e.why));
   }
   if (!header.is_object()) refuse(path, fmt::format("the header is a JSON {}, not an object (not a safetensors file?)",

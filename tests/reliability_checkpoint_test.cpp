@@ -471,6 +471,21 @@ TEST_CASE("--resume refuses a training state that disagrees with itself, naming 
     CHECK(r.out.find(b.expect) != std::string::npos);
     CHECK(r.out.find('\n') == r.out.size() - 1);
   }
+  // A key given twice in one object of the header: the JSON reader would keep the last.
+  {
+    Parts p = split(good);
+    p.header["__metadata__"].erase(std::string(kChecksumKey));
+    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+    std::string text = p.header.dump();
+    const std::string meta = "\"__metadata__\":{";
+    REQUIRE(text.find(meta) != std::string::npos);
+    text.insert(text.find(meta) + meta.size(), "\"tapegrad.step\":\"1\",");
+    spit(path, le64(text.size()) + text + p.data);
+    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("gives the key 'tapegrad.step' twice in one object") != std::string::npos);
+  }
   // AdamW's moments: a NaN, or a negative mean of squares, is refused as it is read.
   for (const char* which : {"optimizer.exp_avg.", "optimizer.exp_avg_sq."}) {
     CAPTURE(which);
