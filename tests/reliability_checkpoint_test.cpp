@@ -386,6 +386,22 @@ TEST_CASE("SIGKILL during tapegrad train with a checkpoint at every step leaves 
     if (e.path().filename().string().find(".tmp-") != std::string::npos) std::filesystem::remove(e.path());
 }
 
+namespace {
+
+// `train ... --resume` (args) on the checkpoint `good` with its metadata edited, written to `path` without its
+// checksums (as a file written without them is read): what reaches the reader is the edit alone.
+CliRun resume_edited(const ScratchDir& dir, const std::vector<std::string>& args, const std::string& path,
+                     const std::string& good, const std::vector<std::pair<std::string, std::string>>& edits) {
+  Parts p = split(good);
+  for (const auto& [key, value] : edits) p.header["__metadata__"][key] = value;
+  p.header["__metadata__"].erase(std::string(kChecksumKey));
+  p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
+  spit(path, join(p.header, p.data));
+  return run_cli(dir.path.string(), with(args, {"--resume"}));
+}
+
+}  // namespace
+
 TEST_CASE("--resume from a checkpoint whose training state cannot be read is refused with one line") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
@@ -414,12 +430,7 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
     const std::string key = b.key, value = b.value;
     CAPTURE(key);
     CAPTURE(value);
-    Parts p = split(good);
-    p.header["__metadata__"][b.key] = b.value;
-    p.header["__metadata__"].erase(std::string(kChecksumKey));
-    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
-    spit(path, join(p.header, p.data));
-    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    CliRun r = resume_edited(dir, args, path, good, {{key, value}});
     CAPTURE(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.rfind("tapegrad: error: --resume: ", 0) == 0);
@@ -459,13 +470,9 @@ TEST_CASE("--resume refuses a training state that disagrees with itself, naming 
     const std::string key = b.key, value = b.value;
     CAPTURE(key);
     CAPTURE(value);
-    Parts p = split(good);
-    p.header["__metadata__"][b.key] = b.value;
-    if (b.also_key) p.header["__metadata__"][b.also_key] = b.also_value;
-    p.header["__metadata__"].erase(std::string(kChecksumKey));
-    p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
-    spit(path, join(p.header, p.data));
-    CliRun r = run_cli(dir.path.string(), with(args, {"--resume"}));
+    std::vector<std::pair<std::string, std::string>> edits{{key, value}};
+    if (b.also_key) edits.emplace_back(b.also_key, b.also_value);
+    CliRun r = resume_edited(dir, args, path, good, edits);
     CAPTURE(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.find(b.expect) != std::string::npos);
