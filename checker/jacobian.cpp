@@ -115,6 +115,28 @@ const std::optional<std::string>& JacobianSearch::structure() {
   return *structure_;
 }
 
+const std::optional<double>& JacobianSearch::whole_factor() {
+  if (!whole_factor_) whole_factor_ = common_factor(v.a, v.n, {}, v.tol);
+  return *whole_factor_;
+}
+
+bool JacobianSearch::failing_where_n_is_zero() {
+  if (!where_n_is_zero_) {
+    const double zero = zero_tol();
+    where_n_is_zero_ = confined(v, bad, [&](int64_t j, int64_t k) {
+      return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero;
+    });
+  }
+  return *where_n_is_zero_;
+}
+
+bool JacobianSearch::failing_where_a_is_zero() {
+  if (!where_a_is_zero_)
+    where_a_is_zero_ =
+        confined(v, bad, [&](int64_t j, int64_t k) { return v.a[static_cast<size_t>(j * v.cols + k)] == 0; });
+  return *where_a_is_zero_;
+}
+
 bool JacobianSearch::found_any(std::initializer_list<Finding> kinds) const {
   return std::any_of(found.begin(), found.end(), [&](const Diagnosis& d) {
     return std::find(kinds.begin(), kinds.end(), d.kind) != kinds.end();

@@ -111,11 +111,19 @@ struct JacobianSearch {
   // The tightest structured set that holds every failing element (structured_set), found once for the passes that
   // say where the errors lie.
   const std::optional<std::string>& structure();
+  // The c of A = c·N at every entry (common_factor), found once for the sign's and the scale's passes.
+  const std::optional<double>& whole_factor();
+  // Whether every failing element is where N is 0 (y does not depend on x there), or where A is 0 (confined): each
+  // found once for the passes that read a mask's edge (masked positions, shifted).
+  bool failing_where_n_is_zero();
+  bool failing_where_a_is_zero();
   // Whether a pass found a finding of one of these kinds.
   bool found_any(std::initializer_list<Finding> kinds) const;
 
  private:
   std::optional<std::optional<std::string>> structure_;
+  std::optional<std::optional<double>> whole_factor_;
+  std::optional<bool> where_n_is_zero_, where_a_is_zero_;
 };
 
 // Two equal-size axes p < q of x (on_x) or of y, and the factor c, with A = c·N once they are swapped: the first such

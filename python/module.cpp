@@ -226,8 +226,8 @@ void bind_report(py::module_& m) {
   // The kinds whose finding names its input's failure (FindingSheet::explains).
   m.def("_explaining_kinds", [] {
     std::vector<std::string> kinds;
-    for (const FindingSheet& s : builtin_findings())
-      if (s.explains) kinds.emplace_back(s.kind.key());
+    for (const Finding f : all_findings())
+      if (finding_sheet(f)->explains) kinds.emplace_back(f.key());
     return kinds;
   });
 }

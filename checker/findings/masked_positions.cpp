@@ -1,7 +1,5 @@
 // The kind of finding "masked positions": all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0,
 // or in one structured set of entries (a triangle, a band, a window).
-#include <cmath>
-
 #include <fmt/format.h>
 
 #include "checker/finding_sheet.hpp"
@@ -16,11 +14,8 @@ using namespace gradcheck_detail;
 // Every failing element where N = 0 (a mask missing in the rule) or where A = 0 (a mask the forward lacks).
 bool at_masked_positions(JacobianSearch& s) {
   const JacobianView& v = s.v;
-  const double zero_tol = s.zero_tol();
-  auto numeric_zero = [&](int64_t j, int64_t k) { return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero_tol; };
-  auto analytic_zero = [&](int64_t j, int64_t k) { return v.a[static_cast<size_t>(j * v.cols + k)] == 0; };
-  const bool lets_through = confined(v, s.bad, numeric_zero);
-  if (!lets_through && !confined(v, s.bad, analytic_zero)) return false;
+  const bool lets_through = s.failing_where_n_is_zero();
+  if (!lets_through && !s.failing_where_a_is_zero()) return false;
   const std::string in_structure = s.structure() ? fmt::format("; they fill {}", *s.structure()) : "";
   if (lets_through)
     s.found.push_back({Finding::masked_positions, v.input, v.check,

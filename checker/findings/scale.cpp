@@ -1,6 +1,4 @@
 // The kind of finding "scale": A = c·N, c ≠ 1: a missing or wrong constant factor.
-#include <cmath>
-
 #include <fmt/format.h>
 
 #include "checker/finding_sheet.hpp"
@@ -15,7 +13,7 @@ using namespace gradcheck_detail;
 // A = c·N at every entry, c ≠ −1 (that is the sign's pass, before this one). The search ends.
 bool whole_scale(JacobianSearch& s) {
   const JacobianView& v = s.v;
-  const auto c = common_factor(v.a, v.n, {}, v.tol);
+  const std::optional<double>& c = s.whole_factor();
   if (!c) return false;
   s.found.push_back({Finding::scale, v.input, v.check,
                      fmt::format("analytic = c × numeric at every one of {} elements, c = {}: the {} is off by a "

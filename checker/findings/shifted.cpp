@@ -1,8 +1,6 @@
 // The kind of finding "shifted": A = N with one axis of x (or of y) moved by one place, and 0 where nothing moved
 // in: the rule writes each element of x̄ one place over (or reads ȳ one place over), an index off by one in a
 // window, a scan, a convolution's offset or a kernel's pointer arithmetic.
-#include <cmath>
-
 #include <fmt/format.h>
 
 #include "checker/finding_sheet.hpp"
@@ -46,11 +44,7 @@ bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d) {
 // entries.
 bool moved_one_place(JacobianSearch& s) {
   const JacobianView& v = s.v;
-  const double zero_of_n = s.zero_tol();
-  if (confined(v, s.bad, [&](int64_t j, int64_t k) { return v.a[static_cast<size_t>(j * v.cols + k)] == 0; }) ||
-      confined(v, s.bad,
-               [&](int64_t j, int64_t k) { return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero_of_n; }))
-    return false;
+  if (s.failing_where_a_is_zero() || s.failing_where_n_is_zero()) return false;
   for (const bool on_x : {true, false}) {
     const Shape& shape = on_x ? v.xshape : v.yshape;
     const std::string& name = on_x ? v.input : v.y_name;

@@ -15,7 +15,7 @@ using namespace gradcheck_detail;
 // A = −N at every entry. The search ends.
 bool whole_sign(JacobianSearch& s) {
   const JacobianView& v = s.v;
-  const auto c = common_factor(v.a, v.n, {}, v.tol);
+  const std::optional<double>& c = s.whole_factor();
   if (!c || std::abs(*c + 1) > kSignSlack) return false;
   s.found.push_back({Finding::sign, v.input, v.check,
                      fmt::format("analytic = −1 × numeric at every one of {} elements: the {} has the wrong sign "
