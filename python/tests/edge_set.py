@@ -85,7 +85,7 @@ def l2_normalize_naive(x):
 
 
 def l2_normalize_eps(x):
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True)).clamp_min(1e-12)
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 # 5. A max along the last axis whose backward sends ȳ to every element equal to the max: at a tie it routes the
