@@ -201,7 +201,7 @@ def _forward_mode_note(report, impl, fn):
 
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
               fast_mode=None, projections=4, inputs_to_check=None, names=None, seed=20240809, diagnose=True,
-              raise_exception=False, name=None, kwargs=None, params=False, reference=None):
+              raise_exception=False, name=None, kwargs=None, params=False, reference=None, edges=None):
     """Checks fn's derivatives at `inputs` with tapegrad's C++ checker and returns its Report.
 
     fn: a callable on torch tensors (a Function.apply, a module, a function, a lambda or functools.partial around
@@ -229,6 +229,11 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     raise_exception: raise GradcheckError (with the report) on a failure instead of returning it.
     An op returning several tensors is checked output by output (rows "x→y0", ...) and for all outputs at once
     (rows "x→all": each VJP seeds every output with its own random ȳ).
+    edges: True: after the check, fn runs at inputs built to reach the edges of its domain (masked, constant, tied,
+        zero, overflowing and tiny rows; a mask row that leaves a query no key) at the inputs' dtype and device:
+        no NaN or ∞ where the reference is finite, x̄ exactly 0 at ȳ = 0, x̄ agreeing with the reference's; a row
+        "edges" per input and a finding of kind `edge` (with a line that reproduces it) where one breaks
+        (tapegrad/_edges.py). A dict {edge: "nan"} declares edges the op defines as undefined: not probed.
     """
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order not in (1, 2):
         raise ValueError(f"gradcheck: order must be 1 (VJP and JVP) or 2 (Hessian-vector products), got {order!r}")
@@ -294,6 +299,9 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         report = _check_torch(call)
+    if edges is not None and edges is not False:
+        from ._edges import probe_edges
+        probe_edges(call, report, edges, numpy_rules=vjp is not None)
     if raise_exception and not report.passed:
         raise GradcheckError(report)
     return report

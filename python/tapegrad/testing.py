@@ -7,7 +7,7 @@
         x = torch.randn(shape, dtype=dtype, device=device)
         assert_gradients(MySoftmax.apply, (x,), reference=torch.softmax if dtype != torch.float64 else None)
 
-assert_gradients runs tapegrad.gradcheck and raises an AssertionError whose message is the report with its diagnosis
+assert_gradients runs tapegrad.gradcheck (with edges=True, its edge probes too) and raises an AssertionError whose message is the report with its diagnosis
 first, so that pytest shows what is wrong before the table. cases parametrizes a test over dtypes, devices and
 shapes, and skips (with the reason) the devices this machine does not have. Every check assert_gradients makes is
 recorded; run pytest with `-p tapegrad.pytest_plugin` for one summary table of them at the end of the run.
@@ -60,16 +60,22 @@ def diagnosis_first(report):
     return "\n".join(lines[:table] + lines[at:] + lines[table:at])
 
 
-def cases(*, dtypes=(None,), devices=("cpu",), shapes=(None,)):
+def cases(*, dtypes=(None,), devices=("cpu",), shapes=(None,), edges=None):
     """A pytest parametrization over every combination of dtypes × devices × shapes, passed to the test as the
     arguments `dtype`, `device` and `shape` (those given). A device this machine lacks (cuda without a GPU) is a
-    skip that says so, not a pass."""
+    skip that says so, not a pass. edges (True, or a dict of edges declared undefined): each case runs twice, the
+    test's argument `edges` None (the check at a random point) and this value (its edge probes too), to pass on to
+    assert_gradients(..., edges=edges)."""
     import pytest
-    names = [name for name, values in (("dtype", dtypes), ("device", devices), ("shape", shapes))
+    if edges is not None and edges is not False:
+        from ._edges import edge_option
+        edge_option(edges)
+    probes = (None,) if edges is None or edges is False else (None, edges)
+    names = [name for name, values in (("dtype", dtypes), ("device", devices), ("shape", shapes), ("edges", probes))
              if values != (None,)]
     params = []
-    for dtype, device, shape in itertools.product(dtypes, devices, shapes):
-        values = {"dtype": dtype, "device": device, "shape": shape}
+    for dtype, device, shape, edge in itertools.product(dtypes, devices, shapes, probes):
+        values = {"dtype": dtype, "device": device, "shape": shape, "edges": edge}
         marks = []
         missing = _missing_device(device)
         if missing:
@@ -89,6 +95,10 @@ def _missing_device(device):
 
 
 def _id(value):
+    if value is None:
+        return "point"
+    if value is True or isinstance(value, dict):
+        return "edges"
     if isinstance(value, tuple):
         return "x".join(str(v) for v in value)
     return str(value).replace("torch.", "")

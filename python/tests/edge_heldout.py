@@ -8,7 +8,6 @@ EXPECTED_RATE is the share of buggy versions expected found and named so, frozen
 """
 
 import torch
-import torch.nn.functional as F
 
 from edge_set import EdgeCase
 

@@ -18,7 +18,6 @@ The held-out set (edge_heldout.py) has other ops, written apart, and is only mea
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 INF = float("inf")
 
