@@ -31,15 +31,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _tapegrad
+from ._edges_judge import NAMES, _as64, _forward, _judge, _name, _report
 
 EDGES = ("masked_rows", "one_left", "constant_rows", "ties", "zeros", "large", "tiny", "mask_rows")
 UNDEFINED = ("nan", "inf", "undefined")
 LARGE = {torch.float16: 12.0, torch.bfloat16: 90.0, torch.float32: 90.0, torch.float64: 710.0}
 TINY = {torch.float16: 1e-4, torch.bfloat16: 1e-30, torch.float32: 1e-30, torch.float64: 1e-200}
-RTOL = {torch.float16: 0.05, torch.bfloat16: 0.05, torch.float32: 0.01, torch.float64: 0.01}
-NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
-MAX_FINDINGS = 4
 
 
 def edge_option(edges):
@@ -109,25 +106,6 @@ def probe_edges(call, report, edges, numpy_rules=False):
 
 
 # ---- where to probe ----------------------------------------------------------------------------------------------
-
-def _name(ctx, slot):
-    """An input's name: the report's for a checked input, else fn's parameter's (x0, x1, ... without one)."""
-    if slot in ctx.call.slots:
-        return ctx.call.names[ctx.call.slots.index(slot)]
-    from ._callables import _parameter_names
-    names = _parameter_names(ctx.call.fn, len(ctx.call.inputs))
-    return names[slot] if names else f"x{slot}"
-
-
-def _outputs(y):
-    ys = list(y) if isinstance(y, (tuple, list)) else [y]
-    return [t for t in ys if isinstance(t, torch.Tensor)]
-
-
-def _forward(ctx, inputs, fn=None):
-    with torch.no_grad():
-        return [t.detach() for t in _outputs((fn or ctx.call.fn)(*inputs, **(ctx.call.kwargs or {})))]
-
 
 def _row_axis(ctx, slot):
     """The last axis of input `slot` along which two elements share an output (fn reduces over it), else the last."""
@@ -309,11 +287,3 @@ def _replace(ctx, slot, value):
     inputs = list(ctx.call.inputs)
     inputs[slot] = value
     return inputs
-
-
-def _as64(inputs):
-    return [v.detach().to(device="cpu", dtype=torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point()
-            else (v.cpu() if isinstance(v, torch.Tensor) else v) for v in inputs]
-
-
-from ._edges_judge import _judge, _report  # noqa: E402  (the judging half, after the probes it reads)

@@ -7,9 +7,36 @@ from dataclasses import dataclass
 import torch
 
 from . import _tapegrad
-from ._edges import MAX_FINDINGS, NAMES, RTOL, _as64, _forward, _name, _outputs
+
+RTOL = {torch.float16: 0.05, torch.bfloat16: 0.05, torch.float32: 0.01, torch.float64: 0.01}
+NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+MAX_FINDINGS = 4
 
 STEP = 1e-6
+
+
+def _name(ctx, slot):
+    """An input's name: the report's for a checked input, else fn's parameter's (x0, x1, ... without one)."""
+    if slot in ctx.call.slots:
+        return ctx.call.names[ctx.call.slots.index(slot)]
+    from ._callables import _parameter_names
+    names = _parameter_names(ctx.call.fn, len(ctx.call.inputs))
+    return names[slot] if names else f"x{slot}"
+
+
+def _outputs(y):
+    ys = list(y) if isinstance(y, (tuple, list)) else [y]
+    return [t for t in ys if isinstance(t, torch.Tensor)]
+
+
+def _forward(ctx, inputs, fn=None):
+    with torch.no_grad():
+        return [t.detach() for t in _outputs((fn or ctx.call.fn)(*inputs, **(ctx.call.kwargs or {})))]
+
+
+def _as64(inputs):
+    return [v.detach().to(device="cpu", dtype=torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point()
+            else (v.cpu() if isinstance(v, torch.Tensor) else v) for v in inputs]
 
 
 @dataclass
@@ -158,7 +185,8 @@ def _gradient_finding(ctx, probe, run, ref_grads, i, name):
     bad = torch.isnan(g) if ref is None else torch.isnan(g) & ~torch.isnan(ref)
     if bad.any():
         k = _first(bad)
-        where = "where y is finite" if all(bool(torch.isfinite(y).all()) for y in run.ys) else "(ȳ is 0 where y is not finite)"
+        finite = all(bool(torch.isfinite(y).all()) for y in run.ys)
+        where = "where y is finite" if finite else "(ȳ is 0 where y is not finite)"
         return Finding(probe, name, f"{_gives(probe)} NaN in {bar}: {_at(bar, k)} is nan {where}; reproduce: "
                        f"{probe.line}", _at(bar, k), math.nan, math.nan if ref is None else float(ref[k]))
     x = probe.inputs[ctx.call.slots[i]].detach().double().cpu()
@@ -308,7 +336,8 @@ def _disagreement(ctx, probe, run, i, name):
                 nk = _difference(ctx, e, slot, unit, run, base)
                 ak = float((g * unit).sum())
                 if nk is not None and abs(ak - nk) > rtol * max(abs(nk), abs(ak)) * 0.5 + 1e-10:
-                    where, what, a, n = _at(bar, k), f"{_at(bar, k)} is {float(g[k]):.6g}", float(g[k]), nk / float(t[k])
+                    where, what = _at(bar, k), f"{_at(bar, k)} is {float(g[k]):.6g}"
+                    a, n = float(g[k]), nk / float(t[k])
                     break
         return Finding(probe, name, f"{_gives(probe)} {bar} away from the derivative: {what}, central "
                        f"differences of the op in float64 give {n:.6g}; reproduce: {probe.line}", where, a, n)
