@@ -10,7 +10,8 @@
 assert_gradients runs tapegrad.gradcheck (with edges=True, its edge probes too) and raises an AssertionError whose
 message is the report with its diagnosis first, so that pytest shows what is wrong before the table. cases
 parametrizes a test over dtypes, devices, shapes (and, with edges=True, the edge probes), and skips (with the
-reason) the devices this machine does not have. Every check assert_gradients makes is recorded; run pytest with `-p tapegrad.pytest_plugin` for one summary table of them at the end of the run.
+reason) the devices this machine does not have. Every check assert_gradients makes is recorded; run pytest with
+`-p tapegrad.pytest_plugin` for one summary table of them at the end of the run.
 """
 
 import itertools
