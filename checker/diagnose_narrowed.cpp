@@ -33,10 +33,9 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
 
 }  // namespace
 
-std::vector<Diagnosis> narrowed_diagnoses(const Function& f, std::span<const Tensor> x,
-                                          std::span<const std::string> names, const Shape& yshape,
-                                          const GradcheckOptions& opt,
-                                          std::span<const size_t> failing, const CheckInFull& check_in_full) {
+std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& at, const Shape& yshape, std::span<const size_t> failing,
+                                          const CheckInFull& check_in_full) {
+  const auto& [f, x, names, opt, blocks] = at;
   std::vector<Diagnosis> out;
   const int64_t m = yshape.numel();
   auto how_to_name = [&](const std::string& why) {

@@ -112,6 +112,16 @@ struct GradcheckReport {
 std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
 
 class RuleBlocks;
+// An op at the point a check runs it: f, its float64 inputs and their names, the options, and the blocks its rules
+// come in where they do (below). The diagnoses made after the first check (narrowed, by edits, of the second order)
+// read it as one value.
+struct CheckedPoint {
+  const Function& f;
+  std::span<const Tensor> x;
+  std::span<const std::string> names;
+  const GradcheckOptions& opt;
+  RuleBlocks* blocks = nullptr;
+};
 // Checks f at the given float64 inputs; names label the inputs in the report (x0, x1, ... if absent). With blocks
 // (below), the full Jacobians' rows and unit differences are taken from them (null: one point at a time).
 GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names = {},

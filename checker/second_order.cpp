@@ -177,7 +177,7 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   rep.checks.push_back(acc);
 
   if (opt.diagnose) {
-    if (!hvp_ok) rep.diagnoses = diagnose_second_order(f, x, all_names, u, opt, kWholeHessianElements, blocks);
+    if (!hvp_ok) rep.diagnoses = diagnose_second_order({f, x, all_names, opt, blocks}, u);
     if (hvp_ok && !sym.passed)
       rep.diagnoses.push_back(
           {Finding::asymmetric, "all", "symmetry",

@@ -70,9 +70,9 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   report.op = name;
   if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas")) {
     std::string why_not;
-    diagnose_by_edits(report, f, xs, names, [&](std::span<const Tensor> x, const Tensor& g) {
+    diagnose_by_edits(report, {f, xs, names, options, blocks.get()}, [&](std::span<const Tensor> x, const Tensor& g) {
       return vjp_formulas_of(impl, x, g, names, why_not);
-    }, options, blocks.get());
+    });
     // Without formulas no edit was tried: the first "no known kind" says why, so that the op or line the trace
     // could not follow can be seen (and written otherwise).
     if (!why_not.empty())

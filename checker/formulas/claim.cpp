@@ -356,8 +356,9 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
       auto line = std::find_if(text.vjp.begin(), text.vjp.end(), [&](const ClaimText::Line& l) { return l.name == in.name; });
       formulas.vjp.push_back(line == text.vjp.end() ? std::nullopt : std::optional(*line));
     }
-    diagnose_by_edits(report, c.build, make_inputs(c.inputs, DType::f64, opt.seed), names,
-                      [&](std::span<const Tensor>, const Tensor&) { return std::optional(formulas); }, opt);
+    const std::vector<Tensor> x = make_inputs(c.inputs, DType::f64, opt.seed);
+    diagnose_by_edits(report, {c.build, x, names, opt},
+                      [&](std::span<const Tensor>, const Tensor&) { return std::optional(formulas); });
   }
   if (p->has_hvp()) {
     const GradcheckReport second = gradcheck_second_order(c, opt, text.name);

@@ -158,137 +158,147 @@ struct Edit {
   std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
 };
 
-}  // namespace
+// A central difference of ⟨ȳ, f⟩ along a random direction t of one input: what an edited x̄ must give along t.
+struct Probe {
+  Tensor t;
+  double difference;
+};
 
-void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
-                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
-                       RuleBlocks* blocks) {
-  // The inputs whose failing VJP no kind of the Jacobian explains, or explains only by where the error lies (a
-  // per-row term α_r·u_r·v_rᵀ whose vectors are none the checker knows: Diagnosis::unnamed). Not the others: an
-  // edit that puts a rule right is not always the slip (taking a mask's transpose can zero a wrong term), so a
-  // structure the Jacobian shows (a mean's 1·1ᵀ, a normalizer's y_r·y_rᵀ) is the better name, and it spares the
-  // search. An unnamed per-row term is no such structure: a sign flipped on layer norm's x̂·mean(x̂ ⊙ ĝ) is one along
-  // x̂ and w ⊙ x̂, and whether the fit holds to the tolerance depends on the shape and the draw (that slip, with σ
-  // written without layer norm's ε, fit it at (4, 6) and not at (3, 5)), so without the search the same slip was a
-  // sign of a term at one shape and a per-row term at another. Where no edit puts the rule right, it stays.
-  auto unexplained_vjp = [&](size_t i) {
-    return std::find_if(report.diagnoses.begin(), report.diagnoses.end(), [&](const Diagnosis& d) {
-      return (d.kind == Finding::unexplained || (d.kind == Finding::per_row_term && d.unnamed)) &&
-             d.input == names[i] && d.check == "vjp";
-    });
-  };
-  std::vector<size_t> failing;
-  for (size_t i = 0; i < x.size(); ++i)
-    if (unexplained_vjp(i) != report.diagnoses.end()) failing.push_back(i);
-  int64_t elements = 0;
-  for (const Tensor& xi : x) elements += xi.numel();
-  if (failing.empty() || elements > kEditSearchElements) return;
+// The search of diagnose_by_edits over one report: what the rule is held to (set up once), then every edit of every
+// line tried in turn, then the one named.
+class EditSearch {
+ public:
+  EditSearch(GradcheckReport& report, const CheckedPoint& at)
+      : report_(report), at_(at), rng_(at.opt.seed ^ 0x65646974ULL) {}  // "edit": apart from the checks' draws
 
-  Rng rng(opt.seed ^ 0x65646974ULL);  // "edit": its own stream, apart from the checks' draws
-  const Tensor y = evaluate(f, x).to(DType::f64);
-  const Tensor g = Tensor::randn(DType::f64, y.shape(), rng);
-  const std::optional<VjpFormulas> text = formulas(x, g);
-  if (!text || text->vjp.size() != x.size()) return;
-  Rule rule;
-  try {
-    rule = parse_rule(*text);
-  } catch (const Error&) {  // formulas that do not parse (a trace that wrote something the language lacks)
-    return;
+  void run(const VjpFormulasAt& formulas) {
+    if (!set_up(formulas)) return;
+    read_shapes();
+    for (size_t line = 0; line < rule_.lets.size() + rule_.vjp.size(); ++line)
+      if (const Formula* formula = formula_at(line)) try_edits_of(line, *formula);
+    if (!found_.empty()) name_the_edit();
   }
-  for (size_t i : failing)
-    if (!rule.vjp[i]) return;  // a failing x̄ the formulas do not write: no edit of them can put it right
 
-  const PointValues values = [&](Tape& tape) { return point_values(tape, x, names, y, g, *text); };
-  Tape scratch;  // every evaluation of the rule, one after the other
-  const auto unedited = evaluate_rule(rule, values, x, scratch);
-  if (!unedited) return;
-  const std::vector<Tensor> own = vjp(f, x, g);  // the rule that was checked
-  for (size_t i = 0; i < x.size(); ++i)
-    if (rule.vjp[i] && own[i].defined() && !agreement((*unedited)[i], own[i].to(DType::f64), 1e-9, 1e-7).ok) return;
-  // What an edited rule must give. An input whose VJP passed keeps its own x̄ (the edit must not spoil it). A
-  // failing input must match central differences: first along kProjections random directions (2 evaluations of f
-  // each), which sort out almost every edit, then, for an edit that passes those, element by element (2·n_i
-  // evaluations, made once).
-  constexpr int kProjections = 4;
-  struct Probe {
-    Tensor t;
-    double difference;
-  };
-  std::vector<std::vector<Probe>> probes(x.size());
-  for (size_t i : failing)
-    for (int j = 0; j < kProjections; ++j) {
-      Tensor t = Tensor::randn(DType::f64, x[i].shape(), rng);
-      probes[i].push_back({t, projected_difference(f, x, i, t, g, opt.eps)});
+ private:
+  // The input's "no known kind" (or unnamed per-row term) of its VJP, which a named edit takes the place of.
+  std::vector<Diagnosis>::iterator unexplained_vjp(size_t i) {
+    return std::find_if(report_.diagnoses.begin(), report_.diagnoses.end(), [&](const Diagnosis& d) {
+      return (d.kind == Finding::unexplained || (d.kind == Finding::per_row_term && d.unnamed)) &&
+             d.input == at_.names[i] && d.check == "vjp";
+    });
+  }
+  bool is_failing(size_t i) const { return std::find(failing_.begin(), failing_.end(), i) != failing_.end(); }
+
+  // The inputs to put right, the rule parsed and evaluated unedited, and what an edited rule must give: false where
+  // no search is made (see diagnose_by_edits in edits.hpp for when).
+  bool set_up(const VjpFormulasAt& formulas) {
+    for (size_t i = 0; i < at_.x.size(); ++i)
+      if (unexplained_vjp(i) != report_.diagnoses.end()) failing_.push_back(i);
+    int64_t elements = 0;
+    for (const Tensor& xi : at_.x) elements += xi.numel();
+    if (failing_.empty() || elements > kEditSearchElements) return false;
+
+    y_ = evaluate(at_.f, at_.x).to(DType::f64);
+    g_ = Tensor::randn(DType::f64, y_.shape(), rng_);
+    text_ = formulas(at_.x, g_);
+    if (!text_ || text_->vjp.size() != at_.x.size()) return false;
+    try {
+      rule_ = parse_rule(*text_);
+    } catch (const Error&) {  // formulas that do not parse (a trace that wrote something the language lacks)
+      return false;
     }
-  std::vector<Tensor> numeric(x.size());
-  auto is_failing = [&](size_t i) { return std::find(failing.begin(), failing.end(), i) != failing.end(); };
-  auto along_probes = [&](const std::vector<Tensor>& a) {  // |⟨a, t⟩ − d| ≤ atol·‖t‖₁ + rtol·Σ|a_k t_k|
-    for (size_t i : failing)
-      for (const Probe& p : probes[i]) {
+    for (size_t i : failing_)
+      if (!rule_.vjp[i]) return false;  // a failing x̄ the formulas do not write: no edit of them can put it right
+
+    values_ = [this](Tape& tape) { return point_values(tape, at_.x, at_.names, y_, g_, *text_); };
+    const auto unedited = evaluate_rule(rule_, values_, at_.x, scratch_);
+    if (!unedited) return false;
+    unedited_ = *unedited;
+    const std::vector<Tensor> own = vjp(at_.f, at_.x, g_);  // the rule that was checked
+    for (size_t i = 0; i < at_.x.size(); ++i)
+      if (rule_.vjp[i] && own[i].defined() && !agreement(unedited_[i], own[i].to(DType::f64), 1e-9, 1e-7).ok)
+        return false;
+    // What an edited rule must give. An input whose VJP passed keeps its own x̄ (the edit must not spoil it). A
+    // failing input must match central differences: first along kProjections random directions (2 evaluations of
+    // f each), which sort out almost every edit, then, for an edit that passes those, element by element (2·n_i
+    // evaluations, made once).
+    constexpr int kProjections = 4;
+    probes_.resize(at_.x.size());
+    for (size_t i : failing_)
+      for (int j = 0; j < kProjections; ++j) {
+        Tensor t = Tensor::randn(DType::f64, at_.x[i].shape(), rng_);
+        probes_[i].push_back({t, projected_difference(at_.f, at_.x, i, t, g_, at_.opt.eps)});
+      }
+    numeric_.resize(at_.x.size());
+    return !along_probes(unedited_);  // agreeing for this ȳ, the rule fails elsewhere
+  }
+
+  // |⟨a, t⟩ − d| ≤ atol·‖t‖₁ + rtol·Σ|a_k t_k| along every probe of every failing input.
+  bool along_probes(const std::vector<Tensor>& a) const {
+    for (size_t i : failing_)
+      for (const Probe& p : probes_[i]) {
         double dot = 0, t1 = 0, scale = 0;
         for (int64_t k = 0; k < a[i].numel(); ++k) {
           const double ak = a[i].data<double>()[k], tk = p.t.data<double>()[k];
           dot += ak * tk, t1 += std::abs(tk), scale += std::abs(ak * tk);
         }
-        if (!(std::abs(dot - p.difference) <= opt.atol * t1 + opt.rtol * scale)) return false;
+        if (!(std::abs(dot - p.difference) <= at_.opt.atol * t1 + at_.opt.rtol * scale)) return false;
       }
     return true;
-  };
-  auto agrees = [&](const std::vector<Tensor>& a) {
-    for (size_t i = 0; i < x.size(); ++i)
-      if (rule.vjp[i] && !is_failing(i) && !agreement(a[i], (*unedited)[i], 1e-9, 1e-7).ok) return false;
+  }
+  // An edited rule's x̄: the passing inputs' unchanged, the failing ones' along the probes, then element by element.
+  bool agrees(const std::vector<Tensor>& a) {
+    for (size_t i = 0; i < at_.x.size(); ++i)
+      if (rule_.vjp[i] && !is_failing(i) && !agreement(a[i], unedited_[i], 1e-9, 1e-7).ok) return false;
     if (!along_probes(a)) return false;
-    for (size_t i : failing) {
-      if (!numeric[i].defined()) numeric[i] = differences(f, x, i, g, opt.eps, blocks);
-      if (!agreement(a[i], numeric[i], opt.atol, opt.rtol).ok) return false;
+    for (size_t i : failing_) {
+      if (!numeric_[i].defined()) numeric_[i] = differences(at_.f, at_.x, i, g_, at_.opt.eps, at_.blocks);
+      if (!agreement(a[i], numeric_[i], at_.opt.atol, at_.opt.rtol).ok) return false;
     }
     return true;
-  };
-  if (along_probes(*unedited)) return;  // the rule agrees for this ȳ: the failure lies elsewhere
+  }
 
   // The shapes of the values the formulas read, the lets' included, to read the shape of a part.
-  std::map<std::string, Shape> shapes;
-  {
+  void read_shapes() {
     Tape tape;
     NoGradGuard no_grad(tape);
-    std::map<std::string, Var> with_lets = values(tape);
-    define_lets(rule, with_lets);
-    for (const auto& [name, v] : with_lets) shapes.emplace(name, v.shape());
+    std::map<std::string, Var> with_lets = values_(tape);
+    define_lets(rule_, with_lets);
+    for (const auto& [name, v] : with_lets) shapes_.emplace(name, v.shape());
   }
-  auto shape_of = [&](const std::string& part) -> std::optional<Shape> {
+  std::optional<Shape> shape_of(const std::string& part) const {
     try {
-      return Formula::parse(part).check(shapes);
+      return Formula::parse(part).check(shapes_);
     } catch (const Error&) {
       return std::nullopt;
     }
-  };
-
-  const size_t lines = rule.lets.size() + rule.vjp.size();
+  }
   // ", made at LABEL," for a part that is the name of a let defined before line `before`.
-  auto made_at = [&](const std::string& part, size_t before) -> std::string {
-    for (size_t l = std::min(before, rule.lets.size()); l-- > 0;)
-      if (rule.lets[l].first == part)
-        return text->lets[l].label.empty() ? "" : fmt::format(", made at {},", text->lets[l].label);
+  std::string made_at(const std::string& part, size_t before) const {
+    for (size_t l = std::min(before, rule_.lets.size()); l-- > 0;)
+      if (rule_.lets[l].first == part)
+        return text_->lets[l].label.empty() ? "" : fmt::format(", made at {},", text_->lets[l].label);
     return "";
-  };
-  auto formula_at = [&](size_t line) -> const Formula* {
-    if (line < rule.lets.size()) return &rule.lets[line].second;
-    const auto& v = rule.vjp[line - rule.lets.size()];
+  }
+  const Formula* formula_at(size_t line) const {
+    if (line < rule_.lets.size()) return &rule_.lets[line].second;
+    const auto& v = rule_.vjp[line - rule_.lets.size()];
     return v ? &*v : nullptr;
-  };
+  }
+  const ClaimText::Line& text_at(size_t line) const {
+    return line < rule_.lets.size() ? text_->lets[line] : *text_->vjp[line - rule_.lets.size()];
+  }
   // Where a line was written: its label, else what it defines.
-  auto where_written = [&](size_t at) {
-    const ClaimText::Line& l = at < rule.lets.size() ? text->lets[at] : *text->vjp[at - rule.lets.size()];
+  std::string where_written(size_t line) const {
+    const ClaimText::Line& l = text_at(line);
     if (!l.label.empty()) return l.label;
-    return at < rule.lets.size() ? fmt::format("let {}", l.name) : fmt::format("x̄ of {}", names[at - rule.lets.size()]);
-  };
-  std::vector<Edit> found;                  // every edit that puts the rule right,
-  std::vector<std::vector<Tensor>> fixed;   // and the x̄ it then gives
-  for (size_t line = 0; line < lines; ++line) {
-    const Formula* formula = formula_at(line);
-    if (!formula) continue;
-    const std::string& t = formula->text();
-    const std::vector<Formula::Part> parts = formula->parts();
+    return line < rule_.lets.size() ? fmt::format("let {}", l.name)
+                                    : fmt::format("x̄ of {}", at_.names[line - rule_.lets.size()]);
+  }
+
+  // Every edit of one line's formula, each kept (with the x̄ it gives) where it puts the rule right.
+  void try_edits_of(size_t line, const Formula& formula) {
+    const std::vector<Formula::Part> parts = formula.parts();
     auto is_transposed_argument = [&](const Formula::Part& p) {  // e in transpose(e): the removal covers it
       return std::any_of(parts.begin(), parts.end(), [&](const Formula::Part& call) {
         return call.argument && call.argument->first == p.begin && call.argument->second == p.end;
@@ -296,112 +306,147 @@ void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<con
     };
     for (const Formula::Part& part : parts) {
       if (is_transposed_argument(part)) continue;
-      const std::string inside = t.substr(part.begin, part.end - part.begin);
       std::vector<Edit> candidates;
-      if (part.argument) {  // transpose(e) → e (putting another transpose around it would do the same)
-        const auto [b, e] = *part.argument;
-        candidates.push_back({line, Finding::transposed_term,
-                              t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end),
-                              fmt::format("the transpose is taken from `{}` where {} reads it", inside,
-                                          where_written(line))});
-      } else if (const auto shape = shape_of(inside);
-                 shape && shape->rank() >= 2 && (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
-                 shape->back() >= 2) {
-        candidates.push_back({line, Finding::transposed_term,
-                              t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end),
-                              fmt::format("`{}` {}{} is transposed where {} reads it", inside, *shape,
-                                          made_at(inside, line), where_written(line))});
-      }
-      if (part.sign) {
-        const size_t at = *part.sign;
-        const std::string term = t.substr(part.term.first, part.term.second - part.term.first);
-        if (at == part.begin)  // −u → u
-          candidates.push_back({line, Finding::term_sign, t.substr(0, at) + t.substr(at + 1),
-                                fmt::format("the minus is taken from `{}` at {}", inside, where_written(line))});
-        else  // a + b ↔ a − b
-          candidates.push_back({line, Finding::term_sign,
-                                t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
-                                fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
-      }
-      if (part.axis) {  // sum(e, a), mean(e, a), unsqueeze(e, a): a → another axis of e of the same size
-        const auto [ab, ae] = *part.axis;
-        auto of = shape_of(t.substr(part.term.first, part.term.second - part.term.first));
-        const bool inserts = t.compare(part.begin, 9, "unsqueeze") == 0;  // its axis is one of the result's
-        int written = 0;
-        try {
-          written = std::stoi(t.substr(ab, ae - ab));
-        } catch (const std::exception&) {
-          of.reset();
-        }
-        if (of && of->rank() > 0) {
-          const int rank = static_cast<int>(of->rank()) + (inserts ? 1 : 0);
-          const int at = written < 0 ? written : written - rank;  // axes counted from the end, as the trace writes
-          for (int other = -rank; other < 0; ++other) {
-            if (other == at || at < -rank) continue;
-            if (!inserts && (*of)[static_cast<size_t>(rank + other)] != (*of)[static_cast<size_t>(rank + at)])
-              continue;
-            const char* how = inserts ? "broadcasts along" : "reduces over";
-            // squeeze(sum(e, a), a), torch's sum that drops its axis: the squeeze follows the sum's axis.
-            const std::string dropped = ", " + t.substr(ab, ae - ab) + ")";
-            const bool squeezed = !inserts && part.begin >= 8 && t.compare(part.begin - 8, 8, "squeeze(") == 0 &&
-                                  t.compare(part.end, dropped.size(), dropped) == 0;
-            std::string edited = t.substr(0, ab) + std::to_string(other) + t.substr(ae, part.end - ae);
-            edited += squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size())
-                               : t.substr(part.end);
-            candidates.push_back({line, Finding::wrong_axis, edited,
-                                  fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line),
-                                              how, other, at)});
-          }
-        }
-      }
+      transpose_edit(line, formula.text(), part, candidates);
+      sign_edit(line, formula.text(), part, candidates);
+      axis_edits(line, formula.text(), part, candidates);
       for (Edit& edit : candidates) {
-        Rule edited = rule;
+        Rule edited = rule_;
         try {
-          if (line < rule.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula->label());
-          else edited.vjp[line - rule.lets.size()] = Formula::parse(edit.edited, formula->label());
+          if (line < rule_.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula.label());
+          else edited.vjp[line - rule_.lets.size()] = Formula::parse(edit.edited, formula.label());
         } catch (const Error&) {
           continue;
         }
-        const auto result = evaluate_rule(edited, values, x, scratch);
+        const auto result = evaluate_rule(edited, values_, at_.x, scratch_);
         if (!result || !agrees(*result)) continue;
-        found.push_back(std::move(edit));
-        fixed.push_back(*result);
+        found_.push_back(std::move(edit));
+        fixed_.push_back(*result);
       }
     }
   }
-  if (found.empty()) return;
+  // transpose(e) → e (putting another transpose around it would do the same), or e → transpose(e) for a square e.
+  void transpose_edit(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    const std::string inside = t.substr(part.begin, part.end - part.begin);
+    if (part.argument) {
+      const auto [b, e] = *part.argument;
+      out.push_back({line, Finding::transposed_term, t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end),
+                     fmt::format("the transpose is taken from `{}` where {} reads it", inside, where_written(line))});
+    } else if (const auto shape = shape_of(inside);
+               shape && shape->rank() >= 2 && (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
+               shape->back() >= 2) {
+      out.push_back({line, Finding::transposed_term,
+                     t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end),
+                     fmt::format("`{}` {}{} is transposed where {} reads it", inside, *shape, made_at(inside, line),
+                                 where_written(line))});
+    }
+  }
+  // −u → u, or a + b ↔ a − b.
+  void sign_edit(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    if (!part.sign) return;
+    const size_t at = *part.sign;
+    const std::string inside = t.substr(part.begin, part.end - part.begin);
+    const std::string term = t.substr(part.term.first, part.term.second - part.term.first);
+    if (at == part.begin)
+      out.push_back({line, Finding::term_sign, t.substr(0, at) + t.substr(at + 1),
+                     fmt::format("the minus is taken from `{}` at {}", inside, where_written(line))});
+    else
+      out.push_back({line, Finding::term_sign, t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
+                     fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
+  }
+  // sum(e, a), mean(e, a), unsqueeze(e, a): a → another axis of e of the same size.
+  void axis_edits(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    if (!part.axis) return;
+    const auto [ab, ae] = *part.axis;
+    auto of = shape_of(t.substr(part.term.first, part.term.second - part.term.first));
+    const bool inserts = t.compare(part.begin, 9, "unsqueeze") == 0;  // its axis is one of the result's
+    int written = 0;
+    try {
+      written = std::stoi(t.substr(ab, ae - ab));
+    } catch (const std::exception&) {
+      of.reset();
+    }
+    if (!of || of->rank() == 0) return;
+    const std::string inside = t.substr(part.begin, part.end - part.begin);
+    const int rank = static_cast<int>(of->rank()) + (inserts ? 1 : 0);
+    const int at = written < 0 ? written : written - rank;  // axes counted from the end, as the trace writes
+    for (int other = -rank; other < 0; ++other) {
+      if (other == at || at < -rank) continue;
+      if (!inserts && (*of)[static_cast<size_t>(rank + other)] != (*of)[static_cast<size_t>(rank + at)]) continue;
+      const char* how = inserts ? "broadcasts along" : "reduces over";
+      // squeeze(sum(e, a), a), torch's sum that drops its axis: the squeeze follows the sum's axis.
+      const std::string dropped = ", " + t.substr(ab, ae - ab) + ")";
+      const bool squeezed = !inserts && part.begin >= 8 && t.compare(part.begin - 8, 8, "squeeze(") == 0 &&
+                            t.compare(part.end, dropped.size(), dropped) == 0;
+      std::string edited = t.substr(0, ab) + std::to_string(other) + t.substr(ae, part.end - ae);
+      edited += squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size())
+                         : t.substr(part.end);
+      out.push_back({line, Finding::wrong_axis, edited,
+                     fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line), how, other, at)});
+    }
+  }
 
   // An axis first, when one puts the rule right (a sum over the wrong axis of a square value is also that value
   // transposed, but one written number is the smaller edit), then a transpose; the other edits of the same kind
-  // are counted.
-  auto any_of_kind = [&](Finding k) {
-    return std::any_of(found.begin(), found.end(), [&](const Edit& e) { return e.kind == k; });
-  };
-  const Finding kind = any_of_kind(Finding::wrong_axis)        ? Finding::wrong_axis
-                       : any_of_kind(Finding::transposed_term) ? Finding::transposed_term
-                                                               : Finding::term_sign;
-  const size_t chosen = static_cast<size_t>(
-      std::find_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; }) - found.begin());
-  const Edit& first = found[chosen];
-  const auto same = std::count_if(found.begin(), found.end(), [&](const Edit& e) { return e.kind == kind; });
-  const ClaimText::Line& line =
-      first.line < rule.lets.size() ? text->lets[first.line] : *text->vjp[first.line - rule.lets.size()];
-  const std::string others = same == 2  ? " (1 other edit of this kind does too)"
-                             : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
-                                        : std::string();
-  const char* meaning = kind == Finding::wrong_axis ? "a reduction or broadcast of the rule is taken along the wrong axis"
-                        : kind == Finding::transposed_term
-                            ? "a square value of the rule is used where its transpose belongs"
-                            : "a term of the rule has the wrong sign";
-  for (size_t i : failing) {
-    const double before = agreement((*unedited)[i], numeric[i], opt.atol, opt.rtol).worst;
-    const double after = agreement(fixed[chosen][i], numeric[i], opt.atol, opt.rtol).worst;
-    Diagnosis d{kind, names[i], "vjp",
-                fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
-                            "{}",
-                            after, before, first.what, line.formula, first.edited, others, meaning)};
-    *unexplained_vjp(i) = std::move(d);  // failing holds only inputs with that diagnosis, and none is removed
+  // are counted. The named edit takes the place of each failing input's unexplained diagnosis.
+  void name_the_edit() {
+    auto any_of_kind = [&](Finding k) {
+      return std::any_of(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == k; });
+    };
+    const Finding kind = any_of_kind(Finding::wrong_axis)        ? Finding::wrong_axis
+                         : any_of_kind(Finding::transposed_term) ? Finding::transposed_term
+                                                                 : Finding::term_sign;
+    const size_t chosen = static_cast<size_t>(
+        std::find_if(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == kind; }) - found_.begin());
+    const Edit& first = found_[chosen];
+    const auto same = std::count_if(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == kind; });
+    const std::string others = same == 2  ? " (1 other edit of this kind does too)"
+                               : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
+                                          : std::string();
+    const char* meaning = kind == Finding::wrong_axis
+                              ? "a reduction or broadcast of the rule is taken along the wrong axis"
+                          : kind == Finding::transposed_term ? "a square value of the rule is used where its transpose belongs"
+                                                             : "a term of the rule has the wrong sign";
+    for (size_t i : failing_) {
+      const double before = agreement(unedited_[i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
+      const double after = agreement(fixed_[chosen][i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
+      Diagnosis d{kind, at_.names[i], "vjp",
+                  fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
+                              "{}",
+                              after, before, first.what, text_at(first.line).formula, first.edited, others, meaning)};
+      *unexplained_vjp(i) = std::move(d);  // failing_ holds only inputs with that diagnosis, and none is removed
+    }
   }
+
+  GradcheckReport& report_;
+  const CheckedPoint& at_;
+  Rng rng_;
+  std::vector<size_t> failing_;  // the inputs whose VJP the search is to put right
+  Tensor y_, g_;                 // f(x) and the cotangent ȳ drawn for the search
+  std::optional<VjpFormulas> text_;
+  Rule rule_;
+  PointValues values_;
+  Tape scratch_;                    // every evaluation of the rule, one after the other
+  std::vector<Tensor> unedited_;    // x̄ of the rule as written
+  std::vector<std::vector<Probe>> probes_;
+  std::vector<Tensor> numeric_;     // central differences of x̄, element by element, made when first needed
+  std::map<std::string, Shape> shapes_;
+  std::vector<Edit> found_;                 // every edit that puts the rule right,
+  std::vector<std::vector<Tensor>> fixed_;  // and the x̄ it then gives
+};
+
+}  // namespace
+
+// The inputs whose failing VJP no kind of the Jacobian explains, or explains only by where the error lies (a per-row
+// term α_r·u_r·v_rᵀ whose vectors are none the checker knows: Diagnosis::unnamed). Not the others: an edit that puts
+// a rule right is not always the slip (taking a mask's transpose can zero a wrong term), so a structure the Jacobian
+// shows (a mean's 1·1ᵀ, a normalizer's y_r·y_rᵀ) is the better name, and it spares the search. An unnamed per-row
+// term is no such structure: a sign flipped on layer norm's x̂·mean(x̂ ⊙ ĝ) is one along x̂ and w ⊙ x̂, and whether
+// the fit holds to the tolerance depends on the shape and the draw (that slip, with σ written without layer norm's
+// ε, fit it at (4, 6) and not at (3, 5)), so without the search the same slip was a sign of a term at one shape and
+// a per-row term at another. Where no edit puts the rule right, it stays.
+void diagnose_by_edits(GradcheckReport& report, const CheckedPoint& at, const VjpFormulasAt& formulas) {
+  EditSearch(report, at).run(formulas);
 }
 
 }  // namespace tapegrad

@@ -47,9 +47,7 @@ inline constexpr int64_t kEditSearchElements = 4096;
 // term), so a structure the Jacobian shows is the better name. Does nothing when the formulas, unedited,
 // differ from f's own VJP at x (they are not the rule that was checked), when they already agree with the
 // differences (the failure lies elsewhere), or when the inputs hold more than kEditSearchElements elements. With
-// blocks, the differences along each e_k come from RuleBlocks::unit_steps (one call per input).
-void diagnose_by_edits(GradcheckReport& report, const Function& f, std::span<const Tensor> x,
-                       std::span<const std::string> names, const VjpFormulasAt& formulas, const GradcheckOptions& opt,
-                       RuleBlocks* blocks = nullptr);
+// at.blocks, the differences along each e_k come from RuleBlocks::unit_steps (one call per input).
+void diagnose_by_edits(GradcheckReport& report, const CheckedPoint& at, const VjpFormulasAt& formulas);
 
 }  // namespace tapegrad
