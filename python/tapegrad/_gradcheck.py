@@ -65,10 +65,13 @@ def _number(who, option, value, expected, ok):
     return x
 
 
-def _options(who, eps, atol, rtol, fast_mode, projections, seed, diagnose):
-    """The checker's options, each refused as `tapegrad gradcheck` and `tapegrad claim` refuse it: a step or a
-    tolerance that is NaN or infinite makes every comparison meaningless (NaN compares false, an infinite tolerance
-    accepts anything), and a step of 0 divides by zero."""
+def _options(who, keywords):
+    """The checker's options from gradcheck's or claim's keyword options (eps, atol, rtol, fast_mode, projections,
+    seed, diagnose), each refused as `tapegrad gradcheck` and `tapegrad claim` refuse it: a step or a tolerance that
+    is NaN or infinite makes every comparison meaningless (NaN compares false, an infinite tolerance accepts
+    anything), and a step of 0 divides by zero."""
+    eps, atol, rtol, fast_mode, projections, seed, diagnose = (
+        keywords[k] for k in ("eps", "atol", "rtol", "fast_mode", "projections", "seed", "diagnose"))
     options = _tapegrad._Options()
     options.eps = _number(who, "eps", eps, "a finite number > 0", lambda x: x > 0)
     options.atol = _number(who, "atol", atol, "a finite number > 0", lambda x: x > 0)
@@ -97,8 +100,6 @@ def _require_full_jacobian_memory(impl, name, arrays):
                               "the same rules in memory of the inputs' size")
 
 
-
-
 def _name_from_forward(report, call):
     """Adds to the report the slip of each failing, unexplained VJP that is one term of a Function's forward."""
     failing = {c.input for c in report.checks if c.check == "vjp" and not c.passed and not c.skipped}
@@ -123,7 +124,8 @@ def _name_from_forward(report, call):
 def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4, seed=20240809, diagnose=True):
     """Checks derivatives claimed as formulas, in the format of docs/claims/README.md (`tapegrad claim --file`):
     one Report per `claim NAME` block. The formulas are evaluated in C++ and the checks are the CLI's."""
-    return _tapegrad._claim(text, _options("claim", eps, atol, rtol, fast_mode, projections, seed, diagnose))
+    return _tapegrad._claim(text, _options("claim", dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode,
+                                                         projections=projections, seed=seed, diagnose=diagnose)))
 
 
 # The kink advice of the C++ checker names the C++ test harness's fill; a Python user draws the inputs.
@@ -238,7 +240,9 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order not in (1, 2):
         raise ValueError(f"gradcheck: order must be 1 (VJP and JVP) or 2 (Hessian-vector products), got {order!r}")
     order = int(order)
-    options = _options("gradcheck", eps, atol, rtol, fast_mode, projections, seed, diagnose)
+    keywords = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections, seed=seed,
+                    diagnose=diagnose)
+    options = _options("gradcheck", keywords)
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
     inputs = tuple(inputs)
@@ -281,8 +285,7 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
                              "can be checked (leave it out with inputs_to_check, or give it elements)")
 
     call = _Call(fn, inputs, slots, checked_names, arrays, name, order, kwargs, options, fast_mode, reference,
-                 dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections, seed=seed,
-                      diagnose=diagnose))
+                 keywords)
     if vjp is None and _torch_if_loaded() is not None and (reference is not None or _runs_elsewhere(inputs, slots)):
         report = _check_at_precision(call)
     elif vjp is not None:
@@ -329,25 +332,23 @@ class _Call:
 def _check_torch(call):
     """The checks of a torch op: one per output (and one of all outputs at once) where it has several."""
     from ._torch_op import TorchOp
-    fn, inputs, slots, name, order, kwargs = call.fn, call.inputs, call.slots, call.name, call.order, call.kwargs
-    arrays, checked_names, options, fast_mode = call.arrays, call.names, call.options, call.fast_mode
-    probe = TorchOp(fn, inputs, slots, name, kwargs=kwargs)
+    name, arrays, checked_names, options, fast_mode = call.name, call.arrays, call.names, call.options, call.fast_mode
+    probe = TorchOp(call)
     with _torch_if_loaded().no_grad():
         count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
     outputs = [None] if count == 1 else list(range(count)) + ["all"]
     reports, impls = [], []
     steps = {}  # fn's runs at x ± εe_k, every output of each: one set of runs for all the outputs' checks
     for output in outputs:
-        impl = TorchOp(fn, inputs, slots, name, second_order=order == 2, kwargs=kwargs, output=output, steps=steps)
+        impl = TorchOp(call, output=output, steps=steps)
         part_options = options
         if output == "all" and fast_mode is None:
             # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,
             # which the checks above have made)
-            part_options = _options("gradcheck", options.eps, options.atol, options.rtol, True, options.projections,
-                                    options.seed, options.diagnose)
+            part_options = _options("gradcheck", {**call.keywords, "fast_mode": True})
         if fast_mode is not None and not fast_mode:
             _require_full_jacobian_memory(impl, name, arrays)
-        reports.append(_tapegrad._check(impl, name, arrays, checked_names, order, part_options))
+        reports.append(_tapegrad._check(impl, name, arrays, checked_names, call.order, part_options))
         impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
     after = _AfterTheCheck(call, report, impls, count)
@@ -430,7 +431,7 @@ def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):
     rounding allows where it rounds at about float32 (and may_recheck). (the report to keep, a note or None, whether
     it was refused)."""
     from . import _rounds_inside as steady
-    name, arrays, checked_names, options = call.name, call.arrays, call.names, call.options
+    arrays, options = call.arrays, call.options
     moved = steady.differs_when_run_again(impl, arrays)
     if moved is not None:
         return _refused(report, "not_a_function", steady.not_a_function_message(*moved)), None, True
@@ -443,7 +444,7 @@ def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):
     if (steady.unit_named(rho) != "float32"
             or noise > steady.LOOSEST_ATOL * steady.largest_gradient(impl, arrays, options.seed)):
         return _refused(report, "rounds_inside", steady.rounds_coarsely_message(rho)), None, True
-    report, note = steady.recheck(impl, name, arrays, checked_names, options, rho, step, noise)
+    report, note = steady.recheck(impl, call, rho, step, noise)
     return report, note, False
 
 

@@ -9,8 +9,8 @@ No tolerance is given: what rounding explains is measured (tapegrad/_rounding.py
 each of its torch ops computed at p (forward and backward), on x and on x moved by about a unit in the last place
 (x·(1 + u·ξ), ξ uniform in [−1, 1], rounded to p; at bf16 and fp16 against float64 at that point, at float32
 against x̄₆₄, which adds the input's sensitivity at float32): how far that composite at p moves from float64 is what
-a right computation at p errs here. Beside it: a fused kernel's model at bf16 and fp16 (only the products' operands at p,
-float32 between), a float32 sum's error over the length of x̄'s sums, and the result's own rounding (half an ulp at
+a right computation at p errs here. Beside it: a fused kernel's model at bf16 and fp16 (only the products' operands at
+p, float32 between), a float32 sum's error over the length of x̄'s sums, and the result's own rounding (half an ulp at
 p of x̄₆₄'s largest element).
         B = 1.75 · the largest of them
 (1.75, below 2: a rule erring twice what the composite at p errs fails). An input's row passes when
@@ -103,8 +103,7 @@ def check_at_precision(call, float64_report):
     ref_name = name if reference is None else (getattr(reference, "__name__", None) or type(reference).__name__)
 
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}")
-    comparison = compare(kernel, ref_fn, list(inputs), slots, kwargs, dtype, device, generator,
-                         f"the reference {ref_name} in float64")
+    comparison = compare(kernel, ref_fn, dtype, device, generator, f"the reference {ref_name} in float64")
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:

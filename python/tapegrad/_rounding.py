@@ -201,6 +201,7 @@ class _Run:
 
     def __init__(self, fn, args, slots, kwargs, who, mode=None):
         self.mode = mode or contextlib.nullcontext
+        self.args, self.slots, self.kwargs = list(args), slots, kwargs  # as given: a reference runs on the same
         self.xs = [args[i].detach().requires_grad_() for i in slots]
         args = list(args)
         for i, x in zip(slots, self.xs):
@@ -264,11 +265,11 @@ class _Comparison:
     rounding) and B = MARGIN times the largest."""
 
     def __init__(self, kernel, reference_at, dtype, cotangents_64, generator):
-        # x, and x moved by an ulp at p (MOVED_32 moved points at float32). A right computation at p errs as an exact one does at an input
-        # moved by an ulp of the precision it computes in: at float32 that is the inputs' own, so the moved point's
-        # figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel computes in
-        # float32 between exact 16-bit inputs and its stored values, which the composite at p rounds already, so
-        # there the moved point is a second sample of how rounding falls, against float64 at its own point.
+        # x, and x moved by an ulp at p (MOVED_32 moved points at float32). A right computation at p errs as an exact
+        # one does at an input moved by an ulp of the precision it computes in: at float32 that is the inputs' own, so
+        # the moved point's figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel
+        # computes in float32 between exact 16-bit inputs and its stored values, which the composite at p rounds
+        # already, so there the moved point is a second sample of how rounding falls, against float64 at its own point.
         reference64 = reference_at(None)
         self.kernel, self.reference64 = kernel, reference64  # kept: the naming compares with them again
         u = UNIT_ROUNDOFF[dtype]
@@ -390,8 +391,9 @@ def _rms(a):
 
 def half_ulp(largest, dtype):
     """The most that rounding to nearest at dtype moves a value of magnitude up to `largest`: half a unit in the last
-    place of its binade, u·2^⌊log₂ largest⌋ (between ½·u·largest and u·largest). The binade is taken at largest·(1 + 4u),
-    so that a value computed a few roundings above a power of two is held to the binade it is stored in."""
+    place of its binade, u·2^⌊log₂ largest⌋ (between ½·u·largest and u·largest). The binade is taken at
+    largest·(1 + 4u), so that a value computed a few roundings above a power of two is held to the binade it is
+    stored in."""
     u = UNIT_ROUNDOFF[dtype]
     if not (largest > 0 and math.isfinite(largest)):
         return u * largest
@@ -426,10 +428,12 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, args, slots, kwargs, dtype, device, generator, label):
-    """kernel (a _Run of the op at dtype on args) against ref_fn on the same values: ref_fn in float64, and with its
-    ops at dtype (and in the fused kernel's model, at bf16 and fp16) on args and on args moved by an ulp, at DRAWS
-    random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in float64")."""
+def compare(kernel, ref_fn, dtype, device, generator, label):
+    """kernel (a _Run of the op at dtype) against ref_fn on the same values (kernel.args, with kernel.kwargs): ref_fn
+    in float64, and with its ops at dtype (and in the fused kernel's model, at bf16 and fp16) on those args and on
+    them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in
+    float64")."""
+    args, slots, kwargs = kernel.args, kernel.slots, kernel.kwargs
     moved = {}
 
     def reference_at(mode, move=0):

@@ -125,8 +125,10 @@ def recheck_noise(impl, arrays, rho):
     return step, 4 * rho * float(np.max(np.abs(y))) / step
 
 
-def recheck(impl, name, arrays, checked_names, options, rho, step, noise):
-    """The check again at the step and tolerance rounding inside allows, and the note that says why."""
+def recheck(impl, call, rho, step, noise):
+    """The check again at the step and tolerance rounding inside allows, and the note that says why. call: the
+    gradcheck call (its name, checked inputs' names and float64 values, options)."""
+    options = call.options
     again = _tapegrad._Options()
     for field in ("rtol", "full_jacobian_limit", "projections", "seed", "diagnose"):
         setattr(again, field, getattr(options, field))
@@ -135,7 +137,7 @@ def recheck(impl, name, arrays, checked_names, options, rho, step, noise):
     # the rules themselves (torch's derivatives of the float32 steps) are as accurate as that rounding: their
     # adjoint identity and linearity hold to it, not to float64's
     again.rounding = max(options.rounding, 64 * rho)
-    report = _tapegrad._check(impl, name, arrays, checked_names, 1, again)
+    report = _tapegrad._check(impl, call.name, call.arrays, call.names, 1, again)
     note = (f"the forward rounds inside at about {unit_named(rho)} (its output moves in steps of {rho:.2g} "
             f"relative): at eps={options.eps:g} the differences are noise, so this check is made at eps={again.eps:.2g}"
             f", atol={again.atol:.2g}, where that rounding moves a difference by at most {noise:.2g}; to check the op "

@@ -67,13 +67,15 @@ class TorchOp:
     output at once, flattened and concatenated, so each VJP seeds each output with its own part of ȳ and the
     backward is called once with all of them."""
 
-    def __init__(self, fn, inputs, slots, name, second_order=False, kwargs=None, output=None, steps=None):
-        self.fn, self.name = fn, name
-        self.slots = slots
+    def __init__(self, call, output=None, steps=None):
+        """call: the gradcheck call (tapegrad/_gradcheck.py's _Call): fn, its inputs, the checked slots, the name, the
+        order (2: the rules' second order is checked too) and fn's keyword arguments."""
+        self.fn, self.name = call.fn, call.name
+        self.slots = call.slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                      for x in inputs]
-        self.kwargs = dict(kwargs or {})
-        self.second_order = second_order
+                      for x in call.inputs]
+        self.kwargs = dict(call.kwargs or {})
+        self.second_order = call.order == 2
         self.output = output
         self.no_forward_mode = None  # why forward mode failed, once it has
         self._recorded = None        # (the inputs' shapes and bytes, forward's result) of the last recording
@@ -137,7 +139,7 @@ class TorchOp:
         return worst
 
     def vjp_formulas(self, arrays, gout, names):
-        from ._trace import vjp_formulas, vjp_formulas_of_callable
+        from ._trace import TracePoint, vjp_formulas, vjp_formulas_of_callable
         function_class = _function_class(self.fn)
         if self.output == "all":
             return None
@@ -146,10 +148,11 @@ class TorchOp:
                 call = self._apply_call(function_class, arrays)
                 if call is not None:
                     args, slots = call
-                    return vjp_formulas(function_class, args, slots, names, arrays, gout, output=self.output)
+                    return vjp_formulas(function_class, TracePoint(args, slots, names, arrays), gout,
+                                        output=self.output)
             if self.output is not None:
                 return None
-            return vjp_formulas_of_callable(self.fn, self.fixed, self.slots, names, arrays, gout)
+            return vjp_formulas_of_callable(self.fn, TracePoint(self.fixed, self.slots, names, arrays), gout)
         except Exception as error:  # the formulas only add a diagnosis: without them the report stands as it is
             return f"the backward could not be traced into formulas: {type(error).__name__}: {error}"
 
@@ -352,7 +355,8 @@ class TorchOp:
                     return _ONCE_DIFFERENTIABLE.format(self.name)
                 opaque = [i for i, g in enumerate(grads) if g is not None and g.grad_fn is None]
                 if opaque:
-                    return (f"op '{self.name}': its backward is not differentiable (the gradient of input {opaque[0]} has no graph: "
+                    return (f"op '{self.name}': its backward is not differentiable (the gradient of input "
+                            f"{opaque[0]} has no graph: "
                             "the backward is not built from differentiable torch ops), so its second order "
                             "cannot be checked")
                 s = _inner_product(grads, tangents, y)

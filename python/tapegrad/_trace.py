@@ -38,6 +38,7 @@ import keyword
 import linecache
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ _LACKS = "which the formula language does not have"
 def _axis(d, rank):
     """Axis d of a tensor of that rank, counted from the end (-1 the last)."""
     return int(d) % rank - rank
+
 
 class _Untraceable(Exception):
     pass
@@ -600,10 +602,20 @@ def _bad_names(names):
     return None
 
 
-def _point(fixed, slots, arrays, gout):
-    args = list(fixed)
-    xs = [torch.from_numpy(np.array(a, dtype=np.float64)) for a in arrays]
-    for slot, x in zip(slots, xs):
+@dataclass
+class TracePoint:
+    """Where a backward is traced: fn's inputs (fixed), the checked slots with their names, and their float64 values
+    (arrays) there, which take the slots' places."""
+    fixed: tuple
+    slots: list
+    names: list
+    arrays: list
+
+
+def _point(at, gout):
+    args = list(at.fixed)
+    xs = [torch.from_numpy(np.array(a, dtype=np.float64)) for a in at.arrays]
+    for slot, x in zip(at.slots, xs):
         args[slot] = x
     return args, xs, torch.from_numpy(np.array(gout, dtype=np.float64))
 
@@ -618,17 +630,17 @@ def _result(recorder, outputs):
     return {"lets": lets, "vjp": vjp, "constants": recorder.constants}
 
 
-def vjp_formulas(function_class, fixed, slots, names, arrays, gout, output=None):
-    """The backward of function_class (a torch.autograd.Function) at the inputs `fixed` with `arrays` in the
-    checked slots, for the cotangent gout, as {"lets", "vjp", "constants"}; where it cannot be written, one line
-    saying why (the aten op and the user's line that stopped the trace).
+def vjp_formulas(function_class, at, gout, output=None):
+    """The backward of function_class (a torch.autograd.Function) at the point `at` (a TracePoint), for the cotangent
+    gout, as {"lets", "vjp", "constants"}; where it cannot be written, one line saying why (the aten op and the user's
+    line that stopped the trace).
     output: for a Function of several outputs, the one gout is for (the others' gradients are zeros, constants)."""
-    bad = _bad_names(names)
+    bad = _bad_names(at.names)
     if bad:
         return bad
-    args, xs, g = _point(fixed, slots, arrays, gout)
+    args, xs, g = _point(at, gout)
     recorder = _Recorder()
-    for x, name in zip(xs, names):
+    for x, name in zip(xs, at.names):
         recorder.leaf(x, name)
     recorder.leaf(g, "g")
     ctx = _Context(len(args))
@@ -649,7 +661,7 @@ def vjp_formulas(function_class, fixed, slots, names, arrays, gout, output=None)
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) < len(args):
         return f"the backward returns {len(grads)} gradients for {len(args)} inputs"
-    return _result(recorder, [grads[slot] for slot in slots])
+    return _result(recorder, [grads[slot] for slot in at.slots])
 
 
 def _autograd_backward(fn, args, xs, g):
@@ -664,18 +676,18 @@ def _autograd_backward(fn, args, xs, g):
         return torch.autograd.grad(y, xs, g, allow_unused=True)
 
 
-def vjp_formulas_of_callable(fn, fixed, slots, names, arrays, gout):
+def vjp_formulas_of_callable(fn, at, gout):
     """As vjp_formulas, for any callable on torch tensors (a lambda or functools.partial around a Function's
     apply, an nn.Module): its forward runs with grad and the backward through torch.autograd.grad, both under the
     dispatch mode, so that a Function's backward called by autograd is recorded line by line, and a derivative of
     torch's own as its aten ops (with no line of the user's)."""
-    bad = _bad_names(names)
+    bad = _bad_names(at.names)
     if bad:
         return bad
-    args, xs, g = _point(fixed, slots, arrays, gout)
+    args, xs, g = _point(at, gout)
     xs = [x.requires_grad_() for x in xs]
     recorder = _Recorder()
-    for x, name in zip(xs, names):
+    for x, name in zip(xs, at.names):
         recorder.leaf(x, name)
     recorder.leaf(g, "g")
     try:

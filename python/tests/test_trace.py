@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tapegrad
-from tapegrad._trace import vjp_formulas, vjp_formulas_of_callable
+from tapegrad._trace import TracePoint, vjp_formulas, vjp_formulas_of_callable
 from attention_gradient import inputs as attention_inputs, make_attention
 
 
@@ -37,7 +37,7 @@ def test_the_right_attention_backward_becomes_formulas_named_as_in_the_code():
     q, k, v = (x.detach() for x in attention_inputs(n=4, d=4))
     fn = make_attention()
     g = np.random.default_rng(0).standard_normal((4, 4))
-    traced = vjp_formulas(fn, (q, k, v), [0, 1, 2], ["q", "k", "v"], [q.numpy(), k.numpy(), v.numpy()], g)
+    traced = vjp_formulas(fn, TracePoint((q, k, v), [0, 1, 2], ["q", "k", "v"], [q.numpy(), k.numpy(), v.numpy()]), g)
     names = [name for name, _, _ in traced["lets"]]
     assert "d_s" in names and "p" in names, traced["lets"]
     assert traced["vjp"][1] == "d_k" or "transpose(d_s)" in dict((n, f) for n, f, _ in traced["lets"])["d_k"]
@@ -59,7 +59,7 @@ def test_a_backward_through_an_op_the_formulas_lack_keeps_no_known_kind():
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     report = tapegrad.gradcheck(gram("cumsum").apply, (x,))
     assert report.has("unexplained", "x") and not report.has("transposed_term"), report
-    traced = vjp_formulas(gram("cumsum"), (x.detach(),), [0], ["x"], [x.detach().numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram("cumsum"), TracePoint((x.detach(),), [0], ["x"], [x.detach().numpy()]), np.ones((4, 4)))
     assert isinstance(traced, str) and traced.startswith(
         "the backward could not be traced into formulas: aten.cumsum, which the formula language does not have, at "
         "test_trace.py:"), traced
@@ -84,7 +84,7 @@ def test_a_bias_gradient_summed_over_the_leading_axis_is_traced():
     from slips import SLIPS, random_inputs
     op, shapes, _, _ = SLIPS["term_sign"]
     xs = [x.detach() for x in random_inputs(shapes)]
-    traced = vjp_formulas(op.__self__, tuple(xs), [0, 1, 2], ["x", "w", "b"], [x.numpy() for x in xs],
+    traced = vjp_formulas(op.__self__, TracePoint(tuple(xs), [0, 1, 2], ["x", "w", "b"], [x.numpy() for x in xs]),
                           np.ones((4, 3)))
     assert traced is not None and traced["vjp"][2] is not None, traced
     assert "sum(g, -2)" in traced["vjp"][2] or any("sum(g, -2)" in f for _, f, _ in traced["lets"]), traced
@@ -152,8 +152,8 @@ def test_causal_attention_dk_slip_is_named_a_transposed_term_through_the_mask(ma
 def test_the_causal_backward_reads_inf_in_its_formulas():
     q, k, v = (x.detach() for x in attention_inputs(n=5, d=4))
     g = np.random.default_rng(0).standard_normal((5, 4))
-    traced = vjp_formulas(causal_attention(), (q, k, v), [0, 1, 2], ["q", "k", "v"],
-                          [q.numpy(), k.numpy(), v.numpy()], g)
+    traced = vjp_formulas(causal_attention(),
+                          TracePoint((q, k, v), [0, 1, 2], ["q", "k", "v"], [q.numpy(), k.numpy(), v.numpy()]), g)
     formulas = dict((n, f) for n, f, _ in traced["lets"])
     assert any(f.startswith("where(") and ", -inf, " in f for f in formulas.values()), formulas
     assert "where(" in formulas["d_s_2"] and ", 0.0, d_s)" in formulas["d_s_2"], formulas
@@ -215,7 +215,7 @@ def test_a_view_written_in_place_after_it_was_taken_is_said():
         d.mul_(2.0)  # d_t sees the new values: a view written through another tensor
         return d_t.t() * 0.5
     x = torch.randn(4, 3, dtype=torch.float64)
-    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((4, 4)))
     assert isinstance(traced, str) and "a view of a tensor written in place by aten.mul_ at test_trace.py:" in traced, \
         traced
 
@@ -226,7 +226,7 @@ def test_a_slice_the_formulas_lack_leaves_the_tensor_it_was_taken_from_traced():
         d[:, :2]  # a view the formulas cannot write: only it is lost, d keeps its formula
         return d * 0.5
     x = torch.randn(4, 3, dtype=torch.float64)
-    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((4, 4)))
     assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
 
 
@@ -239,7 +239,7 @@ def test_rows_written_into_a_constant_buffer_end_the_trace():
             out[t] = g[t] * 2.0
         return out @ x
     x = torch.randn(4, 3, dtype=torch.float64)
-    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((4, 4)))
     assert isinstance(traced, (dict, str)), traced
 
 
@@ -247,7 +247,7 @@ def test_a_full_slice_is_the_value_itself():
     def body(x, g):
         return g[:, :] @ x * 2.0
     x = torch.randn(4, 3, dtype=torch.float64)
-    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((4, 4)))
     assert isinstance(traced, dict) and traced["vjp"][0] is not None, traced
 
 
@@ -271,7 +271,7 @@ def test_a_sum_over_a_middle_axis_and_unsqueeze_are_traced():
     gen = torch.Generator().manual_seed(3)
     x, a = (torch.randn(2, 4, 4, dtype=torch.float64, generator=gen) for _ in range(2))
     g = np.random.default_rng(1).standard_normal((2, 4))
-    traced = vjp_formulas(RowDot, (x, a), [0, 1], ["x", "a"], [x.numpy(), a.numpy()], g)
+    traced = vjp_formulas(RowDot, TracePoint((x, a), [0, 1], ["x", "a"], [x.numpy(), a.numpy()]), g)
     assert isinstance(traced, dict), traced
     assert "unsqueeze(g, -2)" in str(traced["lets"]), traced
 
@@ -285,7 +285,7 @@ def test_a_sum_over_a_middle_axis_and_unsqueeze_are_traced():
             return g.sum(dim=1)
 
     xs = torch.randn(2, 4, dtype=torch.float64)
-    traced = vjp_formulas(Pool, (xs,), [0], ["x"], [xs.numpy()], np.ones((2, 3, 4)))
+    traced = vjp_formulas(Pool, TracePoint((xs,), [0], ["x"], [xs.numpy()]), np.ones((2, 3, 4)))
     assert traced["lets"][-1][1] == "squeeze(sum(g, -2), -2)", traced
 
 
@@ -339,7 +339,8 @@ def test_two_values_assigned_on_one_line_keep_their_names():
             a, b = g @ v.t(), g.t() @ q
             return a @ k, b @ v.t().t() * 0 + (q.t() @ g @ v.t()).t(), k @ q.t() @ g * 0 + (q @ k.t()).t() @ g
 
-    traced = vjp_formulas(Pair, (q0, k0, v0), [0, 1, 2], ["q", "k", "v"], [q0.numpy(), k0.numpy(), v0.numpy()], g)
+    traced = vjp_formulas(Pair, TracePoint((q0, k0, v0), [0, 1, 2], ["q", "k", "v"],
+                                           [q0.numpy(), k0.numpy(), v0.numpy()]), g)
     names = [n for n, _, _ in traced["lets"]]
     assert "a" in names and "b" in names, traced["lets"]
 
@@ -371,13 +372,14 @@ def test_a_callable_with_torch_own_backward_is_traced_without_user_lines():
     and one it cannot write is said to be torch's."""
     x = torch.randn(3, 4, dtype=torch.float64)
     w = torch.randn(4, 4, dtype=torch.float64)
-    traced = vjp_formulas_of_callable(lambda x, w: torch.softmax(torch.relu(x @ w), dim=-1), (x, w), [0, 1],
-                                      ["x", "w"], [x.numpy(), w.numpy()], np.ones((3, 4)))
+    traced = vjp_formulas_of_callable(lambda x, w: torch.softmax(torch.relu(x @ w), dim=-1),
+                                      TracePoint((x, w), [0, 1], ["x", "w"], [x.numpy(), w.numpy()]), np.ones((3, 4)))
     assert isinstance(traced, dict), traced
     backward = [name for name, _, label in traced["lets"] if label == "torch's own backward"]
     assert backward and "traced" not in [name for name, _, _ in traced["lets"]], traced["lets"]
     assert traced["vjp"][0] is not None and traced["vjp"][1] is not None, traced
-    said = vjp_formulas_of_callable(lambda x: torch.cumsum(x, 0), (x,), [0], ["x"], [x.numpy()], np.ones((3, 4)))
+    said = vjp_formulas_of_callable(lambda x: torch.cumsum(x, 0), TracePoint((x,), [0], ["x"], [x.numpy()]),
+                                    np.ones((3, 4)))
     assert said == ("the backward could not be traced into formulas: aten.flip, which the formula language does not "
                     "have, in torch's own backward"), said
 
@@ -426,5 +428,5 @@ def test_a_row_norm_is_traced_as_the_formulas_norm():
     def body(x, g):
         return g @ x / x.norm(dim=-1, keepdim=True)
     x = torch.randn(4, 3, dtype=torch.float64)
-    traced = vjp_formulas(gram_with(body), (x,), [0], ["x"], [x.numpy()], np.ones((4, 4)))
+    traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((4, 4)))
     assert isinstance(traced, dict) and "norm(x, -1)" in str(traced["vjp"][0]) + str(traced["lets"]), traced
