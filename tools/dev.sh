@@ -8,7 +8,7 @@
 #   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
 #   bash tools/dev.sh package [--install]  build tapegrad_<version>_<arch>.deb (CPack, in build-package/) and check
 #                                it (tools/package_check.sh); --install also installs it with apt-get, uses it, removes it
-#   bash tools/dev.sh lint       pyflakes over the Python files (CI runs it)
+#   bash tools/dev.sh lint       flake8 over the Python files (pyflakes and pycodestyle, .flake8) (CI runs it)
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +39,9 @@ build() {  # build DIR [cmake options...]; TAPEGRAD_WERROR=ON in the environment
 
 case "${1:-}" in
   deps) shift; deps "$@" ;;  # extra packages may follow
-  lint)  # the Python files git tracks, through pyflakes (unused names, undefined names, imports)
-    deps python3-pyflakes
-    git ls-files -z '*.py' | xargs -0 pyflakes3 ;;
+  lint)  # the Python files git tracks, through flake8 (unused and undefined names, imports, layout at 120 columns)
+    deps python3-flake8
+    git ls-files -z '*.py' | xargs -0 /usr/bin/python3 -m flake8 ;;
   build) deps; build build ;;
   demo)
     deps; build build
@@ -77,5 +77,5 @@ case "${1:-}" in
   valgrind)
     deps valgrind; build build
     bash tools/valgrind.sh ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
 esac

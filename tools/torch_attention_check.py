@@ -152,7 +152,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or tmp
         os.makedirs(work, exist_ok=True)
-        in_path, out_path = os.path.join(work, "attention_in.safetensors"), os.path.join(work, "attention_out.safetensors")
+        in_path = os.path.join(work, "attention_in.safetensors")
+        out_path = os.path.join(work, "attention_out.safetensors")
         safetensors_io.save(in_path, {k: v.numpy() for k, v in inputs.items()}, {"tapegrad.cases": json.dumps(specs)})
         run = subprocess.run([args.bridge, in_path, out_path], capture_output=True, text=True)
         if run.returncode != 0:

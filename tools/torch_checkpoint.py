@@ -276,8 +276,8 @@ def mode_load(binary, checkpoint):
     model, vocab = model_from_checkpoint(checkpoint)
     print(f"load: {checkpoint} ({model.cfg['attention']}, {model.cfg['n_layer']} layers, "
           f"{sum(p.numel() for p in model.parameters())} parameters)")
-    return compare(f"load {model.cfg['attention']} gelu {model.cfg.get('gelu', '(none)')}", binary, checkpoint, model, vocab,
-                   texts_for(vocab, model.cfg["block_size"]))
+    return compare(f"load {model.cfg['attention']} gelu {model.cfg.get('gelu', '(none)')}", binary, checkpoint, model,
+                   vocab, texts_for(vocab, model.cfg["block_size"]))
 
 
 def mode_hvp(binary, checkpoint, out_dir):
@@ -290,7 +290,8 @@ def mode_hvp(binary, checkpoint, out_dir):
     run = subprocess.run([binary, "evaluate", "--checkpoint", checkpoint, "--text", text, "--hvp-out", path],
                          capture_output=True, text=True)
     if run.returncode != 0:
-        raise RuntimeError(f"tapegrad evaluate --hvp-out exited with {run.returncode}: {run.stdout}{run.stderr}".strip())
+        raise RuntimeError(
+            f"tapegrad evaluate --hvp-out exited with {run.returncode}: {run.stdout}{run.stderr}".strip())
     tensors, _ = safetensors_io.load(path)
     results = {}
     for dtype in (torch.float32, torch.float64):
@@ -340,8 +341,8 @@ def mode_test(binary, data, kinds, keep):
         work = keep or tmp
         os.makedirs(work, exist_ok=True)
         for kind, gelu in (("softmax", "exact"), ("super", "tanh")):
-            cmd = [binary, "train", "--attention", kind, "--gelu", gelu, "--data", data, "--n-layer", "2", "--n-head", "2",
-                   "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--max-iters", "20",
+            cmd = [binary, "train", "--attention", kind, "--gelu", gelu, "--data", data, "--n-layer", "2",
+                   "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--max-iters", "20",
                    "--warmup-iters", "2", "--lr", "1e-2", "--eval-interval", "10", "--eval-iters", "2",
                    "--sample-tokens", "0", "--out", work, "--name", kind, "--quiet"]
             run = subprocess.run(cmd, capture_output=True, text=True)

@@ -54,8 +54,8 @@ def make_affine(variant="right"):
                     gg, gb = gg + grad[t] * x[t], gb + grad[t]
                 return grad * g, gg, gb
             if variant == "unscaled" and grad.dtype in (torch.bfloat16, torch.float16):
-                scaled = grad * GRADIENT_SCALE
-                return (scaled * g) / GRADIENT_SCALE, (scaled * x).sum(0), scaled.sum(0) / GRADIENT_SCALE  # γ̄ keeps 1024
+                scaled = grad * GRADIENT_SCALE  # γ̄ below keeps the factor 1024
+                return (scaled * g) / GRADIENT_SCALE, (scaled * x).sum(0), scaled.sum(0) / GRADIENT_SCALE
             return grad * g, (grad * x).sum(0), grad.sum(0)
 
     Affine.__name__ = "affine" if variant == "right" else f"affine[{variant}]"

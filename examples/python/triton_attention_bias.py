@@ -181,6 +181,7 @@ if triton is not None:
             dq = dq * scale
         tl.store(dQ + q_offsets, dq.to(dQ.dtype.element_ty), mask=q_mask)
 
+
 def _tl_dtype(dtype):
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
@@ -238,7 +239,7 @@ def _backward(variant, q, k, v, b, out, lse, d_out):
     low_precision = q.dtype != torch.float32
     delta = torch.empty_like(lse)
     _row_dot_kernel[(triton.cdiv(t, BLOCK_M), heads)](out, d_out, delta, t, d, BLOCK_M=BLOCK_M, BLOCK_D=block_d,
-                                                     num_warps=NUM_WARPS)
+                                                      num_warps=NUM_WARPS)
     dq, dk, dv, db = (torch.empty_like(x) for x in (q, k, v, b))
     acc_dtype = _tl_dtype(q.dtype) if variant == "accumulate_low" else tl.float32
     _key_block_backward_kernel[(triton.cdiv(t, BLOCK_N), heads)](

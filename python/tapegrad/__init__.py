@@ -14,6 +14,6 @@ from ._explain import explain
 from ._graph import graph
 
 __all__ = [
-    "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "claim", "explain", "finding_kinds",
-    "gradcheck", "graph", "ops",
+    "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "claim", "explain",
+    "finding_kinds", "gradcheck", "graph", "ops",
 ]

@@ -349,8 +349,8 @@ def _finding(fit, chain, input_name, operand, values, note):
                     f"`{text}`; it must multiply it by {call.name.strip('_')}′{note}")
         return ("wrong_value", input_name, "vjp",
                 f"x̄ is the forward's rule with the derivative of `{call.text}` at {call.where} left out (the error is "
-                f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient of "
-                f"`{text}` belongs; it must take it through that call's derivative{note}")
+                f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient "
+                f"of `{text}` belongs; it must take it through that call's derivative{note}")
     term = _term(call, j, operand)
     if abs(alpha + 1) <= 1e-6:
         return ("term_dropped", input_name, "vjp",

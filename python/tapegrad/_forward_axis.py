@@ -23,8 +23,7 @@ from ._forward_rewrite import operands_of, replace_operand
 # Calls whose one int argument (position 1, or dim=/dims=) is an axis of their first operand.
 _AXIS_CALLS = {"cumsum", "cumprod", "sum", "mean", "softmax", "log_softmax", "logsumexp", "flip", "amax", "amin",
                "prod", "var", "std", "max", "min", "cummax", "cummin", "unsqueeze", "squeeze", "select"}
-_BROADCASTING = _ELEMENTWISE_PRODUCT | _QUOTIENT | _SUM | {"where", "pow", "__pow__",
-                                                                                 "maximum", "minimum"}
+_BROADCASTING = _ELEMENTWISE_PRODUCT | _QUOTIENT | _SUM | {"where", "pow", "__pow__", "maximum", "minimum"}
 MAX_AXIS_RUNS = 32  # forwards with a call's axis changed, at most
 
 

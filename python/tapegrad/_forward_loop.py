@@ -54,12 +54,13 @@ def _not_carried(search):
                     "wrong_value", search.names[i], "vjp",
                     f"x̄ is the forward's rule with `{text}` in `{last.text}` at {last.where} detached at {runs} (to "
                     f"rounding): `{text}` is made by the loop's earlier steps, so the backward takes at each step the "
-                    f"gradient ȳ gives the step's output where the gradient accumulated through the later steps belongs")
+                    f"gradient ȳ gives the step's output where the gradient accumulated through the later steps "
+                    "belongs")
             else:
                 finding = lambda i: (
                     "term_dropped", search.names[i], "vjp",
-                    f"x̄ misses the term through `{text}` in `{last.text}` at {last.where} at {runs} (the error is −1 × "
-                    f"their sum, to rounding); the backward must add it at every step")
+                    f"x̄ misses the term through `{text}` in `{last.text}` at {last.where} at {runs} (the error is "
+                    f"−1 × their sum, to rounding); the backward must add it at every step")
             search.add_named(found, finding, {c.index: detach for c in holders})
     return found
 

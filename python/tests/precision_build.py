@@ -36,7 +36,7 @@ def _low(t):
     return t.dtype in (torch.bfloat16, torch.float16)
 
 
-# --- layer norm: y = (x − μ)/σ · w + b over the last axis ------------------------------------------------------------
+# --- layer norm: y = (x − μ)/σ · w + b over the last axis -------------------------------------------------------------
 
 def _layer_norm(slip):
     class LayerNorm(torch.autograd.Function):
@@ -101,7 +101,7 @@ LAYER_NORM = Case(
      "bf16_partials": ("precision_defect", "low"), "gb_scaled": ("scale", "low")})
 
 
-# --- softmax over the last axis, float32 inside ------------------------------------------------------------------------
+# --- softmax over the last axis, float32 inside -----------------------------------------------------------------------
 
 def _softmax(slip):
     class Softmax(torch.autograd.Function):
@@ -135,7 +135,7 @@ SOFTMAX = Case(
      "negated": ("sign", "low")})
 
 
-# --- attention with a trainable bias, (B, h, T, d), softmax in float32 -------------------------------------------------
+# --- attention with a trainable bias, (B, h, T, d), softmax in float32 ------------------------------------------------
 
 def _attention(slip):
     class Attention(torch.autograd.Function):
@@ -180,7 +180,7 @@ ATTENTION = Case(
      "dq_times_sqrt_d": ("scale", "low")})
 
 
-# --- linear + tanh-GELU: y = gelu(x·Wᵀ + b) ----------------------------------------------------------------------------
+# --- linear + tanh-GELU: y = gelu(x·Wᵀ + b) ---------------------------------------------------------------------------
 
 _C = math.sqrt(2.0 / math.pi)
 

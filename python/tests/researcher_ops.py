@@ -102,7 +102,7 @@ def _uniform(gen, lo, hi, *shape, grad=True):
     "product_second": ("term_dropped", "dy/dx = ½(1 + tanh u): the product rule's second term ½x·sech²u·u' dropped"),
     "power_rule": ("term_factor", "u' = c(1 + k·x²): the 3 of d(x³)/dx left out"),
     "inner_sqrt": ("term_factor", "u' = 1 + 3k·x²: the chain rule's factor √(2/π) left out"),
-    "saved_tanh": ("second_order_only", "tanh(u) kept on ctx in forward: right gradient, a constant to double backward"),
+    "saved_tanh": ("second_order_only", "tanh(u) kept on ctx by forward: right gradient, constant to double backward"),
 }, small=lambda g: (_randn(g, 4, 5),), large=lambda g: (_randn(g, 16, 16),))
 def _gelu_tanh(slip):
     c, k = math.sqrt(2.0 / math.pi), 0.044715

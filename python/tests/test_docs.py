@@ -153,7 +153,8 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     quoted = [line for language, body in re.findall(r"^```(\w*)\n(.*?)^```\n", section, flags=re.S | re.M)
               if not language for line in body.splitlines() if line.strip()]
     quoted += [line for line in (SOURCE_DIR / "docs/gradchecking.md").read_text().splitlines()
-               if re.match(r"    \[(precision defect|rounds inside|not a function)\] (\w+, vjp bf16|the forward)", line)]
+               if re.match(r"    \[(precision defect|rounds inside|not a function)\] (\w+, vjp bf16|the forward)",
+                           line)]
     assert len(quoted) > 20
     for line in quoted:
         assert masked(line) in printed, f"the docs quote {line!r}, which no check prints"

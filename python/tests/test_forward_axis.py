@@ -130,8 +130,8 @@ def test_a_sum_over_the_wrong_axis_is_the_edit_of_that_axis():
 
 def test_a_scan_along_the_wrong_axis_is_the_forwards_call_along_it():
     text = message(check(row_cumsum("down_the_columns"), inputs((5, 5))), "wrong_axis", "x")
-    assert "`torch.cumsum(2.0 * x, dim=1)` at test_forward_axis.py:36 taken along axis 0 where the forward takes axis " \
-        "1" in text, text
+    assert ("`torch.cumsum(2.0 * x, dim=1)` at test_forward_axis.py:36 taken along axis 0 where the forward takes "
+            "axis 1" in text), text
 
 
 def test_a_broadcast_operand_whose_gradient_keeps_one_entry():

@@ -133,7 +133,8 @@ ATTENTION = [(2, 8, 16), (2, 8, 16), (2, 8, 16), (2, 8, 8)]
 
 
 def test_attention_against_a_reference_right_and_with_slips_at_bf16():
-    right = tapegrad.gradcheck(make_attention().apply, drawn(ATTENTION, torch.bfloat16, 0), reference=attention_reference)
+    right = tapegrad.gradcheck(make_attention().apply, drawn(ATTENTION, torch.bfloat16, 0),
+                               reference=attention_reference)
     assert right.passed, right
     assert "against the reference attention_reference in float64" in str(right)
     rowsum = tapegrad.gradcheck(make_attention("db_no_rowsum").apply, drawn(ATTENTION, torch.bfloat16, 0),

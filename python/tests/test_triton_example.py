@@ -77,8 +77,8 @@ def test_accumulating_in_16_bits_spoils_dv_and_dk_more_as_T_grows_and_not_at_flo
         ratio = {}
         for t in (128, 4096):
             errors_low, errors_right = (max_errors(apply, dtype, heads=1, t=t) for apply in (low, right))
-            assert all(errors_low[name] == errors_right[name] for name in ("O", "dQ", "dB")), (errors_low,
-                                                                                           errors_right)
+            assert all(errors_low[name] == errors_right[name] for name in ("O", "dQ", "dB")), \
+                (errors_low, errors_right)
             ratio[t] = {name: errors_low[name] / errors_right[name] for name in ("dK", "dV")}
         for name in ("dK", "dV"):
             assert ratio[4096][name] > 2.5 and ratio[4096][name] > 2 * ratio[128][name], (dtype, ratio)
@@ -104,8 +104,8 @@ def test_tapegrad_fails_a_slip_at_the_precisions_it_lives_in_on_its_gradient_alo
     spoiled, dtypes = SLIPS[variant]
     report = tapegrad.gradcheck(make_triton_attention_bias(variant).apply, kernel_inputs(dtype), reference=reference)
     names = {"dQ": "q", "dK": "k", "dV": "v", "dB": "b"}
-    assert {c.input for c in report.checks if not c.passed} == ({names[g] for g in spoiled} if dtype in dtypes
-                                                                 else set()), report
+    failing = {names[g] for g in spoiled} if dtype in dtypes else set()
+    assert {c.input for c in report.checks if not c.passed} == failing, report
     if variant in ("dk_no_scale", "dq_scale_twice_16bit") and dtype in dtypes:
         assert "scale" in report.kinds, report
 

@@ -1,7 +1,8 @@
 """A torch op and its C++ twin with the same slip get the same findings (but for those named from the torch op's
-forward, where the twin can only say "no known kind", or only its per-row term where the torch op has one). The twin is the same attention backward
-claimed as formulas (docs/claims/README.md), which tapegrad evaluates in C++ on its own ops; the torch op is the
-Function of examples/python/attention_gradient.py with its forward-mode rule, so that both check VJP and JVP."""
+forward, where the twin can only say "no known kind", or only its per-row term where the torch op has one). The twin is
+the same attention backward claimed as formulas (docs/claims/README.md), which tapegrad evaluates in C++ on its own ops;
+the torch op is the Function of examples/python/attention_gradient.py with its forward-mode rule, so that both check VJP
+and JVP."""
 
 import pytest
 

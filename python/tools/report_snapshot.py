@@ -2,7 +2,8 @@
 """Every report tapegrad.gradcheck gives on the measuring sets, as text, to tell whether a change of the checker's
 code changed any report (a refactor must change none).
 
-    PYTHONPATH=build/python /usr/bin/python3 python/tools/report_snapshot.py write OUT.json [--sets researcher,heldout,build]
+    PYTHONPATH=build/python /usr/bin/python3 python/tools/report_snapshot.py write OUT.json \
+        [--sets researcher,heldout,build]
     /usr/bin/python3 python/tools/report_snapshot.py compare BEFORE.json AFTER.json
 
 write: for the researcher's ops (python/tests/researcher_ops.py: each op right and with each slip, at the small

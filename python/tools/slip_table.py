@@ -124,7 +124,8 @@ def _status(results):
 
 def print_op_table(op, rows):
     print(f"\n### {op} ({rows[0]['size']})\n")
-    print("| version | expected | torch | tapegrad | kinds named | specific | expected named | torch ms | tapegrad ms |")
+    print("| version | expected | torch | tapegrad | kinds named | specific | expected named | torch ms | "
+          "tapegrad ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         errors = [v["message"] for v in r["tapegrad"].values() if v["status"] == "error"]
@@ -152,7 +153,8 @@ def summary(rows, size):
           f"tapegrad {_percent(len(right_tape), len(rights))}")
     for r in rights:
         if r not in right_tape:
-            what = [v.get("message", "") or ", ".join(v["kinds"]) for v in r["tapegrad"].values() if v["status"] != "pass"]
+            what = [v.get("message", "") or ", ".join(v["kinds"]) for v in r["tapegrad"].values()
+                    if v["status"] != "pass"]
             print(f"  - tapegrad fails right {r['op']}: {'; '.join(dict.fromkeys(what))}")
         if r not in right_torch:
             what = [v["message"] for v in r["torch"].values() if v["status"] != "pass"]
@@ -172,7 +174,8 @@ def summary(rows, size):
     ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows if r["time_torch"] > 0]
     if ratios:
         print(f"- time tapegrad/torch per version: median {statistics.median(ratios):.2f}× "
-              f"(min {min(ratios):.2f}×, max {max(ratios):.2f}×); total torch {sum(r['time_torch'] for r in rows):.1f} s,"
+              f"(min {min(ratios):.2f}×, max {max(ratios):.2f}×); "
+              f"total torch {sum(r['time_torch'] for r in rows):.1f} s,"
               f" tapegrad {sum(r['time_tapegrad'] for r in rows):.1f} s")
     print("\n| expected kind | slips | torch caught | tapegrad caught | specific | expected | kinds named (count) |")
     print("|---|---|---|---|---|---|---|")
