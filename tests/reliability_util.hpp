@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <map>
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,24 @@ namespace tapegrad::testing {
 inline const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
                                                "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
 
-// a followed by b.
+// a followed by b, where an option b gives replaces the same option in a (with its value): tapegrad refuses an
+// option that takes one value given twice, so with(kTiny, {"--block-size", "16"}) is kTiny at a context of 16.
 inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  auto is_option = [](const std::string& s) {
+    return s.size() > 1 && s[0] == '-' && !std::isdigit(static_cast<unsigned char>(s[1])) && s[1] != '.';
+  };
+  for (const std::string& option : b) {
+    if (!is_option(option)) continue;
+    const std::string name = option.substr(0, option.find('='));
+    for (size_t i = 0; i < a.size();) {
+      if (a[i] != name && a[i].rfind(name + "=", 0) != 0) {
+        ++i;
+        continue;
+      }
+      const bool value = a[i] == name && i + 1 < a.size() && !is_option(a[i + 1]);
+      a.erase(a.begin() + static_cast<std::ptrdiff_t>(i), a.begin() + static_cast<std::ptrdiff_t>(i + (value ? 2 : 1)));
+    }
+  }
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }

@@ -113,14 +113,12 @@ void add_claim_command(CLI::App& app) {
       "docs/claims/README.md");
   cmd->add_option("--input", args->inputs, "An input NAME:D,D,...[:positive|away_from_zero] (repeatable)");
   cmd->add_option("--let", args->lets, "NAME=FORMULA: a name for part of the formulas (repeatable, in order)");
-  // A claim has one forward and one JVP: a second one given is refused, not kept in the first one's place.
-  cmd->add_option("--forward", args->forward, "The forward map y = FORMULA of the inputs")
-      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  // A claim has one forward and one JVP: a second one given is refused (main's refuse_repeated_options).
+  cmd->add_option("--forward", args->forward, "The forward map y = FORMULA of the inputs");
   cmd->add_option("--vjp", args->vjps,
                   "NAME=FORMULA: the claimed x̄ of input NAME, in terms of the inputs, y and g (repeatable; "
                   "FORMULA alone with one input)");
-  cmd->add_option("--jvp", args->jvp, "FORMULA: the claimed ẏ, in terms of the inputs, y and t_NAME")
-      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  cmd->add_option("--jvp", args->jvp, "FORMULA: the claimed ẏ, in terms of the inputs, y and t_NAME");
   cmd->add_option("--hvp", args->hvps,
                   "NAME=FORMULA: the claimed (H·t) of input NAME for s = ⟨g, y⟩, in terms of the inputs, y, g and "
                   "t_NAME; checked to second order (repeatable; FORMULA alone with one input)");

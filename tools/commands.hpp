@@ -47,6 +47,12 @@ const std::vector<std::string>& config_files_read();
 // `path` for text that is not UTF-8 (a NUL byte, an ill-formed sequence) or that the reader refuses.
 std::vector<std::string> config_file_arguments(const std::string& path, std::string_view text);
 
+// Refuses an option that takes one value (or a flag) given more than once on the command line, naming it: CLI11
+// would keep the last one given without a word. A config file's key that the command line gives again is not a
+// repeat: the command line overrides the file (a key given twice in one file is refused as the file is read). main
+// runs it once the command line is parsed, before the subcommand's callback.
+void refuse_repeated_options(const CLI::App& app);
+
 // The exit code the subcommand that ran asks for (0 when all went well).
 int exit_code();
 void set_exit_code(int code);

@@ -2,7 +2,10 @@
 // names without dashes, `#` starts a comment) become `--key=value` arguments placed before the command line's
 // own, so that a flag given on the command line overrides the file. Several --config files merge in the order
 // given (a later file's key overrides an earlier one's); a key with an empty value, a line with no key ("= 5") and a
-// line too short to be key = value ("q") are errors naming the line.
+// line too short to be key = value ("q") are errors naming the line, and so is a key given twice in one file (as an
+// option that takes one value given twice on the command line is: refuse_repeated_options).
+#include <algorithm>
+#include <map>
 #include <sstream>
 
 #include <utf8cpp/utf8.h>
@@ -17,6 +20,7 @@ namespace {
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;  // a file of options, not a data set
 
 std::vector<std::string> g_config_files;
+std::vector<std::vector<std::string>> g_config_arguments;  // each file's `--key=value` arguments, in its order
 
 std::string_view trimmed(std::string_view s) {
   const size_t begin = s.find_first_not_of(" \t\r\f\v");
@@ -25,11 +29,13 @@ std::string_view trimmed(std::string_view s) {
 }
 
 // CLI11's reader skips, without a word, a line shorter than 3 characters ("q", "=5") and a line whose key is empty
-// ("= 5"): each would be an option the user wrote and the program ignored. Refused here, by line number. Lines that
-// continue a multi-line array ("key = [1," then "2]") are the array's, not lines of their own.
+// ("= 5"): each would be an option the user wrote and the program ignored. Refused here, by line number, as is a key
+// given twice. Lines that continue a multi-line array ("key = [1," then "2]") are the array's, not lines of their own.
 void refuse_lines_without_key(const std::string& path, std::string_view text) {
   size_t number = 0;
   bool in_array = false;
+  std::string section;                  // "[train]" → "train.": a key is one key within its section
+  std::map<std::string, size_t> keys;  // each key and its line
   for (size_t begin = 0; begin <= text.size();) {
     size_t end = text.find('\n', begin);
     if (end == std::string_view::npos) end = text.size();
@@ -40,9 +46,11 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
       in_array = line.empty() || line.back() != ']';
       continue;
     }
-    if (line.empty() || line.front() == '#' || line.front() == ';' ||
-        (line.front() == '[' && line.back() == ']'))
+    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = std::string(line.substr(1, line.size() - 2)) + ".";
       continue;
+    }
     const size_t eq = line.find('=');
     if (eq == 0 || (eq != std::string_view::npos && trimmed(line.substr(0, eq)).empty()))
       fail("config file {}: line {}: '{}' has no key before '='; write key = value", path, number, line.substr(0, 80));
@@ -52,6 +60,11 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
     if (eq != std::string_view::npos) {
       const std::string_view value = trimmed(line.substr(eq + 1));
       in_array = value.size() > 1 && value.front() == '[' && value.back() != ']';
+      // CLI11's reader joins a key given twice into one list ("0.1,0.2"): refused here, by its two lines.
+      const std::string key = section + std::string(trimmed(line.substr(0, eq)));
+      if (const auto [at, fresh] = keys.emplace(key, number); !fresh)
+        fail("config file {}: line {}: key '{}' is given again (first on line {}); give a key once, and several "
+             "values of a list as key = [a, b]", path, number, key, at->second);
     }
   }
 }
@@ -113,6 +126,7 @@ std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
     }
     std::vector<std::string> one = config_file_arguments(path, text);
     g_config_files.push_back(path);
+    g_config_arguments.push_back(one);
     from_files.insert(from_files.end(), one.begin(), one.end());
     args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + used));
   }
@@ -124,5 +138,40 @@ std::vector<std::string> arguments_with_config_file(int argc, char** argv) {
   args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), from_files.begin(), from_files.end());
   return args;
 }
+
+namespace {
+
+// Whether `argument`, one a config file gave ("--key=value"), sets `option`.
+bool sets(const CLI::Option& option, std::string_view argument) {
+  const std::string_view key = argument.substr(2, argument.find('=') - 2);
+  return option.check_lname(std::string(key));
+}
+
+// "--seed", or "-o" for an option with a short name only.
+std::string option_name(const CLI::Option& option) {
+  return option.get_lnames().empty() ? "-" + option.get_snames().front() : "--" + option.get_lnames().front();
+}
+
+void refuse_repeated_options_of(const CLI::App& cmd) {
+  for (const CLI::Option* option : cmd.get_options()) {
+    // A list (--input, --let, --vjp, --op, ...) is given once per item; positionals are refused as extras.
+    if (!option->nonpositional() || option->get_expected_max() > 1) continue;
+    // A key given twice in one file was refused as the file was read; several files may each give it.
+    size_t from_files = 0;
+    for (const auto& args : g_config_arguments)
+      from_files += static_cast<size_t>(
+          std::count_if(args.begin(), args.end(), [&](const std::string& a) { return sets(*option, a); }));
+    // The files' values come first and the command line's override them: only the command line's are counted.
+    const size_t given = option->count() - std::min(from_files, option->count());
+    if (given > 1)
+      fail("{} is given {} times; it takes one value: give it once (the last one is not taken in place of the "
+           "others)", option_name(*option), given);
+  }
+  for (const CLI::App* sub : cmd.get_subcommands()) refuse_repeated_options_of(*sub);
+}
+
+}  // namespace
+
+void refuse_repeated_options(const CLI::App& app) { refuse_repeated_options_of(app); }
 
 }  // namespace tapegrad::cli

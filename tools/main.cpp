@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -120,6 +121,8 @@ int main(int argc, char** argv) {
   tapegrad::cli::add_graph_command(app);
   tapegrad::cli::refuse_non_finite_numbers(app);
   refuse_out_of_range_integers(app);
+  // After every option is read and before any subcommand runs (CLI11 calls it before the subcommands' callbacks).
+  app.parse_complete_callback([&app] { tapegrad::cli::refuse_repeated_options(app); });
   try {
     std::vector<std::string> args = tapegrad::cli::arguments_with_config_file(argc, argv);
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector of arguments last first
@@ -139,6 +142,10 @@ int main(int argc, char** argv) {
   } catch (const std::out_of_range& e) {  // CLI11 2.1 lets std::stoll's escape: --no-bias=99999999999999999999
     report(fmt::format("a number in the arguments or the config file is out of range ({})", e.what()).c_str(),
            " (tapegrad --help for usage)");
+    return 2;
+  } catch (const std::bad_alloc&) {  // past every estimate: said in words, not as "std::bad_alloc"
+    report("out of memory: an allocation failed", "; give the command smaller inputs or a smaller model, or run it "
+           "where more memory is free");
     return 2;
   } catch (const std::exception& e) {
     report(e.what());
