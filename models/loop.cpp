@@ -154,6 +154,7 @@ void TrainingRun::start() {
   start_ = last_print_ = Clock::now();
 }
 
+
 bool TrainingRun::interrupted(int64_t next_step) {
   if (!stop_requested(cfg_.interrupt)) return false;
   interrupted_at_ = next_step;
@@ -205,7 +206,24 @@ void TrainingRun::save_checkpoint(int64_t step, const std::function<void(Checkpo
   ck.metadata["tapegrad.log"] = rows.dump();
   if (batch_rng_) ck.metadata["tapegrad.rng"] = std::to_string(batch_rng_->state());
   if (add) add(ck);
+  refuse_non_finite_state(ck, step);
   tapegrad::save_checkpoint(checkpoint_path_, ck);  // the free function: atomic, checksummed
+}
+
+// The checkpoint written is the one a run that stops keeps as its last good one, and the one --resume reads: a NaN
+// or ±∞ in a weight or in the optimizer's state is never written over the one before. A finite loss does not
+// vouch for it: a gradient of 1e30 squares to an infinite AdamW second moment while every weight stays finite.
+void TrainingRun::refuse_non_finite_state(const Checkpoint& ck, int64_t step) const {
+  auto refuse = [&](const std::string& name, const auto* v, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]))
+        fail("the training state became non-finite by step {}: {} holds {} at element {}, and is not written{}",
+             step, name, v[i], i, kept_);
+  };
+  for (const auto& [name, t] : ck.tensors) {
+    if (t.dtype() == DType::f32) refuse(name, t.data<float>(), t.numel());
+    else if (t.dtype() == DType::f64) refuse(name, t.data<double>(), t.numel());
+  }
 }
 
 void TrainingRun::step_started() {

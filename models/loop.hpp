@@ -173,7 +173,8 @@ class TrainingRun {
   void evaluate(int64_t step, const std::function<Evaluation(int64_t)>& losses);
   // Writes dir/checkpoint.safetensors (nothing without a directory): the parameters under their names, the
   // optimizer's state, `step` (the step to continue from), the evaluations and the log, the batch generator's
-  // state, and what `add` (if given) adds: the caller's own.
+  // state, and what `add` (if given) adds: the caller's own. A weight or optimizer state that is not finite stops
+  // the run, the checkpoint before kept as it is.
   void save_checkpoint(int64_t step, const std::function<void(Checkpoint&)>& add = {});
 
   void step_started();  // the step's clock (and profile) starts
@@ -204,6 +205,7 @@ class TrainingRun {
   const char* line_start() const { return tty_ ? "\r\033[K" : ""; }
 
  private:
+  void refuse_non_finite_state(const Checkpoint& ck, int64_t step) const;
   // In the catch block of an error from a step: with detect_anomaly, the message with the step and the checkpoint
   // kept; otherwise the error rethrown as it is.
   [[noreturn]] void step_failed(int64_t step, const Error& e) const;

@@ -134,3 +134,32 @@ TEST_CASE("train_loop refuses a run without a loss function, and names a non-fin
   CHECK_THROWS_WITH_AS(train_loop(mlp, opt, {.max_steps = 3, .quiet = true}, fn),
                        doctest::Contains("the training loss became -inf at step 0; stopped"), Error);
 }
+
+TEST_CASE("a training state that turns non-finite is not written: the checkpoint kept is the last finite one") {
+  // A loss of 1e30 per unit of output is finite, and so is every weight after AdamW's first step, but the squared
+  // gradient overflows float32: the second moment is +inf. The checkpoint of step 1 would hold it.
+  testing::ScratchDir dir;
+  const Tensor x = Tensor::from<float>({4, 2}, {0, 0, 0, 1, 1, 0, 1, 1});
+  MLP mlp("mlp", {2, 4, 2}, 3);
+  AdamW opt(mlp.parameters(), {.lr = 1e-3});
+  LoopFunctions fn;
+  fn.loss = [&](Tape& tape, int64_t) { return scale(sum(mlp(tape, tape.constant(x))), 1e30); };
+  const std::string path = dir.file("checkpoint.safetensors");
+  std::string message;
+  try {
+    train_loop(mlp, opt, {.max_steps = 4, .eval_interval = 1, .dir = dir.path.string(), .quiet = true}, fn);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("the training state became non-finite by step 1: optimizer.") == 0);
+  CHECK(message.find("is not written; stopped, the last good checkpoint " + path + " is kept") != std::string::npos);
+  // The checkpoint kept is step 0's, finite throughout, and resumes.
+  const Checkpoint ck = load_checkpoint(path);
+  CHECK(ck.metadata.at("tapegrad.step") == "0");
+  for (const auto& t : ck.tensors)
+    for (double v : t.tensor.to_vector()) REQUIRE(std::isfinite(v));
+  MLP again("mlp", {2, 4, 2}, 3);
+  AdamW fresh(again.parameters(), {.lr = 1e-3});
+  CHECK_NOTHROW(fresh.load_state(ck, path));
+}
