@@ -23,7 +23,7 @@ class Finding {
       unexplained, radial, kink, tolerance, one_input, jvp_only, vjp_only, adjoint, consistent, overwrites, no_jvp,
       term_dropped, term_added, term_factor, wrong_value, ignores_cotangent, per_row_factor, elementwise,
       first_order, hessian_block, asymmetric, saved_in_forward, precision_defect, not_a_function, rounds_inside,
-      shifted;
+      shifted, edge;
 
  private:
   std::string_view key_;
@@ -70,5 +70,6 @@ inline constexpr Finding Finding::precision_defect{"precision_defect"};
 inline constexpr Finding Finding::not_a_function{"not_a_function"};
 inline constexpr Finding Finding::rounds_inside{"rounds_inside"};
 inline constexpr Finding Finding::shifted{"shifted"};
+inline constexpr Finding Finding::edge{"edge"};
 
 }  // namespace tapegrad

@@ -24,7 +24,7 @@ TEST_CASE("findings: every built-in handle has a sheet, in a file of checker/fin
       Finding::overwrites, Finding::no_jvp, Finding::term_dropped, Finding::term_added, Finding::term_factor,
       Finding::wrong_value, Finding::ignores_cotangent, Finding::per_row_factor, Finding::elementwise,
       Finding::first_order, Finding::hessian_block, Finding::asymmetric, Finding::saved_in_forward,
-      Finding::precision_defect, Finding::not_a_function, Finding::rounds_inside, Finding::shifted};
+      Finding::precision_defect, Finding::not_a_function, Finding::rounds_inside, Finding::shifted, Finding::edge};
   for (const Finding f : handles) {
     CAPTURE(f.key());
     CHECK(finding_sheet(f) != nullptr);

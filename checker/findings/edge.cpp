@@ -8,15 +8,9 @@
 
 namespace tapegrad {
 
-namespace {
-
-constexpr Finding kEdge{"edge"};
-
-}  // namespace
-
 FindingSheet edge_finding() {
   return {
-      .kind = kEdge,
+      .kind = Finding::edge,
       .title = "at an edge",
       .meaning = "at an edge of the op's domain (a masked, constant, tied, zero, overflowing or tiny row; a query "
                  "with no key) y or x̄ is NaN or ∞ where the reference is finite, x̄ is not 0 at ȳ = 0, or x̄ is "
