@@ -233,3 +233,30 @@ TEST_CASE("a claim with a long chain of --let holds (each let is checked against
   CHECK(r.code == 0);
   CHECK(r.out.find("1 claim: 1 holds, 0 wrong") != std::string::npos);
 }
+
+TEST_CASE("claim weighs what its forward makes, not only its inputs, and refuses before any work") {
+  // (60000, 1) * (1, 60000) is 3.6e9 float64 elements (29 GB) from 120,000 input elements: refused from the shapes.
+  for (const char* forward : {"a*b", "matmul(a, b)"}) {
+    CAPTURE(forward);
+    Run r = run(std::string("claim --input a:60000,1 --input b:1,60000 --forward '") + forward +
+                    "' --jvp 't_a*b + a*t_b'",
+                true, " 2>&1 >/dev/null");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("tapegrad: error: claim the command line (1.2e+05 input elements; its forward makes 3.6e+09, "
+                     "its output 3.6e+09) needs about ") == 0);
+    CHECK(r.out.find("raise TAPEGRAD_MEMORY_LIMIT") != std::string::npos);
+    CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  }
+  // Under a cap: the outer product of two 1000-long vectors (1e6 elements) is refused at 64 MiB and checked at 1 GiB.
+  const std::string claim = "claim --input a:1000,1 --input b:1,1000 --forward 'a*b' --jvp 't_a*b + a*t_b'";
+  setenv("TAPEGRAD_MEMORY_LIMIT", "64M", 1);
+  Run capped = run(claim, true, " 2>&1 >/dev/null");
+  setenv("TAPEGRAD_MEMORY_LIMIT", "1G", 1);
+  Run checked = run(claim);
+  unsetenv("TAPEGRAD_MEMORY_LIMIT");
+  CHECK(capped.code == 2);
+  CHECK(capped.out.find("more than the 64.0 MiB available") != std::string::npos);
+  INFO(checked.out);
+  CHECK(checked.code == 0);
+  CHECK(checked.out.find("1 claim: 1 holds, 0 wrong") != std::string::npos);
+}

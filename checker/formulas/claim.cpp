@@ -10,7 +10,6 @@
 #include "checker/second_order.hpp"
 #include "checker/formulas/edits.hpp"
 #include "checker/formulas/expression.hpp"
-#include "inspect/process_memory.hpp"
 
 namespace tapegrad {
 
@@ -367,16 +366,6 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
     report.conclude();
   }
   return report;
-}
-
-void require_claim_memory(const ClaimText& c) {
-  // The memory a claim takes is bounded by its inputs: float64 values on a few tapes (the forward, the claimed
-  // derivatives, the finite differences' perturbed copies) whose intermediates are each at most a handful of
-  // inputs' size. 64 float64 copies of the inputs is the estimate.
-  double elements = 0;
-  for (const InputSpec& in : c.inputs) elements += static_cast<double>(in.shape.numel());
-  require_memory(64 * 8 * elements, fmt::format("claim {} ({:.4g} input elements)", c.where, elements),
-                 "check the formula on smaller inputs: a derivative that holds on a 4x6 input holds on larger ones");
 }
 
 }  // namespace tapegrad

@@ -66,8 +66,22 @@ void validate_claim(const ClaimText& claim);
 // the second-order checks after the first). Throws ExpressionError (with its caret) before evaluating anything.
 GradcheckReport check_claim(const ClaimText& claim, const GradcheckOptions& opt = {});
 
-// Refuses a claim whose check would need more memory than memory_available() (inspect/process_memory.hpp), from its
-// inputs' shapes, before anything of that size is allocated: `tapegrad claim` and tapegrad.claim in Python.
+// What a claim's check holds, in float64 elements, from a walk of its formulas over shapes (before any value is
+// computed; checker/formulas/claim_memory.cpp): the inputs, what the forward records (its lets, each intermediate at
+// the shape broadcasting gives it), its output, and the largest of the claimed rules' evaluations (their lets and
+// intermediates). Where the shapes do not fit, the walk stops and counts what came before; validate_claim refuses
+// the claim.
+struct ClaimMemory {
+  double input_elements = 0, forward_elements = 0, output_elements = 0, rule_elements = 0;
+  // The tapes and copies the check keeps at once, measured (docs/claims/README.md, "Memory").
+  static constexpr double kForwardTapes = 2, kOutputCopies = 30, kInputCopies = 8;
+  double bytes() const;
+};
+ClaimMemory estimate_claim_memory(const ClaimText& claim);
+
+// Refuses a claim whose check would need more memory than memory_available() (inspect/process_memory.hpp), from
+// estimate_claim_memory, before anything of that size is allocated (the shape check of validate_claim included):
+// `tapegrad claim` and tapegrad.claim in Python.
 void require_claim_memory(const ClaimText& claim);
 
 }  // namespace tapegrad

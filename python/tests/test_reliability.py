@@ -234,8 +234,9 @@ def test_an_op_on_vars_of_another_tape_is_refused():
 def test_claim_honours_the_memory_limit_as_the_cli_does(monkeypatch):
     big = SOFTMAX_CLAIM.replace("input x: 4, 6", "input x: 3000, 3000")
     monkeypatch.setenv("TAPEGRAD_MEMORY_LIMIT", "1M")
-    with pytest.raises(ValueError, match=r"claim the claim text:1 \(9e\+06 input elements\) needs about 4\.3 GiB of "
-                                         r"memory, more than the 1\.0 MiB available; check the formula on smaller"):
+    with pytest.raises(ValueError, match=r"claim the claim text:1 \(9e\+06 input elements; its forward makes 9e\+06, "
+                                         r"its output 9e\+06\) needs about 2\.9 GiB of memory, more than the 1\.0 MiB "
+                                         r"available; check the formula on smaller"):
         tapegrad.claim(big)
     monkeypatch.setenv("TAPEGRAD_MEMORY_LIMIT", "lots")
     with pytest.raises(ValueError, match=r"TAPEGRAD_MEMORY_LIMIT=lots: expected a size in bytes"):
