@@ -6,7 +6,11 @@
 
 namespace tapegrad {
 
-TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64_t eval_iters) {
+namespace {
+constexpr double kHvpTapes = 2;  // an HVP's tape, in training steps' tapes
+}  // namespace
+
+TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64_t eval_iters, bool sharpness) {
   const double C = static_cast<double>(m.n_embd), T = static_cast<double>(m.block_size);
   const double V = static_cast<double>(m.vocab_size), L = static_cast<double>(m.n_layer);
   const double H = static_cast<double>(m.n_head), B = static_cast<double>(batch), rows = B * T;
@@ -42,6 +46,12 @@ TrainingMemory estimate_training_memory(const GPTConfig& m, int64_t batch, int64
   const double largest = std::max({rows * V, rows * 4 * C, map});
   e.tape_bytes = 4 * (L * per_block + head + 4 * largest);
   e.eval_bytes = 2 * static_cast<double>(eval_iters) * 2 * rows * 4;  // two splits, x and y, int32
+  // A Hessian-vector product (models/sharpness.cpp) records the loss on a tape of its own, beside the training
+  // step's, whose arena keeps its memory between steps. Forward over reverse (engine/tape.cpp, Tape::hvp): the
+  // forward's values, a tangent for each of them, and a backward of two lanes, the cotangents and their tangents:
+  // twice one step's tape. Then the power iteration's float32 vectors of the parameters' size: the direction, the
+  // gradient and H·v as the tape returns them and summed per parameter, and the next direction.
+  if (sharpness) e.hvp_bytes = kHvpTapes * e.tape_bytes + 6 * 4 * e.parameters;
   return e;
 }
 

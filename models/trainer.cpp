@@ -322,9 +322,11 @@ void print_header(std::FILE* out, const TrainConfig& cfg, const std::string& dat
   const TrainingMemory& need = memory.need;
   fmt::print(out,
              "memory: about {} estimated for the run (parameters and gradients {}, AdamW {}, one step's tape {}, "
-             "evaluation batches {}) beside the program's {}; {}\n",
+             "evaluation batches {}{}) beside the program's {}; {}\n",
              bytes_text(need.total()), bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-             bytes_text(need.tape_bytes), bytes_text(need.eval_bytes), bytes_text(memory.resident_at_start),
+             bytes_text(need.tape_bytes), bytes_text(need.eval_bytes),
+             need.hvp_bytes > 0 ? ", Hessian-vector products " + bytes_text(need.hvp_bytes) : "",
+             bytes_text(memory.resident_at_start),
              memory.available ? bytes_text(*memory.available) + " available" : "available unknown");
   fmt::print(out, "data: {} ({} train / {} val tokens); run directory {}\n", data_path, data.train.size(),
              data.val.size(), cfg.loop.dir);
@@ -486,15 +488,18 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   const PrecisionScope precision(cfg.precision);  // refuses bf16 on a CPU without bf16 units, before any work
   const int64_t B = cfg.batch_size, T = cfg.model.block_size;
   // Before anything large is allocated: a run that cannot fit is refused in one line.
-  const MemoryOutlook memory{estimate_training_memory(cfg.model, B, cfg.eval_iters), resident_bytes(),
-                             memory_available()};
+  const MemoryOutlook memory{estimate_training_memory(cfg.model, B, cfg.eval_iters, cfg.sharpness_every > 0),
+                             resident_bytes(), memory_available()};
   const TrainingMemory& need = memory.need;
   if (memory.available && need.total() > *memory.available)
     fail("the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
-         "moments, {} for one step's tape at batch {} and context {}, {} for {} evaluation batches per split), more "
-         "than the {} available; make the model, the batch or --eval-iters smaller",
+         "moments, {} for one step's tape at batch {} and context {}, {} for {} evaluation batches per split{}), "
+         "more than the {} available; make the model, the batch or --eval-iters smaller{}",
          bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-         bytes_text(need.tape_bytes), B, T, bytes_text(need.eval_bytes), cfg.eval_iters, bytes_text(*memory.available));
+         bytes_text(need.tape_bytes), B, T, bytes_text(need.eval_bytes), cfg.eval_iters,
+         need.hvp_bytes > 0 ? ", " + bytes_text(need.hvp_bytes) + " for --sharpness-every's Hessian-vector products"
+                            : "",
+         bytes_text(*memory.available), need.hvp_bytes > 0 ? ", or leave out --sharpness-every" : "");
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
     fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
          "of {} tokens", data.train.size(), data.val.size(), T);
