@@ -56,6 +56,12 @@ def _function_class(fn):
     return found.pop() if len(found) == 1 else None
 
 
+def _function_class_behind(fn):
+    """The Function behind fn as _function_class finds it, or, for a module, behind its forward: the one whose
+    forward names a slip and whose backward is traced (a module's own name and parameters stay the report's)."""
+    return _function_class(fn.forward if _is_module(fn) else fn)
+
+
 def _is_module(fn):
     torch = _torch_if_loaded()
     return torch is not None and isinstance(fn, torch.nn.Module)

@@ -36,24 +36,26 @@ import torch
 
 from ._forward_fits import named_otherwise
 from ._forward_rewrite import Search
-from ._forward_record import (COTANGENTS, FIT, _candidates, _describe_factor, _Forward, _fraction, _name_calls, _paths,
-                              _run_forward, _term, _vjps)
+from ._forward_record import (COTANGENTS, FIT, Inlined, _candidates, _describe_factor, _Forward, _fraction, _name_calls,
+                              _paths, _run_forward, _term, _vjps)
 
 
 def name_from_forward(checked, failing):
     """[(kind, input, check, message)] for the inputs in `failing` (names) whose VJP error is one term of the
     forward of the Function checked.fn is the `apply` of; [] where it is no Function or nothing fits. checked:
     gradcheck's call (fn, inputs, slots, names, arrays, options.seed)."""
-    from ._callables import _function_class, _parameter_names
-    function_class = _function_class(checked.fn)
+    from ._callables import _function_class_behind, _parameter_names
+    function_class = _function_class_behind(checked.fn)
     if function_class is None or not failing:
         return []
+    bare = getattr(checked.fn, "__self__", None) is function_class and not checked.kwargs
+    forward = function_class if bare else Inlined(checked.fn, function_class, checked.kwargs)
     try:
         parameters = _parameter_names(checked.fn, len(checked.inputs))
-        found, has_parts = _name(function_class, checked, failing, parameters)
+        found, has_parts = _name(function_class, forward, checked, failing, parameters)
         rest = [n for n in failing if n not in {f[1] for f in found}]
         if rest and has_parts:
-            found += _name(function_class, checked, rest, parameters, parts=True)[0]
+            found += _name(function_class, forward, checked, rest, parameters, parts=True)[0]
         return found
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
@@ -64,13 +66,14 @@ def _fixed(inputs):
             for x in inputs]
 
 
-def _name(function_class, checked, failing, parameters, parts=False):
+def _name(function_class, forward, checked, failing, parameters, parts=False):
     """(the findings, whether the forward makes a call of _PARTS: then a second search, over the parts written out,
-    may name what the calls as written do not)."""
+    may name what the calls as written do not). forward: what _run_forward runs, function_class itself where the
+    check was given its bare apply, else the wrapper with the apply inlined."""
     fn, slots, names, arrays, seed = checked.fn, checked.slots, checked.names, checked.arrays, checked.options.seed
     fixed = _fixed(checked.inputs)
     recorder = _Forward(record=True, parts=parts)
-    xs, y = _run_forward(function_class, fixed, slots, arrays, recorder)
+    xs, y = _run_forward(forward, fixed, slots, arrays, recorder)
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
         return [], recorder.has_parts
     rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
@@ -83,7 +86,7 @@ def _name(function_class, checked, failing, parameters, parts=False):
     for slot, x in zip(slots, user_xs):
         args[slot] = x
     with torch.enable_grad():
-        user_y = fn(*args)
+        user_y = fn(*args, **(checked.kwargs or {}))
     if isinstance(user_y, (tuple, list)) and len(user_y) == 1:
         user_y = user_y[0]
     user = _vjps(user_xs, user_y, cotangents)
@@ -108,7 +111,7 @@ def _name(function_class, checked, failing, parameters, parts=False):
         (xs, y) where the screening made it already (its graph is kept), else the cut forward is run here."""
         key = (call.index, j, how)
         if key not in full:
-            cut_xs, cut_y = run or _run_forward(function_class, fixed, slots, arrays,
+            cut_xs, cut_y = run or _run_forward(forward, fixed, slots, arrays,
                                                 _Forward(cut=(call.index, j, how), parts=parts))
             cut = _vjps(cut_xs, cut_y, cotangents)
             full[key] = {i: true[i] - cut[i] for i in errors}
@@ -125,7 +128,7 @@ def _name(function_class, checked, failing, parameters, parts=False):
     # Each edge screened at the first ȳ (one backward), the few that fit there compared at all of them.
     for call, j, how in candidates:
         try:
-            cut_xs, cut_y = _run_forward(function_class, fixed, slots, arrays,
+            cut_xs, cut_y = _run_forward(forward, fixed, slots, arrays,
                                          _Forward(cut=(call.index, j, how), parts=parts))
             cut = _vjps(cut_xs, cut_y, cotangents[:1])
         except Exception:
@@ -159,7 +162,7 @@ def _name(function_class, checked, failing, parameters, parts=False):
     found = []
     note = f" ({tried} of the forward's {total} edges were tried)" if capped else ""
     # the searches past the edges' own terms: over the inputs still unnamed (search.errors)
-    search = Search(function_class, fixed, slots, arrays, recorder.calls, xs, names, cotangents, true, user,
+    search = Search(forward, fixed, slots, arrays, recorder.calls, xs, names, cotangents, true, user,
                     dict(errors), operand, terms, lambda call, j, i: full_terms(call, j, "detach")[i])
     for i in [i for i in errors if not fits[i]]:
         factor = _value_factor(search, i)

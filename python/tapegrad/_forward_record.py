@@ -3,6 +3,7 @@ of _forward_fits.py): each torch call a _Call with the user's line and sub-expre
 (which can cut one operand's edge, run a call straight through, or write a call out in its parts), the VJPs of the
 run at stacked cotangents, and each edge's term named in the forward's own words."""
 
+import functools
 import itertools
 import linecache
 import math
@@ -50,6 +51,7 @@ def _user_place():
         line = first or line
     except (StopIteration, ValueError, TypeError):
         pass
+    _paths.setdefault(os.path.basename(path), path)  # a wrapper's lines may come from another file than forward's
     return os.path.basename(path), line, expression.strip()
 
 
@@ -178,23 +180,70 @@ class _Forward(TorchFunctionMode):
         return out
 
 
+def _plain_forward(function_class, args):
+    """function_class's forward at args as plain torch code, on a stand-in ctx (a forward written for a separate
+    setup_context takes none)."""
+    if getattr(function_class, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context", None):
+        return function_class.forward(*args)
+    return function_class.forward(_Context(len(args)), *args)
+
+
 def _run_forward(function_class, args, slots, arrays, mode):
-    """The forward of function_class as plain torch code at arrays (in the checked slots), under mode: (xs, y)."""
+    """The forward of function_class (a Function, or an Inlined wrapper) as plain torch code at arrays (in the checked
+    slots), under mode: (xs, y)."""
     args = list(args)
     xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
     for slot, x in zip(slots, xs):
         args[slot] = x
-    ctx = _Context(len(args))
     mode.inputs = xs
     with torch.enable_grad(), mode:
-        if getattr(function_class, "setup_context", None) is not getattr(torch.autograd.Function, "setup_context",
-                                                                         None):
-            y = function_class.forward(*args)
-        else:
-            y = function_class.forward(ctx, *args)
+        y = _plain_forward(function_class, args)
     if isinstance(y, (tuple, list)) and len(y) == 1:
         y = y[0]
     return xs, y
+
+
+class Inlined:
+    """A callable around a Function's apply (a lambda, a functools.partial, a function or a module, called with the
+    check's keyword arguments) run as plain torch code, where _run_forward runs a Function: while it runs, the
+    Function's apply is its forward on a stand-in ctx, so that autograd differentiates the forward itself and the
+    recorder sees its calls, and the wrapper's own calls beside them. An apply the wrapper holds bound where the class
+    cannot reach it (kept in a closure before the call) is not inlined: then the forward is refused (RuntimeError),
+    not differentiated through the backward under check."""
+
+    setup_context = getattr(torch.autograd.Function, "setup_context", None)  # _plain_forward passes a ctx
+
+    def __init__(self, fn, function_class, kwargs):
+        self.fn, self.function_class, self.kwargs = fn, function_class, dict(kwargs or {})
+
+    def forward(self, _ctx, *args):
+        function_class, inlined = self.function_class, []
+
+        def apply(*a):
+            inlined.append(True)
+            return _plain_forward(function_class, a)
+
+        own = function_class.__dict__.get("apply")
+        function_class.apply = staticmethod(apply)
+        try:
+            y = _call_inlined(self.fn, args, self.kwargs, function_class, apply)
+        finally:
+            if own is None:
+                del function_class.apply
+            else:
+                function_class.apply = own
+        if not inlined:
+            raise RuntimeError(f"the wrapper called {function_class.__name__}.apply where it could not be inlined")
+        return y
+
+
+def _call_inlined(fn, args, kwargs, function_class, apply):
+    """fn(*args, **kwargs), a functools.partial's layers opened so that an apply they hold is the inlined one."""
+    if isinstance(fn, functools.partial):
+        return _call_inlined(fn.func, fn.args + tuple(args), {**fn.keywords, **kwargs}, function_class, apply)
+    if getattr(fn, "__name__", "") == "apply" and getattr(fn, "__self__", None) is function_class:
+        return apply(*args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def _vjps(xs, y, cotangents):

@@ -48,10 +48,11 @@ def operands_of(args, kwargs):
 
 @dataclass
 class Search:
-    """What the fits after the forward's own edges need: the Function and its point, the recorded calls, the run's
-    inputs and their names, the cotangents with x̄_true and x̄_user at them (stacked, one vector per input), the
-    inputs still unnamed (index → error), how an operand is written, and the edge terms at the first ȳ."""
-    function_class: type
+    """What the fits after the forward's own edges need: the Function (or the wrapper that inlines it,
+    _forward_record.Inlined) and its point, the recorded calls, the run's inputs and their names, the cotangents with
+    x̄_true and x̄_user at them (stacked, one vector per input), the inputs still unnamed (index → error), how an
+    operand is written, and the edge terms at the first ȳ."""
+    function_class: object
     fixed: list
     slots: list
     arrays: list

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from ._callables import _function_class
+from ._callables import _function_class_behind
 
 
 def _unravel(k, shape):
@@ -140,7 +140,7 @@ class TorchOp:
 
     def vjp_formulas(self, arrays, gout, names):
         from ._trace import TracePoint, vjp_formulas, vjp_formulas_of_callable
-        function_class = _function_class(self.fn)
+        function_class = _function_class_behind(self.fn)
         if self.output == "all":
             return None
         try:
