@@ -192,7 +192,7 @@ def _gradient_finding(ctx, probe, run, ref_grads, i, name):
     x = probe.inputs[ctx.call.slots[i]].detach().double().cpu()
     infinite = torch.isinf(g) & torch.isfinite(x)
     if infinite.any():
-        found = _infinite(ctx, probe, run, ref, i, name, infinite)
+        found = _infinite(ctx, probe, run, ref, i, infinite)
         if found is not None:
             return found
     if ref is not None:
@@ -202,9 +202,10 @@ def _gradient_finding(ctx, probe, run, ref_grads, i, name):
     return None
 
 
-def _infinite(ctx, probe, run, ref, i, name, infinite):
-    """∞ in x̄ where the reference's x̄ is finite, or, with no reference, where one-sided differences of fn in
-    float64 at two steps do not grow (the derivative is finite)."""
+def _infinite(ctx, probe, run, ref, i, infinite):
+    """∞ in x̄ of checked input i (at the elements `infinite`) where the reference's x̄ is finite, or, with no
+    reference, where one-sided differences of fn in float64 at two steps do not grow (the derivative is finite)."""
+    name = ctx.call.names[i]
     k = _first(infinite)
     bar, v = f"{name}̄", float(run.grads[i][k])
     if ref is not None:

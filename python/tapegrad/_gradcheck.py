@@ -197,7 +197,8 @@ def _forward_mode_note(report, impl, fn):
     if function_class is not None and getattr(function_class, "jvp", None) is torch.autograd.Function.jvp:
         note = "forward mode: not written (the Function has no jvp): the jvp and adjoint rows are skipped"
     else:
-        note = f"forward mode: not available ({impl.no_forward_mode.splitlines()[0]}): the jvp and adjoint rows are skipped"
+        note = (f"forward mode: not available ({impl.no_forward_mode.splitlines()[0]}): the jvp and adjoint rows are "
+                "skipped")
     report._notes = [note] + getattr(report, "_notes", [])
 
 
