@@ -151,9 +151,22 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
 
 void TrainingRun::start() {
   if (!cfg_.dir.empty()) remove_stale_temporaries(cfg_.dir);  // the directory is locked: no other writer's
+  if (!cfg_.dir.empty() && cfg_.overwrite && !cfg_.resume) remove_old_run();
   start_ = last_print_ = Clock::now();
 }
 
+// --overwrite: the old run's files go before the new run writes its first, its logs first and its checkpoint last.
+// A kill at any point then leaves the old run (its checkpoint holds its log: --resume writes losses.csv again), an
+// empty directory, or the new run; never the new run's checkpoint beside the old run's losses.csv.
+void TrainingRun::remove_old_run() const {
+  namespace fs = std::filesystem;
+  for (auto file = std::rbegin(kRunFiles); file != std::rend(kRunFiles); ++file) {
+    const fs::path path = fs::path(cfg_.dir) / *file;
+    std::error_code ec;
+    fs::remove(path, ec);
+    if (ec) fail("--overwrite: cannot remove the old run's {}: {}", path.string(), ec.message());
+  }
+}
 
 bool TrainingRun::interrupted(int64_t next_step) {
   if (!stop_requested(cfg_.interrupt)) return false;

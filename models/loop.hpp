@@ -153,7 +153,8 @@ class TrainingRun {
   // on the command line).
   void resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model = {},
               const std::function<void(const Checkpoint&)>& restore = {});
-  // Before the first step: removes what killed writes left in the run directory, starts the clock.
+  // Before the first step: removes what killed writes left in the run directory (and with cfg.overwrite the old
+  // run's files, its checkpoint last), starts the clock.
   void start();
 
   int64_t first_step() const { return result_.first_step; }  // 0, or the step a resumed checkpoint holds
@@ -206,6 +207,7 @@ class TrainingRun {
 
  private:
   void refuse_non_finite_state(const Checkpoint& ck, int64_t step) const;
+  void remove_old_run() const;
   // In the catch block of an error from a step: with detect_anomaly, the message with the step and the checkpoint
   // kept; otherwise the error rethrown as it is.
   [[noreturn]] void step_failed(int64_t step, const Error& e) const;

@@ -124,6 +124,36 @@ TEST_CASE("temporaries left by killed writes are removed when the next run in th
   CHECK(remove_stale_temporaries(dir.path.string()) == 0);
 }
 
+TEST_CASE("--overwrite removes the old run's files, its checkpoint last, before the new run writes its first") {
+  // A kill during the new run's first step would otherwise leave its checkpoint of step 0 beside the old run's
+  // losses.csv (and sharpness.csv): one directory, two runs.
+  testing::ScratchDir dir;
+  Xor data;
+  MLP mlp("mlp", {2, 4, 2}, 1);
+  SGD opt(mlp.parameters());
+  LoopFunctions fn = xor_functions(mlp, data);
+  train_loop(mlp, opt, {.max_steps = 4, .eval_interval = 2, .dir = dir.path.string(), .quiet = true}, fn);
+  testing::spit(dir.file("sharpness.csv"), "step,lr,sharpness\n2,0.1,3.5\n");  // as a GPT run with --sharpness-every
+  testing::spit(dir.file("notes.txt"), "not the run's");
+  REQUIRE(dir.entries() ==
+          std::vector<std::string>{"checkpoint.safetensors", "losses.csv", "losses.svg", "notes.txt", "sharpness.csv"});
+  std::vector<std::string> at_first_step;
+  auto loss = fn.loss;
+  fn.loss = [&](Tape& tape, int64_t step) {
+    if (step == 0) at_first_step = dir.entries();
+    return loss(tape, step);
+  };
+  CHECK_THROWS_WITH_AS(train_loop(mlp, opt, {.max_steps = 4, .dir = dir.path.string(), .quiet = true}, fn),
+                       doctest::Contains("holds a run already"), Error);
+  CHECK(at_first_step.empty());  // refused before any step: the old run as it was
+  CHECK(dir.entries().size() == 5);
+  train_loop(mlp, opt, {.max_steps = 4, .eval_interval = 2, .dir = dir.path.string(), .quiet = true, .overwrite = true},
+             fn);
+  // At the new run's first step: its checkpoint of step 0 alone, no file of the old run beside it.
+  CHECK(at_first_step == std::vector<std::string>{"checkpoint.safetensors", "notes.txt"});
+  CHECK(testing::slurp(dir.file("losses.csv")).find("step,") == 0);
+}
+
 TEST_CASE("train_loop refuses a run without a loss function, and names a non-finite loss with its step") {
   MLP mlp("mlp", {2, 2}, 1);
   SGD opt(mlp.parameters());
