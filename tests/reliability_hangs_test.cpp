@@ -87,16 +87,6 @@ bool wait_until(const std::function<bool()>& ready, double seconds = 60) {
   return true;
 }
 
-// The step a run's checkpoint holds, or −1 while there is none.
-int64_t checkpoint_step(const std::string& path) {
-  if (!fs::exists(path)) return -1;
-  try {
-    return std::stoll(load_checkpoint(path).metadata.at("tapegrad.step"));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 }  // namespace
 
 TEST_CASE("an input that is a fifo or a device is refused before it is opened, naming the path") {

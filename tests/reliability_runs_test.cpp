@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/rng.hpp"
 #include "models/checkpoint.hpp"
 #include "reliability_util.hpp"
 #include "training_test_util.hpp"
@@ -98,6 +99,44 @@ TEST_CASE("one writer per run directory; an existing run is not replaced without
   CHECK_MESSAGE(over.code == 0, over.out);
   for (const auto& e : fs::directory_iterator(dir.path / "r" / "same"))
     CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos, e.path().string());
+}
+
+TEST_CASE("SIGKILL during train --overwrite never leaves the new run's checkpoint beside the old run's log") {
+  // Over a finished run of 20 steps, --overwrite killed in its first 60 ms (where it removes the old run and writes
+  // its own first checkpoint and log). Without the removal first, about one kill in ten left a checkpoint of step 0
+  // beside a losses.csv that ends at step 20.
+  ScratchDir dir;
+  spit(dir.file("text.txt"), text_of_length(5000));
+  const std::string d = dir.path.string();
+  const std::string ck = dir.file("r/softmax/checkpoint.safetensors"), csv = dir.file("r/softmax/losses.csv");
+  auto last_logged = [&]() -> int64_t {  // the log's last step; −1 without a log
+    if (!fs::exists(csv)) return -1;
+    const std::string text = slurp(csv);
+    const size_t row = text.find_last_of('\n', text.size() - 2);
+    return row == std::string::npos || text.compare(row + 1, 4, "step") == 0 ? -1 : std::stoll(text.substr(row + 1));
+  };
+  Rng rng(11);
+  int old_runs = 0, new_runs = 0, empty = 0;
+  for (int k = 0; k < 40; ++k) {
+    CAPTURE(k);
+    REQUIRE(run_cli(d, with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "20", "--eval-interval", "5",
+                             "--overwrite"}, kTiny)).code == 0);
+    Background over(d, with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "1000000", "--eval-interval",
+                             "1", "--overwrite"}, kTiny));
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng.uniform() * 60'000)));
+    ::kill(over.pid, SIGKILL);
+    over.wait();
+    const int64_t step = checkpoint_step(ck), logged = last_logged();
+    CAPTURE(step);
+    CAPTURE(logged);
+    // The old run whole, the old run's checkpoint alone (its log is in it), nothing, or the new run: its log written
+    // after each checkpoint, so one step behind it at most.
+    const bool old_run = step == 20 && (logged == 20 || logged == -1), nothing = step == -1 && logged == -1;
+    const bool new_run = !old_run && step >= 0 && (logged == -1 || (logged >= step - 1 && logged <= step));
+    CHECK((old_run || nothing || new_run));
+    old_runs += old_run, new_runs += new_run, empty += nothing;
+  }
+  MESSAGE(old_runs, " kills left the old run, ", empty, " an empty directory, ", new_runs, " the new run");
 }
 
 TEST_CASE("SIGINT ends a run after its step with a checkpoint; --resume continues it") {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "models/checkpoint.hpp"
 #include "training_test_util.hpp"
 #include "test_paths.hpp"
 
@@ -45,6 +46,16 @@ inline std::vector<std::string> with(std::vector<std::string> a, const std::vect
   }
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// The step a run's checkpoint holds, or −1 while there is none.
+inline int64_t checkpoint_step(const std::string& path) {
+  if (!std::filesystem::exists(path)) return -1;
+  try {
+    return std::stoll(load_checkpoint(path).metadata.at("tapegrad.step"));
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
 // n bytes of English text, a sentence repeated.
