@@ -22,7 +22,7 @@ namespace {
 // One op a line, its JVP under its VJP:  softmax  softmax  6 cases   VJP per row: x̄ += ...
 //                                                                    JVP per row: ẏ = ...
 void list_ops(const Registry& reg, std::FILE* out) {
-  for (const OpInfo& op : reg.ops()) {
+  for (const OpSheet& op : reg.ops()) {
     const std::string head = fmt::format("{:<16} {:<17} {} case{}   ", op.name, op.family, op.cases.size(),
                                          op.cases.size() == 1 ? " " : "s");
     fmt::print(out, "{}VJP {}\n{:<{}}JVP {}\n", head, op.vjp.empty() ? "(not given)" : op.vjp, "", head.size(),
@@ -129,7 +129,7 @@ T parse_number(std::string_view flag, std::string_view text) {
 using RowStart = std::function<std::string(std::string_view, std::string_view, std::string_view, std::string_view)>;
 
 // `gradcheck --precision f32|bf16`: each case at that precision against float64 (checker/precision.hpp).
-int run_at_precision(const std::vector<const OpInfo*>& selected, const GradcheckRun& a, const RowStart& row,
+int run_at_precision(const std::vector<const OpSheet*>& selected, const GradcheckRun& a, const RowStart& row,
                      std::FILE* out) {
   const ProductPrecision p = *a.precision;
   const auto t0 = std::chrono::steady_clock::now();
@@ -138,7 +138,7 @@ int run_at_precision(const std::vector<const OpInfo*>& selected, const Gradcheck
   if (!a.json)
     fmt::print(out, "gradcheck at {}\n{} {:>11} {:>11}  {}\n", precision_header(p), row("op", "case", "input", "check"),
                "max_abs_err", "rounding", "result");
-  for (const OpInfo* op : selected)
+  for (const OpSheet* op : selected)
     for (const auto& c : op->cases) {
       const PrecisionReport r = gradcheck_at_precision(c, p, a.options, op->name);
       ++cases;
@@ -201,9 +201,9 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
     fmt::print(out, "{}", finding_kinds_table());
     return 0;
   }
-  std::vector<const OpInfo*> selected;
+  std::vector<const OpSheet*> selected;
   for (const auto& name : a.ops) {
-    const OpInfo* op = reg.find(name);
+    const OpSheet* op = reg.find(name);
     if (!op) fail("gradcheck: no op named '{}' (gradcheck --list shows them)", name);
     selected.push_back(op);
   }
@@ -212,7 +212,7 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
 
   // Columns as wide as the longest op and case name: at least 16 and 22, at most 24 and 32 (longer names overflow).
   size_t wo = 16, wc = 22;
-  for (const OpInfo* op : selected) {
+  for (const OpSheet* op : selected) {
     wo = std::clamp(op->name.size(), wo, size_t{24});
     for (const auto& c : op->cases) wc = std::clamp(c.name.size(), wc, size_t{32});
   }
@@ -227,7 +227,7 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
   if (!a.json)
     fmt::print(out, "{} {:>11} {:>11}  {}\n", row("op", "case", "input", "check"), "max_abs_err", "max_rel_err",
                "result");
-  for (const OpInfo* op : selected) {
+  for (const OpSheet* op : selected) {
     for (const auto& c : op->cases) {
       GradcheckReport r =
           a.order == 2 ? gradcheck_second_order(c, a.options, op->name) : gradcheck(c, a.options, op->name);

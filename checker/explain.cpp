@@ -96,7 +96,7 @@ int last_line_with(const std::string& path, const std::string& text) {
 
 // Where the op's sheet is: its registration's place when one was taken, else the last line of its family's file
 // (or of the node's own file, for ops outside tapegrad) that names it in quotes; the file alone if none does.
-std::string sheet_place(const OpInfo& info, const std::vector<std::filesystem::path>& roots,
+std::string sheet_place(const OpSheet& info, const std::vector<std::filesystem::path>& roots,
                         const SourcePlace& recorded) {
   if (info.registered_at.line() != 0) return source_text(info.registered_at);
   const std::string quoted = "\"" + info.name + "\"";
@@ -162,7 +162,7 @@ int64_t Explanation::alignment_padding() const {
 }
 
 Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options) {
-  const OpInfo* info = registry.find(op);
+  const OpSheet* info = registry.find(op);
   if (!info) {
     std::vector<std::string> names;
     for (const auto& o : registry.ops()) names.push_back(o.name);
@@ -270,7 +270,7 @@ std::string cell(const std::string& text) {
 }
 
 // "§2.1, §1.1; 2nd order §6.4" from a sheet's section numbers.
-std::string sections_of(const OpInfo& op) {
+std::string sections_of(const OpSheet& op) {
   std::string s;
   for (const std::string& n : section_numbers(op.derivation)) s += (s.empty() ? "§" : ", §") + n;
   const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
@@ -284,7 +284,7 @@ std::string sections_of(const OpInfo& op) {
 
 std::string index_markdown(const Registry& registry) {
   std::string s = "| op | file | forward | VJP | JVP | second order | derived in |\n|---|---|---|---|---|---|---|\n";
-  for (const OpInfo& op : registry.ops())
+  for (const OpSheet& op : registry.ops())
     s += fmt::format("| `{}` | `ops/{}.cpp` | {} | {} | {} | {} | {} |\n", op.name, op.family, cell(op.forward),
                      cell(op.vjp), cell(op.jvp), cell(op.second_order), sections_of(op));
   return s;

@@ -28,17 +28,17 @@ struct ExplainOptions {
   GradcheckOptions gradcheck;
 };
 
-// One of OpInfo::formulas_at, found: "ops/row_maps.hpp:70" when the file was read, else "ops/row_maps.hpp".
+// One of OpSheet::formulas_at, found: "ops/row_maps.hpp:70" when the file was read, else "ops/row_maps.hpp".
 struct FormulaLocation {
   std::string what, at, function;
 };
 
 struct Explanation {
   std::string op, family, forward, vjp, jvp;
-  std::string second_order;          // OpInfo::second_order; empty: not given at registration
+  std::string second_order;          // OpSheet::second_order; empty: not given at registration
   std::string second_order_section;  // the heading of docs/derivations.md that derives the rules ("6" if not found)
   std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
-  std::string derived_in;              // OpInfo::derived_in: a file whose opening comment derives the rules
+  std::string derived_in;              // OpSheet::derived_in: a file whose opening comment derives the rules
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
   std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
   std::string registered_at;           // file:line of its sheet (or its registration)

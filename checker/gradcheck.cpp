@@ -561,7 +561,7 @@ GradcheckReport gradcheck(const GradcheckCase& c, const GradcheckOptions& opt, s
                     c, opt, op);
 }
 
-std::vector<GradcheckReport> gradcheck(const OpInfo& op, const GradcheckOptions& opt) {
+std::vector<GradcheckReport> gradcheck(const OpSheet& op, const GradcheckOptions& opt) {
   if (op.cases.empty()) fail("gradcheck: op '{}' has no gradcheck case", op.name);
   std::vector<GradcheckReport> reports;
   for (const auto& c : op.cases) reports.push_back(gradcheck(c, opt, op.name));

@@ -165,6 +165,6 @@ using FunctionCheck = GradcheckReport (*)(const Function&, std::span<const Tenso
 GradcheckReport check_case(FunctionCheck check, const GradcheckCase& c, const GradcheckOptions& opt,
                            std::string_view op);
 // Checks every case of a registered op.
-std::vector<GradcheckReport> gradcheck(const OpInfo& op, const GradcheckOptions& opt = {});
+std::vector<GradcheckReport> gradcheck(const OpSheet& op, const GradcheckOptions& opt = {});
 
 }  // namespace tapegrad

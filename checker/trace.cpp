@@ -62,7 +62,7 @@ std::string numbers(const Tensor& t) {
 
 std::vector<std::string> names_of_ops_with_traces(const Registry& registry) {
   std::vector<std::string> names;
-  for (const OpInfo& op : registry.ops())
+  for (const OpSheet& op : registry.ops())
     if (op.trace) names.push_back(op.name);
   return names;
 }
@@ -70,7 +70,7 @@ std::vector<std::string> names_of_ops_with_traces(const Registry& registry) {
 }  // namespace
 
 OpTraceRun trace_op(const Registry& registry, std::string_view name, const GradcheckOptions& options) {
-  const OpInfo* op = registry.find(name);
+  const OpSheet* op = registry.find(name);
   if (!op) fail("explain --trace: no op named '{}'", name);
   if (!op->trace) {
     std::string with;

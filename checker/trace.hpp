@@ -1,5 +1,5 @@
 // An op's worked example with its numbers: `tapegrad explain OP --trace` runs the lines of the op's sheet
-// (OpInfo::trace, ops/sheet.hpp) on a tiny seeded input in float64 and prints each formula of the forward and the
+// (OpSheet::trace, ops/sheet.hpp) on a tiny seeded input in float64 and prints each formula of the forward and the
 // VJP with the matrix it produces, down to the inputs' gradients; then compares those gradients with the node's
 // own VJP at the same ȳ, and gradchecks the node at the same inputs.
 #pragma once

@@ -1,5 +1,5 @@
 # The list of built-in sheets, generated from the files that define them, for the ops and for the kinds of finding:
-#   KIND=ops       every function  std::vector<OpInfo> NAME() {  of the files of ops/, called by builtin_ops()
+#   KIND=ops       every function  std::vector<OpSheet> NAME() {  of the files of ops/, called by builtin_ops()
 #   KIND=findings  every function  FindingSheet NAME() {  of the files of checker/findings/, called by builtin_findings()
 # defined at the start of a line of a file of LIST (one path a line) within namespace tapegrad, is declared in OUT and
 # called by the lister, file by file in the order of their paths under the folder (so that `tapegrad gradcheck
@@ -18,11 +18,11 @@ foreach(v KIND LIST OUT)
 endforeach()
 if(KIND STREQUAL "ops")
   set(folder "ops")
-  set(type "std::vector<OpInfo>")
-  set(element "OpInfo")
+  set(type "std::vector<OpSheet>")
+  set(element "OpSheet")
   set(lister "builtin_ops")
   set(header "ops/all_ops.hpp")
-  set(gather "for (OpInfo& op : sheet()) all.push_back(std::move(op));")
+  set(gather "for (OpSheet& op : sheet()) all.push_back(std::move(op));")
 elseif(KIND STREQUAL "findings")
   set(folder "findings")
   set(type "FindingSheet")

@@ -66,7 +66,7 @@ void Profile::on_output(const Tape&, const char* op, std::span<const Var> in, co
   r.forward_ms += ms;
   ++r.calls;
   if (!costs_) return;
-  if (const OpInfo* info = costs_->find(op); info && info->cost) {
+  if (const OpSheet* info = costs_->find(op); info && info->cost) {
     const OpCost c = info->cost(inputs, output);
     r.forward_flops += c.forward;
     r.backward_flops += c.backward;

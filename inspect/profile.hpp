@@ -11,7 +11,7 @@
 // and resume() nothing is charged (evaluation, logging). Every interval is charged to exactly one row, so the rows
 // add up to the time profiled; a caller that also times its steps can compare the two (format_profile does).
 //
-// FLOPs come from the cost function an op registered (OpInfo::cost), evaluated on each recorded node's shapes.
+// FLOPs come from the cost function an op registered (OpSheet::cost), evaluated on each recorded node's shapes.
 #pragma once
 
 #include <chrono>

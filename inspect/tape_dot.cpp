@@ -365,11 +365,11 @@ class Drawer {
     return box.folded ? scope_node(b) : value_node(box.values.front());
   }
 
-  // An op's OpInfo, or nullptr.
-  const OpInfo* info(const Node& nd) const { return opt_.registry ? opt_.registry->find(nd.op) : nullptr; }
+  // An op's OpSheet, or nullptr.
+  const OpSheet* info(const Node& nd) const { return opt_.registry ? opt_.registry->find(nd.op) : nullptr; }
 
   OpCost cost(const Node& nd) const {
-    const OpInfo* op = info(nd);
+    const OpSheet* op = info(nd);
     if (!op || !op->cost) return {};
     std::vector<Shape> in;
     for (uint32_t id : nd.inputs) in.push_back(tape_.value_at(id).shape());
@@ -460,11 +460,11 @@ class Drawer {
       const OpCost c = cost(nd);
       if (c.forward + c.backward > 0)
         lines.push_back(small(fmt::format("{} forward, {} backward", flops_text(c.forward), flops_text(c.backward))));
-      if (const OpInfo* op = info(nd); op && opt_.formulas && !op->vjp.empty())
+      if (const OpSheet* op = info(nd); op && opt_.formulas && !op->vjp.empty())
         for (const std::string& line : wrap("VJP: " + op->vjp, kFormulaColumns))
           lines.push_back(small(html(line), kFormulaColour));
       tip = fmt::format("#{} {}{}\n", id, nd.op, scope.empty() ? "" : " in scope " + scope);
-      if (const OpInfo* op = info(nd)) tip += fmt::format("VJP: {}\nJVP: {}\n", op->vjp, op->jvp);
+      if (const OpSheet* op = info(nd)) tip += fmt::format("VJP: {}\nJVP: {}\n", op->vjp, op->jvp);
       else if (opt_.registry) tip += fmt::format("'{}' is not in the registry: no formulas\n", nd.op);
       tip += fmt::format("recorded at {}\nkeeps {} bytes: its output and what its VJP and JVP saved",
                          source_text(nd.where), nd.bytes_kept);
@@ -525,7 +525,7 @@ class Drawer {
         flops.backward += c.backward;
         tip += fmt::format("#{} {} {} at {} ({} bytes)\n", id, nd.op, shape_text(tape_.value_at(id)),
                            source_text(nd.where), nd.bytes_kept);
-        if (const OpInfo* op = info(nd)) formulas.insert(fmt::format("{} VJP: {}\n{} JVP: {}\n", nd.op, op->vjp, nd.op, op->jvp));
+        if (const OpSheet* op = info(nd)) formulas.insert(fmt::format("{} VJP: {}\n{} JVP: {}\n", nd.op, op->vjp, nd.op, op->jvp));
       }
       if (bad_here && !bad) first_bad = fmt::format("#{}", id);
       bad = bad || bad_here;

@@ -1,6 +1,6 @@
 // The built-in ops' sheets (ops/sheet.hpp), every family's in one list. No one writes that list: the build generates
 // builtin_ops() from the files of ops/ (cmake/generate_sheet_list.cmake), calling every function
-// `std::vector<OpInfo> NAME()` that a file defines at the start of a line within namespace tapegrad.
+// `std::vector<OpSheet> NAME()` that a file defines at the start of a line within namespace tapegrad.
 #pragma once
 
 #include <vector>
@@ -11,6 +11,6 @@ namespace tapegrad {
 
 // Every built-in op's sheet, file by file in the order of their paths under ops/ (arithmetic.cpp,
 // attention/beta.cpp, ...). builtin_registry() (ops/ops.hpp) is the registry filled from them.
-std::vector<OpInfo> builtin_ops();
+std::vector<OpSheet> builtin_ops();
 
 }  // namespace tapegrad

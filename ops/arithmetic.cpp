@@ -226,8 +226,8 @@ Var div(Var a, Var b) { return binary<Div>(a, b); }
 Var neg(Var x) { return linear_scale("neg", x, -1.0); }
 Var scale(Var x, double s) { return linear_scale("scale", x, s); }
 
-std::vector<OpInfo> arithmetic_ops() {
-  OpList r;
+std::vector<OpSheet> arithmetic_ops() {
+  OpSheets r;
   auto bin = [](Var (*op)(Var, Var)) {
     return [op](Tape&, std::span<const Var> x) { return op(x[0], x[1]); };
   };

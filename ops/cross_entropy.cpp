@@ -181,8 +181,8 @@ Var cross_entropy(Var logits, Var targets) {
       });
 }
 
-std::vector<OpInfo> cross_entropy_ops() {
-  OpList r;
+std::vector<OpSheet> cross_entropy_ops() {
+  OpSheets r;
   auto loss = [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); };
   r.add({.name = "cross_entropy",
          .family = "cross_entropy",

@@ -101,8 +101,8 @@ Var embedding(Var ids, Var table) {
       }, Tape::linear_in_inputs);
 }
 
-std::vector<OpInfo> embedding_ops() {
-  OpList r;
+std::vector<OpSheet> embedding_ops() {
+  OpSheets r;
   auto lookup = [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); };
   r.add({.name = "embedding",
          .family = "embedding",

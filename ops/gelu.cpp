@@ -67,7 +67,7 @@ Var gelu(Var x) { return gelu_node("gelu", GeluForm::tanh, x); }
 Var gelu_erf(Var x) { return gelu_node("gelu_erf", GeluForm::exact, x); }
 
 // Their sheets: f′ as the VJP and JVP, f″ as the second-order rule ẋ̄ += f″(x)·ẋ·ȳ (docs/derivations.md §6.3).
-std::vector<OpInfo> gelu_ops() {
+std::vector<OpSheet> gelu_ops() {
   auto matrix = [](Var (*fn)(Var)) {
     return std::vector<GradcheckCase>{
         {"matrix", {{"x", {4, 5}}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }}};

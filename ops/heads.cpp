@@ -124,8 +124,8 @@ Var merge_heads(Var y) {
       }, Tape::linear_in_inputs);
 }
 
-std::vector<OpInfo> heads_ops() {
-  OpList r;
+std::vector<OpSheet> heads_ops() {
+  OpSheets r;
   r.add({.name = "split_heads",
          .family = "heads",
          .forward = "y[b,i,t,e] = x[b,t,offset+i·d+e]: (B, T, C) columns to (B, h, T, d) heads",

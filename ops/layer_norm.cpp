@@ -325,8 +325,8 @@ OpTrace layer_norm_trace() {
 }
 
 // The sheet: what the kernels above implement, in one line each.
-std::vector<OpInfo> layer_norm_ops() {
-  OpList r;
+std::vector<OpSheet> layer_norm_ops() {
+  OpSheets r;
   auto apply = [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); };
   r.add({.name = "layer_norm",
          .family = "layer_norm",

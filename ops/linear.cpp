@@ -113,8 +113,8 @@ Var linear(Var x, Var w, Var b, Var residual) {
   return out_var;
 }
 
-std::vector<OpInfo> linear_ops() {
-  OpList r;
+std::vector<OpSheet> linear_ops() {
+  OpSheets r;
   r.add({.name = "linear",
          .family = "linear",
          .forward = "y = xWᵀ + b over the rows of x (+ r, a residual)",

@@ -190,8 +190,8 @@ Var matmul(Var a, Var b) {
       });
 }
 
-std::vector<OpInfo> matmul_ops() {
-  OpList r;
+std::vector<OpSheet> matmul_ops() {
+  OpSheets r;
   auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add({.name = "matmul",
          .family = "matmul",

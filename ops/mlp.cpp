@@ -280,8 +280,8 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
   return out;
 }
 
-std::vector<OpInfo> mlp_ops() {
-  OpList r;
+std::vector<OpSheet> mlp_ops() {
+  OpSheets r;
   r.add({.name = kOp,
          .family = "mlp",
          .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (+ r, a residual; gelu exact, x·Φ(x), or of the tanh form)",

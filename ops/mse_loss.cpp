@@ -92,8 +92,8 @@ Var mse_loss(Var prediction, Var target) {
       });
 }
 
-std::vector<OpInfo> mse_loss_ops() {
-  OpList r;
+std::vector<OpSheet> mse_loss_ops() {
+  OpSheets r;
   auto apply = [](Tape&, std::span<const Var> x) { return mse_loss(x[0], x[1]); };
   r.add({.name = "mse_loss",
          .family = "mse_loss",

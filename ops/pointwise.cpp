@@ -93,7 +93,7 @@ Var pow(Var x, double p) {
 // The sheets: each function's forward, f′ as its VJP and JVP, and f″ as its second-order rule ẋ̄ += f″(x)·ẋ·ȳ
 // (docs/derivations.md §6.3). This is where they are written; `tapegrad explain` prints them and the index of
 // docs/derivations.md is generated from them.
-std::vector<OpInfo> pointwise_ops() {
+std::vector<OpSheet> pointwise_ops() {
   auto matrix = [](Var (*fn)(Var), Fill fill = Fill::normal) {
     return std::vector<GradcheckCase>{
         {"matrix", {{"x", {4, 5}, fill}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }}};
@@ -108,7 +108,7 @@ std::vector<OpInfo> pointwise_ops() {
   auto by_name = [](Var (*fn)(Var)) { return OpCall([fn](std::span<const Var> x, const OpArgs&) { return fn(x[0]); }); };
   const char* f = "pointwise";
   const char* d = "6.3";
-  std::vector<OpInfo> sheets{
+  std::vector<OpSheet> sheets{
       {.name = "exp", .family = f, .forward = "y = exp x",
        .vjp = "x̄ += y·ȳ",
        .jvp = "ẏ = y·ẋ",

@@ -138,8 +138,8 @@ Var mean(Var x, int axis, bool keepdim) {
   return reduce("mean", x, split_axis("mean", x.shape(), axis, keepdim), true);
 }
 
-std::vector<OpInfo> reduce_ops() {
-  OpList r;
+std::vector<OpSheet> reduce_ops() {
+  OpSheets r;
   struct Reduction {
     const char* name;
     Var (*all)(Var);

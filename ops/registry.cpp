@@ -97,18 +97,18 @@ std::string InputCount::str() const {
 // ---- the registry ----
 
 
-Registry::Registry(std::initializer_list<std::vector<OpInfo>> sheets) {
+Registry::Registry(std::initializer_list<std::vector<OpSheet>> sheets) {
   for (const auto& s : sheets) add(s);
 }
 
-void Registry::add(std::vector<OpInfo> sheets) {
-  for (OpInfo& op : sheets) {
+void Registry::add(std::vector<OpSheet> sheets) {
+  for (OpSheet& op : sheets) {
     const SourcePlace at = op.registered_at;
     add(std::move(op), at);
   }
 }
 
-void Registry::add(OpInfo op, SourcePlace where) {
+void Registry::add(OpSheet op, SourcePlace where) {
   if (op.name.empty()) fail("registry: an op needs a name");
   op.registered_at = where;
   if (find(op.name)) fail("registry: op '{}' is registered twice", op.name);
@@ -118,14 +118,14 @@ void Registry::add(OpInfo op, SourcePlace where) {
 
 std::vector<std::string> Registry::callable() const {
   std::vector<std::string> names;
-  for (const OpInfo& op : ops_)
+  for (const OpSheet& op : ops_)
     if (op.call) names.push_back(op.name);
   std::sort(names.begin(), names.end());
   return names;
 }
 
 Var Registry::call(std::string_view name, std::span<const Var> inputs, OpArgs args) const {
-  const OpInfo* op = find(name);
+  const OpSheet* op = find(name);
   if (!op) fail("no op '{}'; the ops called by name: {}", name, fmt::join(callable(), ", "));
   if (!op->call)
     fail("op '{}' is not called by name: its sheet (family {}) gives it no .call; the ops called by name: {}", name,
@@ -175,7 +175,7 @@ std::string source_text(const SourcePlace& where) {
   return fmt::format("{}:{}", file, where.line());
 }
 
-const OpInfo* Registry::find(std::string_view name) const {
+const OpSheet* Registry::find(std::string_view name) const {
   for (const auto& o : ops_)
     if (o.name == name) return &o;
   return nullptr;

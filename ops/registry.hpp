@@ -8,7 +8,7 @@
 //              vjp: (const Tensor& ȳ, span of x̄) adds J_iᵀȳ into each defined x̄_i;
 //              jvp: (span of ẋ, const Tensor& ẏ) adds Σ_i J_i ẋ_i into ẏ (skip undefined ẋ_i).
 //              An op without a forward-mode rule passes no_jvp(name) as its jvp (engine/no_jvp.hpp).
-//   sheet      std::vector<OpInfo> my_ops() { return {{.name = ..., .family = ..., .forward = ..., .vjp = ...,
+//   sheet      std::vector<OpSheet> my_ops() { return {{.name = ..., .family = ..., .forward = ..., .vjp = ...,
 //              .jvp = ..., .second_order = ..., .cases = {{case, inputs, build}}}}; }  (ops/sheet.hpp)
 //   register   Registry registry{my_ops()};  or  registry.add(my_ops());
 //   by name    .inputs = 2, .call = [](std::span<const Var> x, const OpArgs& a) { ... } in its sheet:
@@ -41,20 +41,20 @@ class Registry {
  public:
   Registry() = default;
   // The sheets of a few families at once: Registry{arithmetic_ops(), my_ops()}.
-  Registry(std::initializer_list<std::vector<OpInfo>> sheets);
-  void add(std::vector<OpInfo> sheets);  // throws naming an op registered twice or left without a name
-  void add(OpInfo op, SourcePlace where = SourcePlace::current());
+  Registry(std::initializer_list<std::vector<OpSheet>> sheets);
+  void add(std::vector<OpSheet> sheets);  // throws naming an op registered twice or left without a name
+  void add(OpSheet op, SourcePlace where = SourcePlace::current());
   void add_case(std::string_view op, GradcheckCase c);
-  const std::vector<OpInfo>& ops() const { return ops_; }
-  const OpInfo* find(std::string_view name) const;
-  // The op `name` called by name (OpInfo::call, as Tape.op from Python does) on its inputs with keyword arguments.
+  const std::vector<OpSheet>& ops() const { return ops_; }
+  const OpSheet* find(std::string_view name) const;
+  // The op `name` called by name (OpSheet::call, as Tape.op from Python does) on its inputs with keyword arguments.
   // Refuses, naming the op: one the registry does not have or that has no call, a count of inputs it does not take,
   // an input no longer live; an Error from the op gets "NAME on shapes (..), (..): " in front.
   Var call(std::string_view name, std::span<const Var> inputs, OpArgs args) const;
   std::vector<std::string> callable() const;  // the names of the ops with a call, sorted
 
  private:
-  std::vector<OpInfo> ops_;
+  std::vector<OpSheet> ops_;
 };
 
 // Inputs for a case, drawn from a seeded generator in the given float dtype.

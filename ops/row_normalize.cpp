@@ -67,8 +67,8 @@ OpTrace row_normalize_trace() {
           }};
 }
 
-std::vector<OpInfo> row_normalize_ops() {
-  OpList r;
+std::vector<OpSheet> row_normalize_ops() {
+  OpSheets r;
   auto apply = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
   r.add({.name = "row_normalize",
          .family = "row_normalize",

@@ -389,8 +389,8 @@ Var concat(std::span<const Var> xs, int axis) {
       }, Tape::linear_in_inputs);
 }
 
-std::vector<OpInfo> shape_ops() {
-  OpList r;
+std::vector<OpSheet> shape_ops() {
+  OpSheets r;
   auto reshaped = [](Shape s) { return [s](Tape&, std::span<const Var> x) { return reshape(x[0], s); }; };
   r.add({.name = "reshape",
          .family = "shape",

@@ -120,7 +120,7 @@ struct InputCount {
   std::string str() const;  // "3", "3 or 4", "one or more", "2 to 5"
 };
 
-// An op called by name: its inputs (as many as OpInfo::inputs accepts) and its keyword arguments.
+// An op called by name: its inputs (as many as OpSheet::inputs accepts) and its keyword arguments.
 using OpCall = std::function<Var(std::span<const Var> inputs, const OpArgs& args)>;
 
 // A worked example of an op's rules, for `tapegrad explain OP --trace`: the forward and the VJP written again, line
@@ -143,12 +143,12 @@ struct OpTrace {
   std::function<std::vector<Var>(TraceLines& t, std::span<const Var> x, const Var& ybar)> lines;
 };
 
-// OpInfo::second_order of an op recorded with Tape::linear_in_inputs.
+// OpSheet::second_order of an op recorded with Tape::linear_in_inputs.
 inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on the inputs";
 
 // An op's sheet. Aggregate-initialized with designators in this order ({.name = ..., .family = ..., .forward =
 // ..., .vjp = ..., .jvp = ...}).
-struct OpInfo {
+struct OpSheet {
   std::string name;      // as recorded on the tape
   std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
   std::string forward{};   // the forward map, in one line
@@ -164,7 +164,7 @@ struct OpInfo {
   std::vector<FormulaPlace> formulas_at{};  // the kernels that compute its formulas
   CostFunction cost{};                      // ops with matrix products (and a few row maps); empty: not counted
   std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case
-  SourcePlace registered_at{};  // where OpList::add or Registry::add was called; unknown (line 0): tapegrad
+  SourcePlace registered_at{};  // where OpSheets::add or Registry::add was called; unknown (line 0): tapegrad
                                 // explain finds the op's name in its family's file
   // How to call it by name (Registry::call; Tape.op from Python): the inputs it takes and a function of them and of
   // its keyword arguments. An op without a call is not callable by name.
@@ -183,14 +183,19 @@ struct OpInfo {
 };
 
 // A file's sheets added one op at a time, each recording the line of its entry for tapegrad explain:
-//   OpList ops;  ops.add({.name = "matmul", ..., .cases = {...}});  return ops.ops;
-struct OpList {
-  std::vector<OpInfo> ops;
+//   OpSheets ops;  ops.add({.name = "matmul", ..., .cases = {...}});  return ops.ops;
+struct OpSheets {
+  std::vector<OpSheet> ops;
 
-  void add(OpInfo op, SourcePlace where = SourcePlace::current()) {
+  void add(OpSheet op, SourcePlace where = SourcePlace::current()) {
     op.registered_at = where;
     ops.push_back(std::move(op));
   }
 };
+
+// The names these had before 0.9 (one concept had three: sheet, OpInfo, OpList), kept for code written against
+// them until 1.0.
+using OpInfo [[deprecated("OpInfo is now OpSheet")]] = OpSheet;
+using OpList [[deprecated("OpList is now OpSheets")]] = OpSheets;
 
 }  // namespace tapegrad

@@ -126,8 +126,8 @@ OpTrace softmax_trace() {
           }};
 }
 
-std::vector<OpInfo> softmax_ops() {
-  OpList r;
+std::vector<OpSheet> softmax_ops() {
+  OpSheets r;
   // Per element, one flop per operation (exp as one): forward max, subtract, exp, sum, divide; VJP and JVP a
   // product, a sum, a subtraction and a product.
   auto row_map_cost = [](std::span<const Shape> in, const Shape&) {

@@ -209,7 +209,7 @@ void bind_engine(py::module_& m) {
                const std::string k = py::str(key);
                args.set(k, keyword_value(name, k, value));
              }
-             // The op from its sheet (OpInfo::call), without the GIL. Its message names the inputs that have names
+             // The op from its sheet (OpSheet::call), without the GIL. Its message names the inputs that have names
              // ("matmul on shapes (4, 3), (4, 4): ... [inputs: 'q', input 1]"): the shapes alone may not say which.
              std::string inputs;
              bool named = false;
@@ -302,7 +302,7 @@ void bind_engine(py::module_& m) {
         "The ops Tape.op calls by name: those of tapegrad's registry whose sheet gives a call");
   m.def("registered_ops", [] {
     std::vector<std::string> names;
-    for (const OpInfo& op : builtin_registry().ops()) names.push_back(op.name);
+    for (const OpSheet& op : builtin_registry().ops()) names.push_back(op.name);
     return names;
   }, "The ops of tapegrad's registry (what tapegrad gradcheck --list and explain know)");
   // explain(op) as `tapegrad explain OP --json` prints it, parsed by Python's json module.

@@ -41,7 +41,7 @@ std::string without_spaces(const std::string& s) {
 }  // namespace
 
 TEST_CASE("the guide's op, compiled into ops/, is built in and passes the gradchecker to first and second order") {
-  const OpInfo* op = builtin_registry().find("softsign");
+  const OpSheet* op = builtin_registry().find("softsign");
   REQUIRE_MESSAGE(op != nullptr, "the guide's sheet function is not in the generated builtin_ops()");
   CHECK(op->family == "softsign");
   CHECK(!op->forward.empty());
@@ -85,7 +85,7 @@ TEST_CASE("the guide's quote of ops/row_normalize.cpp's sheet is that file's tex
   const size_t start = at + marker.size(), end = guide.find("\n```", start);
   REQUIRE(end != std::string::npos);
   const std::string quote = guide.substr(start, end - start);
-  CHECK(quote.starts_with("std::vector<OpInfo> row_normalize_ops() {"));
+  CHECK(quote.starts_with("std::vector<OpSheet> row_normalize_ops() {"));
   const std::string file = read(std::string(TAPEGRAD_SOURCE_DIR) + "/ops/row_normalize.cpp");
   CHECK_MESSAGE(without_spaces(file).find(without_spaces(quote)) != std::string::npos,
                 "docs/adding-an-op.md quotes a sheet of row_normalize that ops/row_normalize.cpp does not have: copy "

@@ -96,7 +96,7 @@ void check_drawing(const Tape& tape, const Drawing& d) {
     CAPTURE(node.tooltip);
     CHECK(testing::contains(node.label, fmt::format("<b>{}</b>", n.op)));
     CHECK(testing::contains(node.label, tape.value_at(n.out).shape().str()));
-    const OpInfo* info = builtin_registry().find(n.op);
+    const OpSheet* info = builtin_registry().find(n.op);
     REQUIRE(info != nullptr);
     CHECK(testing::contains(node.tooltip, "VJP: " + info->vjp));
     CHECK(testing::contains(node.tooltip, "JVP: " + info->jvp));

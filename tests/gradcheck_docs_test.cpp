@@ -181,7 +181,7 @@ std::set<std::string> code_words() {
 }  // namespace
 
 TEST_CASE("docs: every function or type that running text names in backquotes exists in the code") {
-  // A name called or qualified in a span (`pointwise(name, x, f, df)`, `Tape::hvp`, `std::vector<OpInfo>`): its last
+  // A name called or qualified in a span (`pointwise(name, x, f, df)`, `Tape::hvp`, `std::vector<OpSheet>`): its last
   // part must be a word of the code, so that renaming a function fails here instead of leaving the docs behind.
   // The standard library's names (std::…) are not the project's.
   const std::set<std::string> words = code_words();

@@ -27,7 +27,7 @@ ExplainOptions with_docs() {
 }  // namespace
 
 TEST_CASE("explain: every registered op has its forward, VJP and JVP, its node's file and a passing check") {
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
     const Explanation e = explain(builtin_registry(), op.name, with_docs());
     CHECK(!e.forward.empty());
@@ -52,7 +52,7 @@ TEST_CASE("explain: each derivation section an op names is a heading of docs/der
   std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/derivations.md");
   REQUIRE(in.good());
   int named = 0;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     const Explanation e = explain(builtin_registry(), op.name, with_docs());
     for (const std::string& s : e.sections) {
       INFO("op " << op.name << " names section " << s);
@@ -109,7 +109,7 @@ TEST_CASE("explain: ops without a cost function say so; errors name what exists"
 }
 
 TEST_CASE("explain: the VJP and the JVP are the sheet's two lines, as given") {
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
     const Explanation e = explain(builtin_registry(), op.name);
     CHECK(e.vjp == op.vjp);
@@ -122,7 +122,7 @@ TEST_CASE("explain: the VJP and the JVP are the sheet's two lines, as given") {
     CHECK(json["jvp"] == op.jvp);
   }
   // A sheet without a JVP line says so rather than printing an empty one.
-  OpInfo square_vjp_only = *builtin_registry().find("square");
+  OpSheet square_vjp_only = *builtin_registry().find("square");
   square_vjp_only.jvp.clear();
   Registry reg;
   reg.add(square_vjp_only);
@@ -160,7 +160,7 @@ TEST_CASE("explain: formulas written outside the node's file are named by file a
     return text;
   };
   int places = 0;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
     for (const FormulaLocation& place : explain(builtin_registry(), op.name, with_docs()).formulas_at) {
       INFO(place.what << " at " << place.at);
@@ -186,7 +186,7 @@ TEST_CASE("explain: formulas written outside the node's file are named by file a
 
 TEST_CASE("every function an op's sheet names is defined in the file it names") {
   int named = 0;
-  for (const OpInfo& op : builtin_registry().ops())
+  for (const OpSheet& op : builtin_registry().ops())
     for (const FormulaPlace& f : op.formulas_at) {
       INFO(op.name << ": " << f.what << " in " << f.file << ", function " << f.function);
       CHECK(line_of_function(std::string(TAPEGRAD_SOURCE_DIR) + "/" + f.file, f.function) > 0);
@@ -197,7 +197,7 @@ TEST_CASE("every function an op's sheet names is defined in the file it names") 
 }
 
 TEST_CASE("explain: every op shows its second-order rule, where it is derived, and its second-order check") {
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
     CHECK_FALSE(op.second_order.empty());
   }
@@ -217,7 +217,7 @@ TEST_CASE("explain: every op shows its second-order rule, where it is derived, a
   CHECK(reshape.second_order == kNoSecondOrderTerm);
   CHECK(reshape.second_order_section == "6.1 Ops linear in their inputs");
   // Every op's section is one of docs/derivations.md's headings (found: more than its number).
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     INFO("op: " << op.name);
     CHECK(explain(builtin_registry(), op.name, with_docs()).second_order_section.find(' ') != std::string::npos);
   }
@@ -250,7 +250,7 @@ TEST_CASE("the case counts docs/derivations.md gives for a node are its sheet's"
   }
   auto check = [](const std::regex& pattern, const std::string& where, int& counted) {
     for (auto m = std::sregex_iterator(where.begin(), where.end(), pattern); m != std::sregex_iterator(); ++m) {
-      const OpInfo* op = builtin_registry().find((*m)[1].str());
+      const OpSheet* op = builtin_registry().find((*m)[1].str());
       INFO("docs/derivations.md: " << m->str());
       REQUIRE(op != nullptr);
       CHECK(std::stoul((*m)[2].str()) == op->cases.size());
@@ -265,7 +265,7 @@ TEST_CASE("the case counts docs/derivations.md gives for a node are its sheet's"
 
 TEST_CASE("explain names the file whose opening comment derives an op's rules, where a sheet says so") {
   int named = 0;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     if (op.derived_in.empty()) continue;
     INFO("op " << op.name << " is derived in " << op.derived_in);
     ++named;

@@ -128,7 +128,7 @@ bool shown_in_docs(const std::string& text) {
 
 void every_op_passes(ProductPrecision p) {
   size_t rows = 0, cases = 0;
-  for (const OpInfo& op : builtin_registry().ops())
+  for (const OpSheet& op : builtin_registry().ops())
     for (const GradcheckCase& c : op.cases) {
       const PrecisionReport r = gradcheck_at_precision(c, p, {}, op.name);
       CHECK_MESSAGE(r.passed, r.str());
@@ -198,7 +198,7 @@ TEST_CASE("a sum sent through a product in float32 is a rounding defect at bf16,
 }
 
 TEST_CASE("a registered op's report at bf16 is the docs' example" * doctest::skip(without_bf16())) {
-  const OpInfo* op = builtin_registry().find("matmul");
+  const OpSheet* op = builtin_registry().find("matmul");
   REQUIRE(op);
   const PrecisionReport r = gradcheck_at_precision(op->cases.front(), ProductPrecision::bf16, {}, op->name);
   CHECK(r.passed);

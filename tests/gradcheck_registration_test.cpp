@@ -42,7 +42,7 @@ std::set<std::string> unregistered_ops(const Tape& tape) {
 
 TEST_CASE("every op a registered case records has a sheet") {
   int cases = 0;
-  for (const OpInfo& op : builtin_registry().ops())
+  for (const OpSheet& op : builtin_registry().ops())
     for (const GradcheckCase& c : op.cases) {
       Tape tape;
       std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, 1);
@@ -85,9 +85,9 @@ TEST_CASE("every file of ops/ that records a node defines one sheet function, an
   namespace fs = std::filesystem;
   const fs::path root(TAPEGRAD_SOURCE_DIR);
   // As cmake/generate_sheet_list.cmake finds them: at the start of a line, so the build lists every one it finds here.
-  const std::regex sheet_definition(R"(\nstd::vector<OpInfo> (\w+)\(\) \{)");
+  const std::regex sheet_definition(R"(\nstd::vector<OpSheet> (\w+)\(\) \{)");
   std::set<std::string> families;
-  for (const OpInfo& op : builtin_ops()) families.insert(op.family);
+  for (const OpSheet& op : builtin_ops()) families.insert(op.family);
   int files = 0;
   for (const auto& entry : fs::recursive_directory_iterator(root / "ops")) {
     const fs::path rel = fs::relative(entry.path(), root);
@@ -99,7 +99,7 @@ TEST_CASE("every file of ops/ that records a node defines one sheet function, an
     for (auto m = std::sregex_iterator(text.begin(), text.end(), sheet_definition); m != std::sregex_iterator(); ++m)
       sheets.push_back((*m)[1]);
     CHECK_MESSAGE(sheets.size() == 1, rel.string() << " records nodes: it should define one sheet function, "
-                                                   << "std::vector<OpInfo> <family>_ops(), at the start of a line "
+                                                   << "std::vector<OpSheet> <family>_ops(), at the start of a line "
                                                    << "within namespace tapegrad, at its end");
     // Its family: the file's path under ops/ without .cpp ("attention/tiled").
     std::string family = fs::relative(entry.path(), root / "ops").replace_extension().generic_string();
@@ -110,7 +110,7 @@ TEST_CASE("every file of ops/ that records a node defines one sheet function, an
   }
   CHECK(files >= 18);
   // And each sheet's family names the file that holds it.
-  for (const OpInfo& op : builtin_ops()) {
+  for (const OpSheet& op : builtin_ops()) {
     INFO("op: " << op.name);
     CHECK(fs::is_regular_file(root / ("ops/" + op.family + ".cpp")));
   }
@@ -119,14 +119,14 @@ TEST_CASE("every file of ops/ that records a node defines one sheet function, an
 TEST_CASE("a registry refuses an op registered twice and a case for an op it does not have, by name") {
   Registry r{builtin_ops()};
   CHECK(r.ops().size() == builtin_registry().ops().size());
-  CHECK_THROWS_WITH_AS(r.add(std::vector<OpInfo>{{.name = "softmax", .family = "softmax"}}),
+  CHECK_THROWS_WITH_AS(r.add(std::vector<OpSheet>{{.name = "softmax", .family = "softmax"}}),
                        doctest::Contains("op 'softmax' is registered twice"), Error);
   CHECK_THROWS_WITH_AS(r.add_case("yours", {"c", {}, {}}), doctest::Contains("names op 'yours'"), Error);
 }
 
 TEST_CASE("an op is called by name through its sheet's call; one without a call is refused, saying so") {
   Registry r;
-  r.add(std::vector<OpInfo>{
+  r.add(std::vector<OpSheet>{
       {.name = "scaled", .family = "arithmetic", .inputs = 1,
        .call = [](std::span<const Var> x, const OpArgs& a) { return scale(x[0], a.number("s", 2.0)); }},
       {.name = "uncallable", .family = "arithmetic"}});
@@ -147,13 +147,13 @@ TEST_CASE("an op is called by name through its sheet's call; one without a call 
                                          "string 'two'"),
                        Error);
   // A call needs to say how many inputs it takes.
-  CHECK_THROWS_WITH_AS(r.add(std::vector<OpInfo>{{.name = "countless", .family = "arithmetic",
+  CHECK_THROWS_WITH_AS(r.add(std::vector<OpSheet>{{.name = "countless", .family = "arithmetic",
                                                   .call = [](std::span<const Var> v, const OpArgs&) { return v[0]; }}}),
                        doctest::Contains("op 'countless' has a .call and no .inputs"), Error);
 }
 
 TEST_CASE("every built-in op is callable by name, with the keywords its sheet reads") {
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     CAPTURE(op.name);
     CHECK(op.call);
     CHECK(op.inputs.max > 0);

@@ -16,7 +16,7 @@ using namespace tapegrad;
 TEST_CASE("Hessian-vector products agree with differences of the gradient on every registered case") {
   // Every registered op has a second-order rule: each case runs the check and passes it.
   int checked = 0, refused = 0;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     for (const GradcheckCase& c : op.cases) {
       CAPTURE(op.name);
       CAPTURE(c.name);

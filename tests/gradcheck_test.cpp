@@ -344,7 +344,7 @@ std::string read_all(std::FILE* f) {
 TEST_CASE("every registered op has a gradcheck case, and each case records that op") {
   const Registry& reg = builtin_registry();
   REQUIRE(reg.ops().size() > 0);
-  for (const OpInfo& op : reg.ops()) {
+  for (const OpSheet& op : reg.ops()) {
     CAPTURE(op.name);
     CHECK_MESSAGE(!op.cases.empty(), "op '" << op.name << "' is registered without a gradcheck case");
     for (const auto& c : op.cases) {
@@ -358,7 +358,7 @@ TEST_CASE("every registered case passes the VJP, JVP, adjoint and accumulation c
   SerialEngine serial;
   int cases = 0;
   double worst_vjp = 0, worst_jvp = 0;
-  for (const OpInfo& op : builtin_registry().ops())
+  for (const OpSheet& op : builtin_registry().ops())
     for (const GradcheckReport& r : gradcheck(op)) {
       CHECK(r.passed);  // prints the report and its diagnosis on a failure
       CHECK(r.checks.size() >= 4);
@@ -376,7 +376,7 @@ TEST_CASE("the fast mode (random projections) passes on correct ops") {
   GradcheckOptions fast;
   fast.full_jacobian_limit = 0;
   for (const char* name : {"mul", "gelu", "div"}) {
-    const OpInfo* op = builtin_registry().find(name);
+    const OpSheet* op = builtin_registry().find(name);
     REQUIRE(op);
     GradcheckReport r = gradcheck(op->cases.back(), fast, name);
     CHECK(r.passed);

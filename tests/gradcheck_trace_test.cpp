@@ -18,7 +18,7 @@ using namespace tapegrad;
 
 TEST_CASE("every worked example ends with the gradients its node's VJP gives, and the node passes there") {
   int traced = 0;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     if (!op.trace) continue;
     CAPTURE(op.name);
     ++traced;
@@ -45,7 +45,7 @@ TEST_CASE("every worked example ends with the gradients its node's VJP gives, an
 }
 
 TEST_CASE("a worked example with a wrong line does not pass") {
-  OpInfo op = *builtin_registry().find("softmax");
+  OpSheet op = *builtin_registry().find("softmax");
   // The row term dropped: x̄ = y ⊙ ȳ.
   op.trace->lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
     const Var y = t.show("y = softmax(x)", softmax(x[0]));

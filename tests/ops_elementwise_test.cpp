@@ -122,7 +122,7 @@ TEST_CASE("sqrt and pow refuse inputs where the result would be NaN or infinite"
 TEST_CASE("the registered new ops pass their gradcheck cases") {
   for (const char* name : {"sigmoid", "square", "sqrt", "abs", "pow"}) {
     CAPTURE(name);
-    const OpInfo* op = builtin_registry().find(name);
+    const OpSheet* op = builtin_registry().find(name);
     REQUIRE(op != nullptr);
     REQUIRE(!op->cases.empty());
     for (const GradcheckReport& r : gradcheck(*op)) CHECK(r.passed);

@@ -72,7 +72,7 @@ TEST_CASE("mse_loss refuses shapes that only match by broadcasting, and other ba
 }
 
 TEST_CASE("mse_loss passes its gradcheck cases") {
-  const OpInfo* op = builtin_registry().find("mse_loss");
+  const OpSheet* op = builtin_registry().find("mse_loss");
   REQUIRE(op != nullptr);
   for (const GradcheckReport& r : gradcheck(*op)) CHECK(r.passed);
 }

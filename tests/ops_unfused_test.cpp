@@ -1,4 +1,4 @@
-// A fused op's unfused form (OpInfo::unfused, drawn by `tapegrad graph --unfused`) is the same map: on the op's
+// A fused op's unfused form (OpSheet::unfused, drawn by `tapegrad graph --unfused`) is the same map: on the op's
 // first gradcheck case in float64, its value and the gradient of every differentiable input for a random seed
 // gradient equal the fused op's to 1e-12 relative, and it records none of the op itself, only ops with sheets.
 #include <doctest/doctest.h>
@@ -34,9 +34,9 @@ Run run(const Function& f, const GradcheckCase& c, const std::vector<Tensor>& xs
 
 }  // namespace
 
-TEST_CASE("OpInfo::unfused: the same map as the fused op, value and gradient, on its first case in float64") {
+TEST_CASE("OpSheet::unfused: the same map as the fused op, value and gradient, on its first case in float64") {
   std::set<std::string> with;
-  for (const OpInfo& op : builtin_registry().ops()) {
+  for (const OpSheet& op : builtin_registry().ops()) {
     if (!op.unfused) continue;
     with.insert(op.name);
     CAPTURE(op.name);

@@ -46,12 +46,12 @@ std::string quoted_list(const std::vector<std::string>& names) {
 }
 
 // --case within --op, --op's first case, or --case searched across every op.
-std::pair<const OpInfo*, const GradcheckCase*> find_case(const Registry& registry, const GraphArgs& a) {
+std::pair<const OpSheet*, const GradcheckCase*> find_case(const Registry& registry, const GraphArgs& a) {
   if (!a.op.empty()) {
-    const OpInfo* op = registry.find(a.op);
+    const OpSheet* op = registry.find(a.op);
     if (!op) {
       std::string names;
-      for (const OpInfo& o : registry.ops()) names += (names.empty() ? "" : ", ") + o.name;
+      for (const OpSheet& o : registry.ops()) names += (names.empty() ? "" : ", ") + o.name;
       fail("graph: unknown op '{}'; the ops are {}", a.op, names);
     }
     if (op->cases.empty()) fail("graph: op '{}' has no gradcheck case to draw", a.op);
@@ -63,9 +63,9 @@ std::pair<const OpInfo*, const GradcheckCase*> find_case(const Registry& registr
     }
     fail("graph: op '{}' has no case '{}'; its cases are {}", a.op, a.case_name, quoted_list(names));
   }
-  std::pair<const OpInfo*, const GradcheckCase*> found{nullptr, nullptr};
+  std::pair<const OpSheet*, const GradcheckCase*> found{nullptr, nullptr};
   std::vector<std::string> owners, all;
-  for (const OpInfo& o : registry.ops())
+  for (const OpSheet& o : registry.ops())
     for (const GradcheckCase& c : o.cases) {
       all.push_back(o.name + ": " + c.name);
       if (c.name != a.case_name) continue;
@@ -78,12 +78,12 @@ std::pair<const OpInfo*, const GradcheckCase*> find_case(const Registry& registr
   return found;
 }
 
-// With --unfused: the op's map as the primitive ops it replaces (OpInfo::unfused), checked here to be the case's
+// With --unfused: the op's map as the primitive ops it replaces (OpSheet::unfused), checked here to be the case's
 // map at its inputs, since the form is written at the first case's options (a causal case's mask is not in it).
-Function unfused_form(const OpInfo& op, const GradcheckCase& c, const std::vector<Tensor>& xs) {
+Function unfused_form(const OpSheet& op, const GradcheckCase& c, const std::vector<Tensor>& xs) {
   if (!op.unfused) {
     std::string names;
-    for (const OpInfo& o : builtin_registry().ops())
+    for (const OpSheet& o : builtin_registry().ops())
       if (o.unfused) names += (names.empty() ? "" : ", ") + o.name;
     fail("graph: op '{}' has no unfused form; --unfused draws one of {}", op.name, names);
   }

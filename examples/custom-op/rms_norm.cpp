@@ -157,7 +157,7 @@ void constant_rms_vjp(const ClaimPoint& at, const Tensor& g, std::span<Tensor> g
 
 }  // namespace
 
-std::vector<OpInfo> rms_norm_ops() {
+std::vector<OpSheet> rms_norm_ops() {
   return {{.name = "rms_norm",
            .family = "my_ops",
            .forward = "per row: y = w⊙x/ρ, ρ = √(mean x² + ε)",
@@ -168,7 +168,7 @@ std::vector<OpInfo> rms_norm_ops() {
                      {"rank 3", {{"x", {2, 3, 5}}, {"w", {5}, Fill::positive}}, apply_rms_norm}}}};
 }
 
-std::vector<OpInfo> rms_norm_claims() {
+std::vector<OpSheet> rms_norm_claims() {
   return {{.name = "rms_norm_constant_rms",
            .family = "claims",
            .vjp = "x̄ = w⊙ȳ/ρ (ρ held constant), w̄ = Σ ȳ⊙x̂",

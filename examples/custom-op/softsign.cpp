@@ -18,7 +18,7 @@ Var softsign(Var x) {
       });
 }
 
-std::vector<OpInfo> softsign_ops() {
+std::vector<OpSheet> softsign_ops() {
   return {{.name = "softsign",
            .family = "my_ops",
            .forward = "y = x/(1 + |x|)",

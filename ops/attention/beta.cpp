@@ -214,8 +214,8 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
       });
 }
 
-std::vector<OpInfo> beta_attention_ops() {
-  OpList r;
+std::vector<OpSheet> beta_attention_ops() {
+  OpSheets r;
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], opt); };
   };

@@ -552,8 +552,8 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
       });
 }
 
-std::vector<OpInfo> linear_attention_ops() {
-  OpList r;
+std::vector<OpSheet> linear_attention_ops() {
+  OpSheets r;
   auto build = [](bool causal) {
     return [causal](Tape&, std::span<const Var> x) { return linear_attention(x[0], x[1], x[2], causal); };
   };

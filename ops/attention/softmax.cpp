@@ -452,8 +452,8 @@ OpTrace attention_trace() {
           }};
 }
 
-std::vector<OpInfo> attention_ops() {
-  OpList r;
+std::vector<OpSheet> attention_ops() {
+  OpSheets r;
   auto qkv = [](AttentionOptions opt) {
     return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
   };

@@ -361,8 +361,8 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
   return tape.record(kOp, {q, k, v}, o, vjp, jvp, second);
 }
 
-std::vector<OpInfo> tiled_attention_ops() {
-  OpList r;
+std::vector<OpSheet> tiled_attention_ops() {
+  OpSheets r;
   auto qkv = [](AttentionOptions opt, int64_t block) {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };

@@ -14,7 +14,7 @@ tapegrad::Var rms_norm(tapegrad::Var x, tapegrad::Var w, double eps = 1e-6);
 tapegrad::Var softsign(tapegrad::Var x);
 
 // Each op's sheet (<tapegrad/ops/sheet.hpp>): its formulas and its gradcheck cases.
-std::vector<tapegrad::OpInfo> rms_norm_ops();
-std::vector<tapegrad::OpInfo> softsign_ops();
+std::vector<tapegrad::OpSheet> rms_norm_ops();
+std::vector<tapegrad::OpSheet> softsign_ops();
 // A derivative as claimed elsewhere, recorded against rms_norm's own forward (and rejected by the gradchecker).
-std::vector<tapegrad::OpInfo> rms_norm_claims();
+std::vector<tapegrad::OpSheet> rms_norm_claims();
