@@ -183,6 +183,7 @@ std::optional<std::pair<double, Dims>> walk(const std::string& text, const std::
   }
 }
 
+// The lets that fit `names` (all the names they read are there), in order, each added to it: what they record.
 double define_lets(const ClaimText& c, std::map<std::string, Dims>& names) {
   double elements = 0;
   for (const auto& l : c.lets)
@@ -193,7 +194,7 @@ double define_lets(const ClaimText& c, std::map<std::string, Dims>& names) {
   return elements;
 }
 
-// The largest evaluation of the rules of `lines` (vjp or hvp lines) or of one formula, in the context `names`.
+// The largest evaluation of `rules` (the vjp, jvp or hvp formulas) in the context `names`, the lets that fit it first.
 double largest_rule(const ClaimText& c, std::map<std::string, Dims> names, const std::vector<std::string>& rules) {
   const double lets = define_lets(c, names);
   double largest = 0;
@@ -230,8 +231,8 @@ ClaimMemory estimate_claim_memory(const ClaimText& c) {
     for (const auto& l : lines) out.push_back(l.formula);
     return out;
   };
-  m.rule_elements = std::max({largest_rule(c, reverse, formulas(c.vjp)),
-                              largest_rule(c, tangent, c.jvp ? std::vector{c.jvp->formula} : std::vector<std::string>{}),
+  const std::vector<std::string> jvp = c.jvp ? std::vector{c.jvp->formula} : std::vector<std::string>{};
+  m.rule_elements = std::max({largest_rule(c, reverse, formulas(c.vjp)), largest_rule(c, tangent, jvp),
                               largest_rule(c, second, formulas(c.hvp))});
   return m;
 }
@@ -252,8 +253,8 @@ void require_claim_memory(const ClaimText& c) {
   require_memory(m.bytes(),
                  fmt::format("claim {} ({:.4g} input elements; its forward makes {:.4g}, its output {:.4g})", c.where,
                              m.input_elements, m.forward_elements, m.output_elements),
-                 "check the formula on smaller inputs (a derivative that holds on a 4x6 input holds on larger ones), or "
-                 "raise TAPEGRAD_MEMORY_LIMIT where more memory can be used");
+                 "check the formula on smaller inputs (a derivative that holds on a 4x6 input holds on larger "
+                 "ones), or raise TAPEGRAD_MEMORY_LIMIT where more memory can be used");
 }
 
 }  // namespace tapegrad
