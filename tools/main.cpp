@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version",
                        fmt::format("tapegrad {}\n{}\n{}", TAPEGRAD_VERSION, tapegrad::blas_summary(blas), products));
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the command line overrides --config
+  // TakeLast: the command line overrides --config. An option given twice on the command line itself is refused
+  // (refuse_repeated_options, below), not taken last.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   tapegrad::cli::add_gradcheck_command(app);
   tapegrad::cli::add_explain_command(app);
   tapegrad::cli::add_claim_command(app);
