@@ -108,12 +108,16 @@ std::vector<GradcheckReport> check_claims(const std::string& text, const Gradche
 // A report amended by the Python side (tapegrad/_gradcheck.py), for what only Python can check of a torch op: a
 // row added (the backward at ȳ = 0), a diagnosis added or dropped, and the reports of a multi-output op's outputs
 // merged into one whose rows name the output (input "x→y1"). Each recomputes the verdict.
-// `sides` says what the two values are, as a failing row prints them (analytic, numeric by default).
-void add_check(GradcheckReport& r, const std::string& input, const std::string& check, const std::string& mode,
-               bool passed, double max_abs_err, const std::string& worst, double analytic, double numeric,
-               const std::pair<std::string, std::string>& sides) {
-  r.checks.push_back({input, check, mode, max_abs_err, max_abs_err, worst, analytic, numeric, passed, false, 1,
-                      sides.first, sides.second});
+// A row is a dict: input, check, mode, passed, error (its max_abs_err), worst (where), analytic and numeric (the
+// two values there), and sides, what those two are as a failing row prints them ("analytic", "numeric" when absent).
+void add_check(GradcheckReport& r, const py::dict& row) {
+  const auto sides = row.contains("sides") ? row["sides"].cast<std::pair<std::string, std::string>>()
+                                           : std::pair<std::string, std::string>("analytic", "numeric");
+  const double error = row["error"].cast<double>();
+  r.checks.push_back({row["input"].cast<std::string>(), row["check"].cast<std::string>(),
+                      row["mode"].cast<std::string>(), error, error, row["worst"].cast<std::string>(),
+                      row["analytic"].cast<double>(), row["numeric"].cast<double>(), row["passed"].cast<bool>(), false,
+                      1, sides.first, sides.second});
   r.conclude();
 }
 
@@ -210,9 +214,7 @@ void bind_report(py::module_& m) {
           py::arg("kind"), py::arg("input") = "", "Whether a diagnosis of that kind (for that input) is in the report")
       .def("__str__", &report_text)
       .def("__repr__", &report_text);
-  m.def("_add_check", &add_check, py::arg("report"), py::arg("input"), py::arg("check"), py::arg("mode"),
-        py::arg("passed"), py::arg("max_abs_err"), py::arg("worst"), py::arg("analytic"), py::arg("numeric"),
-        py::arg("sides") = std::pair<std::string, std::string>("analytic", "numeric"));
+  m.def("_add_check", &add_check, py::arg("report"), py::arg("row"));
   m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
         py::arg("message"));
   m.def("_drop_diagnoses", &drop_diagnoses, py::arg("report"), py::arg("kind"));

@@ -357,8 +357,9 @@ def _report(ctx, probes, notes):
         mine = [f for f in ctx.findings if f.input == n]
         f = mine[0] if mine else None
         err = 0.0 if f is None else (abs(f.value - f.reference) if math.isfinite(f.value - f.reference) else math.inf)
-        _tapegrad._add_check(report, n, "edges", "edge", f is None, err, "" if f is None else f.worst,
-                             0.0 if f is None else f.value, 0.0 if f is None else f.reference, ("at edge", "reference"))
+        _tapegrad._add_check(report, dict(input=n, check="edges", mode="edge", passed=f is None, error=err,
+                                          worst="" if f is None else f.worst, analytic=0.0 if f is None else f.value,
+                                          numeric=0.0 if f is None else f.reference, sides=("at edge", "reference")))
     for f in ctx.findings[:MAX_FINDINGS]:
         _tapegrad._add_diagnosis(report, "edge", f.input, "edges", f.message)
     note = (f"edges: {len(probes)} inputs at the edges of the op's domain, run at {NAMES.get(ctx.dtype, ctx.dtype)} "

@@ -161,15 +161,17 @@ def _zero_cotangent_rows(report, impl, arrays, checked_names):
     result = impl.zero_cotangent(arrays)
     if isinstance(result, tuple):
         error, case = result
-        _add_check(report, "all", "zero ȳ", "exact", False, math.nan, f"raised {type(error).__name__}", math.nan, 0.0,
-                   ("x̄", "expected"))
+        _add_check(report, dict(input="all", check="zero ȳ", mode="exact", passed=False, error=math.nan,
+                                worst=f"raised {type(error).__name__}", analytic=math.nan, numeric=0.0,
+                                sides=("x̄", "expected")))
         report._notes = getattr(report, "_notes", []) + [
             f"zero ȳ: the backward raised {type(error).__name__}: {error} (called with {case}, as torch's gradcheck "
             "calls it; with ctx.set_materialize_grads(False) an undefined gradient arrives as None)"]
         return
     for name, (largest, where) in zip(checked_names, result):
         at = "" if where is None else f"{name}[{', '.join(map(str, where))}]"
-        _add_check(report, name, "zero ȳ", "exact", largest == 0, largest, at, largest, 0.0, ("x̄", "expected"))
+        _add_check(report, dict(input=name, check="zero ȳ", mode="exact", passed=largest == 0, error=largest, worst=at,
+                                analytic=largest, numeric=0.0, sides=("x̄", "expected")))
         if largest != 0:
             _add_diagnosis(report, "nonlinear", name, "zero ȳ",
                            f"x̄ is not 0 at ȳ = 0 (|x̄| = {largest:.6g} at {at}): a VJP is linear in ȳ, so a term of "

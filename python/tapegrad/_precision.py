@@ -122,8 +122,10 @@ def check_at_precision(call, float64_report):
     for i, input_name in enumerate(names):
         ok = comparison.passed(i)
         at = "" if comparison.worst[i] is None else f"{input_name}[{', '.join(map(str, comparison.worst[i]))}]"
-        _tapegrad._add_check(report, input_name, check, "random", ok, comparison.error[i], at, *comparison.values[i],
-                             (DTYPE_NAMES[dtype], "reference"))
+        analytic, numeric = comparison.values[i]
+        _tapegrad._add_check(report, dict(input=input_name, check=check, mode="random", passed=ok,
+                                          error=comparison.error[i], worst=at, analytic=analytic, numeric=numeric,
+                                          sides=(DTYPE_NAMES[dtype], "reference")))
         notes.append(_explained(input_name, comparison.error[i], comparison.bound[i], comparison.error_within(i), dtype)
                      + _figures(comparison, i, dtype))
         if not comparison.along_passed(i):
@@ -132,8 +134,10 @@ def check_at_precision(call, float64_report):
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
     forward_ok = comparison.forward_passed()
-    _tapegrad._add_check(report, "y", f"forward {DTYPE_NAMES[dtype]}", "exact", forward_ok, comparison.forward_error,
-                         "", comparison.forward_error, comparison.forward_bound, ("error", "bound"))
+    _tapegrad._add_check(report, dict(input="y", check=f"forward {DTYPE_NAMES[dtype]}", mode="exact",
+                                      passed=forward_ok, error=comparison.forward_error, worst="",
+                                      analytic=comparison.forward_error, numeric=comparison.forward_bound,
+                                      sides=("error", "bound")))
     notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype))
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:
