@@ -73,9 +73,7 @@ std::string wrapped(std::string_view text, size_t width, size_t indent) {
   return out + line;
 }
 
-void print_usage(const std::string& program) {
-  fmt::print(kUsage, program, wrapped(precision_option_help(), 87, 27));
-}
+void print_usage(const std::string& program) { fmt::print(kUsage, program, wrapped(precision_option_help(), 87, 27)); }
 
 // The value after option argv[i]; i moves onto it.
 std::string_view option_value(int& i, int argc, const char* const* argv) {
@@ -146,8 +144,13 @@ int run_at_precision(const std::vector<const OpSheet*>& selected, const Gradchec
       if (a.json) {
         for (const PrecisionRow& x : r.rows)
           if (!x.skipped)
-            rows.push_back({{"op", op->name}, {"case", c.name}, {"input", x.input}, {"check", x.check},
-                            {"precision", precision_name(p)}, {"max_abs_err", x.max_err}, {"bound", x.bound},
+            rows.push_back({{"op", op->name},
+                            {"case", c.name},
+                            {"input", x.input},
+                            {"check", x.check},
+                            {"precision", precision_name(p)},
+                            {"max_abs_err", x.max_err},
+                            {"bound", x.bound},
                             {"passed", x.passed}});
         continue;
       }
@@ -241,8 +244,13 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
         skipped = skipped || ch.skipped;
         if (a.json) {
           if (ch.skipped) continue;
-          rows.push_back({{"op", op->name}, {"case", c.name}, {"input", ch.input}, {"check", ch.check},
-                          {"max_abs_err", ch.max_abs_err}, {"max_rel_err", ch.max_rel_err}, {"passed", ch.passed}});
+          rows.push_back({{"op", op->name},
+                          {"case", c.name},
+                          {"input", ch.input},
+                          {"check", ch.check},
+                          {"max_abs_err", ch.max_abs_err},
+                          {"max_rel_err", ch.max_rel_err},
+                          {"passed", ch.passed}});
         } else if (ch.skipped && a.verbose) {
           fmt::print(out, "{} {:>11} {:>11}  skipped ({})\n", row(op->name, c.name, ch.input, ch.check), "", "",
                      ch.worst.empty() ? "no JVP" : ch.worst);

@@ -39,17 +39,18 @@ std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks)
 }
 
 // The fast mode keeps only projections: A = c·N over them is all it can tell.
-std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
-                                         std::span<const double> a, std::span<const double> n, Tolerance tol) {
+std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check, std::span<const double> a,
+                                         std::span<const double> n, Tolerance tol) {
   const char* rule = rule_name(check);
   if (std::all_of(a.begin(), a.end(), [](double e) { return e == 0; }) &&
       std::any_of(n.begin(), n.end(), [&](double e) { return std::abs(e) > tol.atol; }))
-    return Diagnosis{Finding::zero, input, check, fmt::format("the {} gives 0 for every projection of {}", rule, input)};
+    return Diagnosis{Finding::zero, input, check,
+                     fmt::format("the {} gives 0 for every projection of {}", rule, input)};
   if (auto c = common_factor(a, n, {}, tol)) {
     if (std::abs(*c + 1) <= kSignSlack)
-      return Diagnosis{Finding::sign, input, check,
-                       fmt::format("analytic = −1 × numeric for every random projection: the {} has the wrong sign",
-                                   rule)};
+      return Diagnosis{
+          Finding::sign, input, check,
+          fmt::format("analytic = −1 × numeric for every random projection: the {} has the wrong sign", rule)};
     return Diagnosis{Finding::scale, input, check,
                      fmt::format("analytic = c × numeric for every random projection, c = {}: the {} is off by a "
                                  "constant factor",
@@ -76,10 +77,11 @@ std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcom
                                      "in backward",
                                      o.adjoint_ok ? "" : " (so the adjoint identity ⟨J t, u⟩ = ⟨t, Jᵀu⟩ fails too)")});
     else if (o.vjp_ok && o.jvp_ok && !o.adjoint_ok)
-      summary.push_back({Finding::adjoint, o.name, "adjoint",
-                         "VJP and JVP each pass their checks, but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩: they are not transposes of "
-                         "each other (an error below the finite-difference tolerance, one the projections miss, or a rule that "
-                         "is not linear and passes on one-hot cotangents)"});
+      summary.push_back(
+          {Finding::adjoint, o.name, "adjoint",
+           "VJP and JVP each pass their checks, but ⟨J t, u⟩ ≠ ⟨t, Jᵀu⟩: they are not transposes of "
+           "each other (an error below the finite-difference tolerance, one the projections miss, or a rule that "
+           "is not linear and passes on one-hot cotangents)"});
     else if (!o.vjp_ok && !o.jvp_ok && o.adjoint_ok)
       summary.push_back({Finding::consistent, o.name, "",
                          "VJP and JVP both disagree with the finite differences but agree with each other (the "
@@ -89,12 +91,12 @@ std::vector<Diagnosis> which_rule_and_input(std::span<const InputOutcome> outcom
   if (failing_inputs == 1 && outcomes.size() >= 2)
     for (const auto& o : outcomes)
       if (!(o.vjp_ok && o.jvp_ok) && !o.explained)
-        summary.push_back({Finding::one_input, o.name, "",
-                           fmt::format("only {}'s derivatives fail; {} agree: the slip is in {}'s term", o.name,
-                                       outcomes.size() == 2 ? std::string("the other input's")
-                                                            : fmt::format("those of the other {} inputs",
-                                                                          outcomes.size() - 1),
-                                       o.name)});
+        summary.push_back(
+            {Finding::one_input, o.name, "",
+             fmt::format("only {}'s derivatives fail; {} agree: the slip is in {}'s term", o.name,
+                         outcomes.size() == 2 ? std::string("the other input's")
+                                              : fmt::format("those of the other {} inputs", outcomes.size() - 1),
+                         o.name)});
   if (!no_jvp_op.empty())
     summary.push_back({Finding::no_jvp, "", "",
                        fmt::format("op '{}' was recorded with no_jvp: forward mode and the adjoint identity are not "

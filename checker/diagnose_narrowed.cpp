@@ -96,8 +96,8 @@ std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& at, const Shape& y
     }
   }
   if (one_row_entries > 0)
-    return how_to_name(fmt::format("even one of y's {} rows makes a Jacobian of {} entries, above the limit", rows,
-                                   one_row_entries));
+    return how_to_name(
+        fmt::format("even one of y's {} rows makes a Jacobian of {} entries, above the limit", rows, one_row_entries));
   return how_to_name("y and the inputs share no leading axis the check can cut");
 }
 

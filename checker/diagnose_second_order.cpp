@@ -104,18 +104,21 @@ std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& at, const Tenso
     if (B.failing && B.a != B.b && !blocks[B.b * fl.size() + B.a].failing) lopsided.push_back(name);
   }
   if (fl.size() >= 2 && !bad.empty()) {
-    const bool cross_only = std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a != B.b; });
-    const bool own_only = std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a == B.b; });
-    out.push_back({Finding::hessian_block, "", "hvp",
-                   fmt::format("the errors sit in {}; {} agree{}{}", bad, good.empty() ? "no other block" : good,
-                               cross_only ? ": only cross terms are wrong, the parts of a VJP that move with another "
-                                            "input's tangent (bilinear terms such as ȳ·ḃ)"
-                               : own_only ? ": only the terms of each gradient along its own input's tangent are wrong"
-                                          : "",
-                               sampled ? fmt::format(" (from at most {} columns of each block: the inputs have {} elements, "
-                                                     "more than the {} up to which blocks are taken whole)",
-                                                     kSampledColumns, total, max_elements)
-                                       : "")});
+    const bool cross_only =
+        std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a != B.b; });
+    const bool own_only =
+        std::all_of(blocks.begin(), blocks.end(), [](const Block& B) { return !B.failing || B.a == B.b; });
+    out.push_back(
+        {Finding::hessian_block, "", "hvp",
+         fmt::format("the errors sit in {}; {} agree{}{}", bad, good.empty() ? "no other block" : good,
+                     cross_only ? ": only cross terms are wrong, the parts of a VJP that move with another "
+                                  "input's tangent (bilinear terms such as ȳ·ḃ)"
+                     : own_only ? ": only the terms of each gradient along its own input's tangent are wrong"
+                                : "",
+                     sampled ? fmt::format(" (from at most {} columns of each block: the inputs have {} elements, "
+                                           "more than the {} up to which blocks are taken whole)",
+                                           kSampledColumns, total, max_elements)
+                             : "")});
   }
   for (const std::string& name : lopsided)
     out.push_back({Finding::asymmetric, "", "hvp",
@@ -129,8 +132,8 @@ std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& at, const Tenso
     const size_t ia = fl[B.a], ib = fl[B.b];
     const std::string rows_name = names[ia] + "̄";
     const std::span<const double> y0(g0[B.a].data<double>(), static_cast<size_t>(B.rows));
-    JacobianView view{names[ib], "hvp", x[ia].shape(), x[ib].shape(), x[ib], g0[B.a], B.analytic, B.numeric,
-                      B.plus, B.minus, y0, B.rows, B.cols, tol, opt.eps, rows_name};
+    JacobianView view{names[ib], "hvp", x[ia].shape(), x[ib].shape(), x[ib], g0[B.a], B.analytic, B.numeric, B.plus,
+                      B.minus,   y0,    B.rows,        B.cols,        tol,   opt.eps, rows_name};
     bool all_kinks = false;
     for (Diagnosis& d : diagnose_jacobian(view, &all_kinks)) {
       d.input = block_name(names[ia], names[ib]);

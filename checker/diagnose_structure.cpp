@@ -65,7 +65,8 @@ std::optional<std::string> structured_set(const JacobianView& v, const Elements&
         rel(fmt::format("the band edge |j − i| = {} (a window's width off by one)", w),
             [w](int64_t i, int64_t j) { return std::abs(j - i) == w; });
       }
-      rel("the triangle j > i (a causal mask: the entries after the diagonal)", [](int64_t i, int64_t j) { return j > i; });
+      rel("the triangle j > i (a causal mask: the entries after the diagonal)",
+          [](int64_t i, int64_t j) { return j > i; });
       rel("the triangle j < i (the entries before the diagonal)", [](int64_t i, int64_t j) { return j < i; });
       rel("the triangle j ≥ i", [](int64_t i, int64_t j) { return j >= i; });
       rel("the triangle j ≤ i", [](int64_t i, int64_t j) { return j <= i; });

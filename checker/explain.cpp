@@ -188,7 +188,8 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     if (it == specs.end()) {
       std::vector<std::string> names;
       for (const auto& s : specs) names.push_back(s.name);
-      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name, fmt::join(names, ", "));
+      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name,
+           fmt::join(names, ", "));
     }
     // explain runs the case in float64 with finite differences per element: keep it to a screenful of work
     constexpr int64_t kMaxElements = int64_t{1} << 20;
@@ -208,7 +209,7 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
   bool read = false;
   e.sections = derivation_sections(info->derivation, options.derivations_path, read);
   e.derived_in = info->derived_in;
-  const std::string section = !info->second_order_derivation.empty() ? info->second_order_derivation
+  const std::string section = !info->second_order_derivation.empty()     ? info->second_order_derivation
                               : info->second_order == kNoSecondOrderTerm ? "6.1"
                                                                          : std::string(kSecondOrderSection);
   e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
@@ -273,7 +274,7 @@ std::string cell(const std::string& text) {
 std::string sections_of(const OpSheet& op) {
   std::string s;
   for (const std::string& n : section_numbers(op.derivation)) s += (s.empty() ? "§" : ", §") + n;
-  const std::string second = !op.second_order_derivation.empty() ? op.second_order_derivation
+  const std::string second = !op.second_order_derivation.empty()     ? op.second_order_derivation
                              : op.second_order == kNoSecondOrderTerm ? "6.1"
                                                                      : std::string(kSecondOrderSection);
   if (s.empty()) s = op.derived_in.empty() ? "textbook" : "`" + op.derived_in + "`";
@@ -329,7 +330,8 @@ std::string format_explanation(const Explanation& e) {
     }
   }
   if (!e.derived_in.empty()) s += fmt::format("  derivation {} (the comment at its top)\n", e.derived_in);
-  else if (e.sections.empty()) s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
+  else if (e.sections.empty())
+    s += fmt::format("  derivation a textbook rule (no section in {})\n", e.derivations_file);
   for (size_t i = 0; i < e.sections.size(); ++i)
     s += fmt::format("  {} {} § {}\n", i == 0 ? "derivation" : "          ", e.derivations_file, e.sections[i]);
   s += fmt::format("  2nd order  {} § {}\n", e.derivations_file, e.second_order_section);
@@ -345,14 +347,14 @@ std::string format_explanation(const Explanation& e) {
   if (const int64_t padding = e.alignment_padding(); padding != 0)
     s += fmt::format("             {:<28} {:<24} {}\n", "alignment padding", "(64-byte arena blocks)", bytes(padding));
   if (e.scratch_first_order != 0 || e.scratch_second_order != 0)
-    s += fmt::format("  scratch    {} while its forward, VJP or JVP runs, {} while its second-order rule runs (the "
-                     "tape's one scratch, shared by all its nodes: not kept)\n",
-                     bytes(e.scratch_first_order), bytes(e.scratch_second_order));
+    s += fmt::format(
+        "  scratch    {} while its forward, VJP or JVP runs, {} while its second-order rule runs (the "
+        "tape's one scratch, shared by all its nodes: not kept)\n",
+        bytes(e.scratch_first_order), bytes(e.scratch_second_order));
   if (e.cost)
     s += fmt::format("  FLOPs      forward {}, VJP {}, JVP {}\n", flops(e.cost->forward), flops(e.cost->backward),
                      flops(e.cost->jvp));
-  else
-    s += "  FLOPs      not counted (the op registers no cost function)\n";
+  else s += "  FLOPs      not counted (the op registers no cost function)\n";
   s += "\ngradcheck, float64, there and then:\n";
   s += e.check.str();
   s += "\nsecond order (H·t by Tape::hvp against differences of the gradient; ⟨w, H v⟩ = ⟨v, H w⟩):\n";
@@ -376,43 +378,45 @@ nlohmann::json explanation_json(const Explanation& e) {
     for (const auto& d : r.diagnoses) diagnoses.push_back(d.str());
     return nlohmann::json{{"passed", static_cast<bool>(r.passed)}, {"checks", checks}, {"diagnoses", diagnoses}};
   };
-  return {{"op", e.op},
-          {"family", e.family},
-          {"forward", e.forward},
-          {"vjp", e.vjp},
-          {"jvp", e.jvp},
-          {"second_order", e.second_order},
-          {"second_order_derivation", e.second_order_section},
-          {"recorded_at", e.recorded_at},
-          {"registered_at", e.registered_at},
-          {"formulas_at", [&] {
-             nlohmann::json f = nlohmann::json::array();
-             for (const FormulaLocation& p : e.formulas_at)
-               f.push_back({{"what", p.what}, {"at", p.at}, {"function", p.function}});
-             return f;
-           }()},
-          {"derivation", e.sections},
-          {"derived_in", e.derived_in},
-          {"derivations_file", e.derivations_file},
-          {"case", e.case_name},
-          {"shapes_given", e.shapes_given},
-          {"inputs", inputs},
-          {"output", e.output.str()},
-          {"nodes", e.nodes},
-          {"bytes_kept", e.bytes_kept},
-          {"alignment_padding", e.alignment_padding()},
-          {"scratch", {{"first_order", e.scratch_first_order}, {"second_order", e.scratch_second_order}}},
-          {"kept", [&] {
-             nlohmann::json k = nlohmann::json::array();
-             for (const Allocation& a : e.kept)
-               k.push_back({{"what", a.what ? a.what : ""}, {"shape", a.shape.str()}, {"bytes", a.bytes}});
-             return k;
-           }()},
-          {"flops", e.cost ? nlohmann::json{{"forward", e.cost->forward}, {"vjp", e.cost->backward},
-                                            {"jvp", e.cost->jvp}}
-                           : nlohmann::json(nullptr)},
-          {"gradcheck", report_json(e.check)},
-          {"gradcheck_second_order", report_json(e.check_second_order)}};
+  return {
+      {"op", e.op},
+      {"family", e.family},
+      {"forward", e.forward},
+      {"vjp", e.vjp},
+      {"jvp", e.jvp},
+      {"second_order", e.second_order},
+      {"second_order_derivation", e.second_order_section},
+      {"recorded_at", e.recorded_at},
+      {"registered_at", e.registered_at},
+      {"formulas_at",
+       [&] {
+         nlohmann::json f = nlohmann::json::array();
+         for (const FormulaLocation& p : e.formulas_at)
+           f.push_back({{"what", p.what}, {"at", p.at}, {"function", p.function}});
+         return f;
+       }()},
+      {"derivation", e.sections},
+      {"derived_in", e.derived_in},
+      {"derivations_file", e.derivations_file},
+      {"case", e.case_name},
+      {"shapes_given", e.shapes_given},
+      {"inputs", inputs},
+      {"output", e.output.str()},
+      {"nodes", e.nodes},
+      {"bytes_kept", e.bytes_kept},
+      {"alignment_padding", e.alignment_padding()},
+      {"scratch", {{"first_order", e.scratch_first_order}, {"second_order", e.scratch_second_order}}},
+      {"kept",
+       [&] {
+         nlohmann::json k = nlohmann::json::array();
+         for (const Allocation& a : e.kept)
+           k.push_back({{"what", a.what ? a.what : ""}, {"shape", a.shape.str()}, {"bytes", a.bytes}});
+         return k;
+       }()},
+      {"flops", e.cost ? nlohmann::json{{"forward", e.cost->forward}, {"vjp", e.cost->backward}, {"jvp", e.cost->jvp}}
+                       : nlohmann::json(nullptr)},
+      {"gradcheck", report_json(e.check)},
+      {"gradcheck_second_order", report_json(e.check_second_order)}};
 }
 
 }  // namespace tapegrad

@@ -35,20 +35,20 @@ struct FormulaLocation {
 
 struct Explanation {
   std::string op, family, forward, vjp, jvp;
-  std::string second_order;          // OpSheet::second_order; empty: not given at registration
-  std::string second_order_section;  // the heading of docs/derivations.md that derives the rules ("6" if not found)
-  std::vector<std::string> sections;   // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
-  std::string derived_in;              // OpSheet::derived_in: a file whose opening comment derives the rules
+  std::string second_order;           // OpSheet::second_order; empty: not given at registration
+  std::string second_order_section;   // the heading of docs/derivations.md that derives the rules ("6" if not found)
+  std::vector<std::string> sections;  // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
+  std::string derived_in;             // OpSheet::derived_in: a file whose opening comment derives the rules
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
-  std::string recorded_at;             // file:line of the node's tape.record call: its forward, VJP and JVP
-  std::string registered_at;           // file:line of its sheet (or its registration)
+  std::string recorded_at;    // file:line of the node's tape.record call: its forward, VJP and JVP
+  std::string registered_at;  // file:line of its sheet (or its registration)
   std::string case_name;
-  bool shapes_given = false;  // the case's map at shapes of ExplainOptions::shapes
+  bool shapes_given = false;                          // the case's map at shapes of ExplainOptions::shapes
   std::vector<std::pair<std::string, Shape>> inputs;  // the case's inputs at the shapes explained
   Shape output;
-  int64_t nodes = 0;        // the op's nodes in the case (a case may record a few ops around it)
+  int64_t nodes = 0;                         // the op's nodes in the case (a case may record a few ops around it)
   std::vector<FormulaLocation> formulas_at;  // where its formulas are written, when not in the node's file
-  int64_t bytes_kept = 0;   // arena bytes those nodes keep in float32: their outputs and what backward needs
+  int64_t bytes_kept = 0;        // arena bytes those nodes keep in float32: their outputs and what backward needs
   std::vector<Allocation> kept;  // what those bytes are: the tensors the op allocated, named where it names them
   // bytes_kept less the tensors' own bytes: the arena hands out 64-byte aligned blocks, so an 80-byte tensor takes 128
   int64_t alignment_padding() const;

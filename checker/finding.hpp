@@ -21,9 +21,8 @@ class Finding {
   static const Finding not_finite, zero, nonlinear, sign, scale, transposed_jacobian, transposed_input,
       transposed_output, transposed_term, term_sign, wrong_axis, masked_positions, diagonal, one_row, per_row_term,
       unexplained, radial, kink, tolerance, one_input, jvp_only, vjp_only, adjoint, consistent, overwrites, no_jvp,
-      term_dropped, term_added, term_factor, wrong_value, ignores_cotangent, per_row_factor, elementwise,
-      first_order, hessian_block, asymmetric, saved_in_forward, precision_defect, not_a_function, rounds_inside,
-      shifted, edge;
+      term_dropped, term_added, term_factor, wrong_value, ignores_cotangent, per_row_factor, elementwise, first_order,
+      hessian_block, asymmetric, saved_in_forward, precision_defect, not_a_function, rounds_inside, shifted, edge;
 
  private:
   std::string_view key_;

@@ -41,10 +41,10 @@ enum class BeforeANamedSlip {
 
 struct FindingSheet {
   Finding kind;
-  std::string_view title;     // as the report prints it: "per-row term"
-  std::string_view meaning;   // what a finding of this kind says of the rule, in one line
-  std::string_view found_by;  // where such a finding is made: this file's pass, or the file that makes it
-  std::string_view section;   // its section of docs/gradchecking.md, an anchor: "#per-row-term"
+  std::string_view title;               // as the report prints it: "per-row term"
+  std::string_view meaning;             // what a finding of this kind says of the rule, in one line
+  std::string_view found_by;            // where such a finding is made: this file's pass, or the file that makes it
+  std::string_view section;             // its section of docs/gradchecking.md, an anchor: "#per-row-term"
   std::vector<RankedPass> passes = {};  // over a failing full Jacobian, where the kind is read from one
   // Whether a finding of this kind names its input's failure, so that no later pass looks for the term of a
   // Function's forward that makes it (python/tapegrad/_gradcheck.py reads it).

@@ -57,14 +57,13 @@ double dot(const Tensor& a, const Tensor& b) {
 }
 double norm(const Tensor& a) { return std::sqrt(dot(a, a)); }
 
-
 // One input's VJP and JVP against finite differences. Full mode keeps the Jacobians, (m, n) row-major, for the
 // diagnosis; fast mode keeps the projections.
 struct Comparison {
   ErrorTracker vjp, jvp;
   bool unit_rows_ok = true;  // full mode: the VJP of every unit ȳ agrees (a failing row is then the random ȳ's)
   std::vector<double> a_vjp{}, a_jvp{}, numeric{}, plus{}, minus{};  // full mode
-  std::vector<double> fa_vjp{}, fn_vjp{}, fa_jvp{}, fn_jvp{};         // fast mode
+  std::vector<double> fa_vjp{}, fn_vjp{}, fa_jvp{}, fn_jvp{};        // fast mode
   bool full() const { return !a_vjp.empty(); }
 };
 
@@ -74,7 +73,12 @@ class Checker {
  public:
   Checker(const Function& f, std::span<const Tensor> inputs, std::span<const std::string> names,
           const GradcheckOptions& opt, bool may_narrow = true, RuleBlocks* blocks = nullptr)
-      : f_(f), names_(names), opt_(opt), tol_{opt.atol, opt.rtol}, rng_(opt.seed), may_narrow_(may_narrow),
+      : f_(f),
+        names_(names),
+        opt_(opt),
+        tol_{opt.atol, opt.rtol},
+        rng_(opt.seed),
+        may_narrow_(may_narrow),
         blocks_(blocks) {
     validate(opt);
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -390,9 +394,21 @@ class Checker {
   }
 
   JacobianView view_of(size_t i, const std::string& check, std::span<const double> a, const Comparison& c) const {
-    return JacobianView{name(i), check,  yshape(), xs_[i].shape(), xs_[i], y0_, a, c.numeric, c.plus, c.minus,
+    return JacobianView{name(i),
+                        check,
+                        yshape(),
+                        xs_[i].shape(),
+                        xs_[i],
+                        y0_,
+                        a,
+                        c.numeric,
+                        c.plus,
+                        c.minus,
                         std::span<const double>(y0_.data<double>(), static_cast<size_t>(m_)),
-                        m_,      xs_[i].numel(), tol_, opt_.eps};
+                        m_,
+                        xs_[i].numel(),
+                        tol_,
+                        opt_.eps};
   }
 
   // Linearity: x̄(ȳ₁ + ȳ₂) = x̄(ȳ₁) + x̄(ȳ₂) and x̄(2ȳ) = 2x̄(ȳ) (likewise ẏ in ẋ).
@@ -497,9 +513,9 @@ class Checker {
   std::vector<InputOutcome> outcomes_;
   std::vector<Diagnosis> details_;  // per input; the report-level findings go before them
   std::string no_jvp_op_;
-  bool may_narrow_ = true;                     // false in a narrowed check: it narrows no further
-  RuleBlocks* blocks_ = nullptr;               // the full Jacobians' rows and differences in blocks, where given
-  Tensor random_u_;                            // the random ȳ of the full check, and every input's x̄ for it
+  bool may_narrow_ = true;        // false in a narrowed check: it narrows no further
+  RuleBlocks* blocks_ = nullptr;  // the full Jacobians' rows and differences in blocks, where given
+  Tensor random_u_;               // the random ȳ of the full check, and every input's x̄ for it
   std::vector<Tensor> random_vjp_;
   std::vector<size_t> failed_by_projections_;  // inputs whose projections failed
 };

@@ -56,7 +56,7 @@ struct CheckResult {
   std::string mode;   // full, fast (projections), exact; none when skipped
   double max_abs_err = 0;
   double max_rel_err = 0;
-  std::string worst;  // where the worst element is: y[j] / x[k] index, or the projection
+  std::string worst;                 // where the worst element is: y[j] / x[k] index, or the projection
   double analytic = 0, numeric = 0;  // at the worst element
   bool passed = true;
   bool skipped = false;  // not run: the op has no JVP (jvp and adjoint)
@@ -139,8 +139,8 @@ class RuleBlocks {
   virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) = 0;
   // f at x with x_i[k] moved by +ε (plus) and by −ε (minus), for every k: row k of each holds y's m elements. The
   // point is x + ε·e_k as the checker forms it, elementwise: x_i + (±ε)·e_k.
-  virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape,
-                          std::span<double> plus, std::span<double> minus) = 0;
+  virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,
+                          std::span<double> minus) = 0;
 };
 GradcheckReport gradcheck(const Function& f, std::initializer_list<Tensor> inputs,
                           std::initializer_list<std::string> names = {}, const GradcheckOptions& opt = {});

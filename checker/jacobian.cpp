@@ -53,8 +53,8 @@ std::string describe_factor(double c) {
 }
 
 // The least-squares c in A ≈ c·N[map], kept when every element passes against c·N[map].
-std::optional<double> common_factor(std::span<const double> a, std::span<const double> n,
-                                    std::span<const int64_t> map, Tolerance tol) {
+std::optional<double> common_factor(std::span<const double> a, std::span<const double> n, std::span<const int64_t> map,
+                                    Tolerance tol) {
   double an = 0, nn = 0;
   for (size_t e = 0; e < a.size(); ++e) {
     const double ref = n[map.empty() ? e : static_cast<size_t>(map[e])];
@@ -105,9 +105,8 @@ bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, doubl
 }
 
 double JacobianSearch::zero_tol() const {
-  return kZeroOfN * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(), [](double p, double q) {
-    return std::abs(p) < std::abs(q);
-  }));
+  return kZeroOfN * std::max(1.0, *std::max_element(v.n.begin(), v.n.end(),
+                                                    [](double p, double q) { return std::abs(p) < std::abs(q); }));
 }
 
 const std::optional<std::string>& JacobianSearch::structure() {
@@ -123,9 +122,8 @@ const std::optional<double>& JacobianSearch::whole_factor() {
 bool JacobianSearch::failing_where_n_is_zero() {
   if (!where_n_is_zero_) {
     const double zero = zero_tol();
-    where_n_is_zero_ = confined(v, bad, [&](int64_t j, int64_t k) {
-      return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero;
-    });
+    where_n_is_zero_ = confined(
+        v, bad, [&](int64_t j, int64_t k) { return std::abs(v.n[static_cast<size_t>(j * v.cols + k)]) <= zero; });
   }
   return *where_n_is_zero_;
 }
@@ -138,9 +136,8 @@ bool JacobianSearch::failing_where_a_is_zero() {
 }
 
 bool JacobianSearch::found_any(std::initializer_list<Finding> kinds) const {
-  return std::any_of(found.begin(), found.end(), [&](const Diagnosis& d) {
-    return std::find(kinds.begin(), kinds.end(), d.kind) != kinds.end();
-  });
+  return std::any_of(found.begin(), found.end(),
+                     [&](const Diagnosis& d) { return std::find(kinds.begin(), kinds.end(), d.kind) != kinds.end(); });
 }
 
 namespace {

@@ -57,9 +57,9 @@ struct JacobianView {
   std::string input, check;  // names for the messages
   const Shape &yshape, &xshape;
   const Tensor &x, &y;
-  std::span<const double> a, n;            // (m, n)
-  std::span<const double> plus, minus;     // f(x ± εe_k)_j, (m, n); empty in fast mode
-  std::span<const double> y0;              // f(x), (m)
+  std::span<const double> a, n;         // (m, n)
+  std::span<const double> plus, minus;  // f(x ± εe_k)_j, (m, n); empty in fast mode
+  std::span<const double> y0;           // f(x), (m)
   int64_t m, cols;
   Tolerance tol;
   double eps;
@@ -74,8 +74,8 @@ inline const char* rule_name(std::string_view check) {
 using Elements = std::vector<std::pair<int64_t, int64_t>>;  // (j, k) pairs
 
 // The least-squares c in A ≈ c·N[map], kept when every element passes against c·N[map].
-std::optional<double> common_factor(std::span<const double> a, std::span<const double> n,
-                                    std::span<const int64_t> map, Tolerance tol);
+std::optional<double> common_factor(std::span<const double> a, std::span<const double> n, std::span<const int64_t> map,
+                                    Tolerance tol);
 
 // The failing elements as (j, k) pairs.
 Elements failing_elements(const JacobianView& v);
@@ -154,8 +154,8 @@ Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 // element sits at a kink (the failure says nothing about the rule).
 std::vector<Diagnosis> diagnose_jacobian(const JacobianView& v, bool* all_kinks);
 // The fast mode keeps only projections: A = c·N over them is all it can tell.
-std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check,
-                                         std::span<const double> a, std::span<const double> n, Tolerance tol);
+std::optional<Diagnosis> diagnose_values(const std::string& input, const std::string& check, std::span<const double> a,
+                                         std::span<const double> n, Tolerance tol);
 
 // How one input came out of the checks; explained: every failure is a kink's or the tolerance's.
 struct InputOutcome {

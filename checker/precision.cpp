@@ -126,7 +126,6 @@ Rules rules_at(ProductPrecision p, const Function& f, std::span<const Tensor> x,
   return at_precision(p, [&] { return rules(f, x32, as_float32(u), t32); });
 }
 
-
 // The rows of f at p on x (float32 values in float64): the errors and what rounding explains of them.
 std::vector<PrecisionRow> measure(const Function& f, std::span<const Tensor> x, std::span<const std::string> names,
                                   ProductPrecision p, uint64_t seed) {
@@ -193,7 +192,8 @@ Function claimed_at(ProductPrecision p, const Function& f) {
 // What a failing case's error is: a rounding defect (bf16 rows whose f32 twins pass), else the slip as gradcheck()
 // names it with the measured bound as its tolerance.
 std::vector<Diagnosis> diagnose(const Function& f, std::span<const Tensor> x, std::span<const std::string> names,
-                                ProductPrecision p, const GradcheckOptions& opt, const std::vector<PrecisionRow>& rows) {
+                                ProductPrecision p, const GradcheckOptions& opt,
+                                const std::vector<PrecisionRow>& rows) {
   std::vector<Diagnosis> out;
   std::vector<PrecisionRow> slips;
   std::vector<PrecisionRow> at_f32;
@@ -212,8 +212,8 @@ std::vector<Diagnosis> diagnose(const Function& f, std::span<const Tensor> x, st
                                "|{}| at bf16); not a slip: at f32 the {} is within its rounding, and at bf16 it "
                                "loses more than its products' rounding explains (a value sent through a product "
                                "where float64 adds it up, or a cancellation the float32 code alone makes)",
-                               row.max_err, at_f32[r].max_err, row.max_err / row.scale,
-                               row.check == "vjp" ? "x̄" : "ẏ", gradcheck_detail::rule_name(row.check))});
+                               row.max_err, at_f32[r].max_err, row.max_err / row.scale, row.check == "vjp" ? "x̄" : "ẏ",
+                               gradcheck_detail::rule_name(row.check))});
   }
   if (slips.empty()) return out;
   GradcheckOptions o = opt;

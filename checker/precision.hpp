@@ -53,11 +53,11 @@ inline constexpr double kDefectRoundoffs = 16;
 
 // One rule of one input at the working precision.
 struct PrecisionRow {
-  std::string input;  // the input's name
-  std::string check;  // vjp or jvp
-  double max_err = 0;  // max |x̄_p − x̄_float64| (ẏ for the JVP)
-  double bound = 0;    // B: what rounding at p explains here
-  double scale = 0;    // max |x̄_float64|: what the error is measured against
+  std::string input;     // the input's name
+  std::string check;     // vjp or jvp
+  double max_err = 0;    // max |x̄_p − x̄_float64| (ẏ for the JVP)
+  double bound = 0;      // B: what rounding at p explains here
+  double scale = 0;      // max |x̄_float64|: what the error is measured against
   bool skipped = false;  // jvp of an op without one
   bool passed = true;
   // "vjp x at bf16: max error 3.1e-03; rounding at bf16 explains up to 6.2e-03 here" (a failing row adds "; not
@@ -68,9 +68,9 @@ struct PrecisionRow {
 struct PrecisionReport {
   std::string op, case_name;
   ProductPrecision precision = ProductPrecision::f32;
-  GradcheckReport float64;             // the float64 check, which must pass for the reference to stand
-  std::vector<PrecisionRow> rows;      // per input: vjp, then jvp
-  std::vector<Diagnosis> diagnoses;    // on a failure: the slip, or a rounding defect (Finding::precision_defect)
+  GradcheckReport float64;           // the float64 check, which must pass for the reference to stand
+  std::vector<PrecisionRow> rows;    // per input: vjp, then jvp
+  std::vector<Diagnosis> diagnoses;  // on a failure: the slip, or a rounding defect (Finding::precision_defect)
   bool passed = false;
   bool has(Finding f, std::string_view input = "") const { return find(f, input) != nullptr; }
   const Diagnosis* find(Finding f, std::string_view input = "") const { return find_diagnosis(diagnoses, f, input); }

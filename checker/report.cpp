@@ -64,7 +64,9 @@ bool GradcheckReport::has(Finding f, std::string_view input) const { return find
 std::string GradcheckReport::str() const {
   const auto [ok, why_not] = outcome_of(checks);
   std::string s = fmt::format("{}: {}\n", report_title(op, case_name),
-                              ok ? "passed" : why_not.empty() ? "FAILED" : "NOT CHECKED: " + why_not);
+                              ok                ? "passed"
+                              : why_not.empty() ? "FAILED"
+                                                : "NOT CHECKED: " + why_not);
   s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode", "max_abs_err",
                    "max_rel_err", "worst element", "result");
   for (const auto& c : checks) {
@@ -73,8 +75,8 @@ std::string GradcheckReport::str() const {
                        c.worst.empty() ? std::string("skipped (no JVP)") : "skipped: " + c.worst);
       continue;
     }
-    s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode,
-                     c.max_abs_err, c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
+    s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode, c.max_abs_err,
+                     c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
     if (!c.passed && c.compared > 0)
       s += fmt::format("  ({} {:.6g}, {} {:.6g})", c.analytic_is, c.analytic, c.numeric_is, c.numeric);
     s += "\n";

@@ -136,7 +136,8 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
       if (!(excess <= 0)) r.passed = false;
     }
     r.compared = hv[i].numel();
-    if (r.compared == 0) r.passed = false, r.worst = fmt::format("nothing compared: {} has no elements", float_names[i]);
+    if (r.compared == 0)
+      r.passed = false, r.worst = fmt::format("nothing compared: {} has no elements", float_names[i]);
     hvp_ok = hvp_ok && r.passed;
     rep.checks.push_back(r);
   }
@@ -153,8 +154,8 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
   sym.passed = sym.max_rel_err <= kExactRelative;
   rep.checks.push_back(sym);
   // The Hessian of f(x) + f(x), each recorded on its own, is 2·H: H·v again, doubled.
-  const std::vector<Tensor> h2v = hessian_times(
-      [&f](Tape& tape, std::span<const Var> xs) { return twice(f, tape, xs); }, x, u, v, &refused);
+  const std::vector<Tensor> h2v =
+      hessian_times([&f](Tape& tape, std::span<const Var> xs) { return twice(f, tape, xs); }, x, u, v, &refused);
   CheckResult acc{.input = "all", .check = "accumulate", .mode = "exact", .worst = ""};
   acc.analytic_is = "(H t) of f + f", acc.numeric_is = "2·(H t)";
   bool lost_one = true;  // H₂v = H·v: what a rule that assigns leaves
@@ -196,8 +197,11 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
 GradcheckReport gradcheck_second_order(const GradcheckCase& c, const GradcheckOptions& opt, std::string_view op) {
   if (c.at_kink) {  // f′ jumps there: the differences of the gradient see a δ, not f″
     GradcheckReport rep{.op = std::string(op), .case_name = c.name, .checks = {}, .diagnoses = {}, .passed = {}};
-    rep.checks.push_back({.input = "all", .check = "hvp", .mode = "none",
-                          .worst = "at a kink: not twice differentiable there", .skipped = true});
+    rep.checks.push_back({.input = "all",
+                          .check = "hvp",
+                          .mode = "none",
+                          .worst = "at a kink: not twice differentiable there",
+                          .skipped = true});
     rep.conclude();
     return rep;
   }

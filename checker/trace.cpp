@@ -125,8 +125,8 @@ OpTraceRun trace_op(const Registry& registry, std::string_view name, const Gradc
 }
 
 std::string format_trace(const OpTraceRun& run) {
-  std::string s = fmt::format("{}: its worked example ('{}', seed {}), every value in float64\n", run.op,
-                              run.case_name, run.seed);
+  std::string s =
+      fmt::format("{}: its worked example ('{}', seed {}), every value in float64\n", run.op, run.case_name, run.seed);
   s += "\ninputs\n";
   for (const auto& [name, value] : run.inputs) s += fmt::format("  {} =\n    {}\n", name, indented(numbers(value), 4));
   s += fmt::format("  ȳ, the cotangent of the output, drawn from the seed =\n    {}\n", indented(numbers(run.ybar), 4));
@@ -155,8 +155,8 @@ nlohmann::json trace_json(const OpTraceRun& run) {
   for (const TracedLine& l : run.lines)
     j["lines"].push_back({{"part", l.part}, {"formula", l.formula}, {"value", values(l.value)}});
   for (const TracedGradient& g : run.gradients)
-    j["gradients"].push_back({{"input", g.input}, {"max_abs_diff", g.max_abs_diff}, {"scale", g.scale},
-                              {"agrees", g.agrees}});
+    j["gradients"].push_back(
+        {{"input", g.input}, {"max_abs_diff", g.max_abs_diff}, {"scale", g.scale}, {"agrees", g.agrees}});
   j["gradcheck_passed"] = static_cast<bool>(run.check.passed);
   return j;
 }

@@ -24,10 +24,9 @@ Tensor evaluate(const Function& f, std::span<const Tensor> inputs) {
   return f(tape, xs).value().clone();
 }
 
-std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
-                              std::span<const Tensor> tangents, TapeObserver* observer) {
-  if (tangents.size() != inputs.size())
-    fail("jvp: {} tangents given for {} inputs", tangents.size(), inputs.size());
+std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs, std::span<const Tensor> tangents,
+                              TapeObserver* observer) {
+  if (tangents.size() != inputs.size()) fail("jvp: {} tangents given for {} inputs", tangents.size(), inputs.size());
   Tape tape;
   if (observer) tape.add_observer(observer);
   auto xs = leaves(tape, inputs);

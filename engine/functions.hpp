@@ -18,8 +18,8 @@ using Function = std::function<Var(Tape&, std::span<const Var>)>;
 // vjp is attached to that tape for the computation (engine/tape_observer.hpp).
 Tensor evaluate(const Function& f, std::span<const Tensor> inputs);
 // Total derivative dF(x)·ẋ: one tangent per input (undefined = zero). Returns {y, ẏ}.
-std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs,
-                              std::span<const Tensor> tangents, TapeObserver* observer = nullptr);
+std::pair<Tensor, Tensor> jvp(const Function& f, std::span<const Tensor> inputs, std::span<const Tensor> tangents,
+                              TapeObserver* observer = nullptr);
 // Gradients x̄_i = J_iᵀ ȳ for every input (undefined for integer inputs).
 std::vector<Tensor> vjp(const Function& f, std::span<const Tensor> inputs, const Tensor& cotangent,
                         TapeObserver* observer = nullptr);

@@ -34,7 +34,6 @@ inline void cpu_relax() {
 // a worker that found nothing for this long leaves its core to the rest of the machine.
 constexpr auto kSpin = std::chrono::microseconds(300);
 
-
 int cpu_threads() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -150,7 +149,8 @@ class Pool {
     // handler would run on its stack in the middle of one. The program's signals go to its other threads.
     sigset_t asynchronous;
     sigemptyset(&asynchronous);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE}) sigaddset(&asynchronous, sig);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE})
+      sigaddset(&asynchronous, sig);
     pthread_sigmask(SIG_BLOCK, &asynchronous, nullptr);
     t_in_region = true;
     uint64_t seen = 0;

@@ -10,8 +10,10 @@ const Tape::ValueRec& Tape::rec(const Var& v, std::string_view op) const {
   const std::string who = op.empty() ? std::string() : fmt::format("{}: ", op);
   if (v.tape_ != this) fail("{}value #{} belongs to another tape", who, v.id_);
   if (v.gen_ != generation_)
-    fail("{}value #{} is from a cleared tape (recorded in generation {}, the tape is now at {}); "
-         "values do not survive Tape::clear()", who, v.id_, v.gen_, generation_);
+    fail(
+        "{}value #{} is from a cleared tape (recorded in generation {}, the tape is now at {}); "
+        "values do not survive Tape::clear()",
+        who, v.id_, v.gen_, generation_);
   if (v.id_ >= values_.size()) fail("{}value #{} does not exist on this tape", who, v.id_);
   return values_[v.id_];
 }
@@ -56,8 +58,7 @@ Var Tape::leaf(const Tensor& value, bool requires_grad) {
 
 Var Tape::param(const Tensor& value, const Tensor& grad) {
   if (grad.dtype() != value.dtype() || !(grad.shape() == value.shape()))
-    fail("param: gradient {} {} does not match value {} {}", grad.dtype(), grad.shape(), value.dtype(),
-         value.shape());
+    fail("param: gradient {} {} does not match value {} {}", grad.dtype(), grad.shape(), value.dtype(), value.shape());
   Var v = leaf(value, true);
   values_[v.id_].grad = grad;
   values_[v.id_].param = true;
@@ -157,8 +158,7 @@ void Tape::reverse_sweep(Cotangent&& cotangent, Step&& step) {
       for (size_t lane = 0; lane < Lanes; ++lane) {
         Tensor& c = cotangent(lane, id);
         if (!c.defined()) {
-          const bool fresh =
-              Lanes == 1 && n.writes_fresh && std::count(n.inputs.begin(), n.inputs.end(), id) == 1;
+          const bool fresh = Lanes == 1 && n.writes_fresh && std::count(n.inputs.begin(), n.inputs.end(), id) == 1;
           c = fresh ? gradient_buffer(r.value.dtype(), r.value.shape())
                     : zeroed_gradient_buffer(r.value.dtype(), r.value.shape());
           fresh_[i] = fresh;
@@ -192,10 +192,10 @@ void Tape::backward(Var y, const Tensor& given_seed) {
     fail("backward: called twice on one recording (output {} {}); clear() the tape and record the forward again",
          out.value.dtype(), out.value.shape());
   if (seed.dtype() != out.value.dtype() || !(seed.shape() == out.value.shape()))
-    fail("backward: seed gradient {} {} does not match the output {} {}", seed.dtype(), seed.shape(),
-         out.value.dtype(), out.value.shape());
-  if (!out.requires_grad) fail("backward: the output {} depends on no value that requires a gradient",
-                               out.value.shape());
+    fail("backward: seed gradient {} {} does not match the output {} {}", seed.dtype(), seed.shape(), out.value.dtype(),
+         out.value.shape());
+  if (!out.requires_grad)
+    fail("backward: the output {} depends on no value that requires a gradient", out.value.shape());
   notify([&](TapeObserver& ob) { ob.on_backward_begin(*this, seed); });
   backward_done_ = true;
   backward_output_ = y.id_;
@@ -248,8 +248,7 @@ Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const 
     fail("hvp: {} values to differentiate by and {} directions; one direction each", wrt.size(), directions.size());
   for (const Node* n : nodes_)
     if (values_[n->out].requires_grad && !n->has_second_order())
-      fail("hvp: op '{}' has no second-order rule, so Hessian-vector products through it are not defined",
-           n->op);
+      fail("hvp: op '{}' has no second-order rule, so Hessian-vector products through it are not defined", n->op);
   for (size_t i = 0; i < wrt.size(); ++i) {
     if (!rec(wrt[i], "hvp").leaf)
       fail("hvp: value #{} is not a leaf: differentiate by inputs and parameters", wrt[i].id_);
@@ -268,8 +267,8 @@ Tape::HessianVectorProduct Tape::hvp(Var y, const Tensor& seed, std::span<const 
                    [&](const Node& n, std::vector<Tensor>* gin) {
                      tin.assign(n.inputs.size(), Tensor{});
                      for (size_t i = 0; i < n.inputs.size(); ++i) tin[i] = values_[n.inputs[i]].tangent;
-                     n.vjp(g[n.out], gin[0]);          // x̄ += Jᵀȳ
-                     n.vjp(g_dot[n.out], gin[1]);      // x̄̇ += Jᵀȳ̇
+                     n.vjp(g[n.out], gin[0]);               // x̄ += Jᵀȳ
+                     n.vjp(g_dot[n.out], gin[1]);           // x̄̇ += Jᵀȳ̇
                      n.vjp_tangent(g[n.out], tin, gin[1]);  //    + Σⱼ ∂ⱼ(Jᵀȳ)[ẋⱼ]
                    });
   HessianVectorProduct r;

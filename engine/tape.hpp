@@ -76,8 +76,7 @@ class Var {
 // the buffer is fresh: backward has not zeroed it, and this VJP is the first to give the input a gradient.
 class Node {
  public:
-  Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept,
-       SourcePlace at)
+  Node(const char* op_name, uint32_t out_id, std::span<const uint32_t> input_ids, size_t kept, SourcePlace at)
       : op(op_name), out(out_id), inputs(input_ids), bytes_kept(kept), where(at) {}
   virtual ~Node() = default;
   virtual void vjp(const Tensor& gout, std::span<Tensor> gin) const = 0;
@@ -91,7 +90,7 @@ class Node {
   std::span<const uint32_t> inputs;
   // Arena bytes the op allocated since the tape's previous node or leaf: its output and what its VJP and JVP keep.
   size_t bytes_kept;
-  SourcePlace where;  // the op's tape.record call: its forward, with the VJP and JVP it passes
+  SourcePlace where;          // the op's tape.record call: its forward, with the VJP and JVP it passes
   bool writes_fresh = false;  // its VJP writes each fresh gradient in full (see above)
 };
 
@@ -169,7 +168,9 @@ class Tape {
   // directions (one each, their shapes), by forward over reverse (top of this file), and s's gradient with respect
   // to them (gradient[i]). Throws naming the first op on the way without a second-order rule. Runs forward mode
   // over the recording (the leaves' tangents become the directions); backward may still be called after.
-  struct HessianVectorProduct { std::vector<Tensor> gradient, hvp; };
+  struct HessianVectorProduct {
+    std::vector<Tensor> gradient, hvp;
+  };
   HessianVectorProduct hvp(Var y, const Tensor& seed, std::span<const Var> wrt, std::span<const Tensor> directions);
 
   // Forward mode over what was recorded: set tangents on leaves, then propagate to every value.
@@ -289,7 +290,7 @@ class Tape {
   // whose contents are left as they are, for a VJP that writes it whole.
   Tensor zeroed_gradient_buffer(DType dtype, const Shape& shape);
   Tensor gradient_buffer(DType dtype, const Shape& shape);
-  void release_buffer(Tensor& t);  // t's memory becomes a spare; t is left undefined
+  void release_buffer(Tensor& t);                     // t's memory becomes a spare; t is left undefined
   Tensor allocate(DType dtype, const Shape& shape) {  // unobserved: gradient and tangent buffers
     return Tensor(dtype, shape, arena_.allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype)));
   }
@@ -299,8 +300,8 @@ class Tape {
   mutable Scratch scratch_;  // not the recording's state: a const tape's rules use it too
   ValueRecords values_;
   std::vector<Node*> nodes_;
-  std::vector<Tensor> sweep_[3];  // per node in a sweep: gin (and gin_dot, tin in hvp)
-  std::vector<uint8_t> fresh_;    // per input of the node whose VJP backward runs: its gradient buffer is fresh
+  std::vector<Tensor> sweep_[3];     // per node in a sweep: gin (and gin_dot, tin in hvp)
+  std::vector<uint8_t> fresh_;       // per input of the node whose VJP backward runs: its gradient buffer is fresh
   std::vector<Tensor> spare_grads_;  // arena buffers of released gradients
   std::vector<TapeObserver*> observers_;
   size_t arena_mark_ = 0;  // arena bytes in use after the last node or leaf (Node::bytes_kept counts from here)
@@ -318,6 +319,7 @@ class NoGradGuard {
   ~NoGradGuard() { tape_.recording_ = was_; }
   NoGradGuard(const NoGradGuard&) = delete;
   NoGradGuard& operator=(const NoGradGuard&) = delete;
+
  private:
   Tape& tape_;
   bool was_;
@@ -332,6 +334,7 @@ class TapeScope {
   ~TapeScope();
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
+
  private:
   Tape& tape_;
 };

@@ -209,10 +209,8 @@ class TensorPrinter {
         continue;
       }
       const int64_t at = offset + idx[k] * stride_[static_cast<size_t>(d)];
-      if (d == rank - 1)
-        cell(out, at);
-      else
-        block(out, d + 1, at);
+      if (d == rank - 1) cell(out, at);
+      else block(out, d + 1, at);
     }
     out += ']';
   }

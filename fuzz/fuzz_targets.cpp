@@ -30,9 +30,7 @@ namespace {
   std::abort();
 }
 
-std::string_view bytes_of(const uint8_t* data, size_t size) {
-  return {reinterpret_cast<const char*>(data), size};
-}
+std::string_view bytes_of(const uint8_t* data, size_t size) { return {reinterpret_cast<const char*>(data), size}; }
 
 }  // namespace
 
@@ -50,8 +48,7 @@ int checkpoint_input(const uint8_t* data, size_t size) {
     const int64_t T = std::min<int64_t>(model.config().block_size, 3);
     const Var logits = model.logits(tape, Tensor::zeros(DType::i32, {1, T}));
     if (!(logits.shape() == Shape{1, T, model.config().vocab_size})) violated("logits of the wrong shape");
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }
 
@@ -101,8 +98,7 @@ int text_input(const uint8_t* data, size_t size) {
       for (int32_t id : x)
         if (id < 0 || id >= d.vocab_size()) violated("a batch token outside the vocabulary");
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }
 
@@ -113,7 +109,8 @@ void check_printable(const ExpressionError& e) {
   const std::string_view what(e.what());
   if (what.empty() || what.back() != '^') violated("an error message cut short");
   for (const char c : what)
-    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f) violated("a raw control byte in an error message");
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f)
+      violated("a raw control byte in an error message");
 }
 
 int formula_input(const uint8_t* data, size_t size) {
@@ -131,16 +128,14 @@ int formula_input(const uint8_t* data, size_t size) {
     if (!(y.shape() == out)) violated("evaluate's shape differs from check's");
   } catch (const ExpressionError& e) {
     check_printable(e);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   try {
     for (const ClaimText& c : parse_claims(text, "fuzz.txt")) {
       int64_t elements = 0;
       for (const InputSpec& in : c.inputs) elements += in.shape.numel();
       if (elements <= 4096) validate_claim(c);
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }
 

@@ -44,7 +44,7 @@ class AllocationLog final : public TapeObserver {
     const void* data;
   };
   Tape& tape_;
-  std::vector<Pending> pending_;              // since the last node or leaf
+  std::vector<Pending> pending_;                  // since the last node or leaf
   std::vector<std::vector<Allocation>> by_node_;  // by node index
 };
 

@@ -62,9 +62,11 @@ void AnomalyCheck::on_vjp_end(const Tape& tape, const Node& n, std::span<const T
   for (size_t i = 0; i < gin.size(); ++i) {
     const int64_t bad = first_non_finite(gin[i]);
     if (bad < 0) continue;
-    fail("non-finite value from {} (backward): after its VJP the gradient of its input {} {} {} holds {} at {} "
-         "(output {})", n.op, i, gin[i].dtype(), gin[i].shape(), gin[i].item(bad), element_index(gin[i].shape(), bad),
-         tape.value_at(n.out).shape());
+    fail(
+        "non-finite value from {} (backward): after its VJP the gradient of its input {} {} {} holds {} at {} "
+        "(output {})",
+        n.op, i, gin[i].dtype(), gin[i].shape(), gin[i].item(bad), element_index(gin[i].shape(), bad),
+        tape.value_at(n.out).shape());
   }
 }
 

@@ -109,8 +109,7 @@ struct Child {
   }
   int wait() {
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     pid = -1;
     return status;
   }
@@ -169,7 +168,8 @@ std::string render_dot(std::string_view dot_text, std::string_view format) {
       if (n > 0) written += static_cast<size_t>(n);
       if ((n < 0 && errno != EAGAIN && errno != EINTR) || written == dot_text.size()) in_write.close();
     }
-    for (auto [fd, text, revents] : {std::tuple{&out_read, &out, fds[1].revents}, std::tuple{&err_read, &err, fds[2].revents}}) {
+    for (auto [fd, text, revents] :
+         {std::tuple{&out_read, &out, fds[1].revents}, std::tuple{&err_read, &err, fds[2].revents}}) {
       if (fd->fd < 0 || revents == 0) continue;
       const ssize_t n = ::read(fd->fd, buffer, sizeof buffer);
       if (n > 0) text->append(buffer, static_cast<size_t>(n));

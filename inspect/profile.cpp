@@ -29,9 +29,7 @@ void Profile::start() {
   last_ = Clock::now();
 }
 
-void Profile::pause() {
-  running_ = false;
-}
+void Profile::pause() { running_ = false; }
 
 void Profile::resume() { start(); }
 
@@ -131,8 +129,8 @@ std::string format_profile(const Profile& p, double measured_step_ms, std::strin
     const double g = gflops(*r);
     s += fmt::format("  {:<28} {:>7.4g} {:>9} {:>9} {:>9.3f} {:>5.1f}% {:>8}\n", r->name,
                      static_cast<double>(r->calls) / steps, r->op ? fmt::format("{:.3f}", r->forward_ms / steps) : "",
-                     r->op ? fmt::format("{:.3f}", r->backward_ms / steps) : "", ms,
-                     total > 0 ? 100 * ms / total : 0.0, std::isnan(g) ? "" : fmt::format("{:.1f}", g));
+                     r->op ? fmt::format("{:.3f}", r->backward_ms / steps) : "", ms, total > 0 ? 100 * ms / total : 0.0,
+                     std::isnan(g) ? "" : fmt::format("{:.1f}", g));
   }
   s += fmt::format("  {:<28} {:>7} {:>9} {:>9} {:>9.3f}\n", "sum of the rows", "", "", "", total);
   if (measured_step_ms > 0)

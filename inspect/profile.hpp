@@ -36,18 +36,18 @@ class Profile final : public TapeObserver {
 
   struct Row {
     std::string name;
-    bool op = false;            // a node's op (forward and backward) rather than a section outside ops
-    int64_t calls = 0;          // forward calls (a section: times charged)
-    double forward_ms = 0;      // an op's forward; a section's whole time
-    double backward_ms = 0;     // an op's VJPs
-    double forward_flops = 0;   // from the op's cost function; 0 if it has none
+    bool op = false;           // a node's op (forward and backward) rather than a section outside ops
+    int64_t calls = 0;         // forward calls (a section: times charged)
+    double forward_ms = 0;     // an op's forward; a section's whole time
+    double backward_ms = 0;    // an op's VJPs
+    double forward_flops = 0;  // from the op's cost function; 0 if it has none
     double backward_flops = 0;
     double ms() const { return forward_ms + backward_ms; }
   };
 
-  void start();   // the clock starts (again): time before this is not charged
-  void pause();   // stops the clock: the time since the last event is not charged (mark() it first)
-  void resume();  // = start()
+  void start();                  // the clock starts (again): time before this is not charged
+  void pause();                  // stops the clock: the time since the last event is not charged (mark() it first)
+  void resume();                 // = start()
   void end_step() { ++steps_; }  // counts steps, for per-step figures
   // Charges the time since the last event to section `name` outside ops.
   void mark(std::string_view name);

@@ -44,7 +44,7 @@ class ScopeNames final : public TapeObserver {
   void changed();  // the innermost open scope changed at the tape's next value
   Tape& tape_;
   std::vector<Scope> scopes_;
-  std::vector<uint32_t> open_;    // the open scopes, innermost last
+  std::vector<uint32_t> open_;   // the open scopes, innermost last
   std::vector<Change> changes_;  // in value order
 };
 

@@ -14,7 +14,6 @@
 
 #include "ops/registry.hpp"
 
-
 namespace tapegrad {
 
 namespace {
@@ -157,7 +156,8 @@ Summary summarize(const Tensor& t) {
 std::string summary_text(std::string_view what, const Summary& s) {
   std::vector<std::string> parts;
   if (s.ints && s.finite > 0) parts.push_back(fmt::format("min {}, max {}", s.min, s.max));
-  else if (s.finite > 0) parts.push_back(fmt::format("norm {}, min {}, max {}", number(s.norm), number(s.min), number(s.max)));
+  else if (s.finite > 0)
+    parts.push_back(fmt::format("norm {}, min {}, max {}", number(s.norm), number(s.min), number(s.max)));
   if (s.nan > 0) parts.push_back(fmt::format("{} NaN", s.nan));
   if (s.pos_inf > 0) parts.push_back(fmt::format("{} +inf", s.pos_inf));
   if (s.neg_inf > 0) parts.push_back(fmt::format("{} -inf", s.neg_inf));
@@ -186,8 +186,7 @@ std::vector<std::string> rows_text(const Tensor& t) {
   for (size_t r = 0; r + row <= numbers.size() && row > 0; r += row)
     for (size_t i = 0; i < row; i += kRowNumbers) {
       std::string line = i == 0 ? "[" : " ";
-      for (size_t j = i; j < std::min(row, i + kRowNumbers); ++j)
-        line += numbers[r + j] + (j + 1 == row ? "]" : ", ");
+      for (size_t j = i; j < std::min(row, i + kRowNumbers); ++j) line += numbers[r + j] + (j + 1 == row ? "]" : ", ");
       lines.push_back(std::move(line));
     }
   return lines;
@@ -224,18 +223,20 @@ class Drawer {
     const size_t n = tape.num_values();
     if (!opt.group && n > opt.max_nodes) {
       if (opt.caller == DotOptions::Caller::python)
-        fail("graph: {} values to draw, more than the limit of {}: draw a smaller tape, or raise the limit with "
-             "tapegrad.graph(tape, path, max_nodes=N) (Graphviz takes minutes on tens of thousands)", n, opt.max_nodes);
-      fail("graph: {} values to draw, more than the limit of {}: use --group (DotOptions::group) or fewer layers",
-           n, opt.max_nodes);
+        fail(
+            "graph: {} values to draw, more than the limit of {}: draw a smaller tape, or raise the limit with "
+            "tapegrad.graph(tape, path, max_nodes=N) (Graphviz takes minutes on tens of thousands)",
+            n, opt.max_nodes);
+      fail("graph: {} values to draw, more than the limit of {}: use --group (DotOptions::group) or fewer layers", n,
+           opt.max_nodes);
     }
     producer_.assign(n, -1);
     for (size_t k = 0; k < tape.num_nodes(); ++k) producer_[tape.node(k).out] = static_cast<int64_t>(k);
     loss_ = tape.backward_output();
     make_boxes();
     if (boxes_.size() > opt.max_nodes)
-      fail("graph: {} boxes to draw even grouped by scope, more than the limit of {}: use fewer layers",
-           boxes_.size(), opt.max_nodes);
+      fail("graph: {} boxes to draw even grouped by scope, more than the limit of {}: use fewer layers", boxes_.size(),
+           opt.max_nodes);
     summaries_.resize(n);
     for (uint32_t id = 0; id < n; ++id) {
       summaries_[id].first = summarize(tape.value_at(id));
@@ -247,11 +248,14 @@ class Drawer {
   std::string dot() const {
     std::string out;
     out += "digraph tape {\n";
-    out += "  graph [rankdir=TB, nodesep=0.25, ranksep=0.4, fontname=\"Helvetica,Arial,sans-serif\", fontsize=10, "
-           "labelloc=b, label=<" + caption() + ">];\n";
+    out +=
+        "  graph [rankdir=TB, nodesep=0.25, ranksep=0.4, fontname=\"Helvetica,Arial,sans-serif\", fontsize=10, "
+        "labelloc=b, label=<" +
+        caption() + ">];\n";
     out += "  node [fontname=\"Helvetica,Arial,sans-serif\", fontsize=10, style=\"filled\", margin=\"0.12,0.05\"];\n";
-    out += "  edge [fontname=\"Helvetica,Arial,sans-serif\", fontsize=8, color=\"#555555\", fontcolor=\"#555555\", "
-           "arrowsize=0.6];\n";
+    out +=
+        "  edge [fontname=\"Helvetica,Arial,sans-serif\", fontsize=8, color=\"#555555\", fontcolor=\"#555555\", "
+        "arrowsize=0.6];\n";
     if (opt_.group) {
       int cluster = 0;
       clusters(out, "", cluster, 1);
@@ -345,9 +349,10 @@ class Drawer {
     const std::string indent(static_cast<size_t>(depth) * 2, ' ');
     const bool drawn = !name.empty() && !(mine.empty() && children.size() == 1);
     if (drawn)
-      out += fmt::format("{}subgraph cluster_{} {{\n{}  label=<<b>{}</b>>; tooltip={}; style=\"rounded,dashed\"; "
-                         "color=\"#9673a6\"; fontcolor=\"#5b3f70\"; labeljust=l;\n",
-                         indent, counter++, indent, html(name), quoted("scope " + name), indent);
+      out += fmt::format(
+          "{}subgraph cluster_{} {{\n{}  label=<<b>{}</b>>; tooltip={}; style=\"rounded,dashed\"; "
+          "color=\"#9673a6\"; fontcolor=\"#5b3f70\"; labeljust=l;\n",
+          indent, counter++, indent, html(name), quoted("scope " + name), indent);
     const std::string inner = drawn ? indent + "  " : indent;
     for (size_t b : mine) out += inner + node(b) + "\n";
     for (const std::string& c : children) clusters(out, c, counter, drawn ? depth + 1 : depth);
@@ -401,7 +406,7 @@ class Drawer {
       lines.push_back(small(html(fmt::format("{}: {}", what, rows.front())), colour));
       return;
     }
-    const std::string head = s.bad() ? summary_text(what, s)
+    const std::string head = s.bad()  ? summary_text(what, s)
                              : s.ints ? fmt::format("{}:", what)
                                       : fmt::format("{}: norm {}", what, number(s.norm));
     lines.push_back(small(html(head), colour));
@@ -422,8 +427,8 @@ class Drawer {
       if (const Tensor g = tape_.grad_at(id); g.defined()) {
         tensor_lines(*loss_ == id ? "grad (the seed)" : "grad", g, grad, kGradColour, lines);
       } else if (tape_.requires_grad_at(id)) {
-        lines.push_back(small(tape_.is_leaf(id) ? "<i>grad: none (backward did not reach it)</i>" : keep_hint(),
-                              kGradColour));
+        lines.push_back(
+            small(tape_.is_leaf(id) ? "<i>grad: none (backward did not reach it)</i>" : keep_hint(), kGradColour));
       }
     }
     return value.bad() || grad.bad();
@@ -447,11 +452,12 @@ class Drawer {
     Style style = kOpStyle;
     if (producer_[id] >= 0) {
       const Node& nd = tape_.node(static_cast<size_t>(producer_[id]));
-      lines.push_back(fmt::format("<b>{}</b>{}", html(nd.op), name.empty() ? std::string() : fmt::format(" {}", html(name))));
+      lines.push_back(
+          fmt::format("<b>{}</b>{}", html(nd.op), name.empty() ? std::string() : fmt::format(" {}", html(name))));
       lines.push_back(small(html(shape_text(v))));
       // What the bytes are, where an AllocationLog watched the recording (DotOptions::allocations): named tensors.
-      const auto kept = opt_.allocations ? opt_.allocations->of(static_cast<size_t>(producer_[id]))
-                                         : std::span<const Allocation>();
+      const auto kept =
+          opt_.allocations ? opt_.allocations->of(static_cast<size_t>(producer_[id])) : std::span<const Allocation>();
       std::string kept_names;
       for (const Allocation& a : kept)
         if (a.what && std::string_view(a.what) != "output") kept_names += fmt::format(" + {}", a.what);
@@ -500,7 +506,7 @@ class Drawer {
     std::string first_bad;
     std::string tip = fmt::format("scope {}\n", box.scope);
     std::set<std::string> formulas;  // "op VJP: ...\nop JVP: ..." of each op in the box, once
-    std::vector<uint32_t> outputs;  // values used outside the box, or the loss
+    std::vector<uint32_t> outputs;   // values used outside the box, or the loss
     for (uint32_t id : box.values) {
       const auto& [value, grad] = summaries_[id];
       const bool bad_here = value.bad() || grad.bad();
@@ -525,7 +531,8 @@ class Drawer {
         flops.backward += c.backward;
         tip += fmt::format("#{} {} {} at {} ({} bytes)\n", id, nd.op, shape_text(tape_.value_at(id)),
                            source_text(nd.where), nd.bytes_kept);
-        if (const OpSheet* op = info(nd)) formulas.insert(fmt::format("{} VJP: {}\n{} JVP: {}\n", nd.op, op->vjp, nd.op, op->jvp));
+        if (const OpSheet* op = info(nd))
+          formulas.insert(fmt::format("{} VJP: {}\n{} JVP: {}\n", nd.op, op->vjp, nd.op, op->jvp));
       }
       if (bad_here && !bad) first_bad = fmt::format("#{}", id);
       bad = bad || bad_here;
@@ -550,7 +557,8 @@ class Drawer {
     }
     if (!list.empty()) lines.push_back(small(list));
     std::vector<std::string> with;
-    if (params > 0) with.push_back(fmt::format("{} param{} ({} numbers)", params, params > 1 ? "s" : "", param_numbers));
+    if (params > 0)
+      with.push_back(fmt::format("{} param{} ({} numbers)", params, params > 1 ? "s" : "", param_numbers));
     if (leaves > 0) with.push_back(fmt::format("{} input{}", leaves, leaves > 1 ? "s" : ""));
     if (constants > 0) with.push_back(fmt::format("{} constant{}", constants, constants > 1 ? "s" : ""));
     std::string with_text;
@@ -558,8 +566,8 @@ class Drawer {
     if (!with_text.empty()) lines.push_back(small(with_text));
     if (kept > 0) lines.push_back(small(fmt::format("keeps {} (outputs + saved tensors)", bytes_text(kept))));
     if (flops.forward + flops.backward > 0)
-      lines.push_back(small(fmt::format("{} forward, {} backward", flops_text(flops.forward),
-                                        flops_text(flops.backward))));
+      lines.push_back(
+          small(fmt::format("{} forward, {} backward", flops_text(flops.forward), flops_text(flops.backward))));
     const uint32_t shown = outputs.back();
     lines.push_back(small(html(fmt::format("out #{}: {}", shown, shape_text(tape_.value_at(shown))))));
     numbers(shown, lines);
@@ -581,8 +589,8 @@ class Drawer {
         const int64_t from = box_of_[in];
         if (opt_.group && (from == to || !drawn.emplace(in, to).second)) continue;
         const Tensor& v = tape_.value_at(in);
-        out += fmt::format("  {} -> {} [label={}, tooltip={}];\n", node_name(boxes_[static_cast<size_t>(from)],
-                                                                             static_cast<size_t>(from)),
+        out += fmt::format("  {} -> {} [label={}, tooltip={}];\n",
+                           node_name(boxes_[static_cast<size_t>(from)], static_cast<size_t>(from)),
                            node_name(boxes_[static_cast<size_t>(to)], static_cast<size_t>(to)),
                            quoted(fmt::format("{}", v.shape())),
                            quoted(fmt::format("#{} {} → input {} of #{} {}", in, shape_text(v), i, nd.out, nd.op)));
@@ -610,19 +618,17 @@ class Drawer {
       lines.push_back(fmt::format("{} = {} forward + {} backward (ops with a registered cost)",
                                   flops_text(flops.forward + flops.backward), flops_text(flops.forward),
                                   flops_text(flops.backward)));
-    else if (opt_.registry)
-      lines.push_back("FLOPs: none of these ops has a registered cost");
+    else if (opt_.registry) lines.push_back("FLOPs: none of these ops has a registered cost");
     if (loss_)
-      lines.push_back(html(fmt::format("backward ran from #{} {}: arrows are the forward; VJPs ran them in reverse",
-                                       *loss_, producer_[*loss_] >= 0
-                                                   ? tape_.node(static_cast<size_t>(producer_[*loss_])).op
-                                                   : "(a leaf)")));
-    else
-      lines.push_back("forward only: backward has not run");
-    lines.push_back(small(fmt::format("ellipses: leaves (yellow inputs, green params, grey constants); boxes: ops{}; "
-                                      "red: a NaN or an infinity; hover for {}",
-                                      opt_.formulas && opt_.registry ? " with their VJPs" : "",
-                                      opt_.formulas && opt_.registry ? "the JVP and the source line" : "formulas")));
+      lines.push_back(html(
+          fmt::format("backward ran from #{} {}: arrows are the forward; VJPs ran them in reverse", *loss_,
+                      producer_[*loss_] >= 0 ? tape_.node(static_cast<size_t>(producer_[*loss_])).op : "(a leaf)")));
+    else lines.push_back("forward only: backward has not run");
+    lines.push_back(
+        small(fmt::format("ellipses: leaves (yellow inputs, green params, grey constants); boxes: ops{}; "
+                          "red: a NaN or an infinity; hover for {}",
+                          opt_.formulas && opt_.registry ? " with their VJPs" : "",
+                          opt_.formulas && opt_.registry ? "the JVP and the source line" : "formulas")));
     std::string label;
     for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
     return label;
@@ -633,7 +639,7 @@ class Drawer {
   std::vector<int64_t> producer_;  // value id → index of the node that made it, −1 for a leaf
   std::vector<int64_t> box_of_;    // value id → box
   std::vector<Box> boxes_;
-  std::vector<bool> used_outside_;  // value id → an input of a node in another box (grouped)
+  std::vector<bool> used_outside_;                      // value id → an input of a node in another box (grouped)
   std::vector<std::pair<Summary, Summary>> summaries_;  // value id → value, gradient
   std::optional<uint32_t> loss_;
 };

@@ -45,7 +45,7 @@ struct DotOptions {
   // allocated (listed on its node). nullptr: not shown.
   const ScopeNames* scopes = nullptr;
   const AllocationLog* allocations = nullptr;
-  std::string title;                   // the caption's first line
+  std::string title;  // the caption's first line
   // Graphviz takes minutes on tens of thousands of nodes: more than this many boxes to draw throw an Error.
   size_t max_nodes = 2000;
   std::unordered_map<uint32_t, std::string> names;  // value id (Var::id) → name shown on its node
@@ -63,6 +63,5 @@ struct DotOptions {
 
 // The DOT text of everything recorded on `tape` since its last clear().
 std::string tape_to_dot(const Tape& tape, const DotOptions& options = {});
-
 
 }  // namespace tapegrad

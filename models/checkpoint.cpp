@@ -39,9 +39,7 @@ bool parse_safetensors_dtype(std::string_view s, DType& d) {
   return true;
 }
 
-[[noreturn]] void refuse(const std::string& path, std::string_view why) {
-  fail("checkpoint '{}': {}", path, why);
-}
+[[noreturn]] void refuse(const std::string& path, std::string_view why) { fail("checkpoint '{}': {}", path, why); }
 
 std::string checksum_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 
@@ -121,9 +119,7 @@ struct HeaderBounds {
   bool end_object() { return close(); }
   bool start_array(std::size_t) { return open(); }
   bool end_array() { return close(); }
-  [[noreturn]] bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    throw e;
-  }
+  [[noreturn]] bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) { throw e; }
 };
 
 // One tensor as the header describes it, checked against the data section of `data_bytes` bytes.
@@ -248,9 +244,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
     fail("save_checkpoint '{}': a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N, and so the data section, aligned to 8 bytes
-  if (text.size() > kMaxHeaderBytes)  // a file the loader would refuse is not written
-    fail("save_checkpoint '{}': the header would be {} bytes, above the {} bytes the loader accepts (its metadata "
-         "holds {} bytes); nothing was written", path, text.size(), kMaxHeaderBytes, header["__metadata__"].dump().size());
+  if (text.size() > kMaxHeaderBytes)            // a file the loader would refuse is not written
+    fail(
+        "save_checkpoint '{}': the header would be {} bytes, above the {} bytes the loader accepts (its metadata "
+        "holds {} bytes); nothing was written",
+        path, text.size(), kMaxHeaderBytes, header["__metadata__"].dump().size());
 
   std::string head;
   const uint64_t n = text.size();
@@ -262,7 +260,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   write_file_atomic(path, pieces);
 }
 
-Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_file(path, kMaxCheckpointBytes, 2), path); }
+Checkpoint load_checkpoint(const std::string& path) {
+  return parse_checkpoint(read_file(path, kMaxCheckpointBytes, 2), path);
+}
 
 Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   if (file.size() < 8)
@@ -271,14 +271,16 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(file[static_cast<size_t>(i)])} << (8 * i);
   if (n > kMaxHeaderBytes)
     refuse(path, fmt::format("header length {} is above the limit of {} bytes: not a safetensors file, or a "
-                             "corrupt one", n, kMaxHeaderBytes));
+                             "corrupt one",
+                             n, kMaxHeaderBytes));
   if (n > file.size() - 8)
-    refuse(path, fmt::format("truncated: the header length is {} bytes but only {} bytes follow it", n,
-                             file.size() - 8));
+    refuse(path,
+           fmt::format("truncated: the header length is {} bytes but only {} bytes follow it", n, file.size() - 8));
   std::string_view text = file.substr(8, n);
   // JSON has no NUL, but the JSON reader takes one for the end of its input: what follows would go unread.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
-    refuse(path, fmt::format("a NUL byte at offset {} of the header: not a safetensors file, or a corrupt one", 8 + nul));
+    refuse(path,
+           fmt::format("a NUL byte at offset {} of the header: not a safetensors file, or a corrupt one", 8 + nul));
 
   nlohmann::json header;
   try {
@@ -293,15 +295,16 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   } catch (const NotAHeader& e) {
     refuse(path, fmt::format("the header {}: not a safetensors file, or a corrupt one", e.why));
   }
-  if (!header.is_object()) refuse(path, fmt::format("the header is a JSON {}, not an object (not a safetensors file?)",
-                             header.type_name()));
+  if (!header.is_object())
+    refuse(path, fmt::format("the header is a JSON {}, not an object (not a safetensors file?)", header.type_name()));
 
   if (const auto meta = header.find("__metadata__"); meta != header.end() && meta->is_object()) {
     if (const auto sum = meta->find(std::string(kHeaderChecksumKey)); sum != meta->end()) {
       const std::string actual = checksum_hex(header_checksum(header));
       if (!sum->is_string() || sum->get_ref<const std::string&>() != actual)
         refuse(path, fmt::format("header checksum mismatch: the header hashes to {} but records {} (the file is "
-                                 "corrupt, or its header was edited)", actual, brief(*sum)));
+                                 "corrupt, or its header was edited)",
+                                 actual, brief(*sum)));
     }
   }
 
@@ -326,8 +329,9 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
   }
 
   // The tensors must tile the data section: in order of their offsets, each begins where the previous ended.
-  std::sort(entries.begin(), entries.end(),
-            [](const HeaderEntry& a, const HeaderEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  std::sort(entries.begin(), entries.end(), [](const HeaderEntry& a, const HeaderEntry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
   uint64_t covered = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const HeaderEntry& e = entries[i];
@@ -345,7 +349,8 @@ Checkpoint parse_checkpoint(std::string_view file, const std::string& path) {
     std::string actual = checksum_hex(fnv1a64(data));
     if (it->second != actual)
       refuse(path, fmt::format("checksum mismatch: the data hashes to {} but the header records {} (the file is "
-                               "corrupt)", actual, it->second));
+                               "corrupt)",
+                               actual, it->second));
     ck.metadata.erase(it);
   }
   ck.metadata.erase(std::string(kHeaderChecksumKey));
@@ -410,13 +415,14 @@ void refuse_non_finite_weight(const Tensor& t, std::string_view name, const std:
   const float* v = t.data<float>();
   for (int64_t i = 0, n = t.numel(); i < n; ++i)
     if (!std::isfinite(v[i]))
-      fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded",
-           path, name, v[i], i);
+      fail("cannot load '{}': parameter {} holds {} at element {} (a NaN or infinite weight); nothing was loaded", path,
+           name, v[i], i);
 }
 
 const std::string& training_metadata(const Checkpoint& ck, const std::string& key, const std::string& path) {
   auto it = ck.metadata.find(key);
-  if (it == ck.metadata.end()) fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
+  if (it == ck.metadata.end())
+    fail("checkpoint {}: not a tapegrad training checkpoint (no '{}' in its metadata)", path, key);
   return it->second;
 }
 

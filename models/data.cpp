@@ -127,8 +127,7 @@ std::string TextData::default_prompt() const {
 void sample_batch(std::span<const int32_t> data, int64_t B, int64_t T, Rng& rng, int32_t* x, int32_t* y) {
   if (B < 0 || T < 1) fail("sample_batch: need B ≥ 0 rows of T ≥ 1 tokens, got B = {}, T = {}", B, T);
   auto n = static_cast<int64_t>(data.size());
-  if (n < T + 1)
-    fail("sample_batch: a split of {} tokens is too short for one context of T + 1 = {} tokens", n, T + 1);
+  if (n < T + 1) fail("sample_batch: a split of {} tokens is too short for one context of T + 1 = {} tokens", n, T + 1);
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* row = data.data() + rng.below(n - T);
     std::copy_n(row, T, x + b * T);

@@ -14,10 +14,10 @@
 namespace tapegrad {
 
 struct TextData {
-  std::vector<char32_t> vocab;     // sorted distinct Unicode code points; token id v is vocab[v]
-  std::vector<int32_t> train, val; // token ids: the first train_fraction of the text is train, the rest val
-  size_t text_bytes = 0;           // the text it was made from: its length in bytes and FNV-1a 64 of its bytes,
-  uint64_t text_checksum = 0;      // which identify it (a resumed run refuses another text)
+  std::vector<char32_t> vocab;      // sorted distinct Unicode code points; token id v is vocab[v]
+  std::vector<int32_t> train, val;  // token ids: the first train_fraction of the text is train, the rest val
+  size_t text_bytes = 0;            // the text it was made from: its length in bytes and FNV-1a 64 of its bytes,
+  uint64_t text_checksum = 0;       // which identify it (a resumed run refuses another text)
 
   // Decodes UTF-8 text into a vocabulary and a split. Throws an Error for empty text, a NUL byte (a binary
   // file) or invalid UTF-8 (naming the byte offset), and for a train_fraction outside [0, 1].

@@ -185,9 +185,9 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   write_file_atomic(path, std::span<const std::string_view>(&bytes, 1));
 }
 
-
 bool same_regular_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
   return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
@@ -196,8 +196,8 @@ void refuse_input_as_output(const std::string& output, std::string_view output_o
                             std::string_view input_option) {
   // A new file is no input; /dev/stdout and fifos are written into, never replaced.
   if (same_regular_file(output, input))
-    fail("{} '{}' is the file {} reads ('{}'): writing it would destroy the input; choose another path",
-         output_option, output, input_option, input);
+    fail("{} '{}' is the file {} reads ('{}'): writing it would destroy the input; choose another path", output_option,
+         output, input_option, input);
 }
 
 int output_descriptor(const std::string& path) {
@@ -219,7 +219,6 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
   }
   write_regular_file_atomic(path, real, pieces);
 }
-
 
 std::string_view file_type_name(unsigned mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -342,17 +341,20 @@ void refuse_replacing_run_files(const std::string& path, std::string_view option
   if (::stat(real.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // a new file, or one written into
   const fs::path parent = fs::path(real).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  struct stat d {}, own {};  // the command's own run directory first: two stats, where the other reads /proc/locks
+  struct stat d {
+  }, own{};  // the command's own run directory first: two stats, where the other reads /proc/locks
   if (!own_run_dir.empty() && ::stat(dir.c_str(), &d) == 0 && ::stat(own_run_dir.c_str(), &own) == 0 &&
       d.st_dev == own.st_dev && d.st_ino == own.st_ino)
     return;
   if (!is_run_directory(dir)) return;
   // Named as a reader would (made/x/../y is made/y); the checks above use the path itself.
   const std::string through =
-      real == path ? std::string() : fmt::format(" (through a symbolic link, '{}')", fs::path(real).lexically_normal().string());
-  fail("{} '{}'{} is a file of the run in '{}': it would be replaced; write it outside the run's directory, or "
-       "remove the file first",
-       option, path, through, parent.empty() ? std::string(".") : parent.lexically_normal().string());
+      real == path ? std::string()
+                   : fmt::format(" (through a symbolic link, '{}')", fs::path(real).lexically_normal().string());
+  fail(
+      "{} '{}'{} is a file of the run in '{}': it would be replaced; write it outside the run's directory, or "
+      "remove the file first",
+      option, path, through, parent.empty() ? std::string(".") : parent.lexically_normal().string());
 }
 
 DirectoryLock::DirectoryLock(const std::string& dir, std::string_view advice) {
@@ -402,9 +404,10 @@ std::string shared_file(std::string_view relative) {
     if (fs::is_regular_file(file, ec)) return file.lexically_normal().string();
     looked += (looked.empty() ? "" : ", ") + file.lexically_normal().string();
   }
-  fail("cannot find tapegrad's {}: looked in {} (set TAPEGRAD_SHARE_DIR to the folder that holds it, "
-       "PREFIX/share/tapegrad when installed)",
-       relative, looked.empty() ? std::string("no place: /proc/self/exe cannot be read") : looked);
+  fail(
+      "cannot find tapegrad's {}: looked in {} (set TAPEGRAD_SHARE_DIR to the folder that holds it, "
+      "PREFIX/share/tapegrad when installed)",
+      relative, looked.empty() ? std::string("no place: /proc/self/exe cannot be read") : looked);
 }
 
 }  // namespace tapegrad

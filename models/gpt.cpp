@@ -111,7 +111,7 @@ Var GPT::logits(Tape& tape, const Tensor& idx, uint64_t dropout_seed) const {
   Var tok = in_scope(tape, "transformer.wte", [&] { return wte_(tape.constant(idx), wte); });
   Var pos = in_scope(tape, "transformer.wpe", [&] { return wpe_(tape, positions); });
   Var x = dropout(tape, tok + pos, dropout_seed);  // (B, T, C)
-  BranchDropout drop;  // the next masks, drawn in order from dropout_seed, one per call
+  BranchDropout drop;                              // the next masks, drawn in order from dropout_seed, one per call
   if (cfg_.dropout > 0 && dropout_seed != 0) drop = [&](Var v) { return dropout(tape, v, dropout_seed); };
   for (size_t l = 0; l < h_.size(); ++l) {
     TapeScope block(tape, fmt::format("transformer.h.{}", l));

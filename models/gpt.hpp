@@ -22,9 +22,9 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;
   double dropout = 0.0;
-  bool bias = false;  // biases in Linear and LayerNorm (nanoGPT's `bias`)
+  bool bias = false;                  // biases in Linear and LayerNorm (nanoGPT's `bias`)
   std::string attention = "softmax";  // a kind of models/attention_kinds.hpp
-  GeluForm gelu = GeluForm::exact;     // the MLP's: exact as nanoGPT's nn.GELU(), or GPT-2's tanh form
+  GeluForm gelu = GeluForm::exact;    // the MLP's: exact as nanoGPT's nn.GELU(), or GPT-2's tanh form
 
   void validate() const;  // throws a one-line Error for an inconsistent configuration
 };

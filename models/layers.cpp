@@ -24,10 +24,10 @@ Linear::Linear(std::string name, int64_t in, int64_t out, uint64_t seed, LinearO
                             : Tensor::uniform(DType::f32, {out, in}, seed, -bound, bound),
                 true);
   if (opt.bias)
-    add_parameter("bias",
-                  opt.std > 0 ? Tensor::zeros(DType::f32, {out})
-                              : Tensor::uniform(DType::f32, {out}, seed + 1, -bound, bound),
-                  false);
+    add_parameter(
+        "bias",
+        opt.std > 0 ? Tensor::zeros(DType::f32, {out}) : Tensor::uniform(DType::f32, {out}, seed + 1, -bound, bound),
+        false);
 }
 
 Var Linear::operator()(Tape& tape, Var x, Var residual) const {
@@ -67,7 +67,8 @@ Var LayerNorm::operator()(Tape& tape, Var x) const {
 
 MLP::MLP(std::string name, const std::vector<int64_t>& sizes, uint64_t seed, MLPOptions opt)
     : Module(std::move(name)), activation_(opt.activation) {
-  if (sizes.size() < 2) fail("{}: an MLP needs at least an input and an output size, got {}", this->name(), sizes.size());
+  if (sizes.size() < 2)
+    fail("{}: an MLP needs at least an input and an output size, got {}", this->name(), sizes.size());
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
     layers_.emplace_back(child(std::to_string(i)), sizes[i], sizes[i + 1], seed, LinearOptions{.bias = opt.bias});
     seed += adopt(layers_.back());
@@ -167,10 +168,10 @@ Var CausalSelfAttention::operator()(Tape& tape, Var x, Var residual) const {
       break;
     }
   }
-  Var y = kind_->node == AN::tiled  ? tiled_attention(q, k, v, ao)
+  Var y = kind_->node == AN::tiled    ? tiled_attention(q, k, v, ao)
           : kind_->node == AN::beta   ? beta_attention(q, k, v, ao)
           : kind_->node == AN::linear ? linear_attention(q, k, v, true)
-                                        : attention(q, k, v, ao);
+                                      : attention(q, k, v, ao);
   y = merge_heads(y);  // (B, h, T, d) → (B, T, C)
   return c_proj_(tape, y, residual);
 }

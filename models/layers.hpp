@@ -107,7 +107,7 @@ class FeedForward : public Module {
 
 struct AttentionConfig {
   int64_t n_embd = 128, n_head = 4;
-  int64_t block_size = 64;  // the longest context; super's W^A is block_size × block_size
+  int64_t block_size = 64;       // the longest context; super's W^A is block_size × block_size
   std::string kind = "softmax";  // a name in attention_kind_table()
   bool bias = false;
 };

@@ -58,7 +58,11 @@ void optimizer_step(Optimizer& opt, double lr, double grad_clip, Profile* profil
 }
 
 TrainingRun::TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, LoopResult& result, Rng* batch_rng)
-    : cfg_(cfg), model_(model), opt_(opt), result_(result), batch_rng_(batch_rng),
+    : cfg_(cfg),
+      model_(model),
+      opt_(opt),
+      result_(result),
+      batch_rng_(batch_rng),
       checkpoint_path_(cfg.dir + "/" + kCheckpointFile),
       kept_(cfg.dir.empty() ? "; stopped"
                             : fmt::format("; stopped, the last good checkpoint {} is kept", checkpoint_path_)),
@@ -73,8 +77,10 @@ TrainingRun::TrainingRun(const LoopConfig& cfg, Module& model, Optimizer& opt, L
   if (ec) fail("cannot make the run directory '{}': {}", cfg.dir, ec.message());
   lock_ = DirectoryLock(cfg.dir, "wait for that run to end, or give this one another --name");
   if (!cfg.resume && !cfg.overwrite && fs::exists(checkpoint_path_, ec))
-    fail("'{}' holds a run already ({}): --resume continues it, --overwrite starts it over, --name NAME starts "
-         "another beside it", cfg.dir, kCheckpointFile);
+    fail(
+        "'{}' holds a run already ({}): --resume continues it, --overwrite starts it over, --name NAME starts "
+        "another beside it",
+        cfg.dir, kCheckpointFile);
 }
 
 void TrainingRun::resume(std::string_view flag, const std::function<void(const Checkpoint&)>& same_model,
@@ -94,16 +100,19 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
   // A run continued to fewer steps than it has taken would be written back as an earlier step with later weights and
   // optimizer state, its log going back in time.
   if (step > cfg_.max_steps)
-    fail("{}: {} is at step {}, past the run's last step {} (--max-iters): a run's step cannot move backwards; "
-         "continue it with --max-iters {} or more, or start another run with --name",
-         flag, path, step, cfg_.max_steps, step);
+    fail(
+        "{}: {} is at step {}, past the run's last step {} (--max-iters): a run's step cannot move backwards; "
+        "continue it with --max-iters {} or more, or start another run with --name",
+        flag, path, step, cfg_.max_steps, step);
   const uint64_t rng_state = batch_rng_ ? count("tapegrad.rng", UINT64_MAX) : 0;
   static constexpr std::string_view kOptimizerState[] = {"optimizer."};
   load_parameters(ck, model_, path, kOptimizerState);  // all names and shapes checked before any is copied
   opt_.load_state(ck, path);
   if (opt_.steps() != step)
-    fail("{}: {}: its state disagrees with itself: the run is at step {} ('tapegrad.step') and the optimizer has "
-         "taken {} steps", flag, path, step, opt_.steps());
+    fail(
+        "{}: {}: its state disagrees with itself: the run is at step {} ('tapegrad.step') and the optimizer has "
+        "taken {} steps",
+        flag, path, step, opt_.steps());
   try {
     result_.first_step = step;
     auto step_of = [&](const json& v) {  // a JSON integer (a float out of int64's range would not convert)
@@ -119,10 +128,8 @@ void TrainingRun::resume(std::string_view flag, const std::function<void(const C
       return list;
     };
     auto in_order = [&](const char* what, int64_t at, int64_t before) {
-      if (at > step)
-        fail("{}: {}: its {} has a row at step {}, past the run's step {}", flag, path, what, at, step);
-      if (at < before)
-        fail("{}: {}: its {} goes back from step {} to step {}", flag, path, what, before, at);
+      if (at > step) fail("{}: {}: its {} has a row at step {}, past the run's step {}", flag, path, what, at, step);
+      if (at < before) fail("{}: {}: its {} goes back from step {} to step {}", flag, path, what, before, at);
       return at;
     };
     int64_t last = -1;
@@ -230,8 +237,8 @@ void TrainingRun::refuse_non_finite_state(const Checkpoint& ck, int64_t step) co
   auto refuse = [&](const std::string& name, const auto* v, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(v[i]))
-        fail("the training state became non-finite by step {}: {} holds {} at element {}, and is not written{}",
-             step, name, v[i], i, kept_);
+        fail("the training state became non-finite by step {}: {} holds {} at element {}, and is not written{}", step,
+             name, v[i], i, kept_);
   };
   for (const auto& [name, t] : ck.tensors) {
     if (t.dtype() == DType::f32) refuse(name, t.data<float>(), t.numel());

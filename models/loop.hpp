@@ -56,12 +56,12 @@ struct EvalPoint {
 // The options of a training loop: train_loop's, and the GPT trainer's (TrainConfig::loop).
 struct LoopConfig {
   int64_t max_steps = 1000;
-  int64_t eval_interval = 100;  // evaluation, checkpoint and logs every this many steps, and at the end
-  double grad_clip = 0;         // clip the gradients' global norm to this; 0: no clipping
+  int64_t eval_interval = 100;             // evaluation, checkpoint and logs every this many steps, and at the end
+  double grad_clip = 0;                    // clip the gradients' global norm to this; 0: no clipping
   std::function<double(int64_t)> lr = {};  // the learning rate of step `it`; empty: the optimizer's, constant
-  std::string dir = {};         // run directory; empty: no files
-  std::string title = "training loss";  // of losses.svg
-  bool resume = false;          // continue from dir/checkpoint.safetensors
+  std::string dir = {};                    // run directory; empty: no files
+  std::string title = "training loss";     // of losses.svg
+  bool resume = false;                     // continue from dir/checkpoint.safetensors
   int64_t stop_after = 0;       // stop, with a checkpoint, after this many steps of this call; 0: run to max_steps
                                 // (the command line's --stop-after must be at least 1)
   int64_t tokens_per_step = 0;  // for tok/s in the progress line; 0: not shown
@@ -104,10 +104,10 @@ struct LoopResult {
   double ms_per_step = 0;           // median over the steps of this call; NaN if it ran none
   double mean_ms_per_step = 0;      // mean of the same (0 if none)
   double wall_seconds = 0;
-  int64_t first_step = 0;           // where this call began (after a resume, the checkpoint's step)
-  bool stopped_early = false;       // by stop_after or an interrupt: no final evaluation
-  int interrupted_by = 0;           // the signal LoopConfig::interrupt held when the run stopped; 0: none
-  std::optional<Profile> profile;   // with LoopConfig::profile: the training steps of this call (not evaluation)
+  int64_t first_step = 0;          // where this call began (after a resume, the checkpoint's step)
+  bool stopped_early = false;      // by stop_after or an interrupt: no final evaluation
+  int interrupted_by = 0;          // the signal LoopConfig::interrupt held when the run stopped; 0: none
+  std::optional<Profile> profile;  // with LoopConfig::profile: the training steps of this call (not evaluation)
 };
 
 // The end of a training step, after backward: clip the gradients' global norm to `grad_clip` (0: no clipping), an
@@ -221,8 +221,8 @@ class TrainingRun {
   LoopResult& result_;
   Rng* batch_rng_;
   std::string checkpoint_path_;
-  std::string kept_;  // how messages end when a run stops on bad numbers: what is left to resume from
-  DirectoryLock lock_;  // the run directory's, held for the run's life
+  std::string kept_;             // how messages end when a run stops on bad numbers: what is left to resume from
+  DirectoryLock lock_;           // the run directory's, held for the run's life
   int64_t interrupted_at_ = -1;  // the step an interrupted run stopped before; −1: not interrupted
   bool tty_;
   std::vector<double> step_ms_;
@@ -230,7 +230,7 @@ class TrainingRun {
 };
 
 // The files a run writes into its directory (the GPT trainer's sharpness and profile files included).
-inline constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "losses.csv", "losses.svg",
+inline constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "losses.csv",    "losses.svg",
                                             "sharpness.csv",          "sharpness.svg", "profile.json"};
 
 // Removes the temporaries that killed atomic writes of the run's files (kRunFiles) left in `dir`; returns how many.

@@ -14,9 +14,7 @@ Parameter& Module::parameter(std::string_view name) {
   fail("{} has no parameter named '{}'", name_.empty() ? std::string("the model") : "module '" + name_ + "'", name);
 }
 
-const Parameter& Module::parameter(std::string_view name) const {
-  return const_cast<Module*>(this)->parameter(name);
-}
+const Parameter& Module::parameter(std::string_view name) const { return const_cast<Module*>(this)->parameter(name); }
 
 int64_t Module::num_parameters() const {
   int64_t n = 0;

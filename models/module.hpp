@@ -25,7 +25,7 @@ namespace tapegrad {
 struct Parameter {
   std::string name;  // the full dotted name, e.g. transformer.h.0.attn.c_attn.weight
   Tensor value, grad;
-  bool decay;        // weight decay applies (matrices and embeddings, not norms or biases)
+  bool decay;  // weight decay applies (matrices and embeddings, not norms or biases)
 
   Var on(Tape& tape) const { return tape.param(value, grad); }
 };

@@ -81,7 +81,8 @@ void Optimizer::load_state(const Checkpoint& ck, const std::string& path) {
       found.push_back(t);
     }
   auto it = ck.metadata.find(std::string(steps_key()));
-  if (it == ck.metadata.end()) fail("checkpoint {}: no '{}' in its metadata ({} state)", path, steps_key(), this->name());
+  if (it == ck.metadata.end())
+    fail("checkpoint {}: no '{}' in its metadata ({} state)", path, steps_key(), this->name());
   int64_t steps = 0;
   try {
     size_t used = 0;

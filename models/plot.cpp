@@ -91,12 +91,14 @@ std::string loss_svg(std::string_view title, std::span<const PlotSeries> series,
   auto py = [&](double y) { return ay.map(y, kBottom, kTop); };
 
   std::string svg = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  svg += fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-                     "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n",
-                     kWidth, kHeight);
+  svg += fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" font-size=\"12\">\n",
+      kWidth, kHeight);
   svg += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"white\"/>\n", kWidth, kHeight);
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"30\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
-                     (kLeft + kRight) / 2, xml_escape(title));
+  svg += fmt::format(
+      "<text x=\"{:.1f}\" y=\"30\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">{}</text>\n",
+      (kLeft + kRight) / 2, xml_escape(title));
 
   // Grid, ticks and tick labels.
   svg += "<g stroke=\"#e6e6e6\" stroke-width=\"1\">\n";
@@ -111,20 +113,21 @@ std::string loss_svg(std::string_view title, std::span<const PlotSeries> series,
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\"/>\n", px(ax.tick(i)), kBottom,
                        kBottom + 5);
   for (int i = 0; i < ay.ticks(); ++i)
-    svg += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", py(ay.tick(i)), kLeft - 5,
-                       kLeft);
+    svg +=
+        fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\"/>\n", py(ay.tick(i)), kLeft - 5, kLeft);
   svg += "</g>\n<g fill=\"#333333\">\n";
   for (int i = 0; i < ax.ticks(); ++i)
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", px(ax.tick(i)),
-                       kBottom + 19, ax.label(ax.tick(i)));
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", px(ax.tick(i)), kBottom + 19,
+                       ax.label(ax.tick(i)));
   for (int i = 0; i < ay.ticks(); ++i)
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" dy=\"0.35em\" text-anchor=\"end\">{}</text>\n", kLeft - 8,
                        py(ay.tick(i)), ay.label(ay.tick(i)));
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\">{}</text>\n",
                      (kLeft + kRight) / 2, kBottom + 42, xml_escape(x_label));
-  svg += fmt::format("<text transform=\"translate(20 {:.1f}) rotate(-90)\" text-anchor=\"middle\" "
-                     "font-size=\"13\">{}</text>\n</g>\n",
-                     (kTop + kBottom) / 2, xml_escape(y_label));
+  svg += fmt::format(
+      "<text transform=\"translate(20 {:.1f}) rotate(-90)\" text-anchor=\"middle\" "
+      "font-size=\"13\">{}</text>\n</g>\n",
+      (kTop + kBottom) / 2, xml_escape(y_label));
 
   // One polyline per series, then its legend entry.
   for (size_t k = 0; k < series.size(); ++k) {
@@ -136,15 +139,15 @@ std::string loss_svg(std::string_view title, std::span<const PlotSeries> series,
       if (std::isfinite(x) && std::isfinite(y)) points += fmt::format("{}{:.1f},{:.1f}", n++ ? " " : "", px(x), py(y));
     bool markers = n <= kMarkerLimit;
     svg += fmt::format("<g stroke=\"{0}\" fill=\"{0}\">\n", colour);
-    svg += fmt::format("<polyline fill=\"none\" stroke-width=\"1.8\" stroke-linejoin=\"round\" points=\"{}\"/>\n",
-                       points);
+    svg +=
+        fmt::format("<polyline fill=\"none\" stroke-width=\"1.8\" stroke-linejoin=\"round\" points=\"{}\"/>\n", points);
     if (markers)
       for (auto [x, y] : s.points)
         if (std::isfinite(x) && std::isfinite(y))
           svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\"/>\n", px(x), py(y));
     double ly = kTop + 12 + 22 * static_cast<double>(k);
-    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke-width=\"2.5\"/>\n", kRight + 18, ly,
-                       kRight + 44, ly);
+    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke-width=\"2.5\"/>\n", kRight + 18,
+                       ly, kRight + 44, ly);
     if (markers) svg += fmt::format("<circle cx=\"{}\" cy=\"{:.1f}\" r=\"3\"/>\n", kRight + 31, ly);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" dy=\"0.35em\" stroke=\"none\" fill=\"#222222\">{}</text>\n</g>\n",
                        kRight + 52, ly, xml_escape(s.label));

@@ -42,11 +42,11 @@ struct SharpnessOptions {
 };
 
 struct Sharpness {
-  double largest = 0;     // λ_max, the largest eigenvalue
-  double magnitude = 0;   // the eigenvalue of largest magnitude (λ_max, or a negative one)
-  double residual = 0;    // ‖H v − λ_max v‖ at the last v, relative to |λ_max|
-  int iterations = 0;     // Hessian-vector products taken, both runs
-  double loss = 0;        // at θ
+  double largest = 0;    // λ_max, the largest eigenvalue
+  double magnitude = 0;  // the eigenvalue of largest magnitude (λ_max, or a negative one)
+  double residual = 0;   // ‖H v − λ_max v‖ at the last v, relative to |λ_max|
+  int iterations = 0;    // Hessian-vector products taken, both runs
+  double loss = 0;       // at θ
 };
 Sharpness sharpness(const Module& module, const LossFunction& loss, const SharpnessOptions& options = {});
 

@@ -31,9 +31,15 @@ namespace {
 using json = nlohmann::json;
 
 json model_json(const GPTConfig& m) {
-  return {{"vocab_size", m.vocab_size}, {"block_size", m.block_size}, {"n_layer", m.n_layer},
-          {"n_head", m.n_head},         {"n_embd", m.n_embd},         {"dropout", m.dropout},
-          {"bias", m.bias},             {"attention", m.attention},   {"gelu", gelu_form_name(m.gelu)}};
+  return {{"vocab_size", m.vocab_size},
+          {"block_size", m.block_size},
+          {"n_layer", m.n_layer},
+          {"n_head", m.n_head},
+          {"n_embd", m.n_embd},
+          {"dropout", m.dropout},
+          {"bias", m.bias},
+          {"attention", m.attention},
+          {"gelu", gelu_form_name(m.gelu)}};
 }
 
 // The configuration in a checkpoint's "tapegrad.model"; errors name the checkpoint.
@@ -91,11 +97,15 @@ std::string utf8_of(const std::vector<char32_t>& vocab) {
 void add_run_metadata(Checkpoint& ck, const GPT& model, const TrainConfig& cfg, const TextData& data) {
   ck.metadata["format"] = "tapegrad-gpt";
   ck.metadata["tapegrad.model"] = model_json(model.config()).dump();
-  ck.metadata["tapegrad.train"] = json{{"seed", cfg.seed}, {"batch_size", cfg.batch_size},
-                                        {"max_iters", cfg.loop.max_steps},
-                                        {"precision", precision_name(cfg.precision)}}.dump();
+  ck.metadata["tapegrad.train"] = json{
+      {"seed", cfg.seed},
+      {"batch_size", cfg.batch_size},
+      {"max_iters", cfg.loop.max_steps},
+      {"precision",
+       precision_name(cfg.precision)}}.dump();
   ck.metadata["tapegrad.vocab"] = utf8_of(data.vocab);
-  ck.metadata["tapegrad.data"] = json{{"bytes", data.text_bytes}, {"checksum", fmt::format("{:016x}", data.text_checksum)}}.dump();
+  ck.metadata["tapegrad.data"] =
+      json{{"bytes", data.text_bytes}, {"checksum", fmt::format("{:016x}", data.text_checksum)}}.dump();
 }
 
 // Refuses to resume from the checkpoint of another model, or of the same model on other data: every option that
@@ -106,16 +116,18 @@ void refuse_another_model(const Checkpoint& ck, const GPTConfig& m, const TextDa
   checkpoint_vocabulary(ck, saved.vocab_size, path);  // the vocabulary the model was made for, or refused
   if (saved.attention != m.attention || saved.n_embd != m.n_embd || saved.n_layer != m.n_layer ||
       saved.n_head != m.n_head || saved.block_size != m.block_size || saved.vocab_size != m.vocab_size)
-    fail("--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab {})",
-         path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
+    fail(
+        "--resume: {} was trained with another model ({} attention, {} layers, {} heads, {} wide, context {}, vocab "
+        "{})",
+        path, saved.attention, saved.n_layer, saved.n_head, saved.n_embd, saved.block_size, saved.vocab_size);
   if (saved.gelu != m.gelu)
     fail("--resume: {} was trained with --gelu {}, this run asks for --gelu {}", path, gelu_form_name(saved.gelu),
          gelu_form_name(m.gelu));
   if (saved.dropout != m.dropout)
     fail("--resume: {} was trained with --dropout {}, this run asks for --dropout {}", path, saved.dropout, m.dropout);
   if (saved.bias != m.bias)
-    fail("--resume: {} was trained {}, this run asks for {}", path, saved.bias ? "with biases (--bias)" : "without biases (--no-bias)",
-         m.bias ? "--bias" : "--no-bias");
+    fail("--resume: {} was trained {}, this run asks for {}", path,
+         saved.bias ? "with biases (--bias)" : "without biases (--no-bias)", m.bias ? "--bias" : "--no-bias");
   if (training_metadata(ck, "tapegrad.vocab", path) != utf8_of(data.vocab))
     fail("--resume: {} was trained on a text with another vocabulary of {} symbols; --data gives another text", path,
          saved.vocab_size);
@@ -145,9 +157,10 @@ void refuse_another_training(const Checkpoint& ck, const TrainConfig& cfg, const
            integer ? "an integer" : "a string");
     const std::string saved = integer ? v.dump() : v.get<std::string>();
     if (saved != asked && !cfg.allow_change)
-      fail("--resume: {} was trained with {} {}, this run asks for {} {}; --allow-change lets the seed, the batch "
-           "size and the precision change on resume",
-           path, option, saved, option, asked);
+      fail(
+          "--resume: {} was trained with {} {}, this run asks for {} {}; --allow-change lets the seed, the batch "
+          "size and the precision change on resume",
+          path, option, saved, option, asked);
   };
   compare("seed", "--seed", true, std::to_string(cfg.seed));
   compare("batch_size", "--batch-size", true, std::to_string(cfg.batch_size));
@@ -166,12 +179,15 @@ void refuse_outputs_that_are_inputs(const TrainConfig& cfg, const std::string& d
     const std::string output = dir + "/" + file;
     for (const auto& [option, input] : inputs)
       if (same_regular_file(output, input))
-        fail("the run's {} '{}' is the file {} reads ('{}'): the run would overwrite its own input; give another {}, "
-             "or another --out or --name",
-             file, output, option, input, option);
+        fail(
+            "the run's {} '{}' is the file {} reads ('{}'): the run would overwrite its own input; give another {}, "
+            "or another --out or --name",
+            file, output, option, input, option);
     if (cfg.loop.resume && output != checkpoint && same_regular_file(output, checkpoint))
-      fail("the run's {} '{}' is its checkpoint '{}', which --resume reads: the run would overwrite it; remove the "
-           "link", file, output, checkpoint);
+      fail(
+          "the run's {} '{}' is its checkpoint '{}', which --resume reads: the run would overwrite it; remove the "
+          "link",
+          file, output, checkpoint);
     refuse_replacing_run_files(output, fmt::format("the run's {}", file), dir);
   }
 }
@@ -192,11 +208,15 @@ TextData checkpoint_vocabulary(const Checkpoint& ck, int64_t vocab_size, const s
     fail("checkpoint {}: its vocabulary ('tapegrad.vocab') cannot be read: {}", path, e.what());
   }
   if (vocab.vocab_size() != vocab_size)
-    fail("checkpoint {}: its vocabulary ('tapegrad.vocab') holds {} symbols, but its model's vocab_size is {} (the "
-         "file was edited, or is damaged)", path, vocab.vocab_size(), vocab_size);
+    fail(
+        "checkpoint {}: its vocabulary ('tapegrad.vocab') holds {} symbols, but its model's vocab_size is {} (the "
+        "file was edited, or is damaged)",
+        path, vocab.vocab_size(), vocab_size);
   if (utf8_of(vocab.vocab) != text)
-    fail("checkpoint {}: its vocabulary ('tapegrad.vocab') is not its {} symbols once each, in order (the file was "
-         "edited, or is damaged)", path, vocab_size);
+    fail(
+        "checkpoint {}: its vocabulary ('tapegrad.vocab') is not its {} symbols once each, in order (the file was "
+        "edited, or is damaged)",
+        path, vocab_size);
   return vocab;
 }
 
@@ -208,7 +228,8 @@ GPT model_from_checkpoint(const Checkpoint& ck, const std::string& path) {
     const Tensor* t = ck.find(name);
     if (!t) fail("checkpoint {}: no tensor {} of shape {} for the model its metadata describes", path, name, shape);
     if (t->dtype() != DType::f32 || !(t->shape() == shape))
-      fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, name, t->dtype(), t->shape(), shape);
+      fail("checkpoint {}: tensor {} is {} {}, the model expects float32 {}", path, name, t->dtype(), t->shape(),
+           shape);
   };
   expect("transformer.wte.weight", {cfg.vocab_size, cfg.n_embd});
   expect("transformer.wpe.weight", {cfg.block_size, cfg.n_embd});
@@ -304,15 +325,16 @@ std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> ids, i
 
 // What the memory check before the run found, for the header.
 struct MemoryOutlook {
-  TrainingMemory need;                 // the estimate for the run
-  double resident_at_start;            // the program, its libraries and the text
-  std::optional<double> available;     // what the system has free, when it says
+  TrainingMemory need;              // the estimate for the run
+  double resident_at_start;         // the program, its libraries and the text
+  std::optional<double> available;  // what the system has free, when it says
 };
 
 // The run's header: the model and its parameters, the engine, the memory, the data, where a resumed run continues.
 void print_header(std::FILE* out, const TrainConfig& cfg, const std::string& data_path, const TextData& data,
                   const GPT& model, const MemoryOutlook& memory, const TrainingRun& run) {
-  fmt::print(out, "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, {} gelu, vocab {}, batch {}\n",
+  fmt::print(out,
+             "tapegrad train: {} attention, {} layers, {} heads, {} wide, context {}, {} gelu, vocab {}, batch {}\n",
              cfg.model.attention, cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
              gelu_form_name(cfg.model.gelu), cfg.model.vocab_size, cfg.batch_size);
   for (const auto& [part, n] : model.parameter_summary()) fmt::print(out, "  {:<24} {:>9} parameters\n", part, n);
@@ -355,8 +377,9 @@ class SharpnessLog {
     rows_.push_back({steps, lr, s});
     std::FILE* out = cfg_.loop.out;
     if (!cfg_.loop.quiet)
-      fmt::print(out, "{}sharpness after step {}: λ_max = {:.4g} ({} Hessian-vector products, residual {:.2g}; "
-                      "loss {:.4f} on its batch)\n",
+      fmt::print(out,
+                 "{}sharpness after step {}: λ_max = {:.4g} ({} Hessian-vector products, residual {:.2g}; "
+                 "loss {:.4f} on its batch)\n",
                  run.line_start(), steps, s.largest, s.iterations, s.residual, s.loss);
     const std::string& dir = cfg_.loop.dir;
     if (dir.empty()) return;
@@ -396,7 +419,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
   // step, serves them all.
   Tape tape;
   AnomalyCheck anomaly(tape, cfg.loop.detect_anomaly);  // with --detect-anomaly: the first NaN or ±∞ a node makes
-  Profile* prof = run.profile();  // the training steps only, not the evaluations
+  Profile* prof = run.profile();                        // the training steps only, not the evaluations
   if (prof) tape.add_observer(prof);
   auto eval_losses = [&](int64_t) {
     if (prof) tape.remove_observer(prof);
@@ -437,7 +460,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
     run.step_done(it, lr, loss_value);  // the log's row, the progress line
     if (cfg.sharpness_every > 0 && (it + 1) % cfg.sharpness_every == 0)
       sharpness_log.measure(model, it + 1, lr, run);  // λ_max of the loss's Hessian at the weights after the step
-    if (run.interrupted(it + 1)) break;  // SIGINT or SIGTERM: a checkpoint at it + 1, then out
+    if (run.interrupted(it + 1)) break;               // SIGINT or SIGTERM: a checkpoint at it + 1, then out
   }
   if (prof) tape.remove_observer(prof);
   run.finish(lr_at(cfg.loop.max_steps), eval_losses, add_metadata);
@@ -445,9 +468,7 @@ void train_steps(const TrainConfig& cfg, const TextData& data, GPT& model, AdamW
 
 }  // namespace
 
-std::string default_data_path() {
-  return shared_file("data/tinyshakespeare.txt");
-}
+std::string default_data_path() { return shared_file("data/tinyshakespeare.txt"); }
 
 void TrainConfig::validate() const {
   model.validate();
@@ -479,8 +500,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   cfg.model.vocab_size = data.vocab_size();
   if (cfg.lr_decay_iters == 0) cfg.lr_decay_iters = cfg.loop.max_steps;
   cfg.loop.dir = cfg.run_dir();
-  cfg.loop.title = fmt::format("{} attention on {}", cfg.model.attention,
-                               std::filesystem::path(data_path).filename().string());
+  cfg.loop.title =
+      fmt::format("{} attention on {}", cfg.model.attention, std::filesystem::path(data_path).filename().string());
   cfg.loop.tokens_per_step = cfg.batch_size * cfg.model.block_size;
   cfg.loop.out = out;
   cfg.validate();
@@ -492,21 +513,25 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
                              resident_bytes(), memory_available()};
   const TrainingMemory& need = memory.need;
   if (memory.available && need.total() > *memory.available)
-    fail("the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
-         "moments, {} for one step's tape at batch {} and context {}, {} for {} evaluation batches per split{}), "
-         "more than the {} available; make the model, the batch or --eval-iters smaller{}",
-         bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
-         bytes_text(need.tape_bytes), B, T, bytes_text(need.eval_bytes), cfg.eval_iters,
-         need.hvp_bytes > 0 ? ", " + bytes_text(need.hvp_bytes) + " for --sharpness-every's Hessian-vector products"
-                            : "",
-         bytes_text(*memory.available), need.hvp_bytes > 0 ? ", or leave out --sharpness-every" : "");
+    fail(
+        "the run needs about {} of memory ({:.4g} parameters: {} for them and their gradients, {} for AdamW's "
+        "moments, {} for one step's tape at batch {} and context {}, {} for {} evaluation batches per split{}), "
+        "more than the {} available; make the model, the batch or --eval-iters smaller{}",
+        bytes_text(need.total()), need.parameters, bytes_text(need.parameter_bytes), bytes_text(need.optimizer_bytes),
+        bytes_text(need.tape_bytes), B, T, bytes_text(need.eval_bytes), cfg.eval_iters,
+        need.hvp_bytes > 0 ? ", " + bytes_text(need.hvp_bytes) + " for --sharpness-every's Hessian-vector products"
+                           : "",
+        bytes_text(*memory.available), need.hvp_bytes > 0 ? ", or leave out --sharpness-every" : "");
   if (static_cast<int64_t>(data.val.size()) <= T || static_cast<int64_t>(data.train.size()) <= T)
-    fail("the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
-         "of {} tokens", data.train.size(), data.val.size(), T);
+    fail(
+        "the data's train split ({} tokens) and validation split ({} tokens) must each be longer than one context "
+        "of {} tokens",
+        data.train.size(), data.val.size(), T);
 
   GPT model(cfg.model, cfg.seed);
-  AdamW opt(model.parameters(), {.lr = cfg.learning_rate, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8,
-                                 .weight_decay = cfg.weight_decay});
+  AdamW opt(
+      model.parameters(),
+      {.lr = cfg.learning_rate, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
   Rng batch_rng(cfg.seed * 0x9E3779B97F4A7C15ULL + 1);  // draws the training batches
   TrainResult res;
   res.parameters = model.num_parameters();
@@ -536,8 +561,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   }
   if (cfg.sample_tokens > 0) {
     Rng rng(cfg.seed);
-    res.sample = data.decode(sample_tokens(model, data.encode(data.default_prompt()), cfg.sample_tokens, 0.8, 0, rng,
-                                           cfg.loop.interrupt));
+    res.sample = data.decode(
+        sample_tokens(model, data.encode(data.default_prompt()), cfg.sample_tokens, 0.8, 0, rng, cfg.loop.interrupt));
     if (stop_requested(cfg.loop.interrupt)) {  // the run is complete and written; the sample is cut short
       res.interrupted_by = static_cast<int>(*cfg.loop.interrupt);
       res.sample.clear();
@@ -545,7 +570,8 @@ TrainResult train(const TrainConfig& cfg_in, std::FILE* out) {
   }
   if (!cfg.loop.quiet) {
     const EvalPoint& final_eval = res.evals.back();
-    fmt::print(out, "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall, peak RSS {}\n",
+    fmt::print(out,
+               "done: {} steps, train loss {:.4f}, val loss {:.4f}, {:.1f} ms/step (median), {} wall, peak RSS {}\n",
                cfg.loop.max_steps, final_eval.train_loss, final_eval.val_loss, res.ms_per_step,
                format_duration(res.wall_seconds), bytes_text(peak_resident_bytes()));
     fmt::print(out, "wrote {0}/checkpoint.safetensors, {0}/losses.csv, {0}/losses.svg\n", res.run_dir);

@@ -29,7 +29,7 @@ struct TrainConfig {
   double min_lr = 1e-4;
   double beta1 = 0.9, beta2 = 0.99;
   double weight_decay = 0.1;
-  int64_t eval_iters = 50;  // fixed batches per split (38,400 tokens each at the defaults)
+  int64_t eval_iters = 50;      // fixed batches per split (38,400 tokens each at the defaults)
   int64_t sample_tokens = 300;  // at most kMaxSampleTokens; a signal stops the sampling at once
   uint64_t seed = 1337;
   std::string out_dir = "runs";
@@ -73,7 +73,7 @@ TrainResult train(const TrainConfig& cfg, std::FILE* out);
 inline constexpr int64_t kMaxSampleTokens = 1'000'000;
 
 struct SampleConfig {
-  std::string prompt;  // empty: a newline, or the vocabulary's first symbol when the text had no newline
+  std::string prompt;    // empty: a newline, or the vocabulary's first symbol when the text had no newline
   int64_t tokens = 300;  // at most kMaxSampleTokens
   double temperature = 0.8;
   int64_t top_k = 0;  // 0: all

@@ -92,37 +92,91 @@ void for_each_broadcast(const Broadcast& bc, F&& f) {
 
 struct Add {
   static constexpr const char* name = "add";
-  template <class T> static T f(T a, T b) { return a + b; }
-  template <class T> static T da(T, T) { return 1; }
-  template <class T> static T db(T, T) { return 1; }
+  template <class T>
+  static T f(T a, T b) {
+    return a + b;
+  }
+  template <class T>
+  static T da(T, T) {
+    return 1;
+  }
+  template <class T>
+  static T db(T, T) {
+    return 1;
+  }
   static constexpr bool linear = true;
 };
 struct Sub {
   static constexpr const char* name = "sub";
-  template <class T> static T f(T a, T b) { return a - b; }
-  template <class T> static T da(T, T) { return 1; }
-  template <class T> static T db(T, T) { return -1; }
+  template <class T>
+  static T f(T a, T b) {
+    return a - b;
+  }
+  template <class T>
+  static T da(T, T) {
+    return 1;
+  }
+  template <class T>
+  static T db(T, T) {
+    return -1;
+  }
   static constexpr bool linear = true;
 };
 struct Mul {
   static constexpr const char* name = "mul";
-  template <class T> static T f(T a, T b) { return a * b; }
-  template <class T> static T da(T, T b) { return b; }
-  template <class T> static T db(T a, T) { return a; }
+  template <class T>
+  static T f(T a, T b) {
+    return a * b;
+  }
+  template <class T>
+  static T da(T, T b) {
+    return b;
+  }
+  template <class T>
+  static T db(T a, T) {
+    return a;
+  }
   static constexpr bool linear = false;
-  template <class T> static T daa(T, T) { return 0; }
-  template <class T> static T dab(T, T) { return 1; }
-  template <class T> static T dbb(T, T) { return 0; }
+  template <class T>
+  static T daa(T, T) {
+    return 0;
+  }
+  template <class T>
+  static T dab(T, T) {
+    return 1;
+  }
+  template <class T>
+  static T dbb(T, T) {
+    return 0;
+  }
 };
 struct Div {
   static constexpr const char* name = "div";
-  template <class T> static T f(T a, T b) { return a / b; }
-  template <class T> static T da(T, T b) { return 1 / b; }
-  template <class T> static T db(T a, T b) { return -a / (b * b); }
+  template <class T>
+  static T f(T a, T b) {
+    return a / b;
+  }
+  template <class T>
+  static T da(T, T b) {
+    return 1 / b;
+  }
+  template <class T>
+  static T db(T a, T b) {
+    return -a / (b * b);
+  }
   static constexpr bool linear = false;
-  template <class T> static T daa(T, T) { return 0; }
-  template <class T> static T dab(T, T b) { return -1 / (b * b); }
-  template <class T> static T dbb(T a, T b) { return 2 * a / (b * b * b); }
+  template <class T>
+  static T daa(T, T) {
+    return 0;
+  }
+  template <class T>
+  static T dab(T, T b) {
+    return -1 / (b * b);
+  }
+  template <class T>
+  static T dbb(T a, T b) {
+    return 2 * a / (b * b * b);
+  }
 };
 
 // The second-order rule of the header for Op (mul, div).
@@ -228,9 +282,7 @@ Var scale(Var x, double s) { return linear_scale("scale", x, s); }
 
 std::vector<OpSheet> arithmetic_ops() {
   OpSheets r;
-  auto bin = [](Var (*op)(Var, Var)) {
-    return [op](Tape&, std::span<const Var> x) { return op(x[0], x[1]); };
-  };
+  auto bin = [](Var (*op)(Var, Var)) { return [op](Tape&, std::span<const Var> x) { return op(x[0], x[1]); }; };
   struct Binary {
     const char* name;
     Var (*fn)(Var, Var);
@@ -242,13 +294,14 @@ std::vector<OpSheet> arithmetic_ops() {
     const char* second_order_derivation;
   };
   for (const Binary& op :
-       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ", "ẏ = ȧ + ḃ", kNoSecondOrderTerm, "6.1"},
-        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ", "ẏ = ȧ − ḃ", kNoSecondOrderTerm, "6.1"},
+       {Binary{"add", add, Fill::normal, "y = a + b (broadcast)", "ā += Σ_bcast ȳ, b̄ += Σ_bcast ȳ", "ẏ = ȧ + ḃ",
+               kNoSecondOrderTerm, "6.1"},
+        Binary{"sub", sub, Fill::normal, "y = a − b (broadcast)", "ā += Σ_bcast ȳ, b̄ −= Σ_bcast ȳ", "ẏ = ȧ − ḃ",
+               kNoSecondOrderTerm, "6.1"},
         Binary{"mul", mul, Fill::normal, "y = a·b (broadcast)", "ā += Σ_bcast ȳ·b, b̄ += Σ_bcast ȳ·a", "ẏ = ȧ·b + a·ḃ",
                "ā̇ += Σ_bcast ȳ·ḃ, b̄̇ += Σ_bcast ȳ·ȧ", "6.2"},
-        Binary{"div", div, Fill::positive, "y = a/b (broadcast)",
-               "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²", "ẏ = ȧ/b − a·ḃ/b²",
-               "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)", "6.3"}}) {
+        Binary{"div", div, Fill::positive, "y = a/b (broadcast)", "ā += Σ_bcast ȳ/b, b̄ −= Σ_bcast ȳ·a/b²",
+               "ẏ = ȧ/b − a·ḃ/b²", "ā̇ −= Σ_bcast ȳ·ḃ/b², b̄̇ += Σ_bcast ȳ·(2a·ḃ/b³ − ȧ/b²)", "6.3"}}) {
     r.add({.name = op.name,
            .family = "arithmetic",
            .forward = op.forward,

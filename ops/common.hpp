@@ -41,8 +41,8 @@ inline void expect_float(const char* op, const Var& x) {
 inline void expect_same_dtype(const char* op, const Var& a, const Var& b) {
   (void)tape_of(op, {a, b});
   if (a.dtype() != b.dtype())
-    fail("{}: dtypes differ: {} {} and {} {} (mixing dtypes is an error, not a conversion)", op, a.dtype(),
-         a.shape(), b.dtype(), b.shape());
+    fail("{}: dtypes differ: {} {} and {} {} (mixing dtypes is an error, not a conversion)", op, a.dtype(), a.shape(),
+         b.dtype(), b.shape());
 }
 
 // The elements of an optional tensor: nullptr when it is undefined (an absent bias, an input whose gradient or
@@ -116,8 +116,7 @@ void add_or_copy_elements(T* out, const T* x, int64_t n, bool add) {
   parallel_for(n, 16384, [=](int64_t begin, int64_t end) {
     if (add)
       for (int64_t i = begin; i < end; ++i) out[i] += x[i];
-    else
-      std::copy(x + begin, x + end, out + begin);
+    else std::copy(x + begin, x + end, out + begin);
   });
 }
 

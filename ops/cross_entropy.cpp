@@ -58,8 +58,8 @@ ScratchNeed forward_need(DType dtype, int64_t rows, int64_t classes) {
 // X (N, V), t (N) → L = (1/N)·Σ_r ((m_r − x_r[t_r]) + log σ_r); writes m (N) and log σ (N). `exps`: forward_need's
 // chunks. float32 takes exp from ops/fast_math.hpp; the max and σ run in eight lanes.
 template <class T>
-T cross_entropy_forward(const T* x, const int32_t* targets, int64_t rows, int64_t classes, T* row_max,
-                        T* row_log_sum, const ScratchChunks& exps) {
+T cross_entropy_forward(const T* x, const int32_t* targets, int64_t rows, int64_t classes, T* row_max, T* row_log_sum,
+                        const ScratchChunks& exps) {
   const double total = sum_over_rows(rows, classes, [&](int64_t r, int64_t chunk) {
     const T* xr = x + r * classes;
     T* e = exps.chunk(chunk).take<T>(classes);
@@ -106,8 +106,8 @@ T cross_entropy_jvp(const T* x, const int32_t* targets, const T* row_max, const 
 
 // Ẋ̄ (N, V) += (ḡ/N)·p_r ⊙ (ẋ_r − ⟨p_r, ẋ_r⟩), the second-order term of the header.
 template <class T>
-void cross_entropy_second_order(const T* x, const T* row_max, const T* row_log_sum, int64_t rows, int64_t classes,
-                                T g, const T* tx, T* out) {
+void cross_entropy_second_order(const T* x, const T* row_max, const T* row_log_sum, int64_t rows, int64_t classes, T g,
+                                const T* tx, T* out) {
   const T coef = g / static_cast<T>(rows);
   parallel_for(rows, row_grain(classes), [=](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -127,15 +127,14 @@ Var cross_entropy(Var logits, Var targets) {
   constexpr const char* op = "cross_entropy";
   Tape& tape = tape_of(op, {logits, targets});
   expect_float(op, logits);
-  if (targets.dtype() != DType::i32)
-    fail("{}: targets must be int32, got {} {}", op, targets.dtype(), targets.shape());
+  if (targets.dtype() != DType::i32) fail("{}: targets must be int32, got {} {}", op, targets.dtype(), targets.shape());
   expect_min_rank(op, logits, 1, "logits (..., V)");
   const Shape& ls = logits.shape();
   const int64_t classes = ls.back();
   Shape leading(ls.dims().first(static_cast<size_t>(ls.rank() - 1)));
   if (!(targets.shape() == leading))
-    fail("{}: targets of shape {} do not match logits {}: expected targets of shape {} (the logits' leading axes)",
-         op, targets.shape(), ls, leading);
+    fail("{}: targets of shape {} do not match logits {}: expected targets of shape {} (the logits' leading axes)", op,
+         targets.shape(), ls, leading);
   if (classes == 0) fail("{}: logits {} have no classes (V = 0)", op, ls);
   const int64_t rows = leading.numel();
   if (rows == 0) fail("{}: logits {} have no rows; the mean over zero rows is undefined", op, ls);
@@ -152,16 +151,16 @@ Var cross_entropy(Var logits, Var targets) {
   reserve_scratch(tape, forward_need(xv.dtype(), rows, classes).bytes());
   const ScratchChunks exps = tape.scratch().take(forward_need(xv.dtype(), rows, classes))[0];
   dispatch_float(op, xv.dtype(), [&]<class T>(T) {
-    loss.data<T>()[0] = cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(),
-                                              row_log_sum.data<T>(), exps);
+    loss.data<T>()[0] =
+        cross_entropy_forward(xv.data<T>(), pt, rows, classes, row_max.data<T>(), row_log_sum.data<T>(), exps);
   });
   return tape.record(
       op, {logits, targets}, loss,
       [xv, tv, row_max, row_log_sum, rows, classes](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
-          cross_entropy_vjp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(), row_log_sum.data<T>(), rows,
-                            classes, g.data<T>()[0], gin[0].data<T>());
+          cross_entropy_vjp(xv.data<T>(), tv.data<int32_t>(), row_max.data<T>(), row_log_sum.data<T>(), rows, classes,
+                            g.data<T>()[0], gin[0].data<T>());
         });
       },
       [xv, tv, row_max, row_log_sum, rows, classes](std::span<const Tensor> tin, Tensor& ty) {
@@ -198,16 +197,17 @@ std::vector<OpSheet> cross_entropy_ops() {
          .inputs = 2,
          .call = [](std::span<const Var> x, const OpArgs&) { return cross_entropy(x[0], x[1]); },
          // L = −(1/N)·Σ log_softmax(x) ⊙ E, the pick of x_r[t_r] a product with the one-hot rows E of the targets.
-         .unfused = [](Tape& tape, std::span<const Var> x) {
-           const Tensor& t = x[1].value();
-           const int64_t classes = x[0].shape()[x[0].shape().rank() - 1];
-           Tensor onehot = Tensor::zeros(x[0].dtype(), x[0].shape());
-           dispatch_float("cross_entropy", onehot.dtype(), [&]<class T>(T) {
-             for (int64_t row = 0; row < t.numel(); ++row)
-               onehot.data<T>()[row * classes + t.data<int32_t>()[row]] = T(1);
-           });
-           return scale(sum(mul(log_softmax(x[0]), tape.constant(onehot))), -1.0 / static_cast<double>(t.numel()));
-         }});
+         .unfused =
+             [](Tape& tape, std::span<const Var> x) {
+               const Tensor& t = x[1].value();
+               const int64_t classes = x[0].shape()[x[0].shape().rank() - 1];
+               Tensor onehot = Tensor::zeros(x[0].dtype(), x[0].shape());
+               dispatch_float("cross_entropy", onehot.dtype(), [&]<class T>(T) {
+                 for (int64_t row = 0; row < t.numel(); ++row)
+                   onehot.data<T>()[row * classes + t.data<int32_t>()[row]] = T(1);
+               });
+               return scale(sum(mul(log_softmax(x[0]), tape.constant(onehot))), -1.0 / static_cast<double>(t.numel()));
+             }});
   return r.ops;
 }
 

@@ -63,13 +63,12 @@ void embedding_jvp(const int32_t* ids, int64_t n, const T* ttable, int64_t chann
 Var embedding(Var ids, Var table) {
   constexpr const char* op = "embedding";
   Tape& tape = tape_of(op, {ids, table});
-  if (ids.dtype() != DType::i32)
-    fail("{}: ids must be int32, got {} {}", op, ids.dtype(), ids.shape());
+  if (ids.dtype() != DType::i32) fail("{}: ids must be int32, got {} {}", op, ids.dtype(), ids.shape());
   expect_float(op, table);
   if (table.rank() != 2) fail("{}: table must be 2-D (V, C), got shape {}", op, table.shape());
   if (ids.rank() >= Shape::kMaxRank)
-    fail("{}: ids of shape {} have rank {}; the output (..., C) allows ids of rank ≤ {}", op, ids.shape(),
-         ids.rank(), Shape::kMaxRank - 1);
+    fail("{}: ids of shape {} have rank {}; the output (..., C) allows ids of rank ≤ {}", op, ids.shape(), ids.rank(),
+         Shape::kMaxRank - 1);
   const int64_t vocab = table.shape()[0], channels = table.shape()[1];
   const Tensor idv = ids.value(), tv = table.value();
   const int32_t* pid = idv.data<int32_t>();
@@ -82,9 +81,7 @@ Var embedding(Var ids, Var table) {
   Shape out_shape = idv.shape();
   out_shape.push_back(channels);
   Tensor y = tape.empty(tv.dtype(), out_shape);
-  dispatch_float(op, tv.dtype(), [&]<class T>(T) {
-    embedding_forward(pid, n, tv.data<T>(), channels, y.data<T>());
-  });
+  dispatch_float(op, tv.dtype(), [&]<class T>(T) { embedding_forward(pid, n, tv.data<T>(), channels, y.data<T>()); });
   return tape.record(
       op, {ids, table}, y,
       [idv, n, channels, vocab](const Tensor& g, std::span<Tensor> gin) {
@@ -98,7 +95,8 @@ Var embedding(Var ids, Var table) {
         dispatch_float(op, ty.dtype(), [&]<class T>(T) {
           embedding_jvp(idv.data<int32_t>(), n, tin[1].data<T>(), channels, ty.data<T>());
         });
-      }, Tape::linear_in_inputs);
+      },
+      Tape::linear_in_inputs);
 }
 
 std::vector<OpSheet> embedding_ops() {

@@ -46,8 +46,8 @@ TAPEGRAD_PACK_INLINE V exp_reduced(V z) {
   const V nf = shifted - kRound;
   const V r = (z - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
   const V exp_r =
-      1.0f + r * (1.0f + r * (0.49999991059f + r * (0.16666419804f +
-                                                   r * (0.04166822508f + r * (0.00837481674f + r * 0.00138369261f)))));
+      1.0f + r * (1.0f + r * (0.49999991059f +
+                              r * (0.16666419804f + r * (0.04166822508f + r * (0.00837481674f + r * 0.00138369261f)))));
   return exp_r * bits_float((n + 127) << 23);  // 2ⁿ, n ∈ [−126, 127]
 }
 
@@ -76,8 +76,8 @@ inline float fast_tanh(float u) {
   const float a = std::fabs(u);
   const float w = a * a;
   const float near_zero =
-      a * (1.0f + w * (-0.33333259821f + w * (0.13331127167f + w * (-0.05372107029f +
-                                                                   w * (0.02059099264f + w * -0.00565999281f)))));
+      a * (1.0f + w * (-0.33333259821f +
+                       w * (0.13331127167f + w * (-0.05372107029f + w * (0.02059099264f + w * -0.00565999281f)))));
   const float e = fast_math_detail::exp_reduced(-2.0f * (a < 9.0f ? a : 9.0f));
   const float away_from_zero = (1.0f - e) / (1.0f + e);
   return std::copysign(a >= 0.625f ? away_from_zero : near_zero, u);  // NaN takes the first branch

@@ -70,24 +70,24 @@ struct FloatPack {
 };
 
 // Element-wise arithmetic, pack with pack or with a float on either side.
-#define TAPEGRAD_PACK_OPERATOR(op)                                                                   \
-  template <int W>                                                                                   \
-  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(const FloatPack<W>& a, const FloatPack<W>& b) {      \
-    FloatPack<W> r;                                                                                  \
-    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b.v[k];                                \
-    return r;                                                                                        \
-  }                                                                                                  \
-  template <int W>                                                                                   \
-  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(const FloatPack<W>& a, float b) {                    \
-    FloatPack<W> r;                                                                                  \
-    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b;                                     \
-    return r;                                                                                        \
-  }                                                                                                  \
-  template <int W>                                                                                   \
-  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(float a, const FloatPack<W>& b) {                    \
-    FloatPack<W> r;                                                                                  \
-    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a op b.v[k];                                     \
-    return r;                                                                                        \
+#define TAPEGRAD_PACK_OPERATOR(op)                                                              \
+  template <int W>                                                                              \
+  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(const FloatPack<W>& a, const FloatPack<W>& b) { \
+    FloatPack<W> r;                                                                             \
+    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b.v[k];                           \
+    return r;                                                                                   \
+  }                                                                                             \
+  template <int W>                                                                              \
+  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(const FloatPack<W>& a, float b) {               \
+    FloatPack<W> r;                                                                             \
+    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b;                                \
+    return r;                                                                                   \
+  }                                                                                             \
+  template <int W>                                                                              \
+  TAPEGRAD_PACK_INLINE FloatPack<W> operator op(float a, const FloatPack<W>& b) {               \
+    FloatPack<W> r;                                                                             \
+    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a op b.v[k];                                \
+    return r;                                                                                   \
   }
 TAPEGRAD_PACK_OPERATOR(+)
 TAPEGRAD_PACK_OPERATOR(-)
@@ -126,12 +126,12 @@ TAPEGRAD_PACK_INLINE FloatPack<W> bits_float(const IntPack<W>& a) {
 }
 
 // Integer lanes (the bits of a FloatPack): +, − and & by a constant, << by a count.
-#define TAPEGRAD_INT_PACK_OPERATOR(op, Rhs)                                            \
-  template <int W>                                                                     \
-  TAPEGRAD_PACK_INLINE IntPack<W> operator op(const IntPack<W>& a, Rhs b) {            \
-    IntPack<W> r;                                                                      \
-    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b;                       \
-    return r;                                                                          \
+#define TAPEGRAD_INT_PACK_OPERATOR(op, Rhs)                                 \
+  template <int W>                                                          \
+  TAPEGRAD_PACK_INLINE IntPack<W> operator op(const IntPack<W>& a, Rhs b) { \
+    IntPack<W> r;                                                           \
+    for (int k = 0; k < kPackVectors; ++k) r.v[k] = a.v[k] op b;            \
+    return r;                                                               \
   }
 TAPEGRAD_INT_PACK_OPERATOR(+, int32_t)
 TAPEGRAD_INT_PACK_OPERATOR(-, int32_t)

@@ -41,8 +41,8 @@ Var gelu_node(const char* op, GeluForm form, Var x) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), x.shape());
-  Tensor s = tape.empty(x.dtype(), x.shape(),
-                        form == GeluForm::exact ? "Φ(x) of gelu_erf" : "1 − |tanh| of gelu's argument");
+  Tensor s =
+      tape.empty(x.dtype(), x.shape(), form == GeluForm::exact ? "Φ(x) of gelu_erf" : "1 − |tanh| of gelu's argument");
   const int64_t n = y.numel();
   dispatch_float(op, x.dtype(), [&]<class T>(T) { gelu_forward(form, y.data<T>(), s.data<T>(), xv.data<T>(), n); });
   auto apply_derivative = [op, form, xv, s, n](Tensor& out, const Tensor& in) {
@@ -72,21 +72,33 @@ std::vector<OpSheet> gelu_ops() {
     return std::vector<GradcheckCase>{
         {"matrix", {{"x", {4, 5}}}, [fn](Tape&, std::span<const Var> x) { return fn(x[0]); }}};
   };
-  auto by_name = [](Var (*fn)(Var)) { return OpCall([fn](std::span<const Var> x, const OpArgs&) { return fn(x[0]); }); };
+  auto by_name = [](Var (*fn)(Var)) {
+    return OpCall([fn](std::span<const Var> x, const OpArgs&) { return fn(x[0]); });
+  };
   const char* f = "gelu";
   const char* d = "6.3";
   return {
-      {.name = "gelu", .family = f, .forward = "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
+      {.name = "gelu",
+       .family = f,
+       .forward = "y = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))",
        .vjp = "x̄ += gelu′(x)·ȳ with gelu′ of the tanh form",
        .jvp = "ẏ = gelu′(x)·ẋ",
        .second_order = "ẋ̄ += gelu″(x)·ẋ·ȳ, gelu″ = (1 − t²)(u′ − x·t·u′² + ½x·u″), t = tanh u, "
                        "u = √(2/π)(x + 0.044715x³)",
-       .second_order_derivation = d, .cases = matrix(gelu), .inputs = 1, .call = by_name(gelu)},
-      {.name = "gelu_erf", .family = f, .forward = "y = x·Φ(x) = ½x(1 + erf(x/√2))",
+       .second_order_derivation = d,
+       .cases = matrix(gelu),
+       .inputs = 1,
+       .call = by_name(gelu)},
+      {.name = "gelu_erf",
+       .family = f,
+       .forward = "y = x·Φ(x) = ½x(1 + erf(x/√2))",
        .vjp = "x̄ += (Φ(x) + x·φ(x))·ȳ",
        .jvp = "ẏ = (Φ(x) + x·φ(x))·ẋ",
-       .second_order = "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ", .second_order_derivation = d, .cases = matrix(gelu_erf),
-       .inputs = 1, .call = by_name(gelu_erf)},
+       .second_order = "ẋ̄ += (2 − x²)·φ(x)·ẋ·ȳ",
+       .second_order_derivation = d,
+       .cases = matrix(gelu_erf),
+       .inputs = 1,
+       .call = by_name(gelu_erf)},
   };
 }
 

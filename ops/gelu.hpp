@@ -89,9 +89,9 @@ bool gelu_runs_avx512();
 namespace gelu_detail {
 constexpr double kC = 0.7978845608028654;  // √(2/π)
 constexpr double kA = 0.044715;
-constexpr double kSqrtHalf = 0.7071067811865476;      // 1/√2
-constexpr double kInvSqrt2Pi = 0.3989422804014327;    // 1/√(2π)
-constexpr int64_t kGrain = 16384;  // elements per range: a few microseconds of work
+constexpr double kSqrtHalf = 0.7071067811865476;    // 1/√2
+constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1/√(2π)
+constexpr int64_t kGrain = 16384;                   // elements per range: a few microseconds of work
 
 // Φ(−a) = ½ erfc(z), z = a/√2, for a ≥ 0 (float32, the fit of the header). The fit's exp(−z² + P) is taken as
 // exp(−a_h²/2)·exp(−(a − a_h)(a + a_h)/2 + P), a_h = a with its 12 low mantissa bits cleared: a_h² is exact in
@@ -137,11 +137,17 @@ TAPEGRAD_PACK_INLINE T normal_pdf(T x) {
 
 // The tanh form's 1 + t, t and 1 − t² from x and the saved c = 1 − |t|.
 template <class T>
-inline T one_plus_tanh(T x, T c) { return x >= 0 ? 2 - c : c; }
+inline T one_plus_tanh(T x, T c) {
+  return x >= 0 ? 2 - c : c;
+}
 template <class T>
-inline T tanh_of(T x, T c) { return std::copysign(1 - c, x); }
+inline T tanh_of(T x, T c) {
+  return std::copysign(1 - c, x);
+}
 template <class T>
-inline T one_minus_tanh_squared(T c) { return c * (2 - c); }
+inline T one_minus_tanh_squared(T c) {
+  return c * (2 - c);
+}
 
 // f′(x) from x and the saved s (c = 1 − |tanh u|, or Φ(x)).
 template <GeluForm F, class T>
@@ -186,7 +192,7 @@ inline void with_form(GeluForm form, Body&& body) {
 // the exact form, whose erfc and exp are long chains of dependent operations. (The tanh form's branch on |u| does
 // not go into packs; W = 0: one element at a time.)
 template <GeluForm F, class T, int W>
-inline constexpr bool in_packs = F == GeluForm::exact && std::is_same_v<T, float> && W > 0;
+inline constexpr bool in_packs = F == GeluForm::exact&& std::is_same_v<T, float>&& W > 0;
 
 // body.template operator()<V>(i) over [begin, end): at i, a FloatPack's worth of elements from there (V =
 // FloatPack<W>) where the loop goes in packs, then one element at a time (V = T). Each loop below writes its
@@ -335,13 +341,13 @@ void gelu_forward_biased(GeluForm form, T* y, T* s, T* x, const T* b, int64_t ro
 }
 
 // The kernels are compiled once, in the library (ops/gelu.cpp), with its flags: every caller runs the same code.
-#define TAPEGRAD_GELU_KERNELS(how, T)                                                                              \
-  how void gelu_forward<T>(GeluForm, T*, T*, const T*, int64_t, GeluSimd);                                         \
-  how void gelu_from_saved<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                                \
-  how void gelu_derivative<T>(GeluForm, T*, const T*, const T*, const T*, int64_t, GeluSimd);                      \
-  how void gelu_derivative_in_place<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                       \
-  how void gelu_value_and_derivative_in_place<T>(GeluForm, T*, T*, const T*, const T*, int64_t, GeluSimd);         \
-  how void gelu_curvature<T>(GeluForm, T*, const T*, const T*, const T*, const T*, int64_t, GeluSimd);             \
+#define TAPEGRAD_GELU_KERNELS(how, T)                                                                      \
+  how void gelu_forward<T>(GeluForm, T*, T*, const T*, int64_t, GeluSimd);                                 \
+  how void gelu_from_saved<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);                        \
+  how void gelu_derivative<T>(GeluForm, T*, const T*, const T*, const T*, int64_t, GeluSimd);              \
+  how void gelu_derivative_in_place<T>(GeluForm, T*, const T*, const T*, int64_t, GeluSimd);               \
+  how void gelu_value_and_derivative_in_place<T>(GeluForm, T*, T*, const T*, const T*, int64_t, GeluSimd); \
+  how void gelu_curvature<T>(GeluForm, T*, const T*, const T*, const T*, const T*, int64_t, GeluSimd);     \
   how void gelu_forward_biased<T>(GeluForm, T*, T*, T*, const T*, int64_t, int64_t, GeluSimd);
 TAPEGRAD_GELU_KERNELS(extern template, float)
 TAPEGRAD_GELU_KERNELS(extern template, double)

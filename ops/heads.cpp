@@ -79,22 +79,17 @@ Var split_heads(Var x, int64_t heads, int64_t offset, int64_t width) {
   const HeadsGeometry g{s[0], s[1], s[2], heads, width / heads, offset};
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), {g.B, g.h, g.T, g.d});
-  dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    gather_heads(g, xv.data<T>(), y.data<T>());
-  });
+  dispatch_float(op, x.dtype(), [&]<class T>(T) { gather_heads(g, xv.data<T>(), y.data<T>()); });
   return tape.record(
       op, {x}, y,
       [g](const Tensor& gy, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, gy.dtype(), [&]<class T>(T) {
-          add_to_rows(g, gy.data<T>(), gin[0].data<T>());
-        });
+        dispatch_float(op, gy.dtype(), [&]<class T>(T) { add_to_rows(g, gy.data<T>(), gin[0].data<T>()); });
       },
       [g](std::span<const Tensor> tin, Tensor& ty) {
-        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
-          add_to_heads(g, tin[0].data<T>(), ty.data<T>());
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float(op, ty.dtype(), [&]<class T>(T) { add_to_heads(g, tin[0].data<T>(), ty.data<T>()); });
+      },
+      Tape::linear_in_inputs);
 }
 
 Var merge_heads(Var y) {
@@ -106,22 +101,17 @@ Var merge_heads(Var y) {
   const HeadsGeometry g{s[0], s[2], s[1] * s[3], s[1], s[3], 0};
   const Tensor yv = y.value();
   Tensor z = tape.empty(y.dtype(), {g.B, g.T, g.W});
-  dispatch_float(op, y.dtype(), [&]<class T>(T) {
-    scatter_heads(g, yv.data<T>(), z.data<T>());
-  });
+  dispatch_float(op, y.dtype(), [&]<class T>(T) { scatter_heads(g, yv.data<T>(), z.data<T>()); });
   return tape.record(
       op, {y}, z,
       [g](const Tensor& gz, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, gz.dtype(), [&]<class T>(T) {
-          add_to_heads(g, gz.data<T>(), gin[0].data<T>());
-        });
+        dispatch_float(op, gz.dtype(), [&]<class T>(T) { add_to_heads(g, gz.data<T>(), gin[0].data<T>()); });
       },
       [g](std::span<const Tensor> tin, Tensor& tz) {
-        dispatch_float(op, tz.dtype(), [&]<class T>(T) {
-          add_to_rows(g, tin[0].data<T>(), tz.data<T>());
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float(op, tz.dtype(), [&]<class T>(T) { add_to_rows(g, tin[0].data<T>(), tz.data<T>()); });
+      },
+      Tape::linear_in_inputs);
 }
 
 std::vector<OpSheet> heads_ops() {
@@ -133,9 +123,11 @@ std::vector<OpSheet> heads_ops() {
          .jvp = "ẏ[b,i,t,e] = ẋ[b,t,offset+i·d+e]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"x (2, 3, 8), 2 heads from column 2", {{"x", {2, 3, 8}}},
+         .cases = {{"x (2, 3, 8), 2 heads from column 2",
+                    {{"x", {2, 3, 8}}},
                     [](Tape&, std::span<const Var> x) { return split_heads(x[0], 2, 2, 4); }},
-                   {"x (1, 4, 6), 3 heads, all columns", {{"x", {1, 4, 6}}},
+                   {"x (1, 4, 6), 3 heads, all columns",
+                    {{"x", {1, 4, 6}}},
                     [](Tape&, std::span<const Var> x) { return split_heads(x[0], 3, 0, 6); }}},
          .inputs = 1,
          .call = [](std::span<const Var> x, const OpArgs& a) {
@@ -148,7 +140,8 @@ std::vector<OpSheet> heads_ops() {
          .jvp = "ż[b,t,i·d+e] = ẏ[b,i,t,e]",
          .second_order = kNoSecondOrderTerm,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"y (2, 3, 4, 2)", {{"y", {2, 3, 4, 2}}},
+         .cases = {{"y (2, 3, 4, 2)",
+                    {{"y", {2, 3, 4, 2}}},
                     [](Tape&, std::span<const Var> x) { return merge_heads(x[0]); }}},
          .inputs = 1,
          .call = [](std::span<const Var> x, const OpArgs&) { return merge_heads(x[0]); }});

@@ -159,8 +159,8 @@ void layer_norm_vjp(T* dx, T* dw, T* db, const T* x, const T* mean, const T* rst
 // ẏ += w ⊙ ρ·(ẋ − mean(ẋ) − x̂·mean(x̂ ⊙ ẋ)) + ẇ ⊙ x̂ + ḃ; a null tangent contributes nothing.
 //                                          ty, x, tx: (rows, C); mean, rstd: (rows); w, tw, tb: (C)
 template <class T>
-void layer_norm_jvp(T* ty, const T* x, const T* mean, const T* rstd, const T* w, const T* tx, const T* tw,
-                    const T* tb, int64_t rows, int64_t C) {
+void layer_norm_jvp(T* ty, const T* x, const T* mean, const T* rstd, const T* w, const T* tx, const T* tw, const T* tb,
+                    int64_t rows, int64_t C) {
   const T inv_c = T(1) / static_cast<T>(C);
   parallel_for(rows, row_grain(C), [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -186,8 +186,7 @@ void layer_norm_jvp(T* ty, const T* x, const T* mean, const T* rstd, const T* w,
 void expect_affine_shape(const char* what, const Var& p, const Var& x) {
   const int64_t C = x.shape().back();
   if (p.rank() != 1 || p.shape()[0] != C)
-    fail("{}: {} must have shape ({}), the size of the last axis of x {}, got {}", kOp, what, C, x.shape(),
-         p.shape());
+    fail("{}: {} must have shape ({}), the size of the last axis of x {}, got {}", kOp, what, C, x.shape(), p.shape());
 }
 
 // Rows [begin, end) of the second-order term; ẇ̄'s sums added into out_w (a range's partial). xh and xh_dot are
@@ -218,8 +217,8 @@ void layer_norm_second_order_rows(T* out_x, T* out_w, const T* x, const T* mean,
     for (int64_t j = 0; j < C; ++j) {
       const T gh = w[j] * gi[j], gh_dot = tw ? tw[j] * gi[j] : T(0);
       if (out_x)
-        out_x[i * C + j] += rho_dot * (gh - gh_mean - xh[j] * xh_gh) +
-                            rho * (gh_dot - gh_dot_mean - xh_dot[j] * xh_gh - xh[j] * m_dot);
+        out_x[i * C + j] +=
+            rho_dot * (gh - gh_mean - xh[j] * xh_gh) + rho * (gh_dot - gh_dot_mean - xh_dot[j] * xh_gh - xh[j] * m_dot);
       if (out_w) out_w[j] += gi[j] * xh_dot[j];
     }
   }
@@ -270,7 +269,8 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
   Tensor y = tape.empty(x.dtype(), x.shape());
   Tensor mean = tape.empty(x.dtype(), {rows}, "μ per row");
   Tensor rstd = tape.empty(x.dtype(), {rows}, "ρ = 1/√(var + ε) per row");
-  reserve_scratch(tape, affine_partials_need(x.dtype(), rows, C).bytes(), second_order_need(x.dtype(), rows, C).bytes());
+  reserve_scratch(tape, affine_partials_need(x.dtype(), rows, C).bytes(),
+                  second_order_need(x.dtype(), rows, C).bytes());
   dispatch_float(kOp, x.dtype(), [&]<class T>(T) {
     layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), xv.data<T>(), wv.data<T>(), bv.data<T>(),
                        static_cast<T>(eps), rows, C);
@@ -304,7 +304,8 @@ Var layer_norm(Var x, Var weight, Var bias, double eps) {
 // layer norm's worked example (`tapegrad explain layer_norm --trace`, docs/learn.md §4): three rows of four, the
 // forward and the VJP (layer_norm_vjp's formula) written again with primitive ops.
 OpTrace layer_norm_trace() {
-  return {.example = {"3 rows of 4", {{"x", {3, 4}}, {"w", {4}}, {"b", {4}}},
+  return {.example = {"3 rows of 4",
+                      {{"x", {3, 4}}, {"w", {4}}, {"b", {4}}},
                       [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); }},
           .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
             const Var eps = x[0].tape().constant(Tensor::from<double>(Shape{}, {1e-5}));
@@ -316,8 +317,9 @@ OpTrace layer_norm_trace() {
             t.show("y = w ⊙ x̂ + b", add(mul(x[1], xhat), x[2]));
             t.part("VJP (ȳ given)");
             const Var gw = t.show("ĝ = w ⊙ ȳ", mul(x[1], g));
-            const Var xbar = t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row",
-                                    div(sub(sub(gw, mean(gw, -1, true)), mul(xhat, mean(mul(gw, xhat), -1, true))), sigma));
+            const Var xbar =
+                t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row",
+                       div(sub(sub(gw, mean(gw, -1, true)), mul(xhat, mean(mul(gw, xhat), -1, true))), sigma));
             const Var wbar = t.show("w̄ = Σ over the rows of ȳ ⊙ x̂", sum(mul(g, xhat), 0));
             const Var bbar = t.show("b̄ = Σ over the rows of ȳ", sum(g, 0));
             return {xbar, wbar, bbar};
@@ -344,14 +346,16 @@ std::vector<OpSheet> layer_norm_ops() {
          .cases = {{"(4, 8)", {{"x", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, apply},
                    {"(2, 3, 6)", {{"x", {2, 3, 6}}, {"weight", {6}}, {"bias", {6}}}, apply}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return layer_norm(x[0], x[1], x[2], a.number("eps", 1e-5)); },
+         .call = [](std::span<const Var> x,
+                    const OpArgs& a) { return layer_norm(x[0], x[1], x[2], a.number("eps", 1e-5)); },
          // c = x − mean x, ρ = (mean c² + ε)^(−½), y = w⊙(c·ρ) + b per row, with ε = 1e-5.
-         .unfused = [](Tape& tape, std::span<const Var> x) {
-           const Var c = sub(x[0], mean(x[0], -1, true));
-           const Var eps = tape.constant(Tensor::full(x[0].dtype(), {1}, 1e-5));
-           const Var rho = pow(add(mean(square(c), -1, true), eps), -0.5);
-           return add(mul(mul(c, rho), x[1]), x[2]);
-         },
+         .unfused =
+             [](Tape& tape, std::span<const Var> x) {
+               const Var c = sub(x[0], mean(x[0], -1, true));
+               const Var eps = tape.constant(Tensor::full(x[0].dtype(), {1}, 1e-5));
+               const Var rho = pow(add(mean(square(c), -1, true), eps), -0.5);
+               return add(mul(mul(c, rho), x[1]), x[2]);
+             },
          .trace = layer_norm_trace(),
          .derived_in = "ops/layer_norm.cpp"});
   return r.ops;

@@ -26,8 +26,7 @@ Var linear(Var x, Var w, Var b, Var residual) {
   expect_same_dtype(op, x, w);
   expect_min_rank(op, x, 1, "the input");
   if (w.rank() != 2 || w.shape()[1] != x.shape().back())
-    fail("{}: weight must be (out, {}) for an input of shape {}, got {}", op, x.shape().back(), x.shape(),
-         w.shape());
+    fail("{}: weight must be (out, {}) for an input of shape {}, got {}", op, x.shape().back(), x.shape(), w.shape());
   const bool has_bias = b.defined(), has_residual = residual.defined();
   if (has_bias) {
     expect_same_dtype(op, x, b);
@@ -123,34 +122,41 @@ std::vector<OpSheet> linear_ops() {
          .second_order = "ẋ̄ += ȳẆ, Ẇ̄ += ȳᵀẋ (b̄ and r̄ do not move)",
          .second_order_derivation = "6.2",
          // y = xWᵀ: numel(y)·in multiply-adds; backward and forward mode two products of the same size
-         .cost = [](std::span<const Shape> in, const Shape& y) {
-           const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
-           return OpCost{forward, 2 * forward, 2 * forward};
-         },
+         .cost =
+             [](std::span<const Shape> in, const Shape& y) {
+               const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[1][1]);
+               return OpCost{forward, 2 * forward, 2 * forward};
+             },
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"with bias", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
+         .cases = {{"with bias",
+                    {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2]); }},
-                   {"no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}},
+                   {"no bias, rank 3",
+                    {{"x", {2, 3, 4}}, {"W", {6, 4}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1]); }},
-                   {"with bias and residual", {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}, {"r", {5, 3}}},
+                   {"with bias and residual",
+                    {{"x", {5, 4}}, {"W", {3, 4}}, {"b", {3}}, {"r", {5, 3}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], v[2], v[3]); }},
-                   {"residual, no bias, rank 3", {{"x", {2, 3, 4}}, {"W", {6, 4}}, {"r", {2, 3, 6}}},
+                   {"residual, no bias, rank 3",
+                    {{"x", {2, 3, 4}}, {"W", {6, 4}}, {"r", {2, 3, 6}}},
                     [](Tape&, std::span<const Var> v) { return linear(v[0], v[1], Var{}, v[2]); }}},
          // x, W and an optional b; with residual=true, the last value is the residual r.
          .inputs = {2, 4},
-         .call = [](std::span<const Var> x, const OpArgs& a) {
-           const bool residual = a.flag("residual", false);
-           const size_t without = x.size() - (residual ? 1 : 0);  // x, W and b where given
-           if (without < 2 || without > 3)
-             fail("linear: takes x, W and an optional b{}, got {} values", residual ? ", then the residual" : "",
-                  x.size());
-           return linear(x[0], x[1], without > 2 ? x[2] : Var{}, residual ? x.back() : Var{});
-         },
+         .call =
+             [](std::span<const Var> x, const OpArgs& a) {
+               const bool residual = a.flag("residual", false);
+               const size_t without = x.size() - (residual ? 1 : 0);  // x, W and b where given
+               if (without < 2 || without > 3)
+                 fail("linear: takes x, W and an optional b{}, got {} values", residual ? ", then the residual" : "",
+                      x.size());
+               return linear(x[0], x[1], without > 2 ? x[2] : Var{}, residual ? x.back() : Var{});
+             },
          // y = x·Wᵀ (+ b).
-         .unfused = [](Tape&, std::span<const Var> x) {
-           const Var y = matmul(x[0], transpose(x[1]));
-           return x.size() > 2 ? add(y, x[2]) : y;
-         }});
+         .unfused =
+             [](Tape&, std::span<const Var> x) {
+               const Var y = matmul(x[0], transpose(x[1]));
+               return x.size() > 2 ? add(y, x[2]) : y;
+             }});
   return r.ops;
 }
 

@@ -34,8 +34,8 @@ struct MatmulGeometry {
   int64_t m = 0, k = 0, n = 0;
   int batch_rank = 0;
   std::array<int64_t, Shape::kMaxRank> batch{}, a_stride{}, b_stride{};
-  int64_t batches = 1;      // Π of the output batch sizes
-  bool single_b = false;    // b holds one matrix: the fast path
+  int64_t batches = 1;    // Π of the output batch sizes
+  bool single_b = false;  // b holds one matrix: the fast path
   bool empty() const { return m == 0 || n == 0 || k == 0 || batches == 0; }
 };
 
@@ -157,9 +157,8 @@ Var matmul(Var a, Var b) {
   // An empty product (k = 0) is the zero matrix; other empty shapes have no elements to compute.
   Tensor y = g.empty() ? tape.zeros(a.dtype(), out) : tape.empty(a.dtype(), out);
   if (!g.empty())
-    dispatch_float("matmul", a.dtype(), [&]<class T>(T) {
-      matmul_forward(g, av.data<T>(), bv.data<T>(), y.data<T>());
-    });
+    dispatch_float("matmul", a.dtype(),
+                   [&]<class T>(T) { matmul_forward(g, av.data<T>(), bv.data<T>(), y.data<T>()); });
   return tape.record(
       "matmul", {a, b}, y,
       [=](const Tensor& gy, std::span<Tensor> gin) {
@@ -202,10 +201,11 @@ std::vector<OpSheet> matmul_ops() {
          .second_order_derivation = "6.2",
          // y (…, m, n) = a (…, m, k) · b (…, k, n): numel(y)·k multiply-adds; ā and b̄ (or ȧ·b and a·ḃ) the same
          // each
-         .cost = [](std::span<const Shape> in, const Shape& y) {
-           const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
-           return OpCost{forward, 2 * forward, 2 * forward};
-         },
+         .cost =
+             [](std::span<const Shape> in, const Shape& y) {
+               const double forward = 2 * static_cast<double>(y.numel()) * static_cast<double>(in[0][in[0].rank() - 1]);
+               return OpCost{forward, 2 * forward, 2 * forward};
+             },
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"2-D (3, 4) @ (4, 2)", {{"a", {3, 4}}, {"b", {4, 2}}}, product},
                    {"odd sizes m=3, k=5, n=7", {{"a", {3, 5}}, {"b", {5, 7}}}, product},
@@ -216,7 +216,8 @@ std::vector<OpSheet> matmul_ops() {
                     {{"a", {2, 3, 4}}, {"b", {1, 1, 4, 5}}},
                     product},
                    {"a 2-D, b rank 3: (3, 4) @ (2, 4, 5)", {{"a", {3, 4}}, {"b", {2, 4, 5}}}, product},
-                   {"one input on both sides: x @ x, x (4, 4)", {{"x", {4, 4}}},
+                   {"one input on both sides: x @ x, x (4, 4)",
+                    {{"x", {4, 4}}},
                     [](Tape&, std::span<const Var> x) { return matmul(x[0], x[0]); }}},
          .inputs = 2,
          .call = [](std::span<const Var> x, const OpArgs&) { return matmul(x[0], x[1]); }});

@@ -68,8 +68,8 @@ struct MlpBetas {
   double dx = 1, dw1 = 1, dw2 = 1;
 };
 template <class T>
-void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* g, T* dx,
-             T* dw1, T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r, const MlpBetas& beta = {}) {
+void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* g, T* dx, T* dw1,
+             T* db1, T* dw2, T* db2, T* h, T* hbar, const MlpRounded& r, const MlpBetas& beta = {}) {
   if constexpr (std::is_same_v<T, float>)
     if (r.g) round_for_products(r.g, g, d.n, d.c_out, d.c_out);
   // h for W̄₂ is rebuilt from u and s, unless the forward kept it rounded for a bf16 product. h̄ = ȳ·W₂ first, then
@@ -80,7 +80,7 @@ void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
     gemm(d.n, d.h, d.c_out, T(1), with_rounding(as_is(g, d.c_out), r.g), with_rounding(as_is(w2, d.h), r.w2), T(0),
          hbar, d.h);
     if (h_needed) gelu_value_and_derivative_in_place(d.form, h, hbar, u, s, d.n * d.h);  // h and ū
-    else gelu_derivative_in_place(d.form, hbar, u, s, d.n * d.h);                   // ū
+    else gelu_derivative_in_place(d.form, hbar, u, s, d.n * d.h);                        // ū
     if constexpr (std::is_same_v<T, float>)
       if (r.ubar) round_for_products(r.ubar, hbar, d.n, d.h, d.h);
   } else if (h_needed) {
@@ -95,14 +95,14 @@ void mlp_vjp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u,
          T(beta.dw1), dw1, d.c);
   if (db1) sum_rows(db1, hbar, d.n, d.h);
   if (dx)
-    gemm(d.n, d.c, d.h, T(1), with_rounding(as_is(hbar, d.h), r.ubar), with_rounding(as_is(w1, d.c), r.w1),
-         T(beta.dx), dx, d.c);
+    gemm(d.n, d.c, d.h, T(1), with_rounding(as_is(hbar, d.h), r.ubar), with_rounding(as_is(w1, d.c), r.w1), T(beta.dx),
+         dx, d.c);
 }
 
 // The JVP of the header, added into ty; null tangents contribute nothing. h and hdot are (n, H) scratch.
 template <class T>
-void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* tx,
-             const T* tw1, const T* tb1, const T* tw2, const T* tb2, T* ty, T* h, T* hdot) {
+void mlp_jvp(const MlpDims& d, const T* x, const T* w1, const T* w2, const T* u, const T* s, const T* tx, const T* tw1,
+             const T* tb1, const T* tw2, const T* tb2, T* ty, T* h, T* hdot) {
   if (tx || tw1 || tb1) {
     std::fill(hdot, hdot + d.n * d.h, T(0));
     if (tx) gemm(d.n, d.h, d.c, T(1), as_is(tx, d.c), transposed(w1, d.c), T(1), hdot, d.h);
@@ -223,8 +223,8 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
   Tape* tp = &tape;
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     T* h = tape.scratch().take_one(two).take<T>(d.n * d.h);
-    mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v),
-                u.data<T>(), s.data<T>(), h, y.data<T>(), rounded);
+    mlp_forward(d, xv.data<T>(), w1v.data<T>(), data_or_null<T>(b1v), w2v.data<T>(), data_or_null<T>(b2v), u.data<T>(),
+                s.data<T>(), h, y.data<T>(), rounded);
     if (rv.defined()) add_elements(y.data<T>(), rv.data<T>(), d.n * d.c_out);  // y += r, after b₂
   });
   // gin / tin follow `inputs`: x, W₁, W₂, then b₁, b₂ and the residual where given.
@@ -282,51 +282,56 @@ Var mlp(Var x, Var w1, Var b1, Var w2, Var b2, GeluForm form, Var residual) {
 
 std::vector<OpSheet> mlp_ops() {
   OpSheets r;
-  r.add({.name = kOp,
-         .family = "mlp",
-         .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (+ r, a residual; gelu exact, x·Φ(x), or of the tanh form)",
-         .vjp = "u = xW₁ᵀ + b₁, h = gelu(u): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
-                "x̄ += ūW₁ (r̄ += ȳ with a residual)",
-         .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂ (+ ṙ)",
-         .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
-                         "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
-         .second_order_derivation = "6.8",
-         // rows × (C·H + H·out) multiply-adds forward; backward and forward mode twice that (two products for
-         // each: x̄ and W̄, or ẋWᵀ and xẆᵀ)
-         .cost = [](std::span<const Shape> in, const Shape& y) {
-           const double H = static_cast<double>(in[1][0]), C = static_cast<double>(in[1][1]);
-           const double out = static_cast<double>(y[y.rank() - 1]), rows = static_cast<double>(y.numel()) / out;
-           const double forward = 2 * rows * (C * H + H * out);
-           return OpCost{forward, 2 * forward, 2 * forward};
-         },
-         // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"exact gelu, biases, x (5, 4), H = 6, out 3",
-                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }},
-                   {"tanh gelu, biases, x (5, 4), H = 6, out 3",
-                    {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::tanh); }},
-                   {"exact gelu, no biases, x (2, 3, 4), H = 8", {{"x", {2, 3, 4}}, {"w1", {8, 4}}, {"w2", {4, 8}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }},
-                   {"tanh gelu, first bias only, x (3, 5), H = 7",
-                    {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }},
-                   {"exact gelu, no biases, residual, x (3, 4), H = 6",
-                    {{"x", {3, 4}}, {"w1", {6, 4}}, {"w2", {5, 6}}, {"r", {3, 5}}},
-                    [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact, v[3]); }}},
-         // x, W₁, b₁, W₂, b₂, and with residual=true the residual r; form= exact or tanh (the default).
-         .inputs = {5, 6},
-         .call = [](std::span<const Var> x, const OpArgs& a) {
-           const std::string name = a.text("form", "tanh");
-           const std::optional<GeluForm> form = gelu_form_named(name);
-           if (!form) fail("{}: form must be exact or tanh, got '{}'", kOp, name);
-           const bool residual = a.flag("residual", false);
-           if (x.size() != (residual ? 6u : 5u))
-             fail("{}: takes x, W₁, b₁, W₂, b₂{}, got {} values", kOp, residual ? " and the residual" : "", x.size());
-           return mlp(x[0], x[1], x[2], x[3], x[4], *form, residual ? x[5] : Var{});
-         },
-         // u = xW₁ᵀ + b₁, h = gelu(u) (the exact form, as the first case), y = hW₂ᵀ + b₂.
-         .unfused = [](Tape&, std::span<const Var> x) { return linear(gelu_erf(linear(x[0], x[1], x[2])), x[3], x[4]); }});
+  r.add(
+      {.name = kOp,
+       .family = "mlp",
+       .forward = "y = gelu(xW₁ᵀ + b₁)W₂ᵀ + b₂ (+ r, a residual; gelu exact, x·Φ(x), or of the tanh form)",
+       .vjp = "u = xW₁ᵀ + b₁, h = gelu(u): W̄₂ += ȳᵀh, b̄₂ += Σȳ, ū = gelu′(u) ⊙ ȳW₂, W̄₁ += ūᵀx, b̄₁ += Σū, "
+              "x̄ += ūW₁ (r̄ += ȳ with a residual)",
+       .jvp = "ẏ = (gelu′(u) ⊙ (ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁))W₂ᵀ + hẆ₂ᵀ + ḃ₂ (+ ṙ)",
+       .second_order = "u̇ = ẋW₁ᵀ + xẆ₁ᵀ + ḃ₁, ḣ = gelu′(u) ⊙ u̇, h̄ = ȳW₂: Ẇ̄₂ += ȳᵀḣ, "
+                       "ū̇ = gelu″(u) ⊙ u̇ ⊙ h̄ + gelu′(u) ⊙ ȳẆ₂, Ẇ̄₁ += ū̇ᵀx + ūᵀẋ, ḃ̄₁ += Σū̇, ẋ̄ += ū̇W₁ + ūẆ₁",
+       .second_order_derivation = "6.8",
+       // rows × (C·H + H·out) multiply-adds forward; backward and forward mode twice that (two products for
+       // each: x̄ and W̄, or ẋWᵀ and xẆᵀ)
+       .cost =
+           [](std::span<const Shape> in, const Shape& y) {
+             const double H = static_cast<double>(in[1][0]), C = static_cast<double>(in[1][1]);
+             const double out = static_cast<double>(y[y.rank() - 1]), rows = static_cast<double>(y.numel()) / out;
+             const double forward = 2 * rows * (C * H + H * out);
+             return OpCost{forward, 2 * forward, 2 * forward};
+           },
+       // Its gradcheck cases, each checked to first and second order by the suite:
+       .cases = {{"exact gelu, biases, x (5, 4), H = 6, out 3",
+                  {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
+                  [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::exact); }},
+                 {"tanh gelu, biases, x (5, 4), H = 6, out 3",
+                  {{"x", {5, 4}}, {"w1", {6, 4}}, {"b1", {6}}, {"w2", {3, 6}}, {"b2", {3}}},
+                  [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], v[4], GeluForm::tanh); }},
+                 {"exact gelu, no biases, x (2, 3, 4), H = 8",
+                  {{"x", {2, 3, 4}}, {"w1", {8, 4}}, {"w2", {4, 8}}},
+                  [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact); }},
+                 {"tanh gelu, first bias only, x (3, 5), H = 7",
+                  {{"x", {3, 5}}, {"w1", {7, 5}}, {"b1", {7}}, {"w2", {2, 7}}},
+                  [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], v[2], v[3], {}, GeluForm::tanh); }},
+                 {"exact gelu, no biases, residual, x (3, 4), H = 6",
+                  {{"x", {3, 4}}, {"w1", {6, 4}}, {"w2", {5, 6}}, {"r", {3, 5}}},
+                  [](Tape&, std::span<const Var> v) { return mlp(v[0], v[1], {}, v[2], {}, GeluForm::exact, v[3]); }}},
+       // x, W₁, b₁, W₂, b₂, and with residual=true the residual r; form= exact or tanh (the default).
+       .inputs = {5, 6},
+       .call =
+           [](std::span<const Var> x, const OpArgs& a) {
+             const std::string name = a.text("form", "tanh");
+             const std::optional<GeluForm> form = gelu_form_named(name);
+             if (!form) fail("{}: form must be exact or tanh, got '{}'", kOp, name);
+             const bool residual = a.flag("residual", false);
+             if (x.size() != (residual ? 6u : 5u))
+               fail("{}: takes x, W₁, b₁, W₂, b₂{}, got {} values", kOp, residual ? " and the residual" : "", x.size());
+             return mlp(x[0], x[1], x[2], x[3], x[4], *form, residual ? x[5] : Var{});
+           },
+       // u = xW₁ᵀ + b₁, h = gelu(u) (the exact form, as the first case), y = hW₂ᵀ + b₂.
+       .unfused = [](Tape&,
+                     std::span<const Var> x) { return linear(gelu_erf(linear(x[0], x[1], x[2])), x[3], x[4]); }});
   return r.ops;
 }
 

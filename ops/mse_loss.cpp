@@ -53,9 +53,10 @@ Var mse_loss(Var prediction, Var target) {
   expect_same_dtype(op, prediction, target);
   const Shape& ps = prediction.shape();
   if (!(ps == target.shape()))
-    fail("{}: prediction {} and target {} differ in shape: expected a target of shape {}, the prediction's "
-         "(no broadcasting; reshape one of them if the difference is meant)",
-         op, ps, target.shape(), ps);
+    fail(
+        "{}: prediction {} and target {} differ in shape: expected a target of shape {}, the prediction's "
+        "(no broadcasting; reshape one of them if the difference is meant)",
+        op, ps, target.shape(), ps);
   const int64_t n = ps.numel();
   if (n == 0) fail("{}: prediction {} has no elements; the mean over zero elements is undefined", op, ps);
   const Tensor pv = prediction.value(), tv = target.value();
@@ -102,10 +103,11 @@ std::vector<OpSheet> mse_loss_ops() {
          .jvp = "L̇ = (2/n)·Σ d⊙(ṗ − ṫ)",
          .second_order = "ṗ̄ += (2/n)·L̄·(ṗ − ṫ), ṫ̄ −= (2/n)·L̄·(ṗ − ṫ)",
          .second_order_derivation = "6.3",
-         .cost = [](std::span<const Shape> in, const Shape&) {
-           const double n = static_cast<double>(in[0].numel());
-           return OpCost{3 * n, 4 * n, 3 * n};
-         },
+         .cost =
+             [](std::span<const Shape> in, const Shape&) {
+               const double n = static_cast<double>(in[0].numel());
+               return OpCost{3 * n, 4 * n, 3 * n};
+             },
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"matrix", {{"prediction", {4, 3}}, {"target", {4, 3}}}, apply},
                    {"column", {{"prediction", {5, 1}}, {"target", {5, 1}}}, apply},

@@ -31,10 +31,8 @@ namespace tapegrad {
 // f′ at one element: df(x, y) when df takes two arguments, df(x) otherwise.
 template <class T, class DF>
 T pointwise_derivative(const DF& df, T x, T y) {
-  if constexpr (std::is_invocable_v<const DF&, T, T>)
-    return static_cast<T>(df(x, y));
-  else
-    return static_cast<T>(df(x));
+  if constexpr (std::is_invocable_v<const DF&, T, T>) return static_cast<T>(df(x, y));
+  else return static_cast<T>(df(x));
 }
 
 namespace pointwise_detail {

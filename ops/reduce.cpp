@@ -100,23 +100,20 @@ Var reduce(const char* op, Var x, const AxisSplit& sp, bool is_mean) {
   const int64_t outer = sp.outer, n = sp.n, inner = sp.inner;
   const Tensor xv = x.value();
   Tensor y = tape.zeros(x.dtype(), sp.out);
-  dispatch_float(op, x.dtype(), [&]<class T>(T) {
-    reduce_forward(xv.data<T>(), y.data<T>(), outer, n, inner, c);
-  });
+  dispatch_float(op, x.dtype(), [&]<class T>(T) { reduce_forward(xv.data<T>(), y.data<T>(), outer, n, inner, c); });
   return tape.record(
       op, {x}, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float(op, g.dtype(), [&]<class T>(T) {
-          reduce_vjp(g.data<T>(), gin[0].data<T>(), outer, n, inner, c);
-        });
+        dispatch_float(op, g.dtype(),
+                       [&]<class T>(T) { reduce_vjp(g.data<T>(), gin[0].data<T>(), outer, n, inner, c); });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float(op, ty.dtype(), [&]<class T>(T) {
-          reduce_jvp(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c);
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float(op, ty.dtype(),
+                       [&]<class T>(T) { reduce_jvp(tin[0].data<T>(), ty.data<T>(), outer, n, inner, c); });
+      },
+      Tape::linear_in_inputs);
 }
 
 }  // namespace
@@ -148,11 +145,10 @@ std::vector<OpSheet> reduce_ops() {
     const char* vjp;
     const char* jvp;
   };
-  for (const Reduction& f :
-       {Reduction{"sum", sum, sum, "y[o,i] = Σ_j x[o,j,i] (over one axis, or all of x)",
-                  "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x))", "ẏ[o,i] = Σ_j ẋ[o,j,i]"},
-        Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
-                  "x̄[o,j,i] += ȳ[o,i]/n", "ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
+  for (const Reduction& f : {Reduction{"sum", sum, sum, "y[o,i] = Σ_j x[o,j,i] (over one axis, or all of x)",
+                                       "x̄[o,j,i] += ȳ[o,i] (all of x for sum(x))", "ẏ[o,i] = Σ_j ẋ[o,j,i]"},
+                             Reduction{"mean", mean, mean, "y[o,i] = Σ_j x[o,j,i]/n (n = reduced extent)",
+                                       "x̄[o,j,i] += ȳ[o,i]/n", "ẏ[o,i] = Σ_j ẋ[o,j,i]/n (n = reduced extent)"}}) {
     auto whole = [fn = f.all](Tape&, std::span<const Var> x) { return fn(x[0]); };
     auto along = [fn = f.along](int axis, bool keepdim) {
       return [=](Tape&, std::span<const Var> x) { return fn(x[0], axis, keepdim); };

@@ -29,7 +29,9 @@ std::string describe(const OpArgs::Value& v) {
     std::string operator()(bool b) const { return b ? "True" : "False"; }
     std::string operator()(int64_t i) const { return fmt::format("the integer {}", i); }
     std::string operator()(double d) const { return fmt::format("the number {}", d); }
-    std::string operator()(const std::vector<int64_t>& l) const { return fmt::format("the list [{}]", fmt::join(l, ", ")); }
+    std::string operator()(const std::vector<int64_t>& l) const {
+      return fmt::format("the list [{}]", fmt::join(l, ", "));
+    }
     std::string operator()(const std::string& s) const { return fmt::format("the string '{}'", s); }
   };
   return std::visit(Describe{}, v);
@@ -83,9 +85,7 @@ std::vector<int64_t> OpArgs::integers(std::string_view key) const {
 }
 
 std::string OpArgs::text(std::string_view key) const { return need_a<std::string>(key, "a string"); }
-std::string OpArgs::text(std::string_view key, std::string fallback) const {
-  return has(key) ? text(key) : fallback;
-}
+std::string OpArgs::text(std::string_view key, std::string fallback) const { return has(key) ? text(key) : fallback; }
 
 std::string InputCount::str() const {
   if (min == max) return std::to_string(min);
@@ -95,7 +95,6 @@ std::string InputCount::str() const {
 }
 
 // ---- the registry ----
-
 
 Registry::Registry(std::initializer_list<std::vector<OpSheet>> sheets) {
   for (const auto& s : sheets) add(s);
@@ -165,7 +164,7 @@ std::string source_text(const SourcePlace& where) {
     size_t at = 0;
     bool found = false;
     for (std::string_view top : {"/engine/", "/ops/", "/inspect/", "/checker/", "/models/", "/tools/", "/python/",
-                                   "/tests/", "/examples/", "/fuzz/"})
+                                 "/tests/", "/examples/", "/fuzz/"})
       if (const size_t p = file.rfind(top); p != std::string_view::npos && (!found || p > at)) {
         at = p;
         found = true;

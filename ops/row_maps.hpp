@@ -189,8 +189,7 @@ inline void beta_row_second_order(T* out, const T* g, const T* tx, const T* beta
   T beta_dot_g = 0;  // ⟨β̇, ȳ⟩
   for (int64_t j = 0; j < n; ++j) beta_dot_g += (c * tx[j] - (beta_tx / r) * beta[j]) * g[j];
   const T k_dot = beta_dot_g / r - beta_g * r_dot / (r * r);
-  for (int64_t j = 0; j < n; ++j)
-    out[j] += c_dot * g[j] - k_dot * beta[j] - k * (c * tx[j] - (beta_tx / r) * beta[j]);
+  for (int64_t j = 0; j < n; ++j) out[j] += c_dot * g[j] - k_dot * beta[j] - k * (c * tx[j] - (beta_tx / r) * beta[j]);
 }
 
 }  // namespace tapegrad

@@ -55,16 +55,17 @@ Var row_normalize(Var x) {
 // β's worked example (`tapegrad explain row_normalize --trace`, docs/learn.md §5): three rows of two, the forward
 // and the VJP (beta_row_derivative's formula) written again with primitive ops.
 OpTrace row_normalize_trace() {
-  return {.example = {"3 rows of 2", {{"x", {3, 2}}}, [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); }},
-          .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
-            const Var one = x[0].tape().constant(Tensor::from<double>(Shape{}, {1.0}));
-            const Var r = t.show("r = ‖x‖, per row", sqrt(sum(square(x[0]), -1, true)));
-            const Var c = t.show("c = 1/(1 + r)", div(one, add(one, r)));
-            const Var y = t.show("y = β(x) = c·x", mul(c, x[0]));
-            t.part("VJP (ȳ given)");
-            const Var k = t.show("k = ⟨y, ȳ⟩/r, per row", div(sum(mul(y, g), -1, true), r));
-            return {t.show("x̄ = c·ȳ − k·y", sub(mul(c, g), mul(k, y)))};
-          }};
+  return {
+      .example = {"3 rows of 2", {{"x", {3, 2}}}, [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); }},
+      .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
+        const Var one = x[0].tape().constant(Tensor::from<double>(Shape{}, {1.0}));
+        const Var r = t.show("r = ‖x‖, per row", sqrt(sum(square(x[0]), -1, true)));
+        const Var c = t.show("c = 1/(1 + r)", div(one, add(one, r)));
+        const Var y = t.show("y = β(x) = c·x", mul(c, x[0]));
+        t.part("VJP (ȳ given)");
+        const Var k = t.show("k = ⟨y, ȳ⟩/r, per row", div(sum(mul(y, g), -1, true), r));
+        return {t.show("x̄ = c·ȳ − k·y", sub(mul(c, g), mul(k, y)))};
+      }};
 }
 
 std::vector<OpSheet> row_normalize_ops() {
@@ -84,10 +85,11 @@ std::vector<OpSheet> row_normalize_ops() {
                          {"second order", "ops/row_maps.hpp", "beta_row_second_order"}},
          // Per element, one flop per operation: forward square, sum, scale; VJP and JVP a dot product (2) and
          // c·u − k·x (3); √ and the divisions once per row.
-         .cost = [](std::span<const Shape> in, const Shape&) {
-           const double n = static_cast<double>(in[0].numel());
-           return OpCost{3 * n, 5 * n, 5 * n};
-         },
+         .cost =
+             [](std::span<const Shape> in, const Shape&) {
+               const double n = static_cast<double>(in[0].numel());
+               return OpCost{3 * n, 5 * n, 5 * n};
+             },
          // Its gradcheck cases, each checked to first and second order by the suite:
          .cases = {{"rows", {{"x", {4, 6}}}, apply},
                    {"x = 0", {{"x", {3, 5}, Fill::zeros}}, apply},

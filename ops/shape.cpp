@@ -244,16 +244,13 @@ Var reshape(Var x, Shape shape) {
       "reshape", {x}, x.value().view(shape),
       [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("reshape", g.dtype(), [&]<class T>(T) {
-          reshape_vjp(g.data<T>(), gin[0].data<T>(), n);
-        });
+        dispatch_float("reshape", g.dtype(), [&]<class T>(T) { reshape_vjp(g.data<T>(), gin[0].data<T>(), n); });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("reshape", ty.dtype(), [&]<class T>(T) {
-          reshape_jvp(tin[0].data<T>(), ty.data<T>(), n);
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float("reshape", ty.dtype(), [&]<class T>(T) { reshape_jvp(tin[0].data<T>(), ty.data<T>(), n); });
+      },
+      Tape::linear_in_inputs);
 }
 
 Var permute(Var x, std::span<const int> perm) {
@@ -269,8 +266,7 @@ Var permute(Var x, std::span<const int> perm) {
     if (valid) seen |= 1u << a;
     p[d] = a;
   }
-  if (!valid)
-    fail("permute: ({}) is not a permutation of the {} axes of x of shape {}", fmt::join(perm, ", "), r, xs);
+  if (!valid) fail("permute: ({}) is not a permutation of the {} axes of x of shape {}", fmt::join(perm, ", "), r, xs);
   const std::span<const int> axes(p.data(), static_cast<size_t>(r));
   Shape out;
   for (int a : axes) out.push_back(xs[a]);
@@ -278,23 +274,18 @@ Var permute(Var x, std::span<const int> perm) {
   Tape& tape = x.tape();
   const Tensor xv = x.value();
   Tensor y = tape.empty(x.dtype(), out);
-  dispatch_any("permute", x.dtype(), [&]<class T>(T) {
-    permute_forward(w, xv.data<T>(), y.data<T>());
-  });
+  dispatch_any("permute", x.dtype(), [&]<class T>(T) { permute_forward(w, xv.data<T>(), y.data<T>()); });
   return tape.record(
       "permute", {x}, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("permute", g.dtype(), [&]<class T>(T) {
-          permute_vjp(w, g.data<T>(), gin[0].data<T>());
-        });
+        dispatch_float("permute", g.dtype(), [&]<class T>(T) { permute_vjp(w, g.data<T>(), gin[0].data<T>()); });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("permute", ty.dtype(), [&]<class T>(T) {
-          permute_jvp(w, tin[0].data<T>(), ty.data<T>());
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float("permute", ty.dtype(), [&]<class T>(T) { permute_jvp(w, tin[0].data<T>(), ty.data<T>()); });
+      },
+      Tape::linear_in_inputs);
 }
 
 // transpose(x, a, b) = permute(x, p) with p the identity but for p[a] = b, p[b] = a; it records "permute".
@@ -330,16 +321,13 @@ Var slice(Var x, int axis, int64_t start, int64_t stop) {
       "slice", {x}, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
         if (!gin[0].defined()) return;
-        dispatch_float("slice", g.dtype(), [&]<class T>(T) {
-          slice_vjp(s, g.data<T>(), gin[0].data<T>());
-        });
+        dispatch_float("slice", g.dtype(), [&]<class T>(T) { slice_vjp(s, g.data<T>(), gin[0].data<T>()); });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
         if (!tin[0].defined()) return;
-        dispatch_float("slice", ty.dtype(), [&]<class T>(T) {
-          slice_jvp(s, tin[0].data<T>(), ty.data<T>());
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float("slice", ty.dtype(), [&]<class T>(T) { slice_jvp(s, tin[0].data<T>(), ty.data<T>()); });
+      },
+      Tape::linear_in_inputs);
 }
 
 Var concat(std::span<const Var> xs, int axis) {
@@ -355,13 +343,15 @@ Var concat(std::span<const Var> xs, int axis) {
     const Var& x = xs[k];
     if (&x.tape() != &tape) fail("concat: input {} comes from another tape than input 0", k);
     if (x.dtype() != first.dtype())
-      fail("concat: dtypes differ: input 0 is {} {}, input {} is {} {} (mixing dtypes is an error, not a "
-           "conversion)", first.dtype(), s0, k, x.dtype(), x.shape());
+      fail(
+          "concat: dtypes differ: input 0 is {} {}, input {} is {} {} (mixing dtypes is an error, not a "
+          "conversion)",
+          first.dtype(), s0, k, x.dtype(), x.shape());
     bool same = x.rank() == s0.rank();
     for (int d = 0; same && d < s0.rank(); ++d) same = d == a || x.shape()[d] == s0[d];
     if (!same)
-      fail("concat: input {} has shape {}, which does not match input 0 of shape {} outside axis {}", k, x.shape(),
-           s0, axis);
+      fail("concat: input {} has shape {}, which does not match input 0 of shape {} outside axis {}", k, x.shape(), s0,
+           axis);
     total += x.shape()[a];
   }
   out[a] = total;
@@ -378,15 +368,12 @@ Var concat(std::span<const Var> xs, int axis) {
   return tape.record(
       "concat", xs, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
-        dispatch_float("concat", g.dtype(), [&]<class T>(T) {
-          concat_vjp(c, g.data<T>(), gin);
-        });
+        dispatch_float("concat", g.dtype(), [&]<class T>(T) { concat_vjp(c, g.data<T>(), gin); });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {
-        dispatch_float("concat", ty.dtype(), [&]<class T>(T) {
-          concat_jvp(c, tin, ty.data<T>());
-        });
-      }, Tape::linear_in_inputs);
+        dispatch_float("concat", ty.dtype(), [&]<class T>(T) { concat_jvp(c, tin, ty.data<T>()); });
+      },
+      Tape::linear_in_inputs);
 }
 
 std::vector<OpSheet> shape_ops() {
@@ -408,9 +395,7 @@ std::vector<OpSheet> shape_ops() {
            return reshape(x[0], Shape(std::span<const int64_t>(dims)));
          }});
 
-  auto permuted = [](std::vector<int> p) {
-    return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); };
-  };
+  auto permuted = [](std::vector<int> p) { return [p](Tape&, std::span<const Var> x) { return permute(x[0], p); }; };
   r.add({.name = "permute",
          .family = "shape",
          .forward = "y[o] = x[off(o)]: the axes of x in the order p",
@@ -421,9 +406,11 @@ std::vector<OpSheet> shape_ops() {
          .cases = {{"(B, T, h, d) → (B, h, T, d)", {{"x", {2, 3, 2, 4}}}, permuted({0, 2, 1, 3})},
                    {"(B, h, T, d) → (B, h, d, T)", {{"x", {2, 2, 3, 4}}}, permuted({0, 1, 3, 2})},
                    {"cyclic (2, 3, 4) → (4, 2, 3)", {{"x", {2, 3, 4}}}, permuted({2, 0, 1})},
-                   {"transpose (3, 5) → (5, 3)", {{"x", {3, 5}}},
+                   {"transpose (3, 5) → (5, 3)",
+                    {{"x", {3, 5}}},
                     [](Tape&, std::span<const Var> x) { return transpose(x[0]); }},
-                   {"heads: reshape (B, T, C) to (B, T, h, d), permute to (B, h, T, d)", {{"x", {2, 3, 8}}},
+                   {"heads: reshape (B, T, C) to (B, T, h, d), permute to (B, h, T, d)",
+                    {{"x", {2, 3, 8}}},
                     [](Tape&, std::span<const Var> x) {
                       const std::array<int, 4> p{0, 2, 1, 3};
                       return permute(reshape(x[0], {2, 3, 2, 4}), p);
@@ -450,28 +437,30 @@ std::vector<OpSheet> shape_ops() {
                    {"middle axis: (2, 5, 3)[:, 1:4]", {{"x", {2, 5, 3}}}, sliced(1, 1, 4)},
                    {"axis 0: (4, 3)[2:3]", {{"x", {4, 3}}}, sliced(0, 2, 3)}},
          .inputs = 1,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return slice(x[0], a.axis("axis"), a.integer("start"), a.integer("stop")); }});
+         .call = [](std::span<const Var> x, const OpArgs& a) {
+           return slice(x[0], a.axis("axis"), a.integer("start"), a.integer("stop"));
+         }});
 
   auto joined = [](int axis) { return [=](Tape&, std::span<const Var> x) { return concat(x, axis); }; };
-  r.add({.name = "concat",
-         .family = "shape",
-         .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
-         .vjp = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]",
-         .jvp = "ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
-         .second_order = kNoSecondOrderTerm,
-         // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)},
-                   {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}},
-                    joined(1)},
-                   {"2 inputs along axis 0", {{"a", {2, 3}}, {"b", {1, 3}}}, joined(0)},
-                   {"heads cut along the last axis and joined back", {{"x", {2, 3, 6}}},
-                    [](Tape&, std::span<const Var> x) {
-                      const std::array<Var, 3> heads{slice(x[0], -1, 0, 2), slice(x[0], -1, 2, 4),
-                                                     slice(x[0], -1, 4, 6)};
-                      return concat(heads, -1);
-                    }}},
-         .inputs = {1, InputCount::any},
-         .call = [](std::span<const Var> x, const OpArgs& a) { return concat(x, a.axis("axis", 0)); }});
+  r.add(
+      {.name = "concat",
+       .family = "shape",
+       .forward = "y[o, off_k + j, i] = x_k[o, j, i]: the inputs one after another along an axis",
+       .vjp = "x̄_k[o, j, i] += ȳ[o, off_k + j, i]",
+       .jvp = "ẏ[o, off_k + j, i] = ẋ_k[o, j, i]",
+       .second_order = kNoSecondOrderTerm,
+       // Its gradcheck cases, each checked to first and second order by the suite:
+       .cases = {{"3 inputs along the last axis", {{"a", {2, 3}}, {"b", {2, 1}}, {"c", {2, 4}}}, joined(-1)},
+                 {"3 inputs along a middle axis", {{"a", {2, 1, 3}}, {"b", {2, 2, 3}}, {"c", {2, 3, 3}}}, joined(1)},
+                 {"2 inputs along axis 0", {{"a", {2, 3}}, {"b", {1, 3}}}, joined(0)},
+                 {"heads cut along the last axis and joined back",
+                  {{"x", {2, 3, 6}}},
+                  [](Tape&, std::span<const Var> x) {
+                    const std::array<Var, 3> heads{slice(x[0], -1, 0, 2), slice(x[0], -1, 2, 4), slice(x[0], -1, 4, 6)};
+                    return concat(heads, -1);
+                  }}},
+       .inputs = {1, InputCount::any},
+       .call = [](std::span<const Var> x, const OpArgs& a) { return concat(x, a.axis("axis", 0)); }});
   return r.ops;
 }
 

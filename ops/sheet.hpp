@@ -89,7 +89,7 @@ class OpArgs {
   bool flag(std::string_view key) const;  // a bool
   bool flag(std::string_view key, bool fallback) const;
   std::vector<int64_t> integers(std::string_view key) const;  // a list of integers
-  std::string text(std::string_view key) const;              // a string
+  std::string text(std::string_view key) const;               // a string
   std::string text(std::string_view key, std::string fallback) const;
 
  private:
@@ -149,18 +149,18 @@ inline constexpr const char* kNoSecondOrderTerm = "0: the VJP does not depend on
 // An op's sheet. Aggregate-initialized with designators in this order ({.name = ..., .family = ..., .forward =
 // ..., .vjp = ..., .jvp = ...}).
 struct OpSheet {
-  std::string name;      // as recorded on the tape
-  std::string family;    // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
-  std::string forward{};   // the forward map, in one line
-  std::string vjp{};       // its VJP in one line (x̄ += ...), with what it needs of the forward ("d = p − t: ...")
-  std::string jvp{};       // its JVP in one line (ẏ = ...); "no forward-mode rule" for an op without one
+  std::string name;       // as recorded on the tape
+  std::string family;     // the file in ops/ that holds it, without .cpp: "matmul", "attention/tiled"
+  std::string forward{};  // the forward map, in one line
+  std::string vjp{};      // its VJP in one line (x̄ += ...), with what it needs of the forward ("d = p − t: ...")
+  std::string jvp{};      // its JVP in one line (ẏ = ...); "no forward-mode rule" for an op without one
   // Its second-order rule in one line: the tangent of its VJP at a fixed cotangent, ẋ̄ᵢ += Σⱼ ∂ⱼ(Jᵢᵀȳ)[ẋⱼ]
   // (what Tape::hvp adds beside the VJP of ȳ̇); kNoSecondOrderTerm for an op whose VJP does not depend on its inputs.
   std::string second_order{};
-  std::string derivation{};               // the headings of docs/derivations.md that derive it ("2.1, 1.1");
-                                          // empty: a textbook rule
-  std::string second_order_derivation{};  // its section of docs/derivations.md ("6.4"); empty: 6.1 for a
-                                          // kNoSecondOrderTerm op, else the section 6 as a whole
+  std::string derivation{};                 // the headings of docs/derivations.md that derive it ("2.1, 1.1");
+                                            // empty: a textbook rule
+  std::string second_order_derivation{};    // its section of docs/derivations.md ("6.4"); empty: 6.1 for a
+                                            // kNoSecondOrderTerm op, else the section 6 as a whole
   std::vector<FormulaPlace> formulas_at{};  // the kernels that compute its formulas
   CostFunction cost{};                      // ops with matrix products (and a few row maps); empty: not counted
   std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case

@@ -137,16 +137,15 @@ std::vector<OpSheet> softmax_ops() {
   // The cases softmax and log_softmax share, then those of one op alone (own).
   auto row_cases = [](Var (*fn)(Var), std::vector<GradcheckCase> own = {}) {
     auto apply = [fn](Tape&, std::span<const Var> x) { return fn(x[0]); };
-    std::vector<GradcheckCase> cases{
-        {"width 5", {{"x", {4, 5}}}, apply},
-        {"width 13", {{"x", {2, 13}}}, apply},
-        {"rank 3", {{"x", {2, 3, 4}}}, apply},
-        {"width 1", {{"x", {3, 1}}}, apply},
-        // Logits near 1e4: the shift by the row max keeps the exponents in range.
-        {"logits + 1e4", {{"x", {3, 6}}}, [fn](Tape& tape, std::span<const Var> x) {
-           Tensor shift = Tensor::from<double>(Shape{}, {1e4});
-           return fn(add(x[0], tape.constant(shift.to(x[0].dtype()))));
-         }}};
+    std::vector<GradcheckCase> cases{{"width 5", {{"x", {4, 5}}}, apply},
+                                     {"width 13", {{"x", {2, 13}}}, apply},
+                                     {"rank 3", {{"x", {2, 3, 4}}}, apply},
+                                     {"width 1", {{"x", {3, 1}}}, apply},
+                                     // Logits near 1e4: the shift by the row max keeps the exponents in range.
+                                     {"logits + 1e4", {{"x", {3, 6}}}, [fn](Tape& tape, std::span<const Var> x) {
+                                        Tensor shift = Tensor::from<double>(Shape{}, {1e4});
+                                        return fn(add(x[0], tape.constant(shift.to(x[0].dtype()))));
+                                      }}};
     for (GradcheckCase& c : own) cases.push_back(std::move(c));
     return cases;
   };
@@ -164,9 +163,10 @@ std::vector<OpSheet> softmax_ops() {
          .cost = row_map_cost,
          // Then masked scores (log_softmax is −∞ there, where no finite difference exists, so softmax only).
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = row_cases(softmax, {{"masked -inf", {{"x", {4, 6}}}, [](Tape& tape, std::span<const Var> x) {
-                                         return softmax(add_mask(tape, x[0]));
-                                       }}}),
+         .cases =
+             row_cases(softmax, {{"masked -inf",
+                                  {{"x", {4, 6}}},
+                                  [](Tape& tape, std::span<const Var> x) { return softmax(add_mask(tape, x[0])); }}}),
          .inputs = 1,
          .call = [](std::span<const Var> x, const OpArgs&) { return softmax(x[0]); },
          .trace = softmax_trace()});

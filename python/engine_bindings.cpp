@@ -143,30 +143,34 @@ void bind_engine(py::module_& m) {
   py::class_<Var>(m, "Var", "A value on a tape; its value and gradient come out as numpy copies")
       .def_property_readonly("value", [](const Var& v) { return in_use(v, [&] { return value_array(v); }); })
       .def_property_readonly("grad", [](const Var& v) { return in_use(v, [&] { return grad_array(v); }); })
-      .def_property_readonly("shape", [](const Var& v) {
-        const TapeInUse use(v);
-        const auto d = v.shape().dims();
-        return py::tuple(py::cast(std::vector<int64_t>(d.begin(), d.end())));
-      })
-      .def_property_readonly("dtype", [](const Var& v) {
-        return in_use(v, [&] { return std::string(dtype_name(v.dtype())); });
-      })
+      .def_property_readonly("shape",
+                             [](const Var& v) {
+                               const TapeInUse use(v);
+                               const auto d = v.shape().dims();
+                               return py::tuple(py::cast(std::vector<int64_t>(d.begin(), d.end())));
+                             })
+      .def_property_readonly("dtype",
+                             [](const Var& v) { return in_use(v, [&] { return std::string(dtype_name(v.dtype())); }); })
       .def_property_readonly("live", [](const Var& v) { return in_use(v, [&] { return v.live(); }); })
       .def_property_readonly("id", &Var::id)
       .def("numpy", [](const Var& v) { return in_use(v, [&] { return value_array(v); }); })
-      .def_property_readonly("name", [](const Var& v) {
-        return in_use(v, [&] {
-          const std::string n = name_of(v);
-          return n.empty() ? py::object(py::none()) : py::object(py::str(n));
-        });
-      }, "The name given by Tape.leaf(x, name=...) or Tape.constant(x, name=...); None for none")
+      .def_property_readonly(
+          "name",
+          [](const Var& v) {
+            return in_use(v, [&] {
+              const std::string n = name_of(v);
+              return n.empty() ? py::object(py::none()) : py::object(py::str(n));
+            });
+          },
+          "The name given by Tape.leaf(x, name=...) or Tape.constant(x, name=...); None for none")
       .def("__repr__", [](const Var& v) {
         return in_use(v, [&] {
           const std::string n = name_of(v), text = to_string(v);
           // "Var #0 'q' ..." : the name after the id, as the drawing shows it beside the op.
           if (n.empty()) return text;
           const size_t space = text.find(' ', 4);
-          return text.substr(0, space) + fmt::format(" '{}'", n) + (space == std::string::npos ? "" : text.substr(space));
+          return text.substr(0, space) + fmt::format(" '{}'", n) +
+                 (space == std::string::npos ? "" : text.substr(space));
         });
       });
 
@@ -178,97 +182,118 @@ void bind_engine(py::module_& m) {
       // keeps a reference to it until clear().
       // A Var points at its tape: each one returned keeps the Python tape alive (keep_alive<0, 1>).
       // A name (name="q") is shown on the value's node in tapegrad.graph and in the messages of Tape.op.
-      .def("leaf", [](PyTape& t, const py::object& a, bool requires_grad, const py::object& name) {
-             const Tensor value = view_of(a, "leaf");
-             const TapeInUse use(t);
-             const Var v = t.leaf(value, requires_grad);
-             name_value(t, v, name, "leaf");
-             return v;
-           }, py::arg("array"), py::arg("requires_grad") = true, py::kw_only(), py::arg("name") = py::none(),
-           py::keep_alive<0, 1>())
-      .def("constant", [](PyTape& t, const py::object& a, const py::object& name) {
-             const Tensor value = view_of(a, "constant");
-             const TapeInUse use(t);
-             const Var v = t.constant(value);
-             name_value(t, v, name, "constant");
-             return v;
-           }, py::arg("array"), py::kw_only(), py::arg("name") = py::none(), py::keep_alive<0, 1>())
-      .def("op", [](PyTape& t, const std::string& name, py::args values, const py::kwargs& kw) {
-             std::vector<Var> xs;
-             for (const py::handle v : values) {
-               if (!py::isinstance<Var>(v)) fail("{}: its inputs must be Vars of the tape (tape.leaf(array))", name);
-               xs.push_back(v.cast<Var>());
-               // The op records onto its inputs' tape: the one whose lock is held must be that one.
-               if (!xs.back().defined() || &xs.back().tape() != &t)
-                 fail("{}: input {} is a Var of another Tape (each Tape.op takes Vars of its own tape)", name,
-                      xs.size() - 1);
-             }
-             const TapeInUse use(t);
-             OpArgs args(name);
-             for (const auto& [key, value] : kw) {
-               const std::string k = py::str(key);
-               args.set(k, keyword_value(name, k, value));
-             }
-             // The op from its sheet (OpSheet::call), without the GIL. Its message names the inputs that have names
-             // ("matmul on shapes (4, 3), (4, 4): ... [inputs: 'q', input 1]"): the shapes alone may not say which.
-             std::string inputs;
-             bool named = false;
-             for (size_t i = 0; i < xs.size(); ++i) {
-               named = named || !name_of(xs[i]).empty();
-               inputs += (i ? ", " : "") + input_text(xs[i], i);
-             }
-             py::gil_scoped_release nogil;
-             try {
-               return builtin_registry().call(name, xs, std::move(args));
-             } catch (const Error& e) {
-               if (!named) throw;
-               throw Error(fmt::format("{} [inputs: {}]", e.what(), inputs));
-             }
-           }, py::keep_alive<0, 1>())
-      .def("backward", [](PyTape& t, const Var& y, const py::object& seed) {
-             const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
-             const TapeInUse use(t);
-             py::gil_scoped_release nogil;
-             t.backward(y, s);
-           }, py::arg("y"), py::arg("seed") = py::none())
+      .def(
+          "leaf",
+          [](PyTape& t, const py::object& a, bool requires_grad, const py::object& name) {
+            const Tensor value = view_of(a, "leaf");
+            const TapeInUse use(t);
+            const Var v = t.leaf(value, requires_grad);
+            name_value(t, v, name, "leaf");
+            return v;
+          },
+          py::arg("array"), py::arg("requires_grad") = true, py::kw_only(), py::arg("name") = py::none(),
+          py::keep_alive<0, 1>())
+      .def(
+          "constant",
+          [](PyTape& t, const py::object& a, const py::object& name) {
+            const Tensor value = view_of(a, "constant");
+            const TapeInUse use(t);
+            const Var v = t.constant(value);
+            name_value(t, v, name, "constant");
+            return v;
+          },
+          py::arg("array"), py::kw_only(), py::arg("name") = py::none(), py::keep_alive<0, 1>())
+      .def(
+          "op",
+          [](PyTape& t, const std::string& name, py::args values, const py::kwargs& kw) {
+            std::vector<Var> xs;
+            for (const py::handle v : values) {
+              if (!py::isinstance<Var>(v)) fail("{}: its inputs must be Vars of the tape (tape.leaf(array))", name);
+              xs.push_back(v.cast<Var>());
+              // The op records onto its inputs' tape: the one whose lock is held must be that one.
+              if (!xs.back().defined() || &xs.back().tape() != &t)
+                fail("{}: input {} is a Var of another Tape (each Tape.op takes Vars of its own tape)", name,
+                     xs.size() - 1);
+            }
+            const TapeInUse use(t);
+            OpArgs args(name);
+            for (const auto& [key, value] : kw) {
+              const std::string k = py::str(key);
+              args.set(k, keyword_value(name, k, value));
+            }
+            // The op from its sheet (OpSheet::call), without the GIL. Its message names the inputs that have names
+            // ("matmul on shapes (4, 3), (4, 4): ... [inputs: 'q', input 1]"): the shapes alone may not say which.
+            std::string inputs;
+            bool named = false;
+            for (size_t i = 0; i < xs.size(); ++i) {
+              named = named || !name_of(xs[i]).empty();
+              inputs += (i ? ", " : "") + input_text(xs[i], i);
+            }
+            py::gil_scoped_release nogil;
+            try {
+              return builtin_registry().call(name, xs, std::move(args));
+            } catch (const Error& e) {
+              if (!named) throw;
+              throw Error(fmt::format("{} [inputs: {}]", e.what(), inputs));
+            }
+          },
+          py::keep_alive<0, 1>())
+      .def(
+          "backward",
+          [](PyTape& t, const Var& y, const py::object& seed) {
+            const Tensor s = seed.is_none() ? Tensor{} : view_of(seed, "backward");
+            const TapeInUse use(t);
+            py::gil_scoped_release nogil;
+            t.backward(y, s);
+          },
+          py::arg("y"), py::arg("seed") = py::none())
       .def("grad", [](const PyTape&, const Var& v) { return in_use(v, [&] { return grad_array(v); }); })
-      .def("retain_grad", [](PyTape& t, const Var& v) {
+      .def("retain_grad",
+           [](PyTape& t, const Var& v) {
              const TapeInUse use(t);
              t.retain_grad(v);
            })
-      .def("jvp", [](PyTape& t, const Var& y, const std::vector<Var>& leaves, const py::list& tangents) {
-             if (leaves.size() != py::len(tangents)) fail("jvp: {} leaves and {} tangents", leaves.size(), py::len(tangents));
-             std::vector<Tensor> views;
-             for (size_t i = 0; i < leaves.size(); ++i) views.push_back(view_of(tangents[i], "jvp"));
-             const TapeInUse use(t);
-             for (size_t i = 0; i < leaves.size(); ++i)
-               t.set_tangent(leaves[i], views[i].clone());
-             {
-               py::gil_scoped_release nogil;
-               t.propagate_tangents();
-             }
-             const Tensor ty = t.tangent(y);
-             return ty.defined() ? py::object(copy_to_numpy(ty)) : py::object(py::none());
-           }, py::arg("y"), py::arg("leaves"), py::arg("tangents"),
-           "The tangent of y for the leaves' tangents: J·ẋ by forward mode over what was recorded")
-      .def("hvp", [](PyTape& t, const Var& y, const std::vector<Var>& wrt, const py::list& directions, const py::object& seed) {
-             std::vector<Tensor> dirs;
-             for (const py::handle d : directions) dirs.push_back(view_of(py::reinterpret_borrow<py::object>(d), "hvp").clone());
-             const Tensor seed_view = seed.is_none() ? Tensor{} : view_of(seed, "hvp");
-             const TapeInUse use(t);
-             const Tensor s = seed.is_none() ? Tensor::full(y.dtype(), y.shape(), 1.0) : seed_view;
-             Tape::HessianVectorProduct r;
-             {
-               py::gil_scoped_release nogil;
-               r = t.hvp(y, s, wrt, dirs);
-             }
-             py::list gradient, hv;
-             for (const Tensor& g : r.gradient) gradient.append(copy_to_numpy(g));
-             for (const Tensor& h : r.hvp) hv.append(copy_to_numpy(h));
-             return py::make_tuple(gradient, hv);
-           }, py::arg("y"), py::arg("wrt"), py::arg("directions"), py::arg("seed") = py::none(),
-           "(gradient, H·v) of s = <seed, y> for the leaves wrt along the directions (forward over reverse)")
-      .def("clear", [](PyTape& t) {
+      .def(
+          "jvp",
+          [](PyTape& t, const Var& y, const std::vector<Var>& leaves, const py::list& tangents) {
+            if (leaves.size() != py::len(tangents))
+              fail("jvp: {} leaves and {} tangents", leaves.size(), py::len(tangents));
+            std::vector<Tensor> views;
+            for (size_t i = 0; i < leaves.size(); ++i) views.push_back(view_of(tangents[i], "jvp"));
+            const TapeInUse use(t);
+            for (size_t i = 0; i < leaves.size(); ++i) t.set_tangent(leaves[i], views[i].clone());
+            {
+              py::gil_scoped_release nogil;
+              t.propagate_tangents();
+            }
+            const Tensor ty = t.tangent(y);
+            return ty.defined() ? py::object(copy_to_numpy(ty)) : py::object(py::none());
+          },
+          py::arg("y"), py::arg("leaves"), py::arg("tangents"),
+          "The tangent of y for the leaves' tangents: J·ẋ by forward mode over what was recorded")
+      .def(
+          "hvp",
+          [](PyTape& t, const Var& y, const std::vector<Var>& wrt, const py::list& directions, const py::object& seed) {
+            std::vector<Tensor> dirs;
+            for (const py::handle d : directions)
+              dirs.push_back(view_of(py::reinterpret_borrow<py::object>(d), "hvp").clone());
+            const Tensor seed_view = seed.is_none() ? Tensor{} : view_of(seed, "hvp");
+            const TapeInUse use(t);
+            const Tensor s = seed.is_none() ? Tensor::full(y.dtype(), y.shape(), 1.0) : seed_view;
+            Tape::HessianVectorProduct r;
+            {
+              py::gil_scoped_release nogil;
+              r = t.hvp(y, s, wrt, dirs);
+            }
+            py::list gradient, hv;
+            for (const Tensor& g : r.gradient) gradient.append(copy_to_numpy(g));
+            for (const Tensor& h : r.hvp) hv.append(copy_to_numpy(h));
+            return py::make_tuple(gradient, hv);
+          },
+          py::arg("y"), py::arg("wrt"), py::arg("directions"), py::arg("seed") = py::none(),
+          "(gradient, H·v) of s = <seed, y> for the leaves wrt along the directions (forward over reverse)")
+      .def("clear",
+           [](PyTape& t) {
              const TapeInUse use(t);
              t.clear();
              t.names.clear();
@@ -278,57 +303,70 @@ void bind_engine(py::module_& m) {
 
   // The tape drawn (inspect/tape_dot.hpp): DOT text, or what Graphviz's dot renders of it (svg, png, ...); returned,
   // or with a path written there by the program's one file writer (models/files.hpp: atomic, links followed).
-  m.def("_draw", [](PyTape& t, const std::string& format, const std::string& title, const std::string& path,
-                    bool formulas, size_t max_nodes) {
-    DotOptions o;
-    o.registry = &builtin_registry();
-    o.title = title;
-    o.formulas = formulas;
-    o.max_nodes = max_nodes;
-    o.caller = DotOptions::Caller::python;  // its hints name Python's calls (tape.retain_grad(v))
-    std::string out = in_use(t, [&] {
-      o.names = t.names;
-      return tape_to_dot(t, o);
-    });
-    {
-      py::gil_scoped_release nogil;
-      if (format != "dot") out = render_dot(out, format);
-      if (!path.empty()) write_file_atomic(path, out);
-    }
-    return path.empty() ? py::object(py::bytes(out)) : py::object(py::none());
-  }, py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "", py::arg("formulas") = true,
-     py::arg("max_nodes") = DotOptions{}.max_nodes);
-  m.def("ops", [] { return builtin_registry().callable(); },
-        "The ops Tape.op calls by name: those of tapegrad's registry whose sheet gives a call");
-  m.def("registered_ops", [] {
-    std::vector<std::string> names;
-    for (const OpSheet& op : builtin_registry().ops()) names.push_back(op.name);
-    return names;
-  }, "The ops of tapegrad's registry (what tapegrad gradcheck --list and explain know)");
+  m.def(
+      "_draw",
+      [](PyTape& t, const std::string& format, const std::string& title, const std::string& path, bool formulas,
+         size_t max_nodes) {
+        DotOptions o;
+        o.registry = &builtin_registry();
+        o.title = title;
+        o.formulas = formulas;
+        o.max_nodes = max_nodes;
+        o.caller = DotOptions::Caller::python;  // its hints name Python's calls (tape.retain_grad(v))
+        std::string out = in_use(t, [&] {
+          o.names = t.names;
+          return tape_to_dot(t, o);
+        });
+        {
+          py::gil_scoped_release nogil;
+          if (format != "dot") out = render_dot(out, format);
+          if (!path.empty()) write_file_atomic(path, out);
+        }
+        return path.empty() ? py::object(py::bytes(out)) : py::object(py::none());
+      },
+      py::arg("tape"), py::arg("format"), py::arg("title") = "", py::arg("path") = "", py::arg("formulas") = true,
+      py::arg("max_nodes") = DotOptions{}.max_nodes);
+  m.def(
+      "ops", [] { return builtin_registry().callable(); },
+      "The ops Tape.op calls by name: those of tapegrad's registry whose sheet gives a call");
+  m.def(
+      "registered_ops",
+      [] {
+        std::vector<std::string> names;
+        for (const OpSheet& op : builtin_registry().ops()) names.push_back(op.name);
+        return names;
+      },
+      "The ops of tapegrad's registry (what tapegrad gradcheck --list and explain know)");
   // explain(op) as `tapegrad explain OP --json` prints it, parsed by Python's json module.
-  m.def("_explain_json", [](const std::string& op, const std::string& derivations_path) {
-    ExplainOptions o;
-    o.derivations_path = derivations_path;
-    Explanation e;
-    {
-      py::gil_scoped_release nogil;
-      e = explain(builtin_registry(), op, o);
-    }
-    return explanation_json(e).dump();
-  }, py::arg("op"), py::arg("derivations_path") = "");
+  m.def(
+      "_explain_json",
+      [](const std::string& op, const std::string& derivations_path) {
+        ExplainOptions o;
+        o.derivations_path = derivations_path;
+        Explanation e;
+        {
+          py::gil_scoped_release nogil;
+          e = explain(builtin_registry(), op, o);
+        }
+        return explanation_json(e).dump();
+      },
+      py::arg("op"), py::arg("derivations_path") = "");
   // explain(op, trace=True): `tapegrad explain OP --trace --json` parsed by Python's json module, and its text.
-  m.def("_trace_json", [](const std::string& op, uint64_t seed) {
-    GradcheckOptions o;
-    o.seed = seed;
-    OpTraceRun run;
-    {
-      py::gil_scoped_release nogil;
-      run = trace_op(builtin_registry(), op, o);
-    }
-    nlohmann::json j = trace_json(run);
-    j["text"] = format_trace(run);
-    return j.dump();
-  }, py::arg("op"), py::arg("seed") = GradcheckOptions{}.seed);
+  m.def(
+      "_trace_json",
+      [](const std::string& op, uint64_t seed) {
+        GradcheckOptions o;
+        o.seed = seed;
+        OpTraceRun run;
+        {
+          py::gil_scoped_release nogil;
+          run = trace_op(builtin_registry(), op, o);
+        }
+        nlohmann::json j = trace_json(run);
+        j["text"] = format_trace(run);
+        return j.dump();
+      },
+      py::arg("op"), py::arg("seed") = GradcheckOptions{}.seed);
 }
 
 }  // namespace tapegrad::python

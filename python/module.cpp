@@ -65,8 +65,8 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
   const PythonOp op{impl, name, order == 2};
   const Function f = python_function(op);
   const std::unique_ptr<RuleBlocks> blocks = python_blocks(op);
-  GradcheckReport report =
-      order == 2 ? gradcheck_second_order(f, xs, names, options, blocks.get()) : gradcheck(f, xs, names, options, blocks.get());
+  GradcheckReport report = order == 2 ? gradcheck_second_order(f, xs, names, options, blocks.get())
+                                      : gradcheck(f, xs, names, options, blocks.get());
   report.op = name;
   if (order == 1 && options.diagnose && !report.passed && py::hasattr(impl, "vjp_formulas")) {
     std::string why_not;
@@ -202,13 +202,15 @@ void bind_report(py::module_& m) {
       .def_readonly("diagnoses", &GradcheckReport::diagnoses)
       .def_property_readonly("passed", [](const GradcheckReport& r) { return r.passed.ok; })
       .def("__bool__", [](const GradcheckReport& r) { return r.passed.ok; })
-      .def_property_readonly("kinds", [](const GradcheckReport& r) {
-        std::vector<std::string> kinds;
-        for (const Diagnosis& d : r.diagnoses) kinds.emplace_back(finding_key(d.kind));
-        return kinds;
-      })
+      .def_property_readonly("kinds",
+                             [](const GradcheckReport& r) {
+                               std::vector<std::string> kinds;
+                               for (const Diagnosis& d : r.diagnoses) kinds.emplace_back(finding_key(d.kind));
+                               return kinds;
+                             })
       .def(
-          "has", [](const GradcheckReport& r, std::string_view kind, std::string_view input) {
+          "has",
+          [](const GradcheckReport& r, std::string_view kind, std::string_view input) {
             return r.has(finding_or_fail(kind), input);
           },
           py::arg("kind"), py::arg("input") = "", "Whether a diagnosis of that kind (for that input) is in the report")

@@ -32,9 +32,9 @@ namespace tapegrad::python {
 namespace py = pybind11;
 
 struct PythonOp {
-  py::object impl;           // the object above
-  std::string name;          // the node's name on the tape and in the report
-  bool second_order = false; // record the node with its second-order rule (for gradcheck_second_order)
+  py::object impl;            // the object above
+  std::string name;           // the node's name on the tape and in the report
+  bool second_order = false;  // record the node with its second-order rule (for gradcheck_second_order)
 };
 
 Function python_function(const PythonOp& op);

@@ -110,7 +110,8 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
     for (int64_t i = 0; i < S.T; ++i) {
       const double r = S.r[static_cast<size_t>(i)], c = 1 / (1 + r);
       double pu = 0;
-      for (int64_t j = 0; j < S.Tk; ++j) pu += S.p[static_cast<size_t>(i * S.Tk + j)] * u[static_cast<size_t>(i * S.Tk + j)];
+      for (int64_t j = 0; j < S.Tk; ++j)
+        pu += S.p[static_cast<size_t>(i * S.Tk + j)] * u[static_cast<size_t>(i * S.Tk + j)];
       for (int64_t j = 0; j < S.Tk; ++j) {
         double& e = u[static_cast<size_t>(i * S.Tk + j)];
         e = c * e - (r > 0 ? c * c * pu / r : 0.0) * S.p[static_cast<size_t>(i * S.Tk + j)];
@@ -123,7 +124,8 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
         std::vector<double> dp(static_cast<size_t>(S.T * S.Tk), 0);  // dBβ = GVᵀ, then dP
         for (int64_t i = 0; i < S.T; ++i)
           for (int64_t j = 0; j < S.Tk; ++j)
-            for (int64_t c = 0; c < S.dv; ++c) dp[static_cast<size_t>(i * S.Tk + j)] += g.item(i * S.dv + c) * vv.item(j * S.dv + c);
+            for (int64_t c = 0; c < S.dv; ++c)
+              dp[static_cast<size_t>(i * S.Tk + j)] += g.item(i * S.dv + c) * vv.item(j * S.dv + c);
         apply_dbeta(dp);
         if (claim != BetaClaim::unmasked_dp)
           for (int64_t i = 0; i < S.T; ++i)
@@ -159,7 +161,8 @@ Var beta_attention_claimed(Var q, Var k, Var v, bool causal, BetaClaim claim) {
           for (int64_t i = 0; i < S.T; ++i) {
             const double r = S.r[static_cast<size_t>(i)];
             double pz = 0;
-            for (int64_t j = 0; j < S.Tk; ++j) pz += S.p[static_cast<size_t>(i * S.Tk + j)] * zdot[static_cast<size_t>(i * S.Tk + j)];
+            for (int64_t j = 0; j < S.Tk; ++j)
+              pz += S.p[static_cast<size_t>(i * S.Tk + j)] * zdot[static_cast<size_t>(i * S.Tk + j)];
             const double f = r > 0 ? pz / (r * r * (1 + r)) : 0.0;
             for (int64_t c = 0; c < S.dv; ++c) t[i * S.dv + c] += f * out.item(i * S.dv + c);
           }
@@ -211,7 +214,9 @@ TEST_CASE("beta_attention equals β((s·QKᵀ) ⊙ M)·V built from primitive op
   for (const Layout& L : layouts) check_against_primitives(L);
 }
 
-TEST_CASE("β-attention post: the homogeneity JVP (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q,K,Ṽ) fails the gradchecker; the full dβ passes") {
+TEST_CASE(
+    "β-attention post: the homogeneity JVP (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) + Att_β(Q,K,Ṽ) fails the gradchecker; the full dβ "
+    "passes") {
   for (bool causal : {false, true}) {
     CAPTURE(causal);
     const GradcheckReport claimed = check_claim(BetaClaim::homogeneity_jvp, causal);
@@ -229,7 +234,8 @@ TEST_CASE("β-attention post: the homogeneity JVP (f̃ ⊗ 1ᵀ) ⊙ Att_β(Θ) 
   const double x[2] = {3, 4}, h[2] = {-4, 3}, eps = 1e-6;  // ‖x‖ = 5, ⟨x, h⟩ = 0
   auto beta = [](double a, double b, int i) { return (i == 0 ? a : b) / (1 + std::hypot(a, b)); };
   for (int i = 0; i < 2; ++i) {
-    const double numeric = (beta(x[0] + eps * h[0], x[1] + eps * h[1], i) - beta(x[0] - eps * h[0], x[1] - eps * h[1], i)) / (2 * eps);
+    const double numeric =
+        (beta(x[0] + eps * h[0], x[1] + eps * h[1], i) - beta(x[0] - eps * h[0], x[1] - eps * h[1], i)) / (2 * eps);
     CHECK(numeric == doctest::Approx(h[i] / 6).epsilon(1e-8));
   }
 }
@@ -272,7 +278,8 @@ TEST_CASE("beta_attention numerics") {
     for (DType dt : {DType::f64, DType::f32}) {
       CAPTURE(dt);
       Tape tape;
-      Var q = tape.leaf(random_tensor({1, 1, 3, 1}, 11, 100).to(dt)), k = tape.leaf(random_tensor({1, 1, 3, 1}, 12, 100).to(dt));
+      Var q = tape.leaf(random_tensor({1, 1, 3, 1}, 11, 100).to(dt)),
+          k = tape.leaf(random_tensor({1, 1, 3, 1}, 12, 100).to(dt));
       Var v = tape.leaf(random_tensor({1, 1, 3, 2}, 13).to(dt));
       Var o = beta_attention(q, k, v, {1.0, false});
       CHECK(all_finite(o.value()));
@@ -283,9 +290,14 @@ TEST_CASE("beta_attention numerics") {
   }
   SUBCASE("T = 1") {
     // One query over Tk = 3 keys: O = β(s·qKᵀ)·V, checked against the formula directly.
-    Tensor q = random_tensor({1, 1, 1, 2}, 15), k = random_tensor({1, 1, 3, 2}, 16), v = random_tensor({1, 1, 3, 2}, 17);
+    Tensor q = random_tensor({1, 1, 1, 2}, 15), k = random_tensor({1, 1, 3, 2}, 16),
+           v = random_tensor({1, 1, 3, 2}, 17);
     std::vector<Tensor> xs{q, k, v};
-    Tensor o = evaluate([](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], {0.5, false}); }, xs);
+    Tensor o = evaluate(
+        [](Tape&, std::span<const Var> x) {
+          return beta_attention(x[0], x[1], x[2], {0.5, false});
+        },
+        xs);
     double p[3], r = 0;
     for (int j = 0; j < 3; ++j) {
       p[j] = 0.5 * (q.item(0) * k.item(2 * j) + q.item(1) * k.item(2 * j + 1));

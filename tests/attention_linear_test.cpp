@@ -100,8 +100,8 @@ size_t recorded_bytes(int64_t T, int64_t d) {
 TEST_CASE("linear_attention matches its primitive-op form: output, dQ, dK, dV and the tangent") {
   check_matches_primitives({2, 2, 7, 7, 5, 3, false});
   check_matches_primitives({2, 2, 7, 7, 5, 3, true});
-  check_matches_primitives({1, 2, 6, 11, 4, 3, false});  // Tk ≠ T
-  check_matches_primitives({2, 1, 1, 5, 3, 2, false});   // T = 1
+  check_matches_primitives({1, 2, 6, 11, 4, 3, false});    // Tk ≠ T
+  check_matches_primitives({2, 1, 1, 5, 3, 2, false});     // T = 1
   check_matches_primitives({1, 2, 150, 150, 6, 4, true});  // three chunks, the last one partial
   check_matches_primitives({1, 1, 70, 140, 6, 4, false});
 }

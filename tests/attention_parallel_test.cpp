@@ -31,7 +31,8 @@ std::vector<FunctionCase> cases() {
   AttentionOptions causal;
   causal.causal = true;
   std::vector<FunctionCase> cs;
-  cs.push_back({"attention causal", qkv(T), [=](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], causal); }});
+  cs.push_back(
+      {"attention causal", qkv(T), [=](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], causal); }});
   cs.push_back({"beta_attention causal", qkv(T),
                 [=](Tape&, std::span<const Var> x) { return beta_attention(x[0], x[1], x[2], causal); }});
   cs.push_back({"linear_attention causal", qkv(T),
@@ -45,9 +46,8 @@ std::vector<FunctionCase> cases() {
     inputs.push_back({"bias", bias});
     cs.push_back({"attention bias " + bias.str(), inputs,
                   [=](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], causal, x[3]); }});
-    cs.push_back({"tiled_attention bias " + bias.str(), inputs, [=](Tape&, std::span<const Var> x) {
-                    return tiled_attention(x[0], x[1], x[2], causal, x[3], 16);
-                  }});
+    cs.push_back({"tiled_attention bias " + bias.str(), inputs,
+                  [=](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], causal, x[3], 16); }});
   }
   return cs;
 }

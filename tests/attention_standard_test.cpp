@@ -202,7 +202,9 @@ TEST_CASE("attention equals softmax(s·QKᵀ + bias + M)·V built from primitive
   for (const Layout& L : layouts) check_against_primitives(L);
 }
 
-TEST_CASE("attention-bias post: the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) fails the gradchecker; A ⊙ (dA − rowsum(A ⊙ dA)) passes") {
+TEST_CASE(
+    "attention-bias post: the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) fails the gradchecker; A ⊙ (dA − rowsum(A ⊙ dA)) "
+    "passes") {
   const GradcheckReport prose = check_claim(ScoreGradient::prose_ds);
   MESSAGE("claimed (attention-bias post, prose dS):\n" << prose.str());
   CHECK_FALSE(prose.passed());
@@ -248,8 +250,11 @@ TEST_CASE("attention numerics") {
     for (bool causal : {false, true}) {
       CAPTURE(causal);
       std::vector<Tensor> xs{q, k, v};
-      Tensor o = evaluate([causal](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], {0, causal}); },
-                          xs);
+      Tensor o = evaluate(
+          [causal](Tape&, std::span<const Var> x) {
+            return attention(x[0], x[1], x[2], {0, causal});
+          },
+          xs);
       for (int64_t bh = 0; bh < 2; ++bh)
         for (int64_t i = 0; i < 5; ++i)
           for (int64_t c = 0; c < 4; ++c) {
@@ -321,7 +326,9 @@ TEST_CASE("attention errors name the op and the shapes") {
   expect(error_of([&] { attention(q, k, v, {}, leaf({1, 2, 3, 4, 6})); }), {"bias", "(1, 2, 3, 4, 6)"});
   expect(error_of([&] { attention(q, leaf({2, 3, 6, 5}, DType::f32), v); }), {"dtype", "float32", "float64"});
   expect(error_of([&] { attention(q, k, v, {}, leaf({4, 6}, DType::f32)); }), {"dtype", "(4, 6)"});
-  expect(error_of([&] { attention(tape.leaf(Tensor::zeros(DType::i32, {2, 3, 4, 5}), false), k, v); }),
+  expect(error_of([&] {
+           attention(tape.leaf(Tensor::zeros(DType::i32, {2, 3, 4, 5}), false), k, v);
+         }),
          {"int32", "(2, 3, 4, 5)"});
   // Every allowed bias layout is accepted.
   for (Shape b : {Shape{2, 3, 4, 6}, Shape{3, 4, 6}, Shape{4, 6}, Shape{2, 1, 4, 6}, Shape{2, 1, 1, 6}})

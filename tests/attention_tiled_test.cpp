@@ -26,7 +26,8 @@ struct Setup {
 };
 
 std::vector<Tensor> draw_inputs(const Setup& s, DType dtype, uint64_t seed) {
-  std::vector<InputSpec> specs{{"q", {s.B, s.h, s.T, s.d}}, {"k", {s.B, s.h, s.Tk, s.d}}, {"v", {s.B, s.h, s.Tk, s.dv}}};
+  std::vector<InputSpec> specs{
+      {"q", {s.B, s.h, s.T, s.d}}, {"k", {s.B, s.h, s.Tk, s.d}}, {"v", {s.B, s.h, s.Tk, s.dv}}};
   if (s.has_bias()) specs.push_back({"bias", s.bias});
   return make_inputs(specs, dtype, seed);
 }
@@ -99,7 +100,8 @@ TEST_CASE("tiled_attention matches attention with every bias layout, dB included
   const int64_t B = 2, h = 3, T = 7;
   for (bool causal : {false, true}) {
     const int64_t Tk = causal ? T : 9;
-    for (const Shape& bias : {Shape{B, h, T, Tk}, Shape{h, T, Tk}, Shape{T, Tk}, Shape{B, 1, T, Tk}, Shape{B, 1, 1, Tk}})
+    for (const Shape& bias :
+         {Shape{B, h, T, Tk}, Shape{h, T, Tk}, Shape{T, Tk}, Shape{B, 1, T, Tk}, Shape{B, 1, 1, Tk}})
       for (int64_t block : {2, 3, 5, 64}) {
         CAPTURE(causal);
         CAPTURE(bias);
@@ -113,7 +115,7 @@ TEST_CASE("tiled_attention: logits of ±1e4 stay finite and match attention") {
   auto xs = draw_inputs(s, DType::f64, 11);
   double* b = xs[3].data<double>();
   for (int64_t i = 0; i < xs[3].numel(); ++i) b[i] = b[i] > 0 ? 1e4 : -1e4;
-  for (double* x = xs[0].data<double>(), *e = x + xs[0].numel(); x != e; ++x) *x *= 300;  // s·qk ~ 1e4 too
+  for (double *x = xs[0].data<double>(), *e = x + xs[0].numel(); x != e; ++x) *x *= 300;  // s·qk ~ 1e4 too
   for (int64_t block : {2, 4}) {
     const Tensor o = evaluate(tiled(s, block), xs), o_ref = evaluate(reference(s), xs);
     CHECK(all_finite(o));
@@ -168,7 +170,7 @@ TEST_CASE("tiled_attention keeps O(T) state for backward; attention keeps the T�
   const size_t tiled_256 = recorded_bytes(true, 256, d), tiled_1024 = recorded_bytes(true, 1024, d);
   const size_t full_256 = recorded_bytes(false, 256, d), full_1024 = recorded_bytes(false, 1024, d);
   MESSAGE("bytes kept, T = 256 → 1024: tiled " << tiled_256 << " → " << tiled_1024 << ", attention " << full_256
-                                                << " → " << full_1024);
+                                               << " → " << full_1024);
   // Tiled: O (T·dv) and L (T) in float64, plus the node record: ×4 when T grows ×4.
   CHECK(static_cast<double>(tiled_1024) <= 4.05 * static_cast<double>(tiled_256));
   CHECK(tiled_1024 <= size_t(1024 * (d + 1) * 8 + 4096));

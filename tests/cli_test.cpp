@@ -127,8 +127,9 @@ TEST_CASE("a gradcheck that fails exits 1") {
 }
 
 TEST_CASE("integers are read as decimal, as people write them; other forms are refused naming the option") {
-  Run r = run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out /tmp/tapegrad_cli_decimal "
-              "--overwrite");
+  Run r =
+      run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out /tmp/tapegrad_cli_decimal "
+          "--overwrite");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("10 layers") != std::string::npos);  // not 8: 010 is not octal
@@ -142,8 +143,8 @@ TEST_CASE("integers are read as decimal, as people write them; other forms are r
 }
 
 TEST_CASE("a claim's forward or JVP given twice is refused, not the last one kept") {
-  for (const char* twice : {"--forward 'exp(x)' --forward 'tanh(x)' --jvp 't_x*y'",
-                            "--forward 'exp(x)' --jvp 't_x*y*5' --jvp 't_x*y'"}) {
+  for (const char* twice :
+       {"--forward 'exp(x)' --forward 'tanh(x)' --jvp 't_x*y'", "--forward 'exp(x)' --jvp 't_x*y*5' --jvp 't_x*y'"}) {
     CAPTURE(twice);
     Run r = run(std::string("claim --input x:4,6 ") + twice);
     CHECK(r.code == 2);
@@ -170,13 +171,15 @@ TEST_CASE("an option that takes one value, given twice, is refused in every comm
     CAPTURE(args);
     Run r = run(args, true, " 2>&1 >/dev/null");  // stderr alone
     CHECK(r.code == 2);
-    CHECK(r.out == "tapegrad: error: " + option + " is given 2 times; it takes one value: give it once (the last one "
-                   "is not taken in place of the others)\n");
+    CHECK(r.out == "tapegrad: error: " + option +
+                       " is given 2 times; it takes one value: give it once (the last one "
+                       "is not taken in place of the others)\n");
   }
   // Options of a list stay repeatable.
   CHECK(run("gradcheck --op exp --op mul").code == 0);
   CHECK(run("claim --input x:4,6 --input w:6 --let 'a=x*w' --let 'b=a*2' --forward b --vjp 'x=g*w*2' "
-            "--vjp 'w=sum(g*x*2, axis=0)'").code == 0);
+            "--vjp 'w=sum(g*x*2, axis=0)'")
+            .code == 0);
 }
 
 TEST_CASE("a config file's key given twice is refused; the command line overrides a key given once") {
@@ -189,11 +192,14 @@ TEST_CASE("a config file's key given twice is refused; the command line override
   const std::string twice = write("twice.ini", "n-layer = 1\nlr = 0.1\nlr = 0.2\n");
   Run r = run("train --config " + twice, true, " 2>&1 >/dev/null");
   CHECK(r.code == 2);
-  CHECK(r.out == "tapegrad: error: config file " + twice + ": line 3: key 'lr' is given again (first on line 2); give "
-                 "a key once, and several values of a list as key = [a, b]\n");
+  CHECK(r.out == "tapegrad: error: config file " + twice +
+                     ": line 3: key 'lr' is given again (first on line 2); give "
+                     "a key once, and several values of a list as key = [a, b]\n");
   const std::string once = write("once.ini", "n-layer = 3\nmax-iters = 1\n");
-  Run ok = run("train --config " + once + " --n-layer 1 --n-embd 16 --n-head 2 --block-size 8 --batch-size 2 "
-               "--eval-iters 1 --sample-tokens 0 --out " + dir + " --overwrite");
+  Run ok = run("train --config " + once +
+               " --n-layer 1 --n-embd 16 --n-head 2 --block-size 8 --batch-size 2 "
+               "--eval-iters 1 --sample-tokens 0 --out " +
+               dir + " --overwrite");
   INFO(ok.out);
   CHECK(ok.code == 0);
   CHECK(ok.out.find(" 1 layers,") != std::string::npos);  // the command line's, not the file's 3
@@ -238,9 +244,9 @@ TEST_CASE("claim weighs what its forward makes, not only its inputs, and refuses
   // (60000, 1) * (1, 60000) is 3.6e9 float64 elements (29 GB) from 120,000 input elements: refused from the shapes.
   for (const char* forward : {"a*b", "matmul(a, b)"}) {
     CAPTURE(forward);
-    Run r = run(std::string("claim --input a:60000,1 --input b:1,60000 --forward '") + forward +
-                    "' --jvp 't_a*b + a*t_b'",
-                true, " 2>&1 >/dev/null");
+    Run r =
+        run(std::string("claim --input a:60000,1 --input b:1,60000 --forward '") + forward + "' --jvp 't_a*b + a*t_b'",
+            true, " 2>&1 >/dev/null");
     CHECK(r.code == 2);
     CHECK(r.out.find("tapegrad: error: claim the command line (1.2e+05 input elements; its forward makes 3.6e+09, "
                      "its output 3.6e+09) needs about ") == 0);

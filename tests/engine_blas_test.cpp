@@ -186,8 +186,9 @@ TEST_CASE("the summary and the JSON say what runs and what to set") {
         "OpenBLAS 0.3.21, Prescott kernels; this CPU runs SkylakeX kernels: set OPENBLAS_CORETYPE=SkylakeX");
   info.threads = 4;
   info.coretype_env = "Prescott";
-  CHECK(blas_summary(info) == "OpenBLAS 0.3.21, Prescott kernels, OPENBLAS_CORETYPE=Prescott set; "
-                              "this CPU runs SkylakeX kernels: set OPENBLAS_CORETYPE=SkylakeX");
+  CHECK(blas_summary(info) ==
+        "OpenBLAS 0.3.21, Prescott kernels, OPENBLAS_CORETYPE=Prescott set; "
+        "this CPU runs SkylakeX kernels: set OPENBLAS_CORETYPE=SkylakeX");
   nlohmann::json j = blas_json(info);
   CHECK(j["core"] == "Prescott");
   CHECK(j["threads"] == 4);

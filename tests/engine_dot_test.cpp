@@ -30,9 +30,9 @@ struct DotNode {
 
 // A drawing as Graphviz reads it.
 struct Drawing {
-  std::map<std::string, DotNode> nodes;                // by DOT name
+  std::map<std::string, DotNode> nodes;                    // by DOT name
   std::vector<std::pair<std::string, std::string>> edges;  // tail, head
-  std::vector<std::string> clusters;                   // cluster labels
+  std::vector<std::string> clusters;                       // cluster labels
   std::string caption;
 };
 
@@ -55,7 +55,8 @@ Drawing parse(const std::string& dot) {
     d.nodes[o["name"].get<std::string>()] = {o.value("label", ""), o.value("tooltip", ""), o.value("fillcolor", "")};
   }
   if (g.contains("edges"))
-    for (const json& e : g["edges"]) d.edges.emplace_back(by_id.at(e["tail"].get<int>()), by_id.at(e["head"].get<int>()));
+    for (const json& e : g["edges"])
+      d.edges.emplace_back(by_id.at(e["tail"].get<int>()), by_id.at(e["head"].get<int>()));
   return d;
 }
 
@@ -200,10 +201,11 @@ TEST_CASE("tape_to_dot: a NaN or an infinity in a value or a gradient colours it
   CHECK(before.nodes.at(vname(x.id())).fillcolor != kRed);
   CHECK(before.nodes.at(vname(fine.id())).fillcolor != kRed);
   CHECK(testing::contains(before.nodes.at(vname(a.id())).label, "1 NaN"));
-  CHECK(testing::contains(before.nodes.at(vname(y.id())).label, "value: norm 0, min 0, max 0 over the finite ones; 1 -inf"));
+  CHECK(testing::contains(before.nodes.at(vname(y.id())).label,
+                          "value: norm 0, min 0, max 0 over the finite ones; 1 -inf"));
   tape.backward(s);
   const Drawing after = parse(tape_to_dot(tape, with_registry()));
-  CHECK(after.nodes.at(vname(x.id())).fillcolor == kRed);  // its gradient holds +∞
+  CHECK(after.nodes.at(vname(x.id())).fillcolor == kRed);     // its gradient holds +∞
   CHECK(after.nodes.at(vname(fine.id())).fillcolor == kRed);  // its gradient is log x, with −∞
   CHECK(after.nodes.at(vname(z.id())).fillcolor == kRed);
 }
@@ -279,13 +281,15 @@ std::vector<std::string> lines_in(const std::string& label, const std::string& c
 }
 
 size_t characters(const std::string& s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  return static_cast<size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
 }
 
 }  // namespace
 
-TEST_CASE("tape_to_dot: each op's VJP is lines of its label, wrapped near 48 characters; formulas = false leaves it "
-          "to the tooltip") {
+TEST_CASE(
+    "tape_to_dot: each op's VJP is lines of its label, wrapped near 48 characters; formulas = false leaves it "
+    "to the tooltip") {
   Tape tape;
   const Var o = record_case(tape, "attention", 0, true);
   Var logits = tape.leaf(testing::random_tensor({2, 3}, 3));
@@ -304,7 +308,7 @@ TEST_CASE("tape_to_dot: each op's VJP is lines of its label, wrapped near 48 cha
     }
     CHECK(joined == "VJP: " + builtin_registry().find(n.op)->vjp);
   }
-  CHECK(lines_in(d.nodes.at(vname(0)).label, "#1f3f73").empty());  // a leaf has none
+  CHECK(lines_in(d.nodes.at(vname(0)).label, "#1f3f73").empty());           // a leaf has none
   CHECK(lines_in(d.nodes.at(vname(o.id())).label, "#1f3f73").size() >= 2);  // attention's VJP is wrapped
   CHECK(testing::contains(d.caption, "boxes: ops with their VJPs"));
   DotOptions opt = with_registry();
@@ -362,8 +366,7 @@ TEST_CASE("tape_to_dot: a one-layer GPT, drawn value by value and grouped by nan
   CHECK(ops_in["transformer.wte"] == std::vector<std::string>{"embedding"});
   CHECK(ops_in["transformer.wpe"] == std::vector<std::string>{"embedding"});
   CHECK(ops_in["transformer.h.0.ln_1"] == std::vector<std::string>{"layer_norm"});
-  CHECK(ops_in["transformer.h.0.attn"] ==
-        std::vector<std::string>{"linear", "attention_qkv", "linear"});
+  CHECK(ops_in["transformer.h.0.attn"] == std::vector<std::string>{"linear", "attention_qkv", "linear"});
   CHECK(ops_in["transformer.h.0.mlp"] == std::vector<std::string>{"mlp"});
   // The block's two residual adds happen in c_proj's linear and in the mlp (no dropout): no node of its own scope.
   CHECK(ops_in.count("transformer.h.0") == 0);

@@ -96,14 +96,15 @@ TEST_CASE("an exception in any range reaches the caller, and the pool keeps work
   CHECK(sum.load() == 999 * 1000 / 2);
 }
 
-TEST_CASE("a split product equals the unsplit one to rounding (on the engine's kernel to the bit), for every transpose") {
+TEST_CASE(
+    "a split product equals the unsplit one to rounding (on the engine's kernel to the bit), for every transpose") {
   ThreadCount threads(2);
   // All above the split threshold; odd row counts leave narrow edge blocks.
   struct Dims {
     int64_t m, n, k;
   };
-  for (Dims dims : {Dims{200, 150, 96}, Dims{197, 130, 301}, Dims{768, 512, 128}, Dims{48, 300, 200},
-                    Dims{197, 144, 301}})
+  for (Dims dims :
+       {Dims{200, 150, 96}, Dims{197, 130, 301}, Dims{768, 512, 128}, Dims{48, 300, 200}, Dims{197, 144, 301}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const int64_t m = dims.m, n = dims.n, k = dims.k;

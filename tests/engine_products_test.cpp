@@ -130,8 +130,9 @@ void for_each_product(uint64_t seed, std::initializer_list<std::pair<float, floa
 
 }  // namespace
 
-TEST_CASE("the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-adds and above for A as is with k <= "
-          "1024, oneDNN for the other large ones, where the width is a multiple of 16; OpenBLAS otherwise") {
+TEST_CASE(
+    "the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-adds and above for A as is with k <= "
+    "1024, oneDNN for the other large ones, where the width is a multiple of 16; OpenBLAS otherwise") {
   struct Row {
     CpuFeatures cpu;
     bool onednn;
@@ -141,24 +142,24 @@ TEST_CASE("the rule on AVX-512 CPUs: the engine's kernel below 2^19 multiply-add
   };
   const auto one = ProductBackend::onednn, blas = ProductBackend::openblas, engine = ProductBackend::engine;
   for (const Row& r : {
-           Row{with_avx512(true), true, 768, 384, 128, false, engine},  // the default model's c_attn, x·Wᵀ
-           Row{with_avx512(true), true, 768, 128, 512, false, engine},  // ū·W₁, the MLP's x̄
-           Row{with_avx512(false), true, 768, 128, 512, false, engine}, // an AVX-512 CPU without bf16: the same
-           Row{with_avx512(true), true, 512, 128, 768, true, one},      // W̄₁ = ūᵀ·x: A transposed
-           Row{with_avx512(true), true, 4096, 384, 1536, false, one},   // k = 1536: deeper than the kernel's 1024
+           Row{with_avx512(true), true, 768, 384, 128, false, engine},   // the default model's c_attn, x·Wᵀ
+           Row{with_avx512(true), true, 768, 128, 512, false, engine},   // ū·W₁, the MLP's x̄
+           Row{with_avx512(false), true, 768, 128, 512, false, engine},  // an AVX-512 CPU without bf16: the same
+           Row{with_avx512(true), true, 512, 128, 768, true, one},       // W̄₁ = ūᵀ·x: A transposed
+           Row{with_avx512(true), true, 4096, 384, 1536, false, one},    // k = 1536: deeper than the kernel's 1024
            Row{with_avx512(true), true, 4096, 384, 1024, false, engine},
-           Row{with_avx512(true), true, 128, 64, 64, false, engine},    // exactly 2^19 multiply-adds
+           Row{with_avx512(true), true, 128, 64, 64, false, engine},  // exactly 2^19 multiply-adds
            Row{with_avx512(true), true, 128, 64, 64, true, one},
-           Row{with_avx512(true), true, 64, 64, 64, true, engine},      // 2^18: below, either way
-           Row{with_avx512(true), true, 64, 64, 32, false, engine},     // an attention head's product at T = 64
-           Row{with_avx512(true), true, 32, 65, 32, false, engine},     // any width
-           Row{with_avx512(true), false, 64, 64, 32, false, engine},    // the engine's kernel needs no oneDNN
-           Row{avx2_only(), true, 64, 64, 32, false, blas},             // nor on AVX2 CPUs
-           Row{with_avx512(true), true, 768, 65, 128, false, blas},     // the head: 65 columns
-           Row{with_avx512(true), false, 768, 384, 128, false, engine}, // built without oneDNN
+           Row{with_avx512(true), true, 64, 64, 64, true, engine},       // 2^18: below, either way
+           Row{with_avx512(true), true, 64, 64, 32, false, engine},      // an attention head's product at T = 64
+           Row{with_avx512(true), true, 32, 65, 32, false, engine},      // any width
+           Row{with_avx512(true), false, 64, 64, 32, false, engine},     // the engine's kernel needs no oneDNN
+           Row{avx2_only(), true, 64, 64, 32, false, blas},              // nor on AVX2 CPUs
+           Row{with_avx512(true), true, 768, 65, 128, false, blas},      // the head: 65 columns
+           Row{with_avx512(true), false, 768, 384, 128, false, engine},  // built without oneDNN
            Row{with_avx512(true), false, 384, 128, 768, true, blas},
-           Row{avx2_only(), true, 768, 384, 128, false, blas},          // AVX2 CPUs keep OpenBLAS
-           Row{CpuFeatures{}, true, 2048, 2048, 2048, false, blas},     // another architecture
+           Row{avx2_only(), true, 768, 384, 128, false, blas},       // AVX2 CPUs keep OpenBLAS
+           Row{CpuFeatures{}, true, 2048, 2048, 2048, false, blas},  // another architecture
        }) {
     CAPTURE(r.m);
     CAPTURE(r.n);
@@ -192,7 +193,7 @@ TEST_CASE("round_to_bf16 keeps 8 significant bits, rounds to nearest even, keeps
   using onednn_detail::round_to_bf16;
   CHECK(round_to_bf16(1.0f) == 1.0f);
   CHECK(round_to_bf16(-3.5f) == -3.5f);
-  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 1.0f);                           // a tie: to even (down)
+  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 1.0f);                             // a tie: to even (down)
   CHECK(round_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 1.0f + std::ldexp(1.0f, -6));  // a tie: to even (up)
   CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)) == 1.0f + std::ldexp(1.0f, -7));
   CHECK(round_to_bf16(std::ldexp(1.0f, -130)) == 0.0f);  // a subnormal: zero of its sign, as vcvtneps2bf16
@@ -211,9 +212,10 @@ TEST_CASE("round_to_bf16 keeps 8 significant bits, rounds to nearest even, keeps
 TEST_CASE("rounding rows to bf16 (the CPU's instruction where it has one) gives round_to_bf16's bits") {
   std::vector<float> x = normal_floats(1000, 9);
   for (float& v : x) v *= std::exp(static_cast<float>(v * 20));
-  for (float special : {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), std::ldexp(1.0f, -130), -std::ldexp(1.0f, -140),
-                        1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), std::bit_cast<float>(0x7fffffffu),
-                        std::numeric_limits<float>::max(), std::numeric_limits<float>::min()})
+  for (float special :
+       {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), std::ldexp(1.0f, -130), -std::ldexp(1.0f, -140),
+        1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), std::bit_cast<float>(0x7fffffffu),
+        std::numeric_limits<float>::max(), std::numeric_limits<float>::min()})
     x.push_back(special);
   const int64_t rows = 7, cols = 101, ld = 143;  // 143 ≥ cols: the rows sit apart, as in a padded matrix
   x.resize(static_cast<size_t>(rows * ld), 0.5f);
@@ -297,8 +299,8 @@ uint64_t shared_operand_products(uint64_t seed, std::vector<uint32_t>* pairs, st
   for (int64_t i0 = 0; i0 < 64; i0 += 16) {
     const int64_t n = i0 + 16;
     gemm(16, n, 1.0f, as_is(a.data() + i0 * k, k), bt, 0.0f, shared.data() + i0 * columns, columns);
-    gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f,
-                plain.data() + i0 * columns, columns);
+    gemm<float>(16, n, k, 1.0f, as_is(a.data() + i0 * k, k), transposed(b.data(), k), 0.0f, plain.data() + i0 * columns,
+                columns);
   }
   return small_kernel_packings() - before;
 }
@@ -355,8 +357,9 @@ TEST_CASE("in bf16 mode a shared operand's bf16 pairs are packed once, with gemm
   else CHECK(packed == 0);
 }
 
-TEST_CASE("bf16 products: float64 within bf16's bound, from 2^19 multiply-adds on oneDNN and below on the engine's bf16 "
-          "tiles where the CPU has them (else float32's bound), through gemm()") {
+TEST_CASE(
+    "bf16 products: float64 within bf16's bound, from 2^19 multiply-adds on oneDNN and below on the engine's bf16 "
+    "tiles where the CPU has them (else float32's bound), through gemm()") {
   const std::string missing = bf16_unavailable_reason();
   if (!missing.empty()) {  // this CPU (or build) cannot: the setting is refused and changes nothing
     CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products");
@@ -375,8 +378,8 @@ TEST_CASE("bf16 products: float64 within bf16's bound, from 2^19 multiply-adds o
          MatrixOperand<float>{p.b.data(), p.ldb, p.tb}, p.beta, c.data(), p.ldc);
     const bool large = runs_in_bf16(p.m, p.n, p.k);
     CHECK(large == (p.m * p.n * p.k >= (int64_t{1} << 19)));
-    const bool in_bf16 = large || (small_bf16_kernel_available() && product_backend(p.m, p.n, p.k, p.ta) ==
-                                                                        ProductBackend::engine);
+    const bool in_bf16 =
+        large || (small_bf16_kernel_available() && product_backend(p.m, p.n, p.k, p.ta) == ProductBackend::engine);
     const Worst w = compare(p, c, in_bf16 ? 2 * u + u * u + float32_bound(p.k) : float32_bound(p.k));
     CHECK(w.error_over_bound <= 1.0);
     if (in_bf16) largest_relative = std::max(largest_relative, w.relative);
@@ -392,7 +395,8 @@ TEST_CASE("bf16 products: float64 within bf16's bound, from 2^19 multiply-adds o
 TEST_CASE("bf16 is refused in one line where the CPU has no bf16 units") {
   setenv("TAPEGRAD_FAKE_NO_BF16", "1", 1);
   const std::string why = bf16_unavailable_reason();
-  CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products", onednn_built() ? "AVX512_BF16" : "oneDNN");
+  CHECK_ERROR_HAS(set_product_precision(ProductPrecision::bf16), "bf16 products",
+                  onednn_built() ? "AVX512_BF16" : "oneDNN");
   unsetenv("TAPEGRAD_FAKE_NO_BF16");
   CHECK(why.find('\n') == std::string::npos);
   CHECK(product_precision() == ProductPrecision::f32);

@@ -24,7 +24,9 @@ const Profile::Row* find_row(const Profile& p, std::string_view name, bool op) {
 }
 
 // loss = Σ softmax(a·b): one matmul, one softmax, one sum.
-Var small_loss(Tape& tape, const Tensor& a, const Tensor& b) { return sum(softmax(matmul(tape.leaf(a), tape.leaf(b)))); }
+Var small_loss(Tape& tape, const Tensor& a, const Tensor& b) {
+  return sum(softmax(matmul(tape.leaf(a), tape.leaf(b))));
+}
 
 }  // namespace
 

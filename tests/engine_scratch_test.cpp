@@ -53,7 +53,8 @@ TEST_CASE("scratch: a node's reservation is recorded, the buffer outlives clear(
   for (int step = 0; step < 3; ++step) {
     tape.clear();
     Var x = tape.leaf(Tensor::full(DType::f32, {6, 8}, 0.5f));
-    Var w1 = tape.leaf(Tensor::full(DType::f32, {16, 8}, 0.1f)), w2 = tape.leaf(Tensor::full(DType::f32, {8, 16}, 0.2f));
+    Var w1 = tape.leaf(Tensor::full(DType::f32, {16, 8}, 0.1f)),
+        w2 = tape.leaf(Tensor::full(DType::f32, {8, 16}, 0.2f));
     Var y = mlp(x, w1, {}, w2, {}, GeluForm::tanh);
     tape.backward(sum(y));
     const size_t node = 0;  // mlp is the tape's first node

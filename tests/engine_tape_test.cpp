@@ -136,8 +136,8 @@ TEST_CASE("an int32 tensor cannot require a gradient or enter a float op") {
 TEST_CASE("an intermediate's gradient is released after its node's VJP unless retained; leaves keep theirs") {
   Tape tape;
   Var x = tape.leaf(vec({1, 2, 3}));
-  Var a = x * x;          // intermediate, released
-  Var b = exp(x);         // intermediate, retained
+  Var a = x * x;   // intermediate, released
+  Var b = exp(x);  // intermediate, retained
   tape.retain_grad(b);
   Var y = sum(a + b);
   tape.backward(y);

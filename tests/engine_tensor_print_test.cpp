@@ -69,8 +69,8 @@ TEST_CASE("a tensor from an Rng continues its sequence; from a seed it restarts"
   CHECK(first.to_vector() == Tensor::randn(DType::f64, {4}, 5).to_vector());
   CHECK(second.to_vector() != first.to_vector());
   CHECK(Tensor::randn(DType::f64, {8}, 5).to_vector() ==
-        std::vector<double>{first.item(0), first.item(1), first.item(2), first.item(3), second.item(0),
-                            second.item(1), second.item(2), second.item(3)});
+        std::vector<double>{first.item(0), first.item(1), first.item(2), first.item(3), second.item(0), second.item(1),
+                            second.item(2), second.item(3)});
 }
 
 TEST_CASE("randn and uniform refuse int32 and bad parameters, naming themselves") {
@@ -107,8 +107,8 @@ TEST_CASE("a tensor of more than 1000 elements shows the first and last 3 entrie
   CAPTURE(s);
   CHECK(s.rfind("Tensor float64 (40, 50)\n[[   0,    1,    2, ...,   47,   48,   49],\n", 0) == 0);
   CHECK(s.find("[1950, 1951, 1952, ..., 1997, 1998, 1999]]") != std::string::npos);
-  CHECK(count(s, "\n") == 7);    // 8 lines: the header, 3 rows, "...", 3 rows
-  CHECK(count(s, "...") == 7);   // one per row shown, and the rows' own gap
+  CHECK(count(s, "\n") == 7);                   // 8 lines: the header, 3 rows, "...", 3 rows
+  CHECK(count(s, "...") == 7);                  // one per row shown, and the rows' own gap
   CHECK(s.find("   3,") == std::string::npos);  // elided: no middle element of a row
   // 1000 elements or fewer: all shown
   std::vector<double> w(1000, 1.0);

@@ -29,8 +29,9 @@ TEST_CASE("the umbrella header gives the engine, the ops, pointwise and the grad
   CHECK(b.item(0) == doctest::Approx(1).epsilon(1e-3));
 
   Function softplus = [](Tape&, std::span<const Var> v) {
-    return pointwise("softplus", v[0], [](auto s) { return std::log1p(std::exp(s)); },
-                     [](auto s) { return 1 / (1 + std::exp(-s)); });
+    return pointwise(
+        "softplus", v[0], [](auto s) { return std::log1p(std::exp(s)); },
+        [](auto s) { return 1 / (1 + std::exp(-s)); });
   };
   CHECK(gradcheck(softplus, {Tensor::randn(DType::f64, {3, 4}, 5)}, {"x"}).passed);
 }

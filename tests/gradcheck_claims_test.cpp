@@ -78,8 +78,8 @@ TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their 
   CHECK(beta.has(Finding::jvp_only, "x"));
   CHECK(beta.has(Finding::radial, "x"));
 
-  const GradcheckReport prose = check_named(claims_in("docs/claims/attention-bias-prose-ds.txt"),
-                                            "attention_bias_prose_ds");
+  const GradcheckReport prose =
+      check_named(claims_in("docs/claims/attention-bias-prose-ds.txt"), "attention_bias_prose_ds");
   MESSAGE(prose.str());
   CHECK_FALSE(prose.passed());
   CHECK(prose.has(Finding::vjp_only, "b"));
@@ -148,11 +148,15 @@ TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term t
 TEST_CASE("layer norm's flipped row term is a sign of a term at every shape") {
   const std::pair<int, int> shapes[] = {{3, 5}, {4, 6}, {2, 4}, {5, 3}, {6, 8}, {3, 7}};
   for (const auto& [n, c] : shapes) {
-    const std::string head = fmt::format("input x: {0}, {1}\ninput w: {1}\ninput b: {1}\nlet gh = w * g\n"
-                                         "forward layer_norm(x, w, b)\nlet xc = x - mean(x, -1)\n", n, c);
-    const std::string with_rho = head + "let rho = exp(-0.5 * log(mean(xc * xc, -1) + 0.00001))\nlet xh = xc * rho\n"
-                                        "vjp x = rho * (gh - mean(gh, -1) + xh * mean(xh * gh, -1))\n";
-    const std::string with_sd = head + fmt::format("let sd = norm(xc, -1) / {:.17g}\nlet xh = xc / sd\n", std::sqrt(c)) +
+    const std::string head = fmt::format(
+        "input x: {0}, {1}\ninput w: {1}\ninput b: {1}\nlet gh = w * g\n"
+        "forward layer_norm(x, w, b)\nlet xc = x - mean(x, -1)\n",
+        n, c);
+    const std::string with_rho = head +
+                                 "let rho = exp(-0.5 * log(mean(xc * xc, -1) + 0.00001))\nlet xh = xc * rho\n"
+                                 "vjp x = rho * (gh - mean(gh, -1) + xh * mean(xh * gh, -1))\n";
+    const std::string with_sd = head +
+                                fmt::format("let sd = norm(xc, -1) / {:.17g}\nlet xh = xc / sd\n", std::sqrt(c)) +
                                 "vjp x = (gh - mean(gh, -1) + xh * mean(gh * xh, -1)) / sd\n";
     for (const std::string& text : {with_rho, with_sd}) {
       CAPTURE(n);
@@ -317,10 +321,11 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   }
   // A transposed term: which value, where it is read, the formula before and after the edit.
   const GradcheckReport dk = check_named(slips, "transposed_term_attention_k");
-  CHECK(dk.find(Finding::transposed_term, "k")->message.find(
-            "once `Omega` (2, 4, 4), made at tests/claims/slips.txt:") != std::string::npos);
-  CHECK(dk.find(Finding::transposed_term, "k")->message.find(
-            "matmul(Omega, q) → matmul(transpose(Omega), q);") != std::string::npos);
+  CHECK(
+      dk.find(Finding::transposed_term, "k")->message.find("once `Omega` (2, 4, 4), made at tests/claims/slips.txt:") !=
+      std::string::npos);
+  CHECK(dk.find(Finding::transposed_term, "k")->message.find("matmul(Omega, q) → matmul(transpose(Omega), q);") !=
+        std::string::npos);
   const GradcheckReport gram = check_named(slips, "transposed_term_gram");
   CHECK(gram.find(Finding::transposed_term, "x")->message.find("(1 other edit of this kind does too)") !=
         std::string::npos);
@@ -328,10 +333,12 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   CHECK(taken.find(Finding::transposed_term, "x")->message.find("the transpose is taken from `transpose(g)`") !=
         std::string::npos);
   const GradcheckReport term = check_named(slips, "term_sign_layer_norm");
-  CHECK(term.find(Finding::term_sign, "x")->message.find(
-            "once the sign of `xh * mean(gh * xh, -1)` is flipped at tests/claims/slips.txt:") != std::string::npos);
-  CHECK(term.find(Finding::term_sign, "x")->message.find(
-            "→ (gh - mean(gh, -1) - xh * mean(gh * xh, -1)) / sd; a term of the rule has the wrong sign") !=
+  CHECK(term.find(Finding::term_sign, "x")
+            ->message.find("once the sign of `xh * mean(gh * xh, -1)` is flipped at tests/claims/slips.txt:") !=
+        std::string::npos);
+  CHECK(term.find(Finding::term_sign, "x")
+            ->message.find(
+                "→ (gh - mean(gh, -1) - xh * mean(gh * xh, -1)) / sd; a term of the rule has the wrong sign") !=
         std::string::npos);
   const GradcheckReport unknown = check_named(slips, "unexplained_layer_norm");
   const std::string& where = unknown.find(Finding::unexplained, "x")->message;
@@ -411,13 +418,17 @@ TEST_CASE("sum(e, axis=a) and mean(e, axis=a) drop their axis; + - * / broadcast
     const GradcheckReport r = check_claim(claims[0]);
     CHECK_MESSAGE(r.passed(), r.str());
   };
-  holds("input s: 2, 3, 5\ninput bias: 3, 5\nforward softmax(s + bias)\n"
-        "vjp bias = sum(y * (g - sum(y * g, -1)), axis=0)\n");
-  holds("input x: 4, 6\ninput w: 6\nforward tanh(x * w)\nvjp w = sum(g * (1 - y * y) * x, axis=0)\n"
-        "vjp x = g * (1 - y * y) * w\n");
+  holds(
+      "input s: 2, 3, 5\ninput bias: 3, 5\nforward softmax(s + bias)\n"
+      "vjp bias = sum(y * (g - sum(y * g, -1)), axis=0)\n");
+  holds(
+      "input x: 4, 6\ninput w: 6\nforward tanh(x * w)\nvjp w = sum(g * (1 - y * y) * x, axis=0)\n"
+      "vjp x = g * (1 - y * y) * w\n");
   // A mean where the sum belongs is off by one over the batch size: [scale].
-  const auto mean_slip = parse_claims("input s: 2, 3, 5\ninput bias: 3, 5\nforward s + bias\n"
-                                      "vjp bias = mean(g, axis=0)\n", "f.txt");
+  const auto mean_slip = parse_claims(
+      "input s: 2, 3, 5\ninput bias: 3, 5\nforward s + bias\n"
+      "vjp bias = mean(g, axis=0)\n",
+      "f.txt");
   const GradcheckReport scaled = check_claim(mean_slip[0]);
   CHECK(scaled.has(Finding::scale, "bias"));
 
@@ -433,8 +444,8 @@ TEST_CASE("sum(e, axis=a) and mean(e, axis=a) drop their axis; + - * / broadcast
                        ExpressionError);
 
   // The wrong-axis edit moves the axis of the dropping spelling too.
-  const auto wrong_axis = parse_claims("input x: 4, 4\ninput b: 4\nforward x * b\nvjp b = sum(g * x, axis=1)\n",
-                                       "f.txt");
+  const auto wrong_axis =
+      parse_claims("input x: 4, 4\ninput b: 4\nforward x * b\nvjp b = sum(g * x, axis=1)\n", "f.txt");
   const GradcheckReport moved = check_claim(wrong_axis[0]);
   CHECK(moved.has(Finding::wrong_axis, "b"));
   CHECK(moved.str().find("sum(g * x, axis=1) → sum(g * x, axis=-2)") != std::string::npos);
@@ -524,5 +535,6 @@ TEST_CASE("docs/gradchecking.md quotes the diagnoses of tests/claims/slips.txt w
   std::set<std::string> printed;
   for (const ClaimText& c : claims_in("tests/claims/slips.txt"))
     for (const Diagnosis& d : check_claim(c).diagnoses) printed.insert("    " + d.str());
-  for (const std::string& line : quoted) CHECK_MESSAGE(printed.count(line) == 1, "docs/gradchecking.md quotes " << line);
+  for (const std::string& line : quoted)
+    CHECK_MESSAGE(printed.count(line) == 1, "docs/gradchecking.md quotes " << line);
 }

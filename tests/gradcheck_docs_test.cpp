@@ -91,10 +91,8 @@ bool occurs(const std::string& fragment, const std::string& text_without_spaces)
 std::string anchor_of(const std::string& heading) {
   std::string a;
   for (unsigned char c : heading) {
-    if (c >= 0x80 || std::isalnum(c) || c == '-' || c == '_')
-      a += static_cast<char>(std::tolower(c));
-    else if (c == ' ')
-      a += '-';
+    if (c >= 0x80 || std::isalnum(c) || c == '-' || c == '_') a += static_cast<char>(std::tolower(c));
+    else if (c == ' ') a += '-';
   }
   return a;
 }
@@ -170,8 +168,8 @@ std::set<std::string> code_words() {
     if (!fs::exists(kRoot / dir)) continue;
     for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
       const std::string ext = e.path().extension().string();
-      if (e.is_regular_file() && (ext == ".cpp" || ext == ".hpp" || ext == ".py" || ext == ".sh" ||
-                                  ext == ".cmake" || e.path().filename() == "CMakeLists.txt"))
+      if (e.is_regular_file() && (ext == ".cpp" || ext == ".hpp" || ext == ".py" || ext == ".sh" || ext == ".cmake" ||
+                                  e.path().filename() == "CMakeLists.txt"))
         add(e.path());
     }
   }
@@ -185,7 +183,8 @@ TEST_CASE("docs: every function or type that running text names in backquotes ex
   // part must be a word of the code, so that renaming a function fails here instead of leaving the docs behind.
   // The standard library's names (std::…) are not the project's.
   const std::set<std::string> words = code_words();
-  const std::regex named(R"(([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)\s*[(<{]|\b([A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*))");
+  const std::regex named(
+      R"(([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)\s*[(<{]|\b([A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*))");
   int names = 0;
   for (const fs::path& md : docs()) {
     for (const ProseLine& prose : prose_lines(md)) {
@@ -237,8 +236,7 @@ TEST_CASE("docs: every link to a file of the repository resolves, and every #anc
       const std::string& line = prose.text;
       for (auto m = std::sregex_iterator(line.begin(), line.end(), link); m != std::sregex_iterator(); ++m) {
         const std::string target = (*m)[1];
-        if (target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:"))
-          continue;
+        if (target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:")) continue;
         const size_t hash = target.find('#');
         const std::string file = target.substr(0, hash);
         const fs::path resolved = file.empty() ? md : md.parent_path() / file;
@@ -269,7 +267,8 @@ TEST_CASE("docs: every code fragment a table quotes from a file occurs in that f
         continue;
       }
       std::vector<std::string> cells;
-      for (size_t a = 1, b; (b = line.find('|', a)) != std::string::npos; a = b + 1) cells.push_back(line.substr(a, b - a));
+      for (size_t a = 1, b; (b = line.find('|', a)) != std::string::npos; a = b + 1)
+        cells.push_back(line.substr(a, b - a));
       if (code_column < 0) {  // the header row
         header_files.clear();
         for (size_t c = 0; c < cells.size(); ++c)
@@ -370,8 +369,8 @@ TEST_CASE("docs: every fragment of code that running text quotes beside a source
   // spans that reads as a statement (quotes_code) must occur in one of the files the unit names (a table's header
   // counts for its rows), or, for a line quoted from a file the unit does not name, somewhere in the code.
   std::string all_code;
-  for (const char* dir : {"engine", "ops", "checker", "inspect", "models", "tools", "tests", "examples", "fuzz",
-                          "cmake", "python"}) {
+  for (const char* dir :
+       {"engine", "ops", "checker", "inspect", "models", "tools", "tests", "examples", "fuzz", "cmake", "python"}) {
     if (!fs::exists(kRoot / dir)) continue;
     for (const auto& e : fs::recursive_directory_iterator(kRoot / dir))
       if (e.is_regular_file() && is_source_file(fs::relative(e.path(), kRoot).string()))
@@ -390,8 +389,8 @@ TEST_CASE("docs: every fragment of code that running text quotes beside a source
       for (const ProseLine& line : unit.lines)
         for (const std::string& span : code_spans(line.text)) {
           if (is_repo_path(span) || !quotes_code(span)) continue;
-          INFO(fs::relative(md, kRoot).string() << ":" << line.n << ": `" << span << "`, quoted beside "
-                                                << files.front());
+          INFO(fs::relative(md, kRoot).string()
+               << ":" << line.n << ": `" << span << "`, quoted beside " << files.front());
           const bool here = occurs(span, text);
           CHECK_MESSAGE((here || occurs(span, all_code)), "a stale fragment: quote what the code now says");
           ++fragments;

@@ -155,8 +155,7 @@ TEST_CASE("explain: formulas written outside the node's file are named by file a
     REQUIRE(in.good());
     const int line = std::stoi(place.substr(colon + 1));
     std::string text;
-    for (int i = 1; std::getline(in, text) && i < line; ++i) {
-    }
+    for (int i = 1; std::getline(in, text) && i < line; ++i) {}
     return text;
   };
   int places = 0;

@@ -212,8 +212,8 @@ TEST_CASE("at bf16 where bf16 products cannot run, the check refuses in one line
   setenv("TAPEGRAD_FAKE_NO_BF16", "1", 1);
   const std::string why = bf16_unavailable_reason();
   CHECK(why.find("has neither AVX512_BF16 nor AMX-BF16") != std::string::npos);
-  CHECK_ERROR_HAS(gradcheck_at_precision(kSlip, slip_inputs(), kNames, ProductPrecision::bf16), "gradcheck at bf16: ",
-                  why);
+  CHECK_ERROR_HAS(gradcheck_at_precision(kSlip, slip_inputs(), kNames, ProductPrecision::bf16),
+                  "gradcheck at bf16: ", why);
   if (before) setenv("TAPEGRAD_FAKE_NO_BF16", saved.c_str(), 1);
   else unsetenv("TAPEGRAD_FAKE_NO_BF16");
 }

@@ -127,7 +127,9 @@ TEST_CASE("a registry refuses an op registered twice and a case for an op it doe
 TEST_CASE("an op is called by name through its sheet's call; one without a call is refused, saying so") {
   Registry r;
   r.add(std::vector<OpSheet>{
-      {.name = "scaled", .family = "arithmetic", .inputs = 1,
+      {.name = "scaled",
+       .family = "arithmetic",
+       .inputs = 1,
        .call = [](std::span<const Var> x, const OpArgs& a) { return scale(x[0], a.number("s", 2.0)); }},
       {.name = "uncallable", .family = "arithmetic"}});
   CHECK(r.callable() == std::vector<std::string>{"scaled"});
@@ -139,17 +141,19 @@ TEST_CASE("an op is called by name through its sheet's call; one without a call 
                        doctest::Contains("op 'uncallable' is not called by name: its sheet (family arithmetic) gives "
                                          "it no .call; the ops called by name: scaled"),
                        Error);
-  CHECK_THROWS_WITH_AS(r.call("nosuch", x, OpArgs{}), doctest::Contains("no op 'nosuch'; the ops called by name: scaled"),
-                       Error);
+  CHECK_THROWS_WITH_AS(r.call("nosuch", x, OpArgs{}),
+                       doctest::Contains("no op 'nosuch'; the ops called by name: scaled"), Error);
   CHECK_THROWS_WITH_AS(r.call("scaled", {}, OpArgs{}), doctest::Contains("scaled: takes 1 value, got 0"), Error);
   CHECK_THROWS_WITH_AS(r.call("scaled", x, OpArgs{}.set("s", std::string("two"))),
                        doctest::Contains("scaled on shapes (2): scaled: the keyword s= must be a number, got the "
                                          "string 'two'"),
                        Error);
   // A call needs to say how many inputs it takes.
-  CHECK_THROWS_WITH_AS(r.add(std::vector<OpSheet>{{.name = "countless", .family = "arithmetic",
-                                                  .call = [](std::span<const Var> v, const OpArgs&) { return v[0]; }}}),
-                       doctest::Contains("op 'countless' has a .call and no .inputs"), Error);
+  CHECK_THROWS_WITH_AS(
+      r.add(std::vector<OpSheet>{{.name = "countless",
+                                  .family = "arithmetic",
+                                  .call = [](std::span<const Var> v, const OpArgs&) { return v[0]; }}}),
+      doctest::Contains("op 'countless' has a .call and no .inputs"), Error);
 }
 
 TEST_CASE("every built-in op is callable by name, with the keywords its sheet reads") {
@@ -162,12 +166,14 @@ TEST_CASE("every built-in op is callable by name, with the keywords its sheet re
   const std::vector<Var> x{tape.leaf(Tensor::full(DType::f64, {2, 3}, 1.0))};
   CHECK(builtin_registry().call("sum", x, OpArgs{}.set("axis", int64_t{1})).shape() == Shape{2});
   CHECK(builtin_registry().call("sum", x, OpArgs{}).shape() == Shape{});
-  CHECK(builtin_registry().call("reshape", x, OpArgs{}.set("shape", std::vector<int64_t>{3, 2})).shape() == Shape{3, 2});
+  CHECK(builtin_registry().call("reshape", x, OpArgs{}.set("shape", std::vector<int64_t>{3, 2})).shape() ==
+        Shape{3, 2});
   CHECK_THROWS_WITH_AS(builtin_registry().call("slice", x, OpArgs{}.set("axis", int64_t{0}).set("start", int64_t{0})),
                        doctest::Contains("slice on shapes (2, 3): slice: needs the keyword stop="), Error);
   CHECK_THROWS_WITH_AS(builtin_registry().call("sum", x, OpArgs{}.set("axis", 1.0)),
                        doctest::Contains("sum: the keyword axis= must be an integer, got the number 1"), Error);
-  CHECK_THROWS_WITH_AS(builtin_registry().call("concat", {}, OpArgs{}), doctest::Contains("concat: takes one or more "
-                                                                                         "values, got 0"),
+  CHECK_THROWS_WITH_AS(builtin_registry().call("concat", {}, OpArgs{}),
+                       doctest::Contains("concat: takes one or more "
+                                         "values, got 0"),
                        Error);
 }

@@ -58,8 +58,9 @@ TEST_CASE("hvp refuses an op without a second-order rule, by name") {
   // pointwise() from f and f′ alone records no second-order rule (with f″ as well, it does).
   Tape tape;
   Var x = tape.leaf(Tensor::randn(DType::f64, {2, 3}, 1));
-  Var s = sum(pointwise("softsign", x, [](auto v) { return v / (1 + std::abs(v)); },
-                        [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); }));
+  Var s = sum(pointwise(
+      "softsign", x, [](auto v) { return v / (1 + std::abs(v)); },
+      [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); }));
   const Tensor dirs[] = {Tensor::randn(DType::f64, {2, 3}, 2)};
   const Var wrt[] = {x};
   CHECK_THROWS_WITH_AS(tape.hvp(s, Tensor::from<double>({}, {1.0}), wrt, dirs),
@@ -154,7 +155,8 @@ Var softmax_without_row_term(Tape& tape, std::span<const Var> in) {
       });
 }
 
-GradcheckReport check_one(const Function& f, std::initializer_list<Tensor> x, std::initializer_list<std::string> names) {
+GradcheckReport check_one(const Function& f, std::initializer_list<Tensor> x,
+                          std::initializer_list<std::string> names) {
   const std::vector<Tensor> xs(x);
   const std::vector<std::string> ns(names);
   return gradcheck_second_order(f, xs, ns);

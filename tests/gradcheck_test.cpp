@@ -102,8 +102,8 @@ ClaimedVjp softmax_vjp(SoftmaxSlip slip) {
       for (int64_t c = 0; c < cols; ++c) {
         const double pi = data(p)[r * cols + c], gi = data(g)[r * cols + c];
         double v = pi * (gi - dr);
-        if (slip == SoftmaxSlip::no_normalizer) v = pi * gi;  // drops −p·D
-        if (slip == SoftmaxSlip::no_diagonal) v = -pi * dr;   // drops p ⊙ ȳ
+        if (slip == SoftmaxSlip::no_normalizer) v = pi * gi;            // drops −p·D
+        if (slip == SoftmaxSlip::no_diagonal) v = -pi * dr;             // drops p ⊙ ȳ
         if (slip == SoftmaxSlip::row_term_without_p) v = pi * gi - dr;  // −D where −p·D belongs
         data(gin[0])[r * cols + c] += v;
       }
@@ -163,8 +163,8 @@ GradcheckReport check_matmul_cotangent_read_transposed() {
         }
   };
   Function forward = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
-  return gradcheck(claimed({"matmul_claimed", forward, vjp, {}}), {random_tensor({4, 4}, 16), random_tensor({4, 4}, 17)},
-                   {"x", "w"});
+  return gradcheck(claimed({"matmul_claimed", forward, vjp, {}}),
+                   {random_tensor({4, 4}, 16), random_tensor({4, 4}, 17)}, {"x", "w"});
 }
 
 // y = M·x with a fixed non-symmetric M; the planted VJP applies M where Mᵀ belongs.     M (4, 4), x (4, 1)
@@ -267,8 +267,8 @@ ClaimedJvp claimed_homogeneity_jvp() {
 
 GradcheckReport check_homogeneity_claim() {
   Function forward = [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); };
-  return gradcheck(claimed({"beta_homogeneity_jvp", forward, {}, claimed_homogeneity_jvp()}), {random_tensor({4, 6}, 41)},
-                   {"x"});
+  return gradcheck(claimed({"beta_homogeneity_jvp", forward, {}, claimed_homogeneity_jvp()}),
+                   {random_tensor({4, 6}, 41)}, {"x"});
 }
 
 // The attention-bias post on one (b, h) slice, bias of the full shape: A = softmax(s·QKᵀ + B), dA = G Vᵀ, and
@@ -282,7 +282,9 @@ ClaimedVjp claimed_score_gradient_vjp(ScoreGradientClaim variant) {
     const int64_t T = q.shape()[2], d = q.shape()[3], dv = v.shape()[3];
     const double s = 1 / std::sqrt(static_cast<double>(d));
     std::vector<double> a(static_cast<size_t>(T * T)), da(a.size()), ds(a.size());
-    auto at_ij = [T](std::vector<double>& m, int64_t i, int64_t j) -> double& { return m[static_cast<size_t>(i * T + j)]; };
+    auto at_ij = [T](std::vector<double>& m, int64_t i, int64_t j) -> double& {
+      return m[static_cast<size_t>(i * T + j)];
+    };
     for (int64_t i = 0; i < T; ++i) {
       double mx = -INFINITY, sum = 0;
       for (int64_t j = 0; j < T; ++j) {
@@ -301,11 +303,11 @@ ClaimedVjp claimed_score_gradient_vjp(ScoreGradientClaim variant) {
       for (int64_t j = 0; j < T; ++j) {
         if (variant == ScoreGradientClaim::prose_ds)
           for (int64_t jj = 0; jj < T; ++jj) row += at_ij(da, i, j) * at_ij(a, jj, j);
-        else
-          row += at_ij(a, i, j) * at_ij(da, i, j);
+        else row += at_ij(a, i, j) * at_ij(da, i, j);
       }
       for (int64_t j = 0; j < T; ++j)
-        at_ij(ds, i, j) = (variant == ScoreGradientClaim::prose_ds ? at_ij(da, i, j) : at_ij(a, i, j)) * (at_ij(da, i, j) - row);
+        at_ij(ds, i, j) =
+            (variant == ScoreGradientClaim::prose_ds ? at_ij(da, i, j) : at_ij(a, i, j)) * (at_ij(da, i, j) - row);
     }
     const double sq = variant == ScoreGradientClaim::prose_qk ? 1.0 : s;
     for (int64_t i = 0; i < T; ++i)
@@ -520,7 +522,8 @@ TEST_CASE("diagnosis: J applied where Jᵀ belongs (the transposed Jacobian)") {
 // exp over (3, 5) whose VJP is off by one place: it writes x̄[r, c + 1] (writes_over) or reads ȳ[r, c + 1]
 // (reads_over) where x̄[r, c] and ȳ[r, c] belong; a sum's VJP that leaves each row's first element out is no shift.
 Function exp_off_by_one(bool writes_over) {
-  return claimed({"exp_off_by_one", [](Tape&, std::span<const Var> x) { return exp(x[0]); },
+  return claimed({"exp_off_by_one",
+                  [](Tape&, std::span<const Var> x) { return exp(x[0]); },
                   [writes_over](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
                     const int64_t cols = at.output.shape().back();
                     for (int64_t e = 0; e < at.output.numel(); ++e) {
@@ -545,7 +548,8 @@ TEST_CASE("diagnosis: a VJP off by one place along an axis of x or of y is shift
   }
   // sum over the last axis, its VJP leaving x̄[r, 0] at 0: N is constant along the row, so N moved by one is N but
   // at the edge; the pattern is masked positions, not a shift.
-  Function first_left_out = claimed({"sum_first_left_out", [](Tape&, std::span<const Var> x) { return sum(x[0], -1); },
+  Function first_left_out = claimed({"sum_first_left_out",
+                                     [](Tape&, std::span<const Var> x) { return sum(x[0], -1); },
                                      [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
                                        const int64_t cols = at.inputs[0].shape().back();
                                        for (int64_t e = 0; e < at.inputs[0].numel(); ++e)
@@ -573,7 +577,8 @@ TEST_CASE("diagnosis: a mask missing in the VJP (errors only where y does not de
   const Diagnosis* d = r.find(Finding::masked_positions, "x");
   REQUIRE(d);
   CHECK(d->message.find("does not depend on x") != std::string::npos);
-  GradcheckCase right{"causal", {{"x", {4, 3}}}, [](Tape&, std::span<const Var> x) { return prefix_mean(x[0], false); }};
+  GradcheckCase right{
+      "causal", {{"x", {4, 3}}}, [](Tape&, std::span<const Var> x) { return prefix_mean(x[0], false); }};
   CHECK(gradcheck(right).passed);
 }
 
@@ -626,8 +631,8 @@ TEST_CASE("diagnosis: a per-row term missing (softmax without −⟨p, ȳ⟩·p;
 }
 
 TEST_CASE("diagnosis: a kink at the check point is named as such, not blamed on the derivative") {
-  GradcheckReport r = gradcheck([](Tape&, std::span<const Var> x) { return relu(x[0]); },
-                                {Tensor::zeros(DType::f64, {2, 3})}, {"x"});
+  GradcheckReport r =
+      gradcheck([](Tape&, std::span<const Var> x) { return relu(x[0]); }, {Tensor::zeros(DType::f64, {2, 3})}, {"x"});
   INFO(r.str());
   CHECK_FALSE(r.passed);
   const Diagnosis* d = r.find(Finding::kink, "x");
@@ -635,7 +640,8 @@ TEST_CASE("diagnosis: a kink at the check point is named as such, not blamed on 
   CHECK(d->message.find("Fill::away_from_zero") != std::string::npos);
   CHECK_FALSE(r.has(Finding::scale));
   CHECK_FALSE(r.has(Finding::diagonal));
-  GradcheckCase away{"relu", {{"x", {2, 3}, Fill::away_from_zero}}, [](Tape&, std::span<const Var> x) { return relu(x[0]); }};
+  GradcheckCase away{
+      "relu", {{"x", {2, 3}, Fill::away_from_zero}}, [](Tape&, std::span<const Var> x) { return relu(x[0]); }};
   CHECK(gradcheck(away).passed);
 }
 
@@ -643,8 +649,8 @@ TEST_CASE("diagnosis: a tolerance tighter than finite differences resolve is nam
   GradcheckOptions strict;
   strict.atol = 1e-30;
   strict.rtol = 0;
-  GradcheckReport r = gradcheck([](Tape&, std::span<const Var> x) { return exp(x[0]); }, {random_tensor({2, 3}, 6)},
-                                {"x"}, strict);
+  GradcheckReport r =
+      gradcheck([](Tape&, std::span<const Var> x) { return exp(x[0]); }, {random_tensor({2, 3}, 6)}, {"x"}, strict);
   INFO(r.str());
   CHECK_FALSE(r.passed);
   CHECK(r.has(Finding::tolerance, "x"));
@@ -677,7 +683,9 @@ TEST_CASE("a claim without claimed derivatives is its forward: it records one no
   CHECK_THROWS_AS(claimed({"no forward", {}, {}, {}}), Error);
 }
 
-TEST_CASE("β-attention post (docs/derivations.md §1.3): the homogeneity JVP dβ(x)·h = f(x,h)·β(x) — JVP only, right along x alone") {
+TEST_CASE(
+    "β-attention post (docs/derivations.md §1.3): the homogeneity JVP dβ(x)·h = f(x,h)·β(x) — JVP only, right along x "
+    "alone") {
   GradcheckReport r = check_homogeneity_claim();
   MESSAGE("β-attention post, claimed JVP of β:\n" << r.str());
   CHECK_FALSE(r.passed);
@@ -688,7 +696,9 @@ TEST_CASE("β-attention post (docs/derivations.md §1.3): the homogeneity JVP d�
   CHECK_FALSE(r.has(Finding::nonlinear));  // the claim is linear in h: wrong, but a linear map
 }
 
-TEST_CASE("attention-bias post (docs/derivations.md §5.3): the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) — not linear in ȳ; the code's dS passes") {
+TEST_CASE(
+    "attention-bias post (docs/derivations.md §5.3): the prose dS = dA ⊙ (dA − (dA·Aᵀ)1) — not linear in ȳ; the code's "
+    "dS passes") {
   GradcheckReport prose = check_score_gradient_claim(ScoreGradientClaim::prose_ds);
   MESSAGE("attention-bias post, prose dS:\n" << prose.str());
   CHECK_FALSE(prose.passed);
@@ -721,12 +731,13 @@ TEST_CASE("run_gradcheck and gradcheck_main over a registry of one's own ops") {
                {"rows", {{"x", {2, 3}}}, [](Tape&, std::span<const Var> x) { return square_without_jvp(x[0]); }});
   reg.add({.name = "planted_square", .family = "test", .vjp = "x̄ += −2x·ȳ (a sign slip)"});
   reg.add_case("planted_square", square_case({.vjp_factor = -2}));
-  reg.add({.name = "beta_homogeneity_jvp", .family = "claims",
-           .jvp = "the β-attention post: dβ(x)·h = f(x,h)·β(x)"});
-  reg.add_case("beta_homogeneity_jvp",
-               {"rows", {{"x", {4, 6}}}, claimed({"beta_homogeneity_jvp", [](Tape&, std::span<const Var> x) {
-                                                    return row_normalize(x[0]);
-                                                  }, {}, claimed_homogeneity_jvp()})});
+  reg.add({.name = "beta_homogeneity_jvp", .family = "claims", .jvp = "the β-attention post: dβ(x)·h = f(x,h)·β(x)"});
+  reg.add_case("beta_homogeneity_jvp", {"rows",
+                                        {{"x", {4, 6}}},
+                                        claimed({"beta_homogeneity_jvp",
+                                                 [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); },
+                                                 {},
+                                                 claimed_homogeneity_jvp()})});
 
   auto run = [&](std::vector<std::string> ops, bool json = false) {
     GradcheckRun args;
@@ -810,7 +821,8 @@ TEST_CASE("a failure found by random projections is named on fewer rows, where t
 
 TEST_CASE("where no slice can be made, a failure found by projections says how to get a diagnosis") {
   // A sum to a scalar has no rows to cut; 50000 inputs are above the limit.
-  Function f = claimed({"square_sum", [](Tape&, std::span<const Var> x) { return sum(x[0] * x[0]); },
+  Function f = claimed({"square_sum",
+                        [](Tape&, std::span<const Var> x) { return sum(x[0] * x[0]); },
                         [](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
                           for (int64_t k = 0; k < gin[0].numel(); ++k)  // 3x where 2x belongs... and a term more
                             data(gin[0])[k] += data(g)[0] * (3 * data(at.inputs[0])[k] + 1);
@@ -842,8 +854,8 @@ TEST_CASE("diagnosis: each row off by a factor of its own (a per-row normalizer)
         data(gin[0])[q * cols + c] += data(g)[q * cols + c] - data(x)[q * cols + c] * xg / (r * (1 + r));
     }
   };
-  Function f = claimed({"beta_claimed", [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); },
-                        forgot_normalizer, {}});
+  Function f = claimed(
+      {"beta_claimed", [](Tape&, std::span<const Var> x) { return row_normalize(x[0]); }, forgot_normalizer, {}});
   GradcheckReport r = gradcheck(f, {random_tensor({4, 5}, 11)}, {"x"});
   CHECK_FALSE(r.passed);
   const Diagnosis* d = r.find(Finding::per_row_factor, "x");
@@ -858,16 +870,17 @@ TEST_CASE("diagnosis: an element-wise op's derivative read along the diagonal, a
   for (int slip : {0, 1}) {
     CAPTURE(slip);
     Function f = [slip](Tape&, std::span<const Var> x) {
-      return pointwise("cube", x[0], [](auto v) { return v * v * v; },
-                       [slip](auto v) { return slip == 0 ? 3 * v * v * v : 3 * v * v + 1; });
+      return pointwise(
+          "cube", x[0], [](auto v) { return v * v * v; },
+          [slip](auto v) { return slip == 0 ? 3 * v * v * v : 3 * v * v + 1; });
     };
     GradcheckReport r = gradcheck(f, {random_tensor({3, 4}, 5)}, {"x"});
     CHECK_FALSE(r.passed);
     const Diagnosis* d = r.find(Finding::elementwise, "x");
     REQUIRE_MESSAGE(d, r.str());
-    CHECK_MESSAGE(d->message.find(slip == 0 ? "(analytic = numeric × x)" : "(analytic − numeric = 1)") !=
-                      std::string::npos,
-                  d->message);
+    CHECK_MESSAGE(
+        d->message.find(slip == 0 ? "(analytic = numeric × x)" : "(analytic − numeric = 1)") != std::string::npos,
+        d->message);
     CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
   }
 }

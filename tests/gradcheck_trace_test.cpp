@@ -95,7 +95,9 @@ TEST_CASE("docs/learn.md's excerpt of `tapegrad explain softmax --trace` is what
   // The last digits of the agreement may differ from one libm to another: that line is compared up to its number.
   const std::regex difference(R"(= [0-9.]+e[-+][0-9]+ \()");
   const std::string printed = format_trace(trace_op(builtin_registry(), "softmax"));
-  CHECK_MESSAGE(std::regex_replace(printed, difference, "= N (").find(std::regex_replace(excerpt, difference, "= N (")) !=
-                    std::string::npos,
-                "docs/learn.md quotes lines that `tapegrad explain softmax --trace` does not print:\n" << printed);
+  CHECK_MESSAGE(
+      std::regex_replace(printed, difference, "= N (").find(std::regex_replace(excerpt, difference, "= N (")) !=
+          std::string::npos,
+      "docs/learn.md quotes lines that `tapegrad explain softmax --trace` does not print:\n"
+          << printed);
 }

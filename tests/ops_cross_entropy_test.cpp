@@ -96,9 +96,8 @@ TEST_CASE_TEMPLATE("logits of ±1e4 give a finite loss and the analytic gradient
 
   tape.backward(y);
   const std::vector<double> g = logits.grad().to_vector();
-  const std::vector<double> want{1.0 / 3,  -1.0 / 3, 0,        0,  // (p − onehot)/N, N = 3
-                                 -0.5 / 3, 0.5 / 3,  0,        0,
-                                 0.25 / 3, 0.25 / 3, 0.25 / 3, -0.75 / 3};
+  const std::vector<double> want{1.0 / 3,  -1.0 / 3, 0, 0,  // (p − onehot)/N, N = 3
+                                 -0.5 / 3, 0.5 / 3,  0, 0, 0.25 / 3, 0.25 / 3, 0.25 / 3, -0.75 / 3};
   REQUIRE(g.size() == want.size());
   for (size_t i = 0; i < g.size(); ++i) {
     CAPTURE(i);
@@ -156,9 +155,8 @@ TEST_CASE("cross_entropy errors name the op and what is wrong") {
   }
   SUBCASE("targets do not have the logits' leading shape") {
     for (Shape s : {Shape{2}, Shape{3, 2}, Shape{2, 3, 5}, Shape{6}}) {
-      std::string msg = error_of([&] {
-        cross_entropy(logits, targets(s, std::vector<int32_t>(static_cast<size_t>(s.numel()), 0)));
-      });
+      std::string msg =
+          error_of([&] { cross_entropy(logits, targets(s, std::vector<int32_t>(static_cast<size_t>(s.numel()), 0))); });
       CHECK(msg.find("cross_entropy") != std::string::npos);
       CHECK(msg.find(s.str()) != std::string::npos);
       CHECK(msg.find("(2, 3)") != std::string::npos);  // the expected shape

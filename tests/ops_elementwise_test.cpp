@@ -182,8 +182,9 @@ TEST_CASE("pointwise names its node, places it at the caller, and is gradchecked
 
 TEST_CASE("pointwise with a wrong f′ is caught by the gradchecker") {
   Function wrong = [](Tape&, std::span<const Var> v) {
-    return pointwise("softsign_wrong", v[0], [](auto s) { return s / (1 + std::abs(s)); },
-                     [](auto s) { return 1 / (1 + std::abs(s)); });  // forgets the square
+    return pointwise(
+        "softsign_wrong", v[0], [](auto s) { return s / (1 + std::abs(s)); },
+        [](auto s) { return 1 / (1 + std::abs(s)); });  // forgets the square
   };
   CHECK_FALSE(gradcheck(wrong, {random_tensor({3, 4}, 13)}, {"x"}).passed);
 }

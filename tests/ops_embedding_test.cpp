@@ -61,7 +61,7 @@ TEST_CASE_TEMPLATE("the gradient of repeated ids is the sum of their rows of Ȳ"
     const auto ci = static_cast<int64_t>(c);
     CHECK(g.item(0 * 3 + ci) == s(4, c));
     CHECK(g.item(1 * 3 + ci) == s(0, c) + s(2, c) + s(3, c));  // id 1 at positions 0, 2, 3
-    CHECK(g.item(2 * 3 + ci) == 0);                             // id 2 is never looked up
+    CHECK(g.item(2 * 3 + ci) == 0);                            // id 2 is never looked up
     CHECK(g.item(3 * 3 + ci) == s(1, c));
   }
 }

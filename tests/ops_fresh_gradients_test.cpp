@@ -71,7 +71,8 @@ TEST_CASE("fresh gradients: an input a node takes twice gets both contributions"
 TEST_CASE("fresh gradients: old contents of a reused buffer never reach a gradient") {
   // The same forward and backward twice on one tape, the first time with other inputs: the second round's
   // buffers come from the arena the first one filled, and its gradients are those of a new tape, bit for bit.
-  const Tensor x_other = Tensor::randn(DType::f32, {2, 8, 3 * 16}, 8, 0, 30), x0 = Tensor::randn(DType::f32, {2, 8, 48}, 9);
+  const Tensor x_other = Tensor::randn(DType::f32, {2, 8, 3 * 16}, 8, 0, 30),
+               x0 = Tensor::randn(DType::f32, {2, 8, 48}, 9);
   const Tensor w = Tensor::randn(DType::f32, {16, 16}, 10), seed = Tensor::randn(DType::f32, {2, 8, 16}, 11);
   auto run = [&](Tape& tape, const Tensor& xv) {
     Var x = tape.leaf(xv);

@@ -62,8 +62,7 @@ TEST_CASE("layer_norm matches a naive reference in float32 and float64") {
 TEST_CASE("with w = 1 and b = 0 every row has mean 0 and variance v/(v + ε)") {
   Tensor x = random_tensor({5, 32}, DType::f64, 61, 3.0, -2.0);
   const double eps = 1e-2;
-  std::vector<Tensor> xs{x, tensor_of({32}, std::vector<double>(32, 1.0), DType::f64),
-                         Tensor::zeros(DType::f64, {32})};
+  std::vector<Tensor> xs{x, tensor_of({32}, std::vector<double>(32, 1.0), DType::f64), Tensor::zeros(DType::f64, {32})};
   Tensor y = evaluate([eps](Tape&, std::span<const Var> v) { return layer_norm(v[0], v[1], v[2], eps); }, xs);
   for (int64_t i = 0; i < 5; ++i) {
     double mu = 0, var = 0, y_mean = 0, y_sq = 0;

@@ -141,8 +141,7 @@ TEST_CASE("float32 (4, 64, 128) @ (128, 96) agrees with a naive triple loop to 1
 TEST_CASE_TEMPLATE("gradients: ā = ȳ·bᵀ and b̄ = aᵀ·ȳ, summed over broadcast batches", T, float, double) {
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
   for (auto [sa, sb] : {std::pair<Shape, Shape>{{2, 3, 4}, {4, 5}},  // fast path: b̄ sums over the batch of a
-                        std::pair<Shape, Shape>{{2, 1, 3, 4}, {5, 4, 6}},
-                        std::pair<Shape, Shape>{{3, 4}, {2, 4, 5}}}) {
+                        std::pair<Shape, Shape>{{2, 1, 3, 4}, {5, 4, 6}}, std::pair<Shape, Shape>{{3, 4}, {2, 4, 5}}}) {
     CAPTURE(sa.str());
     CAPTURE(sb.str());
     const Tensor av = normal(sa, dtype_of<T>(), 31), bv = normal(sb, dtype_of<T>(), 32);
@@ -205,9 +204,9 @@ TEST_CASE("matmul errors name the op and the shapes") {
   CHECK_THROWS_WITH_AS(matmul(leaf({2, 3}), leaf({4, 5})),
                        doctest::Contains("matmul: inner dimensions differ: a (2, 3) has k = 3 but b (4, 5) has k = 4"),
                        Error);
-  CHECK_THROWS_WITH_AS(matmul(leaf({3}), leaf({3, 2})),
-                       doctest::Contains("matmul: both inputs need rank ≥ 2 (…, m, k) @ (…, k, n), got a (3) and b (3, 2)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      matmul(leaf({3}), leaf({3, 2})),
+      doctest::Contains("matmul: both inputs need rank ≥ 2 (…, m, k) @ (…, k, n), got a (3) and b (3, 2)"), Error);
   CHECK_THROWS_WITH_AS(matmul(leaf({2, 3}), leaf({3})), doctest::Contains("got a (2, 3) and b (3)"), Error);
   CHECK_THROWS_WITH_AS(matmul(leaf({2, 3, 4}), leaf({3, 4, 5})),
                        doctest::Contains("matmul: batch dimensions of a (2, 3, 4) and b (3, 4, 5) do not broadcast"),

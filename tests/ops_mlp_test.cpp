@@ -61,13 +61,15 @@ TEST_CASE("mlp: shape errors name the op and the shapes") {
   Tape tape;
   Var x = tape.leaf(Tensor::zeros(DType::f32, {4, 8}));
   Var w1 = tape.leaf(Tensor::zeros(DType::f32, {32, 8})), w2 = tape.leaf(Tensor::zeros(DType::f32, {8, 32}));
-  CHECK_THROWS_WITH(mlp(x, tape.leaf(Tensor::zeros(DType::f32, {32, 7})), {}, w2, {}, GeluForm::exact),
-                    doctest::Contains("mlp: the first weight must be (H, 8) for an input of shape (4, 8), got (32, 7)"));
+  CHECK_THROWS_WITH(
+      mlp(x, tape.leaf(Tensor::zeros(DType::f32, {32, 7})), {}, w2, {}, GeluForm::exact),
+      doctest::Contains("mlp: the first weight must be (H, 8) for an input of shape (4, 8), got (32, 7)"));
   CHECK_THROWS_WITH(mlp(x, w1, {}, tape.leaf(Tensor::zeros(DType::f32, {8, 31})), {}, GeluForm::exact),
                     doctest::Contains("mlp: the second weight must be (H, 32)"));
   CHECK_THROWS_WITH(mlp(x, w1, tape.leaf(Tensor::zeros(DType::f32, {31})), w2, {}, GeluForm::exact),
                     doctest::Contains("mlp: the first bias must be (32) for a weight of shape (32, 8), got (31)"));
-  CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8})), GeluForm::exact), doctest::Contains("mlp"));
+  CHECK_THROWS_WITH(mlp(x, w1, {}, w2, tape.leaf(Tensor::zeros(DType::f64, {8})), GeluForm::exact),
+                    doctest::Contains("mlp"));
 }
 
 // The node's fused pass over u (ops/gelu.hpp's gelu_forward_biased) against the two it replaces, u += b₁ then the
@@ -75,7 +77,8 @@ TEST_CASE("mlp: shape errors name the op and the shapes") {
 TEST_CASE("mlp's fused bias and gelu give the bits of the two passes they replace") {
   const int saved = num_threads();
   const int64_t rows = 601, cols = 70;  // 234 rows to a range: two ranges on two threads
-  const std::vector<double> u0 = make_inputs(std::vector<InputSpec>{{"u", {rows, cols}}}, DType::f64, 21)[0].to_vector();
+  const std::vector<double> u0 =
+      make_inputs(std::vector<InputSpec>{{"u", {rows, cols}}}, DType::f64, 21)[0].to_vector();
   const std::vector<double> b0 = make_inputs(std::vector<InputSpec>{{"b", {cols}}}, DType::f64, 23)[0].to_vector();
   std::vector<float> u(u0.begin(), u0.end()), b(b0.begin(), b0.end());
   for (float& e : u) e *= 4;  // both tails of Φ
@@ -118,11 +121,11 @@ TEST_CASE("bf16: linear's and mlp's shared roundings give the products' own bits
     tape.backward(y, gh);
     Tensor y_ref = Tensor::zeros(DType::f32, {n, h}), dx_ref = Tensor::zeros(DType::f32, {n, c});
     Tensor dw_ref = Tensor::zeros(DType::f32, {h, c});
-    gemm<float>(n, h, c, 1.0f, as_is(x0.data<float>(), c), transposed(w1_0.data<float>(), c), 0.0f,
-                y_ref.data<float>(), h);
+    gemm<float>(n, h, c, 1.0f, as_is(x0.data<float>(), c), transposed(w1_0.data<float>(), c), 0.0f, y_ref.data<float>(),
+                h);
     gemm<float>(n, c, h, 1.0f, as_is(gh.data<float>(), h), as_is(w1_0.data<float>(), c), 1.0f, dx_ref.data<float>(), c);
-    gemm<float>(h, c, n, 1.0f, transposed(gh.data<float>(), h), as_is(x0.data<float>(), c), 1.0f,
-                dw_ref.data<float>(), c);
+    gemm<float>(h, c, n, 1.0f, transposed(gh.data<float>(), h), as_is(x0.data<float>(), c), 1.0f, dw_ref.data<float>(),
+                c);
     CHECK(y.value().to_vector() == y_ref.to_vector());
     CHECK(x.grad().to_vector() == dx_ref.to_vector());
     CHECK(w.grad().to_vector() == dw_ref.to_vector());

@@ -49,13 +49,20 @@ TEST_CASE("mse_loss refuses shapes that only match by broadcasting, and other ba
   Tape tape;
   auto leaf = [&](Shape s, DType d = DType::f32) { return tape.leaf(Tensor::zeros(d, s)); };
   SUBCASE("(N, 1) against (N), which p − t would broadcast to (N, N)") {
-    check_message(error_of([&] { mse_loss(leaf({5, 1}), leaf({5})); }), "mse_loss",
+    check_message(error_of([&] {
+                    mse_loss(leaf({5, 1}), leaf({5}));
+                  }),
+                  "mse_loss",
                   {"prediction (5, 1)", "target (5)", "expected a target of shape (5, 1)", "no broadcasting"});
-    check_message(error_of([&] { mse_loss(leaf({5}), leaf({5, 1})); }), "mse_loss",
-                  {"prediction (5)", "target (5, 1)", "expected a target of shape (5)"});
+    check_message(error_of([&] {
+                    mse_loss(leaf({5}), leaf({5, 1}));
+                  }),
+                  "mse_loss", {"prediction (5)", "target (5, 1)", "expected a target of shape (5)"});
   }
   SUBCASE("other broadcastable pairs") {
-    for (const auto& shapes : {std::pair{Shape{4, 3}, Shape{3}}, {Shape{4, 3}, Shape{1, 3}}, {Shape{4, 3}, Shape{}},
+    for (const auto& shapes : {std::pair{Shape{4, 3}, Shape{3}},
+                               {Shape{4, 3}, Shape{1, 3}},
+                               {Shape{4, 3}, Shape{}},
                                {Shape{2, 1, 3}, Shape{2, 4, 3}}}) {
       CAPTURE(shapes.first);
       CAPTURE(shapes.second);

@@ -19,25 +19,33 @@ namespace {
 // Sizes above each op's grain, so that two threads each take a range.
 std::vector<FunctionCase> cases() {
   std::vector<FunctionCase> cs;
-  cs.push_back({"layer_norm (300, 128)", {{"x", {300, 128}}, {"w", {128}}, {"b", {128}}},
+  cs.push_back({"layer_norm (300, 128)",
+                {{"x", {300, 128}}, {"w", {128}}, {"b", {128}}},
                 [](Tape&, std::span<const Var> x) { return layer_norm(x[0], x[1], x[2]); }});
-  cs.push_back({"cross_entropy (600, 65)", {{"logits", {600, 65}}, {"targets", {600}, Fill::indices, 65}},
+  cs.push_back({"cross_entropy (600, 65)",
+                {{"logits", {600, 65}}, {"targets", {600}, Fill::indices, 65}},
                 [](Tape&, std::span<const Var> x) { return cross_entropy(x[0], x[1]); }});
-  cs.push_back({"embedding 800 ids, (50, 64)", {{"ids", {800}, Fill::indices, 50}, {"table", {50, 64}}},
+  cs.push_back({"embedding 800 ids, (50, 64)",
+                {{"ids", {800}, Fill::indices, 50}, {"table", {50, 64}}},
                 [](Tape&, std::span<const Var> x) { return embedding(x[0], x[1]); }});
-  cs.push_back({"add (200, 200)", {{"a", {200, 200}}, {"b", {200, 200}}},
-                [](Tape&, std::span<const Var> x) { return add(x[0], x[1]); }});
+  cs.push_back({"add (200, 200)", {{"a", {200, 200}}, {"b", {200, 200}}}, [](Tape&, std::span<const Var> x) {
+                  return add(x[0], x[1]);
+                }});
   cs.push_back({"gelu (200, 200)", {{"x", {200, 200}}}, [](Tape&, std::span<const Var> x) { return gelu(x[0]); }});
-  cs.push_back({"gelu_erf (200, 200)", {{"x", {200, 200}}},
-                [](Tape&, std::span<const Var> x) { return gelu_erf(x[0]); }});
-  cs.push_back({"linear (300, 128) by (256, 128)", {{"x", {300, 128}}, {"w", {256, 128}}, {"b", {256}}},
+  cs.push_back(
+      {"gelu_erf (200, 200)", {{"x", {200, 200}}}, [](Tape&, std::span<const Var> x) { return gelu_erf(x[0]); }});
+  cs.push_back({"linear (300, 128) by (256, 128)",
+                {{"x", {300, 128}}, {"w", {256, 128}}, {"b", {256}}},
                 [](Tape&, std::span<const Var> x) { return linear(x[0], x[1], x[2]); }});
-  cs.push_back({"mlp (768, 128), H = 512", {{"x", {768, 128}}, {"w1", {512, 128}}, {"w2", {128, 512}}},
+  cs.push_back({"mlp (768, 128), H = 512",
+                {{"x", {768, 128}}, {"w1", {512, 128}}, {"w2", {128, 512}}},
                 [](Tape&, std::span<const Var> x) { return mlp(x[0], x[1], {}, x[2], {}, GeluForm::exact); }});
-  cs.push_back({"split_heads (12, 64, 384)", {{"x", {12, 64, 384}}},
-                [](Tape&, std::span<const Var> x) { return split_heads(x[0], 4, 128, 128); }});
-  cs.push_back({"merge_heads (12, 4, 64, 32)", {{"y", {12, 4, 64, 32}}},
-                [](Tape&, std::span<const Var> x) { return merge_heads(x[0]); }});
+  cs.push_back({"split_heads (12, 64, 384)", {{"x", {12, 64, 384}}}, [](Tape&, std::span<const Var> x) {
+                  return split_heads(x[0], 4, 128, 128);
+                }});
+  cs.push_back({"merge_heads (12, 4, 64, 32)", {{"y", {12, 4, 64, 32}}}, [](Tape&, std::span<const Var> x) {
+                  return merge_heads(x[0]);
+                }});
   return cs;
 }
 

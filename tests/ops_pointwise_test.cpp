@@ -21,7 +21,8 @@ namespace {
 // x spread over [−lo, lo] plus the edges of the tanh formula (|u| = 0.625 at x ≈ 0.76, |u| = 9 at x ≈ 4.3).
 std::vector<float> gelu_inputs(int64_t n, float lo) {
   std::vector<float> x(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = -lo + 2 * lo * static_cast<float>(i) / static_cast<float>(n - 1);
+  for (int64_t i = 0; i < n; ++i)
+    x[static_cast<size_t>(i)] = -lo + 2 * lo * static_cast<float>(i) / static_cast<float>(n - 1);
   for (float e : {0.0f, 1e-30f, -1e-7f, 0.76f, -0.76f, 4.3f, -4.3f, 40.0f, -40.0f, 1e15f, -1e15f}) x.push_back(e);
   return x;
 }
@@ -100,8 +101,7 @@ TEST_CASE("gelu_erf float32 agrees with float64 to a few ulp of y and of f′, o
       if (!std::isfinite(x[i]) || std::fabs(x[i]) > 1e3) continue;
       if (std::fabs(y64[i]) > 1e-30 * std::fabs(x[i]) && std::fabs(x[i]) > 1e-30)
         worst_y = std::max(worst_y, std::fabs(y32[i] - y64[i]) / std::fabs(y64[i]));
-      else
-        worst_tail = std::max(worst_tail, std::fabs(y32[i] - y64[i]));
+      else worst_tail = std::max(worst_tail, std::fabs(y32[i] - y64[i]));
       worst_g = std::max(worst_g, std::fabs(g32[i] - g64[i]) / (1 + std::fabs(x[i])));
     }
     CAPTURE(threads);
@@ -123,8 +123,8 @@ TEST_CASE("gelu kernels: the AVX-512 copy gives the portable copy's bits") {
   std::vector<float> x;
   for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 997) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (float e : {0.0f, -0.0f, inf, -inf, nan, -nan, 1e-45f, -1e-45f, 1e-38f, 0.625f, -0.76f, 4.3f, 9.0f, 13.99f,
-                  -14.0f, -14.01f, 87.3f, -87.3f, 3e38f, -3e38f})
+  for (float e : {0.0f,   -0.0f, inf,  -inf,   nan,    -nan,    1e-45f, -1e-45f, 1e-38f, 0.625f,
+                  -0.76f, 4.3f,  9.0f, 13.99f, -14.0f, -14.01f, 87.3f,  -87.3f,  3e38f,  -3e38f})
     x.push_back(e);
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<float> ones(x.size(), 1.0f), in(x.rbegin(), x.rend());  // `in` is x reversed: any float against any

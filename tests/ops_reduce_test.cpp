@@ -67,7 +67,8 @@ TEST_CASE_TEMPLATE("sum and mean along every axis match nested loops, with and w
         CHECK(y.shape() == expected);
         const std::vector<double> ref = reference_reduce(xv, a, is_mean);
         REQUIRE(y.value().numel() == static_cast<int64_t>(ref.size()));
-        for (size_t l = 0; l < ref.size(); ++l) CHECK(y.value().item(static_cast<int64_t>(l)) == doctest::Approx(ref[l]));
+        for (size_t l = 0; l < ref.size(); ++l)
+          CHECK(y.value().item(static_cast<int64_t>(l)) == doctest::Approx(ref[l]));
       }
 }
 
@@ -122,7 +123,8 @@ TEST_CASE("reduction errors name the op and the shape") {
   Var x = tape.leaf(Tensor::zeros(DType::f64, {2, 3}));
   CHECK_THROWS_WITH_AS(sum(x, 2), doctest::Contains("sum: axis 2 is out of range for x of shape (2, 3)"), Error);
   CHECK_THROWS_WITH_AS(sum(x, -3), doctest::Contains("sum: axis -3"), Error);
-  CHECK_THROWS_WITH_AS(mean(x, 5, true), doctest::Contains("mean: axis 5 is out of range for x of shape (2, 3)"), Error);
+  CHECK_THROWS_WITH_AS(mean(x, 5, true), doctest::Contains("mean: axis 5 is out of range for x of shape (2, 3)"),
+                       Error);
   Var scalar = tape.leaf(Tensor::zeros(DType::f64, {}));
   CHECK_THROWS_WITH_AS(sum(scalar, 0), doctest::Contains("sum: axis 0 is out of range for x of shape ()"), Error);
   Var empty = tape.leaf(Tensor::zeros(DType::f64, {2, 0}));

@@ -147,8 +147,8 @@ TEST_CASE("the gradchecker rejects the β-attention post's claimed JVP and passe
   std::vector<Tensor> xs{x};
   const std::vector<std::string> names{"x"};
 
-  GradcheckReport claim = gradcheck([](Tape&, std::span<const Var> v) { return row_normalize_with_claimed_jvp(v[0]); },
-                                   xs, names);
+  GradcheckReport claim =
+      gradcheck([](Tape&, std::span<const Var> v) { return row_normalize_with_claimed_jvp(v[0]); }, xs, names);
   INFO(claim.str());
   const CheckResult* claim_jvp = find_check(claim, "x", "jvp");
   REQUIRE(claim_jvp);
@@ -158,7 +158,7 @@ TEST_CASE("the gradchecker rejects the β-attention post's claimed JVP and passe
   CHECK(find_check(claim, "x", "vjp")->passed);  // the same node's VJP is right: the failure is the JVP's alone
   CHECK_FALSE(find_check(claim, "x", "adjoint")->passed);
   MESSAGE("the β-attention post's claimed JVP: max abs error " << claim_jvp->max_abs_err << ", max rel error "
-                                                              << claim_jvp->max_rel_err);
+                                                               << claim_jvp->max_rel_err);
 
   GradcheckReport ours = gradcheck(row_normalize_of, xs, names);
   INFO(ours.str());
@@ -166,8 +166,7 @@ TEST_CASE("the gradchecker rejects the β-attention post's claimed JVP and passe
   const CheckResult* our_jvp = find_check(ours, "x", "jvp");
   REQUIRE(our_jvp);
   CHECK(our_jvp->max_rel_err < 1e-6);
-  MESSAGE("row_normalize JVP: max abs error " << our_jvp->max_abs_err << ", max rel error "
-                                              << our_jvp->max_rel_err);
+  MESSAGE("row_normalize JVP: max abs error " << our_jvp->max_abs_err << ", max rel error " << our_jvp->max_rel_err);
 }
 
 TEST_CASE("row_normalize errors name the op and the shapes") {

@@ -81,8 +81,7 @@ TEST_CASE("reshape passes gradients and tangents through unchanged") {
 
 TEST_CASE_TEMPLATE("permute matches index arithmetic", T, float, double) {
   const Tensor xv = ramp<T>({2, 3, 2, 4});
-  for (std::vector<int> perm : {std::vector<int>{0, 2, 1, 3}, {0, 1, 3, 2}, {3, 2, 1, 0}, {1, 3, 0, 2},
-                                {0, 1, 2, 3}}) {
+  for (std::vector<int> perm : {std::vector<int>{0, 2, 1, 3}, {0, 1, 3, 2}, {3, 2, 1, 0}, {1, 3, 0, 2}, {0, 1, 2, 3}}) {
     CAPTURE(perm[0] * 1000 + perm[1] * 100 + perm[2] * 10 + perm[3]);
     Tape tape;
     Var y = permute(tape.leaf(xv), perm);
@@ -133,8 +132,8 @@ TEST_CASE_TEMPLATE("the gradient of a permute is the inverse permute of ȳ", T, 
   const Tensor xv = ramp<T>({2, 3, 4});
   Var x = tape.leaf(xv);
   const std::array<int, 3> perm{2, 0, 1};
-  Var y = permute(x, perm);                 // (4, 2, 3)
-  const Tensor seed = ramp<T>({4, 2, 3});    // ȳ[l] = l − 5
+  Var y = permute(x, perm);                // (4, 2, 3)
+  const Tensor seed = ramp<T>({4, 2, 3});  // ȳ[l] = l − 5
   tape.backward(y, seed);
   // x̄[j] = ȳ[i] where y[i] reads x[j]: then x̄ permuted forward equals ȳ
   Tape check;
@@ -204,7 +203,7 @@ TEST_CASE_TEMPLATE("the gradient of a concat splits ȳ back to the inputs", T, f
   Var b = tape.constant(ramp<T>({2, 2}));  // needs no gradient
   Var c = tape.leaf(ramp<T>({2, 1}));
   const std::array<Var, 4> parts{a, b, c, a};  // a twice: its gradient is the sum of both blocks
-  Var y = concat(parts, 1);                   // (2, 5)
+  Var y = concat(parts, 1);                    // (2, 5)
   tape.backward(y, Tensor::from<T>({2, 5}, {T(1), T(2), T(3), T(4), T(5), T(6), T(7), T(8), T(9), T(10)}));
   CHECK(a.grad().to_vector() == std::vector<double>{1 + 5, 6 + 10});
   CHECK(c.grad().to_vector() == std::vector<double>{4, 9});
@@ -214,24 +213,29 @@ TEST_CASE_TEMPLATE("the gradient of a concat splits ȳ back to the inputs", T, f
 TEST_CASE("shape errors name the op and the shapes") {
   Tape tape;
   Var x = tape.leaf(Tensor::zeros(DType::f64, {2, 3}));
-  CHECK_THROWS_WITH_AS(reshape(x, {4, 2}),
-                       doctest::Contains("reshape: cannot reshape x of shape (2, 3) (6 elements) to (4, 2) (8 elements)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      reshape(x, {4, 2}),
+      doctest::Contains("reshape: cannot reshape x of shape (2, 3) (6 elements) to (4, 2) (8 elements)"), Error);
 
   const std::array<int, 1> short_perm{0};
   const std::array<int, 2> repeated{1, 1};
   const std::array<int, 2> out_of_range{0, 2};
-  CHECK_THROWS_WITH_AS(permute(x, short_perm), doctest::Contains("permute: (0) is not a permutation of the 2 axes of x of shape (2, 3)"), Error);
+  CHECK_THROWS_WITH_AS(permute(x, short_perm),
+                       doctest::Contains("permute: (0) is not a permutation of the 2 axes of x of shape (2, 3)"),
+                       Error);
   CHECK_THROWS_WITH_AS(permute(x, repeated), doctest::Contains("permute: (1, 1)"), Error);
   CHECK_THROWS_WITH_AS(permute(x, out_of_range), doctest::Contains("permute: (0, 2)"), Error);
   Var v = tape.leaf(Tensor::zeros(DType::f64, {5}));
   CHECK_THROWS_WITH_AS(transpose(v), doctest::Contains("transpose: axis -2 is out of range for x of shape (5)"), Error);
   CHECK_THROWS_WITH_AS(transpose(x, 0, 2), doctest::Contains("transpose: axis 2"), Error);
 
-  CHECK_THROWS_WITH_AS(slice(x, 1, 2, 4), doctest::Contains("slice: [2, 4) is out of bounds for axis 1 of size 3 (x of shape (2, 3))"), Error);
+  CHECK_THROWS_WITH_AS(slice(x, 1, 2, 4),
+                       doctest::Contains("slice: [2, 4) is out of bounds for axis 1 of size 3 (x of shape (2, 3))"),
+                       Error);
   CHECK_THROWS_WITH_AS(slice(x, 1, 2, 1), doctest::Contains("slice: [2, 1)"), Error);
   CHECK_THROWS_WITH_AS(slice(x, 0, -1, 1), doctest::Contains("slice: [-1, 1)"), Error);
-  CHECK_THROWS_WITH_AS(slice(x, 2, 0, 1), doctest::Contains("slice: axis 2 is out of range for x of shape (2, 3)"), Error);
+  CHECK_THROWS_WITH_AS(slice(x, 2, 0, 1), doctest::Contains("slice: axis 2 is out of range for x of shape (2, 3)"),
+                       Error);
 
   CHECK_THROWS_WITH_AS(concat(std::span<const Var>{}, 0), doctest::Contains("concat: needs at least one input"), Error);
   Var y = tape.leaf(Tensor::zeros(DType::f64, {2, 4}));
@@ -239,11 +243,17 @@ TEST_CASE("shape errors name the op and the shapes") {
   Var w = tape.leaf(Tensor::zeros(DType::f64, {2, 3, 1}));
   Var f = tape.leaf(Tensor::zeros(DType::f32, {2, 3}));
   const std::array<Var, 3> rows_differ{x, y, z};
-  CHECK_THROWS_WITH_AS(concat(rows_differ, 1), doctest::Contains("concat: input 2 has shape (3, 3), which does not match input 0 of shape (2, 3) outside axis 1"), Error);
+  CHECK_THROWS_WITH_AS(
+      concat(rows_differ, 1),
+      doctest::Contains(
+          "concat: input 2 has shape (3, 3), which does not match input 0 of shape (2, 3) outside axis 1"),
+      Error);
   const std::array<Var, 2> ranks_differ{x, w};
   CHECK_THROWS_WITH_AS(concat(ranks_differ, 0), doctest::Contains("concat: input 1 has shape (2, 3, 1)"), Error);
   const std::array<Var, 2> dtypes_differ{x, f};
-  CHECK_THROWS_WITH_AS(concat(dtypes_differ, 0), doctest::Contains("concat: dtypes differ: input 0 is float64 (2, 3), input 1 is float32 (2, 3)"), Error);
+  CHECK_THROWS_WITH_AS(concat(dtypes_differ, 0),
+                       doctest::Contains("concat: dtypes differ: input 0 is float64 (2, 3), input 1 is float32 (2, 3)"),
+                       Error);
   const std::array<Var, 2> ok{x, y};
   CHECK_THROWS_WITH_AS(concat(ok, 2), doctest::Contains("concat: axis 2 is out of range for x of shape (2, 3)"), Error);
   Tape other;

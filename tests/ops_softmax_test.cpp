@@ -129,8 +129,8 @@ TEST_CASE("masked entries (−∞) get probability 0 and gradient 0; a fully mas
     CHECK(y.item(2) == doctest::Approx(e / (1 + e)));
     CHECK(y.item(3) == 0);
     for (int64_t j = 4; j < 8; ++j) {
-      CHECK(y.item(j) == 0);       // σ(row of −∞) = 0 by definition
-      CHECK(z.item(j) == -kInf);   // log σ = log 0
+      CHECK(y.item(j) == 0);      // σ(row of −∞) = 0 by definition
+      CHECK(z.item(j) == -kInf);  // log σ = log 0
     }
     CHECK(z.item(1) == -kInf);
     CHECK(z.item(2) == doctest::Approx(std::log(e / (1 + e))));

@@ -108,7 +108,8 @@ TEST_CASE("inside a no-grad scope outputs are still checked") {
   CHECK(msg.rfind("non-finite value from div:", 0) == 0);
 }
 
-TEST_CASE_TEMPLATE("softmax, log_softmax, cross_entropy and attention stay finite at logits of ±1e4", T, float, double) {
+TEST_CASE_TEMPLATE("softmax, log_softmax, cross_entropy and attention stay finite at logits of ±1e4", T, float,
+                   double) {
   const DType dt = dtype_of<T>();
   Tape tape;
   AnomalyCheck check(tape);

@@ -62,7 +62,8 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
   // Cut short: at every 32nd of the file and around the header's boundaries.
   std::vector<size_t> cuts = {0, 1, 7, 8, 9, 100, header_end - 1, header_end, header_end + 1, file.size() - 1};
   for (size_t i = 1; i < 32; ++i) cuts.push_back(file.size() * i / 32);
-  for (size_t len : cuts) out.push_back({fmt::format("truncated to {} of {} bytes", len, file.size()), file.substr(0, len)});
+  for (size_t len : cuts)
+    out.push_back({fmt::format("truncated to {} of {} bytes", len, file.size()), file.substr(0, len)});
 
   // One bit flipped: in the length, all through the header, all through the data.
   std::vector<size_t> flips = {0, 1, 3, 7};
@@ -92,29 +93,59 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
     }
   };
   const std::string w = "transformer.h.0.mlp.c_fc.weight", w2 = "transformer.h.0.mlp.c_proj.weight";
-  lie("two tensors of one size swap offsets", [&](auto& h) { std::swap(h[w]["data_offsets"], h[w2]["data_offsets"]); }, false);
-  lie("a shape of the same size, transposed", [&](auto& h) { h[w]["shape"] = {16, 64}; }, true);
-  lie("offsets shifted by 4 bytes", [&](auto& h) {
-    h[w]["data_offsets"][0] = h[w]["data_offsets"][0].template get<uint64_t>() + 4;
-    h[w]["data_offsets"][1] = h[w]["data_offsets"][1].template get<uint64_t>() + 4;
-  }, true);
-  lie("offsets past the end", [&](auto& h) { h[w]["data_offsets"][1] = 1ull << 40; }, true);
-  lie("a shape larger than the data", [&](auto& h) { h[w]["shape"] = {64, 1ull << 40}; }, true);
-  lie("a negative dimension", [&](auto& h) { h[w]["shape"] = {-64, -16}; }, true);
-  lie("a tensor dropped", [&](auto& h) { h.erase(w); }, true);
-  lie("the step in the metadata", [&](auto& h) { h["__metadata__"]["tapegrad.step"] = "9999"; }, false);
-  lie("the model's context in the metadata", [&](auto& h) {
-    auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
-    m["block_size"] = 16;
-    h["__metadata__"]["tapegrad.model"] = m.dump();
-  }, true);
-  lie("the dtype", [&](auto& h) { h[w]["dtype"] = "I32"; }, true);
+  lie(
+      "two tensors of one size swap offsets", [&](auto& h) { std::swap(h[w]["data_offsets"], h[w2]["data_offsets"]); },
+      false);
+  lie(
+      "a shape of the same size, transposed",
+      [&](auto& h) {
+        h[w]["shape"] = {16, 64};
+      },
+      true);
+  lie(
+      "offsets shifted by 4 bytes",
+      [&](auto& h) {
+        h[w]["data_offsets"][0] = h[w]["data_offsets"][0].template get<uint64_t>() + 4;
+        h[w]["data_offsets"][1] = h[w]["data_offsets"][1].template get<uint64_t>() + 4;
+      },
+      true);
+  lie(
+      "offsets past the end", [&](auto& h) { h[w]["data_offsets"][1] = 1ull << 40; }, true);
+  lie(
+      "a shape larger than the data",
+      [&](auto& h) {
+        h[w]["shape"] = {64, 1ull << 40};
+      },
+      true);
+  lie(
+      "a negative dimension",
+      [&](auto& h) {
+        h[w]["shape"] = {-64, -16};
+      },
+      true);
+  lie(
+      "a tensor dropped", [&](auto& h) { h.erase(w); }, true);
+  lie(
+      "the step in the metadata", [&](auto& h) { h["__metadata__"]["tapegrad.step"] = "9999"; }, false);
+  lie(
+      "the model's context in the metadata",
+      [&](auto& h) {
+        auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
+        m["block_size"] = 16;
+        h["__metadata__"]["tapegrad.model"] = m.dump();
+      },
+      true);
+  lie(
+      "the dtype", [&](auto& h) { h[w]["dtype"] = "I32"; }, true);
   auto model_lie = [&](const std::string& what, auto&& edit) {
-    lie(what, [&](auto& h) {
-      auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
-      edit(m);
-      h["__metadata__"]["tapegrad.model"] = m.dump();
-    }, true);
+    lie(
+        what,
+        [&](auto& h) {
+          auto m = nlohmann::json::parse(h["__metadata__"]["tapegrad.model"].template get<std::string>());
+          edit(m);
+          h["__metadata__"]["tapegrad.model"] = m.dump();
+        },
+        true);
   };
   model_lie("a model of 10^6 wide and 10^9 layers in the metadata", [](auto& m) {
     m["n_embd"] = 1'000'000;
@@ -122,13 +153,18 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
   });
   model_lie("a model of 10^18 layers in the metadata", [](auto& m) { m["n_layer"] = 1'000'000'000'000'000'000; });
   model_lie("a string for the number of layers", [](auto& m) { m["n_layer"] = "four"; });
-  model_lie("a float beyond int64 for the context (found by fuzz_checkpoint)", [](auto& m) { m["block_size"] = 1.8e20; });
+  model_lie("a float beyond int64 for the context (found by fuzz_checkpoint)",
+            [](auto& m) { m["block_size"] = 1.8e20; });
   model_lie("an integer beyond int64 for the width", [](auto& m) { m["n_embd"] = 18'446'744'073'709'551'615ull; });
   model_lie("an attention kind that does not exist", [](auto& m) { m["attention"] = "quadratic"; });
   model_lie("no block size", [](auto& m) { m.erase("block_size"); });
-  lie("a model configuration that is not JSON", [&](auto& h) { h["__metadata__"]["tapegrad.model"] = "{n_layer: 4"; }, true);
-  lie("the data checksum", [&](auto& h) { h["__metadata__"][std::string(kChecksumKey)] = "0123456789abcdef"; }, false);
-  lie("the header checksum", [&](auto& h) { h["__metadata__"][std::string(kHeaderChecksumKey)] = "0123456789abcdef"; },
+  lie(
+      "a model configuration that is not JSON", [&](auto& h) { h["__metadata__"]["tapegrad.model"] = "{n_layer: 4"; },
+      true);
+  lie(
+      "the data checksum", [&](auto& h) { h["__metadata__"][std::string(kChecksumKey)] = "0123456789abcdef"; }, false);
+  lie(
+      "the header checksum", [&](auto& h) { h["__metadata__"][std::string(kHeaderChecksumKey)] = "0123456789abcdef"; },
       false);
 
   // Headers too large to be one: 100 MiB as the length says and as the file holds; a length of 2^63; nesting and
@@ -160,7 +196,8 @@ std::vector<Corruption> corruptions_of(const std::string& file, const std::strin
   out.push_back({"a zip archive (a PyTorch .pt)", literal("PK\x03\x04\x14\0\0\0\0\0") + text_of_length(200)});
   out.push_back({"a pickle", literal("\x80\x02}q\0(X\x05\0\0\0model")});
   out.push_back({"a GGUF file", literal("GGUF\x03\0\0\0\x05\0\0\0\0\0\0\0") + std::string(64, '\0')});
-  out.push_back({"a NumPy array", literal("\x93NUMPY\x01\0v\0{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }")});
+  out.push_back(
+      {"a NumPy array", literal("\x93NUMPY\x01\0v\0{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }")});
   out.push_back({"a gzip stream", literal("\x1f\x8b\x08\0\0\0\0\0\0\x03") + std::string(40, '\x55')});
   out.push_back({"an executable (the tapegrad program)", slurp(program)});
   return out;
@@ -237,8 +274,8 @@ TEST_CASE("every single-bit flip in the header, and in every 64th byte of the da
         CHECK(std::string(e.what()).find("flipped.safetensors") != std::string::npos);
       }
     }
-  MESSAGE(refused, " of ", tried, " single-bit flips refused (", header_end, " header bytes, 4 bits each; every 64th of ",
-          good.size() - header_end, " data bytes, 2 bits each)");
+  MESSAGE(refused, " of ", tried, " single-bit flips refused (", header_end,
+          " header bytes, 4 bits each; every 64th of ", good.size() - header_end, " data bytes, 2 bits each)");
 }
 
 namespace {
@@ -304,8 +341,7 @@ TEST_CASE("SIGKILL at 50 random points of a checkpoint-writing loop never damage
           if (v == last + 1) (void)!write(ready[1], "w", 1);
           save_checkpoint(path, versioned(tensors, v));
         }
-      } catch (...) {
-      }
+      } catch (...) {}
       _exit(3);
     }
     close(ready[1]);
@@ -346,14 +382,16 @@ TEST_CASE("SIGKILL at 50 random points of a checkpoint-writing loop never damage
 TEST_CASE("SIGKILL during tapegrad train with a checkpoint at every step leaves a checkpoint that loads and resumes") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
-  const auto args = with({"train", "--data", "text.txt", "--max-iters", "100000", "--eval-interval", "1", "--eval-iters",
-                          "1", "--out", "runs"}, kTiny);
+  const auto args = with({"train", "--data", "text.txt", "--max-iters", "100000", "--eval-interval", "1",
+                          "--eval-iters", "1", "--out", "runs"},
+                         kTiny);
   const std::string ck = dir.file("runs/softmax/checkpoint.safetensors");
   Rng rng(7);
   const int kKills = 8;
   for (int k = 0; k < kKills; ++k) {
     CAPTURE(k);
-    std::vector<std::string> argv = with(args, k == 0 ? std::vector<std::string>{} : std::vector<std::string>{"--resume"});
+    std::vector<std::string> argv =
+        with(args, k == 0 ? std::vector<std::string>{} : std::vector<std::string>{"--resume"});
     std::string program = TAPEGRAD_CLI;
     std::vector<char*> cargv{program.data()};
     for (auto& a : argv) cargv.push_back(a.data());
@@ -366,8 +404,8 @@ TEST_CASE("SIGKILL during tapegrad train with a checkpoint at every step leaves 
       _exit(127);
     }
     // Once the first checkpoint of this run exists, somewhere in the next 300 ms.
-    const auto start = std::filesystem::exists(ck) ? std::filesystem::last_write_time(ck)
-                                                   : std::filesystem::file_time_type::min();
+    const auto start =
+        std::filesystem::exists(ck) ? std::filesystem::last_write_time(ck) : std::filesystem::file_time_type::min();
     for (int i = 0; i < 3000 && (!std::filesystem::exists(ck) || std::filesystem::last_write_time(ck) == start); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng.uniform() * 300'000)));
@@ -405,7 +443,8 @@ CliRun resume_edited(const ScratchDir& dir, const std::vector<std::string>& args
 TEST_CASE("--resume from a checkpoint whose training state cannot be read is refused with one line") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
-  const auto args = with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "runs"}, kTiny);
+  const auto args =
+      with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "runs"}, kTiny);
   CliRun made = run_cli(dir.path.string(), with(args, {"--stop-after", "2"}));
   REQUIRE_MESSAGE(made.code == 0, made.out);
   const std::string path = dir.file("runs/softmax/checkpoint.safetensors");
@@ -415,18 +454,19 @@ TEST_CASE("--resume from a checkpoint whose training state cannot be read is ref
     const char* value;
     const char* expect;
   };
-  for (const Bad& b : {Bad{"tapegrad.step", "two", "cannot be read"}, Bad{"tapegrad.rng", "-", "cannot be read"},
-                       Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "not an integer"},
-                       Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"},
-                       Bad{"tapegrad.log", "[[1.8e20, 0.001, 4.2, null, 1.0]]", "not an integer"},
-                       // A count is decimal digits, whole, in range: nothing read as its prefix, no sign, no wrap.
-                       Bad{"tapegrad.step", "20abc", "'tapegrad.step' is '20abc', not a whole number from 0 to"},
-                       Bad{"tapegrad.step", "-5", "'tapegrad.step' is '-5', not a whole number"},
-                       Bad{"tapegrad.step", "+2", "'tapegrad.step' is '+2', not a whole number"},
-                       Bad{"tapegrad.step", " 2", "'tapegrad.step' is ' 2', not a whole number"},
-                       Bad{"tapegrad.step", "9223372036854775808", "not a whole number from 0 to 9223372036854775807"},
-                       Bad{"tapegrad.rng", "-1", "'tapegrad.rng' is '-1', not a whole number"},
-                       Bad{"tapegrad.rng", "18446744073709551616", "'tapegrad.rng' is '18446744073709551616'"}}) {
+  for (const Bad& b :
+       {Bad{"tapegrad.step", "two", "cannot be read"}, Bad{"tapegrad.rng", "-", "cannot be read"},
+        Bad{"tapegrad.log", "[[1, 2", "cannot be read"}, Bad{"tapegrad.evals", "[[\"a\"]]", "not an integer"},
+        Bad{"tapegrad.step", "99999999999999999999999", "cannot be read"},
+        Bad{"tapegrad.log", "[[1.8e20, 0.001, 4.2, null, 1.0]]", "not an integer"},
+        // A count is decimal digits, whole, in range: nothing read as its prefix, no sign, no wrap.
+        Bad{"tapegrad.step", "20abc", "'tapegrad.step' is '20abc', not a whole number from 0 to"},
+        Bad{"tapegrad.step", "-5", "'tapegrad.step' is '-5', not a whole number"},
+        Bad{"tapegrad.step", "+2", "'tapegrad.step' is '+2', not a whole number"},
+        Bad{"tapegrad.step", " 2", "'tapegrad.step' is ' 2', not a whole number"},
+        Bad{"tapegrad.step", "9223372036854775808", "not a whole number from 0 to 9223372036854775807"},
+        Bad{"tapegrad.rng", "-1", "'tapegrad.rng' is '-1', not a whole number"},
+        Bad{"tapegrad.rng", "18446744073709551616", "'tapegrad.rng' is '18446744073709551616'"}}) {
     const std::string key = b.key, value = b.value;
     CAPTURE(key);
     CAPTURE(value);
@@ -444,7 +484,8 @@ TEST_CASE("--resume refuses a training state that disagrees with itself, naming 
   // only their agreement is wrong.
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
-  const auto args = with({"train", "--data", "text.txt", "--max-iters", "6", "--eval-interval", "2", "--out", "runs"}, kTiny);
+  const auto args =
+      with({"train", "--data", "text.txt", "--max-iters", "6", "--eval-interval", "2", "--out", "runs"}, kTiny);
   CliRun made = run_cli(dir.path.string(), with(args, {"--stop-after", "4"}));
   REQUIRE_MESSAGE(made.code == 0, made.out);
   const std::string path = dir.file("runs/softmax/checkpoint.safetensors");
@@ -456,17 +497,18 @@ TEST_CASE("--resume refuses a training state that disagrees with itself, naming 
     const char* also_key = nullptr;  // a second edit, where the first alone is caught by another fact
     const char* also_value = nullptr;
   };
-  for (const Bad& b : {Bad{"tapegrad.step", "0", "the run is at step 0 ('tapegrad.step') and the optimizer has taken 4"},
-                       // the weights, optimizer and log of step 4 under a step of 0 (and an optimizer edited to match)
-                       Bad{"tapegrad.step", "0", "past the run's step 0", "tapegrad.adam_steps", "0"},
-                       Bad{"tapegrad.step", "2", "past the run's step 2", "tapegrad.adam_steps", "2"},
-                       Bad{"tapegrad.adam_steps", "3", "the run is at step 4 ('tapegrad.step') and the optimizer has taken 3"},
-                       Bad{"tapegrad.log", "{}", "its 'tapegrad.log' is object, not a list"},
-                       Bad{"tapegrad.evals", "{}", "its 'tapegrad.evals' is object, not a list"},
-                       Bad{"tapegrad.log", "[]", "the run is at step 4 and its log ends at step -1"},
-                       Bad{"tapegrad.log", "[[3, 0.001, 4.2, null, 1.0], [1, 0.001, 4.2, null, 1.0]]",
-                           "its log goes back from step 3 to step 1"},
-                       Bad{"tapegrad.evals", "[[0, 4.1, 4.2], [9, 4.0, 4.1]]", "its evaluations has a row at step 9"}}) {
+  for (const Bad& b :
+       {Bad{"tapegrad.step", "0", "the run is at step 0 ('tapegrad.step') and the optimizer has taken 4"},
+        // the weights, optimizer and log of step 4 under a step of 0 (and an optimizer edited to match)
+        Bad{"tapegrad.step", "0", "past the run's step 0", "tapegrad.adam_steps", "0"},
+        Bad{"tapegrad.step", "2", "past the run's step 2", "tapegrad.adam_steps", "2"},
+        Bad{"tapegrad.adam_steps", "3", "the run is at step 4 ('tapegrad.step') and the optimizer has taken 3"},
+        Bad{"tapegrad.log", "{}", "its 'tapegrad.log' is object, not a list"},
+        Bad{"tapegrad.evals", "{}", "its 'tapegrad.evals' is object, not a list"},
+        Bad{"tapegrad.log", "[]", "the run is at step 4 and its log ends at step -1"},
+        Bad{"tapegrad.log", "[[3, 0.001, 4.2, null, 1.0], [1, 0.001, 4.2, null, 1.0]]",
+            "its log goes back from step 3 to step 1"},
+        Bad{"tapegrad.evals", "[[0, 4.1, 4.2], [9, 4.0, 4.1]]", "its evaluations has a row at step 9"}}) {
     const std::string key = b.key, value = b.value;
     CAPTURE(key);
     CAPTURE(value);
@@ -529,16 +571,17 @@ TEST_CASE("a checkpoint's vocabulary must be its model's, and --resume refuses a
     p.header["__metadata__"].erase(std::string(kHeaderChecksumKey));
     spit(path, join(p.header, p.data));
   };
-  const auto resume = with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "made",
-                            "--resume"}, kTiny);
+  const auto resume = with(
+      {"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "made", "--resume"}, kTiny);
   const std::string vocab = load_checkpoint(path).metadata.at("tapegrad.vocab");
-  for (const std::string& bad : {std::string("abc"), vocab.substr(1) + vocab.substr(0, 1), vocab + vocab.substr(0, 1)}) {
+  for (const std::string& bad :
+       {std::string("abc"), vocab.substr(1) + vocab.substr(0, 1), vocab + vocab.substr(0, 1)}) {
     CAPTURE(bad);
     edited("tapegrad.vocab", bad);
     const std::string expect = bad == "abc" ? "holds 3 symbols, but its model's vocab_size is" : "is not its";
-    for (const auto& args : {std::vector<std::string>{"sample", "--checkpoint", kTinyCheckpoint, "--tokens", "5"},
-                             std::vector<std::string>{"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the"},
-                             resume}) {
+    for (const auto& args :
+         {std::vector<std::string>{"sample", "--checkpoint", kTinyCheckpoint, "--tokens", "5"},
+          std::vector<std::string>{"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the"}, resume}) {
       CliRun r = run_cli(dir.path.string(), args);
       CAPTURE(r.out);
       CHECK(r.code == 2);

@@ -37,8 +37,9 @@ struct Inputs {
     spit(dir.file("infinite_lr.ini"), "n-layer = 2\nlr = inf\n");
     spit(dir.file("binary.ini"), binary);
     spit(dir.file("notes.txt"), "these are notes, not a checkpoint\n");
-    CliRun r = run_cli(dir.path.string(), with({"train", "--attention", "super", "--data", "text.txt", "--max-iters", "4",
-                                                "--eval-interval", "2", "--out", "made"}, kTiny));
+    CliRun r = run_cli(dir.path.string(), with({"train", "--attention", "super", "--data", "text.txt", "--max-iters",
+                                                "4", "--eval-interval", "2", "--out", "made"},
+                                               kTiny));
     REQUIRE_MESSAGE(r.code == 0, r.out);
     std::filesystem::copy_file(dir.path / "made/super/checkpoint.safetensors", dir.path / "super.safetensors");
     std::string ck = tapegrad::testing::slurp(dir.file("super.safetensors"));
@@ -72,7 +73,8 @@ std::vector<Case> cli_cases() {
       {{"train", "--beta2", "1"}, "--beta2"},
       {{"train", "--seed", "-1"}, "--seed: must be non-negative"},
       {{"train", "--max-iters", "99999999999999999999"}, "--max-iters: 99999999999999999999 is out of range"},
-      {{"gradcheck", "--op", "exp", "--seed", "99999999999999999999999"}, "--seed: 99999999999999999999999 is out of range"},
+      {{"gradcheck", "--op", "exp", "--seed", "99999999999999999999999"},
+       "--seed: 99999999999999999999999 is out of range"},
       {{"evaluate", "--checkpoint", "super.safetensors", "--text", "the", "--hvp-seed", "-1"},
        "--hvp-seed: must be non-negative, got -1"},
       {{"bench", "--threads", "0"}, "--threads: must be positive, got 0"},
@@ -92,10 +94,13 @@ std::vector<Case> cli_cases() {
       {{"train", "--data", "text.txt", "--block-size", "1024"}, "longer than one context of 1024 tokens"},
       // run directories, resuming, the super kind's context
       {{"train", "--data", "text.txt", "--out", "notes.txt"}, "notes.txt"},
-      {{"train", "--data", "text.txt", "--resume", "--out", "nowhere"}, "there is no run to continue in 'nowhere/softmax'"},
-      {with({"train", "--attention", "super", "--data", "text.txt", "--resume", "--out", "made"}, with(kTiny, {"--block-size", "16"})),
+      {{"train", "--data", "text.txt", "--resume", "--out", "nowhere"},
+       "there is no run to continue in 'nowhere/softmax'"},
+      {with({"train", "--attention", "super", "--data", "text.txt", "--resume", "--out", "made"},
+            with(kTiny, {"--block-size", "16"})),
        "another model"},
-      {with({"train", "--attention", "softmax", "--data", "text.txt", "--resume", "--out", "made", "--name", "super"}, kTiny),
+      {with({"train", "--attention", "softmax", "--data", "text.txt", "--resume", "--out", "made", "--name", "super"},
+            kTiny),
        "another model"},
       // config files
       {{"train", "--config", "missing.ini"}, "missing.ini"},
@@ -127,7 +132,8 @@ std::vector<Case> cli_cases() {
       {{"sample", "--checkpoint", "truncated.safetensors"}, "truncated"},
       {{"sample", "--checkpoint", "super.safetensors", "--tokens", "-5"}, "--tokens: must be non-negative"},
       {{"sample", "--checkpoint", "super.safetensors", "--temperature", "0"}, "--temperature: must be positive"},
-      {{"sample", "--checkpoint", "super.safetensors", "--temperature", "inf"}, "--temperature: must be a finite number"},
+      {{"sample", "--checkpoint", "super.safetensors", "--temperature", "inf"},
+       "--temperature: must be a finite number"},
       {{"sample", "--checkpoint", "super.safetensors", "--top-k", "-1"}, "--top-k"},
       {{"sample", "--checkpoint", "super.safetensors", "--prompt", "QZ"}, "not in the vocabulary"},
       {{"sample", "--checkpoint", "super.safetensors", "--prompt", "caf\xe9"}, "invalid UTF-8"},
@@ -178,7 +184,8 @@ TEST_CASE("misuse of the command line: a one-line message, exit code 2, nothing 
   MESSAGE(clean, " of ", cases.size(), " misuses of the command line refused cleanly");
 }
 
-TEST_CASE("sampling from a super checkpoint with a prompt longer than its context conditions on the last 8 characters") {
+TEST_CASE(
+    "sampling from a super checkpoint with a prompt longer than its context conditions on the last 8 characters") {
   // Not an error: like nanoGPT, sampling crops the context to the model's block size; evaluate (above) refuses.
   Inputs in;
   const std::string prompt = text_of_length(40);
@@ -204,16 +211,19 @@ std::vector<std::string> loss_columns(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("resume through the command line: --stop-after 20 then --resume gives the CSV of 40 straight steps, bit for bit") {
+TEST_CASE(
+    "resume through the command line: --stop-after 20 then --resume gives the CSV of 40 straight steps, bit for bit") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(6000));
   for (const char* kind : {"super", "linear"}) {
     CAPTURE(kind);
-    const auto common = with({"train", "--attention", kind, "--data", "text.txt", "--max-iters", "40", "--eval-interval",
-                              "10", "--dropout", "0.1", "--out", "runs"}, kTiny);
+    const auto common = with({"train", "--attention", kind, "--data", "text.txt", "--max-iters", "40",
+                              "--eval-interval", "10", "--dropout", "0.1", "--out", "runs"},
+                             kTiny);
     CliRun straight = run_cli(dir.path.string(), with(common, {"--name", std::string(kind) + "-straight"}));
     REQUIRE_MESSAGE(straight.code == 0, straight.out);
-    CliRun first = run_cli(dir.path.string(), with(common, {"--name", std::string(kind) + "-parts", "--stop-after", "20"}));
+    CliRun first =
+        run_cli(dir.path.string(), with(common, {"--name", std::string(kind) + "-parts", "--stop-after", "20"}));
     REQUIRE_MESSAGE(first.code == 0, first.out);
     // The log is written as the run goes: after 20 steps it holds them (header and rows 0 … 19).
     CHECK(loss_columns(dir.file("runs/" + std::string(kind) + "-parts/losses.csv")).size() == 21);
@@ -232,12 +242,14 @@ TEST_CASE("a run whose loss turns non-finite stops with one line and keeps the l
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
   const auto common = with({"train", "--data", "text.txt", "--max-iters", "30", "--eval-interval", "5", "--lr", "1e30",
-                            "--warmup-iters", "0", "--grad-clip", "0", "--out", "runs"}, kTiny);
+                            "--warmup-iters", "0", "--grad-clip", "0", "--out", "runs"},
+                           kTiny);
   for (bool detect : {false, true}) {
     CAPTURE(detect);
     const std::string name = detect ? "detect" : "plain";
-    CliRun r = run_cli(dir.path.string(), with(common, detect ? std::vector<std::string>{"--name", name, "--detect-anomaly"}
-                                                                 : std::vector<std::string>{"--name", name}));
+    CliRun r =
+        run_cli(dir.path.string(), with(common, detect ? std::vector<std::string>{"--name", name, "--detect-anomaly"}
+                                                       : std::vector<std::string>{"--name", name}));
     CAPTURE(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.rfind("tapegrad: error: ", 0) == 0);
@@ -248,7 +260,8 @@ TEST_CASE("a run whose loss turns non-finite stops with one line and keeps the l
       CHECK(r.out.find("error: step ") != std::string::npos);
       CHECK(r.out.find("non-finite value from ") != std::string::npos);
     } else {
-      CHECK((r.out.find("loss became nan") != std::string::npos || r.out.find("loss became -nan") != std::string::npos ||
+      CHECK((r.out.find("loss became nan") != std::string::npos ||
+             r.out.find("loss became -nan") != std::string::npos ||
              r.out.find("loss became inf") != std::string::npos));
     }
     // The kept checkpoint loads, holds finite weights, and evaluates to a finite loss.

@@ -26,7 +26,8 @@ Var exp_of(Tape&, std::span<const Var> x) { return exp(x[0]); }
 // x ↦ x² with its derivative claimed as factor·x (2 is right), for the VJP and the JVP alike.
 Function square_with_vjp(double factor) {
   return [factor](Tape&, std::span<const Var> x) {
-    return pointwise("square", x[0], [](auto v) { return v * v; }, [factor](auto v) { return factor * v; });
+    return pointwise(
+        "square", x[0], [](auto v) { return v * v; }, [factor](auto v) { return factor * v; });
   };
 }
 
@@ -89,8 +90,8 @@ TEST_CASE("an infinite finite difference fails the check instead of passing it (
 
 TEST_CASE("a non-finite analytic derivative fails, whatever the differences say") {
   Function inf_vjp = [](Tape&, std::span<const Var> x) {
-    return pointwise("infinite", x[0], [](auto v) { return v; },
-                     [](auto) { return std::numeric_limits<double>::infinity(); });
+    return pointwise(
+        "infinite", x[0], [](auto v) { return v; }, [](auto) { return std::numeric_limits<double>::infinity(); });
   };
   const GradcheckReport r = gradcheck(inf_vjp, {Tensor::randn(DType::f64, {3}, 2)}, {"x"});
   CHECK_FALSE(r.passed);
@@ -111,19 +112,21 @@ TEST_CASE("an input with no elements compares nothing, and the report says so in
 TEST_CASE("a report whose every check was skipped is not checked, never passed") {
   // pointwise() from f and f′ alone has no second-order rule: the hvp check of every input is skipped.
   Function softsign = [](Tape&, std::span<const Var> x) {
-    return pointwise("softsign", x[0], [](auto v) { return v / (1 + std::abs(v)); },
-                     [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); });
+    return pointwise(
+        "softsign", x[0], [](auto v) { return v / (1 + std::abs(v)); },
+        [](auto v) { return 1 / ((1 + std::abs(v)) * (1 + std::abs(v))); });
   };
   const Tensor x = Tensor::randn(DType::f64, {2, 3}, 3);
   const std::string name = "x";
-  const GradcheckReport r = gradcheck_second_order(softsign, std::span<const Tensor>(&x, 1),
-                                                   std::span<const std::string>(&name, 1));
+  const GradcheckReport r =
+      gradcheck_second_order(softsign, std::span<const Tensor>(&x, 1), std::span<const std::string>(&name, 1));
   REQUIRE_FALSE(r.checks.empty());
   for (const auto& c : r.checks) CHECK(c.skipped);
   CHECK_FALSE(r.passed);
   CHECK(r.passed.not_checked.find("every check was skipped") == 0);
   CHECK_MESSAGE(r.str().find("NOT CHECKED: every check was skipped (hvp: op 'softsign' has no second-order rule") !=
-        std::string::npos, r.str());
+                    std::string::npos,
+                r.str());
 }
 
 TEST_CASE("options that cannot make a check are refused by name") {
@@ -169,8 +172,8 @@ TEST_CASE("the fast mode with one projection still fails a VJP that is 5 times t
 TEST_CASE("the command line: an empty claim input and eps = 1e300 fail, never pass") {
   ScratchDir dir;
   // d/dx Σ x² claimed as 3x: wrong, but on an input with no elements nothing can show it.
-  const CliRun empty = run_cli(dir.path.string(), {"claim", "--forward", "sum(x * x)", "--vjp", "x = 3 * x * g",
-                                                   "--input", "x:0,4"});
+  const CliRun empty =
+      run_cli(dir.path.string(), {"claim", "--forward", "sum(x * x)", "--vjp", "x = 3 * x * g", "--input", "x:0,4"});
   CHECK_MESSAGE(empty.code != 0, empty.out);
   CHECK_MESSAGE(empty.out.find("holds") == std::string::npos, empty.out);
   CHECK_MESSAGE(empty.out.find("nothing compared") != std::string::npos, empty.out);

@@ -70,8 +70,7 @@ struct Background {
   // The raw wait status: an exit with code 143 and a death by SIGTERM are told apart.
   int wait_status() {
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     return status;
   }
 };
@@ -127,7 +126,8 @@ TEST_CASE("an output fifo without a reader is refused within a second or two, no
   const std::string fifo = dir.file("out.csv");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   auto t0 = Clock::now();
-  CHECK_THROWS_WITH_AS(write_file_atomic(fifo, "x"), doctest::Contains("it is a fifo and nothing reads from it"), Error);
+  CHECK_THROWS_WITH_AS(write_file_atomic(fifo, "x"), doctest::Contains("it is a fifo and nothing reads from it"),
+                       Error);
   CHECK(seconds_since(t0) < 3 * kSanitizerSlowdown);
   CHECK(fs::is_fifo(fs::symlink_status(fifo)));
 
@@ -136,8 +136,11 @@ TEST_CASE("an output fifo without a reader is refused within a second or two, no
   fs::create_directories(dir.path / "runs" / "x");
   REQUIRE(::mkfifo(dir.file("runs/x/losses.csv").c_str(), 0600) == 0);
   t0 = Clock::now();
-  CliRun r = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2",
-                                              "--out", "runs", "--name", "x"}, kTiny), 60);
+  CliRun r = run_cli(
+      dir.path.string(),
+      with({"train", "--data", "text.txt", "--max-iters", "4", "--eval-interval", "2", "--out", "runs", "--name", "x"},
+           kTiny),
+      60);
   check_refused(r, "losses.csv': it is a fifo and nothing reads from it");
   CHECK(seconds_since(t0) < 20);
   CHECK(fs::is_fifo(fs::symlink_status(dir.path / "runs" / "x" / "losses.csv")));
@@ -165,8 +168,10 @@ TEST_CASE("the length of a sample is bounded, and SIGTERM stops a long sample wi
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
   const std::string d = dir.path.string();
-  check_refused(run_cli(d, with({"train", "--data", "text.txt", "--max-iters", "2", "--out", "runs"},
-                                with(kTiny, {"--sample-tokens", "9223372036854775807"})), 60),
+  check_refused(run_cli(d,
+                        with({"train", "--data", "text.txt", "--max-iters", "2", "--out", "runs"},
+                             with(kTiny, {"--sample-tokens", "9223372036854775807"})),
+                        60),
                 "--sample-tokens must lie in [0, 1000000], got 9223372036854775807");
   CHECK_FALSE(fs::exists(dir.path / "runs"));
   REQUIRE(make_tiny_run(dir.path, 2).code == 0);
@@ -194,9 +199,9 @@ TEST_CASE("SIGTERM or SIGINT during a long evaluation ends the run within a seco
     CAPTURE(sig);
     const std::string name = sig == SIGTERM ? "term" : "int";
     // 200,000 evaluation batches per split: tens of seconds of evaluation before step 0.
-    Background run(dir.path.string(), with({"train", "--data", "text.txt", "--max-iters", "10", "--out", "runs",
-                                            "--name", name},
-                                           with(kTiny, {"--eval-iters", "200000"})));
+    Background run(dir.path.string(),
+                   with({"train", "--data", "text.txt", "--max-iters", "10", "--out", "runs", "--name", name},
+                        with(kTiny, {"--eval-iters", "200000"})));
     REQUIRE(wait_until([&] { return fs::exists(dir.path / "runs" / name); }));
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
     const auto t0 = Clock::now();
@@ -211,14 +216,17 @@ TEST_CASE("SIGTERM or SIGINT during a long evaluation ends the run within a seco
 TEST_CASE("bench refuses more threads than its pool, and fails when PyTorch cannot start or does not answer") {
   ScratchDir dir;
   const std::string d = dir.path.string();
-  check_refused(run_cli(d, {"bench", "--threads", "100000", "--quick"}, 60), "--threads: must be at most 256 (the engine's pool takes at most 256 threads), got 100000");
+  check_refused(run_cli(d, {"bench", "--threads", "100000", "--quick"}, 60),
+                "--threads: must be at most 256 (the engine's pool takes at most 256 threads), got 100000");
   check_refused(run_cli(d, {"bench", "--vs-torch", "--python", "/nonexistent", "--quick", "--only", "matmul"}, 60),
                 "PyTorch is not available: cannot start /nonexistent");
   // A PyTorch side that never answers: stopped after --torch-timeout, and the bench fails saying so.
   spit(dir.file("hang.py"), "import time\ntime.sleep(1000)\n");
   const auto t0 = Clock::now();
-  check_refused(run_cli(d, {"bench", "--vs-torch", "--python", "python3", "--torch-script", "hang.py",
-                            "--torch-timeout", "1", "--quick", "--only", "matmul"}, 60),
+  check_refused(run_cli(d,
+                        {"bench", "--vs-torch", "--python", "python3", "--torch-script", "hang.py", "--torch-timeout",
+                         "1", "--quick", "--only", "matmul"},
+                        60),
                 "(hang.py) gave no answer to 'info' within 1 s (--torch-timeout)");
   CHECK(seconds_since(t0) < 20);
 }
@@ -229,10 +237,11 @@ TEST_CASE("graph -o /dev/stdout writes into a pipe, and appends to a file opened
   CliRun piped = run_cli(d, {"graph", "--op", "softmax", "--format", "dot", "-o", "/dev/stdout"}, 60);  // a pipe
   CHECK_MESSAGE(piped.code == 0, piped.out);
   CHECK(piped.out.find("digraph tape {") != std::string::npos);  // after a warning on stderr, if any
-  CHECK(piped.out.find("wrote") == std::string::npos);  // nothing but the graph on the stream
+  CHECK(piped.out.find("wrote") == std::string::npos);           // nothing but the graph on the stream
 
   spit(dir.file("log.txt"), "earlier line\n");
-  Background appended(d, {"graph", "--op", "softmax", "--format", "dot", "-o", "/dev/stdout"}, dir.file("log.txt"), true);
+  Background appended(d, {"graph", "--op", "softmax", "--format", "dot", "-o", "/dev/stdout"}, dir.file("log.txt"),
+                      true);
   CHECK(exited_with(appended.wait_status(), 0));
   const std::string log = slurp(dir.file("log.txt"));
   CHECK(log.rfind("earlier line\n", 0) == 0);  // kept: appended to, not replaced
@@ -254,9 +263,10 @@ TEST_CASE("sample and evaluate refuse a checkpoint with a NaN or infinite weight
       }
     save_checkpoint(dir.file("bad.safetensors"), damaged);
     const std::string expect = "parameter transformer.h.0.mlp.c_fc.weight holds ";
-    check_refused(run_cli(dir.path.string(), {"sample", "--checkpoint", "bad.safetensors", "--tokens", "5"}, 60), expect);
-    check_refused(run_cli(dir.path.string(), {"evaluate", "--checkpoint", "bad.safetensors", "--text", "the quick"}, 60),
+    check_refused(run_cli(dir.path.string(), {"sample", "--checkpoint", "bad.safetensors", "--tokens", "5"}, 60),
                   expect);
+    check_refused(
+        run_cli(dir.path.string(), {"evaluate", "--checkpoint", "bad.safetensors", "--text", "the quick"}, 60), expect);
   }
 }
 
@@ -283,7 +293,8 @@ TEST_CASE("a formula error shows control bytes escaped, and a NUL does not cut t
   }
   // Through the program: a claims file whose formula holds a NUL and an escape byte.
   ScratchDir dir;
-  spit(dir.file("c.claims"), std::string("claim c\ninput x: 3\nforward y = exp(x) \x1b[2J") + '\0' + " + 1\nvjp x = g * y\n");
+  spit(dir.file("c.claims"),
+       std::string("claim c\ninput x: 3\nforward y = exp(x) \x1b[2J") + '\0' + " + 1\nvjp x = g * y\n");
   CliRun r = run_cli(dir.path.string(), {"claim", "--file", "c.claims"}, 60);
   CAPTURE(r.out);
   CHECK(r.code == 2);

@@ -65,10 +65,30 @@ TEST_CASE("training interrupted at random moments exits 130 or 143 with a loadab
   std::mt19937 rng(20261126);
   // Two layers, 64 wide, a context of 32: products large enough to be split over both threads, a step short
   // enough that a signal lands anywhere in it (forward, backward, the optimizer, a checkpoint being written).
-  const std::vector<std::string> args = {"train", "--data", "text.txt", "--out", "r", "--name", "run", "--overwrite",
-                                         "--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--block-size", "32",
-                                         "--batch-size", "8", "--max-iters", "1000000", "--eval-interval", "20",
-                                         "--eval-iters", "2"};
+  const std::vector<std::string> args = {"train",
+                                         "--data",
+                                         "text.txt",
+                                         "--out",
+                                         "r",
+                                         "--name",
+                                         "run",
+                                         "--overwrite",
+                                         "--n-layer",
+                                         "2",
+                                         "--n-head",
+                                         "2",
+                                         "--n-embd",
+                                         "64",
+                                         "--block-size",
+                                         "32",
+                                         "--batch-size",
+                                         "8",
+                                         "--max-iters",
+                                         "1000000",
+                                         "--eval-interval",
+                                         "20",
+                                         "--eval-iters",
+                                         "2"};
   const fs::path log = dir.path / "r" / "run" / "losses.csv";
   for (const std::string& backend : backends) {
     int clean = 0;
@@ -81,8 +101,7 @@ TEST_CASE("training interrupted at random moments exits 130 or 143 with a loadab
       const int sig = i % 2 == 0 ? SIGINT : SIGTERM;
       ::kill(pid, sig);
       int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
       CAPTURE(backend);
       CAPTURE(i);
       const bool exited = WIFEXITED(status);

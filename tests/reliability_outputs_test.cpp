@@ -114,8 +114,9 @@ TEST_CASE("the program: outputs that are inputs, special files, deep formulas, c
                   "--hvp-out");
     CHECK(slurp(dir.file(ck)) == ck_bytes);
     fs::create_symlink(ck, dir.path / "alias.safetensors");
-    check_refused(run_cli(dir.path.string(), {"evaluate", "--checkpoint", ck, "--text", "the quick", "--hvp-out",
-                                              "alias.safetensors"}), "--hvp-out");
+    check_refused(run_cli(dir.path.string(),
+                          {"evaluate", "--checkpoint", ck, "--text", "the quick", "--hvp-out", "alias.safetensors"}),
+                  "--hvp-out");
     CHECK(slurp(dir.file(ck)) == ck_bytes);
   }
   SUBCASE("graph -o through a symbolic link writes its target; into /dev/null it leaves the device") {
@@ -138,8 +139,9 @@ TEST_CASE("the program: outputs that are inputs, special files, deep formulas, c
     for (int i = 1; i < 60000; ++i) chain += "+x";
     check_refused(run_cli(dir.path.string(), {"claim", "--input", "x:2", "--forward", chain, "--vjp", "g*60000"}),
                   "levels deep");
-    check_refused(run_cli(dir.path.string(), {"claim", "--input", "x:2", "--let", "u=" + chain, "--forward", "x",
-                                              "--vjp", "g"}), "levels deep");
+    check_refused(
+        run_cli(dir.path.string(), {"claim", "--input", "x:2", "--let", "u=" + chain, "--forward", "x", "--vjp", "g"}),
+        "levels deep");
     spit(dir.file("deep.txt"), "claim deep\ninput x: 2\nforward " + chain + "\nvjp x = g*60000\n");
     check_refused(run_cli(dir.path.string(), {"claim", "--file", "deep.txt"}), "levels deep");
     // A chain of 900 operators is within the bound, and holds.
@@ -150,20 +152,23 @@ TEST_CASE("the program: outputs that are inputs, special files, deep formulas, c
   }
   SUBCASE("config files: an empty value is an error; several files merge in order") {
     spit(dir.file("empty_name.ini"), "name =\n");
-    check_refused(run_cli(dir.path.string(), with({"train", "--config", "empty_name.ini", "--data", "text.txt"}, kTiny)),
-                  "key 'name' has an empty value");
+    check_refused(
+        run_cli(dir.path.string(), with({"train", "--config", "empty_name.ini", "--data", "text.txt"}, kTiny)),
+        "key 'name' has an empty value");
     CHECK_FALSE(fs::exists(dir.path / "runs" / "-q"));
     spit(dir.file("a.ini"), "max-iters = 2\neval-interval = 2\nname = from_a\n");
     spit(dir.file("b.ini"), "name = from_b\n");
-    CliRun r = run_cli(dir.path.string(), with({"train", "--config", "a.ini", "--config", "b.ini", "--data", "text.txt",
-                                                "--out", "merged"}, kTiny));
+    CliRun r = run_cli(
+        dir.path.string(),
+        with({"train", "--config", "a.ini", "--config", "b.ini", "--data", "text.txt", "--out", "merged"}, kTiny));
     CHECK_MESSAGE(r.code == 0, r.out);
     CHECK(fs::exists(dir.path / "merged" / "from_b" / "checkpoint.safetensors"));
     CHECK_FALSE(fs::exists(dir.path / "merged" / "from_a"));
   }
   SUBCASE("work that needs more memory than there is: refused before it is allocated") {
-    check_refused(run_cli(dir.path.string(), {"claim", "--input", "x:20000,20000", "--forward", "exp(x)", "--vjp",
-                                              "g*y"}), "of memory");
+    check_refused(
+        run_cli(dir.path.string(), {"claim", "--input", "x:20000,20000", "--forward", "exp(x)", "--vjp", "g*y"}),
+        "of memory");
     check_refused(run_cli(dir.path.string(), {"graph", "--model", "--n-layer", "100000"}), "of memory");
     check_refused(run_cli(dir.path.string(), {"graph", "--model", "--block-size", "1000000"}), "of memory");
     check_refused(run_cli(dir.path.string(), {"bench", "--quick", "--only", "training", "--block-size", "1000000"}),
@@ -184,7 +189,9 @@ TEST_CASE("the program: outputs that are inputs, special files, deep formulas, c
     unsetenv("TAPEGRAD_MEMORY_LIMIT");
     CliRun header = run_cli(dir.path.string(), {"bench", "--quick", "--only", "training", "--rounds", "1"});
     CHECK_MESSAGE(header.code == 0, header.out);
-    CHECK_MESSAGE(header.out.find("memory    bench's training step (batch 12, context 64, 4 layers, 128 wide): about ") !=
-                      std::string::npos, header.out);
+    CHECK_MESSAGE(
+        header.out.find("memory    bench's training step (batch 12, context 64, 4 layers, 128 wide): about ") !=
+            std::string::npos,
+        header.out);
   }
 }

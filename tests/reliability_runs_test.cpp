@@ -48,8 +48,7 @@ struct Background {
   }
   int wait() {  // the exit code, or 128 + the signal that killed it
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 };
@@ -72,12 +71,14 @@ const std::vector<std::string> kLong = {"--max-iters", "1000000", "--eval-interv
 TEST_CASE("one writer per run directory; an existing run is not replaced without --overwrite") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
-  Background first(dir.path.string(), with(with({"train", "--data", "text.txt", "--out", "r", "--name", "same"}, kLong), kTiny));
+  Background first(dir.path.string(),
+                   with(with({"train", "--data", "text.txt", "--out", "r", "--name", "same"}, kLong), kTiny));
   REQUIRE(wait_for(dir.path / "r" / "same" / "checkpoint.safetensors"));
   // While it runs, a second run there is refused, naming the process, even with --overwrite or --resume.
   for (const char* extra : {"--overwrite", "--resume"}) {
-    CliRun second = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--name", "same",
-                                                     "--max-iters", "4", extra}, kTiny));
+    CliRun second = run_cli(
+        dir.path.string(),
+        with({"train", "--data", "text.txt", "--out", "r", "--name", "same", "--max-iters", "4", extra}, kTiny));
     check_refused(second, "is in use by process " + std::to_string(first.pid));
   }
   // SIGTERM: the run ends after its step with a checkpoint, and says so.
@@ -87,15 +88,18 @@ TEST_CASE("one writer per run directory; an existing run is not replaced without
   const int64_t step = std::stoll(ck.metadata.at("tapegrad.step"));
   CHECK(step > 0);
   // A finished or stopped run is not replaced by a new one without --overwrite...
-  CliRun again = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--name", "same",
-                                                  "--max-iters", "4"}, kTiny));
+  CliRun again =
+      run_cli(dir.path.string(),
+              with({"train", "--data", "text.txt", "--out", "r", "--name", "same", "--max-iters", "4"}, kTiny));
   check_refused(again, "holds a run already");
-  CHECK(load_checkpoint(dir.file("r/same/checkpoint.safetensors")).metadata.at("tapegrad.step") == std::to_string(step));
+  CHECK(load_checkpoint(dir.file("r/same/checkpoint.safetensors")).metadata.at("tapegrad.step") ==
+        std::to_string(step));
   // ... and is with it; the temporaries of every kind of file a run writes are removed when it starts.
   for (const char* f : {".sharpness.csv.tmp-abc123", ".profile.json.tmp-abc123", ".losses.svg.tmp-abc123"})
     spit((dir.path / "r" / "same" / f).string(), "left by a killed write");
   CliRun over = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--name", "same",
-                                                 "--max-iters", "4", "--eval-interval", "2", "--overwrite"}, kTiny));
+                                                 "--max-iters", "4", "--eval-interval", "2", "--overwrite"},
+                                                kTiny));
   CHECK_MESSAGE(over.code == 0, over.out);
   for (const auto& e : fs::directory_iterator(dir.path / "r" / "same"))
     CHECK_MESSAGE(e.path().filename().string().find(".tmp-") == std::string::npos, e.path().string());
@@ -120,9 +124,12 @@ TEST_CASE("SIGKILL during train --overwrite never leaves the new run's checkpoin
   for (int k = 0; k < 40; ++k) {
     CAPTURE(k);
     REQUIRE(run_cli(d, with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "20", "--eval-interval", "5",
-                             "--overwrite"}, kTiny)).code == 0);
+                             "--overwrite"},
+                            kTiny))
+                .code == 0);
     Background over(d, with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "1000000", "--eval-interval",
-                             "1", "--overwrite"}, kTiny));
+                             "1", "--overwrite"},
+                            kTiny));
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng.uniform() * 60'000)));
     ::kill(over.pid, SIGKILL);
     over.wait();
@@ -148,8 +155,10 @@ TEST_CASE("SIGINT ends a run after its step with a checkpoint; --resume continue
   CHECK(run.wait() == 130);
   const std::string step = load_checkpoint(dir.file("r/softmax/checkpoint.safetensors")).metadata.at("tapegrad.step");
   CHECK(std::stoll(step) > 0);
-  CliRun resumed = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--resume",
-                                                    "--max-iters", std::to_string(std::stoll(step) + 3), "--eval-interval", "5"}, kTiny));
+  CliRun resumed =
+      run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--resume", "--max-iters",
+                                       std::to_string(std::stoll(step) + 3), "--eval-interval", "5"},
+                                      kTiny));
   CHECK_MESSAGE(resumed.code == 0, resumed.out);
 }
 
@@ -162,15 +171,18 @@ TEST_CASE("--resume refuses another GELU, dropout, text or vocabulary by name") 
   spit(dir.file("other.txt"), shuffled);
   spit(dir.file("wider.txt"), text + "XYZ");
   CliRun made = run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "4",
-                                                 "--eval-interval", "2", "--stop-after", "2", "--gelu", "tanh"}, kTiny));
+                                                 "--eval-interval", "2", "--stop-after", "2", "--gelu", "tanh"},
+                                                kTiny));
   REQUIRE_MESSAGE(made.code == 0, made.out);
   const std::string before = slurp(dir.file("r/softmax/checkpoint.safetensors"));
   auto resume = [&](std::vector<std::string> extra) {
-    return run_cli(dir.path.string(), with(with({"train", "--out", "r", "--max-iters", "4", "--eval-interval", "2",
-                                                 "--resume"}, extra), kTiny));
+    return run_cli(
+        dir.path.string(),
+        with(with({"train", "--out", "r", "--max-iters", "4", "--eval-interval", "2", "--resume"}, extra), kTiny));
   };
   check_refused(resume({"--data", "text.txt", "--gelu", "exact"}), "--gelu tanh, this run asks for --gelu exact");
-  check_refused(resume({"--data", "text.txt", "--gelu", "tanh", "--dropout", "0.1"}), "--dropout 0, this run asks for --dropout 0.1");
+  check_refused(resume({"--data", "text.txt", "--gelu", "tanh", "--dropout", "0.1"}),
+                "--dropout 0, this run asks for --dropout 0.1");
   check_refused(resume({"--data", "other.txt", "--gelu", "tanh"}), "was trained on another text");
   check_refused(resume({"--data", "wider.txt", "--gelu", "tanh"}), "another model");
   CHECK(slurp(dir.file("r/softmax/checkpoint.safetensors")) == before);
@@ -184,12 +196,13 @@ TEST_CASE("a text without a newline trains, samples at the end and from its chec
   for (char& c : text)
     if (c == '\n') c = ' ';
   spit(dir.file("flat.txt"), text);
-  CliRun r = run_cli(dir.path.string(), {"train", "--data", "flat.txt", "--out", "r", "--max-iters", "2",
-                                         "--eval-interval", "2", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
-                                         "--block-size", "8", "--batch-size", "4", "--eval-iters", "2",
-                                         "--sample-tokens", "20"});
+  CliRun r = run_cli(dir.path.string(), {"train", "--data",          "flat.txt", "--out",           "r", "--max-iters",
+                                         "2",     "--eval-interval", "2",        "--n-layer",       "1", "--n-head",
+                                         "2",     "--n-embd",        "16",       "--block-size",    "8", "--batch-size",
+                                         "4",     "--eval-iters",    "2",        "--sample-tokens", "20"});
   CHECK_MESSAGE(r.code == 0, r.out);
-  CliRun s = run_cli(dir.path.string(), {"sample", "--checkpoint", "r/softmax/checkpoint.safetensors", "--tokens", "20"});
+  CliRun s =
+      run_cli(dir.path.string(), {"sample", "--checkpoint", "r/softmax/checkpoint.safetensors", "--tokens", "20"});
   CHECK_MESSAGE(s.code == 0, s.out);
 }
 
@@ -197,31 +210,35 @@ TEST_CASE("options that would lose or misplace a run are refused in one line") {
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
   check_refused(run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--out", ""}, kTiny)), "--out");
-  check_refused(run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--min-lr", "0.01", "--lr", "0.001"}, kTiny)),
-                "--min-lr (0.01) is above --lr (0.001)");
+  check_refused(
+      run_cli(dir.path.string(), with({"train", "--data", "text.txt", "--min-lr", "0.01", "--lr", "0.001"}, kTiny)),
+      "--min-lr (0.01) is above --lr (0.001)");
   check_refused(run_cli(dir.path.string(), {"compare", "--iters", "0"}), "--iters: must be positive");
-  CliRun big = run_cli(dir.path.string(), with({"train", "--data", "text.txt"}, with(kTiny, {"--eval-iters", "99999999999999"})));
+  CliRun big = run_cli(dir.path.string(),
+                       with({"train", "--data", "text.txt"}, with(kTiny, {"--eval-iters", "99999999999999"})));
   check_refused(big, "evaluation batches");
   CHECK_MESSAGE(refused_in_little_memory(big), big.max_rss_kb, " KiB");
   CHECK_FALSE(fs::exists(dir.path / "runs"));
 }
 
-TEST_CASE("train refuses a file of its run that is one of its inputs, through symbolic links, before writing anything") {
+TEST_CASE(
+    "train refuses a file of its run that is one of its inputs, through symbolic links, before writing anything") {
   ScratchDir dir;
   CliRun made = make_tiny_run(dir.path, 2);
   REQUIRE_MESSAGE(made.code == 0, made.out);
   const std::string text = slurp(dir.file("text.txt"));
   const fs::path run = dir.path / "made" / "softmax";
   const auto train = [&](std::vector<std::string> extra) {
-    return run_cli(dir.path.string(), with(with({"train", "--out", "made", "--max-iters", "2", "--eval-interval", "2"},
-                                                extra), kTiny));
+    return run_cli(dir.path.string(),
+                   with(with({"train", "--out", "made", "--max-iters", "2", "--eval-interval", "2"}, extra), kTiny));
   };
   SUBCASE("losses.csv a link to the text") {
     fs::remove(run / "losses.csv");
     fs::create_symlink("../../text.txt", run / "losses.csv");
     const auto before = snapshot(dir.path);
-    check_refused(train({"--data", "text.txt", "--overwrite"}), "the run's losses.csv 'made/softmax/losses.csv' is the "
-                                                                 "file --data reads ('text.txt')");
+    check_refused(train({"--data", "text.txt", "--overwrite"}),
+                  "the run's losses.csv 'made/softmax/losses.csv' is the "
+                  "file --data reads ('text.txt')");
     CHECK(snapshot(dir.path) == before);
     CHECK(slurp(dir.file("text.txt")) == text);
   }
@@ -264,8 +281,9 @@ TEST_CASE("no command replaces a file of a run: evaluate --hvp-out, graph -o, co
   check_refused(run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick",
                                             "--hvp-out", "made/softmax/losses.csv"}),
                 "--hvp-out 'made/softmax/losses.csv' is a file of the run in 'made/softmax'");
-  check_refused(run_cli(dir.path.string(), {"graph", "--op", "softmax", "--format", "dot", "-o", "made/softmax/losses.csv"}),
-                "graph: -o 'made/softmax/losses.csv' is a file of the run in 'made/softmax'");
+  check_refused(
+      run_cli(dir.path.string(), {"graph", "--op", "softmax", "--format", "dot", "-o", "made/softmax/losses.csv"}),
+      "graph: -o 'made/softmax/losses.csv' is a file of the run in 'made/softmax'");
   fs::create_symlink("made/softmax/losses.svg", dir.path / "plot.svg");  // through a link too
   check_refused(run_cli(dir.path.string(), {"graph", "--op", "softmax", "-o", "plot.svg"}), "through a symbolic link");
   fs::remove(dir.path / "plot.svg");
@@ -276,8 +294,8 @@ TEST_CASE("no command replaces a file of a run: evaluate --hvp-out, graph -o, co
   CliRun hvp = run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick",
                                            "--hvp-out", "hvp.safetensors"});
   CHECK_MESSAGE(hvp.code == 0, hvp.out);
-  hvp = run_cli(dir.path.string(), {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick", "--hvp-out",
-                                    "hvp.safetensors"});
+  hvp = run_cli(dir.path.string(),
+                {"evaluate", "--checkpoint", kTinyCheckpoint, "--text", "the quick", "--hvp-out", "hvp.safetensors"});
   CHECK_MESSAGE(hvp.code == 0, hvp.out);
   // compare's plot goes beside its runs; in a directory that holds a run, an existing one is not replaced.
   spit(dir.file("made/softmax/val_loss.svg"), "<svg/>");
@@ -293,8 +311,9 @@ TEST_CASE("a resumed run's step never moves backwards; --stop-after near 2^63 ru
   const std::string ck = slurp(dir.file(kTinyCheckpoint));
   const std::string csv = slurp(dir.file("made/softmax/losses.csv"));
   auto resume = [&](std::vector<std::string> extra) {
-    return run_cli(dir.path.string(), with(with({"train", "--data", "text.txt", "--out", "made", "--eval-interval", "2",
-                                                 "--resume"}, extra), kTiny));
+    return run_cli(
+        dir.path.string(),
+        with(with({"train", "--data", "text.txt", "--out", "made", "--eval-interval", "2", "--resume"}, extra), kTiny));
   };
   check_refused(resume({"--max-iters", "2"}), "is at step 4, past the run's last step 2 (--max-iters)");
   CHECK(slurp(dir.file(kTinyCheckpoint)) == ck);
@@ -316,11 +335,13 @@ TEST_CASE("--resume refuses another seed or batch size by name unless --allow-ch
   REQUIRE_MESSAGE(made.code == 0, made.out);
   const std::string ck = slurp(dir.file(kTinyCheckpoint));
   auto resume = [&](std::vector<std::string> extra) {
-    return run_cli(dir.path.string(), with(with({"train"}, kTiny), with({"--data", "text.txt", "--out", "made",
-                                                                         "--eval-interval", "2", "--max-iters", "4",
-                                                                         "--resume"}, extra)));
+    return run_cli(dir.path.string(),
+                   with(with({"train"}, kTiny), with({"--data", "text.txt", "--out", "made", "--eval-interval", "2",
+                                                      "--max-iters", "4", "--resume"},
+                                                     extra)));
   };
-  check_refused(resume({"--seed", "7"}), "was trained with --seed 1337, this run asks for --seed 7; --allow-change lets");
+  check_refused(resume({"--seed", "7"}),
+                "was trained with --seed 1337, this run asks for --seed 7; --allow-change lets");
   check_refused(resume({"--batch-size", "5"}), "was trained with --batch-size 4, this run asks for --batch-size 5");
   CHECK(slurp(dir.file(kTinyCheckpoint)) == ck);
   CliRun allowed = resume({"--seed", "7", "--batch-size", "5", "--allow-change"});
@@ -331,8 +352,10 @@ TEST_CASE("run names, --resume with --overwrite, compare's kinds, config lines w
   ScratchDir dir;
   spit(dir.file("text.txt"), text_of_length(3000));
   const auto train = [&](std::vector<std::string> extra) {
-    return run_cli(dir.path.string(), with(with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "1",
-                                                 "--eval-interval", "1"}, extra), kTiny));
+    return run_cli(
+        dir.path.string(),
+        with(with({"train", "--data", "text.txt", "--out", "r", "--max-iters", "1", "--eval-interval", "1"}, extra),
+             kTiny));
   };
   for (const char* name : {"../../x", "..", ".", "a/b"})
     check_refused(train({"--name", name}), fmt::format("--name '{}': a run's name is one directory name", name));
@@ -363,13 +386,15 @@ TEST_CASE("run names, --resume with --overwrite, compare's kinds, config lines w
     CliRun r = gradcheck();
     CHECK_MESSAGE(r.code == 0, r.out);
     CHECK_MESSAGE(r.out.find(fmt::format("warning: TAPEGRAD_NUM_THREADS={} is not a number of threads", bad)) !=
-                      std::string::npos, r.out);
+                      std::string::npos,
+                  r.out);
   }
   setenv("TAPEGRAD_NUM_THREADS", "1000", 1);
   CliRun capped = gradcheck();
   CHECK_MESSAGE(capped.code == 0, capped.out);
-  CHECK_MESSAGE(capped.out.find("TAPEGRAD_NUM_THREADS=1000 is above the limit of 256 threads; using 256") !=
-                    std::string::npos, capped.out);
+  CHECK_MESSAGE(
+      capped.out.find("TAPEGRAD_NUM_THREADS=1000 is above the limit of 256 threads; using 256") != std::string::npos,
+      capped.out);
   setenv("TAPEGRAD_NUM_THREADS", "2", 1);
   CliRun fine = gradcheck();
   CHECK_MESSAGE(fine.code == 0, fine.out);

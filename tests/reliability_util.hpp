@@ -23,8 +23,9 @@
 namespace tapegrad::testing {
 
 // Options of a model that trains in a fraction of a second.
-inline const std::vector<std::string> kTiny = {"--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8",
-                                               "--batch-size", "4", "--eval-iters", "2", "--sample-tokens", "0", "-q"};
+inline const std::vector<std::string> kTiny = {
+    "--n-layer",    "1", "--n-head",        "2", "--n-embd", "16", "--block-size", "8", "--batch-size", "4",
+    "--eval-iters", "2", "--sample-tokens", "0", "-q"};
 
 // a followed by b, where an option b gives replaces the same option in a (with its value): tapegrad refuses an
 // option that takes one value given twice, so with(kTiny, {"--block-size", "16"}) is kTiny at a context of 16.
@@ -68,9 +69,9 @@ inline std::string text_of_length(size_t n) {
 }
 
 struct CliRun {
-  int code = -1;    // exit code; -1 if the program died of a signal
-  int signal = 0;   // the signal that killed it, or 0
-  std::string out;  // stdout and stderr, interleaved
+  int code = -1;        // exit code; -1 if the program died of a signal
+  int signal = 0;       // the signal that killed it, or 0
+  std::string out;      // stdout and stderr, interleaved
   long max_rss_kb = 0;  // the child's peak resident memory (ru_maxrss)
 };
 
@@ -126,8 +127,7 @@ inline CliRun run_cli(const std::string& cwd, const std::vector<std::string>& ar
   close(fds[0]);
   int status = 0;
   struct rusage usage {};
-  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
-  }
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {}
   r.max_rss_kb = usage.ru_maxrss;
   if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
@@ -140,7 +140,8 @@ inline const std::string kTinyCheckpoint = "made/softmax/checkpoint.safetensors"
 inline CliRun make_tiny_run(const std::filesystem::path& dir, int steps) {
   spit((dir / "text.txt").string(), text_of_length(3000));
   return run_cli(dir.string(), with({"train", "--data", "text.txt", "--max-iters", std::to_string(steps),
-                                     "--eval-interval", "2", "--out", "made"}, kTiny));
+                                     "--eval-interval", "2", "--out", "made"},
+                                    kTiny));
 }
 
 // Every file and directory under `root` with its size and modification time: equal snapshots mean nothing was
@@ -151,8 +152,8 @@ inline std::map<std::string, std::string> snapshot(const std::filesystem::path& 
     struct stat st {};
     if (::lstat(e.path().c_str(), &st) != 0) continue;
     files[std::filesystem::relative(e.path(), root).string()] =
-        std::to_string(st.st_size) + "@" + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) +
-        (S_ISDIR(st.st_mode) ? "/" : "");
+        std::to_string(st.st_size) + "@" + std::to_string(st.st_mtim.tv_sec) + "." +
+        std::to_string(st.st_mtim.tv_nsec) + (S_ISDIR(st.st_mode) ? "/" : "");
   }
   return files;
 }

@@ -143,8 +143,8 @@ inline Derivatives derivatives(const Function& f, const std::vector<Tensor>& xs,
 
 // Checks that two computations of the same map agree to `tol`: the output, the gradient of input i (named
 // names[i]) and the tangent.
-inline void check_same_derivatives(const Derivatives& a, const Derivatives& b,
-                                   std::initializer_list<const char*> names, double tol) {
+inline void check_same_derivatives(const Derivatives& a, const Derivatives& b, std::initializer_list<const char*> names,
+                                   double tol) {
   CHECK(max_abs_diff(a.out, b.out) <= tol);
   for (size_t i = 0; i < a.grads.size(); ++i) {
     CAPTURE(names.begin()[i]);
@@ -196,11 +196,11 @@ inline Derivatives derivatives_on_threads(const FunctionCase& c, int threads, ui
 }  // namespace tapegrad::testing
 
 // Checks that `expr` throws a tapegrad::Error whose message contains every one of the given strings.
-#define CHECK_ERROR_HAS(expr, ...)                                                                  \
-  do {                                                                                              \
-    std::string error_message_ = ::tapegrad::testing::error_of([&] { (void)(expr); });             \
-    INFO("message: ", error_message_);                                                              \
-    CHECK(error_message_ != ::tapegrad::testing::kNoError);                                         \
-    for (std::string_view part_ : std::initializer_list<std::string_view>{__VA_ARGS__})             \
+#define CHECK_ERROR_HAS(expr, ...)                                                                      \
+  do {                                                                                                  \
+    std::string error_message_ = ::tapegrad::testing::error_of([&] { (void)(expr); });                  \
+    INFO("message: ", error_message_);                                                                  \
+    CHECK(error_message_ != ::tapegrad::testing::kNoError);                                             \
+    for (std::string_view part_ : std::initializer_list<std::string_view>{__VA_ARGS__})                 \
       CHECK_MESSAGE(error_message_.find(part_) != std::string::npos, "expected: ", std::string(part_)); \
   } while (false)

@@ -153,8 +153,8 @@ TEST_CASE("a truncated file is refused at every length") {
   save_checkpoint(good, sample_checkpoint());
   std::string f = slurp(good);
   std::string path = dir.file("cut.safetensors");
-  for (size_t len : {size_t{0}, size_t{5}, size_t{8}, size_t{9}, size_t{40}, f.size() / 2, f.size() - 30,
-                     f.size() - 1}) {
+  for (size_t len :
+       {size_t{0}, size_t{5}, size_t{8}, size_t{9}, size_t{40}, f.size() / 2, f.size() - 30, f.size() - 1}) {
     CAPTURE(len);
     spit(path, f.substr(0, len));
     CHECK_ERROR_HAS(load_checkpoint(path), path);
@@ -183,8 +183,8 @@ TEST_CASE("damaged headers are refused with a message that says what is wrong") 
        raw_file("{" + entry("a", R"("F32")", "[4]", "[0,16]") + "," + entry("b", R"("F32")", "[2]", "[8,16]") + "}",
                 f24.substr(0, 16)),
        "overlap"},
-      {"offsets past the data section", raw_file("{" + entry("a", R"("F32")", "[6]", "[0,24]") + "}", f24.substr(0, 16)),
-       "leave the data section"},
+      {"offsets past the data section",
+       raw_file("{" + entry("a", R"("F32")", "[6]", "[0,24]") + "}", f24.substr(0, 16)), "leave the data section"},
       {"offsets that disagree with the shape", raw_file("{" + entry("a", R"("F32")", "[2,3]", "[0,20]") + "}", f24),
        "needs 24 bytes"},
       {"offsets that disagree with the dtype", raw_file("{" + entry("a", R"("F64")", "[6]", "[0,24]") + "}", f24),
@@ -201,8 +201,8 @@ TEST_CASE("damaged headers are refused with a message that says what is wrong") 
       {"fractional dimension", raw_file("{" + entry("a", R"("F32")", "[1.5]", "[0,24]") + "}", f24), "non-integer"},
       {"huge shape", raw_file("{" + entry("a", R"("F32")", "[4294967296,4294967296,16]", "[0,24]") + "}", f24),
        "larger than the whole data section"},
-      {"huge dimension next to a zero", raw_file("{" + entry("a", R"("F32")", "[0,18446744073709551615]", "[0,0]") + "}", ""),
-       "out of range"},
+      {"huge dimension next to a zero",
+       raw_file("{" + entry("a", R"("F32")", "[0,18446744073709551615]", "[0,0]") + "}", ""), "out of range"},
       {"rank above 6", raw_file("{" + entry("a", R"("F32")", "[1,1,1,1,1,1,6]", "[0,24]") + "}", f24), "rank 7"},
       {"shape not an array", raw_file("{" + entry("a", R"("F32")", "6", "[0,24]") + "}", f24), "shape must be"},
       {"one offset", raw_file("{" + entry("a", R"("F32")", "[6]", "[24]") + "}", f24), "two non-negative"},

@@ -42,7 +42,8 @@ TEST_CASE("multibyte UTF-8: one token per code point, vocabulary sorted by code 
   // Code points: h é l l o ␠ w ö r l d ␠ — ␠ 日 本 語 ␠ 🙂 ␠ é  (21 in all)
   CHECK(d.train.size() + d.val.size() == 21);
   CHECK(d.train.size() == 10);
-  std::vector<char32_t> expected = {U' ', U'd', U'h', U'l', U'o', U'r', U'w', U'é', U'ö', U'—', U'語', U'日', U'本', U'🙂'};
+  std::vector<char32_t> expected = {U' ', U'd', U'h', U'l',  U'o',  U'r',  U'w',
+                                    U'é', U'ö', U'—', U'語', U'日', U'本', U'🙂'};
   std::sort(expected.begin(), expected.end());
   CHECK(d.vocab == expected);
   std::vector<int32_t> all = d.train;

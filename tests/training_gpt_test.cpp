@@ -93,7 +93,8 @@ TEST_CASE("a context longer than the model's block size is an error naming both"
   GPT model(cfg, 1);
   Tape tape;
   Tensor ids = Tensor::zeros(DType::i32, {1, cfg.block_size + 1});
-  CHECK_THROWS_WITH_AS(model.logits(tape, ids), doctest::Contains("65 tokens does not fit the model's block_size 64"), Error);
+  CHECK_THROWS_WITH_AS(model.logits(tape, ids), doctest::Contains("65 tokens does not fit the model's block_size 64"),
+                       Error);
 }
 
 TEST_CASE("warm-up then cosine decay, as nanoGPT schedules it") {

@@ -88,8 +88,8 @@ TEST_CASE("train_loop resumes exactly: 6 steps, then 6 more from the checkpoint,
     MLP mlp("mlp", {2, 8, 2}, seed);
     SGD opt(mlp.parameters(), {.lr = 0.2, .momentum = 0.9, .weight_decay = 0.01});
     LoopFunctions fn = xor_functions(mlp, data);
-    LoopConfig cfg{.max_steps = 12, .eval_interval = 4, .dir = dir, .resume = resume, .stop_after = stop_after,
-                   .quiet = true};
+    LoopConfig cfg{
+        .max_steps = 12, .eval_interval = 4, .dir = dir, .resume = resume, .stop_after = stop_after, .quiet = true};
     cfg.lr = [](int64_t it) { return 0.2 / static_cast<double>(it + 1); };
     LoopResult r = train_loop(mlp, opt, cfg, fn);
     return std::make_pair(r, mlp.parameters()[0].value.to_vector());

@@ -51,8 +51,8 @@ TEST_CASE("a module's parameters are the same tensors as its parts': an update t
   copy.value.data<float>()[0] = 7.0f;
   CHECK(mlp.layers()[0].weight().value.item(0) == 7.0);
   CHECK(&mlp.parameter("net.1.bias") == &mlp.parameters()[3]);
-  CHECK_THROWS_WITH_AS(mlp.parameter("net.2.weight"), doctest::Contains("module 'net' has no parameter named 'net.2.weight'"),
-                       Error);
+  CHECK_THROWS_WITH_AS(mlp.parameter("net.2.weight"),
+                       doctest::Contains("module 'net' has no parameter named 'net.2.weight'"), Error);
 }
 
 TEST_CASE("the GPT lists nanoGPT's parameter names in nanoGPT's order") {
@@ -61,16 +61,14 @@ TEST_CASE("the GPT lists nanoGPT's parameter names in nanoGPT's order") {
   cfg.bias = true;
   cfg.attention = "super";
   GPT model(cfg, 1);
-  CHECK(names(model) == std::vector<std::string>{
-                            "transformer.wte.weight",          "transformer.wpe.weight",
-                            "transformer.h.0.ln_1.weight",     "transformer.h.0.ln_1.bias",
-                            "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
-                            "transformer.h.0.attn.w_a",        "transformer.h.0.attn.c_proj.weight",
-                            "transformer.h.0.attn.c_proj.bias", "transformer.h.0.ln_2.weight",
-                            "transformer.h.0.ln_2.bias",       "transformer.h.0.mlp.c_fc.weight",
-                            "transformer.h.0.mlp.c_fc.bias",   "transformer.h.0.mlp.c_proj.weight",
-                            "transformer.h.0.mlp.c_proj.bias", "transformer.ln_f.weight",
-                            "transformer.ln_f.bias"});
+  CHECK(names(model) ==
+        std::vector<std::string>{
+            "transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+            "transformer.h.0.ln_1.bias", "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
+            "transformer.h.0.attn.w_a", "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+            "transformer.h.0.ln_2.weight", "transformer.h.0.ln_2.bias", "transformer.h.0.mlp.c_fc.weight",
+            "transformer.h.0.mlp.c_fc.bias", "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias",
+            "transformer.ln_f.weight", "transformer.ln_f.bias"});
 }
 
 TEST_CASE("the attention table gives each kind's parameter count, and the model agrees") {
@@ -108,13 +106,13 @@ TEST_CASE("a layer given an input of the wrong shape names itself, the shape and
   CHECK_THROWS_WITH_AS(ln(tape, tape.constant(Tensor::zeros(DType::f32, {4, 3}))),
                        doctest::Contains("ln: input of shape (4, 3): expected (..., 6)"), Error);
   Embedding emb("emb", 10, 4, 1);
-  CHECK_THROWS_WITH_AS(emb(tape, Tensor::zeros(DType::f32, {2})), doctest::Contains("emb: input of shape (2): expected int32"),
-                       Error);
+  CHECK_THROWS_WITH_AS(emb(tape, Tensor::zeros(DType::f32, {2})),
+                       doctest::Contains("emb: input of shape (2): expected int32"), Error);
   CausalSelfAttention attn("h.0.attn", {.n_embd = 8, .n_head = 2, .block_size = 4, .kind = "beta"}, 1, 0.02, 0.02);
   CHECK(attn(tape, tape.constant(Tensor::zeros(DType::f32, {1, 4, 8}))).shape() == Shape{1, 4, 8});
-  CHECK_THROWS_WITH_AS(attn(tape, tape.constant(Tensor::zeros(DType::f32, {1, 5, 8}))),
-                       doctest::Contains("h.0.attn: input of shape (1, 5, 8): expected (B, T, 8) float32 with T ≤ block_size 4"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      attn(tape, tape.constant(Tensor::zeros(DType::f32, {1, 5, 8}))),
+      doctest::Contains("h.0.attn: input of shape (1, 5, 8): expected (B, T, 8) float32 with T ≤ block_size 4"), Error);
 }
 
 TEST_CASE("layers put their weights on the tape: backward fills the parameters' gradients") {
@@ -191,20 +189,29 @@ void check_pinned_losses(const PinnedLosses& pin, GeluForm gelu) {
 // near |t| = 1 (`tapegrad gradcheck --precision f32` found it); it saves 1 − |t| now (ops/gelu.hpp), and the fifth
 // loss of the bias + dropout run moved by one ulp of float32, 4.158093452453613 → 4.1580929756164551.
 TEST_CASE("the GPT with the tanh gelu trains with the same losses as before it was built from layers") {
-  for (const auto& pin : {PinnedLosses{"softmax", false, {4.176078796386719, 4.198410987854004, 4.1754150390625,
-                                                          4.176524639129639, 4.14434289932251}},
-                          PinnedLosses{"super", false, {4.203603744506836, 4.204892635345459, 4.189239978790283,
-                                                        4.219517707824707, 4.189042091369629}},
-                          PinnedLosses{"softmax", true, {4.227527618408203, 4.1835737228393555, 4.181920051574707,
-                                                         4.199037075042725, 4.1580929756164551}}})
+  for (const auto& pin :
+       {PinnedLosses{"softmax",
+                     false,
+                     {4.176078796386719, 4.198410987854004, 4.1754150390625, 4.176524639129639, 4.14434289932251}},
+        PinnedLosses{"super",
+                     false,
+                     {4.203603744506836, 4.204892635345459, 4.189239978790283, 4.219517707824707, 4.189042091369629}},
+        PinnedLosses{
+            "softmax",
+            true,
+            {4.227527618408203, 4.1835737228393555, 4.181920051574707, 4.199037075042725, 4.1580929756164551}}})
     check_pinned_losses(pin, GeluForm::tanh);
 }
 
 // With the exact gelu, the default since it was added: the losses it gave then.
 TEST_CASE("the GPT with the exact gelu trains with the losses pinned when it became the default") {
-  for (const auto& pin : {PinnedLosses{"softmax", false, {4.176079273223877, 4.1984109878540039, 4.1754140853881836,
-                                                          4.1765255928039551, 4.1443424224853516}},
-                          PinnedLosses{"softmax", true, {4.2275280952453613, 4.1835741996765137, 4.1819205284118652,
-                                                         4.199038028717041, 4.1580939292907715}}})
+  for (const auto& pin : {PinnedLosses{"softmax",
+                                       false,
+                                       {4.176079273223877, 4.1984109878540039, 4.1754140853881836, 4.1765255928039551,
+                                        4.1443424224853516}},
+                          PinnedLosses{"softmax",
+                                       true,
+                                       {4.2275280952453613, 4.1835741996765137, 4.1819205284118652, 4.199038028717041,
+                                        4.1580939292907715}}})
     check_pinned_losses(pin, GeluForm::exact);
 }

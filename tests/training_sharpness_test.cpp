@@ -62,7 +62,8 @@ TEST_CASE("sharpness: H·v of a quadratic is A·v, and power iteration finds its
   CHECK(s.iterations < 200);
   // With −6 beside 5, the largest magnitude is negative: the first run finds it, the shifted one λ_max = 5.
   const Quadratic neg(rotated_diagonal({2.0, -6.0, 5.0}));
-  const Sharpness n = sharpness(neg, [&](Tape& tape) { return neg.loss(tape); }, {.iterations = 400, .tolerance = 1e-7});
+  const Sharpness n =
+      sharpness(neg, [&](Tape& tape) { return neg.loss(tape); }, {.iterations = 400, .tolerance = 1e-7});
   CHECK(n.magnitude == doctest::Approx(-6.0).epsilon(1e-4));
   CHECK(n.largest == doctest::Approx(5.0).epsilon(1e-3));
 }

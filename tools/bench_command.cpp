@@ -40,7 +40,6 @@ namespace {
 
 using namespace bench;
 
-
 // ---- sections -------------------------------------------------------------------------------------------------
 
 // with_step: a section runs bench's training step, whose memory estimate the header shows.
@@ -53,8 +52,8 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch, bool with_step) {
   auto blas_libs = mapped_libraries("blas");
   const BlasInfo blas = blas_info();
   out.print("tapegrad bench, {}{}\n", date, a.quick ? " (--quick: fewer rounds, smaller shapes)" : "");
-  out.print("machine   {}, {} CPUs available, {} memory, load average {}\n", blas.cpu, std::thread::hardware_concurrency(),
-            mem, load_average());
+  out.print("machine   {}, {} CPUs available, {} memory, load average {}\n", blas.cpu,
+            std::thread::hardware_concurrency(), mem, load_average());
   out.print("tapegrad  {} threads (the engine's pool); OpenBLAS single-threaded under it: {} kernels ({}), {}\n",
             num_threads(), blas.core, blas_summary(blas), blas_libs.empty() ? "?" : blas_libs.front());
   out.print("          {}\n", products_summary());
@@ -63,8 +62,11 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch, bool with_step) {
     out.print("memory    {}: {}\n", TrainStep::describe(a.model, a.batch), memory_outlook(step_bytes));
   }
   out.header = {{"date", date},
-                {"machine", {{"cpu", cpu}, {"cpus", std::thread::hardware_concurrency()}, {"memory", mem},
-                             {"load_average", load_average()}}},
+                {"machine",
+                 {{"cpu", cpu},
+                  {"cpus", std::thread::hardware_concurrency()},
+                  {"memory", mem},
+                  {"load_average", load_average()}}},
                 {"threads", num_threads()},
                 {"blas", blas_json(blas)},
                 {"products", products_json()},
@@ -79,16 +81,18 @@ void header(Output& out, const BenchArgs& a, TorchSide* torch, bool with_step) {
       const json& i = torch->info();
       std::string libs;
       for (const auto& l : i["blas"]) libs += (libs.empty() ? "" : ", ") + l.get<std::string>();
-      out.print("pytorch   {} ({}), {} threads, float32; BLAS {}{}\n", i["torch"].get<std::string>(),
-                i.value("python", std::string("?")), i["threads"].get<int>(), libs,
-                i["openmp_blas"].get<bool>() ? "" : " (OpenBLAS-pthread: install libopenblas0-openmp for a fair figure)");
-      out.print("          peers: softmax attention {}; β and linear attention the composite (no fused kernel in "
-                "PyTorch); training step eager{}\n",
-                i.value("sdpa", false) ? "scaled_dot_product_attention(is_causal=True), in the training step too"
-                                       : "the composite (this PyTorch has no scaled_dot_product_attention)",
-                !a.torch_compile              ? " (--torch-compile adds torch.compile)"
-                : i.value("compile", false) ? " and torch.compile"
-                                            : " (this PyTorch has no torch.compile)");
+      out.print(
+          "pytorch   {} ({}), {} threads, float32; BLAS {}{}\n", i["torch"].get<std::string>(),
+          i.value("python", std::string("?")), i["threads"].get<int>(), libs,
+          i["openmp_blas"].get<bool>() ? "" : " (OpenBLAS-pthread: install libopenblas0-openmp for a fair figure)");
+      out.print(
+          "          peers: softmax attention {}; β and linear attention the composite (no fused kernel in "
+          "PyTorch); training step eager{}\n",
+          i.value("sdpa", false) ? "scaled_dot_product_attention(is_causal=True), in the training step too"
+                                 : "the composite (this PyTorch has no scaled_dot_product_attention)",
+          !a.torch_compile            ? " (--torch-compile adds torch.compile)"
+          : i.value("compile", false) ? " and torch.compile"
+                                      : " (this PyTorch has no torch.compile)");
     } else {
       out.print("pytorch   not available: {}\n", torch->why());
     }
@@ -123,17 +127,19 @@ std::optional<double> attention_gflops(const std::string& node, const AttentionS
 
 std::string gflops_cell(std::optional<double> g, double ceiling) {
   if (!g) return fmt::format("{:>14}", "—");
-  return std::isnan(ceiling) ? fmt::format("{:>14.1f}", *g) : fmt::format("{:>7.1f} ({:>3.0f}%)", *g, 100 * *g / ceiling);
+  return std::isnan(ceiling) ? fmt::format("{:>14.1f}", *g)
+                             : fmt::format("{:>7.1f} ({:>3.0f}%)", *g, 100 * *g / ceiling);
 }
 
 void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double ceiling) {
   std::vector<AttentionShape> shapes{{12, 4, 64, 32}, {4, 4, 256, 64}, {1, 8, 1024, 64}};
   if (a.quick) shapes = {{12, 4, 64, 32}};
   const bool vs = torch != nullptr;
-  out.print("attention nodes: causal, float32 tensors, products in {}; forward alone and forward + backward, with "
-            "GFLOP/s (causal products counted once{}); bytes the node keeps (O included)\n",
-            precision_name(product_precision()),
-            std::isnan(ceiling) ? "" : fmt::format(", % of the product ceiling {:.1f}", ceiling));
+  out.print(
+      "attention nodes: causal, float32 tensors, products in {}; forward alone and forward + backward, with "
+      "GFLOP/s (causal products counted once{}); bytes the node keeps (O included)\n",
+      precision_name(product_precision()),
+      std::isnan(ceiling) ? "" : fmt::format(", % of the product ceiling {:.1f}", ceiling));
   out.print("  {:<17} {:<16} {:>9} {:>14}{} {:>10} {:>14}{} {:>11}{}\n", "node", "(B, h, T, d)", "fwd ms", "GFLOP/s",
             vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "fwd+bwd ms", "GFLOP/s",
             vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "", "kept", vs ? "  PyTorch peer" : "");
@@ -163,7 +169,8 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double
       out.print("  {:<17} {:<16} {:>9.3f} {}{} {:>10.3f} {}{} {:>11}{}\n", node, s.str(), fwd.ms,
                 gflops_cell(gf_fwd, ceiling), torch_cells(fwd, vs), both.ms, gflops_cell(gf_both, ceiling),
                 torch_cells(both, vs), mib(kept), vs ? "  " + both.peer : "");
-      for (auto [workload, t, gf] : {std::tuple{"attention_fwd ", &fwd, gf_fwd}, std::tuple{"attention_fwd_bwd ", &both, gf_both}}) {
+      for (auto [workload, t, gf] :
+           {std::tuple{"attention_fwd ", &fwd, gf_fwd}, std::tuple{"attention_fwd_bwd ", &both, gf_both}}) {
         json& r = out.row(workload + node, s.str(), t->ms, t, kept, gf);
         r["share_of_product_ceiling"] = gf && !std::isnan(ceiling) ? json(*gf / ceiling) : json(nullptr);
       }
@@ -180,18 +187,24 @@ void attention_section(Output& out, const BenchArgs& a, TorchSide* torch, double
 void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const ProductCeiling& ceiling) {
   TrainStep step(a.model, a.batch);
   // The PyTorch mirror at the same shape (tools/torch_bench.py's train_step), in bf16 autocast if asked.
-  const json step_args = {{"model", {{"n_layer", a.model.n_layer}, {"n_head", a.model.n_head},
-                                     {"n_embd", a.model.n_embd}, {"block_size", a.model.block_size},
-                                     {"vocab_size", a.model.vocab_size}, {"dropout", a.model.dropout},
-                                     {"bias", a.model.bias}, {"attention", a.model.attention},
-                                     {"gelu", gelu_form_name(a.model.gelu)}}},
+  const json step_args = {{"model",
+                           {{"n_layer", a.model.n_layer},
+                            {"n_head", a.model.n_head},
+                            {"n_embd", a.model.n_embd},
+                            {"block_size", a.model.block_size},
+                            {"vocab_size", a.model.vocab_size},
+                            {"dropout", a.model.dropout},
+                            {"bias", a.model.bias},
+                            {"attention", a.model.attention},
+                            {"gelu", gelu_form_name(a.model.gelu)}}},
                           {"batch", a.batch},
                           {"autocast", a.torch_autocast.empty() ? json(nullptr) : json(a.torch_autocast)}};
   const bool vs = torch != nullptr && torch->ok();
   // PyTorch eager, and with --torch-compile the same step with the model under torch.compile, each a peer.
   std::vector<Peer> peers;
   std::vector<std::string> peer_names;
-  for (const auto& [id, workload] : {std::pair{"train", "train_step"}, std::pair{"train_compiled", "train_step_compiled"}}) {
+  for (const auto& [id, workload] :
+       {std::pair{"train", "train_step"}, std::pair{"train_compiled", "train_step_compiled"}}) {
     if (!vs || (std::string(id) == "train_compiled" && !a.torch_compile)) continue;
     if (auto name = torch->prepare(id, workload, step_args)) {
       peers.push_back(torch_peer(torch, id));
@@ -204,7 +217,8 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const P
     peers.push_back(TimedProduct::own_block_peer(ceiling_product));
   }
   const PeerTimings p = measure_with([&] { step.run(); }, a.rounds, peers);
-  for (const char* id : {"train", "train_compiled"}) if (vs) torch->release(id);
+  for (const char* id : {"train", "train_compiled"})
+    if (vs) torch->release(id);
   std::vector<Timing> ts;
   for (size_t i = 0; i < peer_names.size(); ++i) {
     ts.push_back(engine_timing(p, static_cast<int>(i)));
@@ -214,30 +228,32 @@ void training_section(Output& out, const BenchArgs& a, TorchSide* torch, const P
   // time ratio step / product, whose median measure_with gives.
   const std::optional<double> time_ratio = ceiling_product ? p.ratio.back() : std::nullopt;
   const double alternated_share = time_ratio ? step.nominal_flops() / ceiling_product->flops() / *time_ratio : NAN;
-  const double ceiling_now = ceiling_product && p.peer_ms.back() ? ceiling_product->flops() / *p.peer_ms.back() / 1e6 : NAN;
+  const double ceiling_now =
+      ceiling_product && p.peer_ms.back() ? ceiling_product->flops() / *p.peer_ms.back() / 1e6 : NAN;
   const Timing t = ts.empty() ? engine_timing(p, -1) : ts.front();
   const double tokens = static_cast<double>(step.batch * step.cfg.block_size);
   const double gflops = step.nominal_flops() / t.ms / 1e6;
-  out.print("training step: {} attention, {} parameters, {} layers, {} heads, {} wide, context {}, batch {}; "
-            "forward + backward + clipping + AdamW, products in {}\n",
-            step.cfg.attention, step.model.num_parameters(), step.cfg.n_layer, step.cfg.n_head, step.cfg.n_embd,
-            step.cfg.block_size, step.batch, precision_name(product_precision()));
+  out.print(
+      "training step: {} attention, {} parameters, {} layers, {} heads, {} wide, context {}, batch {}; "
+      "forward + backward + clipping + AdamW, products in {}\n",
+      step.cfg.attention, step.model.num_parameters(), step.cfg.n_layer, step.cfg.n_head, step.cfg.n_embd,
+      step.cfg.block_size, step.batch, precision_name(product_precision()));
   out.print("  {:.2f} ms/step, {:.0f} tokens/s; {:.2f} GFLOP per step (nominal) → {:.1f} GFLOP/s{}\n", t.ms,
             tokens / t.ms * 1000, step.nominal_flops() / 1e9, gflops,
             !ceiling.measured() ? std::string(" (no product ceiling: the matmul section did not run)")
                                 : fmt::format(" = {:.0f}% of the product ceiling {:.1f}", 100 * gflops / ceiling.gflops,
                                               ceiling.gflops));
   if (!std::isnan(alternated_share))
-    out.print("  against the ceiling's product {}, timed in turn with the step ({:.1f} GFLOP/s in these blocks): "
-              "{:.0f}% (median of the per-block shares)\n",
-              ceiling.name(), ceiling_now, 100 * alternated_share);
+    out.print(
+        "  against the ceiling's product {}, timed in turn with the step ({:.1f} GFLOP/s in these blocks): "
+        "{:.0f}% (median of the per-block shares)\n",
+        ceiling.name(), ceiling_now, 100 * alternated_share);
   if (torch != nullptr && ts.empty()) out.print("  PyTorch —\n");
   for (const Timing& pt : ts) {
     if (pt.torch_ms)
       out.print("  PyTorch ({}) {:.2f} ms/step, {:.0f} tokens/s; ratio tapegrad / PyTorch {:.2f}×\n", pt.peer,
                 *pt.torch_ms, tokens / *pt.torch_ms * 1000, *pt.ratio);
-    else
-      out.print("  PyTorch ({}) —\n", pt.peer);
+    else out.print("  PyTorch ({}) —\n", pt.peer);
   }
   out.print("\n");
   const std::string shape =
@@ -263,24 +279,23 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   fs::create_directories(dir);
   // The child reads its own VmHWM: a spawned child's ru_maxrss also counts the parent's peak (posix_spawn shares
   // the parent's memory until exec, and exec folds that memory's high-water mark into the child's).
-  ChildResult ours = run_child({"/proc/self/exe", "bench", "--child-train", std::to_string(steps), "--child-dir",
-                                dir.string(), "--threads", std::to_string(num_threads()), "--precision",
-                                precision_name(product_precision())});
+  ChildResult ours =
+      run_child({"/proc/self/exe", "bench", "--child-train", std::to_string(steps), "--child-dir", dir.string(),
+                 "--threads", std::to_string(num_threads()), "--precision", precision_name(product_precision())});
   int64_t ours_kb = -1;
   try {
     if (ours.status == 0) ours_kb = json::parse(ours.out)["vmhwm_kb"].get<int64_t>();
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   std::error_code ec;
   fs::remove_all(dir, ec);
   std::optional<int64_t> theirs;
   if (torch && torch->ok()) {
     ChildResult t = run_child({a.python, a.torch_script, "train-rss", "--steps", std::to_string(steps), "--threads",
-                               std::to_string(num_threads())}, {}, a.torch_timeout);
+                               std::to_string(num_threads())},
+                              {}, a.torch_timeout);
     try {
       if (t.status == 0) theirs = json::parse(t.out)["vmhwm_kb"].get<int64_t>() * 1024;
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   const int64_t ours_bytes = ours_kb * 1024;
   out.print("peak RSS of a {}-step training run (a child process, its VmHWM): tapegrad {}{}\n", steps, mib(ours_bytes),
@@ -289,8 +304,7 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
     if (theirs)
       out.print("  PyTorch {}; ratio tapegrad / PyTorch {:.2f}×\n", mib(*theirs),
                 static_cast<double>(ours_bytes) / static_cast<double>(*theirs));
-    else
-      out.print("  PyTorch —\n");
+    else out.print("  PyTorch —\n");
   }
   out.print("\n");
   Timing t;
@@ -303,22 +317,22 @@ void peak_rss_section(Output& out, const BenchArgs& a, TorchSide* torch) {
 void memory_section(Output& out, const BenchArgs& a) {
   std::vector<AttentionShape> shapes{{1, 8, 1024, 64}, {1, 8, 4096, 64}};
   if (a.quick) shapes = {{1, 8, 256, 64}};
-  out.print("memory (issue 3): bytes each node keeps for backward, and the peak RSS of one forward + backward in a "
-            "fresh process\n");
+  out.print(
+      "memory (issue 3): bytes each node keeps for backward, and the peak RSS of one forward + backward in a "
+      "fresh process\n");
   out.print("  {:<17} {:<16} {:>12} {:>12} {:>14}\n", "node", "(B, h, T, d)", "kept", "peak RSS", "above start");
   for (const AttentionShape& s : shapes)
     for (const std::string& node : attention_nodes()) {
       const std::string spec = fmt::format("{},{},{},{},{}", node, s.B, s.H, s.T, s.d);
-      ChildResult c = run_child({"/proc/self/exe", "bench", "--child-memory", spec, "--threads",
-                                 std::to_string(num_threads())});
+      ChildResult c =
+          run_child({"/proc/self/exe", "bench", "--child-memory", spec, "--threads", std::to_string(num_threads())});
       int64_t kept = -1, hwm = -1, start = -1;
       try {
         json j = json::parse(c.out);
         kept = j["bytes_kept"].get<int64_t>();
         hwm = j["vmhwm_kb"].get<int64_t>() * 1024;
         start = j["vmrss_start_kb"].get<int64_t>() * 1024;
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
       if (kept < 0) {
         out.print("  {:<17} {:<16} failed (exit {})\n", node, s.str(), c.status);
         continue;
@@ -345,7 +359,8 @@ void child_memory(const std::string& spec) {
   Var y = apply_node(parts[0], qv, kv, vv);
   const auto kept = static_cast<int64_t>(run.tape.arena().bytes_in_use() - before);
   run.tape.backward(y, run.g);
-  fmt::print("{}\n", json{{"bytes_kept", kept}, {"vmhwm_kb", proc_status_kb("VmHWM")}, {"vmrss_start_kb", start}}.dump());
+  fmt::print("{}\n",
+             json{{"bytes_kept", kept}, {"vmhwm_kb", proc_status_kb("VmHWM")}, {"vmrss_start_kb", start}}.dump());
 }
 
 // The --child-train process: what `tapegrad train --max-iters N --eval-interval N --eval-iters 2 --sample-tokens 0
@@ -402,17 +417,20 @@ void run_bench(BenchArgs a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Measure matmul, the attention nodes, a training step, a Hessian-vector product and peak memory; --vs-torch runs "
+      "bench",
+      "Measure matmul, the attention nodes, a training step, a Hessian-vector product and peak memory; --vs-torch runs "
       "PyTorch alongside");
   cmd->add_flag("--quick", args->quick, "Fewer rounds and smaller shapes: checks that the bench runs, in seconds");
   cmd->add_flag("--json", args->json,
                 "Print JSON: {header: {machine, threads, blas (the core in use), torch}, rows: [{workload, shape, "
                 "tapegrad_ms, torch_ms, ratio, torch_peer, bytes_saved, gflops}, ...]}");
-  cmd->add_flag("--vs-torch", args->vs_torch,
-                "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch; "
-                "fails when PyTorch cannot be started");
-  cmd->add_option("--threads", args->threads,
-                  fmt::format("Threads for tapegrad and PyTorch, at most {} (default: the CPUs available)", kMaxThreads))
+  cmd->add_flag(
+      "--vs-torch", args->vs_torch,
+      "Run every workload in PyTorch too (tools/torch_bench.py), alternating, with the ratio tapegrad / PyTorch; "
+      "fails when PyTorch cannot be started");
+  cmd->add_option(
+         "--threads", args->threads,
+         fmt::format("Threads for tapegrad and PyTorch, at most {} (default: the CPUs available)", kMaxThreads))
       ->check(positive())
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {

@@ -33,10 +33,15 @@ void curvature_section(Output& out, const BenchArgs& a, TorchSide* torch) {
 
   // Peers of the HVP, block by block: the gradient on this engine, then PyTorch's double backward and gradient.
   const bool vs = torch != nullptr && torch->ok();
-  const json args = {{"model", {{"n_layer", a.model.n_layer}, {"n_head", a.model.n_head}, {"n_embd", a.model.n_embd},
-                                {"block_size", a.model.block_size}, {"vocab_size", a.model.vocab_size},
-                                {"bias", a.model.bias}, {"attention", a.model.attention},
-                                {"gelu", gelu_form_name(a.model.gelu)}}},
+  const json args = {{"model",
+                      {{"n_layer", a.model.n_layer},
+                       {"n_head", a.model.n_head},
+                       {"n_embd", a.model.n_embd},
+                       {"block_size", a.model.block_size},
+                       {"vocab_size", a.model.vocab_size},
+                       {"bias", a.model.bias},
+                       {"attention", a.model.attention},
+                       {"gelu", gelu_form_name(a.model.gelu)}}},
                      {"batch", a.batch}};
   std::vector<Peer> peers{{[&](int reps, int warmup) -> std::optional<double> {
     for (int i = 0; i < warmup; ++i) gradient();
@@ -60,21 +65,24 @@ void curvature_section(Output& out, const BenchArgs& a, TorchSide* torch) {
   }
   const double grad_ms = p.peer_ms[0].value_or(NAN), over_grad = p.ratio[0].value_or(NAN);
   const bool with_torch = peers.size() == 3;
-  const std::string shape = fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd, a.model.n_layer);
+  const std::string shape =
+      fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd, a.model.n_layer);
 
-  out.print("hvp: H·v of the training loss over the {} parameters ({} attention, {}), one random direction, on one "
-            "batch, products in {}; against a gradient of the same loss (forward + backward) on this engine{}\n",
-            step.model.num_parameters(), a.model.attention, shape, precision_name(product_precision()),
-            with_torch ? " and PyTorch's double backward (autograd.grad with create_graph, then the gradient of ⟨g, v⟩)"
-                       : "");
-  out.print("  tapegrad  gradient {:.2f} ms, HVP {:.2f} ms: HVP / gradient {:.2f}×; arena "
-            "{} for the gradient, {} for the HVP\n",
-            grad_ms, p.ms, over_grad, mib(static_cast<int64_t>(grad_bytes)), mib(static_cast<int64_t>(hvp_bytes)));
+  out.print(
+      "hvp: H·v of the training loss over the {} parameters ({} attention, {}), one random direction, on one "
+      "batch, products in {}; against a gradient of the same loss (forward + backward) on this engine{}\n",
+      step.model.num_parameters(), a.model.attention, shape, precision_name(product_precision()),
+      with_torch ? " and PyTorch's double backward (autograd.grad with create_graph, then the gradient of ⟨g, v⟩)"
+                 : "");
+  out.print(
+      "  tapegrad  gradient {:.2f} ms, HVP {:.2f} ms: HVP / gradient {:.2f}×; arena "
+      "{} for the gradient, {} for the HVP\n",
+      grad_ms, p.ms, over_grad, mib(static_cast<int64_t>(grad_bytes)), mib(static_cast<int64_t>(hvp_bytes)));
   if (with_torch) {
     const double th = p.peer_ms[1].value_or(NAN), tg = p.peer_ms[2].value_or(NAN);
-    out.print("  PyTorch   gradient {:.2f} ms, HVP {:.2f} ms ({}): HVP / gradient {:.2f}×\n", tg, th, *torch_hvp, th / tg);
-    out.print("  ratio tapegrad / PyTorch: HVP {:.2f}×, gradient {:.2f}×\n", p.ratio[1].value_or(NAN),
-              grad_ms / tg);
+    out.print("  PyTorch   gradient {:.2f} ms, HVP {:.2f} ms ({}): HVP / gradient {:.2f}×\n", tg, th, *torch_hvp,
+              th / tg);
+    out.print("  ratio tapegrad / PyTorch: HVP {:.2f}×, gradient {:.2f}×\n", p.ratio[1].value_or(NAN), grad_ms / tg);
   } else if (torch != nullptr) {
     out.print("  PyTorch —\n");
   }

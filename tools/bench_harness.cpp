@@ -117,9 +117,9 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::vector<st
   }
   close(pipe_fd[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) fail("bench: {} {} gave no answer within {} s; stopped it", argv[0], argv.size() > 1 ? argv[1] : "", timeout_s);
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (timed_out)
+    fail("bench: {} {} gave no answer within {} s; stopped it", argv[0], argv.size() > 1 ? argv[1] : "", timeout_s);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
@@ -176,7 +176,7 @@ TorchSide::~TorchSide() {
   if (to_ && ok_) {
     try {
       if (ask({{"cmd", "quit"}}).contains("error")) ok_ = false;  // not quitting: stopped
-    } catch (const Error&) {  // no answer in time: stopped already
+    } catch (const Error&) {                                      // no answer in time: stopped already
     }
   }
   stop_process();
@@ -190,8 +190,7 @@ void TorchSide::stop_process() {
   from_ = -1;
   if (pid_ > 0) {
     if (!ok_) ::kill(pid_, SIGKILL);
-    while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {}
   }
   pid_ = 0;
   ok_ = false;
@@ -264,7 +263,6 @@ bool TorchSide::report(const json& a) {
 
 // ---- timing ---------------------------------------------------------------------------------------------------
 
-
 PeerTimings measure_with(const std::function<void()>& run, int rounds, const std::vector<Peer>& peers) {
   auto t0 = Clock::now();
   run();
@@ -325,7 +323,8 @@ Timing engine_timing(const PeerTimings& p, int torch_index) {
 // The engine's timing, alternating with PyTorch's when `torch` is given.
 Timing measure(const std::function<void()>& run, int rounds, TorchSide* torch, const std::string& id) {
   const bool with_torch = torch && torch->ok() && !id.empty();
-  PeerTimings p = measure_with(run, rounds, with_torch ? std::vector<Peer>{torch_peer(torch, id)} : std::vector<Peer>{});
+  PeerTimings p =
+      measure_with(run, rounds, with_torch ? std::vector<Peer>{torch_peer(torch, id)} : std::vector<Peer>{});
   return engine_timing(p, with_torch ? 0 : -1);
 }
 

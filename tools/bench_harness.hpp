@@ -35,16 +35,16 @@ struct BenchArgs {
   int threads = 0;  // 0: the engine's default
   int rounds = 0;   // 0: 10 (2 with --quick)
   std::string python = "/usr/bin/python3";
-  std::string torch_script;  // empty: the shipped tools/torch_bench.py (models/files.hpp's shared_file)
-  double torch_timeout = 600;  // seconds the PyTorch side may take to answer one request (--torch-timeout)
-  std::string child_memory;  // internal: one forward + backward in a fresh process, for its peak RSS
-  int64_t child_train = 0;    // internal: a training run of this many steps in a fresh process, for its peak RSS
-  std::string child_dir;      // its run directory
+  std::string torch_script;       // empty: the shipped tools/torch_bench.py (models/files.hpp's shared_file)
+  double torch_timeout = 600;     // seconds the PyTorch side may take to answer one request (--torch-timeout)
+  std::string child_memory;       // internal: one forward + backward in a fresh process, for its peak RSS
+  int64_t child_train = 0;        // internal: a training run of this many steps in a fresh process, for its peak RSS
+  std::string child_dir;          // its run directory
   std::vector<std::string> only;  // sections to run; empty: all
   GPTConfig model;                // the training step's and the profile's model
   int64_t batch = 12;             // and its batch
   ProductPrecision precision = ProductPrecision::f32;
-  std::string torch_autocast;     // "bf16": PyTorch's training step under torch.autocast("cpu", torch.bfloat16)
+  std::string torch_autocast;  // "bf16": PyTorch's training step under torch.autocast("cpu", torch.bfloat16)
 };
 
 double ms_since(Clock::time_point t0);

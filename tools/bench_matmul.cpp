@@ -21,7 +21,12 @@
 namespace tapegrad::cli::bench {
 
 TimedProduct::TimedProduct(int64_t m_, int64_t k_, int64_t n_, bool raw_)
-    : m(m_), k(k_), n(n_), raw(raw_), x(random_tensor({m_, k_}, 21)), w(random_tensor({k_, n_}, 22)),
+    : m(m_),
+      k(k_),
+      n(n_),
+      raw(raw_),
+      x(random_tensor({m_, k_}, 21)),
+      w(random_tensor({k_, n_}, 22)),
       c(Tensor::empty(DType::f32, {m_, n_})) {}
 
 void TimedProduct::once() {
@@ -63,15 +68,16 @@ ProductCeiling matmul_section(Output& out, const BenchArgs& a, TorchSide* torch)
     int64_t m, k, n;
     const char* what;
   };
-  std::vector<Mm> shapes{{768, 128, 384, "c_attn"}, {768, 128, 128, "attn c_proj"}, {768, 128, 512, "c_fc"},
-                         {768, 512, 128, "mlp c_proj"}, {768, 128, 65, "head"}, {512, 512, 512, "512³"},
+  std::vector<Mm> shapes{{768, 128, 384, "c_attn"},     {768, 128, 128, "attn c_proj"}, {768, 128, 512, "c_fc"},
+                         {768, 512, 128, "mlp c_proj"}, {768, 128, 65, "head"},         {512, 512, 512, "512³"},
                          {2048, 2048, 2048, "2048³"}};
   if (a.quick) shapes.pop_back();
   const bool vs = torch != nullptr;
-  out.print("matmul: engine (tape + matmul node, pool of {} threads, products in {} on the backend named) vs raw "
-            "cblas_sgemm (OpenBLAS' own {} threads, f32), alternating; ratio = median of the per-block ratios "
-            "engine / sgemm\n",
-            num_threads(), precision_name(product_precision()), num_threads());
+  out.print(
+      "matmul: engine (tape + matmul node, pool of {} threads, products in {} on the backend named) vs raw "
+      "cblas_sgemm (OpenBLAS' own {} threads, f32), alternating; ratio = median of the per-block ratios "
+      "engine / sgemm\n",
+      num_threads(), precision_name(product_precision()), num_threads());
   out.print("  {:<12} {:<16} {:<9} {:>9} {:>7} {:>9} {:>7} {:>9}{}\n", "", "(m, k, n)", "backend", "engine ms",
             "GFLOP/s", "sgemm ms", "GFLOP/s", "ratio", vs ? fmt::format("  {:>9} {:>7}", "torch ms", "ratio") : "");
   ProductCeiling ceiling;
@@ -95,7 +101,7 @@ ProductCeiling matmul_section(Output& out, const BenchArgs& a, TorchSide* torch)
       if (gf > ceiling.gflops) ceiling = {gf, s.m, s.k, s.n, is_raw};
     const std::string shape = fmt::format("({}, {}, {})", s.m, s.k, s.n);
     const blas_detail::Route via = blas_detail::route<float>(s.m, s.n, s.k, false);  // the matmul node: A as is
-    const std::string backend = via == blas_detail::Route::onednn_bf16 ? "oneDNN bf16"
+    const std::string backend = via == blas_detail::Route::onednn_bf16  ? "oneDNN bf16"
                                 : via == blas_detail::Route::small_bf16 ? "engine bf16"
                                                                         : backend_name(product_backend(s.m, s.n, s.k));
     out.print("  {:<12} {:<16} {:<9} {:>9.3f} {:>7.1f} {:>9.3f} {:>7.1f} {:>8.3f}×{}\n", s.what, shape, backend,

@@ -126,15 +126,16 @@ void products_section(Output& out, const BenchArgs& a) {
   }
   set_product_log(nullptr);
 
-  const std::string shape = fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd,
-                                        a.model.n_layer);
-  out.print("products of the training step ({}; {} attention; products in {}; {} threads): per shape, GFLOP/s in the "
-            "step against the ceiling of that shape alone in this run (the best of the engine's product, oneDNN on "
-            "its own threads and, in f32, OpenBLAS on its own threads; a product run whole inside an op's loop "
-            "against one thread)\n",
-            shape, a.model.attention, precision_name(product_precision()), num_threads());
-  out.print("  {:<18} {:<5} {:<6} {:>6} {:>9} {:>8} {:>8} {:<18} {:>6}\n", "(m, k, n)", "op", "run", "calls",
-            "ms/step", "GFLOP/s", "ceiling", "reached by", "share");
+  const std::string shape =
+      fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd, a.model.n_layer);
+  out.print(
+      "products of the training step ({}; {} attention; products in {}; {} threads): per shape, GFLOP/s in the "
+      "step against the ceiling of that shape alone in this run (the best of the engine's product, oneDNN on "
+      "its own threads and, in f32, OpenBLAS on its own threads; a product run whole inside an op's loop "
+      "against one thread)\n",
+      shape, a.model.attention, precision_name(product_precision()), num_threads());
+  out.print("  {:<18} {:<5} {:<6} {:>6} {:>9} {:>8} {:>8} {:<18} {:>6}\n", "(m, k, n)", "op", "run", "calls", "ms/step",
+            "GFLOP/s", "ceiling", "reached by", "share");
   const int rounds = a.quick ? 3 : 5;
   double step_ms = 0, ideal_ms = 0;
   struct Row {

@@ -64,11 +64,12 @@ void profile_section(Output& out, const BenchArgs& a) {
   const double total_all = all.profile.total_ms() / steps_all;
   const double total_one = one.profile.total_ms() / static_cast<double>(std::max<int64_t>(one.profile.steps(), 1));
 
-  const std::string shape = fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd,
-                                        a.model.n_layer);
-  out.print("profile: the training step ({}), op by op, per step ({} steps each{}); forward and backward at {} "
-            "threads; GFLOP/s from the ops' registered costs; {}\n",
-            shape, steps, pool > 1 ? fmt::format("; 1 thread and {} threads", pool) : "", pool, products_summary());
+  const std::string shape =
+      fmt::format("B={} T={} C={} L={}", a.batch, a.model.block_size, a.model.n_embd, a.model.n_layer);
+  out.print(
+      "profile: the training step ({}), op by op, per step ({} steps each{}); forward and backward at {} "
+      "threads; GFLOP/s from the ops' registered costs; {}\n",
+      shape, steps, pool > 1 ? fmt::format("; 1 thread and {} threads", pool) : "", pool, products_summary());
   out.print("  {:<28} {:>6} {:>8} {:>8} {:>9} {:>9} {:>8} {:>6} {:>8}\n", "op / outside ops", "calls", "fwd ms",
             "bwd ms", "1 thr ms", fmt::format("{} thr ms", pool), "speedup", "share", "GFLOP/s");
   bool sections = false;
@@ -83,8 +84,8 @@ void profile_section(Output& out, const BenchArgs& a) {
     const double gflops = flops > 0 && r->ms() > 0 ? flops / r->ms() / 1e6 : NAN;
     out.print("  {:<28} {:>6.4g} {:>8} {:>8} {:>9.3f} {:>9.3f} {:>7.2f}× {:>5.1f}% {:>8}\n", r->name,
               static_cast<double>(r->calls) / steps_all, r->op ? fmt::format("{:.3f}", r->forward_ms / steps_all) : "",
-              r->op ? fmt::format("{:.3f}", r->backward_ms / steps_all) : "", ms1, ms, ms1 / ms,
-              100 * ms / total_all, std::isnan(gflops) ? "" : fmt::format("{:.1f}", gflops));
+              r->op ? fmt::format("{:.3f}", r->backward_ms / steps_all) : "", ms1, ms, ms1 / ms, 100 * ms / total_all,
+              std::isnan(gflops) ? "" : fmt::format("{:.1f}", gflops));
     json& row = out.row("profile " + r->name, shape, ms, nullptr, std::nullopt,
                         std::isnan(gflops) ? std::nullopt : std::optional<double>(gflops));
     row["kind"] = r->op ? "op" : "outside";

@@ -97,14 +97,19 @@ struct TrainStep {
                        config.block_size, config.n_layer, config.n_embd);
   }
   static const GPTConfig& fits(const GPTConfig& config, int64_t batch_size) {
-    require_memory(memory_needed(config, batch_size), describe(config, batch_size), "make the model or the batch smaller");
+    require_memory(memory_needed(config, batch_size), describe(config, batch_size),
+                   "make the model or the batch smaller");
     return config;
   }
   explicit TrainStep(const GPTConfig& config = {}, int64_t batch_size = 12)
-      : cfg(fits(config, batch_size)), batch(batch_size), model(cfg, 1337), opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
+      : cfg(fits(config, batch_size)),
+        batch(batch_size),
+        model(cfg, 1337),
+        opt(model.parameters(), {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}) {
     Rng rng(7);
     for (int i = 0; i < 8; ++i) {
-      Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}), y = Tensor::empty(DType::i32, {batch, cfg.block_size});
+      Tensor x = Tensor::empty(DType::i32, {batch, cfg.block_size}),
+             y = Tensor::empty(DType::i32, {batch, cfg.block_size});
       for (int64_t j = 0; j < x.numel(); ++j) {
         x.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
         y.data<int32_t>()[j] = static_cast<int32_t>(rng.below(cfg.vocab_size));
@@ -130,7 +135,8 @@ struct TrainStep {
   double nominal_flops() const {
     const double C = static_cast<double>(cfg.n_embd), T = static_cast<double>(cfg.block_size);
     const double per_layer_weights = 3 * C * C + C * C + 4 * C * C + 4 * C * C;
-    const double weights = static_cast<double>(cfg.n_layer) * per_layer_weights + C * static_cast<double>(cfg.vocab_size);
+    const double weights =
+        static_cast<double>(cfg.n_layer) * per_layer_weights + C * static_cast<double>(cfg.vocab_size);
     const double attention = static_cast<double>(cfg.n_layer) * 2 * T * C;
     const double forward_per_token = 2 * (weights + attention);
     return 3 * forward_per_token * static_cast<double>(batch) * T;

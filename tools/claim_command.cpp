@@ -58,14 +58,18 @@ ClaimText claim_from_options(const ClaimArgs& a) {
 nlohmann::json report_json(const ClaimText& c, const GradcheckReport& r) {
   nlohmann::json checks = nlohmann::json::array(), diagnoses = nlohmann::json::array();
   for (const auto& ch : r.checks)
-    checks.push_back({{"input", ch.input}, {"check", ch.check}, {"mode", ch.mode}, {"max_abs_err", ch.max_abs_err},
-                      {"max_rel_err", ch.max_rel_err}, {"worst", ch.worst}, {"passed", ch.passed},
+    checks.push_back({{"input", ch.input},
+                      {"check", ch.check},
+                      {"mode", ch.mode},
+                      {"max_abs_err", ch.max_abs_err},
+                      {"max_rel_err", ch.max_rel_err},
+                      {"worst", ch.worst},
+                      {"passed", ch.passed},
                       {"skipped", ch.skipped}});
   for (const auto& d : r.diagnoses)
-    diagnoses.push_back({{"kind", finding_name(d.kind)}, {"input", d.input}, {"check", d.check},
-                         {"message", d.message}});
-  return {{"claim", c.name}, {"where", c.where}, {"passed", r.passed.ok}, {"checks", checks},
-          {"diagnoses", diagnoses}};
+    diagnoses.push_back(
+        {{"kind", finding_name(d.kind)}, {"input", d.input}, {"check", d.check}, {"message", d.message}});
+  return {{"claim", c.name}, {"where", c.where}, {"passed", r.passed.ok}, {"checks", checks}, {"diagnoses", diagnoses}};
 }
 
 int run_claims(const ClaimArgs& a) {
@@ -107,8 +111,10 @@ void add_claim_command(CLI::App& app) {
       "Check a claimed derivative written as formulas (a paper's VJP, JVP or Hessian-vector product) against finite "
       "differences of its "
       "forward, in float64, with the gradchecker's diagnosis (exit 1 when the claim is wrong). Formulas: names, "
-      "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu gelu_erf elu softmax log_softmax row_normalize "
-      "matmul linear layer_norm, sum(e, axis) mean(e, axis) norm(e, axis) transpose(e, a, b) where(c, a, b) tril(e, k); "
+      "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu gelu_erf elu softmax log_softmax "
+      "row_normalize "
+      "matmul linear layer_norm, sum(e, axis) mean(e, axis) norm(e, axis) transpose(e, a, b) where(c, a, b) tril(e, "
+      "k); "
       "y is the forward's output, g the cotangent (VJP), t_x the tangent of input x (JVP); an hvp reads both. "
       "docs/claims/README.md");
   cmd->add_option("--input", args->inputs, "An input NAME:D,D,...[:positive|away_from_zero] (repeatable)");

@@ -14,7 +14,11 @@ void add_evaluate_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_graph_command(CLI::App& app);
 }  // namespace tapegrad::cli
-namespace tapegrad { struct TrainConfig; struct GPTConfig; enum class ProductPrecision; }
+namespace tapegrad {
+struct TrainConfig;
+struct GPTConfig;
+enum class ProductPrecision;
+}  // namespace tapegrad
 namespace tapegrad::cli {
 // Checks with one-line messages: "--lr: must be positive, got -1".
 const CLI::Validator& positive();

@@ -63,13 +63,17 @@ void run(const CompareArgs& a) {
 
 void add_compare_command(CLI::App& app) {
   auto args = std::make_shared<CompareArgs>();
-  CLI::App* cmd = app.add_subcommand("compare", "Train one model per attention kind with the same seed and data; a table and one plot");
+  CLI::App* cmd = app.add_subcommand(
+      "compare", "Train one model per attention kind with the same seed and data; a table and one plot");
   add_train_options(cmd, args->base, false);
-  cmd->add_option("--attention", args->kinds, "Attention kinds to compare, comma-separated (" + attention_kind_list() + ")")
+  cmd->add_option("--attention", args->kinds,
+                  "Attention kinds to compare, comma-separated (" + attention_kind_list() + ")")
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember(attention_kinds()));
-  cmd->add_option("--iters", args->base.loop.max_steps, "Training steps per kind")->capture_default_str()->check(positive());
+  cmd->add_option("--iters", args->base.loop.max_steps, "Training steps per kind")
+      ->capture_default_str()
+      ->check(positive());
   cmd->callback([args] { run(*args); });
 }
 

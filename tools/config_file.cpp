@@ -34,7 +34,7 @@ std::string_view trimmed(std::string_view s) {
 void refuse_lines_without_key(const std::string& path, std::string_view text) {
   size_t number = 0;
   bool in_array = false;
-  std::string section;                  // "[train]" → "train.": a key is one key within its section
+  std::string section;                 // "[train]" → "train.": a key is one key within its section
   std::map<std::string, size_t> keys;  // each key and its line
   for (size_t begin = 0; begin <= text.size();) {
     size_t end = text.find('\n', begin);
@@ -63,8 +63,10 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
       // CLI11's reader joins a key given twice into one list ("0.1,0.2"): refused here, by its two lines.
       const std::string key = section + std::string(trimmed(line.substr(0, eq)));
       if (const auto [at, fresh] = keys.emplace(key, number); !fresh)
-        fail("config file {}: line {}: key '{}' is given again (first on line {}); give a key once, and several "
-             "values of a list as key = [a, b]", path, number, key, at->second);
+        fail(
+            "config file {}: line {}: key '{}' is given again (first on line {}); give a key once, and several "
+            "values of a list as key = [a, b]",
+            path, number, key, at->second);
     }
   }
 }
@@ -164,8 +166,10 @@ void refuse_repeated_options_of(const CLI::App& cmd) {
     // The files' values come first and the command line's override them: only the command line's are counted.
     const size_t given = option->count() - std::min(from_files, option->count());
     if (given > 1)
-      fail("{} is given {} times; it takes one value: give it once (the last one is not taken in place of the "
-           "others)", option_name(*option), given);
+      fail(
+          "{} is given {} times; it takes one value: give it once (the last one is not taken in place of the "
+          "others)",
+          option_name(*option), given);
   }
   for (const CLI::App* sub : cmd.get_subcommands()) refuse_repeated_options_of(*sub);
 }

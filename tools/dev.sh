@@ -8,7 +8,8 @@
 #   bash tools/dev.sh valgrind   installs valgrind, memchecks a short training run and a gradcheck (tools/valgrind.sh)
 #   bash tools/dev.sh package [--install]  build tapegrad_<version>_<arch>.deb (CPack, in build-package/) and check
 #                                it (tools/package_check.sh); --install also installs it with apt-get, uses it, removes it
-#   bash tools/dev.sh lint       flake8 over the Python files (pyflakes and pycodestyle, .flake8) (CI runs it)
+#   bash tools/dev.sh lint       flake8 over the Python files (.flake8), clang-format's check of the C++ files
+#                                (.clang-format) (CI runs it; `clang-format -i FILE` lays a C++ file out)
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +40,11 @@ build() {  # build DIR [cmake options...]; TAPEGRAD_WERROR=ON in the environment
 
 case "${1:-}" in
   deps) shift; deps "$@" ;;  # extra packages may follow
-  lint)  # the Python files git tracks, through flake8 (unused and undefined names, imports, layout at 120 columns)
-    deps python3-flake8
-    git ls-files -z '*.py' | xargs -0 /usr/bin/python3 -m flake8 ;;
+  lint)  # the files git tracks: Python through flake8 (unused and undefined names, imports, layout at 120 columns),
+         # C++ through clang-format --dry-run (a file it would lay out otherwise fails, with the lines)
+    deps python3-flake8 clang-format
+    git ls-files -z '*.py' | xargs -0 /usr/bin/python3 -m flake8
+    git ls-files -z '*.cpp' '*.hpp' | xargs -0 clang-format --dry-run --Werror ;;
   build) deps; build build ;;
   demo)
     deps; build build
@@ -77,5 +80,5 @@ case "${1:-}" in
   valgrind)
     deps valgrind; build build
     bash tools/valgrind.sh ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -68,27 +68,31 @@ void run_evaluate(const EvaluateArgs& a) {
       for (int64_t k = 0; k < t.numel(); ++k) t.data<double>()[k] /= std::sqrt(vv);
       t = t.to(DType::f32);
     }
-    const ParameterHvp h = parameter_hvp(model, [&](Tape& t) { return cross_entropy(model.logits(t, x), t.constant(y)); }, v);
+    const ParameterHvp h = parameter_hvp(
+        model, [&](Tape& t) { return cross_entropy(model.logits(t, x), t.constant(y)); }, v);
     Checkpoint out;
     for (size_t p = 0; p < v.size(); ++p) {
       out.tensors.push_back({"direction." + model.parameters()[p].name, v[p]});
       out.tensors.push_back({"hvp." + model.parameters()[p].name, h.hvp[p]});
     }
-    out.metadata["tapegrad.hvp"] = nlohmann::json{{"checkpoint", a.checkpoint}, {"text", a.text}, {"seed", a.hvp_seed},
-                                                   {"loss", h.loss}}.dump();
+    out.metadata["tapegrad.hvp"] =
+        nlohmann::json{{"checkpoint", a.checkpoint}, {"text", a.text}, {"seed", a.hvp_seed}, {"loss", h.loss}}.dump();
     save_checkpoint(a.hvp_out, out);
   }
 
   if (!a.json) {
-    fmt::print("loss {:.7f} (mean of {} next-token predictions; {} attention, {})\n", loss, n,
-               model.config().attention, a.checkpoint);
+    fmt::print("loss {:.7f} (mean of {} next-token predictions; {} attention, {})\n", loss, n, model.config().attention,
+               a.checkpoint);
     return;
   }
   const int64_t V = model.config().vocab_size;
   const float* last = logits.value().data<float>() + (n - 1) * V;
-  nlohmann::json out = {{"checkpoint", a.checkpoint}, {"attention", model.config().attention},
-                        {"tokens", ids},           {"predictions", n},
-                        {"loss", loss},             {"logits", std::vector<double>(last, last + V)}};
+  nlohmann::json out = {{"checkpoint", a.checkpoint},
+                        {"attention", model.config().attention},
+                        {"tokens", ids},
+                        {"predictions", n},
+                        {"loss", loss},
+                        {"logits", std::vector<double>(last, last + V)}};
   fmt::print("{}\n", out.dump());
 }
 
@@ -96,10 +100,14 @@ void run_evaluate(const EvaluateArgs& a) {
 
 void add_evaluate_command(CLI::App& app) {
   auto args = std::make_shared<EvaluateArgs>();
-  CLI::App* cmd = app.add_subcommand("evaluate", "Mean next-token loss of a text under a checkpoint (with --json: "
-                                                 "also the logits of the last position)");
-  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")->required()->check(existing_file());
-  cmd->add_option("--text", args->text, "Text in the checkpoint's vocabulary, 2 to block_size + 1 characters")->required();
+  CLI::App* cmd = app.add_subcommand("evaluate",
+                                     "Mean next-token loss of a text under a checkpoint (with --json: "
+                                     "also the logits of the last position)");
+  cmd->add_option("--checkpoint", args->checkpoint, "checkpoint.safetensors of a run")
+      ->required()
+      ->check(existing_file());
+  cmd->add_option("--text", args->text, "Text in the checkpoint's vocabulary, 2 to block_size + 1 characters")
+      ->required();
   cmd->add_flag("--json", args->json, "One JSON object: tokens, loss, logits of the last position");
   cmd->add_option("--hvp-out", args->hvp_out,
                   "Also write a Hessian-vector product of the loss over the parameters to this safetensors file "

@@ -31,8 +31,9 @@ struct ExplainArgs {
 void add_explain_command(CLI::App& app) {
   auto args = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "explain", "One op on one screen: its forward, VJP and JVP, where they are written and derived, what it keeps "
-                 "and costs at a shape, and its gradcheck; with no op, the list of ops");
+      "explain",
+      "One op on one screen: its forward, VJP and JVP, where they are written and derived, what it keeps "
+      "and costs at a shape, and its gradcheck; with no op, the list of ops");
   cmd->add_option("op", args->op, "The op, as gradcheck --list names it");
   cmd->add_option("--case", args->options.case_name, "The gradcheck case to explain (default: the op's first)");
   cmd->add_option("--shape", args->shapes,
@@ -62,10 +63,8 @@ void add_explain_command(CLI::App& app) {
       if (!args->shapes.empty() || !args->options.case_name.empty())
         throw CLI::ValidationError("--trace", "runs the op's own worked example: --case and --shape do not apply");
       const OpTraceRun run = trace_op(builtin_registry(), args->op, args->options.gradcheck);
-      if (args->json)
-        fmt::print("{}\n", trace_json(run).dump(2));
-      else
-        fmt::print("{}", format_trace(run));
+      if (args->json) fmt::print("{}\n", trace_json(run).dump(2));
+      else fmt::print("{}", format_trace(run));
       if (!run.passed) set_exit_code(1);
       return;
     }
@@ -76,10 +75,8 @@ void add_explain_command(CLI::App& app) {
       fmt::print(stderr, "tapegrad: warning: {}\n", missing.what());
     }
     const Explanation e = explain(builtin_registry(), args->op, args->options);
-    if (args->json)
-      fmt::print("{}\n", explanation_json(e).dump(2));
-    else
-      fmt::print("{}", format_explanation(e));
+    if (args->json) fmt::print("{}\n", explanation_json(e).dump(2));
+    else fmt::print("{}", format_explanation(e));
     if (!e.check.passed || !e.check_second_order.passed) set_exit_code(1);
   });
 }

@@ -98,9 +98,10 @@ Function unfused_form(const OpSheet& op, const GradcheckCase& c, const std::vect
   for (int64_t i = 0; worst == 0 && i < fused.numel(); ++i)
     worst = std::max(worst, std::abs(fused.item(i) - steps.item(i)) / (1 + std::abs(fused.item(i))));
   if (!(worst <= 1e-12))
-    fail("graph: {} case '{}' is not the map of its unfused form, which is written at the first case's options "
-         "('{}'): draw that case, or another at the same options",
-         op.name, c.name, op.cases.front().name);
+    fail(
+        "graph: {} case '{}' is not the map of its unfused form, which is written at the first case's options "
+        "('{}'): draw that case, or another at the same options",
+        op.name, c.name, op.cases.front().name);
   return op.unfused;
 }
 
@@ -117,7 +118,8 @@ std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
   }
   const Var y = build(tape, vars);
   std::string steps;  // the primitive ops recorded, in order
-  for (size_t k = 0; a.unfused && k < tape.num_nodes(); ++k) steps += fmt::format("{}{}", k ? ", " : "", tape.node(k).op);
+  for (size_t k = 0; a.unfused && k < tape.num_nodes(); ++k)
+    steps += fmt::format("{}{}", k ? ", " : "", tape.node(k).op);
   std::string how = "forward only";
   if (a.backward) {
     if (!y.requires_grad())
@@ -140,10 +142,11 @@ std::string draw_case(const GraphArgs& a, Tape& tape, DotOptions& opt) {
 std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::unique_ptr<GPT>& model) {
   // The step's memory, and the drawing's (a few kilobytes of text per node, some 30 nodes a layer), before any of it
   // is allocated.
-  require_memory(estimate_training_memory(a.gpt, a.batch_size).total() + 30.0 * 4096 * static_cast<double>(a.gpt.n_layer),
-                 fmt::format("graph --model (batch {}, context {}, {} layers, {} wide)", a.batch_size, a.gpt.block_size,
-                             a.gpt.n_layer, a.gpt.n_embd),
-                 "draw a smaller model");
+  require_memory(
+      estimate_training_memory(a.gpt, a.batch_size).total() + 30.0 * 4096 * static_cast<double>(a.gpt.n_layer),
+      fmt::format("graph --model (batch {}, context {}, {} layers, {} wide)", a.batch_size, a.gpt.block_size,
+                  a.gpt.n_layer, a.gpt.n_embd),
+      "draw a smaller model");
   model = std::make_unique<GPT>(a.gpt, a.seed);
   const GPTConfig& cfg = model->config();
   const Shape shape{a.batch_size, cfg.block_size};
@@ -164,9 +167,11 @@ std::string draw_model(const GraphArgs& a, Tape& tape, DotOptions& opt, std::uni
     for (const Parameter& p : model->parameters())
       if (tape.is_param(id) && data == p.value.raw()) opt.names[id] = p.name;
   }
-  return fmt::format("GPT, {} layer{}, {} heads, n_embd {}, {} attention: the loss on {} random sequences of {} "
-                     "tokens, {}", cfg.n_layer, cfg.n_layer > 1 ? "s" : "", cfg.n_head, cfg.n_embd, cfg.attention,
-                     a.batch_size, cfg.block_size, a.backward ? "forward and backward" : "forward only");
+  return fmt::format(
+      "GPT, {} layer{}, {} heads, n_embd {}, {} attention: the loss on {} random sequences of {} "
+      "tokens, {}",
+      cfg.n_layer, cfg.n_layer > 1 ? "s" : "", cfg.n_head, cfg.n_embd, cfg.attention, a.batch_size, cfg.block_size,
+      a.backward ? "forward and backward" : "forward only");
 }
 
 // The format to write: --format, else the output's extension (.dot or .gv, .svg, .png), else svg. A --format
@@ -178,7 +183,8 @@ std::string output_format(const GraphArgs& a) {
   if (ext == ".dot" || ext == ".gv") from_ext = "dot";
   else if (ext == ".svg" || ext == ".png") from_ext = ext.substr(1);
   else if (!ext.empty() && a.format.empty())
-    fail("graph: {}: the extension {} names no format drawn here; use .svg, .png or .dot, or give --format", a.out, ext);
+    fail("graph: {}: the extension {} names no format drawn here; use .svg, .png or .dot, or give --format", a.out,
+         ext);
   if (!a.format.empty() && !from_ext.empty() && a.format != from_ext)
     fail("graph: --format {} contradicts the output {}, whose extension says {}", a.format, a.out, from_ext);
   return !a.format.empty() ? a.format : !from_ext.empty() ? from_ext : "svg";
@@ -196,14 +202,15 @@ void run(const GraphArgs& args) {
   if (path != "-") refuse_replacing_run_files(path, "graph: -o");  // before the drawing's work
   const bool rendered = a.format != "dot";
   if (rendered && !find_dot_program())
-    fail("graph: --format {} needs Graphviz's dot program, which is not on PATH: install Debian's package graphviz "
-         "(apt-get install graphviz), or use --format dot, which works without it",
-         a.format);
+    fail(
+        "graph: --format {} needs Graphviz's dot program, which is not on PATH: install Debian's package graphviz "
+        "(apt-get install graphviz), or use --format dot, which works without it",
+        a.format);
 
   Tape tape;
-  tape.set_retain_grads(true);       // every value's gradient is drawn
-  AllocationLog allocations(tape);   // what each node keeps
-  ScopeNames scopes(tape);           // and the scope each value was made in
+  tape.set_retain_grads(true);      // every value's gradient is drawn
+  AllocationLog allocations(tape);  // what each node keeps
+  ScopeNames scopes(tape);          // and the scope each value was made in
   DotOptions opt;
   opt.allocations = &allocations;
   opt.scopes = &scopes;
@@ -223,7 +230,8 @@ void run(const GraphArgs& args) {
   }
   write_file_atomic(path, bytes);
   if (output_descriptor(path) == STDOUT_FILENO) return;  // -o /dev/stdout: the stream holds the graph alone
-  fmt::print("wrote {}: {} values, {} op{}\n", path, tape.num_values(), tape.num_nodes(), tape.num_nodes() == 1 ? "" : "s");
+  fmt::print("wrote {}: {} values, {} op{}\n", path, tape.num_values(), tape.num_nodes(),
+             tape.num_nodes() == 1 ? "" : "s");
 }
 
 }  // namespace
@@ -231,10 +239,11 @@ void run(const GraphArgs& args) {
 void add_graph_command(CLI::App& app) {
   auto args = std::make_shared<GraphArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "graph", "Draw the tape of a computation with Graphviz: an op's gradcheck case (--op, --case) or one training "
-               "step of a small GPT (--model); each node shows its shape, the bytes it keeps for backward and the norm, "
-               "min and max of its value and (--backward) its gradient, in full for a few elements, and each op's VJP; hovering "
-               "shows its JVP and source line");
+      "graph",
+      "Draw the tape of a computation with Graphviz: an op's gradcheck case (--op, --case) or one training "
+      "step of a small GPT (--model); each node shows its shape, the bytes it keeps for backward and the norm, "
+      "min and max of its value and (--backward) its gradient, in full for a few elements, and each op's VJP; hovering "
+      "shows its JVP and source line");
   cmd->add_option("--op", args->op, "An op of tapegrad gradcheck --list: draws its first case (or --case)");
   cmd->add_option("--case", args->case_name, "A gradcheck case by name, of --op or of whichever op has it");
   cmd->add_flag("--unfused", args->unfused,

@@ -36,8 +36,10 @@ void report(const char* what, const char* hint = "") {
 // kept, and TAPEGRAD_BLAS_REEXEC marks the second run: in both cases a weak core is only warned about.
 void use_best_blas_core(const tapegrad::BlasInfo& blas, char** argv) {
   if (blas.better_core && !blas.coretype_env && !std::getenv("TAPEGRAD_BLAS_REEXEC")) {
-    fmt::print(stderr, "tapegrad: OpenBLAS picked {} kernels for this CPU ({}); running again with "
-               "OPENBLAS_CORETYPE={}\n", blas.core, blas.cpu, *blas.better_core);
+    fmt::print(stderr,
+               "tapegrad: OpenBLAS picked {} kernels for this CPU ({}); running again with "
+               "OPENBLAS_CORETYPE={}\n",
+               blas.core, blas.cpu, *blas.better_core);
     std::fflush(stdout);
     if (setenv("OPENBLAS_CORETYPE", blas.better_core->c_str(), 1) == 0 && setenv("TAPEGRAD_BLAS_REEXEC", "1", 1) == 0)
       execv("/proc/self/exe", argv);
@@ -49,8 +51,6 @@ void use_best_blas_core(const tapegrad::BlasInfo& blas, char** argv) {
   if (blas.better_core) tapegrad::warn_if_weak_blas_core();
   tapegrad::blas_core_warning_given();
 }
-
-
 
 // An integer option's value is read as people write it: decimal digits with an optional sign, leading zeros
 // included (010 is ten), and anything else refused with the option's value (0x10, 1e3, 0b1), as is a value beyond
@@ -75,8 +75,7 @@ CLI::Validator integer_in_range(bool is_unsigned) {
           int64_t v = 0;
           fits = std::from_chars(value.data(), value.data() + value.size(), v).ec == std::errc();
         }
-        if (!fits)
-          return fmt::format("{} is out of range for a 64-bit {}integer", s, is_unsigned ? "unsigned " : "");
+        if (!fits) return fmt::format("{} is out of range for a 64-bit {}integer", s, is_unsigned ? "unsigned " : "");
         s = value;
         return {};
       },
@@ -146,7 +145,8 @@ int main(int argc, char** argv) {
            " (tapegrad --help for usage)");
     return 2;
   } catch (const std::bad_alloc&) {  // past every estimate: said in words, not as "std::bad_alloc"
-    report("out of memory: an allocation failed", "; give the command smaller inputs or a smaller model, or run it "
+    report("out of memory: an allocation failed",
+           "; give the command smaller inputs or a smaller model, or run it "
            "where more memory is free");
     return 2;
   } catch (const std::exception& e) {

@@ -126,32 +126,54 @@ void add_train_options(CLI::App* cmd, TrainConfig& c, bool attention_option) {
   cmd->add_option("--batch-size", c.batch_size, "Sequences per step")->capture_default_str()->check(positive());
   cmd->add_option("--max-iters", c.loop.max_steps, "Training steps")->capture_default_str()->check(non_negative());
   cmd->add_option("--lr", c.learning_rate, "Peak learning rate")->capture_default_str()->check(positive());
-  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str()->check(non_negative());
-  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warm-up steps")->capture_default_str()->check(non_negative());
-  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Steps of the cosine decay (0: max-iters)")->capture_default_str()->check(non_negative());
+  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warm-up steps")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Steps of the cosine decay (0: max-iters)")
+      ->capture_default_str()
+      ->check(non_negative());
   cmd->add_option("--beta1", c.beta1, "AdamW β₁")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--beta2", c.beta2, "AdamW β₂")->capture_default_str()->check(CLI::Range(0.0, 0.999999));
-  cmd->add_option("--weight-decay", c.weight_decay, "Decoupled weight decay on matrices")->capture_default_str()->check(non_negative());
-  cmd->add_option("--grad-clip", c.loop.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str()->check(non_negative());
-  cmd->add_option("--eval-interval", c.loop.eval_interval, "Evaluate every this many steps")->capture_default_str()->check(positive());
-  cmd->add_option("--eval-iters", c.eval_iters, "Fixed batches per split for evaluation")->capture_default_str()->check(positive());
-  cmd->add_option("--log-interval", c.loop.log_interval, "Steps between log lines when the output is not a terminal")->capture_default_str()->check(positive());
-  cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")->capture_default_str()->check(non_negative());
-  cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")->capture_default_str()->check(non_negative());
+  cmd->add_option("--weight-decay", c.weight_decay, "Decoupled weight decay on matrices")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--grad-clip", c.loop.grad_clip, "Clip the global gradient norm to this (0: off)")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--eval-interval", c.loop.eval_interval, "Evaluate every this many steps")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--eval-iters", c.eval_iters, "Fixed batches per split for evaluation")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--log-interval", c.loop.log_interval, "Steps between log lines when the output is not a terminal")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--sample-tokens", c.sample_tokens, "Characters of sample text at the end")
+      ->capture_default_str()
+      ->check(non_negative());
+  cmd->add_option("--seed", c.seed, "Seed of initialization, batches and sampling")
+      ->capture_default_str()
+      ->check(non_negative());
   cmd->add_option("--out", c.out_dir, "Directory of run directories")->capture_default_str();
   cmd->add_option("--name", c.name, "Run name, one directory name: files go to OUT/NAME (default: the attention kind)");
   cmd->add_flag("--overwrite", c.loop.overwrite,
                 "Start over in OUT/NAME even if it holds a run (without it, such a directory is refused); the run's "
                 "files must still not be its --data or --config, nor another run's files");
   cmd->add_flag("-q,--quiet", c.loop.quiet, "No progress output");
-  cmd->add_option("--config", "Read options from a file of key = value lines (keys are the long option names; the "
+  cmd->add_option("--config",
+                  "Read options from a file of key = value lines (keys are the long option names; the "
                   "command line overrides them)");
   cmd->add_flag("--detect-anomaly", c.loop.detect_anomaly,
                 "Stop at the first NaN or infinity a node produces (forward or backward), naming its op and the step");
 }
 
 CLI::App* add_train_subcommand(CLI::App& app, TrainConfig& cfg) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
+  CLI::App* cmd =
+      app.add_subcommand("train", "Train a GPT on a text file; with no arguments, a small model on Tiny Shakespeare");
   add_train_options(cmd, cfg, true);
   cmd->add_flag("--resume", cfg.loop.resume,
                 "Continue the run in OUT/NAME from its checkpoint, exactly where it stopped; the model, the text, "
@@ -253,8 +275,8 @@ void add_train_command(CLI::App& app) {
       std::fflush(stdout);
       const char* what = r.interrupted_by == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
       if (!r.stopped_early)  // the signal came while the finished run sampled
-        fmt::print(stderr, "tapegrad: {} while sampling: the run is complete (wrote {}/checkpoint.safetensors)\n",
-                   what, r.run_dir);
+        fmt::print(stderr, "tapegrad: {} while sampling: the run is complete (wrote {}/checkpoint.safetensors)\n", what,
+                   r.run_dir);
       else
         fmt::print(stderr, "tapegrad: {} after step {}: wrote {}/checkpoint.safetensors; --resume continues the run\n",
                    what, r.rows.empty() ? 0 : r.rows.back().step + 1, r.run_dir);
@@ -268,11 +290,14 @@ void add_sample_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint written by tapegrad train");
   cmd->add_option("--checkpoint", *path, "checkpoint.safetensors of a run")->required()->check(existing_file());
-  cmd->add_option("--prompt", sc->prompt, "Text to continue (default: a newline, or the vocabulary's first symbol "
-                                          "when the text had none)");
+  cmd->add_option("--prompt", sc->prompt,
+                  "Text to continue (default: a newline, or the vocabulary's first symbol "
+                  "when the text had none)");
   cmd->add_option("--tokens", sc->tokens, "Characters to generate")->capture_default_str()->check(non_negative());
   cmd->add_option("--temperature", sc->temperature, "Softmax temperature")->capture_default_str()->check(positive());
-  cmd->add_option("--top-k", sc->top_k, "Sample among the k likeliest characters (0: all)")->capture_default_str()->check(non_negative());
+  cmd->add_option("--top-k", sc->top_k, "Sample among the k likeliest characters (0: all)")
+      ->capture_default_str()
+      ->check(non_negative());
   cmd->add_option("--seed", sc->seed, "Seed of the sampler")->capture_default_str()->check(non_negative());
   cmd->callback([sc, path] { fmt::print("{}\n", sample_from_checkpoint(*path, *sc)); });
 }

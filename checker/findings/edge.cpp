@@ -12,9 +12,10 @@ FindingSheet edge_finding() {
   return {
       .kind = Finding::edge,
       .title = "at an edge",
-      .meaning = "at an edge of the op's domain (a masked, constant, tied, zero, overflowing or tiny row; a query "
-                 "with no key) y or x̄ is NaN or ∞ where the reference is finite, x̄ is not 0 at ȳ = 0, or x̄ is "
-                 "away from the reference's",
+      .meaning =
+          "at an edge of the op's domain (a masked, constant, tied, zero, overflowing or tiny row; a query "
+          "with no key) y or x̄ is NaN or ∞ where the reference is finite, x̄ is not 0 at ȳ = 0, or x̄ is "
+          "away from the reference's",
       .found_by = "the edge probes, `python/tapegrad/_edges.py` (gradcheck(..., edges=True))",
       .section = "docs/gradchecking.md#at-an-edge",
   };

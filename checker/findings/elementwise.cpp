@@ -37,14 +37,15 @@ std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
     for (size_t k = 0; k < a.size(); ++k) p.g[k] = at(k);
     return p;
   };
-  const std::vector<Piece> factors = {
-      piece(xn, [&](size_t k) { return x[k]; }),          piece("1/" + xn, [&](size_t k) { return 1 / x[k]; }),
-      piece(yn, [&](size_t k) { return y[k]; }),          piece("1/" + yn, [&](size_t k) { return 1 / y[k]; }),
-      piece(xn + "²", [&](size_t k) { return x[k] * x[k]; }),
-      piece(yn + "/" + xn, [&](size_t k) { return y[k] / x[k]; })};
+  const std::vector<Piece> factors = {piece(xn, [&](size_t k) { return x[k]; }),
+                                      piece("1/" + xn, [&](size_t k) { return 1 / x[k]; }),
+                                      piece(yn, [&](size_t k) { return y[k]; }),
+                                      piece("1/" + yn, [&](size_t k) { return 1 / y[k]; }),
+                                      piece(xn + "²", [&](size_t k) { return x[k] * x[k]; }),
+                                      piece(yn + "/" + xn, [&](size_t k) { return y[k] / x[k]; })};
   // c·g with one c over every element, each within the tolerance: c, or nothing.
-  auto constant = [&](const std::vector<double>& target, const std::vector<double>& g, const std::vector<double>& base)
-      -> std::optional<double> {
+  auto constant = [&](const std::vector<double>& target, const std::vector<double>& g,
+                      const std::vector<double>& base) -> std::optional<double> {
     double tg = 0, gg = 0;
     for (size_t k = 0; k < g.size(); ++k) tg += target[k] * g[k], gg += g[k] * g[k];
     if (!(gg > 0) || !std::isfinite(gg)) return std::nullopt;
@@ -77,9 +78,9 @@ std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
   for (const Piece& p : terms)
     if (auto c = constant(e, p.g, n)) {
       const double size = std::abs(*c);  // written with its sign apart: f′ − 1.3, not f′ + -1.3
-      const std::string term = p.name == "1"                 ? describe_factor(size)
+      const std::string term = p.name == "1"                       ? describe_factor(size)
                                : std::abs(size - 1) <= kSameFactor ? p.name
-                                                            : describe_factor(size) + "·" + p.name;
+                                                                   : describe_factor(size) + "·" + p.name;
       const char* sign = *c < 0 ? "−" : "+";
       return Diagnosis{Finding::elementwise, v.input, v.check,
                        fmt::format("{}: along the diagonal the {} gives f′ {} {} at every element (analytic − numeric "
@@ -88,7 +89,6 @@ std::optional<Diagnosis> elementwise_error(const JacobianView& v) {
     }
   return std::nullopt;
 }
-
 
 // A diagonal Jacobian whose entries are the right ones times, or plus, a function of x or y. The search
 // ends.
@@ -104,8 +104,9 @@ FindingSheet elementwise_finding() {
   return {
       .kind = Finding::elementwise,
       .title = "element-wise",
-      .meaning = "an element-wise op whose derivative along the diagonal is the right one times, or plus, a "
-                 "function of x or y: a factor or a term of f′ wrong",
+      .meaning =
+          "an element-wise op whose derivative along the diagonal is the right one times, or plus, a "
+          "function of x or y: a factor or a term of f′ wrong",
       .found_by = "its pass over a failing full Jacobian, in this file",
       .section = "docs/gradchecking.md#element-wise",
       .passes = {{80, gradcheck_detail::derivative_off_elementwise}},

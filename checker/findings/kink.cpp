@@ -45,8 +45,9 @@ FindingSheet kink_finding() {
   return {
       .kind = Finding::kink,
       .title = "kink",
-      .meaning = "one-sided differences disagree: the point is not differentiable, and the failure says nothing "
-                 "of the rule",
+      .meaning =
+          "one-sided differences disagree: the point is not differentiable, and the failure says nothing "
+          "of the rule",
       .found_by = "its pass over a failing full Jacobian, in this file",
       .section = "docs/gradchecking.md#kink",
       .passes = {{20, failing_at_kinks}},

@@ -50,8 +50,9 @@ FindingSheet masked_positions_finding() {
   return {
       .kind = Finding::masked_positions,
       .title = "masked positions",
-      .meaning = "all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0, or in one structured "
-                 "set of entries (a triangle, a band, a window)",
+      .meaning =
+          "all errors where y does not depend on x (N = 0), or where A = 0 but N ≠ 0, or in one structured "
+          "set of entries (a triangle, a band, a window)",
       .found_by = "its passes over a failing full Jacobian, in this file",
       .section = "docs/gradchecking.md#masked-positions",
       .passes = {{90, at_masked_positions}, {115, in_a_structured_set}},

@@ -71,7 +71,6 @@ std::string matching_statistic(const std::vector<double>& c, const std::vector<b
   return "";
 }
 
-
 std::optional<Diagnosis> per_row_factor(const JacobianView& v) {
   const std::string rows_of_y = v.y_name;
   for (bool by_y : {true, false}) {

@@ -89,7 +89,8 @@ std::vector<Candidate> candidates(const JacobianView& v, const RowLayout& l, int
     return out;
   };
   if (l.xc == len) c.push_back({"x_r", row_of(l.x_flat, [&](int64_t e) { return v.x.item(e); })});
-  if (l.yc == len) c.push_back({v.y_name + "_r", row_of(l.y_flat, [&](int64_t e) { return v.y0[static_cast<size_t>(e)]; })});
+  if (l.yc == len)
+    c.push_back({v.y_name + "_r", row_of(l.y_flat, [&](int64_t e) { return v.y0[static_cast<size_t>(e)]; })});
   return c;
 }
 
@@ -156,9 +157,9 @@ std::vector<std::string> fitting(std::vector<Candidate>& cs, const std::vector<d
       for (size_t e = 0; e < fit.size(); ++e) res += (unit[e] - fit[e]) * (unit[e] - fit[e]);
       if (res > kCombinationResidual || std::abs(a2) < kNonzeroWeight || std::abs(a1) < kNonzeroWeight) continue;
       const double rho = a1 / a2;
-      std::string name = fmt::format("({} {} {}{})", cs[q].name, rho < 0 ? "−" : "+",
-                                     std::abs(std::abs(rho) - 1) < kUnitRatio ? "" : fmt::format("{:.4g}·", std::abs(rho)),
-                                     cs[p].name);
+      std::string name = fmt::format(
+          "({} {} {}{})", cs[q].name, rho < 0 ? "−" : "+",
+          std::abs(std::abs(rho) - 1) < kUnitRatio ? "" : fmt::format("{:.4g}·", std::abs(rho)), cs[p].name);
       std::vector<double> vec(c2);
       for (size_t e = 0; e < vec.size(); ++e) vec[e] += rho * c1[e];
       cs.push_back({"", std::move(vec)});
@@ -202,7 +203,7 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
   double alpha_min = INFINITY, alpha_max = -INFINITY;
   int rows_with_error = 0;
   std::vector<double> block(static_cast<size_t>(yc * xc)), u, w;
-  int spread_rows = 0;             // rows whose error is not on one element
+  int spread_rows = 0;                             // rows whose error is not on one element
   int64_t subset_min = INT64_MAX, subset_max = 0;  // |S_r| over the rows, where 1_S names u
   for (int64_t r = 0; r < rows; ++r) {
     bool any = false;
@@ -270,26 +271,30 @@ std::optional<Diagnosis> per_row_term_along(const JacobianView& v, const Element
                 : fmt::format(" with α_r from {:.6g} to {:.6g}", alpha_min, alpha_max);
   const bool subset = uname == "1_S" && vname == "1_S";
   const std::string what =
-      subset ? fmt::format(" — 1_S is the indicator of a subset S_r of row r (constant on {} of its {} entries, zero "
-                           "on the others{}): a term over a subset of each row (a mean over a mask's entries, or "
-                           "over the entries the forward selects) is missing or wrong",
-                           subset_min == subset_max ? fmt::format("{}", subset_min)
-                                                    : fmt::format("{} to {}", subset_min, subset_max),
-                           xc, subset_min == 1 ? "; in rows where S_r has one entry the error is that element" : "")
+      subset ? fmt::format(
+                   " — 1_S is the indicator of a subset S_r of row r (constant on {} of its {} entries, zero "
+                   "on the others{}): a term over a subset of each row (a mean over a mask's entries, or "
+                   "over the entries the forward selects) is missing or wrong",
+                   subset_min == subset_max ? fmt::format("{}", subset_min)
+                                            : fmt::format("{} to {}", subset_min, subset_max),
+                   xc, subset_min == 1 ? "; in rows where S_r has one entry the error is that element" : "")
              : std::string(" — a per-row term (a normalizer, a mean, a row sum) is missing or wrong");
   Diagnosis found{
       Finding::per_row_term, v.input, v.check,
       fmt::format("in each of {} row{}{} the error is one outer product α_r·{}·{}ᵀ{}: {} is off by α_r·{}{}",
                   rows_with_error, rows_with_error == 1 ? "" : "s",
-                  l.axis < 0      ? std::string()
+                  l.axis < 0           ? std::string()
                   : l.x_axis == l.axis ? fmt::format(" (the slices of y and {} along axis {})", v.input, l.axis)
-                                  : fmt::format(" (the slices of y along axis {} and of {} along axis {})", l.axis,
-                                                v.input, l.x_axis),
-                  uname, vname, alpha, is_vjp ? "x̄_r" : v.check == "hvp" ? "ẋ̄_r" : "ẏ_r", term, what)};
+                                       : fmt::format(" (the slices of y along axis {} and of {} along axis {})", l.axis,
+                                                     v.input, l.x_axis),
+                  uname, vname, alpha,
+                  is_vjp             ? "x̄_r"
+                  : v.check == "hvp" ? "ẋ̄_r"
+                                     : "ẏ_r",
+                  term, what)};
   found.unnamed = u_names.empty() || v_names.empty();
   return found;
 }
-
 
 // The rows along the last axis first, then along each other axis y and x share, then along one axis of y and
 // another of x (a row of y that is a column of x).
@@ -307,8 +312,6 @@ std::optional<Diagnosis> per_row_term(const JacobianView& v, const Elements& bad
   return std::nullopt;
 }
 
-
-
 // In each row the error is one outer product α_r·u·vᵀ: what shape the error has. The last pass.
 bool one_outer_product_per_row(JacobianSearch& s) { return add_found(s, per_row_term(s.v, s.bad), false); }
 
@@ -322,8 +325,9 @@ FindingSheet per_row_term_finding() {
   return {
       .kind = Finding::per_row_term,
       .title = "per-row term",
-      .meaning = "in each row (along the last axis or another) the error is one outer product: a per-row term "
-                 "(normalizer, mean, row sum) wrong",
+      .meaning =
+          "in each row (along the last axis or another) the error is one outer product: a per-row term "
+          "(normalizer, mean, row sum) wrong",
       .found_by = "its pass over a failing full Jacobian, in this file",
       .section = "docs/gradchecking.md#per-row-term",
       .passes = {{120, gradcheck_detail::one_outer_product_per_row}},

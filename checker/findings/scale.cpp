@@ -29,8 +29,9 @@ FindingSheet scale_finding() {
       .kind = Finding::scale,
       .title = "scale",
       .meaning = "A = c·N, c ≠ 1: a missing or wrong constant factor",
-      .found_by = "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
-                  "(`checker/diagnose.cpp`)",
+      .found_by =
+          "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
+          "(`checker/diagnose.cpp`)",
       .section = "docs/gradchecking.md#sign-and-scale",
       .passes = {{41, whole_scale}},
       .explains = true,

@@ -55,12 +55,12 @@ bool moved_one_place(JacobianSearch& s) {
         const bool vjp = v.check == "vjp";
         const char* what = on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
                                 : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
-        s.found.push_back({Finding::shifted, v.input, v.check,
-                           fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d} (0 where nothing "
-                                       "moved in), at every one of {} elements: the {} {} one place {} along that "
-                                       "axis (an index off by one: a window, a scan, a convolution's offset)",
-                                       axis, name, shape, d, v.a.size(), rule_name(v.check), what,
-                                       d > 0 ? "later" : "earlier")});
+        s.found.push_back(
+            {Finding::shifted, v.input, v.check,
+             fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d} (0 where nothing "
+                         "moved in), at every one of {} elements: the {} {} one place {} along that "
+                         "axis (an index off by one: a window, a scan, a convolution's offset)",
+                         axis, name, shape, d, v.a.size(), rule_name(v.check), what, d > 0 ? "later" : "earlier")});
         return true;
       }
     }

@@ -31,8 +31,9 @@ FindingSheet sign_finding() {
       .kind = Finding::sign,
       .title = "sign",
       .meaning = "A = −N: the whole rule has the wrong sign",
-      .found_by = "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
-                  "(`checker/diagnose.cpp`)",
+      .found_by =
+          "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
+          "(`checker/diagnose.cpp`)",
       .section = "docs/gradchecking.md#sign-and-scale",
       .passes = {{40, whole_sign}},
       .explains = true,

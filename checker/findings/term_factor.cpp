@@ -9,9 +9,11 @@ FindingSheet term_factor_finding() {
       .kind = Finding::term_factor,
       .title = "term with a wrong factor",
       .meaning = "e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)",
-      .found_by = "`python/tapegrad/_forward.py`: the error e = x̄ − x̄_true fitted as α times the term of one edge "
-                  "of a Function's forward",
-      .section = "docs/gradchecking.md#dropped-term-term-counted-twice-term-with-a-wrong-factor-term-from-the-wrong-value",
+      .found_by =
+          "`python/tapegrad/_forward.py`: the error e = x̄ − x̄_true fitted as α times the term of one edge "
+          "of a Function's forward",
+      .section =
+          "docs/gradchecking.md#dropped-term-term-counted-twice-term-with-a-wrong-factor-term-from-the-wrong-value",
   };
 }
 

@@ -21,7 +21,7 @@ bool transposed_x(JacobianSearch& s) {
                                  "belongs)",
                                  swap->p, swap->q, v.input, v.xshape, and_a_factor(swap->c), rule_name(v.check),
                                  v.check == "vjp" ? fmt::format("gives the gradient of {} transposed", v.input)
-                                            : fmt::format("reads the tangent of {} transposed", v.input))});
+                                                  : fmt::format("reads the tangent of {} transposed", v.input))});
   return true;
 }
 

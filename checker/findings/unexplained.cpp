@@ -45,7 +45,6 @@ std::string concentration(const JacobianView& v, int64_t groups, auto&& group_of
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-
 }  // namespace
 
 Diagnosis unexplained(const JacobianView& v, const Elements& bad) {
@@ -56,10 +55,10 @@ Diagnosis unexplained(const JacobianView& v, const Elements& bad) {
                                         v, ys.rows(), [&](int64_t j, int64_t) { return j / ys.back(); },
                                         [&](int64_t r) { return row_name(ys, v.y_name, r); }));
   if (xs.rank() >= 1 && xs.rows() > 1)
-    where.push_back(fmt::format("rows of {}: ", v.input) +
-                    concentration(
-                        v, xs.rows(), [&](int64_t, int64_t k) { return k / xs.back(); },
-                        [&](int64_t r) { return row_name(xs, v.input, r); }));
+    where.push_back(fmt::format("rows of {}: ", v.input) + concentration(
+                                                               v, xs.rows(),
+                                                               [&](int64_t, int64_t k) { return k / xs.back(); },
+                                                               [&](int64_t r) { return row_name(xs, v.input, r); }));
   if (xs.rank() >= 1 && xs.back() > 1)
     where.push_back(fmt::format("columns of {}: ", v.input) +
                     concentration(
@@ -77,8 +76,8 @@ Diagnosis unexplained(const JacobianView& v, const Elements& bad) {
   std::vector<std::string> entries;
   for (size_t i = 0; i < shown; ++i) {
     const size_t e = static_cast<size_t>(worst[i].first * v.cols + worst[i].second);
-    entries.push_back(fmt::format("{} (analytic {:.4g}, numeric {:.4g})", element_str(v, worst[i].first, worst[i].second),
-                                  v.a[e], v.n[e]));
+    entries.push_back(fmt::format("{} (analytic {:.4g}, numeric {:.4g})",
+                                  element_str(v, worst[i].first, worst[i].second), v.a[e], v.n[e]));
   }
   return {Finding::unexplained, v.input, v.check,
           fmt::format("none of the known kinds fits the {} failing elements (of {}); the error concentrates in {}; "
@@ -95,8 +94,9 @@ FindingSheet unexplained_finding() {
       .kind = Finding::unexplained,
       .title = "no known kind",
       .meaning = "none of the kinds fits: where the error concentrates (rows, columns, entries)",
-      .found_by = "unexplained() in this file, which `checker/gradcheck.cpp` calls when no pass names a failure; "
-                  "`checker/diagnose_narrowed.cpp` for checks by projections",
+      .found_by =
+          "unexplained() in this file, which `checker/gradcheck.cpp` calls when no pass names a failure; "
+          "`checker/diagnose_narrowed.cpp` for checks by projections",
       .section = "docs/gradchecking.md#no-known-kind",
       .before_a_named_slip = BeforeANamedSlip::replaced,
   };

@@ -8,8 +8,9 @@ FindingSheet wrong_axis_finding() {
   return {
       .kind = Finding::wrong_axis,
       .title = "wrong axis",
-      .meaning = "a reduction or broadcast taken along the wrong axis: the rule agrees once one call's axis "
-                 "becomes another of the same size",
+      .meaning =
+          "a reduction or broadcast taken along the wrong axis: the rule agrees once one call's axis "
+          "becomes another of the same size",
       .found_by = "`checker/formulas/edits.cpp`; from Python, `python/tapegrad/_forward_axis.py`",
       .section = "docs/gradchecking.md#wrong-axis",
       .explains = true,

@@ -10,7 +10,8 @@ FindingSheet wrong_value_finding() {
       .title = "term from the wrong value",
       .meaning = "x̄ is the right rule with one value of the forward replaced by another of its shape",
       .found_by = "`python/tapegrad/_forward_rewrite.py` (the forward's rule with one value replaced)",
-      .section = "docs/gradchecking.md#dropped-term-term-counted-twice-term-with-a-wrong-factor-term-from-the-wrong-value",
+      .section =
+          "docs/gradchecking.md#dropped-term-term-counted-twice-term-with-a-wrong-factor-term-from-the-wrong-value",
   };
 }
 

@@ -41,8 +41,9 @@ FindingSheet zero_finding() {
       .kind = Finding::zero,
       .title = "zero",
       .meaning = "the analytic derivative is 0 everywhere: the rule never writes that input's gradient or tangent",
-      .found_by = "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
-                  "(`checker/diagnose.cpp`)",
+      .found_by =
+          "its pass over a failing full Jacobian, in this file; in fast mode, from the projections "
+          "(`checker/diagnose.cpp`)",
       .section = "docs/gradchecking.md#zero-not-finite",
       .passes = {{30, nothing_written}},
       .explains = true,

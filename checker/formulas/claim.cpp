@@ -23,7 +23,8 @@ std::string_view trim(std::string_view s) {
 
 bool is_identifier(std::string_view s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 // The parsed claim: formulas ready to evaluate, and the names each context gives them.
@@ -62,8 +63,10 @@ void define_let_shapes(const std::vector<Parsed::Named>& lets, std::map<std::str
 }
 
 Parsed parse_formulas(const ClaimText& c) {
-  if (c.inputs.empty()) fail("claim '{}' ({}): no input (input NAME: D, D, ...)", escape_controls(c.name), escape_controls(c.where));
-  if (c.forward.formula.empty()) fail("claim '{}' ({}): no forward formula", escape_controls(c.name), escape_controls(c.where));
+  if (c.inputs.empty())
+    fail("claim '{}' ({}): no input (input NAME: D, D, ...)", escape_controls(c.name), escape_controls(c.where));
+  if (c.forward.formula.empty())
+    fail("claim '{}' ({}): no forward formula", escape_controls(c.name), escape_controls(c.where));
   if (c.vjp.empty() && !c.jvp && c.hvp.empty())
     fail("claim '{}' ({}): claims no VJP, JVP or HVP (a vjp, jvp or hvp line)", escape_controls(c.name),
          escape_controls(c.where));
@@ -71,8 +74,9 @@ Parsed parse_formulas(const ClaimText& c) {
   p.inputs = c.inputs;
   std::vector<std::string> taken = {"y", "g"};
   for (const auto& in : c.inputs) {
-    if (!is_identifier(in.name)) fail("claim '{}' ({}): '{}' is not a name", escape_controls(c.name), escape_controls(c.where),
-                                      escape_controls(in.name));
+    if (!is_identifier(in.name))
+      fail("claim '{}' ({}): '{}' is not a name", escape_controls(c.name), escape_controls(c.where),
+           escape_controls(in.name));
     if (std::find(taken.begin(), taken.end(), in.name) != taken.end() || in.name.starts_with("t_"))
       fail("claim '{}' ({}): input '{}': y, g, t_NAME and names used twice are taken", c.name, c.where, in.name);
     taken.push_back(in.name);
@@ -91,7 +95,8 @@ Parsed parse_formulas(const ClaimText& c) {
     std::vector<std::optional<Formula>> slots(c.inputs.size());
     for (const auto& v : lines) {
       auto it = std::find_if(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == v.name; });
-      if (it == c.inputs.end()) fail("{}: {} names '{}', which is not an input", escape_controls(v.label), what, escape_controls(v.name));
+      if (it == c.inputs.end())
+        fail("{}: {} names '{}', which is not an input", escape_controls(v.label), what, escape_controls(v.name));
       auto& slot = slots[static_cast<size_t>(it - c.inputs.begin())];
       if (slot) fail("{}: a second {} for '{}'", v.label, what, v.name);
       slot = Formula::parse(v.formula, v.label);
@@ -151,7 +156,8 @@ void check_shapes(const Parsed& p) {
   for (size_t i = 0; i < p.inputs.size(); ++i)
     if (p.vjp[i]) {
       const Shape s = p.vjp[i]->check(reverse);
-      if (!(s == p.inputs[i].shape)) wrong_shape(*p.vjp[i], fmt::format("x̄ of {}", p.inputs[i].name), p.inputs[i].shape, s);
+      if (!(s == p.inputs[i].shape))
+        wrong_shape(*p.vjp[i], fmt::format("x̄ of {}", p.inputs[i].name), p.inputs[i].shape, s);
     }
   if (p.jvp) {
     const Shape s = p.jvp->check(tangent);
@@ -241,8 +247,8 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
       return *split;
     };
     if (key == "claim") {
-      if (!is_identifier(rest)) fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", escape_controls(where),
-                                     escape_controls(t));
+      if (!is_identifier(rest))
+        fail("{}: expected 'claim NAME' (letters, digits, _), got '{}'", escape_controls(where), escape_controls(t));
       claims.emplace_back();
       claims.back().name = rest;
       claims.back().where = where;
@@ -352,7 +358,8 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
     for (const auto& in : text.inputs) names.push_back(in.name);
     VjpFormulas formulas{text.lets, {}, {}};
     for (const auto& in : text.inputs) {
-      auto line = std::find_if(text.vjp.begin(), text.vjp.end(), [&](const ClaimText::Line& l) { return l.name == in.name; });
+      auto line =
+          std::find_if(text.vjp.begin(), text.vjp.end(), [&](const ClaimText::Line& l) { return l.name == in.name; });
       formulas.vjp.push_back(line == text.vjp.end() ? std::nullopt : std::optional(*line));
     }
     const std::vector<Tensor> x = make_inputs(c.inputs, DType::f64, opt.seed);

@@ -36,9 +36,9 @@ struct ClaimText {
   std::string where;  // "docs/claims/softmax.txt:3", "the command line": where it was written
   std::vector<InputSpec> inputs;
   struct Line {
-    std::string name;     // let: the name defined; vjp: the input; forward, jvp: empty
+    std::string name;  // let: the name defined; vjp: the input; forward, jvp: empty
     std::string formula;
-    std::string label;    // for errors: "docs/claims/softmax.txt:5 (vjp x)"
+    std::string label;  // for errors: "docs/claims/softmax.txt:5 (vjp x)"
   };
   std::vector<Line> lets;
   Line forward;

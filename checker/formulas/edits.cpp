@@ -23,7 +23,8 @@ struct Rule {
 Rule parse_rule(const VjpFormulas& text) {
   Rule r;
   for (const auto& l : text.lets) r.lets.emplace_back(l.name, Formula::parse(l.formula, l.label));
-  for (const auto& v : text.vjp) r.vjp.push_back(v ? std::optional(Formula::parse(v->formula, v->label)) : std::nullopt);
+  for (const auto& v : text.vjp)
+    r.vjp.push_back(v ? std::optional(Formula::parse(v->formula, v->label)) : std::nullopt);
   return r;
 }
 
@@ -104,8 +105,9 @@ Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const
     std::vector<double> plus(static_cast<size_t>(n * m)), minus(plus.size());
     blocks->unit_steps(x, i, eps, g.shape(), plus, minus);
     for (int64_t k = 0; k < n; ++k)
-      out.data<double>()[k] = (inner_product(g, &plus[static_cast<size_t>(k * m)]) -
-                               inner_product(g, &minus[static_cast<size_t>(k * m)])) / (2 * eps);
+      out.data<double>()[k] =
+          (inner_product(g, &plus[static_cast<size_t>(k * m)]) - inner_product(g, &minus[static_cast<size_t>(k * m)])) /
+          (2 * eps);
     return out;
   }
   std::vector<Tensor> at(x.begin(), x.end());
@@ -124,8 +126,8 @@ Tensor differences(const Function& f, std::span<const Tensor> x, size_t i, const
 }
 
 // ⟨x̄_i, t⟩ = ∂/∂s ⟨ȳ, f(x + s·t)⟩ by central differences along t (in slot i): 2 evaluations.
-double projected_difference(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& t,
-                            const Tensor& g, double eps) {
+double projected_difference(const Function& f, std::span<const Tensor> x, size_t i, const Tensor& t, const Tensor& g,
+                            double eps) {
   std::vector<Tensor> at(x.begin(), x.end());
   auto moved = [&](double s) {
     Tensor m = x[i].clone();
@@ -152,10 +154,10 @@ Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) 
 }
 
 struct Edit {
-  size_t line;          // index into lets, then vjp (lets.size() + i)
-  Finding kind;         // transposed_term, term_sign, wrong_axis
-  std::string edited;   // the formula after the edit
-  std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
+  size_t line;         // index into lets, then vjp (lets.size() + i)
+  Finding kind;        // transposed_term, term_sign, wrong_axis
+  std::string edited;  // the formula after the edit
+  std::string what;    // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
 };
 
 // A central difference of ⟨ȳ, f⟩ along a random direction t of one input: what an edited x̄ must give along t.
@@ -332,9 +334,9 @@ class EditSearch {
       const auto [b, e] = *part.argument;
       out.push_back({line, Finding::transposed_term, t.substr(0, part.begin) + t.substr(b, e - b) + t.substr(part.end),
                      fmt::format("the transpose is taken from `{}` where {} reads it", inside, where_written(line))});
-    } else if (const auto shape = shape_of(inside);
-               shape && shape->rank() >= 2 && (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
-               shape->back() >= 2) {
+    } else if (const auto shape = shape_of(inside); shape && shape->rank() >= 2 &&
+                                                    (*shape)[shape->rank() - 1] == (*shape)[shape->rank() - 2] &&
+                                                    shape->back() >= 2) {
       out.push_back({line, Finding::transposed_term,
                      t.substr(0, part.begin) + "transpose(" + inside + ")" + t.substr(part.end),
                      fmt::format("`{}` {}{} is transposed where {} reads it", inside, *shape, made_at(inside, line),
@@ -379,8 +381,8 @@ class EditSearch {
       const bool squeezed = !inserts && part.begin >= 8 && t.compare(part.begin - 8, 8, "squeeze(") == 0 &&
                             t.compare(part.end, dropped.size(), dropped) == 0;
       std::string edited = t.substr(0, ab) + std::to_string(other) + t.substr(ae, part.end - ae);
-      edited += squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size())
-                         : t.substr(part.end);
+      edited +=
+          squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size()) : t.substr(part.end);
       out.push_back({line, Finding::wrong_axis, edited,
                      fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line), how, other, at)});
     }
@@ -403,10 +405,10 @@ class EditSearch {
     const std::string others = same == 2  ? " (1 other edit of this kind does too)"
                                : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
                                           : std::string();
-    const char* meaning = kind == Finding::wrong_axis
-                              ? "a reduction or broadcast of the rule is taken along the wrong axis"
-                          : kind == Finding::transposed_term ? "a square value of the rule is used where its transpose belongs"
-                                                             : "a term of the rule has the wrong sign";
+    const char* meaning =
+        kind == Finding::wrong_axis        ? "a reduction or broadcast of the rule is taken along the wrong axis"
+        : kind == Finding::transposed_term ? "a square value of the rule is used where its transpose belongs"
+                                           : "a term of the rule has the wrong sign";
     for (size_t i : failing_) {
       const double before = agreement(unedited_[i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
       const double after = agreement(fixed_[chosen][i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
@@ -426,10 +428,10 @@ class EditSearch {
   std::optional<VjpFormulas> text_;
   Rule rule_;
   PointValues values_;
-  Tape scratch_;                    // every evaluation of the rule, one after the other
-  std::vector<Tensor> unedited_;    // x̄ of the rule as written
+  Tape scratch_;                  // every evaluation of the rule, one after the other
+  std::vector<Tensor> unedited_;  // x̄ of the rule as written
   std::vector<std::vector<Probe>> probes_;
-  std::vector<Tensor> numeric_;     // central differences of x̄, element by element, made when first needed
+  std::vector<Tensor> numeric_;  // central differences of x̄, element by element, made when first needed
   std::map<std::string, Shape> shapes_;
   std::vector<Edit> found_;                 // every edit that puts the rule right,
   std::vector<std::vector<Tensor>> fixed_;  // and the x̄ it then gives

@@ -81,8 +81,8 @@ class Evaluator {
         if (it == values_.end()) {
           std::string known;
           for (const auto& [k, v] : values_) known += (known.empty() ? "" : ", ") + k;
-          error(n.offset, fmt::format("unknown name '{}'; the names here are {}", n.name,
-                                      known.empty() ? "none" : known));
+          error(n.offset,
+                fmt::format("unknown name '{}'; the names here are {}", n.name, known.empty() ? "none" : known));
         }
         return {false, 0, it->second};
       }

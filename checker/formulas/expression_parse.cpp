@@ -16,7 +16,8 @@ namespace {
 // Display column of a byte offset: UTF-8 continuation bytes take no column.
 size_t column_of(std::string_view text, size_t offset) {
   size_t col = 0;
-  for (size_t i = 0; i < std::min(offset, text.size()); ++i) col += (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80;
+  for (size_t i = 0; i < std::min(offset, text.size()); ++i)
+    col += (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80;
   return col;
 }
 
@@ -72,15 +73,13 @@ std::shared_ptr<ExpressionNode> node(Kind kind, size_t offset) {
 
 const std::vector<FunctionSpec>& functions() {
   static const std::vector<FunctionSpec> table = {
-      {"exp", 1, 1, {}},         {"log", 1, 1, {}},         {"tanh", 1, 1, {}},
-      {"relu", 1, 1, {}},        {"gelu", 1, 1, {}},        {"gelu_erf", 1, 1, {}},    {"elu", 1, 1, {}},
-      {"neg", 1, 1, {}},         {"softmax", 1, 1, {}},     {"log_softmax", 1, 1, {}},
-      {"row_normalize", 1, 1, {}}, {"add", 2, 2, {}},       {"sub", 2, 2, {}},
-      {"mul", 2, 2, {}},         {"div", 2, 2, {}},         {"matmul", 2, 2, {}},
-      {"linear", 2, 3, {}},      {"layer_norm", 3, 3, {}},  {"sum", 1, 2, {1}},
-      {"mean", 1, 2, {1}},       {"norm", 2, 2, {1}},       {"transpose", 1, 3, {1, 2}},
-      {"where", 3, 3, {}},       {"tril", 1, 2, {1}},       {"squeeze", 2, 2, {1}},
-      {"unsqueeze", 2, 2, {1}},
+      {"exp", 1, 1, {}},      {"log", 1, 1, {}},           {"tanh", 1, 1, {}},          {"relu", 1, 1, {}},
+      {"gelu", 1, 1, {}},     {"gelu_erf", 1, 1, {}},      {"elu", 1, 1, {}},           {"neg", 1, 1, {}},
+      {"softmax", 1, 1, {}},  {"log_softmax", 1, 1, {}},   {"row_normalize", 1, 1, {}}, {"add", 2, 2, {}},
+      {"sub", 2, 2, {}},      {"mul", 2, 2, {}},           {"div", 2, 2, {}},           {"matmul", 2, 2, {}},
+      {"linear", 2, 3, {}},   {"layer_norm", 3, 3, {}},    {"sum", 1, 2, {1}},          {"mean", 1, 2, {1}},
+      {"norm", 2, 2, {1}},    {"transpose", 1, 3, {1, 2}}, {"where", 3, 3, {}},         {"tril", 1, 2, {1}},
+      {"squeeze", 2, 2, {1}}, {"unsqueeze", 2, 2, {1}},
   };
   return table;
 }
@@ -190,15 +189,18 @@ class Parser {
     if (accept('(')) {
       NodePtr e = expression();
       skip_space();
-      if (!accept(')')) error(pos_, fmt::format("expected ')' to close the '(' at column {}, found {}",
-                                                column_of(text_, at) + 1, quoted_token()));
+      if (!accept(')'))
+        error(pos_, fmt::format("expected ')' to close the '(' at column {}, found {}", column_of(text_, at) + 1,
+                                quoted_token()));
       return e;
     }
     if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') return number();
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return name_or_call();
     error(at, fmt::format("expected a number, a name or '(', found {}", quoted_token()));
   }
-  std::string quoted_token() const { return pos_ >= text_.size() ? "the end of the text" : fmt::format("'{}'", token_text()); }
+  std::string quoted_token() const {
+    return pos_ >= text_.size() ? "the end of the text" : fmt::format("'{}'", token_text());
+  }
 
   NodePtr number() {
     const size_t at = pos_;
@@ -225,8 +227,7 @@ class Parser {
 
   NodePtr name_or_call() {
     const size_t at = pos_;
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_'))
-      ++pos_;
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
     std::string name(text_.substr(at, pos_ - at));
     const size_t name_end = pos_;
     skip_space();
@@ -253,24 +254,23 @@ class Parser {
         n->args.push_back(expression());
       } while (accept(','));
       skip_space();
-      if (!accept(')')) error(pos_, fmt::format("expected ',' or ')' in the arguments of {}, found {}", name,
-                                                quoted_token()));
+      if (!accept(')'))
+        error(pos_, fmt::format("expected ',' or ')' in the arguments of {}, found {}", name, quoted_token()));
     }
     n->end = pos_;
     const size_t count = n->args.size();
     const bool transpose_two = f->name == "transpose" && count == 2;
     if (count < f->min_args || count > f->max_args || transpose_two) {
-      std::string takes = f->name == "transpose"                ? "1 or 3 arguments (e, or e, a, b)"
-                          : f->min_args == f->max_args          ? fmt::format("{} argument{}", f->min_args,
-                                                                              f->min_args == 1 ? "" : "s")
-                                                                : fmt::format("{} to {} arguments", f->min_args,
-                                                                              f->max_args);
+      std::string takes = f->name == "transpose" ? "1 or 3 arguments (e, or e, a, b)"
+                          : f->min_args == f->max_args
+                              ? fmt::format("{} argument{}", f->min_args, f->min_args == 1 ? "" : "s")
+                              : fmt::format("{} to {} arguments", f->min_args, f->max_args);
       error(at, fmt::format("{} takes {}, got {}", name, takes, count));
     }
     for (size_t a : f->axes)
       if (a < count && !literal_int(*n->args[a]))
-        error(n->args[a]->offset, fmt::format("argument {} of {} is an axis: a whole number written here, as -1",
-                                              a + 1, name));
+        error(n->args[a]->offset,
+              fmt::format("argument {} of {} is an axis: a whole number written here, as -1", a + 1, name));
     return measured(std::move(n));
   }
 

@@ -14,14 +14,14 @@ namespace tapegrad {
 
 struct ExpressionNode {
   enum class Kind { number, name, call, binary, negate } kind = Kind::number;
-  size_t offset = 0;   // where the node starts (a binary node: its operator)
+  size_t offset = 0;          // where the node starts (a binary node: its operator)
   size_t begin = 0, end = 0;  // the subexpression's text, [begin, end) (inside any parentheses around it)
-  double number = 0;   // number
-  std::string name;    // name, call
-  char op = 0;         // binary: + - * /
+  double number = 0;          // number
+  std::string name;           // name, call
+  char op = 0;                // binary: + - * /
   std::vector<std::shared_ptr<const ExpressionNode>> args;  // call, binary (2), negate (1)
   bool axis_keyword = false;  // call: sum(e, axis=a) or mean(e, axis=a), whose axis is dropped, not kept
-  int height = 1;      // levels from this node down to its deepest leaf (the evaluator recurses this deep)
+  int height = 1;             // levels from this node down to its deepest leaf (the evaluator recurses this deep)
 };
 
 namespace expression_detail {

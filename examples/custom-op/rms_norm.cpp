@@ -51,7 +51,8 @@ void rms_norm_vjp(T* dx, T* dw, const T* dy, const T* xhat, const T* inv_rho, co
 
 // ẏ += w ⊙ (ẋ − x̂·⟨x̂, ẋ⟩/C)/ρ + ẇ ⊙ x̂                          ty, tx, xhat: (rows, C); tw, w: (C); tx or tw may be null
 template <class T>
-void rms_norm_jvp(T* ty, const T* tx, const T* tw, const T* xhat, const T* inv_rho, const T* w, int64_t rows, int64_t C) {
+void rms_norm_jvp(T* ty, const T* tx, const T* tw, const T* xhat, const T* inv_rho, const T* w, int64_t rows,
+                  int64_t C) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* h = xhat + r * C;
     T* t = ty + r * C;
@@ -116,8 +117,8 @@ Var rms_norm(Var x, Var w, double eps) {
       op, {x, w}, y,
       [=](const Tensor& g, std::span<Tensor> gin) {
         dispatch_float(op, g.dtype(), [&]<class T>(T) {
-          rms_norm_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), g.data<T>(), xhat.data<T>(),
-                       inv_rho.data<T>(), wv.data<T>(), rows, C);
+          rms_norm_vjp(data_or_null<T>(gin[0]), data_or_null<T>(gin[1]), g.data<T>(), xhat.data<T>(), inv_rho.data<T>(),
+                       wv.data<T>(), rows, C);
         });
       },
       [=](std::span<const Tensor> tin, Tensor& ty) {

@@ -69,8 +69,8 @@ void write_svg(const std::string& path, const MLP& model, const std::vector<floa
       svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.2f}\" fill=\"{}\"/>\n", i * cw,
                          j * ch, cw + 0.3, ch + 0.3, fill[0][region[static_cast<size_t>(j * nx + i)]]);
   for (size_t k = 0; k < label.size(); ++k)
-    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\" stroke=\"white\"/>\n",
-                       px(xy[2 * k]), py(xy[2 * k + 1]), fill[1][label[k]]);
+    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\" stroke=\"white\"/>\n", px(xy[2 * k]),
+                       py(xy[2 * k + 1]), fill[1][label[k]]);
   svg += "</svg>\n";
   std::ofstream(path) << svg;
 }
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   }
   const double acc = accuracy(predict(model, xy), label);
   write_svg(svg_path, model, xy, label);
-  std::printf("final accuracy %.1f%% on %lld points; decision boundary in %s\n", 100 * acc,
-              static_cast<long long>(n), svg_path.c_str());
+  std::printf("final accuracy %.1f%% on %lld points; decision boundary in %s\n", 100 * acc, static_cast<long long>(n),
+              svg_path.c_str());
   return acc >= 0.97 ? 0 : 1;
 }

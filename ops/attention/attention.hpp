@@ -9,7 +9,7 @@
 namespace tapegrad {
 
 struct AttentionOptions {
-  double scale = 0;     // s in s·QKᵀ; 0 means 1/√d; NaN and ±∞ are refused
+  double scale = 0;  // s in s·QKᵀ; 0 means 1/√d; NaN and ±∞ are refused
   bool causal = false;
 };
 

@@ -111,9 +111,9 @@ void beta_attention_jvp(const AttentionDims& dims, const T* q, const T* k, const
 // Dense over the slice: the products through gemm, β's rules row by row over each row's visible keys (zeros after
 // them). Outputs and tangents may be null. `work` holds second_order_slice_elements(dims) elements of scratch.
 template <class T>
-void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb,
-                                 const T* r, const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k,
-                                 T* out_v, T* work) {
+void beta_attention_second_order(const AttentionDims& dims, const T* q, const T* k, const T* v, const T* bb, const T* r,
+                                 const T* g, const T* tq, const T* tk, const T* tv, T* out_q, T* out_k, T* out_v,
+                                 T* work) {
   const int64_t T_ = dims.T, Tk = dims.Tk;
   // (T, Tk) each; dP, Ḃβ and dṖ stay 0 beyond each row's visible keys
   auto [dp, dpdot, pdot, ds, bdot, dsdot] = zeroed_slice_matrices(work, T_ * Tk);
@@ -171,8 +171,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
               const SliceOffsets at(dims, bh);
               beta_attention_vjp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
                                     bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
-                                    offset_or_null(dq, at.q), offset_or_null(dk, at.k), offset_or_null(dv, at.v),
-                                    dp);
+                                    offset_or_null(dq, at.q), offset_or_null(dk, at.k), offset_or_null(dv, at.v), dp);
             }
           });
         });
@@ -187,8 +186,7 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
               const SliceOffsets at(dims, bh);
               beta_attention_jvp<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
                                     bb.data<T>() + at.scores, r.data<T>() + at.rows, offset_or_null(tq, at.q),
-                                    offset_or_null(tk, at.k), offset_or_null(tv, at.v), tout.data<T>() + at.o,
-                                    pdot);
+                                    offset_or_null(tk, at.k), offset_or_null(tv, at.v), tout.data<T>() + at.o, pdot);
             }
           });
         });
@@ -203,11 +201,11 @@ Var beta_attention(Var q, Var k, Var v, const AttentionOptions& opt) {
             T* work = work_chunks.chunk(chunk).take<T>(second_order_slice_elements(dims));
             for (int64_t bh = begin; bh < end; ++bh) {
               const SliceOffsets at(dims, bh);
-              beta_attention_second_order<T>(
-                  dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v, bb.data<T>() + at.scores,
-                  r.data<T>() + at.rows, g.data<T>() + at.o, offset_or_null(tq, at.q), offset_or_null(tk, at.k),
-                  offset_or_null(tv, at.v), offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
-                  offset_or_null(dv_dot, at.v), work);
+              beta_attention_second_order<T>(dims, qv.data<T>() + at.q, kv.data<T>() + at.k, vv.data<T>() + at.v,
+                                             bb.data<T>() + at.scores, r.data<T>() + at.rows, g.data<T>() + at.o,
+                                             offset_or_null(tq, at.q), offset_or_null(tk, at.k),
+                                             offset_or_null(tv, at.v), offset_or_null(dq_dot, at.q),
+                                             offset_or_null(dk_dot, at.k), offset_or_null(dv_dot, at.v), work);
             }
           });
         });
@@ -238,26 +236,32 @@ std::vector<OpSheet> beta_attention_ops() {
                          {"β's second order", "ops/row_maps.hpp", "beta_row_second_order"}},
          .cost = attention_cost,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {
-             {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
-             {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
-             {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
-              qkv(AttentionOptions{0.7, false})},
-             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
-             {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
-             // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.
-             {"causal T=70 (three blocks)", {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}},
-              qkv(causal)},
-             // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
-             {"Q = 0 (β at 0)", {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
-              qkv(plain)}},
+         .cases = {{"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
+                   {"causal B=1 h=2 T=7 d=5",
+                    {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}},
+                    qkv(causal)},
+                   {"T=3 Tk=5 dv=2 s=0.7",
+                    {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
+                    qkv(AttentionOptions{0.7, false})},
+                   {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
+                   {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
+                   // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key.
+                   {"causal T=70 (three blocks)",
+                    {{"q", {1, 2, 70, 3}}, {"k", {1, 2, 70, 3}}, {"v", {1, 2, 70, 2}}},
+                    qkv(causal)},
+                   // Q = 0: every row of P is 0, where β has its special case dβ(0) = I.
+                   {"Q = 0 (β at 0)",
+                    {{"q", {1, 2, 3, 3}, Fill::zeros}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 2}}},
+                    qkv(plain)}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return beta_attention(x[0], x[1], x[2], attention_options(a)); },
+         .call = [](std::span<const Var> x,
+                    const OpArgs& a) { return beta_attention(x[0], x[1], x[2], attention_options(a)); },
          // P = s·QKᵀ, Bβ = row_normalize(P) = β(P) per row, O = Bβ·V, with s = 1/√d; causal cases add M.
-         .unfused = [](Tape&, std::span<const Var> x) {
-           const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-           return matmul(row_normalize(scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d))), x[2]);
-         }});
+         .unfused =
+             [](Tape&, std::span<const Var> x) {
+               const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+               return matmul(row_normalize(scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d))), x[2]);
+             }});
   return r.ops;
 }
 

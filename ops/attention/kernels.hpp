@@ -100,8 +100,7 @@ inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, 
   expect_same_dtype(op, q, v);
   const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
   if (ks[0] != qs[0] || ks[1] != qs[1] || vs[0] != qs[0] || vs[1] != qs[1])
-    fail("{}: batch and head axes differ: Q {}, K {}, V {} (expected the same (B, h) in all three)", op, qs, ks,
-         vs);
+    fail("{}: batch and head axes differ: Q {}, K {}, V {} (expected the same (B, h) in all three)", op, qs, ks, vs);
   if (ks[3] != qs[3]) fail("{}: Q {} and K {} differ in d (last axis: {} vs {})", op, qs, ks, qs[3], ks[3]);
   if (vs[2] != ks[2])
     fail("{}: K {} and V {} differ in the number of keys Tk (axis 2: {} vs {})", op, ks, vs, ks[2], vs[2]);
@@ -111,8 +110,8 @@ inline AttentionDims attention_dims(const char* op, const Var& q, const Var& k, 
   // A NaN or infinite s makes every score NaN or ±∞: the softmax would give NaN or zeros without a word.
   if (!std::isfinite(opt.scale)) fail("{}: scale must be a finite number (0: 1/√d), got {}", op, opt.scale);
   if (opt.causal && qs[2] != ks[2])
-    fail("{}: causal attention needs as many queries as keys, got Q {} (T = {}) and K {} (Tk = {})", op, qs, qs[2],
-         ks, ks[2]);
+    fail("{}: causal attention needs as many queries as keys, got Q {} (T = {}) and K {} (Tk = {})", op, qs, qs[2], ks,
+         ks[2]);
   AttentionDims dims;
   dims.B = qs[0];
   dims.H = qs[1];
@@ -162,9 +161,7 @@ struct BiasLayout {
     return b * stride_b + head * stride_h + i * stride_i + j * stride_j;
   }
   // The offset of bias element (b, head, i, 0): the start of that score row's bias.
-  int64_t row_offset(int64_t b, int64_t head, int64_t i) const {
-    return b * stride_b + head * stride_h + i * stride_i;
-  }
+  int64_t row_offset(int64_t b, int64_t head, int64_t i) const { return b * stride_b + head * stride_h + i * stride_i; }
 };
 
 // Checks that `bias` broadcasts to the scores (B, h, T, Tk) and returns its strides. Throws naming `op`.
@@ -180,9 +177,10 @@ inline BiasLayout bias_layout(const char* op, const Shape& bias, int64_t B, int6
     if (bias_axis < 0) break;  // a missing leading axis: stride 0
     const int64_t n = bias[bias_axis];
     if (n != scores[axis] && n != 1)
-      fail("{}: bias {} does not broadcast to the scores {} (B, h, T, Tk): axis {} has size {}, expected {} or 1; "
-           "allowed are e.g. (B,h,T,Tk), (h,T,Tk), (T,Tk), (B,1,T,Tk), (B,1,1,Tk)",
-           op, bias, scores, bias_axis, n, scores[axis]);
+      fail(
+          "{}: bias {} does not broadcast to the scores {} (B, h, T, Tk): axis {} has size {}, expected {} or 1; "
+          "allowed are e.g. (B,h,T,Tk), (h,T,Tk), (T,Tk), (B,1,T,Tk), (B,1,1,Tk)",
+          op, bias, scores, bias_axis, n, scores[axis]);
     strides[axis] = n == 1 ? 0 : stride;
     stride *= n;
   }
@@ -281,7 +279,8 @@ void second_order_products(const AttentionDims& dims, const T* q, const T* k, co
 // The rule in one line, as the registry of both nodes gives it to tapegrad explain.
 inline constexpr const char* attention_second_order_rule =
     "Ȧ = A ⊙ (Ż − rowsum(A ⊙ Ż)), dA = GVᵀ: dṠ = Ȧ ⊙ (dA − rowsum(A ⊙ dA)) − rowsum(Ȧ ⊙ dA)·A "
-    "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), d(bias) moves by Σ_bcast dṠ";
+    "+ A ⊙ (GV̇ᵀ − rowsum(A ⊙ GV̇ᵀ)); dV̇ += ȦᵀG, dQ̇ += s(dṠ·K + dS·K̇), dK̇ += s(dṠᵀ·Q + dSᵀ·Q̇), d(bias) moves by Σ_bcast "
+    "dṠ";
 
 // Second order (Tape::hvp) of softmax attention (the fused and the tiled node), one slice (b, head) with its
 // probabilities A (T, Tk): the tangent of the VJP at a fixed G (docs/derivations.md §6.9). With dA = GVᵀ and dS as

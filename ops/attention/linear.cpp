@@ -56,9 +56,15 @@ int64_t slice_grain(const HeadDims& n) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / work);
 }
 
-template <class T> T phi(T x) { return x > 0 ? x + 1 : fast_exp(x); }  // float32: ops/fast_math.hpp's exp
+template <class T>
+T phi(T x) {
+  return x > 0 ? x + 1 : fast_exp(x);
+}  // float32: ops/fast_math.hpp's exp
 // φ′ read off the saved φ: φ > 1 exactly where x > 0.
-template <class T> T phi_prime_of_phi(T p) { return p < 1 ? p : T(1); }
+template <class T>
+T phi_prime_of_phi(T p) {
+  return p < 1 ? p : T(1);
+}
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
@@ -75,9 +81,17 @@ ScratchNeed workspace_need(DType dtype, const HeadDims& n, int64_t chunks) {
 template <class T>
 struct Workspace {
   Workspace(ScratchChunk s, const HeadDims& n)
-      : c(rows_per_chunk(n)), S(s.zeroed<T>(n.d * n.dv)), z(s.zeroed<T>(n.d)), S_dot(s.zeroed<T>(n.d * n.dv)),
-        z_dot(s.zeroed<T>(n.d)), P(s.zeroed<T>(c * c)), W(s.zeroed<T>(c * c)), rows_d(s.zeroed<T>(c * n.d)),
-        rows_d2(s.zeroed<T>(c * n.d)), rows_dv(s.zeroed<T>(c * n.dv)), col(s.zeroed<T>(c)) {}
+      : c(rows_per_chunk(n)),
+        S(s.zeroed<T>(n.d * n.dv)),
+        z(s.zeroed<T>(n.d)),
+        S_dot(s.zeroed<T>(n.d * n.dv)),
+        z_dot(s.zeroed<T>(n.d)),
+        P(s.zeroed<T>(c * c)),
+        W(s.zeroed<T>(c * c)),
+        rows_d(s.zeroed<T>(c * n.d)),
+        rows_d2(s.zeroed<T>(c * n.d)),
+        rows_dv(s.zeroed<T>(c * n.dv)),
+        col(s.zeroed<T>(c)) {}
   int64_t c;
   T *S, *z, *S_dot, *z_dot, *P, *W, *rows_d, *rows_d2, *rows_dv, *col;
 };
@@ -112,8 +126,7 @@ void zero(T* x, int64_t n) {
 // O (tq×dv) and den (tq) of one slice, chunk by chunk as in the header:
 //   O_I = (q_I S + P v_I) ⊘ den_I,  den_I = q_I z + P1.
 template <class T>
-void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, const HeadDims& n,
-                              Workspace<T>& w) {
+void linear_attention_forward(T* O, T* den, const T* q, const T* k, const T* v, const HeadDims& n, Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
   T *S = w.S, *z = w.z, *P = w.P;
   zero(w.S, n.d * n.dv);
@@ -186,8 +199,8 @@ void add_through_phi(T* g, const T* dx, const T* p, int64_t n) {
 
 // gq += dQ, gk += dK, gv += dV for one slice; a null gradient is not computed.
 template <class T>
-void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* k, const T* v, const T* O,
-                          const T* den, const HeadDims& n, Workspace<T>& w) {
+void linear_attention_vjp(T* gq, T* gk, T* gv, const T* G, const T* q, const T* k, const T* v, const T* O, const T* den,
+                          const HeadDims& n, Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
   T *S = w.S, *z = w.z, *P = w.P, *W = w.W;
   T *Gn = w.rows_dv, *gamma = w.col, *dx = w.rows_d;
@@ -289,8 +302,8 @@ void feature_tangent(T* x_dot, const T* X_dot, const T* p, int64_t n) {
 
 // O_dot += Ȯ for one slice; Q_dot, K_dot, V_dot are the raw input tangents, null where zero.
 template <class T>
-void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_dot, const T* q, const T* k,
-                          const T* v, const T* O, const T* den, const HeadDims& n, Workspace<T>& w) {
+void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_dot, const T* q, const T* k, const T* v,
+                          const T* O, const T* den, const HeadDims& n, Workspace<T>& w) {
   const int64_t d = n.d, dv = n.dv;
   T *S = w.S, *z = w.z, *S_dot = w.S_dot, *z_dot = w.z_dot;
   T *P = w.P, *P_dot = w.W, *q_dot = w.rows_d, *k_dot = w.rows_d2;
@@ -345,8 +358,7 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
     T* OI_dot = O_dot + a * dv;
     for (int64_t i = 0; i < c; ++i) {
       const T inv = 1 / den[a + i];
-      for (int64_t x = 0; x < dv; ++x)
-        OI_dot[i * dv + x] += (num_dot[i * dv + x] - OI[i * dv + x] * den_dot[i]) * inv;
+      for (int64_t x = 0; x < dv; ++x) OI_dot[i * dv + x] += (num_dot[i * dv + x] - OI[i * dv + x] * den_dot[i]) * inv;
     }
   }
 }
@@ -369,17 +381,28 @@ void linear_attention_jvp(T* O_dot, const T* Q_dot, const T* K_dot, const T* V_d
 // (second_order_need lists the same arrays).
 ScratchNeed second_order_need(DType dtype, const HeadDims& n, int64_t chunks) {
   const int64_t tq = n.tq, tk = n.tk, d = n.d, dv = n.dv;
-  return scratch_need(dtype, {tq * d, tk * d, tq * tk, tq * tk, tq * tk, tq * tk, tq * dv, tq * dv, tq * dv, tq * d,
-                              tk * d, tq, tq, tq}, chunks);
+  return scratch_need(
+      dtype,
+      {tq * d, tk * d, tq * tk, tq * tk, tq * tk, tq * tk, tq * dv, tq * dv, tq * dv, tq * d, tk * d, tq, tq, tq},
+      chunks);
 }
 template <class T>
 struct SecondOrderWorkspace {
   SecondOrderWorkspace(ScratchChunk s, const HeadDims& n)
-      : qd(s.zeroed<T>(n.tq * n.d)), kd(s.zeroed<T>(n.tk * n.d)), w(s.zeroed<T>(n.tq * n.tk)),
-        w_dot(s.zeroed<T>(n.tq * n.tk)), dw(s.zeroed<T>(n.tq * n.tk)), dw_dot(s.zeroed<T>(n.tq * n.tk)),
-        gn(s.zeroed<T>(n.tq * n.dv)), gn_dot(s.zeroed<T>(n.tq * n.dv)), o_dot(s.zeroed<T>(n.tq * n.dv)),
-        rows_q(s.zeroed<T>(n.tq * n.d)), rows_k(s.zeroed<T>(n.tk * n.d)), den_dot(s.zeroed<T>(n.tq)),
-        gamma(s.zeroed<T>(n.tq)), gamma_dot(s.zeroed<T>(n.tq)) {}
+      : qd(s.zeroed<T>(n.tq * n.d)),
+        kd(s.zeroed<T>(n.tk * n.d)),
+        w(s.zeroed<T>(n.tq * n.tk)),
+        w_dot(s.zeroed<T>(n.tq * n.tk)),
+        dw(s.zeroed<T>(n.tq * n.tk)),
+        dw_dot(s.zeroed<T>(n.tq * n.tk)),
+        gn(s.zeroed<T>(n.tq * n.dv)),
+        gn_dot(s.zeroed<T>(n.tq * n.dv)),
+        o_dot(s.zeroed<T>(n.tq * n.dv)),
+        rows_q(s.zeroed<T>(n.tq * n.d)),
+        rows_k(s.zeroed<T>(n.tk * n.d)),
+        den_dot(s.zeroed<T>(n.tq)),
+        gamma(s.zeroed<T>(n.tq)),
+        gamma_dot(s.zeroed<T>(n.tq)) {}
   T *qd, *kd, *w, *w_dot, *dw, *dw_dot, *gn, *gn_dot, *o_dot, *rows_q, *rows_k, *den_dot, *gamma, *gamma_dot;
 };
 
@@ -485,7 +508,8 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
                   second_order_need(dtype, n, parallel_chunks(n.heads, grain)).bytes());
   Tape* tp = &tape;
   // The slices (b, h) run on the engine's threads, each range with its own workspace.
-  const ScratchChunks forward_chunks = tape.scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
+  const ScratchChunks forward_chunks =
+      tape.scratch().take(workspace_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
       Workspace<T> w(forward_chunks.chunk(chunk), n);
@@ -508,11 +532,10 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
             Workspace<T> w(w_chunks.chunk(chunk), n);
             for (int64_t s = begin; s < end; ++s) {
               const SliceOffsets at(dims, s);
-              linear_attention_vjp(offset_or_null(data_or_null<T>(gin[0]), at.q),
-                                   offset_or_null(data_or_null<T>(gin[1]), at.k),
-                                   offset_or_null(data_or_null<T>(gin[2]), at.v), g.data<T>() + at.o,
-                                   phi_q.data<T>() + at.q, phi_k.data<T>() + at.k, Vv.data<T>() + at.v,
-                                   out.data<T>() + at.o, den.data<T>() + at.rows, n, w);
+              linear_attention_vjp(
+                  offset_or_null(data_or_null<T>(gin[0]), at.q), offset_or_null(data_or_null<T>(gin[1]), at.k),
+                  offset_or_null(data_or_null<T>(gin[2]), at.v), g.data<T>() + at.o, phi_q.data<T>() + at.q,
+                  phi_k.data<T>() + at.k, Vv.data<T>() + at.v, out.data<T>() + at.o, den.data<T>() + at.rows, n, w);
             }
           });
         });
@@ -534,7 +557,8 @@ Var linear_attention(Var q, Var k, Var v, bool causal) {
         });
       },
       [=](const Tensor& g, std::span<const Tensor> tin, std::span<Tensor> gin_dot) {
-        const ScratchChunks ws_chunks = tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
+        const ScratchChunks ws_chunks =
+            tp->scratch().take(second_order_need(dtype, n, parallel_chunks(n.heads, grain)))[0];
         dispatch_float(kOp, g.dtype(), [&]<class T>(T) {
           parallel_for(n.heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
             SecondOrderWorkspace<T> ws(ws_chunks.chunk(chunk), n);
@@ -559,9 +583,8 @@ std::vector<OpSheet> linear_attention_ops() {
   };
   // φ has a kink in its second derivative at 0: Q and K stay away from it.
   auto inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
-    return std::vector<InputSpec>{{"q", {B, h, T, d}, Fill::away_from_zero},
-                                  {"k", {B, h, Tk, d}, Fill::away_from_zero},
-                                  {"v", {B, h, Tk, dv}}};
+    return std::vector<InputSpec>{
+        {"q", {B, h, T, d}, Fill::away_from_zero}, {"k", {B, h, Tk, d}, Fill::away_from_zero}, {"v", {B, h, Tk, dv}}};
   };
   r.add({.name = kOp,
          .family = "attention/linear",
@@ -587,7 +610,8 @@ std::vector<OpSheet> linear_attention_ops() {
                    // Causal with T = 1 is O = V whatever Q and K: their Jacobians are zero, and the adjoint check
                    // cannot compare two rounding residues. Q and K enter as constants;
                    // tests/attention_linear_test.cpp checks dQ = dK = 0.
-                   {"causal, T=1 (O = V)", {{"v", {2, 1, 1, 2}}},
+                   {"causal, T=1 (O = V)",
+                    {{"v", {2, 1, 1, 2}}},
                     [](Tape& tape, std::span<const Var> x) {
                       const Tensor qk = Tensor::from<double>({2, 1, 1, 3}, {0.5, -1.2, 0.3, 1.1, -0.4, 0.8});
                       Var q = tape.constant(qk.to(x[0].dtype())), k = tape.constant(qk.to(x[0].dtype()));
@@ -597,16 +621,18 @@ std::vector<OpSheet> linear_attention_ops() {
                    {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)},
                    {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}},
          .inputs = 3,
-         .call = [](std::span<const Var> x, const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); },
+         .call = [](std::span<const Var> x,
+                    const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); },
          // q = φ(Q), k = φ(K) with φ = elu + 1; O = q(kᵀV) / (q·z) row by row, z = kᵀ1: the first case's map
          // (non-causal).
-         .unfused = [](Tape& tape, std::span<const Var> x) {
-           const Var one = tape.constant(Tensor::full(x[0].dtype(), {1}, 1.0));
-           const Var q = add(elu(x[0]), one), k = add(elu(x[1]), one);
-           const Var numerator = matmul(q, matmul(transpose(k), x[2]));     // (B, h, T, dv)
-           const Var denominator = matmul(q, sum(transpose(k), -1, true));  // (B, h, T, 1)
-           return div(numerator, denominator);
-         }});
+         .unfused =
+             [](Tape& tape, std::span<const Var> x) {
+               const Var one = tape.constant(Tensor::full(x[0].dtype(), {1}, 1.0));
+               const Var q = add(elu(x[0]), one), k = add(elu(x[1]), one);
+               const Var numerator = matmul(q, matmul(transpose(k), x[2]));     // (B, h, T, dv)
+               const Var denominator = matmul(q, sum(transpose(k), -1, true));  // (B, h, T, 1)
+               return div(numerator, denominator);
+             }});
   return r.ops;
 }
 

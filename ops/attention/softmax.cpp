@@ -101,8 +101,8 @@ void attention_vjp(const AttentionDims& dims, const SliceInputs<T>& x, const T* 
 // One slice; tq, tk, tv, tbias may be null (no tangent); z is a (block, Tk) scratch; the result is added into
 // tout.
 template <class T>
-void attention_jvp(const AttentionDims& dims, const SliceInputs<T>& x, const T* a, const T* o, const T* tq,
-                   const T* tk, const T* tv, const T* tbias, const BiasLayout& L, T* tout, T* z) {
+void attention_jvp(const AttentionDims& dims, const SliceInputs<T>& x, const T* a, const T* o, const T* tq, const T* tk,
+                   const T* tv, const T* tbias, const BiasLayout& L, T* tout, T* z) {
   const T s = static_cast<T>(dims.scale);
   const bool need_z = tq || tk || tbias;
   for_each_query_block(dims, [&](int64_t i0, int64_t rows, int64_t key_end) {
@@ -302,15 +302,24 @@ struct SliceCopies {
   static constexpr int64_t kArrays = 11;
   T *q, *k, *v, *o, *g, *gq, *gk, *gv, *tq, *tk, *tv, *rest;
   SliceCopies(T* base, int64_t n)
-      : q(base), k(base + n), v(base + 2 * n), o(base + 3 * n), g(base + 4 * n), gq(base + 5 * n), gk(base + 6 * n),
-        gv(base + 7 * n), tq(base + 8 * n), tk(base + 9 * n), tv(base + 10 * n), rest(base + 11 * n) {}
+      : q(base),
+        k(base + n),
+        v(base + 2 * n),
+        o(base + 3 * n),
+        g(base + 4 * n),
+        gq(base + 5 * n),
+        gk(base + 6 * n),
+        gv(base + 7 * n),
+        tq(base + 8 * n),
+        tk(base + 9 * n),
+        tv(base + 10 * n),
+        rest(base + 11 * n) {}
 };
 
 // body(copies, b, head, bh) for every slice bh = b·H + head, on the engine's threads, each range with its copies
 // from the tape's scratch (`need`: SliceCopies and the kernels' scratch, per range).
 template <class T, class Body>
-void each_packed_slice(Tape& tape, const AttentionDims& dims, const ScratchNeed& need, int64_t per_range,
-                       Body&& body) {
+void each_packed_slice(Tape& tape, const AttentionDims& dims, const ScratchNeed& need, int64_t per_range, Body&& body) {
   const ScratchChunks scratch = tape.scratch().take(need)[0];
   parallel_for(dims.heads(), dims.slice_grain(), [&](int64_t begin, int64_t end, int64_t chunk) {
     SliceCopies<T> c(scratch.chunk(chunk).take<T>(per_range), dims.T * dims.d);
@@ -415,9 +424,8 @@ Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
                              read_heads(c.tq, c.tk, c.tv, tx, b, head);
                              copy_slice_out(c.g, pg + out.at(b, head), T_, d, out.W);
                              std::fill(c.gq, c.gq + 3 * n, T(0));
-                             attention_second_order<T>(dims, c.q, c.k, c.v, b, head, pa + bh * T_ * T_, c.g, c.tq,
-                                                       c.tk, c.tv, nullptr, no_bias, c.gq, c.gk, c.gv, nullptr,
-                                                       c.rest);
+                             attention_second_order<T>(dims, c.q, c.k, c.v, b, head, pa + bh * T_ * T_, c.g, c.tq, c.tk,
+                                                       c.tv, nullptr, no_bias, c.gq, c.gk, c.gv, nullptr, c.rest);
                              add_into_qkv(dx_dot, c, b, head);
                            });
     });
@@ -473,7 +481,8 @@ std::vector<OpSheet> attention_ops() {
   // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
   auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
     const int64_t tk = causal_mask ? 4 : 5;
-    return GradcheckCase{name, {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", bias}},
+    return GradcheckCase{name,
+                         {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", bias}},
                          qkv_bias(AttentionOptions{0, causal_mask})};
   };
   r.add({.name = "attention",
@@ -488,72 +497,79 @@ std::vector<OpSheet> attention_ops() {
                                      {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"}}),
          .cost = attention_cost,
          // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {
-             {"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
-             {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
-             {"T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
-              qkv(AttentionOptions{0.7, false})},
-             {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
-             {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
-             // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the
-             // bias shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
-             {"causal T=70 bias (T,Tk)",
-              {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
-              qkv_bias(causal)},
-             bias_case("bias (B,h,T,Tk)", {2, 3, 4, 5}, false),
-             bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
-             bias_case("bias (T,Tk)", {4, 5}, false),
-             bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
-             bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
+         .cases =
+             {{"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
+              {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
+              {"T=3 Tk=5 dv=2 s=0.7",
+               {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
+               qkv(AttentionOptions{0.7, false})},
+              {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
+              {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
+              // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the
+              // bias shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
+              {"causal T=70 bias (T,Tk)",
+               {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
+               qkv_bias(causal)},
+              bias_case("bias (B,h,T,Tk)", {2, 3, 4, 5}, false),
+              bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
+              bias_case("bias (T,Tk)", {4, 5}, false),
+              bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
+              bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
          // Q, K, V and an optional bias.
          .inputs = {3, 4},
-         .call = [](std::span<const Var> x, const OpArgs& a) {
-           return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
-         },
+         .call =
+             [](std::span<const Var> x, const OpArgs& a) {
+               return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
+             },
          // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
-         .unfused = [](Tape&, std::span<const Var> x) {
-           const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-           Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
-           if (x.size() > 3) s = add(s, x[3]);
-           return matmul(softmax(s), x[2]);
-         },
+         .unfused =
+             [](Tape&, std::span<const Var> x) {
+               const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+               Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
+               if (x.size() > 3) s = add(s, x[3]);
+               return matmul(softmax(s), x[2]);
+             },
          .trace = attention_trace()});
   auto packed = [](int64_t heads, AttentionOptions opt) {
     return [heads, opt](Tape&, std::span<const Var> x) { return attention_qkv(x[0], heads, opt); };
   };
-  r.add({.name = "attention_qkv",
-         .family = "attention/softmax",
-         .forward = "O = attention(Q, K, V) per head, merged to (B, T, C); Q | K | V = qkv (B, T, 3C), h heads of d each",
-         .vjp = "attention's VJP per head; dQ, dK, dV added into the columns of q̄kv their heads came from",
-         .jvp = "attention's JVP per head on the heads of q̇kv; Ȯ merged as O",
-         .second_order = attention_second_order_rule,
-         .derivation = "2.1, 1.1",
-         .second_order_derivation = "6.9",
-         .formulas_at = kernels_and({{"the heads' copies", "ops/attention/softmax.cpp", "attention_qkv"}}),
-         // attention's cost on its heads: B·h slices of T queries and keys, d = C/h wide, so 2·B·T²·(C + C)
-         // whatever h is
-         .cost = [](std::span<const Shape> in, const Shape&) {
-           const Shape& x = in[0];
-           const double B = static_cast<double>(x[0]), T = static_cast<double>(x[1]), C = static_cast<double>(x[2] / 3);
-           const double forward = 2 * B * T * T * (C + C);
-           return OpCost{forward, 2 * forward, 2 * forward};
-         },
-         // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {{"B=2 T=4 C=6, 2 heads", {{"qkv", {2, 4, 18}}}, packed(2, plain)},
-                   {"causal B=1 T=7 C=10, 2 heads", {{"qkv", {1, 7, 30}}}, packed(2, causal)},
-                   // three query blocks, each one's products cut at its last key; two slices per thread
-                   {"causal T=70 C=8, 4 heads, s=0.7", {{"qkv", {1, 70, 24}}}, packed(4, AttentionOptions{0.7, true})}},
-         .inputs = 1,
-         .call = [](std::span<const Var> x, const OpArgs& a) {
-           return attention_qkv(x[0], a.integer("heads"), attention_options(a));
-         },
-         // The heads split out of qkv, S = s·QKᵀ, A = softmax(S), O = AV, the heads merged (the first case: 2 heads).
-         .unfused = [](Tape&, std::span<const Var> x) {
-           const int64_t C = x[0].shape()[2] / 3;
-           const Var q = split_heads(x[0], 2, 0, C), k = split_heads(x[0], 2, C, C), v = split_heads(x[0], 2, 2 * C, C);
-           const Var s = scale(matmul(q, transpose(k)), 1 / std::sqrt(static_cast<double>(C / 2)));
-           return merge_heads(matmul(softmax(s), v));
-         }});
+  r.add(
+      {.name = "attention_qkv",
+       .family = "attention/softmax",
+       .forward = "O = attention(Q, K, V) per head, merged to (B, T, C); Q | K | V = qkv (B, T, 3C), h heads of d each",
+       .vjp = "attention's VJP per head; dQ, dK, dV added into the columns of q̄kv their heads came from",
+       .jvp = "attention's JVP per head on the heads of q̇kv; Ȯ merged as O",
+       .second_order = attention_second_order_rule,
+       .derivation = "2.1, 1.1",
+       .second_order_derivation = "6.9",
+       .formulas_at = kernels_and({{"the heads' copies", "ops/attention/softmax.cpp", "attention_qkv"}}),
+       // attention's cost on its heads: B·h slices of T queries and keys, d = C/h wide, so 2·B·T²·(C + C)
+       // whatever h is
+       .cost =
+           [](std::span<const Shape> in, const Shape&) {
+             const Shape& x = in[0];
+             const double B = static_cast<double>(x[0]), T = static_cast<double>(x[1]),
+                          C = static_cast<double>(x[2] / 3);
+             const double forward = 2 * B * T * T * (C + C);
+             return OpCost{forward, 2 * forward, 2 * forward};
+           },
+       // Its gradcheck cases, each checked to first and second order by the suite:
+       .cases = {{"B=2 T=4 C=6, 2 heads", {{"qkv", {2, 4, 18}}}, packed(2, plain)},
+                 {"causal B=1 T=7 C=10, 2 heads", {{"qkv", {1, 7, 30}}}, packed(2, causal)},
+                 // three query blocks, each one's products cut at its last key; two slices per thread
+                 {"causal T=70 C=8, 4 heads, s=0.7", {{"qkv", {1, 70, 24}}}, packed(4, AttentionOptions{0.7, true})}},
+       .inputs = 1,
+       .call = [](std::span<const Var> x,
+                  const OpArgs& a) { return attention_qkv(x[0], a.integer("heads"), attention_options(a)); },
+       // The heads split out of qkv, S = s·QKᵀ, A = softmax(S), O = AV, the heads merged (the first case: 2 heads).
+       .unfused =
+           [](Tape&, std::span<const Var> x) {
+             const int64_t C = x[0].shape()[2] / 3;
+             const Var q = split_heads(x[0], 2, 0, C), k = split_heads(x[0], 2, C, C),
+                       v = split_heads(x[0], 2, 2 * C, C);
+             const Var s = scale(matmul(q, transpose(k)), 1 / std::sqrt(static_cast<double>(C / 2)));
+             return merge_heads(matmul(softmax(s), v));
+           }});
   return r.ops;
 }
 

@@ -39,11 +39,15 @@ ScratchNeed workspace_need(DType dtype, int64_t block, int64_t chunks) {
 template <class T>
 struct Workspace {
   Workspace(ScratchChunk s, int64_t block)
-      : tile(s.take<T>(block * block)), tile2(s.take<T>(block * block)), row(s.take<T>(block)), row2(s.take<T>(block)) {}
+      : tile(s.take<T>(block * block)),
+        tile2(s.take<T>(block * block)),
+        row(s.take<T>(block)),
+        row2(s.take<T>(block)) {}
   T *tile, *tile2, *row, *row2;
 };
 
-template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 // Keys visible to the query tile starting at i0 with r rows: causal tiles end at the tile's last query.
 inline int64_t key_end(const AttentionDims& dims, int64_t i0, int64_t r) { return dims.causal ? i0 + r : dims.Tk; }
@@ -206,8 +210,8 @@ void tiled_attention_vjp(T* gq, T* gk, T* gv, T* gbias, const T* g, const T* o, 
 // q_dot, k_dot, v_dot, bias_dot are null where the tangent is zero; the result is added into o_dot.
 template <class T>
 void tiled_attention_jvp(T* o_dot, const T* q_dot, const T* k_dot, const T* v_dot, const T* bias_dot, const T* o,
-                         const T* lse, const SliceInputs<T>& x, const BiasLayout& L, const AttentionDims& dims, int64_t block,
-                         Workspace<T>& w) {
+                         const T* lse, const SliceInputs<T>& x, const BiasLayout& L, const AttentionDims& dims,
+                         int64_t block, Workspace<T>& w) {
   T *A = w.tile, *Z = w.tile2, *iota = w.row;
   const T s = static_cast<T>(dims.scale);
   const bool need_z = q_dot || k_dot || bias_dot;
@@ -273,7 +277,8 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
     reserve_scratch(tape, workspace_need(dtype, blk, chunks).bytes() + parts, slices_need(chunks).bytes() + parts);
   }
   Tape* tp = &tape;
-  const ScratchChunks forward_chunks = tape.scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)))[0];
+  const ScratchChunks forward_chunks =
+      tape.scratch().take(workspace_need(dtype, blk, parallel_chunks(heads, grain)))[0];
   dispatch_float(kOp, dtype, [&]<class T>(T) {
     parallel_for(heads, grain, [&](int64_t begin, int64_t end, int64_t chunk) {
       Workspace<T> w(forward_chunks.chunk(chunk), blk);
@@ -300,9 +305,8 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
         for (int64_t bh = begin; bh < end; ++bh) {
           const SliceOffsets at(dims, bh);
           const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
-          tiled_attention_vjp(offset_or_null(gq, at.q), offset_or_null(gk, at.k), offset_or_null(gv, at.v),
-                              gb_chunk, g.data<T>() + at.o, o.data<T>() + at.o, lse.data<T>() + at.rows, x,
-                              layout, dims, blk, w);
+          tiled_attention_vjp(offset_or_null(gq, at.q), offset_or_null(gk, at.k), offset_or_null(gv, at.v), gb_chunk,
+                              g.data<T>() + at.o, o.data<T>() + at.o, lse.data<T>() + at.rows, x, layout, dims, blk, w);
         }
       });
       gbias_at.add_parts<T>();
@@ -348,10 +352,10 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
           const SliceInputs<T> x = slice_inputs(at, qv.data<T>(), kv.data<T>(), vv.data<T>(), data_or_null<T>(bv));
           score_tile(a, x, layout, dims, 0, dims.T, 0, dims.Tk);
           probability_tile(a, lse.data<T>() + at.rows, dims, 0, dims.T, 0, dims.Tk);
-          attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.head, a, g.data<T>() + at.o,
-                                    offset_or_null(tq, at.q), offset_or_null(tk, at.k), offset_or_null(tv, at.v),
-                                    data_or_null<T>(tbias), layout, offset_or_null(dq_dot, at.q),
-                                    offset_or_null(dk_dot, at.k), offset_or_null(dv_dot, at.v), db_dot_chunk, work);
+          attention_second_order<T>(dims, x.q, x.k, x.v, x.b, x.head, a, g.data<T>() + at.o, offset_or_null(tq, at.q),
+                                    offset_or_null(tk, at.k), offset_or_null(tv, at.v), data_or_null<T>(tbias), layout,
+                                    offset_or_null(dq_dot, at.q), offset_or_null(dk_dot, at.k),
+                                    offset_or_null(dv_dot, at.v), db_dot_chunk, work);
         }
       });
       dbias_dot_at.add_parts<T>();
@@ -367,9 +371,7 @@ std::vector<OpSheet> tiled_attention_ops() {
     return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
   };
   auto qkv_bias = [](AttentionOptions opt, int64_t block) {
-    return [opt, block](Tape&, std::span<const Var> x) {
-      return tiled_attention(x[0], x[1], x[2], opt, x[3], block);
-    };
+    return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, x[3], block); };
   };
   auto qkv_inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
     return std::vector<InputSpec>{{"q", {B, h, T, d}}, {"k", {B, h, Tk, d}}, {"v", {B, h, Tk, dv}}};
@@ -385,54 +387,56 @@ std::vector<OpSheet> tiled_attention_ops() {
     return GradcheckCase{name, with_bias(qkv_inputs(2, 2, 7, tk, 3, 2), bias),
                          qkv_bias(AttentionOptions{0, causal_mask}, 3)};
   };
-  r.add({.name = kOp,
-         .family = "attention/tiled",
-         .forward = "attention's O = softmax(s·QKᵀ + bias + M)·V, over key blocks with an online softmax (m, ℓ per row)",
-         .vjp = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
-                "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; d(bias) += Σ_bcast dS",
-         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇, tile by tile",
-         .second_order = attention_second_order_rule,
-         .derivation = "5.6, 2.1",
-         .second_order_derivation = "6.9",
-         .formulas_at = {{"forward", "ops/attention/tiled.cpp", "tiled_attention_forward"},
-                         {"VJP", "ops/attention/tiled.cpp", "tiled_attention_vjp"},
-                         {"JVP", "ops/attention/tiled.cpp", "tiled_attention_jvp"},
-                         {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
-         .cost = attention_cost,
-         // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases = {
-             {"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)},
-             {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)},
-             {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)},
-             {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)},
-             {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)},
-             {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)},
-             // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70
-             // the second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
-             {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)},
-             {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)},
-             bias_case("bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false),
-             bias_case("bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true),
-             bias_case("bias (h,T,Tk) causal block=3", {2, 7, 7}, true),
-             bias_case("bias (T,Tk) block=3", {7, 5}, false),
-             bias_case("bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true),
-             bias_case("bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false),
-             {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}),
-              qkv_bias(causal, 40)}},
-         // Q, K, V and an optional bias.
-         .inputs = {3, 4},
-         .call = [](std::span<const Var> x, const OpArgs& a) {
-           return tiled_attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{},
-                                  a.integer("block", 64));
-         },
-         // The map attention's is; the tiles and the online softmax are how it is computed, not what.
-         // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
-         .unfused = [](Tape&, std::span<const Var> x) {
-           const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-           Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
-           if (x.size() > 3) s = add(s, x[3]);
-           return matmul(softmax(s), x[2]);
-         }});
+  r.add(
+      {.name = kOp,
+       .family = "attention/tiled",
+       .forward = "attention's O = softmax(s·QKᵀ + bias + M)·V, over key blocks with an online softmax (m, ℓ per row)",
+       .vjp = "online softmax keeps O and L = m + log ℓ; A_IJ = exp(S_IJ − L); "
+              "dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; dV += AᵀG; d(bias) += Σ_bcast dS",
+       .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇, tile by tile",
+       .second_order = attention_second_order_rule,
+       .derivation = "5.6, 2.1",
+       .second_order_derivation = "6.9",
+       .formulas_at = {{"forward", "ops/attention/tiled.cpp", "tiled_attention_forward"},
+                       {"VJP", "ops/attention/tiled.cpp", "tiled_attention_vjp"},
+                       {"JVP", "ops/attention/tiled.cpp", "tiled_attention_jvp"},
+                       {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
+       .cost = attention_cost,
+       // Its gradcheck cases, each checked to first and second order by the suite:
+       .cases = {{"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)},
+                 {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)},
+                 {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)},
+                 {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)},
+                 {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)},
+                 {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)},
+                 // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70
+                 // the second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
+                 {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)},
+                 {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)},
+                 bias_case("bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false),
+                 bias_case("bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true),
+                 bias_case("bias (h,T,Tk) causal block=3", {2, 7, 7}, true),
+                 bias_case("bias (T,Tk) block=3", {7, 5}, false),
+                 bias_case("bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true),
+                 bias_case("bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false),
+                 {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}),
+                  qkv_bias(causal, 40)}},
+       // Q, K, V and an optional bias.
+       .inputs = {3, 4},
+       .call =
+           [](std::span<const Var> x, const OpArgs& a) {
+             return tiled_attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{},
+                                    a.integer("block", 64));
+           },
+       // The map attention's is; the tiles and the online softmax are how it is computed, not what.
+       // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
+       .unfused =
+           [](Tape&, std::span<const Var> x) {
+             const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+             Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
+             if (x.size() > 3) s = add(s, x[3]);
+             return matmul(softmax(s), x[2]);
+           }});
   return r.ops;
 }
 

@@ -43,9 +43,13 @@ struct MatrixOperand {
   const uint16_t* rounded = nullptr;
 };
 template <class T>
-MatrixOperand<T> as_is(const T* data, int64_t ld) { return {data, ld, false}; }
+MatrixOperand<T> as_is(const T* data, int64_t ld) {
+  return {data, ld, false};
+}
 template <class T>
-MatrixOperand<T> transposed(const T* data, int64_t ld) { return {data, ld, true}; }
+MatrixOperand<T> transposed(const T* data, int64_t ld) {
+  return {data, ld, true};
+}
 // x with the bf16 rounding of its stored matrix (round_for_products), or as it is where `rounded` is null (and for
 // float64, whose products are never rounded).
 template <class T>
@@ -103,8 +107,7 @@ Route route(int64_t m, int64_t n, int64_t k, bool a_transposed) {
 inline void gemm_call(Route via, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (via == Route::small) return small_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (via == Route::small_bf16)
-    return small_bf16_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (via == Route::small_bf16) return small_bf16_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (via == Route::onednn_f32 && onednn_detail::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
     return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
@@ -135,17 +138,20 @@ void by_row_blocks(int64_t m, int64_t n, int64_t k, F&& rows_product) {
   const int64_t units = (m + kSplitUnit - 1) / kSplitUnit;
   const int64_t macs_per_unit = kSplitUnit * n * k;
   const int64_t grain = std::max<int64_t>(1, (kSplitMacs / 2 + macs_per_unit - 1) / macs_per_unit);
-  parallel_for(units, grain, [&](int64_t u0, int64_t u1) { rows_product(u0 * kSplitUnit, std::min(u1 * kSplitUnit, m)); });
+  parallel_for(units, grain,
+               [&](int64_t u0, int64_t u1) { rows_product(u0 * kSplitUnit, std::min(u1 * kSplitUnit, m)); });
 }
 
 // The row block [r0, r1) of op(A): A's rows r0.. as is, its columns r0.. transposed.
 template <class T>
-const T* rows_of(const T* a, bool trans_a, int64_t lda, int64_t r0) { return trans_a ? a + r0 : a + r0 * lda; }
+const T* rows_of(const T* a, bool trans_a, int64_t lda, int64_t r0) {
+  return trans_a ? a + r0 : a + r0 * lda;
+}
 
 // C = α·op(A)·op(B) + β·C on the library `via` names, by row blocks where the product is large enough.
 template <class T>
-void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, MatrixOperand<T> a,
-                           MatrixOperand<T> b, T beta, T* c, int64_t ldc) {
+void product_by_row_blocks(Route via, int64_t m, int64_t n, int64_t k, T alpha, MatrixOperand<T> a, MatrixOperand<T> b,
+                           T beta, T* c, int64_t ldc) {
   by_row_blocks(m, n, k, [&](int64_t r0, int64_t r1) {
     gemm_call(via, a.transposed, b.transposed, r1 - r0, n, k, alpha, rows_of(a.data, a.transposed, a.ld, r0), a.ld,
               b.data, b.ld, beta, c + r0 * ldc, ldc);
@@ -195,8 +201,7 @@ inline void bf16_product(int64_t m, int64_t n, int64_t k, float alpha, MatrixOpe
       parallel_for(b_rows, std::max<int64_t>(1, 16384 / b_cols), [&](int64_t r0, int64_t r1) {
         onednn_detail::round_to_bf16_rows(b_out + r0 * b_cols, b.data + r0 * b.ld, r1 - r0, b_cols, b.ld);
       });
-    else
-      onednn_detail::round_to_bf16_rows(b_out, b.data, b_rows, b_cols, b.ld);
+    else onednn_detail::round_to_bf16_rows(b_out, b.data, b_rows, b_cols, b.ld);
     b_bf16 = b_out;
   }
   const int64_t a_stored_cols = trans_a ? m : k;  // A stored (m, k) or (k, m): the rounded copy's row length
@@ -209,8 +214,7 @@ inline void bf16_product(int64_t m, int64_t n, int64_t k, float alpha, MatrixOpe
     } else {
       a16.resize(static_cast<size_t>(rows * k));
       if (a.rounded)  // the block's columns of the rounded A, packed (a copy: no rounding again)
-        for (int64_t p = 0; p < k; ++p)
-          std::copy_n(a.rounded + p * a_stored_cols + r0, rows, a16.data() + p * rows);
+        for (int64_t p = 0; p < k; ++p) std::copy_n(a.rounded + p * a_stored_cols + r0, rows, a16.data() + p * rows);
       else
         onednn_detail::round_to_bf16_rows(a16.data(), rows_of(a.data, trans_a, a.ld, r0), trans_a ? k : rows, a_cols,
                                           a.ld);
@@ -299,8 +303,7 @@ class SharedOperand {
   // The operand as the kernel reads it, made on the first call (float32 only).
   const PackedColumns& packed() {
     static_assert(std::is_same_v<T, float>, "only float32 products run on the small kernel");
-    if (!packed_.rows)
-      packed_ = kernel_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
+    if (!packed_.rows) packed_ = kernel_columns(*storage_, source_.transposed, k_, columns_, source_.data, source_.ld);
     return packed_;
   }
   // The operand rounded to bf16 in pairs (pack_pairs), made on the first call; null without pair storage.

@@ -99,8 +99,8 @@ CpuFeatures cpu_features() {
   // Family: base + extended where the base is 15; model: extended·16 + base where the base family is 6 or 15.
   const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
   f.family = static_cast<int>(base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family);
-  f.model = static_cast<int>(base_family == 0x6 || base_family == 0xf ? (((a >> 16) & 0xf) << 4) + base_model
-                                                                      : base_model);
+  f.model =
+      static_cast<int>(base_family == 0x6 || base_family == 0xf ? (((a >> 16) & 0xf) << 4) + base_model : base_model);
   const bool osxsave = (c >> 27) & 1;
   uint64_t xcr0 = 0;
   if (osxsave) {
@@ -120,7 +120,7 @@ CpuFeatures cpu_features() {
   f.avx512dq = zmm_saved && ((b >> 17) & 1);
   f.avx512bw = zmm_saved && ((b >> 30) & 1);
   f.avx512vl = zmm_saved && ((b >> 31) & 1);
-  const bool tiles_saved = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
+  const bool tiles_saved = (xcr0 & 0x60000) == 0x60000;            // XTILECFG and XTILEDATA
   f.amx_bf16 = tiles_saved && ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16 and AMX-TILE
   if (leaf7_subleaves >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
@@ -156,8 +156,8 @@ BlasInfo blas_info() {
   info.config = openblas_get_config();
   // The config starts with the name and the version: "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
   const size_t first_space = info.config.find(' ');
-  info.library = info.config.substr(0, first_space == std::string::npos ? first_space
-                                                                         : info.config.find(' ', first_space + 1));
+  info.library =
+      info.config.substr(0, first_space == std::string::npos ? first_space : info.config.find(' ', first_space + 1));
   info.core = openblas_get_corename();
   info.threads = openblas_get_num_threads();
   info.coretype_env = nonempty_env("OPENBLAS_CORETYPE");

@@ -21,7 +21,7 @@ namespace tapegrad {
 // Everything is false on a build for another architecture.
 struct CpuFeatures {
   bool x86_64 = false;
-  std::string vendor;  // "GenuineIntel", "AuthenticAMD", ...
+  std::string vendor;         // "GenuineIntel", "AuthenticAMD", ...
   int family = 0, model = 0;  // with the extended fields: Emerald Rapids is family 6, model 207
   bool avx = false, avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512bf16 = false;

@@ -91,8 +91,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& key) const {
     size_t h = (size_t{key.bf16} << 2) | (size_t{key.trans_a} << 1) | size_t{key.trans_b};
-    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, int64_t{key.alpha}, int64_t{key.beta},
-                      int64_t{key.threads}})
+    for (int64_t v :
+         {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, int64_t{key.alpha}, int64_t{key.beta}, int64_t{key.threads}})
       h = h * 0x9e3779b97f4a7c15ull + static_cast<size_t>(v);
     return h;
   }
@@ -139,8 +139,8 @@ Product make_product(const Key& key) {
     }
   } catch (const dnnl::error& e) {
     if (key.bf16)
-      throw Error(fmt::format("bf16 product ({}, {}) x ({}, {}): oneDNN refused it: {}", key.m, key.k, key.k, key.n,
-                              e.what()));
+      throw Error(
+          fmt::format("bf16 product ({}, {}) x ({}, {}): oneDNN refused it: {}", key.m, key.k, key.k, key.n, e.what()));
     p.usable = false;
   }
   return p;
@@ -174,8 +174,8 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   return true;
 }
 
-void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   single_threaded_here();
   Product& p = product_for(
       {true, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)});
@@ -193,7 +193,8 @@ struct Team {
 bool team_sgemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float* c, int64_t ldc) {
   Team team(threads);
-  Product& p = product_for({false, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
+  Product& p =
+      product_for({false, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
   if (!p.usable) return false;
   run(p, a, b, c);
   return true;
@@ -202,7 +203,8 @@ bool team_sgemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, i
 void team_bf16_gemm(int threads, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
                     int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
   Team team(threads);
-  Product& p = product_for({true, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
+  Product& p =
+      product_for({true, trans_a, trans_b, m, n, k, lda, ldb, ldc, std::bit_cast<uint32_t>(1.0f), 0u, threads});
   run(p, a, b, c);
 }
 
@@ -223,8 +225,8 @@ bool sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, 
            int64_t) {
   throw not_built();
 }
-void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
-               float, float*, int64_t) {
+void bf16_gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t, float,
+               float*, int64_t) {
   throw not_built();
 }
 bool team_sgemm(int, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,

@@ -16,8 +16,8 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 
 // The product of operands already rounded to bfloat16 (bit patterns, as round_to_bf16_rows gives them), with
 // float32 accumulation into C.
-void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // The same products (α = 1, β = 0) on a team of `threads` OpenMP threads of oneDNN's own, for the bench's ceilings:
 // how fast oneDNN runs a shape on all the cores when nothing else runs. The engine never calls these (its pool is

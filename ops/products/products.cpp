@@ -177,23 +177,27 @@ std::string products_summary() {
   std::string rule;
   if (c.forced) rule = fmt::format("{} (TAPEGRAD_GEMM={})", backend_name(*c.forced), c.forced_text);
   else if (c.onednn_for_large)
-    rule = fmt::format("the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, "
-                       "{} for the other large ones, where the width is a multiple of 16; OpenBLAS for the rest",
-                       onednn_version());
+    rule = fmt::format(
+        "the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, "
+        "{} for the other large ones, where the width is a multiple of 16; OpenBLAS for the rest",
+        onednn_version());
   else if (c.cpu.avx512())
-    rule = "the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, where the width "
-           "is a multiple of 16; OpenBLAS for the rest (built without oneDNN)";
+    rule =
+        "the engine's AVX-512 kernel below 2^19 multiply-adds and above for A as is with k <= 1024, where the width "
+        "is a multiple of 16; OpenBLAS for the rest (built without oneDNN)";
   else if (onednn_built()) rule = "OpenBLAS (oneDNN is built in; the rule keeps OpenBLAS on CPUs without AVX-512)";
   else rule = "OpenBLAS (built without oneDNN)";
   std::string text = fmt::format("products: {}; precision {}", rule, precision_name(product_precision()));
   if (product_precision() == ProductPrecision::bf16 && bf16_reach() == Bf16Reach::every_product)
     text += fmt::format(" for every product ({}, float32 accumulation)", onednn_version());
   else if (product_precision() == ProductPrecision::bf16 && small_bf16_kernel_available())
-    text += fmt::format(" for every product ({} from 2^19 multiply-adds, the engine's bf16 tiles below; float32 "
-                        "accumulation)",
-                        onednn_version());
+    text += fmt::format(
+        " for every product ({} from 2^19 multiply-adds, the engine's bf16 tiles below; float32 "
+        "accumulation)",
+        onednn_version());
   else if (product_precision() == ProductPrecision::bf16)
-    text += fmt::format(" for products of >= 2^19 multiply-adds ({}, float32 accumulation), f32 below", onednn_version());
+    text +=
+        fmt::format(" for products of >= 2^19 multiply-adds ({}, float32 accumulation), f32 below", onednn_version());
   return text;
 }
 
@@ -201,9 +205,9 @@ nlohmann::json products_json() {
   const Choice& c = choice();
   const CpuFeatures cpu = cpu_features();
   nlohmann::json j;
-  j["rule"] = c.forced                ? std::string("forced")
-              : c.onednn_for_large    ? std::string("onednn_for_large")
-                                      : std::string("openblas");
+  j["rule"] = c.forced             ? std::string("forced")
+              : c.onednn_for_large ? std::string("onednn_for_large")
+                                   : std::string("openblas");
   j["forced"] = c.forced ? nlohmann::json(c.forced_text) : nlohmann::json(nullptr);
   j["onednn"] = onednn_built() ? nlohmann::json(onednn_version()) : nlohmann::json(nullptr);
   j["onednn_implementations"] = onednn_detail::implementations_used();

@@ -147,12 +147,12 @@ ProductPrecision parse_precision(const std::string& text);
 
 // A float32 product as gemm() (ops/products/blas.hpp) ran it, for a ProductLog.
 struct ProductRun {
-  int64_t m, n, k;          // C (m, n) = op(A) (m, k) · op(B) (k, n)
-  bool trans_a, trans_b;    // op(A) = Aᵀ, op(B) = Bᵀ
-  bool split;               // cut by rows of C across the pool; else run whole on the calling thread (small, or
-                            // inside an op's parallel loop, where the other threads run products of their own)
-  bool bf16;                // rounded to bfloat16, on oneDNN
-  double seconds;           // its wall time on the calling thread, rounding included
+  int64_t m, n, k;        // C (m, n) = op(A) (m, k) · op(B) (k, n)
+  bool trans_a, trans_b;  // op(A) = Aᵀ, op(B) = Bᵀ
+  bool split;             // cut by rows of C across the pool; else run whole on the calling thread (small, or
+                          // inside an op's parallel loop, where the other threads run products of their own)
+  bool bf16;              // rounded to bfloat16, on oneDNN
+  double seconds;         // its wall time on the calling thread, rounding included
 };
 // Something that sees every float32 product while it is installed: `tapegrad bench` reads a training step's
 // products through one (tools/bench_products.cpp). record() is called from whichever thread ran the product,

@@ -87,9 +87,11 @@ template <template <int, int> class Tile, int V, class A, class P>
 inline void run_tile(int64_t rows, int64_t depth, int64_t n, int64_t j0, float alpha, const A* a, int64_t a_row,
                      int64_t a_col, const P* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
   switch (rows) {
-    case 8: if constexpr (V <= 3) return Tile<8, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 8:
+      if constexpr (V <= 3) return Tile<8, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
       [[fallthrough]];
-    case 7: if constexpr (V <= 3) return Tile<7, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
+    case 7:
+      if constexpr (V <= 3) return Tile<7, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
       [[fallthrough]];
     case 6: return Tile<6, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
     case 5: return Tile<5, V>::run(depth, n, j0, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
@@ -111,8 +113,10 @@ inline void run_tiles(int64_t row_begin, int64_t row_end, int64_t depth, int64_t
       const A* a_i = a + i0 * a_row;
       float* c_i = c + i0 * ldc;
       if (vectors >= 4) run_tile<Tile, 4>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      else if (vectors == 3) run_tile<Tile, 3>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
-      else if (vectors == 2) run_tile<Tile, 2>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 3)
+        run_tile<Tile, 3>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
+      else if (vectors == 2)
+        run_tile<Tile, 2>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
       else run_tile<Tile, 1>(rows, depth, n, j0, alpha, a_i, a_row, a_col, p_rows, ld, beta, c_i, ldc);
     }
   }
@@ -126,9 +130,9 @@ inline void run_tiles(int64_t row_begin, int64_t row_end, int64_t depth, int64_t
 #define TAPEGRAD_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 template <int R, int V>
 struct Bf16Tile {
-  TAPEGRAD_BF16_TARGET static void run(int64_t k2, int64_t n, int64_t j0, float alpha, const uint32_t* a,
-                                       int64_t a_row, int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta,
-                                       float* c, int64_t ldc) {
+  TAPEGRAD_BF16_TARGET static void run(int64_t k2, int64_t n, int64_t j0, float alpha, const uint32_t* a, int64_t a_row,
+                                       int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c,
+                                       int64_t ldc) {
     __m512 acc[R][V];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -201,8 +205,8 @@ void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols
       std::memcpy(out + j * out_ld + i, in + i * in_ld + j, sizeof(float));
 }
 
-void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
-                         int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
+void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row, int64_t a_col,
+                         const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc) {
   run_tiles<Bf16Tile>(0, m, k2, n, alpha, a, a_row, a_col, p_rows, ld, beta, c, ldc);
 }
 

@@ -53,8 +53,7 @@ PackedColumns pack_columns_into(std::vector<float>& storage, bool trans_b, int64
     parallel_for(ld / kWidth, std::max<int64_t>(1, 16384 / (kWidth * k)), [&](int64_t b0, int64_t b1) {
       pack_column_blocks(out, ld, trans_b, k, n, b, ldb, b0 * kWidth, b1 * kWidth);
     });
-  else
-    pack_column_blocks(out, ld, trans_b, k, n, b, ldb, 0, ld);
+  else pack_column_blocks(out, ld, trans_b, k, n, b, ldb, 0, ld);
   packings.fetch_add(1, std::memory_order_relaxed);
   return {out, ld, k, n};
 }
@@ -91,8 +90,8 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
     throw Error(fmt::format("small_product: a product of (m, n, k) = ({}, {}, {}) on packed columns of ({}, {})", m, n,
                             k, p.k, p.n));
 #if defined(__x86_64__)
-  small_products_detail::product_avx512(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, p.rows, p.ld, beta,
-                                        c, ldc);
+  small_products_detail::product_avx512(m, n, k, alpha, a, trans_a ? 1 : lda, trans_a ? lda : 1, p.rows, p.ld, beta, c,
+                                        ldc);
 #endif
 }
 
@@ -163,8 +162,8 @@ void small_bf16_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   small_bf16_product(trans_a, m, n, k, alpha, a, lda, pack_pairs(storage, trans_b, k, n, b, ldb), beta, c, ldc);
 }
 
-void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   thread_local std::vector<float> storage;
   small_product(trans_a, m, n, k, alpha, a, lda, kernel_columns(storage, trans_b, k, n, b, ldb), beta, c, ldc);
 }

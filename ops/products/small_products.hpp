@@ -30,8 +30,8 @@ void product_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a
 void transpose_avx512(const float* in, int64_t in_ld, int64_t rows, int64_t cols, float* out, int64_t out_ld);
 // bf16 (AVX512_BF16): C = α·op(A)·P2 + β·C over k2 pairs of k, op(A)'s pairs at a[i·a_row + q·a_col], P2 (k2 rows
 // of ld pairs, readable to the next multiple of 16 past n).
-void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row,
-                         int64_t a_col, const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
+void product_bf16_avx512(int64_t m, int64_t n, int64_t k2, float alpha, const uint32_t* a, int64_t a_row, int64_t a_col,
+                         const uint32_t* p_rows, int64_t ld, float beta, float* c, int64_t ldc);
 // Rows 2q and 2q + 1 of x rounded and interleaved: out[q·ld_out + j] = (x[2q, j], x[2q + 1, j]) for j < cols, zero
 // for cols ≤ j < ld_out (a multiple of 16) and in the second half where rows is odd.
 void pairs_across_rows_avx512bf16(uint32_t* out, int64_t ld_out, const float* x, int64_t rows, int64_t cols,
@@ -69,8 +69,8 @@ void small_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, c
 
 // C (m, n) = α·op(A)·op(B) + β·C on the small kernel, op(B) read in place where it can be, else packed into a
 // buffer of the calling thread.
-void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void small_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // bf16 mode. Where the CPU has AVX512_BF16 (with AVX-512), the products bf16 mode leaves below oneDNN's size run on
 // the kernel's bf16 tiles: op(A) and op(B) rounded to bfloat16 (as round_to_bf16 rounds), the sums in float32.
@@ -83,8 +83,7 @@ struct PackedPairs {
   int64_t ld = 0, k = 0, n = 0;
 };
 // Rounds and packs op(B) (b as is, rows of ldb, or transposed, b stored (n, k)) into `storage`; counts one packing.
-PackedPairs pack_pairs(std::vector<uint32_t>& storage, bool trans_b, int64_t k, int64_t n, const float* b,
-                       int64_t ldb);
+PackedPairs pack_pairs(std::vector<uint32_t>& storage, bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
 
 // C (m, n) = α·op(A)·P + β·C with op(A) rounded to bfloat16 (into a buffer of the calling thread), n ≤ P.n, k = P.k.
 void small_bf16_product(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
