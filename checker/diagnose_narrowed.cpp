@@ -33,9 +33,9 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
 
 }  // namespace
 
-std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& at, const Shape& yshape, std::span<const size_t> failing,
-                                          const CheckInFull& check_in_full) {
-  const auto& [f, x, names, opt, blocks] = at;
+std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape& yshape,
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full) {
+  const auto& [f, x, names, opt, blocks] = point;
   std::vector<Diagnosis> out;
   const int64_t m = yshape.numel();
   auto how_to_name = [&](const std::string& why) {

@@ -31,8 +31,8 @@ std::string block_name(const std::string& a, const std::string& b) { return fmt:
 
 }  // namespace
 
-std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& at, const Tensor& u, int64_t max_elements) {
-  const auto& [f, x, names, opt, rule_blocks] = at;
+std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& point, const Tensor& u, int64_t max_elements) {
+  const auto& [f, x, names, opt, rule_blocks] = point;
   std::vector<Diagnosis> out;
   // A wrong VJP is a wrong gradient, and the differences of a wrong gradient are not what H·t differentiates.
   {

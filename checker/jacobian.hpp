@@ -145,8 +145,8 @@ std::optional<std::string> structured_set(const JacobianView& v, const Elements&
 // in full (check_in_full) on the first rows of the leading axis y (of shape yshape) and the inputs share, or one
 // line per input saying how to get a name (diagnose_narrowed.cpp).
 using CheckInFull = std::function<GradcheckReport(std::span<const Tensor>, const GradcheckOptions&)>;
-std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& at, const Shape& yshape, std::span<const size_t> failing,
-                                          const CheckInFull& check_in_full);
+std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape& yshape,
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full);
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 
@@ -179,9 +179,9 @@ std::vector<Tensor> gradient_at(const Function& f, std::span<const Tensor> x, st
 // first (a wrong VJP makes every H·t wrong), then the full Hessian in blocks ∂x̄_a/∂x_b, analytic (H·e_k by
 // Tape::hvp) against numeric (differences of the gradient): which blocks fail, and each failing block through
 // diagnose_jacobian. When the inputs have more than max_elements elements in all, which blocks fail from a few
-// evenly spaced columns of each, and no block diagnosed as a whole. at.blocks: for the first-order check.
+// evenly spaced columns of each, and no block diagnosed as a whole. point.blocks: for the first-order check.
 inline constexpr int64_t kWholeHessianElements = 400;
-std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& at, const Tensor& u,
+std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& point, const Tensor& u,
                                              int64_t max_elements = kWholeHessianElements);
 
 }  // namespace tapegrad::gradcheck_detail
