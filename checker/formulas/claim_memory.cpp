@@ -74,6 +74,8 @@ struct ShapeWalk {
     return {false, record(broadcast(a.dims, b.dims))};
   }
 
+  // Recursive, one frame per level of the tree (up to the parser's bound of 1000 levels): the frame stays small
+  // because every case but the operators is a call that is never inlined, whose locals live only while it runs.
   ShapeValue eval(const ExpressionNode& n) {
     switch (n.kind) {
       case Kind::number: return {true, {}};
@@ -92,7 +94,7 @@ struct ShapeWalk {
     throw DoesNotFit{};
   }
 
-  ShapeValue call(const ExpressionNode& n) {
+  [[gnu::noinline]] ShapeValue call(const ExpressionNode& n) {
     const std::string& f = n.name;
     const auto* spec = find_function(f);
     if (!spec) throw DoesNotFit{};
