@@ -390,6 +390,14 @@ def _terms_of_the_forward(after):
         _name_from_forward(after.report, after.call)
 
 
+def _named_on_the_cut(after):
+    """At size, an input random projections left unnamed: checked in full on the op cut along y's axes with its
+    fixed tensors too (tapegrad/_cut.py)."""
+    if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
+        from ._cut import name_on_the_cut
+        name_on_the_cut(after.report, after.call)
+
+
 def _zero_cotangent(after):
     """First order: the rows "zero ȳ" (the backward at ȳ = 0 runs and gives 0)."""
     if after.call.order == 1:
@@ -424,7 +432,7 @@ def _python_terms(after):
 
 
 # What a torch op's check does after the C++ checker's run, in order.
-_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _zero_cotangent, _saved_intermediates, _forward_mode,
+_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero_cotangent, _saved_intermediates, _forward_mode,
                     _rounding, _python_terms)
 
 

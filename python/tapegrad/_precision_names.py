@@ -32,6 +32,7 @@ import torch
 
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
+from ._cut import CUT_LIMIT, cut_along_y
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
@@ -228,67 +229,6 @@ def _largest_entry(c, args, slot, rows=8):
             k -= size
         largest = max([largest] + [float(np.max(np.abs(g))) for g in run.vjp(units) if g.size])
     return largest
-
-
-CUT_LIMIT = 1 << 17  # Jacobian entries (outputs × one input's elements) a cut's full Jacobian may have
-
-
-def cut_along_y(c, limit):
-    """(the inputs cut to their first rows along y's leading axes, where it says) so that every checked input's full
-    Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
-    op refuses one. An input is cut along y's axis a where it has that axis: the same axis of the same length, its
-    shape aligned with y's on the left (same rank) or on the right (a broadcast operand, a per-head bias). Leading
-    axes are cut first; the first keeps two rows where that fits, so that a slip that reads one batch element only
-    still shows."""
-    fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
-    with torch.no_grad():
-        ys = float_outputs(fn(*inputs, **kwargs))
-    if len(ys) != 1 or ys[0].dim() < 2:  # no axis to cut: the inputs as they are, where they fit
-        outputs = sum(y.numel() for y in ys)
-        return (list(inputs), "") if max(outputs * inputs[i].numel() for i in slots) <= limit else None
-    shape = tuple(ys[0].shape)
-
-    def entries(args, y_numel):
-        return max(y_numel * args[i].numel() for i in slots)
-
-    def cut(args, a, s, length):
-        out = list(args)
-        for q, x in enumerate(args):
-            if not (isinstance(x, torch.Tensor) and x.dim() > 0):
-                continue
-            axis = a if x.dim() == len(shape) else a - (len(shape) - x.dim())
-            if 0 <= axis < x.dim() and x.shape[axis] == length:
-                out[q] = x.detach().narrow(axis, 0, s).clone().requires_grad_(x.requires_grad)
-        return out
-
-    def accepted(args, new_shape):
-        try:
-            with torch.no_grad():
-                got = float_outputs(fn(*args, **kwargs))
-                ref = float_outputs(ref_fn(*_cast(args, torch.float64, c.device), **kwargs))
-        except Exception:  # the op refuses the cut: a fixed input of another length, a shape it requires
-            return False
-        return len(got) == 1 and tuple(got[0].shape) == new_shape and tuple(ref[0].shape) == new_shape
-
-    args, now, said = list(inputs), list(shape), {}
-
-    def fits():
-        return entries(args, int(np.prod(now))) <= limit
-
-    # the first axis to two rows, the others to one, in turn; then the first to one where that did not fit
-    for a, s in [(0, 2)] + [(a, 1) for a in range(1, len(shape) - 1)] + [(0, 1)]:
-        if fits():
-            break
-        if s >= now[a]:
-            continue
-        trial = cut(args, a, s, now[a])
-        trial_shape = tuple(now[:a] + [s] + now[a + 1:])
-        if accepted(trial, trial_shape):
-            args, now = trial, list(trial_shape)
-            said[a] = f"the first {s} of {shape[a]} along y's axis {a}"
-    if not fits():
-        return None
-    return args, f"on {', '.join(said[a] for a in sorted(said))} (a full Jacobian there): " if said else ""
 
 
 def _python_advice(message):
