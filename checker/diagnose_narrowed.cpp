@@ -35,7 +35,11 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
 
 std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape& yshape,
                                           std::span<const size_t> failing, const CheckInFull& check_in_full) {
-  const auto& [f, x, names, opt, blocks] = point;
+  // named references, not a structured binding: the lambdas below capture them (clang 14 refuses a binding)
+  const Function& f = point.f;
+  const std::span<const Tensor> x = point.x;
+  const std::span<const std::string> names = point.names;
+  const GradcheckOptions& opt = point.opt;
   std::vector<Diagnosis> out;
   const int64_t m = yshape.numel();
   auto how_to_name = [&](const std::string& why) {

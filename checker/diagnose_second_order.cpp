@@ -32,7 +32,12 @@ std::string block_name(const std::string& a, const std::string& b) { return fmt:
 }  // namespace
 
 std::vector<Diagnosis> diagnose_second_order(const CheckedPoint& point, const Tensor& u, int64_t max_elements) {
-  const auto& [f, x, names, opt, rule_blocks] = point;
+  // named references, not a structured binding: lambdas capture them (clang 14 refuses a binding)
+  const Function& f = point.f;
+  const std::span<const Tensor> x = point.x;
+  const std::span<const std::string> names = point.names;
+  const GradcheckOptions& opt = point.opt;
+  RuleBlocks* const rule_blocks = point.blocks;
   std::vector<Diagnosis> out;
   // A wrong VJP is a wrong gradient, and the differences of a wrong gradient are not what H·t differentiates.
   {
