@@ -87,14 +87,14 @@ def cut_along_y(c, limit, leading_first=False, from_end=False):
 AT_SIZE = "random projections ("  # how the C++ checker's line for an input it could not name at size begins
 
 
-def name_on_the_cut(report, call):
-    """The float64 report's inputs that random projections left unnamed, checked again in full on the op cut along
-    y's axes with its fixed tensors (cut_along_y): the cut's findings of those inputs replace their line, each saying
-    where it was found. Nothing changes where no cut fits, the op refuses every cut, or the cut passes."""
+def name_on_the_cut(report, call, gradcheck):
+    """The float64 report's inputs that random projections left unnamed, checked again in full (by gradcheck, the
+    module's own) on the op cut along y's axes with its fixed tensors (cut_along_y): the cut's findings of those
+    inputs replace their line, each saying where it was found. Nothing changes where no cut fits, the op refuses
+    every cut, or the cut passes."""
     unnamed = {d.input for d in report.diagnoses if d.kind == "unexplained" and d.message.startswith(AT_SIZE)}
     if not unnamed:
         return
-    from ._gradcheck import gradcheck
     c = _CutCall(call.fn, call.fn, call.inputs, call.slots, call.kwargs or {}, torch.device("cpu"))
 
     def check_on(cut):

@@ -395,7 +395,7 @@ def _named_on_the_cut(after):
     fixed tensors too (tapegrad/_cut.py)."""
     if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
         from ._cut import name_on_the_cut
-        name_on_the_cut(after.report, after.call)
+        name_on_the_cut(after.report, after.call, gradcheck)
 
 
 def _zero_cotangent(after):
@@ -432,8 +432,8 @@ def _python_terms(after):
 
 
 # What a torch op's check does after the C++ checker's run, in order.
-_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero_cotangent, _saved_intermediates, _forward_mode,
-                    _rounding, _python_terms)
+_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero_cotangent, _saved_intermediates,
+                    _forward_mode, _rounding, _python_terms)
 
 
 def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):
