@@ -18,15 +18,20 @@ def _softmax_backward(a, da, slip=False):
     return a * da if slip else a * (da - (a * da).sum(-1, keepdim=True))
 
 
+def _attention_forward(ctx, q, k, v, additive):
+    """O = softmax(Q Kᵀ/√d + additive) V, saving Q, K, V and A = softmax(·) for the backward."""
+    a = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + additive, -1)
+    ctx.save_for_backward(q, k, v, a)
+    return a @ v
+
+
 class _AttentionWithBias(torch.autograd.Function):
     """O = softmax(Q Kᵀ/√d + bias) V over (B, h, T, d), with a trainable bias (h, T, T) shared by the batch."""
     slip = "right"
 
     @staticmethod
     def forward(ctx, q, k, v, bias):
-        a = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias, -1)
-        ctx.save_for_backward(q, k, v, a)
-        return a @ v
+        return _attention_forward(ctx, q, k, v, bias)
 
     @classmethod
     def backward(cls, ctx, go):
@@ -52,9 +57,7 @@ class _CrossAttentionPadded(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask):
-        a = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask, -1)
-        ctx.save_for_backward(q, k, v, a)
-        return a @ v
+        return _attention_forward(ctx, q, k, v, mask)
 
     @classmethod
     def backward(cls, ctx, go):
