@@ -136,6 +136,10 @@ inline OpCost attention_cost(std::span<const Shape> in, const Shape&) {
 }
 
 // The options of an attention node called by name (its sheet's .call): scale= (0: 1/√d) and causal=.
+// The map softmax attention computes, as taped ops (softmax.cpp): the `unfused` picture of attention and of
+// tiled_attention, which computes the same map.
+Var unfused_attention(Tape&, std::span<const Var> x);
+
 inline AttentionOptions attention_options(const OpArgs& a) { return {a.number("scale", 0.0), a.flag("causal", false)}; }
 
 // The bias. An additive bias on the attention scores S (B, h, T, Tk), taken by softmax.cpp and tiled.cpp.

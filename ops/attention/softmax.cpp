@@ -23,7 +23,6 @@
 #include "engine/parallel.hpp"
 #include "ops/attention/attention.hpp"
 #include "ops/attention/kernels.hpp"
-#include "ops/ops.hpp"
 #include "ops/fast_math.hpp"
 #include "ops/ops.hpp"
 #include "ops/row_maps.hpp"
@@ -329,6 +328,14 @@ void each_packed_slice(Tape& tape, const AttentionDims& dims, const ScratchNeed&
 
 }  // namespace
 
+// S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
+Var unfused_attention(Tape&, std::span<const Var> x) {
+  const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
+  Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
+  if (x.size() > 3) s = add(s, x[3]);
+  return matmul(softmax(s), x[2]);
+}
+
 Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
   const char* op = "attention_qkv";
   Tape& tape = tape_of(op, {qkv});
@@ -521,14 +528,7 @@ std::vector<OpSheet> attention_ops() {
              [](std::span<const Var> x, const OpArgs& a) {
                return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
              },
-         // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
-         .unfused =
-             [](Tape&, std::span<const Var> x) {
-               const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-               Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
-               if (x.size() > 3) s = add(s, x[3]);
-               return matmul(softmax(s), x[2]);
-             },
+         .unfused = unfused_attention,
          .trace = attention_trace()});
   auto packed = [](int64_t heads, AttentionOptions opt) {
     return [heads, opt](Tape&, std::span<const Var> x) { return attention_qkv(x[0], heads, opt); };

@@ -429,14 +429,7 @@ std::vector<OpSheet> tiled_attention_ops() {
                                     a.integer("block", 64));
            },
        // The map attention's is; the tiles and the online softmax are how it is computed, not what.
-       // S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
-       .unfused =
-           [](Tape&, std::span<const Var> x) {
-             const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-             Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
-             if (x.size() > 3) s = add(s, x[3]);
-             return matmul(softmax(s), x[2]);
-           }});
+       .unfused = unfused_attention});
   return r.ops;
 }
 
