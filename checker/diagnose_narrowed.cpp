@@ -4,6 +4,9 @@
 // findings for the inputs that failed are reported, saying where; when no cut can be made (no shared leading axis,
 // or the op refuses the cut inputs), or the cut passes, one line says how to get a diagnosis.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -13,8 +16,12 @@ namespace tapegrad::gradcheck_detail {
 
 namespace {
 
-// The first s rows of the inputs that share y's leading axis (all of them, or only the failing ones).
-std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool>& cut, int64_t s) {
+// Two scales found on two rows are one where they agree to this part of the first (the factor is printed to six
+// digits, and a difference of a count or a norm between rows is far above it).
+constexpr double kSameFactorAcrossRows = 1e-3;
+
+// s rows from row `from` of the inputs that share y's leading axis (all of them, or only the failing ones).
+std::vector<Tensor> rows_of(std::span<const Tensor> x, const std::vector<bool>& cut, int64_t from, int64_t s) {
   std::vector<Tensor> xs;
   for (size_t q = 0; q < x.size(); ++q) {
     if (!cut[q]) {
@@ -22,13 +29,43 @@ std::vector<Tensor> first_rows(std::span<const Tensor> x, const std::vector<bool
       continue;
     }
     Shape shape = x[q].shape();
+    const int64_t row = x[q].numel() / shape[0];
     shape[0] = s;
     Tensor t = Tensor::empty(x[q].dtype(), shape);
-    if (t.dtype() == DType::i32) std::copy_n(x[q].data<int32_t>(), t.numel(), t.data<int32_t>());
-    else std::copy_n(x[q].data<double>(), t.numel(), t.data<double>());
+    if (t.dtype() == DType::i32) std::copy_n(x[q].data<int32_t>() + from * row, t.numel(), t.data<int32_t>());
+    else std::copy_n(x[q].data<double>() + from * row, t.numel(), t.data<double>());
     xs.push_back(std::move(t));
   }
   return xs;
+}
+
+// In r, the factor c of the scale found for d's input and check (its message: "..., c = 1.43: ..."), 1 where that
+// check passed, none where it failed otherwise.
+std::optional<double> scale_factor(const GradcheckReport& r, const Diagnosis& d) {
+  const bool passed = std::all_of(r.checks.begin(), r.checks.end(), [&](const CheckResult& c) {
+    return c.input != d.input || c.check != d.check || c.passed;
+  });
+  if (passed) return 1.0;
+  const Diagnosis* scale = r.find(Finding::scale, d.input);
+  if (!scale || scale->check != d.check) return std::nullopt;
+  const size_t at = scale->message.find(", c = ");  // not "analytic = c × numeric"
+  if (at == std::string::npos) return std::nullopt;
+  return std::strtod(scale->message.c_str() + at + 6, nullptr);
+}
+
+// A scale found on the first of y's rows alone may be a factor of each row (a count, a norm) that one row cannot
+// tell from one scale: the same check on the last row says. Where its factor differs (or that row passes), the
+// finding is a per-row factor with both factors, which says where it was found (true).
+bool told_from_a_factor_per_row(Diagnosis& d, const GradcheckReport& first, const GradcheckReport& last, int64_t rows) {
+  const std::optional<double> c_first = scale_factor(first, d), c_last = scale_factor(last, d);
+  if (!c_first || !c_last || std::abs(*c_first - *c_last) <= kSameFactorAcrossRows * std::abs(*c_first)) return false;
+  d.kind = Finding::per_row_factor;
+  d.message = fmt::format(
+      "on the first and on the last of {} rows (full Jacobians there): analytic = c × numeric in "
+      "each, c = {:.6g} and {:.6g}: the factor differs between y's rows — a per-row normalizer "
+      "(the row's count, sum or norm) is missing, applied twice, or the wrong one",
+      rows, *c_first, *c_last);
+  return true;
 }
 
 }  // namespace
@@ -66,7 +103,7 @@ std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape
     if (!all)
       for (size_t q = 0; q < x.size(); ++q) cut[q] = shares[q] && std::count(failing.begin(), failing.end(), q) > 0;
     for (int64_t s = rows / 2; s >= 1; s /= 2) {
-      const std::vector<Tensor> xs = first_rows(x, cut, s);
+      const std::vector<Tensor> xs = rows_of(x, cut, 0, s);
       int64_t ms = 0;
       try {
         const Tensor y = evaluate(f, xs);
@@ -89,11 +126,20 @@ std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape
         break;
       }
       if (r.passed) return how_to_name(fmt::format("the same check on the first {} of {} rows passes", s, rows));
+      std::optional<GradcheckReport> last;  // the same check on the last row, where one row was cut and a scale found
+      if (s == 1 && find_diagnosis(r.diagnoses, Finding::scale)) {
+        try {
+          last = check_in_full(rows_of(x, cut, rows - 1, 1), full);
+        } catch (...) {  // as above: nothing more is said
+        }
+      }
       for (auto& d : r.diagnoses) {
         if (d.check.empty()) continue;  // which rule and which input: the checks here say that already
         if (std::none_of(failing.begin(), failing.end(), [&](size_t i) { return names[i] == d.input; })) continue;
-        d.message = fmt::format("on the first {} of {} rows{} (a full Jacobian there): {}", s, rows,
-                                all ? "" : fmt::format(" of {}", d.input), d.message);
+        const std::string first_rows = fmt::format("on the first {} of {} rows{} (a full Jacobian there): ", s, rows,
+                                                   all ? "" : fmt::format(" of {}", d.input));
+        if (!(last && d.kind == Finding::scale && told_from_a_factor_per_row(d, r, *last, rows)))
+          d.message = first_rows + d.message;
         out.push_back(std::move(d));
       }
       return out;

@@ -7,6 +7,7 @@ import io
 import re
 
 import pytest
+import torch
 
 import narrow_build
 import narrow_heldout
@@ -80,3 +81,31 @@ def test_docs_example_prints_the_line_docs_quote():
     with contextlib.redirect_stdout(out):
         exec(compile(code, "<docs>", "exec"), namespace)
     assert quoted in out.getvalue().splitlines(), out.getvalue()
+
+
+class _RowGain(torch.autograd.Function):
+    """y = x·w with a gain w (R, 1) per row; the slip: x̄ = ȳ·w², off by a factor w_r of its own in each row."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w * w, (g * x).sum(1, keepdim=True)
+
+
+def test_the_cpp_cut_to_one_row_tells_a_factor_of_each_row_from_a_scale():
+    """No fixed input: the C++ checker's own cut, to the first of 64 rows, where the slip reads as a scale w_0; the
+    last row's factor w_63 differs, and the report says both (checker/diagnose_narrowed.cpp); no longer a scale,
+    which explains x, the slip is then named from the forward too."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 150, dtype=torch.float64, generator=g, requires_grad=True)
+    w = (torch.rand(64, 1, dtype=torch.float64, generator=g) + 0.5).requires_grad_()
+    report = tapegrad.gradcheck(_RowGain.apply, (x, w))
+    assert {d.kind for d in report.diagnoses if d.input == "x"} == {"one_input", "per_row_factor", "term_factor"}
+    (d,) = [d for d in report.diagnoses if d.kind == "per_row_factor"]
+    first, last = (float(c) for c in re.search(r"c = ([0-9.]+) and ([0-9.]+)", d.message).groups())
+    assert first == pytest.approx(w[0, 0].item(), rel=1e-4) and last == pytest.approx(w[-1, 0].item(), rel=1e-4)
