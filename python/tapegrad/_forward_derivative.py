@@ -21,7 +21,7 @@ import torch
 from ._forward_record import _term
 from ._forward_rewrite import operands_of, replace_operand
 
-MAX_POINT_RUNS = 48  # forwards with an operand's value replaced, at most
+MAX_POINT_RUNS = 48  # forwards with an operand's value or a call's derivative replaced, at most, per fit
 
 # f′ of the element-wise calls a report can write in words, as a function of the call's name.
 _DERIVATIVE = {"sigmoid": "sigmoid·(1 − sigmoid)", "tanh": "1 − tanh²", "exp": "exp", "softplus": "sigmoid",
@@ -124,5 +124,46 @@ def _wrong_point(search):
     return found
 
 
+def _form_functions(call):
+    """_forms as functions of the call's value y (a tensor), for a run of the forward where it has other values."""
+    f = _short(call)
+    return [(f"`{f}`", lambda y: y), (f"`1 − {f}`", lambda y: 1 - y), (f"`1 − {f}²`", lambda y: 1 - y * y),
+            (f"`{f}·(1 − {f})`", lambda y: y * (1 - y)), (f"`{f}²`", lambda y: y * y), (f"`1 + {f}`", lambda y: 1 + y),
+            ("1 (left out)", torch.ones_like)]
+
+
+def _wrong_derivative_inside(search):
+    """The wrong derivative of an element-wise call whose output is no unnamed input's shape (inside a composite: σ
+    of attention's scores, tanh of a hidden layer), where x̄ cannot be screened element by element: the forward run
+    with the call's output y made y + (u − detach(u))·V(y), its value kept and its derivative V, for each form V of
+    _forms; x̄_user equal to that run's VJP names the form (term_factor)."""
+    found, runs = {}, 0
+    for call in search.calls:
+        if len(found) == len(search.errors) or not is_elementwise(call):
+            continue
+        if all(tuple(call.out.shape) == tuple(search.xs[i].shape) for i in search.errors):
+            continue  # _wrong_derivative screens these
+        right, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(call.out), retain_graph=True)
+        for written, form in _form_functions(call):
+            with torch.no_grad():
+                if torch.allclose(form(call.out), right, rtol=1e-9, atol=0):
+                    continue  # the derivative itself
+            if runs >= MAX_POINT_RUNS:
+                return found
+            runs += 1
+
+            def derivative_written(out, args, kwargs, run, form=form):
+                u = operands_of(args, kwargs)[0]
+                return out.detach() + (u - u.detach()) * form(out.detach())
+
+            f = _short(call)
+            said = (f"x̄ has the derivative of `{call.text}` at {call.where} written {written} where "
+                    f"{f}′ = {_DERIVATIVE.get(f, f + '′')} belongs (to rounding): the backward multiplies by "
+                    f"{written.strip('`')} where it differentiates that call")
+            search.add_named(found, lambda i, said=said: ("term_factor", search.names[i], "vjp", said), {},
+                             after={call.index: derivative_written})
+    return found
+
+
 # In the order tried: each maps the inputs it names to their finding.
-DERIVATIVE_FITS = (_wrong_derivative, _wrong_point)
+DERIVATIVE_FITS = (_wrong_derivative, _wrong_derivative_inside, _wrong_point)

@@ -49,7 +49,8 @@ def test_python_md_quotes_the_reports_of_the_examples_slips_word_for_word():
         printed.update(str(tapegrad.gradcheck(make_attention(slip).apply, inputs(8, 16))).splitlines())
     text = (SOURCE_DIR / "docs/python.md").read_text()
     quoted = [line for line in text.splitlines()
-              if re.match(r"    \[[a-zA-Z -]+\] [qkv][,:]", line) and "test_forward.py" not in line]
+              if re.match(r"    \[[a-zA-Z -]+\] [qkv][,:]", line) and "test_forward.py" not in line
+              and "derivative_build.py" not in line]
     assert quoted
     for line in quoted:
         assert line in printed, f"docs/python.md quotes {line!r}, which no report of the example prints"
@@ -80,7 +81,9 @@ def test_python_md_names_only_what_exists():
 
 def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
     """docs/python.md's and docs/gradchecking.md's lines of the kinds named from the forward, and of a wrong axis,
-    are printed by the Functions of python/tests/test_forward.py, test_forward_axis.py and test_forward_loop.py."""
+    are printed by the Functions of python/tests/test_forward.py, test_forward_axis.py, test_forward_loop.py and
+    derivative_build.py."""
+    import derivative_build
     import test_forward as f
     import test_forward_axis as a
     import test_forward_loop as loop
@@ -92,6 +95,8 @@ def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
     printed = set()
     for fn, args in cases:
         printed.update(str(f.check(fn, args)).splitlines())
+    for op, (make, slips) in derivative_build.OPS.items():
+        printed.update(line for slip in slips for line in str(tapegrad.gradcheck(*make(slip, 0))).splitlines())
     kinds = r"dropped term|term counted twice|term with a wrong factor|term from the wrong value|wrong axis"
     quoted = [line for path in ("docs/python.md", "docs/gradchecking.md")
               for line in (SOURCE_DIR / path).read_text().splitlines() if re.match(rf"    \[({kinds})\] ", line)]
