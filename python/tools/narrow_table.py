@@ -27,6 +27,8 @@ import researcher_ops  # noqa: E402
 import tapegrad  # noqa: E402
 
 GENERIC = researcher_ops.GENERIC
+# python/tests/narrow_<set>.py, and the scalar losses: scalar_<set>.py
+SETS = ("build", "heldout", "heldout2", "scalar_build", "scalar_heldout")
 
 
 def named(report):
@@ -41,7 +43,7 @@ def run(make, variant, large):
 
 
 def table(set_name):
-    ops = __import__(f"narrow_{set_name}").OPS
+    ops = __import__(set_name if set_name.startswith("scalar_") else f"narrow_{set_name}").OPS
     rows = []
     for op, (make, slips) in ops.items():
         for variant in ("right",) + tuple(slips):
@@ -75,12 +77,12 @@ def table(set_name):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--set", choices=("build", "heldout", "heldout2", "all"), default="all")
+    parser.add_argument("--set", choices=SETS + ("all",), default="all")
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
-    for set_name in ("build", "heldout", "heldout2") if args.set == "all" else (args.set,):
+    for set_name in SETS if args.set == "all" else (args.set,):
         rows += table(set_name)
     if args.json:
         with open(args.json + ".tmp", "w") as f:
