@@ -24,19 +24,9 @@ from the right one.
 """
 import torch
 
+from draws import generator as _gen, randn as _randn, uniform as _uniform
+
 DT = torch.float64
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(g, *shape, grad=False):
-    return torch.randn(*shape, generator=g, dtype=DT).requires_grad_(grad)
-
-
-def _uniform(g, lo, hi, *shape):
-    return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=DT)
 
 
 def _mask(g, b, n):
