@@ -235,6 +235,13 @@ void bind_engine(py::module_& m) {
             } catch (const Error& e) {
               if (!named) throw;
               throw Error(fmt::format("{} [inputs: {}]", e.what(), inputs));
+            } catch (const std::bad_alloc&) {
+              std::string shapes;
+              for (size_t i = 0; i < xs.size(); ++i) shapes += (i ? ", " : "") + xs[i].shape().str();
+              throw OutOfMemory(
+                  fmt::format("{} on shapes {}: the memory for its result and its work could not be "
+                              "allocated (no node was recorded)",
+                              name, shapes));
             }
           },
           py::keep_alive<0, 1>())

@@ -253,6 +253,8 @@ PYBIND11_MODULE(_tapegrad, m) {
       no_jvp(e.what());
     } catch (const Error& e) {
       error(e.what());
+    } catch (const OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
     }
   });
   bind_report(m);

@@ -89,3 +89,17 @@ def test_a_var_keeps_its_tape_alive():
     v = tapegrad.Tape().leaf(np.arange(3.0))
     gc.collect()
     assert list(v.value) == [0.0, 1.0, 2.0]
+
+
+def test_an_op_whose_result_cannot_be_allocated_is_a_memory_error_naming_the_op_and_the_shapes():
+    """A (6e6, 1) by (1, 6e6) product asks for 288 TB, more than a process can map even where memory is overcommitted:
+    std::bad_alloc in C++, a MemoryError here that says which op on which shapes; no node is recorded, and the tape
+    goes on working."""
+    tape = tapegrad.Tape()
+    a, b = tape.leaf(np.ones((6_000_000, 1))), tape.leaf(np.ones((1, 6_000_000)))
+    with pytest.raises(MemoryError, match=r"^matmul on shapes \(6000000, 1\), \(1, 6000000\): the memory for its "
+                                          r"result and its work could not be allocated \(no node was recorded\)$"):
+        tape.op("matmul", a, b)
+    assert tape.num_nodes == 0
+    y = tape.op("matmul", tape.leaf(np.ones((3, 2))), tape.leaf(np.ones((2, 4))))
+    assert y.value.shape == (3, 4) and tape.num_nodes == 1
