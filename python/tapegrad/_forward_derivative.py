@@ -47,12 +47,19 @@ def _short(call):
     return call.name.strip("_")
 
 
-def _forms(call):
-    """(how it is written, V) for the simple functions of the call's value y a derivative may be written as."""
-    y = call.out.detach().numpy().ravel()
+def _form_functions(call):
+    """(how it is written, V) for the simple functions V of the call's value y (a tensor) a derivative may be written
+    as, so that a run of the forward where y has other values can make them (_wrong_derivative_inside)."""
     f = _short(call)
-    return [(f"`{f}`", y), (f"`1 − {f}`", 1 - y), (f"`1 − {f}²`", 1 - y * y), (f"`{f}·(1 − {f})`", y * (1 - y)),
-            (f"`{f}²`", y * y), (f"`1 + {f}`", 1 + y), ("1 (left out)", np.ones_like(y))]
+    return [(f"`{f}`", lambda y: y), (f"`1 − {f}`", lambda y: 1 - y), (f"`1 − {f}²`", lambda y: 1 - y * y),
+            (f"`{f}·(1 − {f})`", lambda y: y * (1 - y)), (f"`{f}²`", lambda y: y * y), (f"`1 + {f}`", lambda y: 1 + y),
+            ("1 (left out)", torch.ones_like)]
+
+
+def _forms(call):
+    """_form_functions at the recorded call's value, as flat arrays."""
+    y = call.out.detach()
+    return [(written, form(y).numpy().ravel()) for written, form in _form_functions(call)]
 
 
 def _wrong_derivative(search):
@@ -124,14 +131,6 @@ def _wrong_point(search):
     return found
 
 
-def _form_functions(call):
-    """_forms as functions of the call's value y (a tensor), for a run of the forward where it has other values."""
-    f = _short(call)
-    return [(f"`{f}`", lambda y: y), (f"`1 − {f}`", lambda y: 1 - y), (f"`1 − {f}²`", lambda y: 1 - y * y),
-            (f"`{f}·(1 − {f})`", lambda y: y * (1 - y)), (f"`{f}²`", lambda y: y * y), (f"`1 + {f}`", lambda y: 1 + y),
-            ("1 (left out)", torch.ones_like)]
-
-
 def _wrong_derivative_inside(search):
     """The wrong derivative of an element-wise call whose output is no unnamed input's shape (inside a composite: σ
     of attention's scores, tanh of a hidden layer), where x̄ cannot be screened element by element: the forward run
@@ -144,6 +143,7 @@ def _wrong_derivative_inside(search):
         if all(tuple(call.out.shape) == tuple(search.xs[i].shape) for i in search.errors):
             continue  # _wrong_derivative screens these
         right, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(call.out), retain_graph=True)
+        f = _short(call)
         for written, form in _form_functions(call):
             with torch.no_grad():
                 if torch.allclose(form(call.out), right, rtol=1e-9, atol=0):
@@ -156,7 +156,6 @@ def _wrong_derivative_inside(search):
                 u = operands_of(args, kwargs)[0]
                 return out.detach() + (u - u.detach()) * form(out.detach())
 
-            f = _short(call)
             said = (f"x̄ has the derivative of `{call.text}` at {call.where} written {written} where "
                     f"{f}′ = {_DERIVATIVE.get(f, f + '′')} belongs (to rounding): the backward multiplies by "
                     f"{written.strip('`')} where it differentiates that call")
