@@ -7,6 +7,7 @@ the C++ checker's own cut (checker/diagnose_narrowed.cpp), which cuts only the c
 """
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +27,9 @@ def cut_along_y(c, limit, leading_first=False, from_end=False):
     over trailing axes), else on the right (a broadcast operand, a per-head bias) or, where the right has no such
     axis and does not give that axis of the input to another of y's of its length, on the left (a (B, T) mask of a
     (B, T, D) op; not a (D,) weight of a (D, D) op). Leading axes are cut first; the first keeps two rows where
-    that fits, so that a slip that reads one batch element only still shows."""
+    that fits, so that a slip that reads one batch element only still shows. leading_first: the first axis to one
+    row before any other is cut (a scan along the second axis, whose slip may not show on one of its steps).
+    from_end: the last rows, not the first."""
     fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
@@ -150,10 +153,13 @@ def _factors_per_row(found, first, last, at_last):
     return out
 
 
+@dataclass
 class _CutCall:
     """What cut_along_y reads of a call: the op, the reference whose float64 run must accept the cut too, all its
     arguments, which of them are checked, its keyword arguments, and the device the reference runs on."""
-
-    def __init__(self, fn, ref_fn, inputs, slots, kwargs, device):
-        self.fn, self.ref_fn, self.inputs, self.slots = fn, ref_fn, inputs, slots
-        self.kwargs, self.device = kwargs, device
+    fn: object
+    ref_fn: object
+    inputs: tuple
+    slots: list
+    kwargs: dict
+    device: object
