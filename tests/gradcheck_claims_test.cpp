@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -111,6 +112,48 @@ TEST_CASE("a per-row term whose rows lie along one axis of y and another of x is
   const Diagnosis* d = slip.find(Finding::per_row_term, "x");
   REQUIRE(d != nullptr);
   CHECK(d->message.find("the slices of y along axis 1 and of x along axis 0") != std::string::npos);
+}
+
+// The same softmax with its row term summed along y's first axis, (1, 4), where its last belongs, (6, 1): the sum
+// moved to an axis of another size still broadcasts, and moving it back is the edit that puts the rule right.
+TEST_CASE("a row term summed along an axis of another size is a wrong axis") {
+  const std::string head = "input x: 4, 6\nforward softmax(transpose(x))\n";
+  const GradcheckReport slip =
+      check_claim(parse_claims(head + "vjp x = transpose(y * (g - sum(y * g, -2)))\n", "f.txt").at(0));
+  MESSAGE(slip.str());
+  CHECK_FALSE(slip.passed());
+  const Diagnosis* d = slip.find(Finding::wrong_axis, "x");
+  REQUIRE(d != nullptr);
+  CHECK(d->message.find("reduces over axis -1, not -2") != std::string::npos);
+}
+
+// tests/claims/axis_heldout.txt, written apart from the edit search: thirteen ops reducing along an axis other than
+// the last, each with its right VJP and slips marked "# expect: KIND". Every right one holds, every slip fails, and
+// every reduction moved to another axis (of another size) is named a wrong axis.
+TEST_CASE("tests/claims/axis_heldout.txt: every reduction along the wrong axis is named") {
+  const std::string path = std::string(TAPEGRAD_SOURCE_DIR) + "/tests/claims/axis_heldout.txt";
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, "cannot read " << path);
+  std::map<std::string, std::string> expect;  // claim -> the kind its comment says
+  std::string line, kind;
+  while (std::getline(in, line)) {
+    if (line.rfind("# expect: ", 0) == 0) kind = line.substr(10);
+    else if (line.rfind("claim ", 0) == 0) expect[line.substr(6)] = kind;
+  }
+  const auto claims = claims_in("tests/claims/axis_heldout.txt");
+  REQUIRE(claims.size() == expect.size());
+  int wrong_axis = 0;
+  for (const ClaimText& c : claims) {
+    CAPTURE(c.name);
+    const std::string& e = expect.at(c.name);
+    const GradcheckReport r = check_claim(c);
+    CHECK_MESSAGE(r.passed() == (e == "right"), r.str());
+    if (e == "wrong_axis") {
+      CHECK_MESSAGE(r.has(Finding::wrong_axis), r.str());
+      ++wrong_axis;
+    }
+  }
+  CHECK(wrong_axis >= 19);
 }
 
 // The learner's chapter (docs/learn.md §4): layer norm's VJP as formulas holds; without its last term, the one

@@ -1,5 +1,5 @@
 // The kind of finding "wrong axis": a reduction or broadcast taken along the wrong axis: the rule agrees once one
-// call's axis becomes another of the same size.
+// call's axis becomes another.
 #include "checker/finding_sheet.hpp"
 
 namespace tapegrad {
@@ -10,7 +10,7 @@ FindingSheet wrong_axis_finding() {
       .title = "wrong axis",
       .meaning =
           "a reduction or broadcast taken along the wrong axis: the rule agrees once one call's axis "
-          "becomes another of the same size",
+          "becomes another",
       .found_by = "`checker/formulas/edits.cpp`; from Python, `python/tapegrad/_forward_axis.py`",
       .section = "docs/gradchecking.md#wrong-axis",
       .explains = true,

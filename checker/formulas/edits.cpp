@@ -356,7 +356,9 @@ class EditSearch {
       out.push_back({line, Finding::term_sign, t.substr(0, at) + (t[at] == '+' ? '-' : '+') + t.substr(at + 1),
                      fmt::format("the sign of `{}` is flipped at {}", term, where_written(line))});
   }
-  // sum(e, a), mean(e, a), unsqueeze(e, a): a → another axis of e of the same size.
+  // sum(e, a), mean(e, a), unsqueeze(e, a): a → any other axis. Moved to an axis of another size, a reduction's
+  // result changes shape; the edit is kept only where the edited rule still broadcasts to x̄'s shape (the row term
+  // of softmax(xᵀ), (6, 4), summed along its axis -2 where -1 belongs).
   void axis_edits(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
     if (!part.axis) return;
     const auto [ab, ae] = *part.axis;
@@ -374,7 +376,6 @@ class EditSearch {
     const int at = written < 0 ? written : written - rank;  // axes counted from the end, as the trace writes
     for (int other = -rank; other < 0; ++other) {
       if (other == at || at < -rank) continue;
-      if (!inserts && (*of)[static_cast<size_t>(rank + other)] != (*of)[static_cast<size_t>(rank + at)]) continue;
       const char* how = inserts ? "broadcasts along" : "reduces over";
       // squeeze(sum(e, a), a), torch's sum that drops its axis: the squeeze follows the sum's axis.
       const std::string dropped = ", " + t.substr(ab, ae - ab) + ")";
