@@ -3,7 +3,8 @@
 An op at precision p (bf16, fp16, float32) is compared with its reference in float64 on the same rounded inputs.
 A right kernel errs by about what the reference itself errs when it runs at p; so that is measured, not modeled:
 AtPrecision runs the reference's float64 computation with every one of its torch ops (forward and backward) computed
-at p, as the composite of torch ops at p computes it on this device, on x and on x moved by an ulp (MOVED_32 such
+at p, as the composite of torch ops at p computes it on this device (in a reference given for another op, torch's
+fused norms and reductions as the composites they decompose into), on x and on x moved by an ulp (MOVED_32 such
 points at float32). At float32 each is held against float64 at x, so it carries x̄'s sensitivity to the input at the
 precision a float32 computation works in; at bf16 and fp16, where a kernel works in float32 between exact inputs and
 rounded stored values, the moved point is held against float64 at its own point: a second sample of how rounding
@@ -160,17 +161,47 @@ def _float64(t):
     return isinstance(t, torch.Tensor) and t.dtype == torch.float64
 
 
+def _aten_ops(*names):
+    """The aten overloads named "op.overload" that this torch has, and has a decomposition for."""
+    try:
+        from torch._decomp import decomposition_table
+    except ImportError:
+        return {}
+    found = {}
+    for name in names:
+        op, overload = name.split(".")
+        func = getattr(getattr(torch.ops.aten, op, None), overload, None)
+        if func is not None and func in decomposition_table:
+            found[func] = decomposition_table[func]
+    return found
+
+
+# torch's fused kernels that keep a long sum at the op's own dtype on some devices, and the composite of torch's basic
+# ops each one is (torch._decomp). On the CPU, F.layer_norm's backward at bf16 sums w̄ and b̄ over the rows in bf16
+# (over 4096 rows of 256: an error of 19 where its composite errs 0.65), group norm's likewise (4.8 against 1.1),
+# and torch.linalg.vector_norm sums its squares in bf16 (20.7 against 0.25 over 4096 terms).
+_COMPOSED = _aten_ops("native_layer_norm.default", "native_layer_norm_backward.default",
+                      "native_group_norm.default", "native_group_norm_backward.default",
+                      "native_batch_norm.default", "native_batch_norm_backward.default",
+                      "linalg_vector_norm.default", "logsumexp.default",
+                      "nll_loss_forward.default", "nll_loss_backward.default")
+
+
 class AtPrecision(TorchDispatchMode):
     """A float64 computation with each torch op computed at dtype: its float64 tensor arguments cast to dtype, the op
     run there (torch's own kernel at dtype: a product accumulating as torch's does at dtype, a softmax in float32
     inside and rounded once), its results rounded to dtype and kept in float64. An op torch has no kernel for at
     dtype (most of fp16's on the CPU) is computed in float32 and rounded to dtype, as a GPU computes fp16 products.
-    Views and in-place ops run as they are (their values are those of tensors already rounded); a value the
-    computation casts to float32 itself stays float32."""
+    With composed, a fused op of _COMPOSED runs as the composite of torch's basic ops it decomposes into, each at
+    dtype: the op's math at dtype, which a reference given for another op (F.layer_norm for a fused kernel) measures,
+    where torch's fused kernel on this device may keep a long sum at dtype. Views and in-place ops run as they are
+    (their values are those of tensors already rounded); a value the computation casts to float32 itself stays
+    float32."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, composed=False):
         super().__init__()
         self.dtype = dtype
+        self.composed = composed
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -183,7 +214,14 @@ class AtPrecision(TorchDispatchMode):
         def run_at(dtype):
             # float64 tensors, and float64 named as a dtype (softmax's backward takes its input's), at dtype
             cast = lambda t: t.to(dtype) if _float64(t) else dtype if t is torch.float64 else t
-            return func(*tree_map(cast, args), **tree_map(cast, kwargs))
+            at_dtype = tree_map(cast, args), tree_map(cast, kwargs)
+            composite = _COMPOSED.get(func) if self.composed else None
+            if composite is not None:
+                try:
+                    return composite(*at_dtype[0], **at_dtype[1])
+                except (RuntimeError, TypeError, NotImplementedError):  # one this torch cannot run: the own kernel
+                    pass
+            return func(*at_dtype[0], **at_dtype[1])
         try:
             out, computed = run_at(self.dtype), self.dtype
         except RuntimeError as error:
@@ -264,7 +302,7 @@ class _Comparison:
     (FIGURES: the composite's error at p, the fused kernel's model, the long sums' allowance, the result's own
     rounding) and B = MARGIN times the largest."""
 
-    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator):
+    def __init__(self, kernel, reference_at, dtype, cotangents_64, generator, composed):
         # x, and x moved by an ulp at p (MOVED_32 moved points at float32). A right computation at p errs as an exact
         # one does at an input moved by an ulp of the precision it computes in: at float32 that is the inputs' own, so
         # the moved point's figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel
@@ -278,7 +316,7 @@ class _Comparison:
         # samples, a steadier figure for a right kernel erring by chance in another place.
         moves = range(1, 1 + (1 if working else MOVED_32))
         points = [(0, reference64)] + [(k, reference_at(None, move=k) if working else reference64) for k in moves]
-        composite = [(reference_at(lambda: AtPrecision(dtype), move=k), exact) for k, exact in points]
+        composite = [(reference_at(lambda: AtPrecision(dtype, composed), move=k), exact) for k, exact in points]
         fused = []
         if working:  # a fused kernel's float32 between products differs from the composite
             fused = [(reference_at(lambda: Rounding(dtype, generator), move=k), exact) for k, exact in points]
@@ -428,11 +466,12 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, dtype, device, generator, label):
+def compare(kernel, ref_fn, dtype, device, generator, label, composed=False):
     """kernel (a _Run of the op at dtype) against ref_fn on the same values (kernel.args, with kernel.kwargs): ref_fn
     in float64, and with its ops at dtype (and in the fused kernel's model, at bf16 and fp16) on those args and on
     them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in
-    float64")."""
+    float64"). composed: ref_fn is a reference given for another op, whose fused torch ops are measured at dtype as
+    their composites (AtPrecision); where the op is its own reference, its fused kernels are what is checked."""
     args, slots, kwargs = kernel.args, kernel.slots, kernel.kwargs
     moved = {}
 
@@ -442,4 +481,4 @@ def compare(kernel, ref_fn, dtype, device, generator, label):
             moved[move] = _nudged(args, slots, dtype, generator)
         who = label if mode is None else f"{label}, with its ops at {DTYPE_NAMES[dtype]}"
         return _Run(ref_fn, _cast(moved[move] if move else args, torch.float64, device), slots, kwargs, who, mode)
-    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator)
+    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator, composed)
