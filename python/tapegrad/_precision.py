@@ -28,7 +28,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
+from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
 def runs_elsewhere(inputs, slots):
@@ -68,18 +68,26 @@ def _figures(comparison, i, dtype):
     said = {"composite": f"the reference's own error with its ops at {p}",
             "fused": "a fused kernel's (float32 between products)",
             "sums": f"a float32 sum of {f['terms']:.0f} terms",
-            "storage": f"the result's rounding to {p}"}
-    shown = [k for k in said if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
+            "storage": f"the result's rounding to {p}",
+            "cap": f"{LOOSE:g} × a fused kernel's or the result's rounding"}
+    shown = [k for k in FIGURES if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
+    value = f["cap"] if judge == "cap" else f[judge]
     others = "".join(f"; {said[k]} {f[k]:.2g}" for k in shown if k != judge)
-    text = f" ({MARGIN:g} × {said[judge]}, {f[judge]:.2g}{others})"
+    text = f" ({MARGIN:g} × {said[judge]}, {value:.2g}{others})"
     tight = max(f["fused"], f["storage"])
     if f["fused"] > 0 and f["composite"] > LOOSE * tight:
         text += (f"; torch's own ops at {p} err {f['composite'] / tight:.0f}× a fused kernel's here (a sum or a "
-                 f"product kept at {p} on this device): an error up to theirs passes")
-        if comparison.error_within(i) and comparison.error[i] > MARGIN * tight:
-            text += (f"; this op errs {comparison.error[i] / tight:.0f}× a fused kernel's, as a value kept at {p} "
-                     "does: a reference of composite torch ops, if its own are not loose, tells whether one is")
+                 f"product kept at {p} on this device)")
+        if f.get("cap", 0) > 0:
+            text += (f": the op rounds in no torch op at {p}, so theirs does not excuse it, and it is held to "
+                     f"{LOOSE:g}× a fused kernel's")
+        else:
+            text += f": the op rounds in torch ops at {p} too, and an error up to theirs passes"
+            if comparison.error_within(i) and comparison.error[i] > MARGIN * tight:
+                text += (f"; this op errs {comparison.error[i] / tight:.0f}× a fused kernel's, as a value kept at "
+                         f"{p} does: a reference of composite torch ops, if its own are not loose, tells whether "
+                         "one is")
     return text
 
 
@@ -102,7 +110,7 @@ def check_at_precision(call, float64_report):
     ref_fn = fn if reference is None else reference
     ref_name = name if reference is None else (getattr(reference, "__name__", None) or type(reference).__name__)
 
-    kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}")
+    kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}", watch=dtype)
     comparison = compare(kernel, ref_fn, dtype, device, generator, f"the reference {ref_name} in float64",
                          composed=reference is not None)
 
@@ -129,6 +137,12 @@ def check_at_precision(call, float64_report):
                                           sides=(DTYPE_NAMES[dtype], "reference")))
         notes.append(_explained(input_name, comparison.error[i], comparison.bound[i], comparison.error_within(i), dtype)
                      + _figures(comparison, i, dtype))
+        if comparison.element_excess[i] is not None:
+            index, error, value, own, others = comparison.element_excess[i]
+            notes.append(f"{input_name}: at {input_name}[{', '.join(map(str, index))}], where {input_name}̄ is "
+                         f"{value:.3g}, the error is {error:.2g}; rounding explains up to {max(own, others):.2g} there "
+                         f"({MARGIN:g} × its own rounding to {DTYPE_NAMES[dtype]}, {own / MARGIN:.2g}; "
+                         f"{MARGIN:g} × the other figures, {others / MARGIN:.2g})")
         if not comparison.along_passed(i):
             r = comparison.along[i]
             notes.append(f"{input_name}: its error is of one piece along {input_name}̄ itself, "
