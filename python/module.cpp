@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "checker/finding_sheet.hpp"
+#include "checker/jacobian.hpp"
 #include "checker/second_order.hpp"
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/edits.hpp"
@@ -227,6 +228,8 @@ void bind_report(py::module_& m) {
     for (const Finding f : all_findings()) kinds.emplace_back(finding_key(f));
     return kinds;
   });
+  // A factor as the reports write it: "0.125 = 1/8", "1.41421 = √2".
+  m.def("_describe_factor", &gradcheck_detail::describe_factor, py::arg("c"));
   // The kinds whose finding names its input's failure (FindingSheet::explains).
   m.def("_explaining_kinds", [] {
     std::vector<std::string> kinds;

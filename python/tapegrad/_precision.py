@@ -28,7 +28,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
+from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare
 
 
 def runs_elsewhere(inputs, slots):
@@ -69,25 +69,23 @@ def _figures(comparison, i, dtype):
             "fused": "a fused kernel's (float32 between products)",
             "sums": f"a float32 sum of {f['terms']:.0f} terms",
             "storage": f"the result's rounding to {p}",
-            "cap": f"{LOOSE:g} × a fused kernel's or the result's rounding"}
+            "cap": f"{HELD:g} × a fused kernel's or the result's rounding"}
     shown = [k for k in FIGURES if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
     value = f["cap"] if judge == "cap" else f[judge]
     others = "".join(f"; {said[k]} {f[k]:.2g}" for k in shown if k != judge)
     text = f" ({MARGIN:g} × {said[judge]}, {value:.2g}{others})"
     tight = max(f["fused"], f["storage"])
-    if f["fused"] > 0 and f["composite"] > LOOSE * tight:
+    if judge == "cap":
+        text += (f"; the op rounds in no torch op at {p}, so it is held to a fused kernel's arithmetic, not to "
+                 f"torch's ops at {p}")
+    elif f["fused"] > 0 and f["composite"] > LOOSE * tight:
         text += (f"; torch's own ops at {p} err {f['composite'] / tight:.0f}× a fused kernel's here (a sum or a "
-                 f"product kept at {p} on this device)")
-        if f.get("cap", 0) > 0:
-            text += (f": the op rounds in no torch op at {p}, so theirs does not excuse it, and it is held to "
-                     f"{LOOSE:g}× a fused kernel's")
-        else:
-            text += f": the op rounds in torch ops at {p} too, and an error up to theirs passes"
-            if comparison.error_within(i) and comparison.error[i] > MARGIN * tight:
-                text += (f"; this op errs {comparison.error[i] / tight:.0f}× a fused kernel's, as a value kept at "
-                         f"{p} does: a reference of composite torch ops, if its own are not loose, tells whether "
-                         "one is")
+                 f"product kept at {p} on this device), and the op rounds in torch ops at {p} too: an error up to "
+                 "theirs passes")
+        if comparison.error_within(i) and comparison.error[i] > MARGIN * tight:
+            text += (f"; this op errs {comparison.error[i] / tight:.0f}× a fused kernel's, as a value kept at {p} "
+                     "does: a reference of composite torch ops, if its own are not loose, tells whether one is")
     return text
 
 

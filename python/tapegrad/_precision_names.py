@@ -312,6 +312,16 @@ def name_precision_failures(report, c, failing):
     failing = [i for i in failing if i not in named64]
     named, why = _name_slips(report, c, failing)
     unnamed = [i for i in failing if i not in named]
+    # a whole VJP c times the reference's, read from the compared vectors themselves where the structural kinds had
+    # only projections (large inputs no cut reaches) and their own rounding hid the common factor
+    for i in list(unnamed):
+        factor = comparison.constant_factor(i)
+        if factor is not None:
+            _tapegrad._add_diagnosis(report, "scale", names[i], check,
+                                     f"{names[i]}̄ = c × the reference's at every element, for every ȳ drawn, c = "
+                                     f"{_tapegrad._describe_factor(factor)} (what is left is within |c| × rounding's "
+                                     "bound): the VJP is off by a constant factor")
+            unnamed.remove(i)
     defects = _defects(c, unnamed)
     for i in unnamed:
         if i in defects:

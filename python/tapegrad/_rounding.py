@@ -44,6 +44,7 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fl
 DRAWS = 2          # random ȳ per comparison
 MARGIN = 1.75      # B = MARGIN · the largest figure of rounding measured (below 2: see the module's text)
 LOOSE = 4          # torch's own ops at p erring this many times a fused kernel's (or the result's rounding) are loose
+HELD = 2           # an op rounding in no torch op at p: the composite's figure held to this many times the fused one's
 MOVED_32 = 3       # points moved by an ulp the composite is run at, at float32 (one at bf16 and fp16)
 SIGMAS = 5         # r, the error's share along x̄, past this many σ of independent errors is of one piece
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
@@ -374,6 +375,7 @@ class _Comparison:
         self.worst = [None] * count
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
         self.scale = [0.0] * count       # ‖x̄₆₄‖∞, the largest over the ȳ drawn
+        self.factor = [[] for _ in range(count)]  # per ȳ: (c, max |x̄ₚ − c·x̄₆₄|), c the least-squares factor
         with SumLengths() as sums:  # the reference's backward, run here anyway: how many terms its sums add
             terms = _terms_norms(reference64, cotangents_64[0], generator)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
@@ -401,6 +403,8 @@ class _Comparison:
                 figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
                 figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
                 self.scale[i] = max(self.scale[i], _largest([exact[i]]))
+                r = along(got[i] - exact[i], exact[i])[0]
+                self.factor[i].append((1 + r, _largest([got[i] - (1 + r) * exact[i]])))
                 if working:
                     r, sigma = along(got[i] - exact[i], exact[i])
                     if not abs(r) <= abs(self.along[i]):
@@ -426,12 +430,12 @@ class _Comparison:
             self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
             self.figures[i]["terms"] = n
             self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
-            # torch's own ops at p erring LOOSE times a fused kernel's (or the result's rounding) and more excuse only
-            # an op that rounds in torch ops at p itself; a fused kernel, or one computing in float32, is held to
-            # LOOSE times the fused model's figure (or the result's rounding)
+            # torch's own ops at p (which keep values at p between ops, and on some devices sum at p) excuse only an
+            # op that rounds in torch ops at p itself; a fused kernel, or one computing in float32, rounds as the
+            # fused model does and then stores its result: the composite's figure is held to HELD times the larger
             tight = max(self.figures[i]["fused"], self.figures[i]["storage"])
             if working and kernel.rounds_in_torch is False and self.figures[i]["fused"] > 0:
-                self.figures[i]["cap"] = LOOSE * tight
+                self.figures[i]["cap"] = HELD * tight
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
         # At bf16 and fp16 the result's rounding moves each element by half an ulp of its own: an element's error is
         # held to MARGIN times the larger of that and the other figures, not to the largest element's half ulp. The
@@ -457,6 +461,19 @@ class _Comparison:
         # y's own rounding as u·‖y₆₄‖∞, up to a whole ulp: a right forward may round an intermediate (a product's
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
+
+    def constant_factor(self, i):
+        """c where input i's VJP is c times the reference's at every element, for every ȳ drawn: what is left,
+        x̄ₚ − c·x̄₆₄, within max(1, |c|)·B (a computation scaled by c scales its rounding too), and c the same to
+        1e-6 over the ȳ; None otherwise, or where c is 1 to within B."""
+        fits = self.factor[i]
+        if not fits or not self.scale[i] > 0:
+            return None
+        c = fits[0][0]
+        if all(abs(ci - c) <= 1e-6 * abs(c) and within(rest, max(1.0, abs(ci)) * self.bound[i]) for ci, rest in fits) \
+                and abs(c - 1) * self.scale[i] > self.bound[i]:
+            return c
+        return None
 
     def judged_by(self, i):
         """The figure the bound of input i is MARGIN times ("cap" where the composite's is held to it)."""
