@@ -20,6 +20,11 @@ The result, stored at p, moves by up to half an ulp too: ½ulp(‖x̄₆₄‖�
 with MARGIN = 1.75 < 2, so that a slip erring twice what the composite at p errs is past it whenever the composite's
 error is the largest figure, while a right fused kernel, whose order of operations is not the composite's, stays
 below it (the Triton example's right kernel at float32 on an H200 erred 1.56 times the composite's figure).
+Two rules keep B from passing what a fused kernel at bf16 or fp16 should not err: an op that rounds in no torch op at
+p (ArithmeticAt watches it run: a Triton launch, or torch ops in float32) has the composite's figure held to HELD
+times max(fused model's, ½ulp(‖x̄₆₄‖∞)), since torch's ops at p, which keep values at p between ops and on some
+devices sum at p, excuse only an op that computes with them; and each element is held to MARGIN times the larger of
+its own ½ulp and the other figures (_Comparison.element_excess), not to the largest element's ½ulp.
 
 At bf16 and fp16 a slip can err by less than an ulp at every element (a scale of 1.004) and pass B. Its error is of
 one piece, though, where rounding's errors are nearly independent from element to element; so the share of x̄
