@@ -54,7 +54,8 @@ std::optional<Diagnosis> diagnose_values(const std::string& input, const std::st
     return Diagnosis{Finding::scale, input, check,
                      fmt::format("analytic = c × numeric for every random projection, c = {}: the {} is off by a "
                                  "constant factor",
-                                 describe_factor(*c), rule)};
+                                 describe_factor(*c), rule),
+                     false, *c};
   }
   return std::nullopt;
 }

@@ -39,8 +39,8 @@ std::vector<Tensor> rows_of(std::span<const Tensor> x, const std::vector<bool>& 
   return xs;
 }
 
-// In r, the factor c of the scale found for d's input and check (its message: "..., c = 1.43: ..."), 1 where that
-// check passed, none where it failed otherwise.
+// In r, the factor c of the scale found for d's input and check, 1 where that check passed, none where it failed
+// otherwise.
 std::optional<double> scale_factor(const GradcheckReport& r, const Diagnosis& d) {
   const bool passed = std::all_of(r.checks.begin(), r.checks.end(), [&](const CheckResult& c) {
     return c.input != d.input || c.check != d.check || c.passed;
@@ -48,9 +48,7 @@ std::optional<double> scale_factor(const GradcheckReport& r, const Diagnosis& d)
   if (passed) return 1.0;
   const Diagnosis* scale = r.find(Finding::scale, d.input);
   if (!scale || scale->check != d.check) return std::nullopt;
-  const size_t at = scale->message.find(", c = ");  // not "analytic = c × numeric"
-  if (at == std::string::npos) return std::nullopt;
-  return std::strtod(scale->message.c_str() + at + 6, nullptr);
+  return scale->factor;
 }
 
 // A scale found on the first of y's rows alone may be a factor of each row (a count, a norm) that one row cannot

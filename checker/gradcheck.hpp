@@ -21,6 +21,7 @@
 
 #include <initializer_list>
 #include <iosfwd>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -81,6 +82,8 @@ struct Diagnosis {
   // knows (α_r·u_r·v_rᵀ). When the rule is written as formulas, an edit that puts it right takes its place
   // (checker/formulas/edits.hpp).
   bool unnamed = false;
+  // The constant c of A = c·N where the finding is one (a scale), so that a program need not read it from the message.
+  std::optional<double> factor = std::nullopt;
   std::string str() const;  // "[kind] input, check: message"
 };
 // The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.

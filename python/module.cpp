@@ -89,8 +89,8 @@ GradcheckReport check(const py::object& impl, const std::string& name, const py:
 // A diagnosis found in Python (tapegrad/_forward.py) added to a report made here, where the kinds' sheets put it
 // (add_finding, checker/finding_sheet.hpp).
 void add_diagnosis(GradcheckReport& report, std::string_view kind, const std::string& input, const std::string& check,
-                   const std::string& message) {
-  add_finding(report, Diagnosis{finding_or_fail(kind), input, check, message});
+                   const std::string& message, std::optional<double> factor) {
+  add_finding(report, Diagnosis{finding_or_fail(kind), input, check, message, false, factor});
 }
 
 // The claims of a text in the format of docs/claims/README.md, each checked as `tapegrad claim` does.
@@ -193,6 +193,7 @@ void bind_report(py::module_& m) {
       .def_readonly("input", &Diagnosis::input)
       .def_readonly("check", &Diagnosis::check)
       .def_readonly("message", &Diagnosis::message)
+      .def_readonly("factor", &Diagnosis::factor, "c where the finding is A = c·N (a scale), else None")
       .def("__str__", &Diagnosis::str)
       .def("__repr__", [](const Diagnosis& d) { return "<Diagnosis " + d.str() + ">"; });
   // dynamic_attr: the Python side may set `_notes`, lines printed under the title (how forward mode was checked).
@@ -219,7 +220,7 @@ void bind_report(py::module_& m) {
       .def("__repr__", &report_text);
   m.def("_add_check", &add_check, py::arg("report"), py::arg("row"));
   m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
-        py::arg("message"));
+        py::arg("message"), py::arg("factor") = py::none());
   m.def("_drop_diagnoses", &drop_diagnoses, py::arg("report"), py::arg("kind"));
   m.def("_reword", &reword, py::arg("report"), py::arg("old"), py::arg("new"));
   m.def("_merge", &merged, py::arg("reports"), py::arg("outputs"), py::arg("op"));

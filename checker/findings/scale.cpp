@@ -18,7 +18,8 @@ bool whole_scale(JacobianSearch& s) {
   s.found.push_back({Finding::scale, v.input, v.check,
                      fmt::format("analytic = c × numeric at every one of {} elements, c = {}: the {} is off by a "
                                  "constant factor (a missing or wrong scale; divide by c to fix it)",
-                                 v.a.size(), describe_factor(*c), rule_name(v.check))});
+                                 v.a.size(), describe_factor(*c), rule_name(v.check)),
+                     false, *c});
   return true;
 }
 

@@ -6,7 +6,6 @@ Used by the low-precision check's naming (tapegrad/_precision_names.py) and by t
 the C++ checker's own cut (checker/diagnose_narrowed.cpp), which cuts only the checked inputs along y's leading axis.
 """
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,7 +112,7 @@ def name_on_the_cut(report, call, gradcheck):
         again = check_on(cut)
         if again.passed:
             continue
-        found = [(d.kind, d.input, d.check, cut[1] + d.message) for d in again.diagnoses
+        found = [(d.kind, d.input, d.check, cut[1] + d.message, d.factor) for d in again.diagnoses
                  if d.input in unnamed and d.check]
         if any(kind == "scale" for kind, *_ in found) and " 1 of " in cut[1]:
             # one row along an axis, where a factor of each row (a count, a norm) reads as one scale: the same
@@ -126,30 +125,22 @@ def name_on_the_cut(report, call, gradcheck):
         return
 
 
-_FACTOR = re.compile(r"c = (-?[0-9][0-9.]*(?:e[-+]?[0-9]+)?)")
-
-
 def _factors_per_row(found, first, last, at_last):
     """found's scale of an input (found on the rows first says), where the check on the last rows (at_last: its
     report, last: where it says) finds another factor or none: one finding of a factor per row instead, with both
     factors."""
-    def factor(message):
-        match = _FACTOR.search(message)
-        return float(match.group(1)) if match else None
-
     out = []
-    for kind, name, check, message in found:
+    for kind, name, check, message, c_first in found:
         there = [d for d in at_last.diagnoses if d.input == name and d.check == check]
-        c_last = 1.0 if not there else next((factor(d.message) for d in there if d.kind == "scale"), None)
-        c_first = factor(message)
+        c_last = 1.0 if not there else next((d.factor for d in there if d.kind == "scale"), None)
         if kind != "scale" or c_first is None or c_last is None or abs(c_first - c_last) <= 1e-3 * abs(c_first):
-            out.append((kind, name, check, message))
+            out.append((kind, name, check, message, c_first))
             continue
         places = f"{first[3:].split(' (')[0]} and on {last[3:].split(' (')[0]}"
         out.append(("per_row_factor", name, check,
                     f"on {places} (full Jacobians there): analytic = c × numeric in each, c = {c_first:.6g} and "
                     f"{c_last:.6g}: the factor differs between y's rows — a per-row normalizer (the row's count, "
-                    "sum or norm) is missing, applied twice, or the wrong one"))
+                    "sum or norm) is missing, applied twice, or the wrong one", None))
     return out
 
 

@@ -183,14 +183,14 @@ def _name_slips(report, c, slips):
                 # relative to the terms a value is computed from: an entry near zero errs as its row's largest
                 # does). An error of a part of every entry, a scale of 1.05, is then past it.
                 options.full_jacobian_limit = max(default_limit, CUT_LIMIT)
-                noise = comparison.bound[i] / MARGIN
+                noise = comparison.noise_bound[i] / MARGIN
                 options.rtol = noise / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
                 largest = _largest_entry(c, args, slots[i])
                 options.atol = max(options.rtol * largest, 1e-300)
             else:  # random projections of the whole inputs, which err as VJPs do: by up to B
                 options.full_jacobian_limit = default_limit
-                options.rtol = comparison.bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
-                options.atol = max(comparison.bound[i], 1e-300)
+                options.rtol = comparison.noise_bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
+                options.atol = max(comparison.noise_bound[i], 1e-300)
             impl = _KernelAgainstReference(c, args, slots[i])
             array = args[slots[i]].detach().to(torch.float64).cpu().numpy()
             structural = _tapegrad._check(impl, "kernel", [array], [names[i]], 1, options)
@@ -204,7 +204,7 @@ def _name_slips(report, c, slips):
                 # it): a kind that models the whole error says more
                 found = [d for d in found if d.kind != "masked_positions"]
             for d in found:
-                _tapegrad._add_diagnosis(report, d.kind, names[i], c.check, where + d.message)
+                _tapegrad._add_diagnosis(report, d.kind, names[i], c.check, where + d.message, d.factor)
                 named.setdefault(i, []).append(d.kind)
             if i not in named:
                 why.update({i: d.message for d in structural.diagnoses if d.kind == "unexplained"})
@@ -256,7 +256,7 @@ def _same_in_float64(c, failing):
         for i in list(same):
             apart = float(np.max(np.abs(at_p[i] - at_64[i]), initial=0.0))
             off = float(np.max(np.abs(at_64[i] - exact[i]), initial=0.0))
-            if not (apart <= comparison.bound[i] < off):
+            if not (apart <= comparison.noise_bound[i] and comparison.bound[i] < off):
                 same.discard(i)
     return sorted(same)
 
@@ -320,7 +320,7 @@ def name_precision_failures(report, c, failing):
             _tapegrad._add_diagnosis(report, "scale", names[i], check,
                                      f"{names[i]}̄ = c × the reference's at every element, for every ȳ drawn, c = "
                                      f"{_tapegrad._describe_factor(factor)} (what is left is within |c| × rounding's "
-                                     "bound): the VJP is off by a constant factor")
+                                     "bound): the VJP is off by a constant factor", factor)
             unnamed.remove(i)
     defects = _defects(c, unnamed)
     for i in unnamed:

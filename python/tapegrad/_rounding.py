@@ -442,6 +442,9 @@ class _Comparison:
             if working and kernel.rounds_in_torch is False and self.figures[i]["fused"] > 0:
                 self.figures[i]["cap"] = HELD * tight
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
+        # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
+        # (a kernel held to a fused kernel's arithmetic is judged by bound, and its slip named through its noise)
+        self.noise_bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
         # At bf16 and fp16 the result's rounding moves each element by half an ulp of its own: an element's error is
         # held to MARGIN times the larger of that and the other figures, not to the largest element's half ulp. The
         # worst element past it: (its index, its error, x̄₆₄ there, MARGIN × its own rounding, MARGIN × the others).
