@@ -270,6 +270,8 @@ TEST_CASE("each diagnosis kind names second-order slips (claims with an hvp line
   }
   const GradcheckReport scale = check_named(slips, "hvp_scale_log_softmax");
   CHECK(scale.find(Finding::scale)->message.find("c = 2") != std::string::npos);
+  REQUIRE(scale.find(Finding::scale)->factor.has_value());
+  CHECK(*scale.find(Finding::scale)->factor == doctest::Approx(2).epsilon(1e-4));
   CHECK(scale.find(Finding::scale)->message.find("second-order rule") != std::string::npos);
   const GradcheckReport first = check_named(slips, "hvp_first_order_tanh");
   CHECK_FALSE(first.has(Finding::sign));  // nothing said of the second order while the first is wrong

@@ -406,4 +406,5 @@ def test_a_constant_factor_is_read_from_the_vectors_where_the_structural_kinds_n
     assert not report.passed
     scale = [d for d in report.diagnoses if d.kind == "scale" and d.input == "w"]
     assert scale and "c = 8 " in scale[0].message, report
+    assert scale[0].factor == pytest.approx(8, rel=1e-5)
     assert not [d for d in report.diagnoses if d.input == "x"], report
