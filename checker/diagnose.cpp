@@ -51,11 +51,14 @@ std::optional<Diagnosis> diagnose_values(const std::string& input, const std::st
       return Diagnosis{
           Finding::sign, input, check,
           fmt::format("analytic = −1 × numeric for every random projection: the {} has the wrong sign", rule)};
-    return Diagnosis{Finding::scale, input, check,
+    return Diagnosis{Finding::scale,
+                     input,
+                     check,
                      fmt::format("analytic = c × numeric for every random projection, c = {}: the {} is off by a "
                                  "constant factor",
                                  describe_factor(*c), rule),
-                     false, *c};
+                     false,
+                     *c};
   }
   return std::nullopt;
 }
