@@ -408,3 +408,29 @@ def test_a_constant_factor_is_read_from_the_vectors_where_the_structural_kinds_n
     assert scale and "c = 8 " in scale[0].message, report
     assert scale[0].factor == pytest.approx(8, rel=1e-5)
     assert not [d for d in report.diagnoses if d.input == "x"], report
+
+
+def test_each_element_is_held_to_its_own_rounding():
+    """A backward that adds 0.012 to the elements of x̄ under 0.25 errs less than 1.75 half-ulps of x̄'s largest
+    element (about 3, whose half ulp at bf16 is 0.0078) and passed when every element was held to that; an element
+    of 0.2 rounds by at most 0.0005 at bf16, and the row fails there, a line naming the element."""
+    def make(offset):
+        class Copy(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.float().to(x.dtype)
+
+            @staticmethod
+            def backward(ctx, g):
+                g32 = g.float()
+                return (g32 + offset * (g32.abs() < 0.25)).to(g.dtype)
+        return Copy.apply
+    x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    reference = lambda x: x * 1
+    right = tapegrad.gradcheck(make(0.0), (x.requires_grad_(),), reference=reference, seed=0)
+    assert right.passed, right
+    slip = tapegrad.gradcheck(make(0.012), (x,), reference=reference, seed=0)
+    assert not slip.passed, slip
+    row = next(c for c in slip.checks if c.check == "vjp bf16")
+    assert row.max_abs_err < 1.75 * 0.0078 * 2, slip  # within the largest element's allowance
+    assert re.search(r"x: at x\[\d+\], where x̄ is -?0\.\d+, the error is 0\.01", str(slip)), slip
