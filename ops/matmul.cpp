@@ -194,7 +194,8 @@ std::vector<OpSheet> matmul_ops() {
   auto product = [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); };
   r.add({.name = "matmul",
          .family = "matmul",
-         .forward = "y_α = a_α·b_γ: matrix products over the (broadcast) batch axes",
+         .forward = "y_β = a_α·b_γ: matrix products over the (broadcast) batch axes; β a matrix of y, α and γ the "
+                    "matrices of a and b it reads",
          .vjp = "ā_α += Σ_β ȳ_β·b_γᵀ, b̄_γ += Σ_β a_αᵀ·ȳ_β (sums over broadcast batches)",
          .jvp = "ẏ = ȧ·b + a·ḃ",
          .second_order = "ā̇_α += Σ_β ȳ_β·ḃ_γᵀ, b̄̇_γ += Σ_β ȧ_αᵀ·ȳ_β: the VJP with the other factor's tangent",
