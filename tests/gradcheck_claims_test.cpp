@@ -405,6 +405,10 @@ TEST_CASE("a formula as text evaluates to the same values as the ops it names") 
     const double v = x.value().item(e);
     CHECK(mixed.item(e) == doctest::Approx(2 * v - 1 / (1 + std::exp(-v)) - 0.5 * v).epsilon(1e-14));
   }
+  // sigmoid, on a tensor and folded on a number: the engine's op, and 1/(1 + e⁻ˣ).
+  const Tensor logistic = formula("sigmoid(x) - sigmoid(0)", {{"x", x}}).value();
+  for (int64_t e = 0; e < 15; ++e)
+    CHECK(logistic.item(e) == doctest::Approx(1 / (1 + std::exp(-x.value().item(e))) - 0.5).epsilon(1e-14));
   const Tensor masked = formula("where(relu(x), x, 0) + tril(x * 0 + 1, -1)", {{"x", x}}).value();
   for (int64_t e = 0; e < 15; ++e) {
     const double v = x.value().item(e);

@@ -111,7 +111,7 @@ void add_claim_command(CLI::App& app) {
       "Check a claimed derivative written as formulas (a paper's VJP, JVP or Hessian-vector product) against finite "
       "differences of its "
       "forward, in float64, with the gradchecker's diagnosis (exit 1 when the claim is wrong). Formulas: names, "
-      "numbers, + - * / with broadcasting, the ops exp log tanh relu gelu gelu_erf elu softmax log_softmax "
+      "numbers, + - * / with broadcasting, the ops exp log tanh sigmoid relu gelu gelu_erf elu softmax log_softmax "
       "row_normalize "
       "matmul linear layer_norm, sum(e, axis) mean(e, axis) norm(e, axis) transpose(e, a, b) where(c, a, b) tril(e, "
       "k); "

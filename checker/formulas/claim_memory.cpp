@@ -159,7 +159,7 @@ struct ShapeWalk {
       if (x.empty()) throw DoesNotFit{};
       elements += 2 * count(x) / static_cast<double>(std::max<int64_t>(x.back(), 1));  // μ and ρ per row
     }
-    return {false, record(x)};  // exp, log, tanh, relu, gelu, elu, neg, softmax, log_softmax, row_normalize
+    return {false, record(x)};  // exp, log, tanh, sigmoid, relu, gelu, elu, neg, softmax, log_softmax, row_normalize
   }
 
   // (..., m, k) @ (..., k, n) → (..., m, n), the batch axes broadcast.

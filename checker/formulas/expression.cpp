@@ -176,6 +176,7 @@ class Evaluator {
       if (f == "exp") return {true, std::exp(v), {}};
       if (f == "log") return {true, std::log(v), {}};
       if (f == "tanh") return {true, std::tanh(v), {}};
+      if (f == "sigmoid") return {true, 1 / (1 + std::exp(-v)), {}};
       if (f == "relu") return {true, std::max(v, 0.0), {}};
       if (f == "neg") return {true, -v, {}};
     }
@@ -186,6 +187,7 @@ class Evaluator {
       if (f == "exp") return exp(x[0]);
       if (f == "log") return log(x[0]);
       if (f == "tanh") return tanh(x[0]);
+      if (f == "sigmoid") return sigmoid(x[0]);
       if (f == "relu") return relu(x[0]);
       if (f == "gelu") return gelu(x[0]);
       if (f == "gelu_erf") return gelu_erf(x[0]);

@@ -6,7 +6,7 @@
 //   primary     a number (2, 0.5, 1e-3), a name (a tensor given by the caller), a call f(e, ...), (e)
 //
 // The calls are the engine's ops by their registry names where they take tensors only, plus a few reductions:
-//   exp log tanh relu gelu gelu_erf elu neg softmax log_softmax row_normalize    f(e)
+//   exp log tanh sigmoid relu gelu gelu_erf elu neg softmax log_softmax row_normalize    f(e)
 //   add sub mul div matmul                                              f(a, b)
 //   linear(x, W[, b])  layer_norm(x, w, b)
 //   sum(e[, axis])  mean(e[, axis])   over all elements, or over one axis keeping it (size 1)

@@ -79,7 +79,7 @@ const std::vector<FunctionSpec>& functions() {
       {"sub", 2, 2, {}},      {"mul", 2, 2, {}},           {"div", 2, 2, {}},           {"matmul", 2, 2, {}},
       {"linear", 2, 3, {}},   {"layer_norm", 3, 3, {}},    {"sum", 1, 2, {1}},          {"mean", 1, 2, {1}},
       {"norm", 2, 2, {1}},    {"transpose", 1, 3, {1, 2}}, {"where", 3, 3, {}},         {"tril", 1, 2, {1}},
-      {"squeeze", 2, 2, {1}}, {"unsqueeze", 2, 2, {1}},
+      {"squeeze", 2, 2, {1}}, {"unsqueeze", 2, 2, {1}},    {"sigmoid", 1, 1, {}},
   };
   return table;
 }
