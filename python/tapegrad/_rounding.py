@@ -408,10 +408,9 @@ class _Comparison:
                 figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
                 figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
                 self.scale[i] = max(self.scale[i], _largest([exact[i]]))
-                r = along(got[i] - exact[i], exact[i])[0]
+                r, sigma = along(got[i] - exact[i], exact[i])
                 self.factor[i].append((1 + r, _largest([got[i] - (1 + r) * exact[i]])))
                 if working:
-                    r, sigma = along(got[i] - exact[i], exact[i])
                     if not abs(r) <= abs(self.along[i]):
                         self.along[i] = r
                         self.along_rest[i] = _rms(got[i] - exact[i] - r * exact[i])
