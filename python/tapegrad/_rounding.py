@@ -10,9 +10,10 @@ precision a float32 computation works in; at bf16 and fp16, where a kernel works
 rounded stored values, the moved point is held against float64 at its own point: a second sample of how rounding
 falls. Two more figures cover what the composite's error may not: a fused kernel keeps its values in float32
 between products (Rounding, a Monte Carlo model of that arithmetic: only the products' operands at p), and a fused
-kernel sums long in float32 (an allowance by the sum's length: u₃₂·‖terms‖₂·√(n/6), the rms error of n float32
-terms added one after the other, the worst usual order, times √(2·ln(2m)), about the largest of m such errors: x̄'s
-m elements; a sum in blocks or in pairs errs less).
+kernel sums long in float32 (an allowance by the sum's length: u₃₂·√n·√(‖terms‖₂²/6 + x̄²/9), the rms error of n
+float32 terms added one after the other, the worst usual order, whose partial sums wander as the terms' signs do and
+grow with their mean, times √(2·ln(2m)), about the largest of m such errors: x̄'s m elements; a sum in blocks or in
+pairs errs less).
 The result, stored at p, moves by up to half an ulp too: ½ulp(‖x̄₆₄‖∞) = u·2^⌊log₂‖x̄₆₄‖∞⌋. The bound is
 
         B = MARGIN · max(composite's error at p, fused model's, long sums', ½ulp(‖x̄₆₄‖∞))
@@ -357,7 +358,8 @@ class _Comparison:
         # the moved point's figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel
         # computes in float32 between exact 16-bit inputs and its stored values, which the composite at p rounds
         # already, so there the moved point is a second sample of how rounding falls, against float64 at its own point.
-        reference64 = reference_at(None)
+        with SumLengths() as forward_sums:  # a backward may sum again what the forward sums (a row's or a column's)
+            reference64 = reference_at(None)
         self.kernel, self.reference64 = kernel, reference64  # kept: the naming compares with them again
         u = UNIT_ROUNDOFF[dtype]
         working = float32_between(dtype)
@@ -424,14 +426,18 @@ class _Comparison:
                         self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
-            # the reference's longest product or sum whose result is the size of x̄, where longer: a weight's
-            # gradient sums over the rows), added one after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, whose rms
-            # is u₃₂·‖terms‖₂·√(n/6); the largest of the m·DRAWS elements compared is up to √(2·ln(2·m·DRAWS))
-            # times that
+            # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
+            # longer: a weight's gradient sums over the rows, or sums again a column the forward sums), added one
+            # after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ uniform in ±u₃₂. Terms tₖ = μ + eₖ make
+            # Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at most
+            # u₃₂·√n·√(‖terms‖₂²/6 + x̄ⱼ²/9), x̄ⱼ = nμ (terms of one sign, a column of positive values or ȳ correlated
+            # with x̂, err √n times more than terms of random signs); the largest of the m·DRAWS elements compared
+            # is up to √(2·ln(2·m·DRAWS)) times that
             size = kernel.xs[i].numel()
-            n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1))
+            n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
             largest_of = math.sqrt(2 * math.log(2 * max(1, size) * DRAWS))
-            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * math.sqrt(n / 6) * terms[i] * largest_of
+            walk = math.sqrt(n * (terms[i] ** 2 / 6 + (self.scale[i] ** 2 / 9 if n > 1 else 0.0)))  # one term: no sum
+            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * walk * largest_of
             self.figures[i]["terms"] = n
             self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
             # torch's own ops at p (which keep values at p between ops, and on some devices sum at p) excuse only an

@@ -434,3 +434,39 @@ def test_each_element_is_held_to_its_own_rounding():
     row = next(c for c in slip.checks if c.check == "vjp bf16")
     assert row.max_abs_err < 1.75 * 0.0078 * 2, slip  # within the largest element's allowance
     assert re.search(r"x: at x\[\d+\], where x̄ is -?0\.\d+, the error is 0\.01", str(slip)), slip
+
+
+def make_column_scale(slip=1.0):
+    """y = w ⊙ Σᵣ xᵣ, whose backward sums x's rows again, one after the other in float32, as a kernel looping over
+    the rows does: w̄ = ȳ ⊙ Σᵣ xᵣ, a long sum of terms of one sign where x > 0 (slip: a factor on w̄)."""
+
+    class ColumnScale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return w * x.sum(0)
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, w = ctx.saved_tensors
+            column = torch.zeros(x.shape[1:], dtype=torch.float32)
+            for row in x.float():
+                column += row
+            return (gy * w).expand_as(x).clone(), (gy * column * slip).to(w.dtype)
+    return ColumnScale.apply
+
+
+def test_a_long_float32_sum_of_terms_of_one_sign_is_allowed_for_by_its_length():
+    # 4096 positive terms added one after the other err about u₃₂·|Σ|·√n/3 (here 0.0087, 9 times the composite's
+    # own error: torch sums in blocks): the right kernel passes, the sum's figure judging; a factor 1 + 1e-4 on w̄
+    # still fails.
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(4096, 16, generator=g, dtype=torch.float64) + 0.5).float().requires_grad_()
+    w = torch.randn(16, generator=g, dtype=torch.float64).float().requires_grad_()
+
+    def reference(x, w):
+        return w * x.sum(0)
+    report = tapegrad.gradcheck(make_column_scale(), (x, w), reference=reference)
+    assert report.passed, report
+    assert "a float32 sum of 4096 terms" in str(report).split("  w: ")[1].split("(1.75 × ")[1]
+    assert not tapegrad.gradcheck(make_column_scale(1 + 1e-4), (x, w), reference=reference).passed
