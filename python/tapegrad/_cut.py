@@ -97,7 +97,9 @@ def name_on_the_cut(report, call, gradcheck):
     unnamed = {d.input for d in report.diagnoses if d.kind == "unexplained" and d.message.startswith(AT_SIZE)}
     if not unnamed:
         return
-    c = _CutCall(call.fn, call.fn, call.inputs, call.slots, call.kwargs or {}, torch.device("cpu"))
+    # fn is its own reference here: it runs on its inputs' device (a CUDA kernel refuses, or misreads, host memory)
+    device = next((x.device for x in call.inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    c = _CutCall(call.fn, call.fn, call.inputs, call.slots, call.kwargs or {}, device)
 
     def check_on(cut):
         return gradcheck(call.fn, cut[0], inputs_to_check=call.slots, names=call.names, name=call.name,
