@@ -20,8 +20,9 @@ Case fields:
     reference    composite torch ops in the forward's own math; runs at any dtype torch supports on the CPU
     f_reference  the same with torch's fused op (F.layer_norm, F.cross_entropy, ...) where one exists, else None
     inputs       inputs(size, dtype, seed) -> tuple: size "small" (a few hundred to a few thousand elements) or
-                 "large"; checked tensors are drawn in float64 from torch.Generator().manual_seed(seed), rounded to
-                 dtype and require grad; fixed inputs (integer targets) do not require grad
+                 "large" (and, for the ops on rows of a matrix, "NxD": N rows of D, as "4096x256"); checked tensors
+                 are drawn in float64 from torch.Generator().manual_seed(seed), rounded to dtype and require grad;
+                 fixed inputs (integer targets) do not require grad
     slips        slip name -> (kind, where): the kind a careful reader would name it (KINDS), and "low" when the
                  slip exists only on the 16-bit path (bf16/fp16; at float32 and float64 the op is right) or "all"
     fp16_ok      whether the op and both references run at float16 on the CPU (torch 1.13 lacks CPU float16 matmul,
@@ -77,6 +78,16 @@ def _is_low(t):
 def _check_variant(variant, slips):
     if variant != "right" and variant not in slips:
         raise ValueError(f"no variant {variant!r}; the variants: right, {', '.join(slips)}")
+
+
+def _rows(size, small, large):
+    """(rows, columns) of a row-wise op's input at size: "small", "large", or "NxD" (N rows of D)."""
+    if size in ("small", "large"):
+        return small if size == "small" else large
+    n, _, d = size.partition("x")
+    if not (n.isdigit() and d.isdigit()):
+        raise ValueError(f"size {size!r}: expected small, large or NxD (as 4096x256)")
+    return int(n), int(d)
 
 
 def _draw(gen, shape, dtype, scale=1.0, shift=0.0, grad=True):
@@ -174,7 +185,7 @@ def rms_norm_reference(x, w):
 
 def rms_norm_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (16, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (16, 32), (512, 128))
     return _draw(gen, (n, d), dtype, 1.5, 0.2), _draw(gen, (d,), dtype, 0.2, 1.0)
 
 
@@ -246,7 +257,7 @@ def layer_norm_f_reference(x, w, b):
 
 def layer_norm_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (48, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (48, 32), (512, 128))
     return (_draw(gen, (n, d), dtype, 1.0, 0.5), _draw(gen, (d,), dtype, 0.2, 1.0),
             _draw(gen, (d,), dtype, 0.3))
 
@@ -384,7 +395,7 @@ def linear_gelu_f_reference(x, w, b):
 
 def linear_gelu_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (16, 24) if size == "small" else (512, 64)
+    n, d = _rows(size, (16, 24), (512, 64))
     return (_draw(gen, (n, d), dtype), _draw(gen, (d, d), dtype, 1.0 / math.sqrt(d)), _draw(gen, (d,), dtype, 0.5))
 
 
@@ -507,7 +518,7 @@ def swiglu_f_reference(x):
 
 def swiglu_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (16, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (16, 32), (512, 128))
     return (_draw(gen, (n, 2 * d), dtype, 1.5),)
 
 
@@ -648,7 +659,7 @@ def cosine_similarity_f_reference(x1, x2):
 
 def cosine_similarity_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (16, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (16, 32), (512, 128))
     x1 = _draw(gen, (n, d), dtype, grad=False)
     x2 = (x1.double() * 0.7 + 0.7 * torch.randn(n, d, dtype=torch.float64, generator=gen)).to(dtype)
     return x1.requires_grad_(), x2.requires_grad_()
@@ -708,7 +719,7 @@ def logsumexp_f_reference(x):
 
 def logsumexp_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (16, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (16, 32), (512, 128))
     return (_draw(gen, (n, d), dtype, 2.0, 3.0),)
 
 
@@ -781,7 +792,7 @@ def residual_layer_norm_f_reference(x, res, bias, w, b):
 
 def residual_layer_norm_inputs(size, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    n, d = (32, 32) if size == "small" else (512, 128)
+    n, d = _rows(size, (32, 32), (512, 128))
     return (_draw(gen, (n, d), dtype), _draw(gen, (n, d), dtype), _draw(gen, (d,), dtype, 0.5),
             _draw(gen, (d,), dtype, 0.1, 1.0), _draw(gen, (d,), dtype, 1.0))
 
