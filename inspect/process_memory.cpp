@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -29,15 +29,29 @@ std::string memory_outlook(double bytes) {
 
 namespace {
 
-std::optional<double> read_number(const std::string& path) {
-  std::ifstream in(path);
+// A small file under /proc or /sys, whole; empty where it cannot be read.
+std::string read_small_file(const char* path) {
   std::string text;
-  if (!(in >> text) || text == "max") return std::nullopt;
-  try {
-    return std::stod(text);
-  } catch (const std::exception&) {
-    return std::nullopt;
+  if (std::FILE* file = std::fopen(path, "r")) {
+    char buffer[4096];
+    for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, got);
+    std::fclose(file);
   }
+  return text;
+}
+
+// The number after key where key begins a line of text ("MemAvailable:    81234 kB" gives 81234), or at the text's
+// start where key is empty; nullopt where there is none, or no number there ("max").
+std::optional<double> number_after(std::string_view text, std::string_view key) {
+  size_t at = text.find(key);
+  while (at != std::string_view::npos && at > 0 && text[at - 1] != '\n') at = text.find(key, at + 1);
+  if (at == std::string_view::npos) return std::nullopt;
+  at += key.size();
+  while (at < text.size() && (text[at] == ' ' || text[at] == '\t')) ++at;
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), value);
+  if (ec != std::errc()) return std::nullopt;
+  return value;
 }
 
 // TAPEGRAD_MEMORY_LIMIT's value: "4294967296", "512M", "4G".
@@ -59,17 +73,9 @@ double user_memory_limit(std::string_view text) {
 
 std::optional<double> memory_available() {
   std::optional<double> available;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    double kb = 0;
-    std::string unit;
-    if (!(meminfo >> kb >> unit)) break;
-    if (key == "MemAvailable:") {
-      available = kb * 1024;
-      break;
-    }
-  }
-  const auto limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (const auto kb = number_after(read_small_file("/proc/meminfo"), "MemAvailable:")) available = *kb * 1024;
+  const auto limit = number_after(read_small_file("/sys/fs/cgroup/memory.max"), ""),
+             used = number_after(read_small_file("/sys/fs/cgroup/memory.current"), "");
   if (limit && used) available = available ? std::min(*available, *limit - *used) : *limit - *used;
   if (const char* cap = std::getenv("TAPEGRAD_MEMORY_LIMIT"); cap && *cap) {
     const double bytes = user_memory_limit(cap);
@@ -78,17 +84,8 @@ std::optional<double> memory_available() {
   return available;
 }
 
-static double status_bytes(const std::string& key) {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind(key + ":", 0) == 0) {
-      try {
-        return std::stod(line.substr(key.size() + 1)) * 1024;  // "VmHWM:    81234 kB"
-      } catch (const std::exception&) {
-        return 0;
-      }
-    }
-  return 0;
+static double status_bytes(const std::string& key) {  // "VmHWM:    81234 kB"
+  return number_after(read_small_file("/proc/self/status"), key + ":").value_or(0) * 1024;
 }
 
 double resident_bytes() { return status_bytes("VmRSS"); }
