@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "engine/parallel.hpp"
+#include "engine/rng.hpp"
 #include "engine/tensor.hpp"
 
 using namespace tapegrad;
@@ -51,4 +53,26 @@ TEST_CASE("misuse of tensors throws readable errors") {
   CHECK_THROWS_WITH_AS((void)t.view({3}), doctest::Contains("(2)"), Error);
   CHECK_THROWS_AS(t.copy_from(Tensor::zeros(DType::f64, {2})), Error);
   CHECK_THROWS_AS((void)t.item(2), Error);
+}
+
+TEST_CASE("randn is the generator's normal draws in order, on any thread count, and moves it past them") {
+  // Element i is the i-th rng.normal(): the tensor's draws are made in ranges on the pool, from the counter.
+  for (const int threads : {1, 2, 3}) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
+      Rng one_by_one(41 + static_cast<uint64_t>(n)), whole(41 + static_cast<uint64_t>(n));
+      const Tensor t64 = Tensor::randn(DType::f64, Shape{n}, whole, 0.5, 2.0);
+      const Tensor t32 = Tensor::randn(DType::f32, Shape{n}, whole, -1.0, 0.25);
+      bool same64 = true, same32 = true;
+      for (int64_t i = 0; i < n; ++i) same64 = same64 && t64.data<double>()[i] == 0.5 + 2.0 * one_by_one.normal();
+      for (int64_t i = 0; i < n; ++i)
+        same32 = same32 && t32.data<float>()[i] == static_cast<float>(-1.0 + 0.25 * one_by_one.normal());
+      CHECK(same64);
+      CHECK(same32);
+      CHECK(whole.state() == one_by_one.state());
+      CHECK(whole.next_u64() == one_by_one.next_u64());
+    }
+    set_num_threads(saved);
+  }
 }
