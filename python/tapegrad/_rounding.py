@@ -431,7 +431,7 @@ class _Comparison:
             # after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ uniform in ±u₃₂. Terms tₖ = μ + eₖ make
             # Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at most
             # u₃₂·√n·√(‖terms‖₂²/6 + x̄ⱼ²/9), x̄ⱼ = nμ (terms of one sign, a column of positive values or ȳ correlated
-            # with x̂, err √n times more than terms of random signs); the largest of the m·DRAWS elements compared
+            # with x̂, err about √n times more than terms of random signs); the largest of the m·DRAWS elements compared
             # is up to √(2·ln(2·m·DRAWS)) times that
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
