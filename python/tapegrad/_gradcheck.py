@@ -217,7 +217,8 @@ def _forward_mode_note(report, impl, fn):
 
 def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, atol=1e-5, rtol=1e-3,
               fast_mode=None, projections=4, inputs_to_check=None, names=None, seed=20240809, diagnose=True,
-              raise_exception=False, name=None, kwargs=None, params=False, reference=None, edges=None):
+              raise_exception=False, name=None, kwargs=None, params=False, reference=None, edges=None,
+              surrogate=None):
     """Checks fn's derivatives at `inputs` with tapegrad's C++ checker and returns its Report.
 
     fn: a callable on torch tensors (a Function.apply, a module, a function, a lambda or functools.partial around
@@ -245,6 +246,11 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     raise_exception: raise GradcheckError (with the report) on a failure instead of returning it.
     An op returning several tensors is checked output by output (rows "x→y0", ...) and for all outputs at once
     (rows "x→all": each VJP seeds every output with its own random ȳ).
+    surrogate: a callable on fn's arguments whose derivative fn's backward declares it takes in place of its own
+        forward's (a straight-through estimator: fn rounds, its backward passes ȳ through, the derivative of
+        x ↦ x): fn's VJP is checked as the derivative of surrogate, by surrogate's finite differences (at a lower
+        precision, surrogate in float64 is the reference unless reference= is given); first order only
+        (tapegrad/_surrogate.py).
     edges: True: after the check, fn runs at inputs built to reach the edges of its domain (masked, constant, tied,
         zero, overflowing and tiny rows; a mask row that leaves a query no key) at the inputs' dtype and device:
         no NaN or ∞ where the reference is finite, x̄ exactly 0 at ȳ = 0, x̄ agreeing with the reference's; a row
@@ -298,6 +304,14 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
                              "can be checked (leave it out with inputs_to_check, or give it elements)")
 
+    declared = None
+    if surrogate is not None:
+        if vjp is not None or order != 1 or not callable(surrogate):
+            raise ValueError("gradcheck: surrogate= is a callable on fn's arguments, for a torch op at order 1 "
+                             f"(got {type(surrogate).__name__}, order {order}{', with vjp=' if vjp else ''})")
+        from ._surrogate import declared as declared_op
+        declared = getattr(surrogate, "__name__", type(surrogate).__name__)
+        fn, kwargs = declared_op(fn, surrogate, kwargs or {}), None
     call = _Call(fn, inputs, slots, checked_names, arrays, name, order, kwargs, options, fast_mode, reference,
                  keywords)
     if vjp is None and _torch_if_loaded() is not None and (reference is not None or _runs_elsewhere(inputs, slots)):
@@ -316,6 +330,9 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         report = _check_torch(call)
+    if declared is not None:
+        report._notes = [f"surrogate: {name}'s backward is checked as the derivative of {declared}, as it declares "
+                         f"(not of its own forward)"] + getattr(report, "_notes", [])
     if edges is not None and edges is not False:
         from ._edges import probe_edges
         probe_edges(call, report, edges, numpy_rules=vjp is not None)

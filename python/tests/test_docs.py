@@ -154,7 +154,7 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
         return re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", line)
     printed = {masked(line) for r in reports for line in str(r).splitlines()}
     text = (SOURCE_DIR / "docs/python.md").read_text()
-    section = text[text.index("### Low precision and GPUs"):text.index("## 2. numpy code")]
+    section = text[text.index("### Low precision and GPUs"):text.index("### A backward that is not its forward's")]
     quoted = [line for language, body in re.findall(r"^```(\w*)\n(.*?)^```\n", section, flags=re.S | re.M)
               if not language for line in body.splitlines() if line.strip()]
     quoted += [line for line in (SOURCE_DIR / "docs/gradchecking.md").read_text().splitlines()
@@ -163,6 +163,13 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     assert len(quoted) > 20
     for line in quoted:
         assert masked(line) in printed, f"the docs quote {line!r}, which no check prints"
+
+
+def test_python_md_surrogate_example_prints_what_it_quotes():
+    (code, quoted), = [(c, q) for c, q in fenced_blocks("docs/python.md", "python") if "surrogate=" in c]
+    printed, namespace = run(code)
+    assert namespace["report"], namespace["report"]
+    assert printed == quoted
 
 
 def test_learn_md_python_blocks_print_what_they_quote(tmp_path, monkeypatch):

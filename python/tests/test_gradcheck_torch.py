@@ -113,3 +113,48 @@ def test_advice_at_size_is_in_gradchecks_own_arguments():
     assert "full_jacobian_limit" not in text, text
     assert "above the 40000 that gradcheck takes in full by default" in text, text
     assert "or pass fast_mode=False (a full Jacobian of 50000 entries)" in text, text
+
+
+class _RoundSTE(torch.autograd.Function):
+    """Quantizes to quarters; its backward passes ȳ through (times `scale`, 1 when right)."""
+    scale = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * _RoundSTE.scale
+
+
+def test_a_straight_through_estimator_is_checked_against_the_surrogate_it_declares(monkeypatch):
+    x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    assert not tapegrad.gradcheck(_RoundSTE.apply, (x,)).passed  # against its own forward: round′ = 0 or a jump
+
+    def identity(x):
+        return x
+    report = tapegrad.gradcheck(_RoundSTE.apply, (x,), surrogate=identity)
+    assert report.passed, report
+    assert "backward is checked as the derivative of identity, as it declares" in str(report)
+    # and the docs' example prints that line
+    assert str(report).splitlines()[1].strip().startswith("surrogate: _RoundSTE's backward")
+    monkeypatch.setattr(_RoundSTE, "scale", 4.0)
+    wrong = tapegrad.gradcheck(_RoundSTE.apply, (x,), surrogate=identity)
+    assert not wrong.passed and [d.kind for d in wrong.diagnoses] == ["scale"], wrong
+    assert wrong.diagnoses[0].factor == pytest.approx(4.0)
+    # at bf16 the surrogate is the float64 reference too
+    xb = x.detach().to(torch.bfloat16).requires_grad_()
+    assert not tapegrad.gradcheck(_RoundSTE.apply, (xb,), surrogate=identity).passed
+    monkeypatch.setattr(_RoundSTE, "scale", 1.0)
+    assert tapegrad.gradcheck(_RoundSTE.apply, (xb,), surrogate=identity).passed
+
+
+def test_surrogate_is_refused_where_it_has_no_meaning():
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(ValueError, match="surrogate="):
+        tapegrad.gradcheck(_RoundSTE.apply, (x,), surrogate=lambda x: x, order=2)
+    with pytest.raises(ValueError, match="surrogate="):
+        tapegrad.gradcheck(_RoundSTE.apply, (x,), surrogate="x")
+    with pytest.raises(ValueError, match="no output of fn requires grad"):
+        tapegrad.gradcheck(lambda x: x.detach() * 2, (x,), surrogate=lambda x: x)
