@@ -127,6 +127,28 @@ TEST_CASE("a row term summed along an axis of another size is a wrong axis") {
   CHECK(d->message.find("reduces over axis -1, not -2") != std::string::npos);
 }
 
+// A log-sum-exp over rows whose VJP takes its softmax over the columns, (4, 6), where the rows belong, and one over
+// columns whose VJP takes it over the rows: moving the softmax to the other axis is the edit that puts each right.
+TEST_CASE("a softmax taken along the wrong axis inside a rule is a wrong axis") {
+  const std::string rows = "input x: 4, 6\nforward log(sum(exp(x), -1))\n";
+  const GradcheckReport right = check_claim(parse_claims(rows + "vjp x = g * softmax(x)\n", "f.txt").at(0));
+  CHECK_MESSAGE(right.passed(), right.str());
+  const GradcheckReport slip =
+      check_claim(parse_claims(rows + "vjp x = g * transpose(softmax(transpose(x)))\n", "f.txt").at(0));
+  MESSAGE(slip.str());
+  const Diagnosis* d = slip.find(Finding::wrong_axis, "x");
+  REQUIRE(d != nullptr);
+  CHECK(d->message.find("takes its softmax along axis -1, not -2") != std::string::npos);
+  const std::string columns = "input x: 4, 6\nforward log(sum(exp(x), 0))\n";
+  const GradcheckReport column_right =
+      check_claim(parse_claims(columns + "vjp x = g * transpose(softmax(transpose(x)))\n", "f.txt").at(0));
+  CHECK_MESSAGE(column_right.passed(), column_right.str());
+  const GradcheckReport column_slip = check_claim(parse_claims(columns + "vjp x = g * softmax(x)\n", "f.txt").at(0));
+  const Diagnosis* e = column_slip.find(Finding::wrong_axis, "x");
+  REQUIRE_MESSAGE(e != nullptr, column_slip.str());
+  CHECK(e->message.find("takes its softmax along axis -2, not -1") != std::string::npos);
+}
+
 // tests/claims/axis_heldout.txt, written apart from the edit search: thirteen ops reducing along an axis other than
 // the last, each with its right VJP and slips marked "# expect: KIND". Every right one holds, every slip fails, and
 // every reduction moved to another axis (of another size) is named a wrong axis.

@@ -312,6 +312,7 @@ class EditSearch {
       transpose_edit(line, formula.text(), part, candidates);
       sign_edit(line, formula.text(), part, candidates);
       axis_edits(line, formula.text(), part, candidates);
+      softmax_axis_edits(line, formula.text(), part, candidates);
       for (Edit& edit : candidates) {
         Rule edited = rule_;
         try {
@@ -386,6 +387,26 @@ class EditSearch {
           squeezed ? ", " + std::to_string(other) + ")" + t.substr(part.end + dropped.size()) : t.substr(part.end);
       out.push_back({line, Finding::wrong_axis, edited,
                      fmt::format("`{}` at {} {} axis {}, not {}", inside, where_written(line), how, other, at)});
+    }
+  }
+
+  // softmax(e) (or log_softmax) along axis a → along any other axis of e: f(e) along the last, else
+  // transpose(f(transpose(e, b, -1)), b, -1), as the trace writes a softmax along axis b.
+  void softmax_axis_edits(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    if (!part.softmax) return;
+    const auto& s = *part.softmax;
+    const std::string e = t.substr(s.begin, s.end - s.begin), f = s.log ? "log_softmax" : "softmax";
+    const auto shape = shape_of(e);
+    if (!shape || shape->rank() < 2) return;
+    const int rank = static_cast<int>(shape->rank()), written = s.along >= 0 ? s.along - rank : s.along;
+    for (int other = -rank; other < 0; ++other) {
+      if (other == written || written < -rank) continue;
+      const std::string along = other == -1
+                                    ? fmt::format("{}({})", f, e)
+                                    : fmt::format("transpose({}(transpose({}, {}, -1)), {}, -1)", f, e, other, other);
+      out.push_back({line, Finding::wrong_axis, t.substr(0, part.begin) + along + t.substr(part.end),
+                     fmt::format("`{}` at {} takes its {} along axis {}, not {}",
+                                 t.substr(part.begin, part.end - part.begin), where_written(line), f, other, written)});
     }
   }
 

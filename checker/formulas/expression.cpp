@@ -251,13 +251,25 @@ void collect_names(const ExpressionNode& n, std::vector<std::string>& out) {
 // The parts of n's subtree that may hold a tensor: every node but numbers (and -number), and no axis argument.
 void collect_parts(const ExpressionNode& n, std::vector<Formula::Part>& out) {
   if (literal_int(n) || n.kind == Kind::number || (n.kind == Kind::negate && n.args[0]->kind == Kind::number)) return;
-  Formula::Part part{n.begin, n.end, std::nullopt, std::nullopt, {0, 0}, std::nullopt};
+  Formula::Part part{n.begin, n.end, std::nullopt, std::nullopt, {0, 0}, std::nullopt, std::nullopt};
   if (n.kind == Kind::call && n.name == "transpose" && n.args.size() == 1)
     part.argument = std::pair(n.args[0]->begin, n.args[0]->end);
   if (n.kind == Kind::call && n.args.size() == 2 && (n.name == "sum" || n.name == "mean" || n.name == "unsqueeze")) {
     part.axis = std::pair(n.args[1]->begin, n.args[1]->end);
     part.term = {n.args[0]->begin, n.args[0]->end};
   }
+  auto is_softmax = [](const ExpressionNode& f) {
+    return f.kind == Kind::call && f.args.size() == 1 && (f.name == "softmax" || f.name == "log_softmax");
+  };
+  auto swap_with_last = [](const ExpressionNode& e) -> std::optional<int> {  // transpose(·, a, -1): a; transpose(·): -2
+    if (e.kind != Kind::call || e.name != "transpose") return std::nullopt;
+    if (e.args.size() == 1) return -2;
+    return e.args.size() == 3 && literal_int(*e.args[2]) == -1 ? literal_int(*e.args[1]) : std::nullopt;
+  };
+  if (is_softmax(n)) part.softmax = Formula::Part::Softmax{n.args[0]->begin, n.args[0]->end, -1, n.name[0] == 'l'};
+  if (const auto a = swap_with_last(n); a && is_softmax(*n.args[0]))
+    if (const ExpressionNode& inner = *n.args[0]->args[0]; swap_with_last(inner) == a)
+      part.softmax = Formula::Part::Softmax{inner.args[0]->begin, inner.args[0]->end, *a, n.args[0]->name[0] == 'l'};
   if ((n.kind == Kind::binary && (n.op == '+' || n.op == '-')) || n.kind == Kind::negate) {
     part.sign = n.offset;
     part.term = {n.args.back()->begin, n.args.back()->end};

@@ -74,6 +74,14 @@ class Formula {
     std::optional<size_t> sign;
     std::pair<size_t, size_t> term{0, 0};
     std::optional<std::pair<size_t, size_t>> axis;
+    // softmax(e) or log_softmax(e) along axis `along` of e (-1; or another, which the trace writes
+    // transpose(f(transpose(e, a, -1)), a, -1)): e's place in the text and whether it is log_softmax.
+    struct Softmax {
+      size_t begin = 0, end = 0;
+      int along = -1;
+      bool log = false;
+    };
+    std::optional<Softmax> softmax = std::nullopt;
   };
   std::vector<Part> parts() const;
   // The shape of the result for inputs of these shapes, from a trial on zeros: throws ExpressionError at the name
