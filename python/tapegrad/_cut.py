@@ -18,7 +18,7 @@ from ._torch_op import float_outputs
 CUT_LIMIT = 1 << 17  # Jacobian entries (outputs × one input's elements) a cut's full Jacobian may have
 
 
-def cut_along_y(c, limit, leading_first=False, from_end=False):
+def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
     """(the inputs cut to their first rows along y's leading axes, where it says) so that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
     op refuses one. An input is cut along y's axis a where it has that axis: the same axis of the same length, its
@@ -28,11 +28,12 @@ def cut_along_y(c, limit, leading_first=False, from_end=False):
     (B, T, D) op; not a (D,) weight of a (D, D) op). Leading axes are cut first; the first keeps two rows where
     that fits, so that a slip that reads one batch element only still shows. leading_first: the first axis to one
     row before any other is cut (a scan along the second axis, whose slip may not show on one of its steps).
-    from_end: the last rows, not the first."""
+    from_end: the last rows, not the first. one_axis: an op whose y has one axis is cut along it too (the float64
+    check's naming; at a low precision the rounding of two rows reads as a structure and is not cut)."""
     fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
-    if len(ys) != 1 or ys[0].dim() < 2:  # no axis to cut: the inputs as they are, where they fit
+    if len(ys) != 1 or ys[0].dim() < (1 if one_axis else 2):  # no axis to cut: the inputs as they are, where they fit
         outputs = sum(y.numel() for y in ys)
         return (list(inputs), "") if max(outputs * inputs[i].numel() for i in slots) <= limit else None
     shape = tuple(ys[0].shape)
@@ -87,6 +88,7 @@ def cut_along_y(c, limit, leading_first=False, from_end=False):
 
 
 AT_SIZE = "random projections ("  # how the C++ checker's line for an input it could not name at size begins
+ON_ITS_CUT = "(a full Jacobian there): none of the known kinds"  # its line for one its own cut did not name
 
 
 def name_on_the_cut(report, call, gradcheck):
@@ -95,6 +97,10 @@ def name_on_the_cut(report, call, gradcheck):
     inputs replace their line, each saying where it was found. Nothing changes where no cut fits, the op refuses
     every cut, or the cut passes."""
     unnamed = {d.input for d in report.diagnoses if d.kind == "unexplained" and d.message.startswith(AT_SIZE)}
+    # the C++ checker's own cut (the checked inputs' first rows) left unnamed: the module's cut traces the backward
+    # there too, so a slip of its formulas (a softmax along the wrong axis) may be named; only a name replaces it
+    on_its_cut = {d.input for d in report.diagnoses if d.kind == "unexplained" and ON_ITS_CUT in d.message} - unnamed
+    unnamed |= on_its_cut
     if not unnamed:
         return
     # fn is its own reference here: it runs on its inputs' device (a CUDA kernel refuses, or misreads, host memory)
@@ -107,7 +113,7 @@ def name_on_the_cut(report, call, gradcheck):
 
     tried = []
     for leading_first in (False, True):  # inner axes cut first, then the leading one first where the slip hid
-        cut = cut_along_y(c, CUT_LIMIT, leading_first)
+        cut = cut_along_y(c, CUT_LIMIT, leading_first, one_axis=True)
         if cut is None or not cut[1] or cut[1] in tried:  # no cut fits, nothing was cut, or this cut was tried
             continue
         tried.append(cut[1])
@@ -115,11 +121,11 @@ def name_on_the_cut(report, call, gradcheck):
         if again.passed:
             continue
         found = [(d.kind, d.input, d.check, cut[1] + d.message, d.factor) for d in again.diagnoses
-                 if d.input in unnamed and d.check]
+                 if d.input in unnamed and d.check and not (d.input in on_its_cut and d.kind == "unexplained")]
         if any(kind == "scale" for kind, *_ in found) and " 1 of " in cut[1]:
             # one row along an axis, where a factor of each row (a count, a norm) reads as one scale: the same
             # check on the last rows says whether the factor is the same there
-            other = cut_along_y(c, CUT_LIMIT, leading_first, from_end=True)
+            other = cut_along_y(c, CUT_LIMIT, leading_first, from_end=True, one_axis=True)
             if other is not None:
                 found = _factors_per_row(found, cut[1], other[1], check_on(other))
         for finding in found:
