@@ -89,6 +89,9 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
 
 AT_SIZE = "random projections ("  # how the C++ checker's line for an input it could not name at size begins
 ON_ITS_CUT = "(a full Jacobian there): none of the known kinds"  # its line for one its own cut did not name
+# what does not replace that line: no name, or a finding of the point rather than of the rule (a few elements at a
+# kink of another cut, a tolerance)
+NOT_A_NAME = {"unexplained", "kink", "tolerance"}
 
 
 def name_on_the_cut(report, call, gradcheck):
@@ -121,7 +124,7 @@ def name_on_the_cut(report, call, gradcheck):
         if again.passed:
             continue
         found = [(d.kind, d.input, d.check, cut[1] + d.message, d.factor) for d in again.diagnoses
-                 if d.input in unnamed and d.check and not (d.input in on_its_cut and d.kind == "unexplained")]
+                 if d.input in unnamed and d.check and not (d.input in on_its_cut and d.kind in NOT_A_NAME)]
         if any(kind == "scale" for kind, *_ in found) and " 1 of " in cut[1]:
             # one row along an axis, where a factor of each row (a count, a norm) reads as one scale: the same
             # check on the last rows says whether the factor is the same there
