@@ -66,7 +66,7 @@ def REFERENCE(x, g, b):
     return x * g + b
 
 
-LAYER_NORM_VARIANTS = ("right", "no_mean_16bit", "unbiased_backward")
+LAYER_NORM_VARIANTS = ("right", "no_mean_16bit", "unbiased_backward", "last_row_16bit")
 
 
 def make_layer_norm(variant="right"):
@@ -93,6 +93,8 @@ def make_layer_norm(variant="right"):
             if variant == "no_mean_16bit" and x.dtype in (torch.bfloat16, torch.float16):
                 row_mean = torch.zeros_like(row_mean)
             gx = rstd * (projected - row_mean - xhat * (projected * xhat).mean(-1, keepdim=True))
+            if variant == "last_row_16bit" and x.dtype in (torch.bfloat16, torch.float16) and len(gx) > 64:
+                gx[-1] *= 1.01  # the last program of a kernel whose rows do not fill it, scaled by its own constant
             return gx.to(x.dtype), (g * xhat).sum(0).to(w.dtype), g.sum(0).to(w.dtype)
 
     LayerNorm.__name__ = "layer_norm" if variant == "right" else f"layer_norm[{variant}]"

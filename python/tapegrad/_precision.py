@@ -28,7 +28,7 @@ import torch
 
 from . import _tapegrad
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, UNIT_ROUNDOFF, _Run, compare, within
+from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, _Run, compare, within
 
 
 def runs_elsewhere(inputs, slots):
@@ -147,6 +147,12 @@ def check_at_precision(call, float64_report):
             notes.append(f"{input_name}: its error is of one piece along {input_name}̄ itself, "
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
+        if comparison.block_excess[i] is not None:
+            place, words, r, bound = comparison.block_excess[i]
+            notes.append(f"{input_name}: in {input_name}̄{place} ({words}) its error is of one piece along "
+                         f"{input_name}̄ there, {input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·"
+                         f"{input_name}̄₆₄ + the rest; rounding explains a share up to {bound:.2g} in that block "
+                         f"({MARGIN:g} × the composite's there, or {SIGMAS:g} σ of independent errors)")
     forward_ok = comparison.forward_passed()
     _tapegrad._add_check(report, dict(input="y", check=f"forward {DTYPE_NAMES[dtype]}", mode="exact",
                                       passed=forward_ok, error=comparison.forward_error, worst="",

@@ -278,6 +278,17 @@ def _name_from_float64(report, c, same):
     return named
 
 
+def _name_block(report, c, i, besides):
+    """The diagnosis of input i whose error is of one piece along x̄ in one block (tapegrad/_blocks.py): "one row"
+    for a row, else no known kind, with the block and its share."""
+    place, words, r, bound = c.comparison.block_excess[i]
+    name = c.names[i]
+    _tapegrad._add_diagnosis(report, "one_row" if words == "one row" else "unexplained", name, c.check,
+                             f"in {name}̄{place} ({words}) the error is {r:+.2g} of {name}̄ there, "
+                             f"{abs(r) / bound:.1f}× the share rounding explains in that block{besides}: a factor or "
+                             "a term of that block alone wrong")
+
+
 def name_precision_failures(report, c, failing):
     """Adds to the report what each failing input's error is: a slip fn's float64 path makes too is named by the
     float64 check of fn (c.float64_report, where a reference is given); the structural kinds next (a slip with a
@@ -286,7 +297,7 @@ def name_precision_failures(report, c, failing):
     comparison, names, check = c.comparison, c.names, c.check
     # an error within the bound at every element but of one piece along x̄: a scale under an ulp where what is left
     # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
-    along_only = [i for i in failing if comparison.error_within(i)]
+    along_only = [i for i in failing if comparison.error_within(i) and not comparison.along_passed(i)]
     for i in along_only:
         r, name = comparison.along[i], names[i]
         times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
@@ -303,7 +314,12 @@ def name_precision_failures(report, c, failing):
                                      f"{comparison.along_rest[i] / max(comparison.rounding_rms[i], 1e-300):.1f}"
                                      f"× rounding's rms, so it is no constant factor: a slip of one piece (a factor "
                                      f"per row, a term) smaller than an ulp of {DTYPE_NAMES[c.dtype]}")
-    failing = [i for i in failing if i not in along_only]
+    # within the bound at every element and along x̄ as a whole, but one block (a row, a column, a batch element) of
+    # one piece along its own x̄: that block scaled, or a term of that block alone wrong
+    block_only = [i for i in failing if comparison.error_within(i) and comparison.along_passed(i)]
+    for i in block_only:
+        _name_block(report, c, i, f"; at each element, and over the whole of {names[i]}̄, it is within rounding")
+    failing = [i for i in failing if i not in along_only and i not in block_only]
     named64 = {}
     if c.float64_report is not None:
         same = _same_in_float64(c, failing)
@@ -322,6 +338,10 @@ def name_precision_failures(report, c, failing):
                                      f"{_tapegrad._describe_factor(factor)} (what is left is within |c| × rounding's "
                                      "bound): the VJP is off by a constant factor", factor)
             unnamed.remove(i)
+    # an error of one piece in one block (a row, a column) is a slip there, not rounding a precision defect leaves
+    for i in [i for i in unnamed if comparison.block_excess[i] is not None]:
+        _name_block(report, c, i, "")
+        unnamed.remove(i)
     defects = _defects(c, unnamed)
     for i in unnamed:
         if i in defects:

@@ -42,6 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ._blocks import BlockShares, shares
 from ._torch_op import float_outputs
 
 # the unit roundoff u of each float dtype: a value rounded to it is x·(1 + δ), |δ| ≤ u
@@ -387,6 +388,10 @@ class _Comparison:
             terms = _terms_norms(reference64, cotangents_64[0], generator)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
         elements = [[] for _ in range(count)]  # per input and ȳ: |x̄ₚ − x̄₆₄|, ½ulp of each element of x̄₆₄, x̄₆₄
+        # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
+        # torch ops in float32) has the composite's figures there held to HELD times the tight ones, as below
+        held = HELD if working and kernel.rounds_in_torch is False else None
+        blocks = [BlockShares(x.shape, held) if working else None for x in kernel.xs]
         outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
             exact_at = {id(reference64): reference64.vjp(g)}  # float64's VJP at each point, once
@@ -424,6 +429,8 @@ class _Comparison:
                         r_m, sigma_m = along(m[i] - e[i], e[i])
                         seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
                         self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
+                    if blocks[i] is not None:
+                        _block_draw(blocks[i], got[i] - exact[i], exact[i], at_p, at_fused, i, u)
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
             # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
@@ -468,6 +475,9 @@ class _Comparison:
         # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
         # result's rounding: u/√3 rms relative to each element)
         self.along_bound = [max(MARGIN * r, SIGMAS * sigma) if working else math.inf for r, sigma in along_rounding]
+        # the same share block by block (a row, a column, a batch element): (x̄[…], in words, r_b, its bound) of the
+        # block most past its bound, or None
+        self.block_excess = [None if b is None else b.excess() for b in blocks]
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))
@@ -493,7 +503,7 @@ class _Comparison:
         return max(_held(self.figures[i]), key=lambda kv: kv[1])[0]
 
     def passed(self, i):
-        return self.error_within(i) and self.along_passed(i)
+        return self.error_within(i) and self.along_passed(i) and self.block_excess[i] is None
 
     def error_within(self, i):
         """Whether input i's largest error is within B, and each element's within its own (its share along x̄
@@ -505,6 +515,19 @@ class _Comparison:
 
     def forward_passed(self):
         return within(self.forward_error, self.forward_bound)
+
+
+def _block_draw(blocks, d, exact, at_p, at_fused, i, u):
+    """One ȳ's block shares of input i: the kernel's error d where x̄₆₄ is exact, the composite's and the fused
+    model's errors at their points, and the result's rounding (u/√3 rms, relative to each element)."""
+    for m, e in at_p:
+        blocks.add_rounding(m[i] - e[i], e[i], composite=True)
+    for m, e in at_fused:
+        blocks.add_rounding(m[i] - e[i], e[i], composite=False)
+    blocks.add_kernel(d, exact)
+    magnitude = np.abs(exact)
+    blocks.add_noise(lambda part: u / math.sqrt(3) * shares(magnitude, exact, part)[1])
+    blocks.draw(MARGIN, SIGMAS)
 
 
 def along(d, exact):

@@ -147,7 +147,7 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     reports = [tapegrad.gradcheck(make_affine(v).apply, inputs(), reference=REFERENCE)
                for v in ("right", "unscaled", "accumulate_low")]
     reports += [tapegrad.gradcheck(make_layer_norm(v).apply, layer_norm_inputs(), reference=LAYER_NORM_REFERENCE)
-                for v in ("no_mean_16bit", "unbiased_backward")]
+                for v in ("no_mean_16bit", "unbiased_backward", "last_row_16bit")]
     reports += [tapegrad.gradcheck(f, (x,)) for f in (softmax_in_float32, Dropoutish.apply, RoundedExp.apply)]
 
     def masked(line):

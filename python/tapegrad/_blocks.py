@@ -1,0 +1,153 @@
+"""A slip in one block of x̄ at a low precision: one row, one column, one batch element or one head a few percent off.
+
+At bf16 such a slip can hide under the bound of tapegrad/_rounding.py at every element: the bound follows x̄'s
+largest elements, and a row of smaller ones errs by a few of their own ulps only (a layer norm's row 2% off at bf16:
+9 times the composite's error in that row, within the bound set by other rows). Its share of x̄ over the whole
+tensor, the `along` test there, is diluted by the rows that are right.
+
+So the same share is read block by block. A block is the slice of x̄ at one index along one axis (for a matrix: a
+row, a column; for (B, h, T, d): a batch element, a head, a position, a feature), and, with three axes or more, one
+row along the last axis. In block b, with d = x̄ₚ − x̄₆₄ and e = x̄₆₄ there,
+
+        r_b = ⟨d, e⟩/⟨e, e⟩,   σ_b = √(Σ d²e²)/⟨e, e⟩
+
+r_b is the block's error along its own x̄ (x̄ₚ ≈ (1 + r_b)·x̄₆₄ + the rest), σ_b what r_b is when d's elements are
+independent. A block slipped by a factor 1 + c has r_b = c. A right kernel's r_b is rounding's: a few σ_b of
+independent errors, or what a rounded row statistic (a row's sum, its mean) adds along the row, which the composite
+at the precision has too, in the same block. For each ȳ drawn, a block fails when
+
+        |r_b| > max(MARGIN · the composite's and the fused model's |r_b| there, SIGMAS · σ_b)
+
+σ_b the largest of the composite's, the fused model's, the result's own rounding's (u/√3 relative, per element) and
+that of the kernel's own error once its share is taken out, d − r_b·e (so that a slipped block's own error does not
+widen its bound). Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ has a large share of rounding
+there, and a slip's share is the same at every ȳ. As for the bound of the whole tensor, an op that rounds in no torch
+op at p (a fused kernel) has the composite's figures held to HELD times the tight ones (the fused model's, the
+result's rounding, the kernel's own rest); an op in torch ops at p rounds as its own formula does, and each of its
+blocks is allowed POOLED times the composite's largest share over all the blocks as well.
+"""
+
+import numpy as np
+
+# An op computing in torch ops at p rounds as its own formula does, not as the composite's: a right softmax backward
+# y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops errs 13% along a row whose ȳ − ⟨ȳ, y⟩ cancels, where the composite errs 1%. Each
+# of its blocks is allowed POOLED times the composite's largest share over the blocks, any block's.
+POOLED = 5
+
+
+def partitions(shape):
+    """The ways x̄ of this shape is cut into blocks: (axis, count) for each axis of more than one index (block j:
+    index j along that axis), and ("rows", count) for the rows along the last axis where x̄ has three axes or more.
+    None for fewer than two axes (a block would be one element, which the element test holds)."""
+    if len(shape) < 2:
+        return []
+    parts = [(a, n) for a, n in enumerate(shape) if n > 1]
+    rows = int(np.prod(shape[:-1]))
+    if len(shape) >= 3 and rows > 1 and shape[-1] > 1:
+        parts.append(("rows", rows))
+    return parts
+
+
+def _blocks(a, part):
+    """a as a 2-D array, one block per row, for a partition of partitions(a.shape)."""
+    axis, count = part
+    if axis == "rows":
+        return a.reshape(count, -1)
+    return np.moveaxis(a, axis, 0).reshape(count, -1)
+
+
+def shares(d, e, part):
+    """(r, σ) per block of the partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0."""
+    d, e = _blocks(np.asarray(d, dtype=np.float64), part), _blocks(np.asarray(e, dtype=np.float64), part)
+    norm = np.einsum("ij,ij->i", e, e)
+    safe = np.where(norm > 0, norm, 1.0)
+    r = np.where(norm > 0, np.einsum("ij,ij->i", d, e) / safe, 0.0)
+    sigma = np.where(norm > 0, np.sqrt(np.einsum("ij,ij->i", d * d, e * e)) / safe, 0.0)
+    return r, sigma
+
+
+def describe(part, index, shape):
+    """The block in index notation: x̄[1, :] for a row, x̄[..., 3] for a column, x̄[2, 0, 5, :] for one row of four
+    axes."""
+    axis, _ = part
+    if axis == "rows":
+        at = np.unravel_index(index, shape[:-1])
+        return "[" + ", ".join(str(int(i)) for i in at) + ", :]", "one row"
+    if axis == 0:
+        words = "one row" if len(shape) == 2 else "one index along axis 0 (a batch element)"
+        return f"[{index}" + ", :" * (len(shape) - 1) + "]", words
+    if axis == len(shape) - 1:
+        return f"[..., {index}]", "one column" if len(shape) == 2 else f"one index along the last axis ({axis})"
+    return "[" + ":, " * axis + f"{index}, ...]", f"one index along axis {axis}"
+
+
+class BlockShares:
+    """One input's x̄ block by block, ȳ by ȳ: for the ȳ at hand the kernel's r_b, the composite's and the fused
+    model's largest |r_b| and the largest σ_b (add_kernel, add_rounding, add_noise); draw() closes a ȳ and keeps the
+    block most past its bound over the ȳ drawn. Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ
+    has a large share of rounding there, and a slip's share is the same at every ȳ."""
+
+    def __init__(self, shape, held=None):
+        self.shape = tuple(shape)
+        self.parts = partitions(self.shape)
+        self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
+        self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
+        self._start()
+
+    def _start(self):
+        zeros = [np.zeros(n) for _, n in self.parts]
+        # per partition: the kernel's r_b; |r_b| and σ_b of the composite, and of the fused model, the storage and
+        # the kernel's own rest (the tight figures)
+        self.kernel, self.composite, self.tight = list(zeros), list(zeros), list(zeros)
+        self.composite_sigma, self.tight_sigma = list(zeros), list(zeros)
+
+    def add_kernel(self, d, e):
+        """The kernel's error d where x̄₆₄ is e: its r_b, and the σ_b of what is left of it, d − r_b·e (its own
+        independent errors, a slip's share taken out: a block scaled by 1 + c has σ_b of d near c/√(its size))."""
+        d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
+        for k, part in enumerate(self.parts):
+            r, _ = shares(d, e, part)
+            rest = _blocks(d, part) - r[:, None] * _blocks(e, part)
+            _, sigma = shares(rest, _blocks(e, part), (0, len(r)))
+            self.kernel[k] = r
+            self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma)
+
+    def add_rounding(self, d, e, composite):
+        """A rounded computation's error d (the composite's at p, or the fused model's) at a point whose float64 x̄
+        is e."""
+        for k, part in enumerate(self.parts):
+            r, sigma = shares(d, e, part)
+            if composite:
+                self.composite[k] = np.maximum(self.composite[k], np.abs(r))
+                self.composite_sigma[k] = np.maximum(self.composite_sigma[k], sigma)
+            else:
+                self.tight[k] = np.maximum(self.tight[k], np.abs(r))
+                self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma)
+
+    def add_noise(self, sigma_of):
+        """The σ_b of independent errors of the given relative size (the result's rounding): sigma_of(part)."""
+        for k, part in enumerate(self.parts):
+            self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma_of(part))
+
+    def draw(self, margin, sigmas):
+        """Closes a ȳ: its block most past max(margin · rounding's |r_b|, sigmas · σ_b), kept if the worst so far."""
+        for k, part in enumerate(self.parts):
+            composite, composite_sigma = self.composite[k], self.composite_sigma[k]
+            pooled = 0.0
+            if self.held:  # torch's ops at p excuse only an op that computes with them (tapegrad/_rounding.py)
+                cap = self.held * np.maximum(self.tight[k], self.tight_sigma[k])
+                composite, composite_sigma = np.minimum(composite, cap), np.minimum(composite_sigma, cap)
+            elif composite.size:  # an op in torch ops at p: its own formula's rounding, not the composite's
+                pooled = POOLED * float(np.max(composite))
+            bound = np.maximum(np.maximum(margin * np.maximum(composite, self.tight[k]),
+                                          sigmas * np.maximum(composite_sigma, self.tight_sigma[k])), pooled)
+            ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
+            j = int(np.argmax(ratio))
+            if ratio[j] > 1 and (self.worst is None or ratio[j] > self.worst[0]):
+                place, words = describe(part, j, self.shape)
+                self.worst = (float(ratio[j]), place, words, float(self.kernel[k][j]), float(bound[j]))
+        self._start()
+
+    def excess(self):
+        """The block most past its bound over the ȳ drawn, as (x̄[…], in words, r_b, the bound), or None."""
+        return None if self.worst is None else self.worst[1:]
