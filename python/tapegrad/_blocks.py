@@ -92,6 +92,7 @@ class BlockShares:
         self.parts = partitions(self.shape)
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
+        self.alone = [None] * len(self.parts)  # per partition, the one block past its bound at each ȳ (or False)
         self._start()
 
     def _start(self):
@@ -143,11 +144,30 @@ class BlockShares:
                                           sigmas * np.maximum(composite_sigma, self.tight_sigma[k])), pooled)
             ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
             j = int(np.argmax(ratio))
-            if ratio[j] > 1 and (self.worst is None or ratio[j] > self.worst[0]):
-                place, words = describe(part, j, self.shape)
-                self.worst = (float(ratio[j]), place, words, float(self.kernel[k][j]), float(bound[j]))
+            if ratio[j] <= 1:
+                continue
+            place, words = describe(part, j, self.shape)
+            found = (float(ratio[j]), place, words, float(self.kernel[k][j]), float(bound[j]), k, j)
+            if self.worst is None or found[0] > self.worst[0]:
+                self.worst = found
+            past = int(np.count_nonzero(ratio > 1))
+            if past > 1 or (self.alone[k] and self.alone[k][1] != place):
+                self.alone[k] = False  # more than one block past its bound: not a slip of one block
+            elif self.alone[k] is not False and (self.alone[k] is None or found[0] > self.alone[k][0]):
+                self.alone[k] = found
         self._start()
 
     def excess(self):
         """The block most past its bound over the ȳ drawn, as (x̄[…], in words, r_b, the bound), or None."""
-        return None if self.worst is None else self.worst[1:]
+        return None if self.worst is None else self.worst[1:5]
+
+    def alone_past(self, errors, bound):
+        """The block past its bound where, along its axis, it is the only one at every ȳ drawn, and outside which
+        every error (errors: |x̄ₚ − x̄₆₄| per ȳ) is within bound: a slip of that block, not a slip of the whole that
+        every block shows. (x̄[…], in words, r_b, its bound), or None."""
+        for found in sorted((a for a in self.alone if a), reverse=True):
+            k, j = found[5:]
+            if all(float(np.max(np.delete(_blocks(np.asarray(d), self.parts[k]), j, axis=0), initial=0.0)) <= bound
+                   for d in errors):
+                return found[1:5]
+        return None

@@ -280,13 +280,15 @@ def _name_from_float64(report, c, same):
 
 def _name_block(report, c, i, besides):
     """The diagnosis of input i whose error is of one piece along x̄ in one block (tapegrad/_blocks.py): "one row"
-    for a row, else no known kind, with the block and its share."""
-    place, words, r, bound = c.comparison.block_excess[i]
+    for a row alone past its bound, else no known kind, with the block and its share."""
+    alone = c.comparison.block_alone[i]
+    place, words, r, bound = alone or c.comparison.block_excess[i]
     name = c.names[i]
-    _tapegrad._add_diagnosis(report, "one_row" if words == "one row" else "unexplained", name, c.check,
+    what = ("a factor or a term of that block alone wrong" if alone else
+            "other blocks along it are past their bounds too: a slip of more than one block")
+    _tapegrad._add_diagnosis(report, "one_row" if alone and words == "one row" else "unexplained", name, c.check,
                              f"in {name}̄{place} ({words}) the error is {r:+.2g} of {name}̄ there, "
-                             f"{abs(r) / bound:.1f}× the share rounding explains in that block{besides}: a factor or "
-                             "a term of that block alone wrong")
+                             f"{abs(r) / bound:.1f}× the share rounding explains in that block{besides}: {what}")
 
 
 def name_precision_failures(report, c, failing):
@@ -339,7 +341,7 @@ def name_precision_failures(report, c, failing):
                                      "bound): the VJP is off by a constant factor", factor)
             unnamed.remove(i)
     # an error of one piece in one block (a row, a column) is a slip there, not rounding a precision defect leaves
-    for i in [i for i in unnamed if comparison.block_excess[i] is not None]:
+    for i in [i for i in unnamed if comparison.block_alone[i] is not None]:
         _name_block(report, c, i, "")
         unnamed.remove(i)
     defects = _defects(c, unnamed)

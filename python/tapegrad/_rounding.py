@@ -478,6 +478,9 @@ class _Comparison:
         # the same share block by block (a row, a column, a batch element): (x̄[…], in words, r_b, its bound) of the
         # block most past its bound, or None
         self.block_excess = [None if b is None else b.excess() for b in blocks]
+        # the one block past its bound, x̄ within its bound outside it: a slip of that block
+        self.block_alone = [None if b is None else b.alone_past([diff for diff, _, _ in elements[i]], self.bound[i])
+                            for i, b in enumerate(blocks)]
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))

@@ -19,6 +19,8 @@ def blocks(shape):
 
 def _has(shape, block):
     """Whether x̄ of this shape has the block (index 1 along its axis)."""
+    if block == (Ellipsis,):  # the whole gradient
+        return True
     if block[0] is Ellipsis:
         return len(shape) >= len(block) - 1 and shape[len(shape) - len(block) + 1] > 1
     return shape[0] > 1
