@@ -49,21 +49,38 @@ def partitions(shape):
 
 
 def _blocks(a, part):
-    """a as a 2-D array, one block per row, for a partition of partitions(a.shape)."""
+    """a as a 2-D array, one block per row, for a partition of partitions(a.shape) (a copy where the axis is not the
+    first)."""
     axis, count = part
     if axis == "rows":
         return a.reshape(count, -1)
     return np.moveaxis(a, axis, 0).reshape(count, -1)
 
 
-def shares(d, e, part):
-    """(r, σ) per block of the partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0."""
-    d, e = _blocks(np.asarray(d, dtype=np.float64), part), _blocks(np.asarray(e, dtype=np.float64), part)
-    norm = np.einsum("ij,ij->i", e, e)
-    safe = np.where(norm > 0, norm, 1.0)
-    r = np.where(norm > 0, np.einsum("ij,ij->i", d, e) / safe, 0.0)
-    sigma = np.where(norm > 0, np.sqrt(np.einsum("ij,ij->i", d * d, e * e)) / safe, 0.0)
-    return r, sigma
+def _sums(a, part):
+    """a's sum over each block of a partition, without moving its axes."""
+    axis, count = part
+    if axis == "rows":
+        return a.reshape(count, -1).sum(axis=1)
+    return a.sum(axis=tuple(i for i in range(a.ndim) if i != axis))
+
+
+def shares(d, e, parts, rest=False):
+    """(r, σ) per block of each partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0; with
+    rest, σ_b of d − r_b·e instead, Σ (d − r_b·e)²e² = Σ d²e² − 2·r_b·Σ d·e³ + r_b²·Σ e⁴."""
+    d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
+    de, ee = d * e, e * e
+    squares, cubes, fourths = de * de, (de * ee if rest else None), (ee * ee if rest else None)
+    out = []
+    for part in parts:
+        norm = _sums(ee, part)
+        safe = np.where(norm > 0, norm, 1.0)
+        r = np.where(norm > 0, _sums(de, part) / safe, 0.0)
+        square = _sums(squares, part)
+        if rest:
+            square = np.maximum(square - 2 * r * _sums(cubes, part) + r * r * _sums(fourths, part), 0.0)
+        out.append((r, np.where(norm > 0, np.sqrt(square) / safe, 0.0)))
+    return out
 
 
 def describe(part, index, shape):
@@ -105,19 +122,14 @@ class BlockShares:
     def add_kernel(self, d, e):
         """The kernel's error d where x̄₆₄ is e: its r_b, and the σ_b of what is left of it, d − r_b·e (its own
         independent errors, a slip's share taken out: a block scaled by 1 + c has σ_b of d near c/√(its size))."""
-        d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
-        for k, part in enumerate(self.parts):
-            r, _ = shares(d, e, part)
-            rest = _blocks(d, part) - r[:, None] * _blocks(e, part)
-            _, sigma = shares(rest, _blocks(e, part), (0, len(r)))
+        for k, (r, sigma) in enumerate(shares(d, e, self.parts, rest=True)):
             self.kernel[k] = r
             self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma)
 
     def add_rounding(self, d, e, composite):
         """A rounded computation's error d (the composite's at p, or the fused model's) at a point whose float64 x̄
         is e."""
-        for k, part in enumerate(self.parts):
-            r, sigma = shares(d, e, part)
+        for k, (r, sigma) in enumerate(shares(d, e, self.parts)):
             if composite:
                 self.composite[k] = np.maximum(self.composite[k], np.abs(r))
                 self.composite_sigma[k] = np.maximum(self.composite_sigma[k], sigma)
@@ -125,10 +137,10 @@ class BlockShares:
                 self.tight[k] = np.maximum(self.tight[k], np.abs(r))
                 self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma)
 
-    def add_noise(self, sigma_of):
-        """The σ_b of independent errors of the given relative size (the result's rounding): sigma_of(part)."""
-        for k, part in enumerate(self.parts):
-            self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma_of(part))
+    def add_storage(self, e, u):
+        """The result's rounding at p: independent errors u/√3 rms relative to each element of e."""
+        for k, (_, sigma) in enumerate(shares(np.abs(e), e, self.parts)):
+            self.tight_sigma[k] = np.maximum(self.tight_sigma[k], u / np.sqrt(3) * sigma)
 
     def draw(self, margin, sigmas):
         """Closes a ȳ: its block most past max(margin · rounding's |r_b|, sigmas · σ_b), kept if the worst so far."""

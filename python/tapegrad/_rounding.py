@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ._blocks import BlockShares, shares
+from ._blocks import BlockShares
 from ._torch_op import float_outputs
 
 # the unit roundoff u of each float dtype: a value rounded to it is x·(1 + δ), |δ| ≤ u
@@ -528,8 +528,7 @@ def _block_draw(blocks, d, exact, at_p, at_fused, i, u):
     for m, e in at_fused:
         blocks.add_rounding(m[i] - e[i], e[i], composite=False)
     blocks.add_kernel(d, exact)
-    magnitude = np.abs(exact)
-    blocks.add_noise(lambda part: u / math.sqrt(3) * shares(magnitude, exact, part)[1])
+    blocks.add_storage(exact, u)
     blocks.draw(MARGIN, SIGMAS)
 
 
