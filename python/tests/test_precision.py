@@ -530,3 +530,25 @@ def test_no_slip_two_to_five_percent_off_passes_at_any_dtype(dtype, against):
         slip = one_block_off(make_layer_norm().apply, 0, block, factor, dtype)
         report = tapegrad.gradcheck(slip, xs, reference=reference)
         assert not report.passed, (where, factor, report)
+
+
+def test_an_op_whose_float64_path_rounds_at_bf16_is_told_to_give_a_reference():
+    """exp computed at bf16 whatever its input's dtype, checked at bf16 with no reference=: its float64 run rounds at
+    bf16 too, so it fails its float64 rows with one "rounds inside" line, and the precision line says that it cannot
+    be its own reference (not that a slip is in every precision)."""
+    class ExpAtBf16(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.exp(x.to(torch.bfloat16).float()).to(torch.bfloat16).to(x.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            return (g.double() * torch.exp(x.double())).to(g.dtype)
+    x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    report = tapegrad.gradcheck(ExpAtBf16.apply, (x.requires_grad_(),))
+    assert not report.passed
+    assert [d.kind for d in report.diagnoses] == ["rounds_inside"], report
+    assert "rounds inside too, so it cannot be its own reference: give reference=" in str(report), report
+    assert "the slip is in every precision" not in str(report), report
