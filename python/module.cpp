@@ -248,6 +248,7 @@ PYBIND11_MODULE(_tapegrad, m) {
   using namespace tapegrad;
   using namespace tapegrad::python;
   m.doc() = "tapegrad's C++ core: the diagnosing gradchecker on Python ops, and the engine";
+  m.attr("__version__") = TAPEGRAD_VERSION;  // the library's version, as `tapegrad --version` prints it
   static py::exception<Error> error(m, "Error", PyExc_ValueError);
   static py::exception<NoJvp> no_jvp(m, "NoJvp", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {

@@ -8,12 +8,12 @@ The checks and the diagnoses run in tapegrad's C++ checker, the one `tapegrad gr
 one node whose forward, VJP, JVP and second-order rule call back into Python (docs/python.md).
 """
 
-from ._tapegrad import Check, Diagnosis, Error, NoJvp, Report, Tape, Var, finding_kinds, ops
+from ._tapegrad import Check, Diagnosis, Error, NoJvp, Report, Tape, Var, __version__, finding_kinds, ops
 from ._gradcheck import GradcheckError, claim, gradcheck
 from ._explain import explain
 from ._graph import graph
 
 __all__ = [
     "Check", "Diagnosis", "Error", "GradcheckError", "NoJvp", "Report", "Tape", "Var", "claim", "explain",
-    "finding_kinds", "gradcheck", "graph", "ops",
+    "finding_kinds", "gradcheck", "graph", "ops", "__version__",
 ]

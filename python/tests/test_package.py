@@ -32,3 +32,5 @@ def test_the_python_package_has_the_library_version():
     pyproject = re.search(r'^version = "([0-9.]+)"', (SOURCE_DIR / "pyproject.toml").read_text(), re.M).group(1)
     assert pyproject == cmake
     assert f"## {cmake} — " in (SOURCE_DIR / "docs" / "changelog.md").read_text()
+    import tapegrad
+    assert tapegrad.__version__ == cmake
