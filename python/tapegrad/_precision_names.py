@@ -278,17 +278,29 @@ def _name_from_float64(report, c, same):
     return named
 
 
+BLOCK_UNITS = 4  # a block's share within this many units of the dtype's roundoff may be a row statistic kept at it
+
+
 def _name_block(report, c, i, besides):
     """The diagnosis of input i whose error is of one piece along x̄ in one block (tapegrad/_blocks.py): "one row"
-    for a row alone past its bound, else no known kind, with the block and its share."""
+    for a row alone past its bound, else no known kind, with the block and its share. A share of a few units of the
+    dtype's roundoff alone is also what a row's statistic kept at that dtype leaves (a dot product, a norm): where the
+    error shrinks with the precision as rounding's does, it is named a precision defect."""
     alone = c.comparison.block_alone[i]
     place, words, r, bound = alone or c.comparison.block_excess[i]
-    name = c.names[i]
+    name, units = c.names[i], abs(r) / UNIT_ROUNDOFF[c.dtype]
+    seen = (f"in {name}̄{place} ({words}) the error is {r:+.2g} of {name}̄ there ({units:.1f} units of "
+            f"{DTYPE_NAMES[c.dtype]}'s roundoff), {abs(r) / bound:.1f}× the share rounding explains in that block"
+            f"{besides}")
+    if units < BLOCK_UNITS:
+        defect = _defects(c, [i])
+        if i in defect:
+            _tapegrad._add_diagnosis(report, "precision_defect", name, c.check, f"{seen}; {defect[i]}")
+            return
     what = ("a factor or a term of that block alone wrong" if alone else
             "other blocks along it are past their bounds too: a slip of more than one block")
     _tapegrad._add_diagnosis(report, "one_row" if alone and words == "one row" else "unexplained", name, c.check,
-                             f"in {name}̄{place} ({words}) the error is {r:+.2g} of {name}̄ there, "
-                             f"{abs(r) / bound:.1f}× the share rounding explains in that block{besides}: {what}")
+                             f"{seen}: {what}")
 
 
 def name_precision_failures(report, c, failing):
