@@ -38,7 +38,7 @@ POOLED = 5
 def partitions(shape):
     """The ways x̄ of this shape is cut into blocks: (axis, count) for each axis of more than one index (block j:
     index j along that axis), and ("rows", count) for the rows along the last axis where x̄ has three axes or more.
-    None for fewer than two axes (a block would be one element, which the element test holds)."""
+    None for fewer than two axes (a block would be one element, which the element test holds): []."""
     if len(shape) < 2:
         return []
     parts = [(a, n) for a, n in enumerate(shape) if n > 1]
@@ -100,7 +100,7 @@ def describe(part, index, shape):
 
 class BlockShares:
     """One input's x̄ block by block, ȳ by ȳ: for the ȳ at hand the kernel's r_b, the composite's and the fused
-    model's largest |r_b| and the largest σ_b (add_kernel, add_rounding, add_noise); draw() closes a ȳ and keeps the
+    model's largest |r_b| and the largest σ_b (add_kernel, add_rounding, add_storage); draw() closes a ȳ and keeps the
     block most past its bound over the ȳ drawn. Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ
     has a large share of rounding there, and a slip's share is the same at every ȳ."""
 
@@ -109,7 +109,7 @@ class BlockShares:
         self.parts = partitions(self.shape)
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
-        self.alone = [None] * len(self.parts)  # per partition, the one block past its bound at each ȳ (or False)
+        self.alone = [None] * len(self.parts)  # per partition, the one block ever past its bound (False: several)
         self._start()
 
     def _start(self):
@@ -174,9 +174,9 @@ class BlockShares:
         return None if self.worst is None else self.worst[1:5]
 
     def alone_past(self, errors, bound):
-        """The block past its bound where, along its axis, it is the only one at every ȳ drawn, and outside which
-        every error (errors: |x̄ₚ − x̄₆₄| per ȳ) is within bound: a slip of that block, not a slip of the whole that
-        every block shows. (x̄[…], in words, r_b, its bound), or None."""
+        """The block past its bound where no other block along its axis is, at any ȳ drawn, and outside which every
+        error (errors: |x̄ₚ − x̄₆₄| per ȳ) is within bound: a slip of that block, not a slip of the whole that many
+        blocks show. (x̄[…], in words, r_b, its bound), or None."""
         for found in sorted((a for a in self.alone if a), reverse=True):
             k, j = found[5:]
             if all(float(np.max(np.delete(_blocks(np.asarray(d), self.parts[k]), j, axis=0), initial=0.0)) <= bound

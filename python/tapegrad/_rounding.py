@@ -32,6 +32,8 @@ one piece, though, where rounding's errors are nearly independent from element t
 itself in the error, r = ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩/⟨x̄₆₄, x̄₆₄⟩, is held to MARGIN times the composite's and the fused
 model's own r, or SIGMAS times the σ that independent errors of their size (and of the kernel's, and of the
 result's rounding) give it. A slip's r grows past that σ with the number of elements.
+The same share is read block by block (a row, a column, a batch element: tapegrad/_blocks.py), where a slip of one
+block hides under both the bound of the largest rows and the share of the whole.
 """
 
 import contextlib
