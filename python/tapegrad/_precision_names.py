@@ -352,7 +352,8 @@ def name_precision_failures(report, c, failing):
                                      f"{_tapegrad._describe_factor(factor)} (what is left is within |c| × rounding's "
                                      "bound): the VJP is off by a constant factor", factor)
             unnamed.remove(i)
-    # an error of one piece in one block (a row, a column) is a slip there, not rounding a precision defect leaves
+    # an error of one piece in one block alone (a row, a column) is a slip there, or, a few units of roundoff that
+    # shrink with the precision, a statistic of that block kept at the dtype (_name_block)
     for i in [i for i in unnamed if comparison.block_alone[i] is not None]:
         _name_block(report, c, i, "")
         unnamed.remove(i)
