@@ -29,9 +29,9 @@ blocks is allowed POOLED times the composite's largest share over all the blocks
 
 import numpy as np
 
-# An op computing in torch ops at p rounds as its own formula does, not as the composite's: a right softmax backward
-# y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops errs 13% along a row whose ȳ − ⟨ȳ, y⟩ cancels, where the composite errs 1%. Each
-# of its blocks is allowed POOLED times the composite's largest share over the blocks, any block's.
+# An op computing in torch ops at p rounds as its own formula does, not as the composite's: the right backward of
+# softmax(x) ⊙ w in bf16 ops, y ⊙ (p − ⟨p, y⟩) with p = ȳ ⊙ w, errs 13% along a row whose p − ⟨p, y⟩ cancels, where
+# the composite errs 1%. Each of its blocks is allowed POOLED times the composite's largest share over the blocks.
 POOLED = 5
 
 
