@@ -33,6 +33,10 @@ import numpy as np
 # softmax(x) ⊙ w in bf16 ops, y ⊙ (p − ⟨p, y⟩) with p = ȳ ⊙ w, errs 13% along a row whose p − ⟨p, y⟩ cancels, where
 # the composite errs 1%. Each of its blocks is allowed POOLED times the composite's largest share over the blocks.
 POOLED = 5
+# A row's statistic rounded once at p (a row sum, a max, a normalizer stored at p) moves that row's x̄ along itself by
+# up to about a unit of p's roundoff, through a product or two: a right fused attention kernel's q̄ at fp16 had a row
+# 1.5 units along itself. No block is held to less than FLOOR units (at bf16 0.78%; a slip of 2% is 5 units).
+FLOOR = 2
 
 
 def partitions(shape):
@@ -104,9 +108,10 @@ class BlockShares:
     block most past its bound over the ȳ drawn. Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ
     has a large share of rounding there, and a slip's share is the same at every ȳ."""
 
-    def __init__(self, shape, held=None):
+    def __init__(self, shape, u, held=None):
         self.shape = tuple(shape)
         self.parts = partitions(self.shape)
+        self.floor = FLOOR * u  # u: p's unit roundoff
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
         self.alone = [None] * len(self.parts)  # per partition, the one block ever past its bound (False: several)
@@ -153,7 +158,8 @@ class BlockShares:
             elif composite.size:  # an op in torch ops at p: its own formula's rounding, not the composite's
                 pooled = POOLED * float(np.max(composite))
             bound = np.maximum(np.maximum(margin * np.maximum(composite, self.tight[k]),
-                                          sigmas * np.maximum(composite_sigma, self.tight_sigma[k])), pooled)
+                                          sigmas * np.maximum(composite_sigma, self.tight_sigma[k])),
+                               max(pooled, self.floor))
             ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
             j = int(np.argmax(ratio))
             if ratio[j] <= 1:

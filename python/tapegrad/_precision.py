@@ -27,6 +27,7 @@ and does not add up in ȳ, as a long sum accumulated at p makes it; else unexpla
 import torch
 
 from . import _tapegrad
+from ._blocks import FLOOR
 from ._precision_names import PrecisionCheck, name_precision_failures
 from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, _Run, compare, within
 
@@ -157,7 +158,8 @@ def check_at_precision(call, float64_report):
             notes.append(f"{input_name}: in {input_name}̄{place} ({words}) its error is of one piece along "
                          f"{input_name}̄ there, {input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·"
                          f"{input_name}̄₆₄ + the rest; rounding explains a share up to {bound:.2g} in that block "
-                         f"({MARGIN:g} × the composite's there, or {SIGMAS:g} σ of independent errors)")
+                         f"(the largest of {MARGIN:g} × the composite's there, {SIGMAS:g} σ of independent errors, and "
+                         f"{FLOOR} units of {DTYPE_NAMES[dtype]}'s roundoff)")
     forward_ok = comparison.forward_passed()
     _tapegrad._add_check(report, dict(input="y", check=f"forward {DTYPE_NAMES[dtype]}", mode="exact",
                                       passed=forward_ok, error=comparison.forward_error, worst="",

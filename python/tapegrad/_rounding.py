@@ -393,7 +393,7 @@ class _Comparison:
         # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones, as below
         held = HELD if working and kernel.rounds_in_torch is False else None
-        blocks = [BlockShares(x.shape, held) if working else None for x in kernel.xs]
+        blocks = [BlockShares(x.shape, u, held) if working else None for x in kernel.xs]
         outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
             exact_at = {id(reference64): reference64.vjp(g)}  # float64's VJP at each point, once
