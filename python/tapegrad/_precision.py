@@ -151,8 +151,7 @@ def check_at_precision(call, float64_report):
             notes.append(f"{input_name}: its error is of one piece along {input_name}̄ itself, "
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
-        block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.error_within(i) and
-                                              comparison.along_passed(i) else None)
+        block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.only_a_block_fails(i) else None)
         if block is not None:  # the block that alone fails the row, or the one block past its bound
             place, words, r, bound = block
             notes.append(f"{input_name}: in {input_name}̄{place} ({words}) its error is of one piece along "

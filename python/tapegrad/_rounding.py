@@ -392,8 +392,8 @@ class _Comparison:
         elements = [[] for _ in range(count)]  # per input and ȳ: |x̄ₚ − x̄₆₄|, ½ulp of each element of x̄₆₄, x̄₆₄
         # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones, as below
-        held = HELD if working and kernel.rounds_in_torch is False else None
-        blocks = [BlockShares(x.shape, u, held) if working else None for x in kernel.xs]
+        held = working and kernel.rounds_in_torch is False
+        blocks = [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs]
         outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
             exact_at = {id(reference64): reference64.vjp(g)}  # float64's VJP at each point, once
@@ -453,7 +453,7 @@ class _Comparison:
             # op that rounds in torch ops at p itself; a fused kernel, or one computing in float32, rounds as the
             # fused model does and then stores its result: the composite's figure is held to HELD times the larger
             tight = max(self.figures[i]["fused"], self.figures[i]["storage"])
-            if working and kernel.rounds_in_torch is False and self.figures[i]["fused"] > 0:
+            if held and self.figures[i]["fused"] > 0:
                 self.figures[i]["cap"] = HELD * tight
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
         # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
@@ -514,6 +514,10 @@ class _Comparison:
         """Whether input i's largest error is within B, and each element's within its own (its share along x̄
         aside)."""
         return within(self.error[i], self.bound[i]) and self.element_excess[i] is None
+
+    def only_a_block_fails(self, i):
+        """Whether input i is within the bound at every element and along x̄ as a whole, and only a block fails it."""
+        return self.error_within(i) and self.along_passed(i) and self.block_excess[i] is not None
 
     def along_passed(self, i):
         return within(abs(self.along[i]), self.along_bound[i])
