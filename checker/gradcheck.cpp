@@ -23,6 +23,10 @@ constexpr double kWholeDegree = 0.01;
 // Errors within this part of the largest derivative are the central differences' own (their rounding, about
 // 1e-16·|f|/ε, is 1e-10 at ε = 1e-6; their truncation ε²·|f‴|/6), not the rule's.
 constexpr double kDifferencesOwnError = 1e-7;
+// A random direction whose step crosses a kink is drawn again at most this many times.
+constexpr int kKinkRedraws = 3;
+// The seed of the shared cotangents' generator is the check's seed with these bits flipped: a stream of its own.
+constexpr uint64_t kSharedStream = 0x5a4e0c07ull;
 
 // Running maximum of |a − n| over compared elements, and the element closest to failing.
 struct ErrorTracker {
@@ -50,9 +54,10 @@ struct ErrorTracker {
 
 Tensor random_like(const Tensor& x, Rng& rng) { return Tensor::randn(DType::f64, x.shape(), rng); }
 
-double dot(const Tensor& a, const Tensor& b) {
+double dot(const Tensor& a, const Tensor& b) {  // both float64
+  const double *pa = a.data<double>(), *pb = b.data<double>();
   double s = 0;
-  for (int64_t k = 0; k < a.numel(); ++k) s += a.item(k) * b.item(k);
+  for (int64_t k = 0; k < a.numel(); ++k) s += pa[k] * pb[k];
   return s;
 }
 double norm(const Tensor& a) { return std::sqrt(dot(a, a)); }
@@ -64,6 +69,7 @@ struct Comparison {
   bool unit_rows_ok = true;  // full mode: the VJP of every unit ȳ agrees (a failing row is then the random ȳ's)
   std::vector<double> a_vjp{}, a_jvp{}, numeric{}, plus{}, minus{};  // full mode
   std::vector<double> fa_vjp{}, fn_vjp{}, fa_jvp{}, fn_jvp{};        // fast mode
+  std::vector<char> crossed{};  // fast mode, per projection: its every direction drawn crossed a kink
   bool full() const { return !a_vjp.empty(); }
 };
 
@@ -155,8 +161,10 @@ class Checker {
   }
 
   void check_input(size_t i) {
-    // Forward mode on a random tangent: also tells whether the op has a JVP at all.
-    Tensor t = random_like(xs_[i], rng_), u = random_like(y0_, rng_);
+    // Forward mode on a random tangent: also tells whether the op has a JVP at all. At size the cotangent u is the
+    // one all inputs share (shared_cotangents).
+    const bool full = m_ * xs_[i].numel() <= opt_.full_jacobian_limit;
+    Tensor t = random_like(xs_[i], rng_), u = full ? random_like(y0_, rng_) : shared_cotangents().u;
     Tensor jt;
     try {
       jt = tangent_on(i, t);
@@ -166,7 +174,7 @@ class Checker {
     const bool has_jvp = jt.defined();
     Comparison c{{tol_, {name(i), "vjp", "", 0, 0, "", 0, 0, true, false}},
                  {tol_, {name(i), "jvp", "", 0, 0, "", 0, 0, true, false}}};
-    if (m_ * xs_[i].numel() <= opt_.full_jacobian_limit) {
+    if (full) {
       compare_full(i, has_jvp, c);
       compare_random_cotangent(i, c);
     } else {
@@ -182,10 +190,10 @@ class Checker {
     checks_.push_back(c.vjp.r);
     checks_.push_back(c.jvp.r);
 
-    const Tensor ju = cotangent_on(i, u);
+    const Tensor ju = full ? cotangent_on(i, u) : shared_cotangents().u_back[i];
     const CheckResult adj = adjoint(i, t, jt, u, ju);
     checks_.push_back(adj);
-    checks_.push_back(accumulation(i, u, ju));
+    checks_.push_back(full ? accumulation(i, u, ju) : accumulation_at_size(i));
 
     outcomes_.push_back({name(i), c.vjp.r.passed, c.jvp.r.passed, c.jvp.r.skipped, adj.passed, false});
     if (!opt_.diagnose || (c.vjp.r.passed && c.jvp.r.passed && adj.passed)) return;
@@ -242,11 +250,7 @@ class Checker {
     const int64_t n = xs_[i].numel();
     c.unit_rows_ok = c.vjp.r.passed;
     if (!c.unit_rows_ok || n == 0 || m_ == 0) return;
-    if (!random_u_.defined()) {
-      Rng rng(opt_.seed ^ 0xc07a6e47ull);
-      random_u_ = random_like(y0_, rng);
-      random_vjp_ = vjp(f_, xs_, random_u_);
-    }
+    random_cotangent();
     const double* u = random_u_.data<double>();
     const Tensor& a = random_vjp_[i];
     for (int64_t k = 0; k < n; ++k) {
@@ -268,18 +272,75 @@ class Checker {
     }
   }
 
-  // Random projections: ⟨w, J v⟩ against ⟨Jᵀw, v⟩ for the VJP, J v element by element for the JVP.
+  // At size, the cotangents are shared by the inputs: one backward gives every input's x̄ for a ȳ, where one per
+  // input would cost a backward each (the forwards, one pair per input and direction, cannot be shared). They are
+  // drawn from a generator of their own: u, the adjoint's and the accumulation's, is the full check's random ȳ;
+  // then w_p, one per projection; then r_i, the gradient each input holds before the accumulation's backward.
+  struct SharedCotangents {
+    Tensor u;
+    std::vector<Tensor> u_back;               // J_iᵀu for every input
+    std::vector<Tensor> w;                    // the projections' ȳ
+    std::vector<std::vector<Tensor>> w_back;  // [p][i]: J_iᵀw_p
+    std::vector<Tensor> r, after;             // [i]: the gradient before the backward with ȳ = u, and after it
+  };
+  const SharedCotangents& shared_cotangents() {
+    if (shared_) return *shared_;
+    SharedCotangents s;
+    random_cotangent();
+    s.u = random_u_, s.u_back = random_vjp_;
+    Rng rng(opt_.seed ^ kSharedStream);
+    for (int p = 0; p < opt_.projections; ++p) {
+      s.w.push_back(random_like(y0_, rng));
+      s.w_back.push_back(vjp(f_, xs_, s.w.back()));
+    }
+    // One backward with every float64 input as a gradient that already holds r_i.
+    Tape tape;
+    std::vector<Var> vars;
+    for (const Tensor& x : xs_) {
+      const bool f64 = x.dtype() == DType::f64;
+      s.r.push_back(f64 ? random_like(x, rng) : Tensor{});
+      s.after.push_back(f64 ? s.r.back().clone() : Tensor{});
+      vars.push_back(f64 ? tape.param(x, s.after.back()) : tape.leaf(x, x.dtype() != DType::i32));
+    }
+    Var y = f_(tape, vars);
+    if (y.requires_grad()) tape.backward(y, s.u);
+    shared_ = std::move(s);
+    return *shared_;
+  }
+  // The full check's random ȳ and every input's x̄ for it, drawn once.
+  void random_cotangent() {
+    if (random_u_.defined()) return;
+    Rng rng(opt_.seed ^ 0xc07a6e47ull);
+    random_u_ = random_like(y0_, rng);
+    random_vjp_ = vjp(f_, xs_, random_u_);
+  }
+
+  // Random projections: ⟨w, J v⟩ against ⟨Jᵀw, v⟩ for the VJP, J v element by element for the JVP. A direction
+  // whose step ±εv crosses a kink of f (a relu's zero within ε of x along v) has one-sided slopes that disagree by
+  // about the error (kink_explains): it says nothing of the rule at x, and another is drawn, up to kKinkRedraws
+  // times (a point at a kink itself fails along every direction).
   void compare_fast(size_t i, bool has_jvp, Comparison& c) {
     c.vjp.r.mode = c.jvp.r.mode = "fast";
     for (int p = 0; p < opt_.projections; ++p) {
-      Tensor v = random_like(xs_[i], rng_), w = random_like(y0_, rng_);
-      Tensor numeric_v = differences(i, v).central;  // J_i v
-      Tensor back = cotangent_on(i, w);
-      c.fa_vjp.push_back(dot(back, v));
-      c.fn_vjp.push_back(dot(w, numeric_v));
-      c.vjp.add(c.fa_vjp.back(), c.fn_vjp.back(), [&] { return fmt::format("projection {}", p); });
+      const Tensor& w = shared_cotangents().w[static_cast<size_t>(p)];
+      const Tensor back = std::move(shared_->w_back[static_cast<size_t>(p)][i]);  // each input reads its own once
+      const double w_y0 = dot(w, y0_);
+      double analytic = 0, numeric = 0;
+      Tensor numeric_v, forward;  // J_i v from the differences, and from forward mode
+      bool crossed = true;
+      for (int draw = 0; draw <= kKinkRedraws && crossed; ++draw) {
+        const Tensor v = random_like(xs_[i], rng_);
+        const Differences d = differences(i, v);
+        numeric_v = d.central;
+        analytic = dot(back, v), numeric = dot(w, numeric_v);
+        forward = has_jvp ? tangent_on(i, v) : Tensor{};
+        crossed = crosses_kink(d, w_y0, w, analytic, numeric, forward);
+      }
+      c.crossed.push_back(crossed);
+      c.fa_vjp.push_back(analytic);
+      c.fn_vjp.push_back(numeric);
+      c.vjp.add(analytic, numeric, [&] { return fmt::format("projection {}", p); });
       if (!has_jvp) continue;
-      Tensor forward = tangent_on(i, v);
       for (int64_t j = 0; j < m_; ++j) {
         c.fa_jvp.push_back(forward.data<double>()[j]);
         c.fn_jvp.push_back(numeric_v.data<double>()[j]);
@@ -287,6 +348,22 @@ class Checker {
                   [&] { return fmt::format("y{} (projection {})", index_str(yshape(), j), p); });
       }
     }
+  }
+  // Whether the step along a direction crossed a kink: the projection ⟨w, ·⟩, or an element of the JVP where there
+  // is one, fails by what its one-sided slopes disagree by.
+  bool crosses_kink(const Differences& d, double w_y0, const Tensor& w, double analytic, double numeric,
+                    const Tensor& forward) const {
+    if (!tol_.ok(analytic, numeric) && kink_explains(analytic, numeric, (dot(w, d.plus) - w_y0) / opt_.eps,
+                                                     (w_y0 - dot(w, d.minus)) / opt_.eps, tol_, 1))
+      return true;
+    if (!forward.defined()) return false;
+    const double *a = forward.data<double>(), *n = d.central.data<double>(), *plus = d.plus.data<double>(),
+                 *minus = d.minus.data<double>(), *y = y0_.data<double>();
+    for (int64_t j = 0; j < m_; ++j)
+      if (!tol_.ok(a[j], n[j]) &&
+          kink_explains(a[j], n[j], (plus[j] - y[j]) / opt_.eps, (y[j] - minus[j]) / opt_.eps, tol_, 1))
+        return true;
+    return false;
   }
 
   // ⟨J t, u⟩ = ⟨t, Jᵀu⟩, to rounding: the tolerance is relative to the Cauchy–Schwarz bound of each side.
@@ -309,7 +386,6 @@ class Checker {
 
   // Backward must add into a gradient that already holds r: after backward it holds r + J_iᵀu.
   CheckResult accumulation(size_t i, const Tensor& u, const Tensor& ju) {
-    const int64_t n = xs_[i].numel();
     Tensor r = random_like(xs_[i], rng_);
     Tensor acc = r.clone();
     {
@@ -320,6 +396,16 @@ class Checker {
       Var y = f_(tape, vars);
       if (y.requires_grad()) tape.backward(y, u);
     }
+    return judge_accumulation(i, r, acc, ju);
+  }
+  // At size, from the one backward the inputs share.
+  CheckResult accumulation_at_size(size_t i) {
+    const SharedCotangents& s = shared_cotangents();
+    return judge_accumulation(i, s.r[i], s.after[i], s.u_back[i]);
+  }
+  // The gradient held r before backward and acc after: acc − r against J_iᵀu.
+  CheckResult judge_accumulation(size_t i, const Tensor& r, const Tensor& acc, const Tensor& ju) {
+    const int64_t n = xs_[i].numel();
     CheckResult ac{name(i), "accumulate", "exact", 0, 0, "", 0, 0, true, false};
     ac.analytic_is = "added", ac.numeric_is = "Jᵀu";  // what backward added to the gradient it found, and J_iᵀu
     double worst = -1;
@@ -377,6 +463,10 @@ class Checker {
         for (auto& d : diagnose_jacobian(view, &all_kinks)) details_.push_back(std::move(d));
         rules_explained += all_kinks;
         if (all_kinks) continue;
+      } else if (auto d = kinks_crossed(i, check, c)) {
+        details_.push_back(std::move(*d));
+        ++rules_explained;
+        continue;
       } else if (auto d = is_vjp ? diagnose_values(name(i), check, c.fa_vjp, c.fn_vjp, tol_)
                                  : diagnose_values(name(i), check, c.fa_jvp, c.fn_jvp, tol_)) {
         details_.push_back(*d);
@@ -391,6 +481,28 @@ class Checker {
       }
     }
     return rules_failed > 0 && rules_explained == rules_failed;
+  }
+
+  // Random projections that fail only where each direction drawn crossed a kink: the point sits within a step of one.
+  std::optional<Diagnosis> kinks_crossed(size_t i, const std::string& check, const Comparison& c) const {
+    const bool is_vjp = check == "vjp";
+    const size_t per = is_vjp ? 1 : static_cast<size_t>(m_);  // compared values per projection
+    const std::vector<double>& a = is_vjp ? c.fa_vjp : c.fa_jvp;
+    const std::vector<double>& n = is_vjp ? c.fn_vjp : c.fn_jvp;
+    int failing = 0;
+    for (size_t p = 0; p < c.crossed.size(); ++p) {
+      bool fails = false;
+      for (size_t e = p * per; e < (p + 1) * per && e < a.size(); ++e) fails = fails || !tol_.ok(a[e], n[e]);
+      if (fails && !c.crossed[p]) return std::nullopt;
+      failing += fails;
+    }
+    if (failing == 0) return std::nullopt;
+    return Diagnosis{Finding::kink, name(i), check,
+                     fmt::format("{} of the {} random projections fail, and along each of the {} directions drawn "
+                                 "for each of them the step ±ε·v crosses a kink of f (its one-sided slopes differ by "
+                                 "about the error): {} sits within a step of a point where f is not differentiable, "
+                                 "and the failure says nothing of the rule. Check away from it",
+                                 failing, c.crossed.size(), kKinkRedraws + 1, name(i))};
   }
 
   JacobianView view_of(size_t i, const std::string& check, std::span<const double> a, const Comparison& c) const {
@@ -517,6 +629,7 @@ class Checker {
   RuleBlocks* blocks_ = nullptr;  // the full Jacobians' rows and differences in blocks, where given
   Tensor random_u_;               // the random ȳ of the full check, and every input's x̄ for it
   std::vector<Tensor> random_vjp_;
+  std::optional<SharedCotangents> shared_;     // at size
   std::vector<size_t> failed_by_projections_;  // inputs whose projections failed
 };
 

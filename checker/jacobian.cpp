@@ -96,12 +96,15 @@ std::string examples_str(const JacobianView& v, const std::vector<std::pair<int6
 // One-sided differences (f(x+εe_k) − f(x))/ε and (f(x) − f(x−εe_k))/ε at (j, k): at a kink within ε of x_k they
 // are two different slopes, the central difference is their mean, and a rule that gives one of them is off by half
 // the gap. On a smooth f the gap is O(ε·f″), far above the error of a right rule and far below that of a wrong one.
+bool kink_explains(double a, double n, double forward, double backward, Tolerance tol, double tolerances) {
+  const double gap = std::abs(forward - backward), err = std::abs(a - n);
+  return gap > tolerances * (tol.atol + tol.rtol * std::abs(n)) && gap >= 0.9 * err && gap <= 4 * err;
+}
 bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, double* backward) {
   const size_t e = static_cast<size_t>(j * v.cols + k);
   *forward = (v.plus[e] - v.y0[static_cast<size_t>(j)]) / v.eps;
   *backward = (v.y0[static_cast<size_t>(j)] - v.minus[e]) / v.eps;
-  const double gap = std::abs(*forward - *backward), err = std::abs(v.a[e] - v.n[e]);
-  return gap > 10 * (v.tol.atol + v.tol.rtol * std::abs(v.n[e])) && gap >= 0.9 * err && gap <= 4 * err;
+  return kink_explains(v.a[e], v.n[e], *forward, *backward, v.tol);
 }
 
 double JacobianSearch::zero_tol() const {

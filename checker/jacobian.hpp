@@ -96,6 +96,10 @@ bool confined(const JacobianView& v, const Elements& bad, Pred&& pred) {
 
 // One-sided differences at (j, k) that differ by more than the error there: x_k sits within ε of a kink.
 bool kink_at(const JacobianView& v, int64_t j, int64_t k, double* forward, double* backward);
+// The test kink_at makes of one element: the one-sided slopes forward and backward differ by more than `tolerances`
+// times the tolerance (what a smooth f's O(ε·f″) gap stays far below), and by about what the analytic a is off from
+// the central difference n. A random projection, which draws another direction where it holds, asks one tolerance.
+bool kink_explains(double a, double n, double forward, double backward, Tolerance tol, double tolerances = 10);
 
 // A failing VJP's or JVP's full Jacobian as the kinds' passes search it (checker/finding_sheet.hpp; each kind's pass
 // is in its file of checker/findings/): the Jacobian, its failing elements, and what the passes before found.

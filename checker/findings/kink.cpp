@@ -48,7 +48,9 @@ FindingSheet kink_finding() {
       .meaning =
           "one-sided differences disagree: the point is not differentiable, and the failure says nothing "
           "of the rule",
-      .found_by = "its pass over a failing full Jacobian, in this file",
+      .found_by =
+          "its pass over a failing full Jacobian, in this file; in fast mode, from the projections' "
+          "one-sided differences (`checker/gradcheck.cpp`)",
       .section = "docs/gradchecking.md#kink",
       .passes = {{20, failing_at_kinks}},
       .explains = true,

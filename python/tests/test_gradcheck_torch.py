@@ -158,3 +158,79 @@ def test_surrogate_is_refused_where_it_has_no_meaning():
         tapegrad.gradcheck(_RoundSTE.apply, (x,), surrogate="x")
     with pytest.raises(ValueError, match="no output of fn requires grad"):
         tapegrad.gradcheck(lambda x: x.detach() * 2, (x,), surrogate=lambda x: x)
+
+
+def test_at_size_one_backward_per_cotangent_serves_every_input():
+    """Random projections share their cotangents ȳ across the inputs: one backward gives every input's x̄, so checking
+    three inputs takes no more backwards than checking one (only the forwards of the differences are per input)."""
+    backwards = []
+
+    class Fma(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b)
+            return a * b + c
+
+        @staticmethod
+        def backward(ctx, g):
+            backwards.append(1)
+            a, b = ctx.saved_tensors
+            return g * b, g * a, g
+
+    xs = [torch.randn(300, 200, dtype=torch.float64, generator=torch.Generator().manual_seed(k), requires_grad=True)
+          for k in range(3)]
+    counts = {}
+    for checked in ([0], [0, 1, 2]):
+        backwards.clear()
+        report = tapegrad.gradcheck(Fma.apply, xs, inputs_to_check=checked)
+        assert report.passed and all(row.mode == "fast" for row in report.checks if row.check == "vjp"), report
+        counts[len(checked)] = len(backwards)
+    assert counts[3] == counts[1], counts
+
+
+class _ScaledRelu(torch.autograd.Function):
+    """relu, its backward times k (k = 1: right)."""
+
+    @staticmethod
+    def forward(ctx, h, k):
+        ctx.save_for_backward(h)
+        ctx.k = k
+        return h.clamp_min(0)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, = ctx.saved_tensors
+        return g * (h > 0) * ctx.k, None
+
+
+def _near_a_kink(seed, offset):
+    """x (16, 64) and w (64, 128) where the pre-activation (x @ w)[0, 0] is `offset`: a step of ε = 1e-6 along a
+    random direction moves it by about 1e-5, so most directions cross relu's kink there at offset 1e-5."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 64, dtype=torch.float64, generator=generator)
+    w = torch.randn(64, 128, dtype=torch.float64, generator=generator)
+    w[0, 0] -= ((x @ w)[0, 0] - offset) / x[0, 0]
+    return x.requires_grad_(), w.requires_grad_()
+
+
+def test_at_size_a_direction_whose_step_crosses_a_kink_is_drawn_again():
+    """A point 1e-5 from a relu's kink is differentiable, but a random direction's step of ε crosses the kink and its
+    central difference averages two slopes: such a direction says nothing of the rule and another is drawn. A right
+    rule passes (or, where every direction drawn crosses, is told it sits at a kink); a rule 5% off fails."""
+    passed = 0
+    for seed in range(6):
+        xs = _near_a_kink(seed, 1e-5)
+        right = tapegrad.gradcheck(lambda x, w: _ScaledRelu.apply(x @ w, 1.0), xs, fast_mode=True)
+        assert right.passed or "kink" in right.kinds, right
+        passed += right.passed
+        slip = tapegrad.gradcheck(lambda x, w: _ScaledRelu.apply(x @ w, 1.05), xs, fast_mode=True)
+        assert not slip.passed and "kink" not in slip.kinds, slip
+    assert passed >= 5
+
+
+def test_at_size_a_point_on_a_kink_is_named_a_kink():
+    xs = _near_a_kink(0, 0.0)
+    report = tapegrad.gradcheck(lambda x, w: _ScaledRelu.apply(x @ w, 1.0), xs, fast_mode=True)
+    assert not report.passed
+    kink = next(d for d in report.diagnoses if d.kind == "kink")
+    assert "crosses a kink" in kink.message and "says nothing of the rule" in kink.message, report
