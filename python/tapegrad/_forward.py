@@ -25,11 +25,14 @@ axis (at most 32), and a loop's step.
 
 It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides; a per-row
 term, which gives the error's shape in each row and not its term, is not one), and costs one forward and backward
-per candidate, at most 64 edges: VJPs only, so at any size.
+per candidate, at most 64 edges: VJPs only, so at any size. Past ON_A_CUT elements it runs on the op cut to its first
+two rows along y's axes first (each run then costs those rows), and at the whole size only where the error does not
+show there; what it finds on the cut says where.
 """
 
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -52,13 +55,46 @@ def name_from_forward(checked, failing):
     forward = function_class if bare else Inlined(checked.fn, function_class, checked.kwargs)
     try:
         parameters = _parameter_names(checked.fn, len(checked.inputs))
-        found, has_parts = _name(function_class, forward, checked, failing, parameters)
-        rest = [n for n in failing if n not in {f[1] for f in found}]
-        if rest and has_parts:
-            found += _name(function_class, forward, checked, rest, parameters, parts=True)[0]
-        return found
+        cut = _cut(checked)
+        if cut is not None:  # at size, the op cut to its first rows first: each of the runs below costs their size
+            found, shown = _name_all(function_class, forward, cut[0], failing, parameters)
+            if shown:
+                return [(kind, name, check, cut[1] + message) for kind, name, check, message in found]
+        return _name_all(function_class, forward, checked, failing, parameters)[0]
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
+
+
+def _name_all(function_class, forward, checked, failing, parameters):
+    """(the findings of the search over the forward's terms, its parts written out too where it calls one of _PARTS;
+    whether the error shows at these inputs)."""
+    found, has_parts, shown = _name(function_class, forward, checked, failing, parameters)
+    rest = [n for n in failing if n not in {f[1] for f in found}]
+    if rest and has_parts:
+        found += _name(function_class, forward, checked, rest, parameters, parts=True)[0]
+    return found, shown
+
+
+SHOWS = 1e-9  # an error past this part of x̄ is the rule's: float64 rounding leaves about 1e-16
+ON_A_CUT = 1 << 16  # elements of the checked inputs past which the terms are fitted on the op's first rows first
+CUT_ENTRIES = 1 << 24  # a bound on the cut's (outputs × an input's elements): its first two rows, where they fit
+
+
+def _cut(checked):
+    """(checked with the op cut to its first rows along y's axes, the report's words for where) at size, or None.
+    A slip of a rule is in every row's formula, and each run of the search costs the size it runs at; where the slip
+    does not show on the cut (its error there is rounding's), the search runs at the whole size."""
+    if sum(a.size for a in checked.arrays) <= ON_A_CUT:
+        return None
+    from ._cut import _CutCall, cut_along_y
+    device = next((x.device for x in checked.inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    cut = cut_along_y(_CutCall(checked.fn, checked.fn, checked.inputs, checked.slots, checked.kwargs or {}, device),
+                      CUT_ENTRIES, one_axis=True)
+    if cut is None or not cut[1]:
+        return None
+    args, where = cut
+    arrays = [args[s].detach().to(device="cpu", dtype=torch.float64).numpy() for s in checked.slots]
+    return replace(checked, inputs=tuple(args), arrays=arrays), where.replace(" (a full Jacobian there): ", ": ")
 
 
 def _fixed(inputs):
@@ -67,15 +103,16 @@ def _fixed(inputs):
 
 
 def _name(function_class, forward, checked, failing, parameters, parts=False):
-    """(the findings, whether the forward makes a call of _PARTS: then a second search, over the parts written out,
-    may name what the calls as written do not). forward: what _run_forward runs, function_class itself where the
-    check was given its bare apply, else the wrapper with the apply inlined."""
+    """(the findings; whether the forward makes a call of _PARTS: then a second search, over the parts written out,
+    may name what the calls as written do not; whether the error shows: past SHOWS of x̄ for some failing input).
+    forward: what _run_forward runs, function_class itself where the check was given its bare apply, else the
+    wrapper with the apply inlined."""
     fn, slots, names, arrays, seed = checked.fn, checked.slots, checked.names, checked.arrays, checked.options.seed
     fixed = _fixed(checked.inputs)
     recorder = _Forward(record=True, parts=parts)
     xs, y = _run_forward(forward, fixed, slots, arrays, recorder)
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
-        return [], recorder.has_parts
+        return [], recorder.has_parts, False
     rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
     cotangents = [rng.standard_normal(tuple(y.shape)) for _ in range(COTANGENTS)]
     true = _vjps(xs, y, cotangents)
@@ -101,6 +138,7 @@ def _name(function_class, forward, checked, failing, parameters, parts=False):
     candidates, tried, total, capped = _candidates(recorder.calls)
     errors = {i: user[i] - true[i] for i, n in enumerate(names) if n in failing}
     errors = {i: e for i, e in errors.items() if np.linalg.norm(e) > 0}
+    shown = any(np.linalg.norm(e) > SHOWS * np.linalg.norm(true[i]) for i, e in errors.items())
     fits = {i: [] for i in errors}
     terms = {i: [] for i in errors}  # (call, j, d at the first ȳ) of every edge, for factors that are values
 
@@ -184,7 +222,7 @@ def _name(function_class, forward, checked, failing, parameters, parts=False):
         # The edges along one chain fit alike: a power among them says where the factor comes from.
         chain = [c for c in candidates_of_i if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
         found.append(_finding(best, chain, names[i], operand, values, note))
-    return found, recorder.has_parts
+    return found, recorder.has_parts, shown
 
 
 def _value_factor(search, i):

@@ -371,3 +371,43 @@ def test_a_term_inside_one_call_is_named_from_the_call_written_out():
     assert d is not None, str(report)
     assert "the product rule's term through `sigmoid` in silu = a·sigmoid(a), written out, of " in d.message, d.message
     assert check(silu_call(), inputs((3, 4), (4, 5))).passed
+
+
+def test_at_size_the_terms_are_fitted_on_the_ops_first_rows():
+    """Each run of the search costs the size it runs at: at 512 × 256 the forward is searched on its first two rows,
+    and the report says so; the term is the one the search names at a small size."""
+    small = check(layer_norm("no_mean"), inputs((3, 16), (16,), (16,)))
+    large = check(layer_norm("no_mean"), inputs((512, 256), (256,), (256,)))
+    named = next(d for d in large.diagnoses if d.kind == "term_dropped")
+    assert named.input == "x" and named.message.startswith("on the first 2 of 512 along y's axis 0: "), large
+    assert named.message.split(": ", 1)[1] == next(d.message for d in small.diagnoses if d.kind == "term_dropped")
+
+
+def test_a_slip_that_does_not_show_on_the_first_rows_is_searched_at_the_whole_size(monkeypatch):
+    """A backward wrong past its first rows only (its error on the first two is float64 rounding) is not looked for
+    there: the search runs again at the whole size."""
+    import tapegrad._forward as forward
+    searched = []
+    search = forward._name
+
+    def recorded(function_class, fwd, checked, *args, **kwargs):
+        searched.append(checked.arrays[0].shape)
+        return search(function_class, fwd, checked, *args, **kwargs)
+    monkeypatch.setattr(forward, "_name", recorded)
+
+    class Sine(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sin(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            dx = g * torch.cos(x)
+            return torch.cat([dx[:2], 2 * dx[2:]])
+
+    report = check(Sine, inputs((512, 256)))
+    assert not report.passed
+    assert searched[:2] == [(2, 256), (512, 256)], searched
+    assert not any(d.message.startswith("on the first 2 of 512") for d in report.diagnoses), report
