@@ -163,8 +163,8 @@ class Checker {
   void check_input(size_t i) {
     // Forward mode on a random tangent: also tells whether the op has a JVP at all. At size the cotangent u is the
     // one all inputs share (shared_cotangents).
-    const bool full = m_ * xs_[i].numel() <= opt_.full_jacobian_limit;
-    Tensor t = random_like(xs_[i], rng_), u = full ? random_like(y0_, rng_) : shared_cotangents().u;
+    const bool full = m_ * xs_[i].numel() <= opt_.full_jacobian_limit, own = full || !shares_cotangents();
+    Tensor t = random_like(xs_[i], rng_), u = own ? random_like(y0_, rng_) : shared_cotangents().u;
     Tensor jt;
     try {
       jt = tangent_on(i, t);
@@ -190,10 +190,10 @@ class Checker {
     checks_.push_back(c.vjp.r);
     checks_.push_back(c.jvp.r);
 
-    const Tensor ju = full ? cotangent_on(i, u) : shared_cotangents().u_back[i];
+    const Tensor ju = own ? cotangent_on(i, u) : shared_cotangents().u_back[i];
     const CheckResult adj = adjoint(i, t, jt, u, ju);
     checks_.push_back(adj);
-    checks_.push_back(full ? accumulation(i, u, ju) : accumulation_at_size(i));
+    checks_.push_back(own ? accumulation(i, u, ju) : accumulation_at_size(i));
 
     outcomes_.push_back({name(i), c.vjp.r.passed, c.jvp.r.passed, c.jvp.r.skipped, adj.passed, false});
     if (!opt_.diagnose || (c.vjp.r.passed && c.jvp.r.passed && adj.passed)) return;
@@ -272,6 +272,11 @@ class Checker {
     }
   }
 
+  // Whether the inputs share their cotangents at size: with one float64 input there is nothing to share, and its ȳ
+  // are drawn from the check's own generator, after its directions, as the check of one input draws them.
+  bool shares_cotangents() const {
+    return std::count_if(xs_.begin(), xs_.end(), [](const Tensor& x) { return x.dtype() == DType::f64; }) > 1;
+  }
   // At size, the cotangents are shared by the inputs: one backward gives every input's x̄ for a ȳ, where one per
   // input would cost a backward each (the forwards, one pair per input and direction, cannot be shared). They are
   // drawn from a generator of their own: u, the adjoint's and the accumulation's, is the full check's random ȳ;
@@ -321,15 +326,25 @@ class Checker {
   // times (a point at a kink itself fails along every direction).
   void compare_fast(size_t i, bool has_jvp, Comparison& c) {
     c.vjp.r.mode = c.jvp.r.mode = "fast";
+    const bool shared = shares_cotangents();
     for (int p = 0; p < opt_.projections; ++p) {
-      const Tensor& w = shared_cotangents().w[static_cast<size_t>(p)];
-      const Tensor back = std::move(shared_->w_back[static_cast<size_t>(p)][i]);  // each input reads its own once
-      const double w_y0 = dot(w, y0_);
-      double analytic = 0, numeric = 0;
+      Tensor w, back;  // ȳ, and J_iᵀȳ
+      if (shared) {
+        w = shared_cotangents().w[static_cast<size_t>(p)];
+        back = std::move(shared_->w_back[static_cast<size_t>(p)][i]);  // each input reads its own once
+      }
+      double w_y0 = 0, analytic = 0, numeric = 0;
       Tensor numeric_v, forward;  // J_i v from the differences, and from forward mode
       bool crossed = true;
       for (int draw = 0; draw <= kKinkRedraws && crossed; ++draw) {
         const Tensor v = random_like(xs_[i], rng_);
+        if (!w.defined()) {  // one input: its own ȳ, drawn after its first v
+          w = random_like(y0_, rng_);
+          back = cotangent_on(i, w);
+          w_y0 = dot(w, y0_);
+        } else if (draw == 0) {
+          w_y0 = dot(w, y0_);
+        }
         const Differences d = differences(i, v);
         numeric_v = d.central;
         analytic = dot(back, v), numeric = dot(w, numeric_v);

@@ -2,7 +2,7 @@
 //   vjp        J_iᵀu from backward   vs  central differences (f(x+εe_k) − f(x−εe_k)) / 2ε
 //              full Jacobian when m·n_i is small (each unit ȳ = e_j, then one random ȳ against Nᵀȳ: a backward
 //              that ignores or squares ȳ passes every unit one); else random projections vᵀJ_iu as PyTorch's fast mode
-//              (the u shared by the inputs: one backward per u; a v whose step crosses a kink is drawn again)
+//              (the u shared by several inputs: one backward per u; a v whose step crosses a kink is drawn again)
 //   jvp        J_i t from forward mode vs  (f(x+εt) − f(x−εt)) / 2ε, element by element of y
 //   adjoint    ⟨J_i t, u⟩ = ⟨t, J_iᵀu⟩  (two analytic results; exact up to rounding)
 //   accumulate backward adds J_iᵀu into a gradient that already holds r (it must not overwrite r)
