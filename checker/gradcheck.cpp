@@ -161,8 +161,8 @@ class Checker {
   }
 
   void check_input(size_t i) {
-    // Forward mode on a random tangent: also tells whether the op has a JVP at all. At size the cotangent u is the
-    // one all inputs share (shared_cotangents).
+    // Forward mode on a random tangent: also tells whether the op has a JVP at all. At size, where several inputs
+    // are checked, u is the one they share (shared_cotangents).
     const bool full = m_ * xs_[i].numel() <= opt_.full_jacobian_limit, own = full || !shares_cotangents();
     Tensor t = random_like(xs_[i], rng_), u = own ? random_like(y0_, rng_) : shared_cotangents().u;
     Tensor jt;
@@ -478,8 +478,8 @@ class Checker {
         for (auto& d : diagnose_jacobian(view, &all_kinks)) details_.push_back(std::move(d));
         rules_explained += all_kinks;
         if (all_kinks) continue;
-      } else if (auto d = kinks_crossed(i, check, c)) {
-        details_.push_back(std::move(*d));
+      } else if (auto kinked = kinks_crossed(i, check, c)) {
+        details_.push_back(std::move(*kinked));
         ++rules_explained;
         continue;
       } else if (auto d = is_vjp ? diagnose_values(name(i), check, c.fa_vjp, c.fn_vjp, tol_)
@@ -618,10 +618,11 @@ class Checker {
       return Checker(f_, xs, names_, o, /*may_narrow=*/false).run();
     };
     for (Diagnosis& d : narrowed_diagnoses({f_, xs_, input_names, opt_}, yshape(), failed_by_projections_, in_full)) {
-      // One report says one thing of an input: where the projections named it (a scale, a sign, zero:
+      // One report says one thing of an input: where the projections named it (a scale, a sign, zero, a kink:
       // diagnose_values), the line that says how to get a name is not added.
       const bool named = std::any_of(details_.begin(), details_.end(), [&](const Diagnosis& e) {
-        return e.input == d.input && (e.kind == Finding::scale || e.kind == Finding::sign || e.kind == Finding::zero);
+        return e.input == d.input && (e.kind == Finding::scale || e.kind == Finding::sign || e.kind == Finding::zero ||
+                                      e.kind == Finding::kink);
       });
       if (!(named && d.kind == Finding::unexplained)) details_.push_back(std::move(d));
     }
