@@ -341,10 +341,8 @@ class Checker {
         if (!w.defined()) {  // one input: its own ȳ, drawn after its first v
           w = random_like(y0_, rng_);
           back = cotangent_on(i, w);
-          w_y0 = dot(w, y0_);
-        } else if (draw == 0) {
-          w_y0 = dot(w, y0_);
         }
+        if (draw == 0) w_y0 = dot(w, y0_);
         const Differences d = differences(i, v);
         numeric_v = d.central;
         analytic = dot(back, v), numeric = dot(w, numeric_v);

@@ -106,9 +106,7 @@ def name_on_the_cut(report, call, gradcheck):
     unnamed |= on_its_cut
     if not unnamed:
         return
-    # fn is its own reference here: it runs on its inputs' device (a CUDA kernel refuses, or misreads, host memory)
-    device = next((x.device for x in call.inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
-    c = _CutCall(call.fn, call.fn, call.inputs, call.slots, call.kwargs or {}, device)
+    c = own_reference(call)
 
     def check_on(cut):
         return gradcheck(call.fn, cut[0], inputs_to_check=call.slots, names=call.names, name=call.name,
@@ -153,6 +151,13 @@ def _factors_per_row(found, first, last, at_last):
                     f"{c_last:.6g}: the factor differs between y's rows — a per-row normalizer (the row's count, "
                     "sum or norm) is missing, applied twice, or the wrong one", None))
     return out
+
+
+def own_reference(call):
+    """What cut_along_y reads of a gradcheck call whose op is its own reference: it runs on its inputs' device (a CUDA
+    kernel refuses, or misreads, host memory)."""
+    device = next((x.device for x in call.inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    return _CutCall(call.fn, call.fn, call.inputs, call.slots, call.kwargs or {}, device)
 
 
 @dataclass

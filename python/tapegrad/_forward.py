@@ -86,10 +86,8 @@ def _cut(checked):
     does not show on the cut (its error there is rounding's), the search runs at the whole size."""
     if sum(a.size for a in checked.arrays) <= ON_A_CUT:
         return None
-    from ._cut import _CutCall, cut_along_y
-    device = next((x.device for x in checked.inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
-    cut = cut_along_y(_CutCall(checked.fn, checked.fn, checked.inputs, checked.slots, checked.kwargs or {}, device),
-                      CUT_ENTRIES, one_axis=True)
+    from ._cut import cut_along_y, own_reference
+    cut = cut_along_y(own_reference(checked), CUT_ENTRIES, one_axis=True)
     if cut is None or not cut[1]:
         return None
     args, where = cut
