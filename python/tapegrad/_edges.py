@@ -72,7 +72,7 @@ class Probe:
 
 @dataclass
 class EdgeContext:
-    """The call probed (tapegrad/_gradcheck.py's _Call), its dtype and the report; findings and the rows' worst."""
+    """The call probed (tapegrad/_callables.py's _Call), its dtype and the report; findings and the rows' worst."""
     call: object
     report: object
     dtype: object

@@ -30,8 +30,6 @@ two rows along y's axes first (each run then costs those rows), and at the whole
 show there; what it finds on the cut says where.
 """
 
-import os
-import re
 from dataclasses import replace
 
 import numpy as np
@@ -39,8 +37,7 @@ import torch
 
 from ._forward_fits import named_otherwise
 from ._forward_rewrite import Search
-from ._forward_record import (COTANGENTS, FIT, Inlined, _candidates, _describe_factor, _Forward, _fraction, _name_calls,
-                              _paths, _run_forward, _term, _vjps)
+from ._forward_record import FIT, Inlined, _Forward, _run_forward, _term, _vjps, best_finding, record
 
 
 def name_from_forward(checked, failing):
@@ -105,35 +102,15 @@ def _name(function_class, forward, checked, failing, parameters, parts=False):
     may name what the calls as written do not; whether the error shows: past SHOWS of x̄ for some failing input).
     forward: what _run_forward runs, function_class itself where the check was given its bare apply, else the
     wrapper with the apply inlined."""
-    fn, slots, names, arrays, seed = checked.fn, checked.slots, checked.names, checked.arrays, checked.options.seed
+    slots, names, arrays = checked.slots, checked.names, checked.arrays
     fixed = _fixed(checked.inputs)
-    recorder = _Forward(record=True, parts=parts)
-    xs, y = _run_forward(forward, fixed, slots, arrays, recorder)
-    if not isinstance(y, torch.Tensor) or not y.requires_grad:
-        return [], recorder.has_parts, False
-    rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
-    cotangents = [rng.standard_normal(tuple(y.shape)) for _ in range(COTANGENTS)]
-    true = _vjps(xs, y, cotangents)
-
-    # The user's backward: the Function's apply under autograd, as the check ran it.
-    args = list(fixed)
-    user_xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
-    for slot, x in zip(slots, user_xs):
-        args[slot] = x
-    with torch.enable_grad():
-        user_y = fn(*args, **(checked.kwargs or {}))
-    if isinstance(user_y, (tuple, list)) and len(user_y) == 1:
-        user_y = user_y[0]
-    user = _vjps(user_xs, user_y, cotangents)
-
-    for call in recorder.calls:
-        frame_file = call.place[0]
-        if frame_file not in _paths:
-            _paths[frame_file] = _source_path(function_class, frame_file)
-    operand = _name_calls(recorder.calls, names, xs)
+    run = record(checked, function_class, forward, fixed, parts)
+    if run.true is None:
+        return [], run.recorder.has_parts, False
+    recorder, xs, cotangents, true, user = run.recorder, run.xs, run.cotangents, run.true, run.user
+    operand, (candidates, tried, total, capped) = run.operand, run.candidates
     values = _named_values(recorder.calls, fixed, parameters, xs, names)
 
-    candidates, tried, total, capped = _candidates(recorder.calls)
     errors = {i: user[i] - true[i] for i, n in enumerate(names) if n in failing}
     errors = {i: e for i, e in errors.items() if np.linalg.norm(e) > 0}
     shown = any(np.linalg.norm(e) > SHOWS * np.linalg.norm(true[i]) for i, e in errors.items())
@@ -216,10 +193,7 @@ def _name(function_class, forward, checked, failing, parameters, parts=False):
     for i, candidates_of_i in fits.items():
         if not candidates_of_i:  # None: named by a value's factor; []: nothing fits
             continue
-        best = min(candidates_of_i, key=lambda c: _preference(c, values))
-        # The edges along one chain fit alike: a power among them says where the factor comes from.
-        chain = [c for c in candidates_of_i if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
-        found.append(_finding(best, chain, names[i], operand, values, note))
+        found.append(best_finding(candidates_of_i, names[i], operand, values, note))
     return found, recorder.has_parts, shown
 
 
@@ -316,18 +290,6 @@ def _substitutions(search, parts):
     return list(found.values())
 
 
-def _source_path(function_class, basename):
-    """The full path of the file the forward's lines come from (the calls keep its base name)."""
-    try:
-        import inspect
-        path = inspect.getsourcefile(function_class.forward)
-        if path and os.path.basename(path) == basename:
-            return path
-    except (TypeError, OSError):
-        pass
-    return basename
-
-
 def _named_values(calls, fixed, parameters, xs, names):
     """(name, value) of the forward's scalars a factor may be made of: scalar inputs and numbers passed to it, the
     scalars its calls compute, the numbers its calls take, and the sizes of its inputs' last axes (for √d)."""
@@ -356,71 +318,3 @@ def _named_values(calls, fixed, parameters, xs, names):
             seen.add((name, v))
             unique.append((name, v))
     return unique
-
-
-def _preference(fit, values):
-    """Order of the fits: a dropped term, a term counted twice, a term of the wrong sign, a wrong value, a factor the
-    forward's values explain, any factor; then the call that joins two terms; then the latest call."""
-    call, j, how, alpha, _ = fit
-    if how == "straight":
-        rank = 2
-    elif abs(alpha + 1) <= 1e-6:
-        rank = 0
-    elif abs(alpha - 1) <= 1e-6:
-        rank = 1
-    elif abs(alpha + 2) <= 1e-6:
-        rank = 1.5
-    else:
-        rank = 3 if _describe_factor(1 + alpha, values)[1] is not None or _fraction(1 + alpha) else 4
-    return rank, -len(call.operands), -call.index
-
-
-def _finding(fit, chain, input_name, operand, values, note):
-    call, j, how, alpha, _ = fit
-    if how == "straight":
-        text, _ = operand(call.operands[j])
-        made = call.assigned or call.text
-        from ._forward_derivative import is_elementwise
-        if is_elementwise(call):  # a diagonal Jacobian left out is a factor f′ missing, not a value read wrong
-            return ("term_factor", input_name, "vjp",
-                    f"x̄ misses the chain rule's factor of `{call.text}` at {call.where}, its derivative (the error is "
-                    f"−1 × that call's part, to rounding): the backward takes the gradient of `{made}` as that of "
-                    f"`{text}`; it must multiply it by {call.name.strip('_')}′{note}")
-        return ("wrong_value", input_name, "vjp",
-                f"x̄ is the forward's rule with the derivative of `{call.text}` at {call.where} left out (the error is "
-                f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient "
-                f"of `{text}` belongs; it must take it through that call's derivative{note}")
-    term = _term(call, j, operand)
-    if abs(alpha + 1) <= 1e-6:
-        return ("term_dropped", input_name, "vjp",
-                f"x̄ misses one term of the forward's rule (the error is −1 × that term, to rounding): {term}; the "
-                f"backward must add it{note}")
-    if abs(alpha - 1) <= 1e-6:
-        return ("term_added", input_name, "vjp",
-                f"x̄ counts one term of the forward's rule twice (the error is +1 × that term, to rounding): {term}; "
-                f"the backward must count it once{note}")
-    if abs(alpha + 2) <= 1e-6:
-        return ("term_sign", input_name, "vjp",
-                f"x̄ has one term of the forward's rule with the wrong sign (the error is −2 × that term, to "
-                f"rounding): {term}; the backward must add it where it subtracts it, or the reverse{note}")
-    factor = 1 + alpha
-    described, value_name = _describe_factor(factor, values)
-    hint = ""
-    exponents = [n for c in chain if c[0].name in ("pow", "__pow__") for n in c[0].numbers if n not in (0, 1)]
-    if exponents and value_name is None:
-        written = factor * exponents[0]
-        if abs(written - round(written)) <= 1e-6:
-            hint = f"; the power rule's factor {exponents[0]:g} is written {round(written):g}"
-    elif value_name is not None:
-        # The call along the chain that multiplies by that value, where the forward has one.
-        value = dict(values).get(value_name)
-        home = next((c[0] for c in sorted(chain, key=lambda c: c[0].index)
-                     if value in c[0].numbers or re.search(rf"\b{re.escape(value_name)}\b", c[0].text)), None)
-        at = f" (of `{home.text}` at {home.where})" if home is not None and home is not call else ""
-        # The same error either way round: a factor left out of the term, or a division by it written once too often.
-        hint = (f"; the factor {value_name}{at} is missing from it, or it is divided by {value_name} once too often"
-                if described.startswith("1/")
-                else f"; it has a factor {value_name}{at} too many, or a division by {value_name} is missing")
-    return ("term_factor", input_name, "vjp",
-            f"x̄ has one term of the forward's rule {described} times (the error is {alpha:.6g} × that term, to "
-            f"rounding): {term}{hint}{note}")

@@ -18,7 +18,7 @@ through it is d = (what reaches f's output) ⊙ f′(u) ⊙ (u's derivative), an
 import numpy as np
 import torch
 
-from ._forward_record import _term
+from ._forward_record import _term, is_elementwise
 from ._forward_rewrite import operands_of, replace_operand
 
 MAX_POINT_RUNS = 48  # forwards with an operand's value or a call's derivative replaced, at most, per fit
@@ -27,20 +27,6 @@ MAX_POINT_RUNS = 48  # forwards with an operand's value or a call's derivative r
 _DERIVATIVE = {"sigmoid": "sigmoid·(1 − sigmoid)", "tanh": "1 − tanh²", "exp": "exp", "softplus": "sigmoid",
                "log": "1/u", "log1p": "1/(1 + u)", "sin": "cos", "cos": "−sin", "sqrt": "1/(2·sqrt)",
                "rsqrt": "−rsqrt³/2", "reciprocal": "−reciprocal²"}
-
-
-def is_elementwise(call):
-    """Whether call is one operand's function element by element: its output of the operand's shape, and its VJP at
-    a random v equal to v times its VJP at ones (a diagonal Jacobian)."""
-    if len(call.operands) != 1 or tuple(call.out.shape) != tuple(call.operands[0].shape) or call.out.numel() < 2:
-        return False
-    try:
-        v = torch.randn(call.out.shape, dtype=call.out.dtype, generator=torch.Generator().manual_seed(7))
-        at_v, = torch.autograd.grad(call.out, call.operands[0], v, retain_graph=True)
-        at_one, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(v), retain_graph=True)
-    except RuntimeError:
-        return False
-    return torch.allclose(at_v, v * at_one, rtol=1e-9, atol=1e-12)
 
 
 def _short(call):

@@ -4,12 +4,15 @@ of _forward_fits.py): each torch call a _Call with the user's line and sub-expre
 run at stacked cotangents, and each edge's term named in the forward's own words."""
 
 import functools
+import inspect
 import itertools
 import linecache
 import math
 import os
 import re
 import sys
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
@@ -258,6 +261,64 @@ def _vjps(xs, y, cotangents):
     return [np.concatenate(v) for v in per_input]
 
 
+@dataclass
+class Recorded:
+    """The forward recorded at the check's point (recorder: its calls; xs: its inputs as leaves) and its VJPs at
+    COTANGENTS random ȳ, stacked per input: the true ones (torch's autograd through the plain forward; None where the
+    forward's output has no derivative) and the user's backward's; each call's operand named (operand) and the edges
+    to try (candidates: (edges, tried, total, capped), as _candidates gives them)."""
+    recorder: object
+    xs: list = None
+    cotangents: list = None
+    true: list = None
+    user: list = None
+    operand: dict = None
+    candidates: tuple = None
+
+
+def record(checked, function_class, forward, fixed, parts):
+    """The forward of the Function checked (gradcheck's call checked) recorded at its point: forward, what
+    _run_forward runs (function_class itself or the wrapper with its apply inlined), on fixed (the arguments in
+    float64), its calls written out in their parts where parts."""
+    fn, slots, names, arrays, seed = checked.fn, checked.slots, checked.names, checked.arrays, checked.options.seed
+    recorder = _Forward(record=True, parts=parts)
+    xs, y = _run_forward(forward, fixed, slots, arrays, recorder)
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return Recorded(recorder)
+    rng = np.random.default_rng(seed ^ 0x666F7277)  # "forw": its own stream, apart from the checks' draws
+    cotangents = [rng.standard_normal(tuple(y.shape)) for _ in range(COTANGENTS)]
+    true = _vjps(xs, y, cotangents)
+
+    # The user's backward: the Function's apply under autograd, as the check ran it.
+    args = list(fixed)
+    user_xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
+    for slot, x in zip(slots, user_xs):
+        args[slot] = x
+    with torch.enable_grad():
+        user_y = fn(*args, **(checked.kwargs or {}))
+    if isinstance(user_y, (tuple, list)) and len(user_y) == 1:
+        user_y = user_y[0]
+    user = _vjps(user_xs, user_y, cotangents)
+
+    for call in recorder.calls:
+        frame_file = call.place[0]
+        if frame_file not in _paths:
+            _paths[frame_file] = _source_path(function_class, frame_file)
+    return Recorded(recorder, xs, cotangents, true, user, _name_calls(recorder.calls, names, xs),
+                    _candidates(recorder.calls))
+
+
+def _source_path(function_class, basename):
+    """The full path of the file the forward's lines come from (the calls keep its base name)."""
+    try:
+        path = inspect.getsourcefile(function_class.forward)
+        if path and os.path.basename(path) == basename:
+            return path
+    except (TypeError, OSError):
+        pass
+    return basename
+
+
 def _name_calls(calls, names, xs):
     """Each call's `assigned` name, and a function that writes an operand: an input's name, the name its value was
     assigned to, or the expression that made it."""
@@ -356,3 +417,92 @@ def _candidates(calls):
                 and tuple(call.out.shape) == tuple(call.operands[0].shape)):
             out.append((call, j, "straight"))
     return out, len(tried), len(edges), capped
+
+
+def is_elementwise(call):
+    """Whether call is one operand's function element by element: its output of the operand's shape, and its VJP at
+    a random v equal to v times its VJP at ones (a diagonal Jacobian)."""
+    if len(call.operands) != 1 or tuple(call.out.shape) != tuple(call.operands[0].shape) or call.out.numel() < 2:
+        return False
+    try:
+        v = torch.randn(call.out.shape, dtype=call.out.dtype, generator=torch.Generator().manual_seed(7))
+        at_v, = torch.autograd.grad(call.out, call.operands[0], v, retain_graph=True)
+        at_one, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(v), retain_graph=True)
+    except RuntimeError:
+        return False
+    return torch.allclose(at_v, v * at_one, rtol=1e-9, atol=1e-12)
+
+
+def best_finding(fits, input_name, operand, values, note):
+    """The finding of the fit that names input_name's slip best, of its fits (call, j, how, α, residual): the first
+    by _preference. The edges along one chain fit alike: a power among them says where the factor comes from."""
+    best = min(fits, key=lambda c: _preference(c, values))
+    chain = [c for c in fits if c[2] == best[2] and abs(c[3] - best[3]) <= 1e-6 * max(1, abs(best[3]))]
+    return _finding(best, chain, input_name, operand, values, note)
+
+
+def _preference(fit, values):
+    """Order of the fits: a dropped term, a term counted twice, a term of the wrong sign, a wrong value, a factor the
+    forward's values explain, any factor; then the call that joins two terms; then the latest call."""
+    call, j, how, alpha, _ = fit
+    if how == "straight":
+        rank = 2
+    elif abs(alpha + 1) <= 1e-6:
+        rank = 0
+    elif abs(alpha - 1) <= 1e-6:
+        rank = 1
+    elif abs(alpha + 2) <= 1e-6:
+        rank = 1.5
+    else:
+        rank = 3 if _describe_factor(1 + alpha, values)[1] is not None or _fraction(1 + alpha) else 4
+    return rank, -len(call.operands), -call.index
+
+
+def _finding(fit, chain, input_name, operand, values, note):
+    call, j, how, alpha, _ = fit
+    if how == "straight":
+        text, _ = operand(call.operands[j])
+        made = call.assigned or call.text
+        if is_elementwise(call):  # a diagonal Jacobian left out is a factor f′ missing, not a value read wrong
+            return ("term_factor", input_name, "vjp",
+                    f"x̄ misses the chain rule's factor of `{call.text}` at {call.where}, its derivative (the error is "
+                    f"−1 × that call's part, to rounding): the backward takes the gradient of `{made}` as that of "
+                    f"`{text}`; it must multiply it by {call.name.strip('_')}′{note}")
+        return ("wrong_value", input_name, "vjp",
+                f"x̄ is the forward's rule with the derivative of `{call.text}` at {call.where} left out (the error is "
+                f"−1 × that call's part, to rounding): the backward uses the gradient of `{made}` where the gradient "
+                f"of `{text}` belongs; it must take it through that call's derivative{note}")
+    term = _term(call, j, operand)
+    if abs(alpha + 1) <= 1e-6:
+        return ("term_dropped", input_name, "vjp",
+                f"x̄ misses one term of the forward's rule (the error is −1 × that term, to rounding): {term}; the "
+                f"backward must add it{note}")
+    if abs(alpha - 1) <= 1e-6:
+        return ("term_added", input_name, "vjp",
+                f"x̄ counts one term of the forward's rule twice (the error is +1 × that term, to rounding): {term}; "
+                f"the backward must count it once{note}")
+    if abs(alpha + 2) <= 1e-6:
+        return ("term_sign", input_name, "vjp",
+                f"x̄ has one term of the forward's rule with the wrong sign (the error is −2 × that term, to "
+                f"rounding): {term}; the backward must add it where it subtracts it, or the reverse{note}")
+    factor = 1 + alpha
+    described, value_name = _describe_factor(factor, values)
+    hint = ""
+    exponents = [n for c in chain if c[0].name in ("pow", "__pow__") for n in c[0].numbers if n not in (0, 1)]
+    if exponents and value_name is None:
+        written = factor * exponents[0]
+        if abs(written - round(written)) <= 1e-6:
+            hint = f"; the power rule's factor {exponents[0]:g} is written {round(written):g}"
+    elif value_name is not None:
+        # The call along the chain that multiplies by that value, where the forward has one.
+        value = dict(values).get(value_name)
+        home = next((c[0] for c in sorted(chain, key=lambda c: c[0].index)
+                     if value in c[0].numbers or re.search(rf"\b{re.escape(value_name)}\b", c[0].text)), None)
+        at = f" (of `{home.text}` at {home.where})" if home is not None and home is not call else ""
+        # The same error either way round: a factor left out of the term, or a division by it written once too often.
+        hint = (f"; the factor {value_name}{at} is missing from it, or it is divided by {value_name} once too often"
+                if described.startswith("1/")
+                else f"; it has a factor {value_name}{at} too many, or a division by {value_name} is missing")
+    return ("term_factor", input_name, "vjp",
+            f"x̄ has one term of the forward's rule {described} times (the error is {alpha:.6g} × that term, to "
+            f"rounding): {term}{hint}{note}")

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _tapegrad
-from ._callables import (_function_class, _is_module, _is_torch_tensor, _op_name, _parameter_names,
-                         _torch_if_loaded)
+from ._callables import _Call, _function_class, _options, _torch_if_loaded, read_call
 from ._numpy_op import NumpyOp
 
 
@@ -18,75 +17,6 @@ class GradcheckError(RuntimeError):
     def __init__(self, report):
         super().__init__("tapegrad.gradcheck failed:\n" + str(report))
         self.report = report
-
-
-def _is_float_array(x):
-    return isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating)
-
-
-def _checked_slots(inputs, inputs_to_check):
-    """Which inputs are checked: those named, else (as torch.autograd.gradcheck) the tensors that require grad,
-    else every floating-point tensor or array."""
-    if inputs_to_check is not None:
-        slots = [int(i) for i in inputs_to_check]
-        for i in slots:
-            if not 0 <= i < len(inputs):
-                raise IndexError(f"gradcheck: inputs_to_check names input {i} of {len(inputs)}")
-        return slots
-    torch = _torch_if_loaded()
-    if torch is not None and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
-        return [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.requires_grad]
-    return [i for i, x in enumerate(inputs)
-            if (_is_torch_tensor(x) and x.is_floating_point()) or _is_float_array(x)]
-
-
-def _as_float64_array(x, i):
-    """A checked input as a float64 array of its own shape (0-d kept 0-d: np.ascontiguousarray would make it (1,)).
-    An integer or bool input is refused, not cast: it has no derivative, and casting it would check another op."""
-    dtype = x.dtype if _is_torch_tensor(x) else np.asarray(x).dtype
-    floating = x.is_floating_point() if _is_torch_tensor(x) else np.issubdtype(dtype, np.floating)
-    if not floating:
-        raise ValueError(f"gradcheck: input {i} has dtype {dtype}; a checked input must be floating-point (an "
-                         "integer or bool input has no derivative: leave it out of inputs_to_check, and it is passed "
-                         "to fn unchanged)")
-    if _is_torch_tensor(x):
-        x = x.detach().cpu().to(dtype=_torch_if_loaded().float64).numpy()
-    return np.array(x, dtype=np.float64, order="C")
-
-
-def _number(who, option, value, expected, ok):
-    """float(value), or a ValueError naming the option, the value and what it must be."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{who}: {option} must be {expected}, got {value!r}") from None
-    if not (math.isfinite(x) and ok(x)):
-        raise ValueError(f"{who}: {option} must be {expected}, got {value!r}")
-    return x
-
-
-def _options(who, keywords):
-    """The checker's options from gradcheck's or claim's keyword options (eps, atol, rtol, fast_mode, projections,
-    seed, diagnose), each refused as `tapegrad gradcheck` and `tapegrad claim` refuse it: a step or a tolerance that
-    is NaN or infinite makes every comparison meaningless (NaN compares false, an infinite tolerance accepts
-    anything), and a step of 0 divides by zero."""
-    eps, atol, rtol, fast_mode, projections, seed, diagnose = (
-        keywords[k] for k in ("eps", "atol", "rtol", "fast_mode", "projections", "seed", "diagnose"))
-    options = _tapegrad._Options()
-    options.eps = _number(who, "eps", eps, "a finite number > 0", lambda x: x > 0)
-    options.atol = _number(who, "atol", atol, "a finite number > 0", lambda x: x > 0)
-    options.rtol = _number(who, "rtol", rtol, "a finite number ≥ 0", lambda x: x >= 0)
-    if isinstance(projections, bool) or not isinstance(projections, (int, np.integer)) or projections < 1:
-        raise ValueError(f"{who}: projections must be an integer ≥ 1 (random directions per input), "
-                         f"got {projections!r}")
-    if fast_mode is not None and not isinstance(fast_mode, (bool, np.bool_)):
-        raise ValueError(f"{who}: fast_mode must be True, False or None, got {fast_mode!r}")
-    options.projections = int(projections)
-    options.seed = int(seed)
-    options.diagnose = bool(diagnose)
-    if fast_mode is not None:
-        options.full_jacobian_limit = 0 if fast_mode else 2**62
-    return options
 
 
 # What a check with full Jacobians holds at its peak, measured as the growth of the process's peak resident memory
@@ -155,15 +85,6 @@ def _in_python_terms(report):
         for entries in set(re.findall(r" or raise full_jacobian_limit to (\d+)", d.message)):
             _tapegrad._reword(report, f" or raise full_jacobian_limit to {entries}",
                               f" or pass fast_mode=False (a full Jacobian of {entries} entries)")
-
-
-def _module_call(module, count, parameter_names):
-    """module as a function of its `count` inputs followed by its parameters (torch's functional_call)."""
-    from torch.nn.utils.stateless import functional_call
-
-    def call(*args, **kwargs):
-        return functional_call(module, dict(zip(parameter_names, args[count:])), tuple(args[:count]), kwargs)
-    return call
 
 
 def _zero_cotangent_rows(report, impl, arrays, checked_names):
@@ -257,64 +178,13 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         "edges" per input and a finding of kind `edge` (with a line that reproduces it) where one breaks
         (tapegrad/_edges.py). A dict {edge: "nan"} declares edges the op defines as undefined: not probed.
     """
-    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order not in (1, 2):
-        raise ValueError(f"gradcheck: order must be 1 (VJP and JVP) or 2 (Hessian-vector products), got {order!r}")
-    order = int(order)
-    keywords = dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections, seed=seed,
-                    diagnose=diagnose)
-    options = _options("gradcheck", keywords)
-    if not isinstance(inputs, (tuple, list)):
-        inputs = (inputs,)
-    inputs = tuple(inputs)
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise ValueError(f"gradcheck: kwargs must be a dict of keyword arguments for fn, got {kwargs!r}")
-    name = name or _op_name(fn)
-    parameter_names = []
-    if params:
-        if not _is_module(fn):
-            raise ValueError(f"gradcheck: params=True checks a torch.nn.Module's parameters; fn is "
-                             f"{type(fn).__name__}")
-        named = list(fn.named_parameters())
-        if not named:
-            raise ValueError(f"gradcheck: params=True, but the module {type(fn).__name__} has no parameters")
-        parameter_names = [n for n, _ in named]
-        if names is None:
-            names = (_parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]) + parameter_names
-        if inputs_to_check is None:
-            inputs_to_check = list(_checked_slots(inputs, None)) if any(
-                _is_torch_tensor(x) and x.requires_grad for x in inputs) else []
-            inputs_to_check += range(len(inputs), len(inputs) + len(named))
-        fn, inputs = _module_call(fn, len(inputs), parameter_names), inputs + tuple(p for _, p in named)
-    slots = _checked_slots(inputs, inputs_to_check)
-    if not slots:
-        raise ValueError("gradcheck: no input to check (no floating-point tensor or array among the inputs)")
-    arrays = [_as_float64_array(inputs[i], i) for i in slots]
-    if names is None:
-        all_names = _parameter_names(fn, len(inputs)) or [f"x{i}" for i in range(len(inputs))]
-    else:
-        all_names = list(names)
-        if len(all_names) == len(slots) and len(slots) != len(inputs):
-            all_names = {s: n for s, n in zip(slots, all_names)}
-            all_names = [all_names.get(i, f"x{i}") for i in range(len(inputs))]
-        if len(all_names) != len(inputs):
-            raise ValueError(f"gradcheck: {len(all_names)} names for {len(inputs)} inputs")
-    checked_names = [str(all_names[i]) for i in slots]
-    for array, input_name in zip(arrays, checked_names):
-        if array.size == 0:  # no element of it to perturb or compare: a check of it would pass having checked nothing
-            raise ValueError(f"gradcheck: input '{input_name}' has shape {array.shape}, no elements, so nothing of it "
-                             "can be checked (leave it out with inputs_to_check, or give it elements)")
-
-    declared = None
-    if surrogate is not None:
-        if vjp is not None or order != 1 or not callable(surrogate):
-            raise ValueError("gradcheck: surrogate= is a callable on fn's arguments, for a torch op at order 1 "
-                             f"(got {type(surrogate).__name__}, order {order}{', with vjp=' if vjp else ''})")
-        from ._surrogate import declared as declared_op
-        declared = getattr(surrogate, "__name__", type(surrogate).__name__)
-        fn, kwargs = declared_op(fn, surrogate, kwargs or {}), None
-    call = _Call(fn, inputs, slots, checked_names, arrays, name, order, kwargs, options, fast_mode, reference,
-                 keywords)
-    if vjp is None and _torch_if_loaded() is not None and (reference is not None or _runs_elsewhere(inputs, slots)):
+    call = read_call(fn, inputs, order=order, names=names, inputs_to_check=inputs_to_check, params=params,
+                     kwargs=kwargs, name=name, reference=reference, surrogate=surrogate, numpy_rules=vjp is not None,
+                     keywords=dict(eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode, projections=projections,
+                                   seed=seed, diagnose=diagnose))
+    fn, inputs, slots, checked_names, arrays = call.fn, call.inputs, call.slots, call.names, call.arrays
+    name, kwargs, options = call.name, call.kwargs, call.options
+    if vjp is None and _torch_if_loaded() is not None and (reference is not None or call.elsewhere):
         report = _check_at_precision(call)
     elif vjp is not None:
         if reference is not None:
@@ -324,15 +194,15 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         impl = NumpyOp(fn, inputs, slots, vjp, jvp, hvp)
         if fast_mode is not None and not fast_mode:
             _require_full_jacobian_memory(impl, name, arrays)
-        report = _tapegrad._check(impl, name, arrays, checked_names, order, options)
+        report = _tapegrad._check(impl, name, arrays, checked_names, call.order, options)
         _in_python_terms(report)
     else:
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         report = _check_torch(call)
-    if declared is not None:
-        report._notes = [f"surrogate: {name}'s backward is checked as the derivative of {declared}, as it declares "
-                         f"(not of its own forward)"] + getattr(report, "_notes", [])
+    if call.surrogate is not None:
+        report._notes = [f"surrogate: {name}'s backward is checked as the derivative of {call.surrogate}, as it "
+                         f"declares (not of its own forward)"] + getattr(report, "_notes", [])
     if edges is not None and edges is not False:
         from ._edges import probe_edges
         probe_edges(call, report, edges, numpy_rules=vjp is not None)
@@ -341,37 +211,15 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
     return report
 
 
-@dataclass
-class _Call:
-    """One gradcheck call, its arguments read: the op, its inputs, which of them are checked (slots) with their names
-    and float64 values (arrays), the report's name, the order, fn's keyword arguments, the C++ checker's options,
-    fast_mode as given, the reference, and the keyword options a float64 check of the same op takes (keywords)."""
-    fn: object
-    inputs: tuple
-    slots: list
-    names: list
-    arrays: list
-    name: str
-    order: int
-    kwargs: dict
-    options: object
-    fast_mode: object
-    reference: object
-    keywords: dict
-
-
 def _check_torch(call):
     """The checks of a torch op: one per output (and one of all outputs at once) where it has several."""
-    from ._torch_op import TorchOp
+    from ._torch_op import per_output
     name, arrays, checked_names, options, fast_mode = call.name, call.arrays, call.names, call.options, call.fast_mode
-    probe = TorchOp(call)
-    with _torch_if_loaded().no_grad():
-        count = len(probe.outputs([_torch_if_loaded().from_numpy(a.copy()) for a in arrays]))
-    outputs = [None] if count == 1 else list(range(count)) + ["all"]
-    reports, impls = [], []
-    steps = {}  # fn's runs at x ± εe_k, every output of each: one set of runs for all the outputs' checks
-    for output in outputs:
-        impl = TorchOp(call, output=output, steps=steps)
+    impls = per_output(call)
+    count = 1 if len(impls) == 1 else len(impls) - 1
+    reports = []
+    for impl in impls:
+        output = impl.output
         part_options = options
         if output == "all" and fast_mode is None:
             # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,
@@ -380,7 +228,6 @@ def _check_torch(call):
         if fast_mode is not None and not fast_mode:
             _require_full_jacobian_memory(impl, name, arrays)
         reports.append(_tapegrad._check(impl, name, arrays, checked_names, call.order, part_options))
-        impls.append(impl)
     report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
     after = _AfterTheCheck(call, report, impls, count)
     for step in _AFTER_THE_CHECK:
@@ -408,7 +255,8 @@ def _steadiness(after):
     """A failed check whose forward is not steady: refused, or made again at the step its rounding allows."""
     if not after.report.passed:
         # impls[-1]: the only output, or every output at once
-        after.report, after.rounding_note, after.refused = _unless_the_forward_is_unsteady(
+        from ._rounds_inside import unless_unsteady
+        after.report, after.rounding_note, after.refused = unless_unsteady(
             after.report, after.impls[-1], after.call, after.one_output_first_order)
 
 
@@ -464,42 +312,6 @@ _AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero
                     _forward_mode, _rounding, _python_terms)
 
 
-def _unless_the_forward_is_unsteady(report, impl, call, may_recheck):
-    """A failed float64 check whose forward is not steady (tapegrad/_rounds_inside.py): refused where the forward is
-    not a function, or rounds inside too coarsely for a re-check to resolve a wrong rule; made again at the step its
-    rounding allows where it rounds at about float32 (and may_recheck). (the report to keep, a note or None, whether
-    it was refused)."""
-    from . import _rounds_inside as steady
-    arrays, options = call.arrays, call.options
-    moved = steady.differs_when_run_again(impl, arrays)
-    if moved is not None:
-        return _refused(report, "not_a_function", steady.not_a_function_message(*moved)), None, True
-    if not may_recheck:
-        return report, None, False
-    rho = steady.rounding_inside(impl, arrays, options.eps, options.seed)
-    if rho is None:
-        return report, None, False
-    step, noise = steady.recheck_noise(impl, arrays, rho)
-    if (steady.unit_named(rho) != "float32"
-            or noise > steady.LOOSEST_ATOL * steady.largest_gradient(impl, arrays, options.seed)):
-        return _refused(report, "rounds_inside", steady.rounds_coarsely_message(rho)), None, True
-    report, note = steady.recheck(impl, call, rho, step, noise)
-    return report, note, False
-
-
-def _refused(report, kind, message):
-    """The failed report with one diagnosis, the reason nothing could be judged (the others were read from noise)."""
-    for other in {d.kind for d in report.diagnoses}:
-        _tapegrad._drop_diagnoses(report, other)
-    _tapegrad._add_diagnosis(report, kind, "", "vjp", message)
-    return report
-
-
-def _runs_elsewhere(inputs, slots):
-    from ._precision import runs_elsewhere
-    return runs_elsewhere(inputs, slots)
-
-
 def _check_at_precision(call):
     """fn checked at its inputs' precision and device (tapegrad/_precision.py), under the float64 check of fn on the
     same values (with call.keywords, gradcheck's keyword options) where no reference is given."""
@@ -509,7 +321,7 @@ def _check_at_precision(call):
     if call.order != 1:
         raise ValueError("gradcheck: order=2 runs in float64 (differences of a gradient at a low precision are "
                          "rounding): pass float64 CPU tensors")
-    if not _runs_elsewhere(inputs, slots):
+    if not call.elsewhere:
         raise ValueError("gradcheck: reference= compares an op run below float64 or on a GPU with float64; the "
                          "checked inputs are float64 on the CPU: pass them at the precision the op runs in")
     device = next(inputs[i].device for i in slots)

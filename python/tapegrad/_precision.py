@@ -29,14 +29,8 @@ import torch
 from . import _tapegrad
 from ._blocks import FLOOR
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, _Run, compare, within
-
-
-def runs_elsewhere(inputs, slots):
-    """Whether a checked input is a torch tensor below float64 or off the CPU: then the check runs at its precision
-    and on its device."""
-    return any(isinstance(inputs[i], torch.Tensor) and inputs[i].is_floating_point()
-               and (inputs[i].dtype != torch.float64 or inputs[i].device.type != "cpu") for i in slots)
+from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt, _Run,
+                        compare, within)
 
 
 def _precision_of(inputs, slots):
@@ -109,8 +103,8 @@ def check_at_precision(call, float64_report):
     ref_fn = fn if reference is None else reference
     ref_name = name if reference is None else (getattr(reference, "__name__", None) or type(reference).__name__)
 
-    kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}", watch=dtype)
-    comparison = compare(kernel, ref_fn, dtype, device, generator, f"the reference {ref_name} in float64",
+    kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}", mode=ArithmeticAt(dtype))
+    comparison = compare(kernel, ref_fn, dtype, generator, f"the reference {ref_name} in float64",
                          composed=reference is not None)
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)

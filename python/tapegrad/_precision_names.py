@@ -95,7 +95,7 @@ def _float32_comparison(c):
     except Exception:  # a kernel written for 16-bit types alone: the precisions cannot be compared
         return None
     generator = torch.Generator().manual_seed(int(c.seed) + 1)
-    return compare(kernel, c.ref_fn, torch.float32, c.device, generator, "the reference", composed=c.ref_fn is not c.fn)
+    return compare(kernel, c.ref_fn, torch.float32, generator, "the reference", composed=c.ref_fn is not c.fn)
 
 
 def _defects(c, failing):

@@ -38,6 +38,7 @@ block hides under both the bound of the largest rows and the share of the whole.
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -274,11 +275,11 @@ class ArithmeticAt(TorchDispatchMode):
 
 class _Run:
     """One op run once: its outputs at the inputs, kept with the graph for its VJPs; with mode (a function making a
-    TorchDispatchMode: AtPrecision, Rounding), its forward and backward run under it; with watch (a dtype), they are
-    watched for torch ops that round at that dtype (ArithmeticAt), and rounds_in_torch says whether one did."""
+    TorchDispatchMode: AtPrecision, Rounding), its forward and backward run under it; with mode an ArithmeticAt, they
+    are watched for torch ops that round at its dtype, and rounds_in_torch says whether one did."""
 
-    def __init__(self, fn, args, slots, kwargs, who, mode=None, watch=None):
-        self._watch = ArithmeticAt(watch) if watch is not None else None
+    def __init__(self, fn, args, slots, kwargs, who, mode=None):
+        self._watch = mode if isinstance(mode, ArithmeticAt) else None
         self.mode = (lambda: self._watch) if self._watch is not None else mode or contextlib.nullcontext
         self.args, self.slots, self.kwargs = list(args), slots, kwargs  # as given: a reference runs on the same
         self.xs = [args[i].detach().requires_grad_() for i in slots]
@@ -350,6 +351,34 @@ def _held(figures):
     return [("cap", cap) if k == "composite" and 0 < cap < composite else (k, figures[k]) for k in FIGURES]
 
 
+@dataclass
+class _Seen:
+    """What _Comparison's draws gather for the bounds read after them: the dtype p, whether a 16-bit kernel computes
+    in float32 between its values (working), per input and ȳ the element-wise errors (|x̄ₚ − x̄₆₄|, ½ulp of each
+    element of x̄₆₄, x̄₆₄), per input [the composite's and fused model's largest |r| along x̄, the noise σ of r]
+    (along_rounding), and per input its blocks' shares (BlockShares, or None)."""
+    dtype: object
+    working: bool
+    elements: list
+    along_rounding: list
+    blocks: list
+
+
+def _element_excess(figures, elements):
+    """The worst element past its own bound, over the ȳ drawn: (its index, its error, x̄₆₄ there, MARGIN × its own
+    rounding, MARGIN × the other figures), or None. elements: per ȳ (|x̄ₚ − x̄₆₄|, ½ulp of x̄₆₄'s elements, x̄₆₄)."""
+    excess = None
+    others = MARGIN * max(v for k, v in _held(figures) if k != "storage")
+    for diff, own, exact in elements:
+        past = diff - np.maximum(others, MARGIN * own)
+        k = int(np.argmax(past)) if past.size else 0
+        if past.size and past.reshape(-1)[k] > 0 and (excess is None or diff.reshape(-1)[k] > excess[1]):
+            index = np.unravel_index(k, diff.shape)
+            excess = (index, float(diff.reshape(-1)[k]), float(exact.reshape(-1)[k]),
+                      MARGIN * float(own.reshape(-1)[k]), others)
+    return excess
+
+
 class _Comparison:
     """The kernel's VJPs and values against the reference's, and what rounding explains, per input: the figures
     (FIGURES: the composite's error at p, the fused kernel's model, the long sums' allowance, the result's own
@@ -389,11 +418,12 @@ class _Comparison:
         with SumLengths() as sums:  # the reference's backward, run here anyway: how many terms its sums add
             terms = _terms_norms(reference64, cotangents_64[0], generator)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
-        elements = [[] for _ in range(count)]  # per input and ȳ: |x̄ₚ − x̄₆₄|, ½ulp of each element of x̄₆₄, x̄₆₄
         # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones, as below
         held = working and kernel.rounds_in_torch is False
-        blocks = [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs]
+        seen = _Seen(dtype, working, [[] for _ in range(count)], along_rounding,
+                     [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs])
+        elements, blocks = seen.elements, seen.blocks
         outputs = sum(y.numel() for y in kernel.ys)
         for g in cotangents_64:
             exact_at = {id(reference64): reference64.vjp(g)}  # float64's VJP at each point, once
@@ -405,34 +435,7 @@ class _Comparison:
             at_p = [(s.vjp(g), exact_at[id(e)]) for s, e in composite]
             at_fused = [(s.vjp(g), exact_at[id(e)]) for s, e in fused]
             for i in range(count):
-                diff = np.abs(got[i] - exact[i])
-                if working:  # each element's own rounding, held against its error once the other figures are known
-                    elements[i].append((diff, half_ulps(exact[i], dtype), exact[i]))
-                if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
-                    k = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf)))
-                    self.error[i] = float(diff.reshape(-1)[k])
-                    self.worst[i] = np.unravel_index(k, diff.shape)
-                    self.values[i] = (float(got[i].reshape(-1)[k]), float(exact[i].reshape(-1)[k]))
-                figures = self.figures[i]
-                figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
-                figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
-                self.scale[i] = max(self.scale[i], _largest([exact[i]]))
-                r, sigma = along(got[i] - exact[i], exact[i])
-                self.factor[i].append((1 + r, _largest([got[i] - (1 + r) * exact[i]])))
-                if working:
-                    if not abs(r) <= abs(self.along[i]):
-                        self.along[i] = r
-                        self.along_rest[i] = _rms(got[i] - exact[i] - r * exact[i])
-                    seen = along_rounding[i]
-                    storage_rms = u / math.sqrt(3) * _rms(exact[i])  # rounding to p: δ uniform in ±u, relative
-                    seen[1] = max(seen[1], sigma, u / math.sqrt(3) * along(np.abs(exact[i]), exact[i])[1])
-                    self.rounding_rms[i] = max(self.rounding_rms[i], storage_rms)
-                    for m, e in at_p + at_fused:
-                        r_m, sigma_m = along(m[i] - e[i], e[i])
-                        seen[0], seen[1] = max(seen[0], abs(r_m)), max(seen[1], sigma_m)
-                        self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
-                    if blocks[i] is not None:
-                        _block_draw(blocks[i], got[i] - exact[i], exact[i], at_p, at_fused, i, u)
+                self._take_draw(i, got[i], exact[i], (at_p, at_fused), seen)
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
             # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
@@ -444,17 +447,7 @@ class _Comparison:
             # is up to √(2·ln(2·m·DRAWS)) times that
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
-            largest_of = math.sqrt(2 * math.log(2 * max(1, size) * DRAWS))
-            walk = math.sqrt(n * (terms[i] ** 2 / 6 + (self.scale[i] ** 2 / 9 if n > 1 else 0.0)))  # one term: no sum
-            self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * walk * largest_of
-            self.figures[i]["terms"] = n
-            self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
-            # torch's own ops at p (which keep values at p between ops, and on some devices sum at p) excuse only an
-            # op that rounds in torch ops at p itself; a fused kernel, or one computing in float32, rounds as the
-            # fused model does and then stores its result: the composite's figure is held to HELD times the larger
-            tight = max(self.figures[i]["fused"], self.figures[i]["storage"])
-            if held and self.figures[i]["fused"] > 0:
-                self.figures[i]["cap"] = HELD * tight
+            self._sums_and_storage(i, n, terms[i], dtype, held)
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
         # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
         # (a kernel held to a fused kernel's arithmetic is judged by bound, and its slip named through its noise)
@@ -462,17 +455,7 @@ class _Comparison:
         # At bf16 and fp16 the result's rounding moves each element by half an ulp of its own: an element's error is
         # held to MARGIN times the larger of that and the other figures, not to the largest element's half ulp. The
         # worst element past it: (its index, its error, x̄₆₄ there, MARGIN × its own rounding, MARGIN × the others).
-        self.element_excess = [None] * count
-        for i in range(count):
-            others = MARGIN * max(v for k, v in _held(self.figures[i]) if k != "storage")
-            for diff, own, exact in elements[i]:
-                past = diff - np.maximum(others, MARGIN * own)
-                k = int(np.argmax(past)) if past.size else 0
-                if past.size and past.reshape(-1)[k] > 0 and (
-                        self.element_excess[i] is None or diff.reshape(-1)[k] > self.element_excess[i][1]):
-                    index = np.unravel_index(k, diff.shape)
-                    self.element_excess[i] = (index, float(diff.reshape(-1)[k]), float(exact.reshape(-1)[k]),
-                                              MARGIN * float(own.reshape(-1)[k]), others)
+        self.element_excess = [_element_excess(self.figures[i], elements[i]) for i in range(count)]
         # |r| rounding explains (bf16, fp16): MARGIN times the composite's or the fused model's own, or SIGMAS times
         # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
         # result's rounding: u/√3 rms relative to each element)
@@ -489,6 +472,66 @@ class _Comparison:
         # y's own rounding as u·‖y₆₄‖∞, up to a whole ulp: a right forward may round an intermediate (a product's
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
+
+    def _take_draw(self, i, got, exact, models, seen):
+        """Input i's VJP at one ȳ: the kernel's (got) against float64's (exact), beside the composite's at p and the
+        fused model's (models: their (VJP, float64's at its point) pairs), into the figures; seen: what the bounds
+        after the draws read (_Seen)."""
+        at_p, at_fused = models
+        diff = np.abs(got - exact)
+        if seen.working:  # each element's own rounding, held against its error once the other figures are known
+            seen.elements[i].append((diff, half_ulps(exact, seen.dtype), exact))
+        if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
+            k = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf)))
+            self.error[i] = float(diff.reshape(-1)[k])
+            self.worst[i] = np.unravel_index(k, diff.shape)
+            self.values[i] = (float(got.reshape(-1)[k]), float(exact.reshape(-1)[k]))
+        figures = self.figures[i]
+        figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
+        figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
+        self.scale[i] = max(self.scale[i], _largest([exact]))
+        r, sigma = along(got - exact, exact)
+        self.factor[i].append((1 + r, _largest([got - (1 + r) * exact])))
+        if not seen.working:
+            return
+        u = UNIT_ROUNDOFF[seen.dtype]
+        if not abs(r) <= abs(self.along[i]):
+            self.along[i] = r
+            self.along_rest[i] = _rms(got - exact - r * exact)
+        rounding = seen.along_rounding[i]
+        storage_rms = u / math.sqrt(3) * _rms(exact)  # rounding to p: δ uniform in ±u, relative
+        rounding[1] = max(rounding[1], sigma, u / math.sqrt(3) * along(np.abs(exact), exact)[1])
+        self.rounding_rms[i] = max(self.rounding_rms[i], storage_rms)
+        for m, e in at_p + at_fused:
+            r_m, sigma_m = along(m[i] - e[i], e[i])
+            rounding[0], rounding[1] = max(rounding[0], abs(r_m)), max(rounding[1], sigma_m)
+            self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
+        if seen.blocks[i] is not None:
+            _block_draw(seen.blocks[i], got - exact, exact, models, i, u)
+
+    def _sums_and_storage(self, i, n, terms, dtype, held):
+        """Input i's figures for a float32 sum of n terms (terms: the 2-norm of what its elements sum) and for the
+        result's own rounding; the composite's held to HELD times the tighter figures where held."""
+        # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
+        # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
+        # longer: a weight's gradient sums over the rows, or sums again a column the forward sums), added one
+        # after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ uniform in ±u₃₂. Terms tₖ = μ + eₖ make
+        # Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at most
+        # u₃₂·√n·√(‖terms‖₂²/6 + x̄ⱼ²/9), x̄ⱼ = nμ (terms of one sign, a column of positive values or ȳ correlated
+        # with x̂, err about √n times more than terms of random signs); the largest of the m·DRAWS elements compared
+        # is up to √(2·ln(2·m·DRAWS)) times that
+        size = self.sizes[i]
+        largest_of = math.sqrt(2 * math.log(2 * max(1, size) * DRAWS))
+        walk = math.sqrt(n * (terms ** 2 / 6 + (self.scale[i] ** 2 / 9 if n > 1 else 0.0)))  # one term: no sum
+        self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * walk * largest_of
+        self.figures[i]["terms"] = n
+        self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
+        # torch's own ops at p (which keep values at p between ops, and on some devices sum at p) excuse only an
+        # op that rounds in torch ops at p itself; a fused kernel, or one computing in float32, rounds as the
+        # fused model does and then stores its result: the composite's figure is held to HELD times the larger
+        tight = max(self.figures[i]["fused"], self.figures[i]["storage"])
+        if held and self.figures[i]["fused"] > 0:
+            self.figures[i]["cap"] = HELD * tight
 
     def constant_factor(self, i):
         """c where input i's VJP is c times the reference's at every element, for every ȳ drawn: what is left,
@@ -526,9 +569,11 @@ class _Comparison:
         return within(self.forward_error, self.forward_bound)
 
 
-def _block_draw(blocks, d, exact, at_p, at_fused, i, u):
+def _block_draw(blocks, d, exact, models, i, u):
     """One ȳ's block shares of input i: the kernel's error d where x̄₆₄ is exact, the composite's and the fused
-    model's errors at their points, and the result's rounding (u/√3 rms, relative to each element)."""
+    model's errors at their points (models: their (VJP, float64's at its point) pairs), and the result's rounding
+    (u/√3 rms, relative to each element)."""
+    at_p, at_fused = models
     for m, e in at_p:
         blocks.add_rounding(m[i] - e[i], e[i], composite=True)
     for m, e in at_fused:
@@ -602,13 +647,14 @@ def _cotangents(run, generator):
              for y in run.ys] for _ in range(DRAWS)]
 
 
-def compare(kernel, ref_fn, dtype, device, generator, label, composed=False):
-    """kernel (a _Run of the op at dtype) against ref_fn on the same values (kernel.args, with kernel.kwargs): ref_fn
+def compare(kernel, ref_fn, dtype, generator, label, composed=False):
+    """kernel (a _Run of the op at dtype) against ref_fn on the same values (kernel.args, with kernel.kwargs, on their
+    device): ref_fn
     in float64, and with its ops at dtype (and in the fused kernel's model, at bf16 and fp16) on those args and on
     them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in
     float64"). composed: ref_fn is a reference given for another op, whose fused torch ops are measured at dtype as
     their composites (AtPrecision); where the op is its own reference, its fused kernels are what is checked."""
-    args, slots, kwargs = kernel.args, kernel.slots, kernel.kwargs
+    args, slots, kwargs, device = kernel.args, kernel.slots, kernel.kwargs, kernel.xs[0].device
     moved = {}
 
     def reference_at(mode, move=0):

@@ -31,6 +31,36 @@ _UNITS = (("float32", 2.0**-24), ("fp16", 2.0**-11), ("bf16", 2.0**-8))
 LOOSEST_ATOL = 0.005  # a re-check's atol′ at most this part of max |x̄|: a rule 2% off still fails it
 
 
+def unless_unsteady(report, impl, call, may_recheck):
+    """A failed float64 check whose forward is not steady (the module's text): refused where the forward is not a
+    function, or rounds inside too coarsely for a re-check to resolve a wrong rule; made again at the step its
+    rounding allows where it rounds at about float32 (and may_recheck). (the report to keep, a note or None, whether
+    it was refused)."""
+    arrays, options = call.arrays, call.options
+    moved = differs_when_run_again(impl, arrays)
+    if moved is not None:
+        return _refused(report, "not_a_function", not_a_function_message(*moved)), None, True
+    if not may_recheck:
+        return report, None, False
+    rho = rounding_inside(impl, arrays, options.eps, options.seed)
+    if rho is None:
+        return report, None, False
+    step, noise = recheck_noise(impl, arrays, rho)
+    if (unit_named(rho) != "float32"
+            or noise > LOOSEST_ATOL * largest_gradient(impl, arrays, options.seed)):
+        return _refused(report, "rounds_inside", rounds_coarsely_message(rho)), None, True
+    report, note = recheck(impl, call, rho, step, noise)
+    return report, note, False
+
+
+def _refused(report, kind, message):
+    """The failed report with one diagnosis, the reason nothing could be judged (the others were read from noise)."""
+    for other in {d.kind for d in report.diagnoses}:
+        _tapegrad._drop_diagnoses(report, other)
+    _tapegrad._add_diagnosis(report, kind, "", "vjp", message)
+    return report
+
+
 def differs_when_run_again(impl, arrays):
     """(largest difference, largest |y|) between two runs of the forward at the same point, or None where they agree
     bit for bit (NaN where NaN)."""

@@ -61,6 +61,17 @@ def float_outputs(y):
     return [t for t in ys if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def per_output(call):
+    """The TorchOp of each check of call's op (gradcheck's call): the op's own for an op of one output; for an op of
+    several, one per output and one of all of them at once, sharing one set of runs at x ± εe_k."""
+    probe = TorchOp(call)
+    with torch.no_grad():
+        count = len(probe.outputs([torch.from_numpy(a.copy()) for a in call.arrays]))
+    steps = {}  # fn's runs at x ± εe_k, every output of each: one set of runs for all the outputs' checks
+    return [TorchOp(call, output=output, steps=steps)
+            for output in ([None] if count == 1 else list(range(count)) + ["all"])]
+
+
 class TorchOp:
     """output: None for an op of one output; k for output k of a multi-output op (the backward gets None, or zeros
     where the Function materializes them, for the others, as in a loss that uses only that one); "all" for every
@@ -68,7 +79,7 @@ class TorchOp:
     backward is called once with all of them."""
 
     def __init__(self, call, output=None, steps=None):
-        """call: the gradcheck call (tapegrad/_gradcheck.py's _Call): fn, its inputs, the checked slots, the name, the
+        """call: the gradcheck call (tapegrad/_callables.py's _Call): fn, its inputs, the checked slots, the name, the
         order (2: the rules' second order is checked too) and fn's keyword arguments."""
         self.fn, self.name = call.fn, call.name
         self.slots = call.slots
