@@ -16,10 +16,14 @@ from ._rounding import _cast
 from ._torch_op import float_outputs
 
 CUT_LIMIT = 1 << 17  # Jacobian entries (outputs × one input's elements) a cut's full Jacobian may have
+ON_A_CUT = 1 << 16  # checked elements past which a slip is named on the op's first rows first (_forward.py, and the
+#                     float64 check in the low-precision naming, _precision_names.py), at the whole size only where
+#                     it does not show there
 
 
 def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
-    """(the inputs cut to their first rows along y's leading axes, where it says) so that every checked input's full
+    """(the inputs cut to their first rows along y's leading axes, where: "on the first 2 of 8 along y's axis 0") so
+    that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
     op refuses one. An input is cut along y's axis a where it has that axis: the same axis of the same length, its
     shape aligned with y's on the left where its rank is y's or more (the same layout, or an input the op reduces
@@ -84,7 +88,12 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
             said[a] = f"the {'last' if from_end else 'first'} {s} of {shape[a]} along y's axis {a}"
     if not fits():
         return None
-    return args, f"on {', '.join(said[a] for a in sorted(said))} (a full Jacobian there): " if said else ""
+    return args, f"on {', '.join(said[a] for a in sorted(said))}" if said else ""
+
+
+def full_jacobian_there(place):
+    """The words a finding on a cut begins with: "on the first 2 of 8 along y's axis 0 (a full Jacobian there): "."""
+    return f"{place} (a full Jacobian there): " if place else ""
 
 
 AT_SIZE = "random projections ("  # how the C++ checker's line for an input it could not name at size begins
@@ -121,7 +130,7 @@ def name_on_the_cut(report, call, gradcheck):
         again = check_on(cut)
         if again.passed:
             continue
-        found = [(d.kind, d.input, d.check, cut[1] + d.message, d.factor) for d in again.diagnoses
+        found = [(d.kind, d.input, d.check, full_jacobian_there(cut[1]) + d.message, d.factor) for d in again.diagnoses
                  if d.input in unnamed and d.check and not (d.input in on_its_cut and d.kind in NOT_A_NAME)]
         if any(kind == "scale" for kind, *_ in found) and " 1 of " in cut[1]:
             # one row along an axis, where a factor of each row (a count, a norm) reads as one scale: the same
@@ -145,7 +154,7 @@ def _factors_per_row(found, first, last, at_last):
         if kind != "scale" or c_first is None or c_last is None or abs(c_first - c_last) <= 1e-3 * abs(c_first):
             out.append((kind, name, check, message, c_first))
             continue
-        places = f"{first[3:].split(' (')[0]} and on {last[3:].split(' (')[0]}"
+        places = f"{first[3:]} and on {last[3:]}"
         out.append(("per_row_factor", name, check,
                     f"on {places} (full Jacobians there): analytic = c × numeric in each, c = {c_first:.6g} and "
                     f"{c_last:.6g}: the factor differs between y's rows — a per-row normalizer (the row's count, "

@@ -73,7 +73,6 @@ def _name_all(function_class, forward, checked, failing, parameters):
 
 
 SHOWS = 1e-9  # an error past this part of x̄ is the rule's: float64 rounding leaves about 1e-16
-ON_A_CUT = 1 << 16  # elements of the checked inputs past which the terms are fitted on the op's first rows first
 CUT_ENTRIES = 1 << 24  # a bound on the cut's (outputs × an input's elements): its first two rows, where they fit
 
 
@@ -81,15 +80,15 @@ def _cut(checked):
     """(checked with the op cut to its first rows along y's axes, the report's words for where) at size, or None.
     A slip of a rule is in every row's formula, and each run of the search costs the size it runs at; where the slip
     does not show on the cut (its error there is rounding's), the search runs at the whole size."""
+    from ._cut import ON_A_CUT, cut_along_y, own_reference
     if sum(a.size for a in checked.arrays) <= ON_A_CUT:
         return None
-    from ._cut import cut_along_y, own_reference
     cut = cut_along_y(own_reference(checked), CUT_ENTRIES, one_axis=True)
     if cut is None or not cut[1]:
         return None
     args, where = cut
     arrays = [args[s].detach().to(device="cpu", dtype=torch.float64).numpy() for s in checked.slots]
-    return replace(checked, inputs=tuple(args), arrays=arrays), where.replace(" (a full Jacobian there): ", ": ")
+    return replace(checked, inputs=tuple(args), arrays=arrays), where + ": "
 
 
 def _fixed(inputs):

@@ -32,7 +32,7 @@ import torch
 
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
-from ._cut import CUT_LIMIT, cut_along_y
+from ._cut import CUT_LIMIT, ON_A_CUT, _CutCall, cut_along_y, full_jacobian_there
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
@@ -179,7 +179,7 @@ def _name_slips(report, c, slips):
     cut = cut_along_y(c, CUT_LIMIT)
     comparison, slots, names = c.comparison, c.slots, c.names
     if cut is not None:
-        tries.insert(0, cut + (True,))
+        tries.insert(0, (cut[0], full_jacobian_there(cut[1]), True))
     named, why = {}, {}
     for i in slips:
         options = _tapegrad._Options()
@@ -270,10 +270,31 @@ def _same_in_float64(c, failing):
     return sorted(same)
 
 
+TWO_ROWS = 1 << 18  # (outputs × an input's elements) of the float64 check's cut: two rows of 256 (512 × 512), where a
+#                     slip of one row alone (a bias's x̄ from the first row) shows
+
+
 def _name_from_float64(report, c, same):
-    """{input index: kinds} named by the float64 check of fn for the inputs whose error is its float64 path's."""
+    """{input index: kinds} named by the float64 check of fn for the inputs whose error is its float64 path's. Past
+    ON_A_CUT checked elements that check runs first on the op cut to its first rows along y's axes, with the options
+    given (a slip of a rule is in every row's formula, and the cut's check costs those rows); at the whole size for
+    the inputs whose slip does not show there."""
+    named, rest = {}, list(same)
+    if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT:
+        cut = cut_along_y(_CutCall(c.fn, c.fn, c.inputs, c.slots, c.kwargs, c.device), TWO_ROWS, one_axis=True)
+        if cut is not None and cut[1]:
+            named = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
+            rest = [i for i in rest if i not in named]
+    if rest:
+        named.update(_float64_names(report, c, rest, c.float64_report, ""))
+    return named
+
+
+def _float64_names(report, c, same, float64_report, where):
+    """{input index: kinds} of the inputs in same that the float64 report names (its diagnosis added to the report,
+    saying where the float64 check ran: "" at the whole size)."""
     try:
-        report64 = c.float64_report()
+        report64 = float64_report()
     except Exception:
         return {}
     named, names, check = {}, c.names, c.check
@@ -282,7 +303,7 @@ def _name_from_float64(report, c, same):
             if d.input == names[i] and d.kind not in ("unexplained", "nonlinear", "no_jvp", "tolerance", "one_input"):
                 _tapegrad._add_diagnosis(report, d.kind, names[i], check,
                                          f"as in float64 (fn's float64 path errs as its {check.split()[-1]} one "
-                                         f"does, to rounding; its float64 check reads): {d.message}")
+                                         f"does, to rounding; its float64 check{where} reads): {d.message}")
                 named.setdefault(i, []).append(d.kind)
     return named
 

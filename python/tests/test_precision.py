@@ -332,6 +332,48 @@ def test_a_slip_of_every_precision_is_named_at_bf16_as_its_float64_check_names_i
     assert "term_sign" in float64.kinds, float64
 
 
+class SiluSignSlipPastRow2(torch.autograd.Function):
+    """SiluSignSlip's slip in the rows of x past its first two only: a slip the first rows do not show."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return SiluSignSlip.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        xf = x.to(torch.float32) if x.dtype != torch.float64 else x
+        s = torch.sigmoid(xf)
+        gx = g.to(xf.dtype) * (s + xf * s * (1 - s))
+        gx[2:] = g[2:].to(xf.dtype) * (s[2:] - xf[2:] * s[2:] * (1 - s[2:]))
+        return gx.to(x.dtype)
+
+
+def test_at_size_the_float64_check_that_names_a_slip_runs_on_the_first_rows(monkeypatch):
+    """Past 2^16 checked elements, the float64 check that names a slip of every precision runs first on the op cut to
+    its first two rows, and says so; at the whole size only where the slip does not show there."""
+    from tapegrad import _precision_names
+    where = []
+    names = _precision_names._float64_names
+
+    def spy(report, c, same, float64_report, place):
+        where.append(place)
+        return names(report, c, same, float64_report, place)
+    monkeypatch.setattr(_precision_names, "_float64_names", spy)
+    x = drawn([(512, 256)], torch.bfloat16, 0)
+    report = tapegrad.gradcheck(SiluSignSlip.apply, x, reference=lambda x: x * torch.sigmoid(x))
+    assert not report.passed and "term_sign" in report.kinds, report
+    assert any(d.kind == "term_sign" and d.message.startswith(
+        "as in float64 (fn's float64 path errs as its bf16 one does, to rounding; its float64 check on the first 2 of "
+        "512 along y's axis 0 reads): ") for d in report.diagnoses), report
+    assert where == [" on the first 2 of 512 along y's axis 0"], where
+
+    where.clear()
+    report = tapegrad.gradcheck(SiluSignSlipPastRow2.apply, x, reference=lambda x: x * torch.sigmoid(x))
+    assert not report.passed, report
+    assert where == [" on the first 2 of 512 along y's axis 0", ""], where
+
+
 def make_logsumexp(save_low):
     """log Σ exp over the last axis, computed in float32; its backward is softmax = exp(x − lse). save_low keeps lse
     at the input's dtype for the backward (the output, rounded), where a fused kernel keeps it in float32."""
