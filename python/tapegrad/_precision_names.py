@@ -283,21 +283,23 @@ def _name_from_float64(report, c, same):
     if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT:
         cut = cut_along_y(_CutCall(c.fn, c.fn, c.inputs, c.slots, c.kwargs, c.device), TWO_ROWS, one_axis=True)
         if cut is not None and cut[1]:
-            named = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
-            rest = [i for i in rest if i not in named]
+            named, shown = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
+            rest = [i for i in rest if i not in named and i not in shown]
     if rest:
-        named.update(_float64_names(report, c, rest, c.float64_report, ""))
+        named.update(_float64_names(report, c, rest, c.float64_report, "")[0])
     return named
 
 
 def _float64_names(report, c, same, float64_report, where):
-    """{input index: kinds} of the inputs in same that the float64 report names (its diagnosis added to the report,
-    saying where the float64 check ran: "" at the whole size)."""
+    """({input index: kinds} of the inputs in same that the float64 report names, its diagnosis added to the report
+    saying where the float64 check ran ("" at the whole size); the inputs in same whose VJP that check failed)."""
     try:
         report64 = float64_report()
     except Exception:
-        return {}
-    named, names, check = {}, c.names, c.check
+        return {}, set()
+    names, check = c.names, c.check
+    failed = {row.input for row in report64.checks if row.check == "vjp" and not row.passed and not row.skipped}
+    named, shown = {}, {i for i in same if names[i] in failed}
     for i in same:
         for d in report64.diagnoses:
             if d.input == names[i] and d.kind not in ("unexplained", "nonlinear", "no_jvp", "tolerance", "one_input"):
@@ -305,7 +307,7 @@ def _float64_names(report, c, same, float64_report, where):
                                          f"as in float64 (fn's float64 path errs as its {check.split()[-1]} one "
                                          f"does, to rounding; its float64 check{where} reads): {d.message}")
                 named.setdefault(i, []).append(d.kind)
-    return named
+    return named, shown
 
 
 BLOCK_UNITS = 4  # a block's share within this many units of the dtype's roundoff may be a row statistic kept at it
