@@ -162,6 +162,15 @@ def _factors_per_row(found, first, last, at_last):
     return out
 
 
+def first_rows(call, limit):
+    """Past ON_A_CUT checked elements, the op of a gradcheck call (its own reference) cut to its first rows along y's
+    axes, as cut_along_y gives it: (the cut inputs, where); None below that size, or where nothing is cut."""
+    if sum(call.inputs[s].numel() for s in call.slots) <= ON_A_CUT:
+        return None
+    cut = cut_along_y(own_reference(call), limit, one_axis=True)
+    return cut if cut is not None and cut[1] else None
+
+
 def own_reference(call):
     """What cut_along_y reads of a gradcheck call whose op is its own reference: it runs on its inputs' device (a CUDA
     kernel refuses, or misreads, host memory)."""

@@ -80,11 +80,9 @@ def _cut(checked):
     """(checked with the op cut to its first rows along y's axes, the report's words for where) at size, or None.
     A slip of a rule is in every row's formula, and each run of the search costs the size it runs at; where the slip
     does not show on the cut (its error there is rounding's), the search runs at the whole size."""
-    from ._cut import ON_A_CUT, cut_along_y, own_reference
-    if sum(a.size for a in checked.arrays) <= ON_A_CUT:
-        return None
-    cut = cut_along_y(own_reference(checked), CUT_ENTRIES, one_axis=True)
-    if cut is None or not cut[1]:
+    from ._cut import first_rows
+    cut = first_rows(checked, CUT_ENTRIES)
+    if cut is None:
         return None
     args, where = cut
     arrays = [args[s].detach().to(device="cpu", dtype=torch.float64).numpy() for s in checked.slots]
