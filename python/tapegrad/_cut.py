@@ -1,11 +1,13 @@
 """Cutting an op to a size whose Jacobians can be checked in full: its inputs narrowed to their first rows along y's
 axes, every tensor argument that has the axis (a fixed mask, target or bias too, which the op would refuse uncut), so
-that a slip found by random projections at size, where they show only a scale or a sign, can be named there.
+that a slip found by random projections at size, where they show only a scale or a sign, can be named there. A scalar
+loss is cut along its inputs' batch of terms instead: its full Jacobian costs a run of the whole op per element.
 
 Used by the low-precision check's naming (tapegrad/_precision_names.py) and by the float64 check of a torch op, after
 the C++ checker's own cut (checker/diagnose_narrowed.cpp), which cuts only the checked inputs along y's leading axis.
 """
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +23,28 @@ ON_A_CUT = 1 << 16  # checked elements past which a slip is named on the op's fi
 #                     it does not show there
 
 
-def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
+WHOLE_LOSS = 40000  # checked elements of a scalar loss up to which its full Jacobian is taken whole: each element is a
+#                    run of the whole op (the C++ checker's own full-Jacobian limit for one output)
+LOSS_CUT = 1 << 11  # checked elements a scalar loss is cut to (its terms' first rows), past WHOLE_LOSS
+LOSS_AXIS = "the loss's inputs' axis"  # how a place on a scalar loss's cut names the axis it is cut along
+LOSS_ROWS = (8, 4, 2)  # the rows a scalar loss's cut keeps, the most that fit: its rows may interact (a contrastive
+#                       loss's softmax over the batch), and two rows of such a loss are a degenerate case of it
+
+
+def _batch_of_terms(ys, inputs, slots):
+    """The shape a scalar loss is cut along (its largest checked input's: a batch of terms, each row's loss added to
+    the others'), where y is one 0-d value and the checked inputs hold more than WHOLE_LOSS elements in rows (two
+    axes or more); else None."""
+    if len(ys) != 1 or ys[0].dim() != 0:
+        return None
+    checked = [inputs[i] for i in slots if isinstance(inputs[i], torch.Tensor) and inputs[i].dim() > 0]
+    if not checked or max(x.numel() for x in checked) <= WHOLE_LOSS:
+        return None
+    shape = tuple(max(checked, key=lambda x: x.numel()).shape)
+    return shape if len(shape) >= 2 else None  # one vector is no batch of rows: the loss may be of all of it
+
+
+def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, rows=None):
     """(the inputs cut to their first rows along y's leading axes, where: "on the first 2 of 8 along y's axis 0") so
     that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
@@ -31,19 +54,28 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
     axis and does not give that axis of the input to another of y's of its length, on the left (a (B, T) mask of a
     (B, T, D) op; not a (D,) weight of a (D, D) op). Leading axes are cut first; the first keeps two rows where
     that fits, so that a slip that reads one batch element only still shows. leading_first: the first axis to one
-    row before any other is cut (a scan along the second axis, whose slip may not show on one of its steps).
+    row before any other is cut (a scan along the second axis, whose slip may not show on one of its steps). rows:
+    how many rows the first axis keeps (2, or a scalar loss's LOSS_ROWS, the most that fit); given for a scalar loss,
+    exactly those rows, whatever their size (for a measurement that runs the loss, not its Jacobian).
     from_end: the last rows, not the first. one_axis: an op whose y has one axis is cut along it too (the float64
-    check's naming; at a low precision the rounding of two rows reads as a structure and is not cut)."""
+    check's naming; at a low precision the rounding of two rows reads as a structure and is not cut). A scalar loss
+    past WHOLE_LOSS elements has no axis of y: it is cut as if y had its largest checked input's shape (the batch of
+    its terms: the loss of some rows is a loss the op computes), to at most LOSS_CUT elements, and y stays 0-d."""
     fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
-    if len(ys) != 1 or ys[0].dim() < (1 if one_axis else 2):  # no axis to cut: the inputs as they are, where they fit
+    loss = _batch_of_terms(ys, inputs, slots)
+    if loss is not None:  # a scalar loss past WHOLE_LOSS: cut along its terms' axes, the largest input's, instead
+        shape, along = loss, LOSS_AXIS
+        limit = min(limit, LOSS_CUT) if rows is None else rows * int(np.prod(shape[1:]))  # rows given: those rows
+    elif len(ys) != 1 or ys[0].dim() < (1 if one_axis else 2):  # no axis to cut: the inputs as they are, where they fit
         outputs = sum(y.numel() for y in ys)
         return (list(inputs), "") if max(outputs * inputs[i].numel() for i in slots) <= limit else None
-    shape = tuple(ys[0].shape)
+    else:
+        shape, along = tuple(ys[0].shape), "y's axis"
 
     def entries(args, y_numel):
-        return max(y_numel * args[i].numel() for i in slots)
+        return max((1 if loss else y_numel) * args[i].numel() for i in slots)
 
     def cut(args, a, s, length):
         out = list(args)
@@ -67,16 +99,18 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
                 ref = float_outputs(ref_fn(*_cast(args, torch.float64, c.device), **kwargs))
         except Exception:  # the op refuses the cut: a fixed input of another length, a shape it requires
             return False
-        return len(got) == 1 and tuple(got[0].shape) == new_shape and tuple(ref[0].shape) == new_shape
+        expected = () if loss else new_shape
+        return len(got) == 1 and tuple(got[0].shape) == expected and tuple(ref[0].shape) == expected
 
     args, now, said = list(inputs), list(shape), {}
 
     def fits():
         return entries(args, int(np.prod(now))) <= limit
 
-    # the first axis to two rows, the others to one, in turn; then the first to one where that did not fit
+    # the first axis to its rows, the others to one, in turn; then the first to one where that did not fit
     inner = [(a, 1) for a in range(1, len(shape) - 1)]
-    for a, s in [(0, 2)] + ([(0, 1)] + inner if leading_first else inner + [(0, 1)]):
+    first = [(0, r) for r in ((rows,) if rows is not None else LOSS_ROWS if loss else (2,))]
+    for a, s in first + ([(0, 1)] + inner if leading_first else inner + [(0, 1)]):
         if fits():
             break
         if s >= now[a]:
@@ -85,10 +119,99 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False):
         trial_shape = tuple(now[:a] + [s] + now[a + 1:])
         if accepted(trial, trial_shape):
             args, now = trial, list(trial_shape)
-            said[a] = f"the {'last' if from_end else 'first'} {s} of {shape[a]} along y's axis {a}"
+            said[a] = f"the {'last' if from_end else 'first'} {s} of {shape[a]} along {along} {a}"
     if not fits():
         return None
     return args, f"on {', '.join(said[a] for a in sorted(said))}" if said else ""
+
+
+# how a factor c of a scalar loss's VJP can depend on n, the rows of its batch a cut keeps: (f(n), what c = a·f(n)
+# means at the whole batch, where a is the part of c that does not depend on n)
+_PER_LENGTH = {
+    "n": (lambda n: n, "grows as n, the batch's length", "the 1/n of a mean over the batch is left out, or n is "
+          "multiplied in"),
+    "1/n": (lambda n: 1.0 / n, "falls as 1/n", "a mean's 1/n is applied twice, or a sum's gradient is divided by n"),
+    "n/(n − 1)": (lambda n: n / (n - 1), "is n/(n − 1)", "divided by n − 1 where a mean over the batch divides by n"),
+    "(n − 1)/n": (lambda n: (n - 1) / n, "is (n − 1)/n", "divided by n where n − 1 belongs"),
+}
+_PER_LENGTH_FIT = 0.05  # a law of n fits where it predicts c at the second length to within this part of c
+
+
+def factors_per_batch_length(report, call):
+    """A scale found on a scalar loss cut along its batch (cut_along_y: "on the first 2 of 512 along the loss's inputs'
+    axis 0"): c measured again with twice the rows; where it changes as a law of the batch's length n does (n, 1/n,
+    n/(n − 1), (n − 1)/n), the finding says so and gives c at the whole batch (a missing mean's 1/n reads as c = 2 on
+    two rows). A c that does not change is left as it is."""
+    place = re.compile(rf"on the first (\d+) of (\d+) along {LOSS_AXIS} 0")
+    for d in list(report.diagnoses):
+        found = place.search(d.message)
+        if d.kind != "scale" or found is None or d.input not in call.names:
+            continue
+        rows, length = int(found.group(1)), int(found.group(2))
+        more = min(length, 2 * rows)
+        slot = call.slots[call.names.index(d.input)]
+        try:
+            c = [_scale_on_rows(call, slot, n) for n in (rows, more)]
+        except Exception:  # the op refuses the second cut, or it does not fit: the finding stands
+            continue
+        if None in c or more == rows:
+            continue
+        law = _law_of_length(c, rows, more)
+        if law is None:
+            continue
+        f, how, meaning = _PER_LENGTH[law]
+        a = c[0] / f(rows)
+        a = 1.0 if abs(a - 1.0) <= _PER_LENGTH_FIT else float(f"{a:.3g}")  # past 3 digits: the cut's rounding
+        _tapegrad._reword(report, d.message,
+                          f"{d.message}; on {more} rows c = {c[1]:.6g}: c {how}, so at all {length} rows c = "
+                          f"{_tapegrad._describe_factor(a * f(length))}: {meaning}")
+
+
+def _law_of_length(c, rows, more):
+    """The law of n (a key of _PER_LENGTH) that c at rows and at more rows follows, where one does and a constant
+    does not; else None."""
+    if abs(c[1] - c[0]) <= _PER_LENGTH_FIT * abs(c[1]):
+        return None
+    fits = []
+    for law, (f, *_) in _PER_LENGTH.items():
+        try:
+            at_rows, at_more = f(rows), f(more)
+        except ZeroDivisionError:  # n − 1 at one row
+            continue
+        if at_rows == 0:
+            continue
+        misfit = abs(c[0] / at_rows * at_more - c[1]) / abs(c[1])
+        if misfit <= _PER_LENGTH_FIT:
+            fits.append((misfit, law))
+    return min(fits)[1] if fits else None
+
+
+def _scale_on_rows(call, slot, rows):
+    """c where fn's VJP (ȳ = 1) is c × the reference's derivative, on the scalar loss cut to its first `rows` rows:
+    x̄ against a central difference of the reference in float64 along x̄ itself; None where the cut is not made."""
+    c = own_reference(call)
+    if call.reference is not None:
+        c.ref_fn = call.reference
+    cut = cut_along_y(c, LOSS_CUT, rows=rows)
+    if cut is None or f"first {rows} of" not in cut[1]:
+        return None
+    args = list(cut[0])
+    x = args[slot].detach().requires_grad_(True)
+    args[slot] = x
+    (g,) = torch.autograd.grad(float_outputs(call.fn(*args, **c.kwargs))[0], x)
+    g = g.detach().to(torch.float64)
+    size = float(torch.linalg.vector_norm(g))
+    if size == 0.0:
+        return None
+    args64 = _cast(args, torch.float64, c.device)
+    x64, step = args64[slot].detach(), 1e-5 * max(1.0, float(args64[slot].detach().abs().max()))
+    values = []
+    for sign in (1.0, -1.0):
+        args64[slot] = x64 + sign * step * g / size
+        with torch.no_grad():
+            values.append(float(float_outputs(c.ref_fn(*args64, **c.kwargs))[0]))
+    numeric = (values[0] - values[1]) / (2 * step)
+    return size / numeric if numeric != 0.0 else None
 
 
 def full_jacobian_there(place):
@@ -164,10 +287,16 @@ def _factors_per_row(found, first, last, at_last):
 
 def first_rows(call, limit):
     """Past ON_A_CUT checked elements, the op of a gradcheck call (its own reference) cut to its first rows along y's
-    axes, as cut_along_y gives it: (the cut inputs, where); None below that size, or where nothing is cut."""
+    axes, as cut_along_y gives it: (the cut inputs, where); None below that size, where nothing is cut, or for a
+    scalar loss (whose cut's full Jacobian costs more than projections of the whole: name_on_the_cut cuts it where
+    they leave a slip unnamed)."""
     if sum(call.inputs[s].numel() for s in call.slots) <= ON_A_CUT:
         return None
-    cut = cut_along_y(own_reference(call), limit, one_axis=True)
+    c = own_reference(call)
+    with torch.no_grad():
+        if _batch_of_terms(float_outputs(c.fn(*c.inputs, **c.kwargs)), c.inputs, c.slots) is not None:
+            return None  # a scalar loss: its check at the whole size takes a few runs (projections), its cut's many
+    cut = cut_along_y(c, limit, one_axis=True)
     return cut if cut is not None and cut[1] else None
 
 

@@ -200,6 +200,10 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
         if jvp is not None or hvp is not None:
             raise ValueError("gradcheck: jvp= and hvp= go with vjp= (numpy rules); a torch op brings its own")
         report = _check_torch(call)
+    if vjp is None and call.order == 1 and not report.passed:
+        from ._cut import LOSS_AXIS, factors_per_batch_length
+        if any(LOSS_AXIS in d.message for d in report.diagnoses):  # a finding on a scalar loss's first rows
+            factors_per_batch_length(report, call)  # a scale there read at the loss's whole batch
     if call.surrogate is not None:
         report._notes = [f"surrogate: {name}'s backward is checked as the derivative of {call.surrogate}, as it "
                          f"declares (not of its own forward)"] + getattr(report, "_notes", [])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tapegrad
+from conftest import SOURCE_DIR
 from low_precision import REFERENCE, inputs, make_affine
 
 
@@ -372,6 +373,86 @@ def test_at_size_the_float64_check_that_names_a_slip_runs_on_the_first_rows(monk
     report = tapegrad.gradcheck(SiluSignSlipPastRow2.apply, x, reference=lambda x: x * torch.sigmoid(x))
     assert not report.passed, report
     assert where == [" on the first 2 of 512 along y's axis 0", ""], where
+
+
+def make_mean_cross_entropy(slip):
+    """The mean over a batch of softmax cross-entropy against class indices, in float32 at any dtype below float64;
+    its backward (softmax − one-hot)/n, with slip "no_mean" (the 1/n left out), "twice" (2× the right one) or None."""
+
+    class MeanCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z, target):
+            zf = z.to(torch.float32) if z.dtype != torch.float64 else z
+            logp = torch.log_softmax(zf, -1)
+            ctx.save_for_backward(logp, target)
+            return (-logp.gather(-1, target[:, None]).mean()).to(z.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            logp, target = ctx.saved_tensors
+            d = torch.exp(logp) - torch.nn.functional.one_hot(target, logp.shape[-1]).to(logp.dtype)
+            d = d * {"no_mean": 1.0, "twice": 2.0 / logp.shape[0]}.get(slip, 1.0 / logp.shape[0])
+            return (g.to(d.dtype) * d).to(g.dtype), None
+    return MeanCrossEntropy.apply
+
+
+def cross_entropy_mean(z, target):
+    return torch.nn.functional.cross_entropy(z, target)
+
+
+@pytest.mark.parametrize("slip, law", [(None, None), ("no_mean", "at all 1024 rows c = 1024"), ("twice", None)])
+def test_a_scalar_loss_at_size_is_named_on_its_batchs_first_rows(slip, law):
+    """A scalar loss past 40000 checked elements is named on its inputs' first rows (its batch of terms, the targets
+    cut too): a full Jacobian of the whole loss costs a run of it per element. A factor that grows with the batch's
+    length is measured again on more rows and given at the whole batch."""
+    g = torch.Generator().manual_seed(0)
+    z = (2 * torch.randn(1024, 48, generator=g, dtype=torch.float64)).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(48, (1024,), generator=g)
+    report = tapegrad.gradcheck(make_mean_cross_entropy(slip), (z, target), reference=cross_entropy_mean)
+    if slip is None:
+        assert report.passed, report
+        return
+    assert not report.passed and report.kinds == ["scale"], report
+    (scale,) = [d.message for d in report.diagnoses if d.kind == "scale"]
+    if law is None:  # a factor that is the same on any rows: read at the whole size, no law of the batch's length
+        assert "rows c =" not in scale and "c = 2" in scale, scale
+    else:
+        assert "on the first 8 of 1024 along the loss's inputs' axis 0" in scale, scale
+        assert "on 16 rows c = 16.0" in scale and law in scale and "the 1/n of a mean" in scale, scale
+        # docs/python.md quotes this line, word for word but for the numbers that bf16 products round
+        printed = [line for line in str(report).splitlines() if "[scale]" in line]
+        quoted = [line for line in (SOURCE_DIR / "docs/python.md").read_text().splitlines()
+                  if line.startswith("    [scale] z, vjp bf16: on the first 8 of 1024")]
+        assert len(quoted) == 1 and [_numbers_out(q) for q in quoted] == [_numbers_out(p) for p in printed], printed
+
+
+def _numbers_out(line):
+    return re.sub(r"\d+\.\d+", "#", line)
+
+
+class SumOfSquaresTimesThree(torch.autograd.Function):
+    """Σ x² computed in float32 at every dtype (its float64 path rounds too), its backward 3x where 2x is right."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x.float() * x.float()).sum().to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return (3 * x.float() * g.float()).to(x.dtype)
+
+
+def test_a_scalar_loss_at_size_is_named_on_its_batchs_rows_not_by_a_run_per_element():
+    """Named by the structural kinds against the reference (its float64 path is not a float64 one), on the loss's
+    first rows: its full Jacobian at 512×256 was 131072 runs of the whole loss."""
+    x = drawn([(512, 256)], torch.bfloat16, 0)
+    report = tapegrad.gradcheck(SumOfSquaresTimesThree.apply, x, reference=lambda x: (x * x).sum())
+    assert not report.passed and report.kinds == ["scale"], report
+    (scale,) = [d.message for d in report.diagnoses]
+    assert scale.startswith("on the first 8 of 512 along the loss's inputs' axis 0 (a full Jacobian there): "
+                            "analytic = c × numeric at every one of 2048 elements, c = 1.49"), scale
 
 
 def make_logsumexp(save_low):

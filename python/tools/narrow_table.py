@@ -4,13 +4,15 @@ ones (python/tests/narrow_build.py, the set the naming is built on, and narrow_h
 written apart from it and from each other).
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/narrow_table.py [--set build|heldout|heldout2|all]
-                                                                        [--json FILE]
+                                                                        [--dtype bf16] [--json FILE]
 
 Per (op, version): tapegrad.gradcheck at the small size (full Jacobians) and at the large one (random projections,
 every checked input's Jacobian above the full-Jacobian limit), seed 0. A slip's small kinds are those of its report
 less GENERIC (researcher_ops.py's: kinds that say where, not what); at size it is "same" when it names at least one
 of them and none that the small report does not, "other" when it names only others, "unnamed" when it names none.
-A right version is counted where it fails (a false failure). Times are one run each, in seconds.
+A right version is counted where it fails (a false failure). Times are one run each, in seconds. With --dtype below
+float64, both sizes run at that dtype against the op's right version as the reference (an op that raises there is
+listed as such).
 """
 
 import argparse
@@ -35,20 +37,32 @@ def named(report):
     return sorted({d.kind for d in report.diagnoses} - GENERIC)
 
 
-def run(make, variant, large):
+def run(make, variant, large, dtype=torch.float64):
+    """(the report, or None where the op raised at that dtype; seconds)."""
     fn, inputs = make(variant, large, 0)
+    keywords = {}
+    if dtype != torch.float64:  # the op at a low precision against its right version in float64
+        inputs = tuple(x.detach().to(dtype).requires_grad_(x.requires_grad)
+                       if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+        keywords["reference"] = make("right", large, 0)[0]
     start = time.perf_counter()
-    report = tapegrad.gradcheck(fn, inputs, raise_exception=False)
+    try:
+        report = tapegrad.gradcheck(fn, inputs, raise_exception=False, **keywords)
+    except RuntimeError:  # an op written for float64 alone
+        report = None
     return report, time.perf_counter() - start
 
 
-def table(set_name):
+def table(set_name, dtype=torch.float64):
     ops = __import__(set_name if set_name.startswith("scalar_") else f"narrow_{set_name}").OPS
     rows = []
     for op, (make, slips) in ops.items():
         for variant in ("right",) + tuple(slips):
-            small, t_small = run(make, variant, False)
-            large, t_large = run(make, variant, True)
+            small, t_small = run(make, variant, False, dtype)
+            large, t_large = run(make, variant, True, dtype)
+            if small is None or large is None:
+                print(f"{set_name:8} {op:26} {variant:20} raised at this dtype", flush=True)
+                continue
             s, g = named(small), named(large)
             if variant == "right":
                 verdict = "ok" if small.passed and large.passed else "FALSE FAILURE"
@@ -79,11 +93,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--set", choices=SETS + ("all",), default="all")
     parser.add_argument("--json")
+    parser.add_argument("--dtype", choices=("float64", "bf16", "fp16", "float32"), default="float64",
+                        help="the inputs' dtype at both sizes (below float64, the right version is the reference)")
     args = parser.parse_args()
+    dtype = {"float64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16,
+             "float32": torch.float32}[args.dtype]
     torch.set_num_threads(1)
     rows = []
     for set_name in SETS if args.set == "all" else (args.set,):
-        rows += table(set_name)
+        rows += table(set_name, dtype)
     if args.json:
         with open(args.json + ".tmp", "w") as f:
             json.dump(rows, f, indent=1)
