@@ -175,7 +175,8 @@ def read_call(fn, inputs, **given):
         declared = getattr(surrogate, "__name__", type(surrogate).__name__)
         fn, kwargs = declared_op(fn, surrogate, kwargs or {}), None
     return _Call(fn, inputs, slots, checked_names, arrays, name, order, kwargs, options, keywords["fast_mode"],
-                 reference, keywords, declared, runs_elsewhere(inputs, slots))
+                 reference, keywords, declared, runs_elsewhere(inputs, slots),
+                 None if numpy_rules else _function_class_behind(fn))
 
 
 def _is_float_array(x):
@@ -261,8 +262,8 @@ class _Call:
     """One gradcheck call, its arguments read: the op, its inputs, which of them are checked (slots) with their names
     and float64 values (arrays), the report's name, the order, fn's keyword arguments, the C++ checker's options,
     fast_mode as given, the reference, the keyword options a float64 check of the same op takes (keywords), and the
-    surrogate's name where fn's backward is checked as a surrogate's derivative, and whether the check runs at the
-    inputs' precision and device (elsewhere)."""
+    surrogate's name where fn's backward is checked as a surrogate's derivative, whether the check runs at the
+    inputs' precision and device (elsewhere), and the torch.autograd.Function behind fn, if any."""
     fn: object
     inputs: tuple
     slots: list
@@ -277,6 +278,7 @@ class _Call:
     keywords: dict
     surrogate: str = None  # the name of the callable whose derivative fn's backward declares it takes, if any
     elsewhere: bool = False  # a checked input is a torch tensor below float64 or off the CPU (runs_elsewhere)
+    function_class: object = None  # the Function whose apply fn calls (_function_class_behind), if any
 
 
 def runs_elsewhere(inputs, slots):
@@ -286,3 +288,25 @@ def runs_elsewhere(inputs, slots):
     return torch is not None and any(
         isinstance(inputs[i], torch.Tensor) and inputs[i].is_floating_point()
         and (inputs[i].dtype != torch.float64 or inputs[i].device.type != "cpu") for i in slots)
+
+
+# What a check with full Jacobians holds at its peak, measured as the growth of the process's peak resident memory
+# (Debian's torch 1.13, CPU): 75–132 bytes per Jacobian entry over 11 torch ops (sums, softmax, layer norm, matmul,
+# attention, conv1d, scans, a failing Function among them), 40 for numpy rules, and about 2.4 kB more per checked
+# input element. The VJP's and the differences' Jacobians, the forward's outputs at x ± εe_k, their copies on each
+# side of the boundary and the diagnosis's work on them: 16 float64 numbers per entry bounds every one measured.
+_FULL_CHECK_BYTES_PER_ENTRY = 16 * 8
+_FULL_CHECK_BYTES_PER_INPUT_ELEMENT = 2500
+
+
+def require_full_jacobian_memory(impl, name, arrays):
+    """Full Jacobians (fast_mode=False): the check's peak, m·n entries (m the output's size, n the checked inputs')
+    at _FULL_CHECK_BYTES_PER_ENTRY each and n elements at _FULL_CHECK_BYTES_PER_INPUT_ELEMENT, is held against the
+    memory available (TAPEGRAD_MEMORY_LIMIT included) after one forward gives m, before anything of that size is
+    allocated."""
+    y, _ = impl.forward([a.copy() for a in arrays], False)
+    m, n = float(np.size(y)), float(sum(a.size for a in arrays))
+    _tapegrad._require_memory(_FULL_CHECK_BYTES_PER_ENTRY * m * n + _FULL_CHECK_BYTES_PER_INPUT_ELEMENT * n,
+                              f"gradcheck {name} with full Jacobians ({m:.4g} outputs × {n:.4g} input elements)",
+                              "leave fast_mode at None or pass True: random projections check the same rules in "
+                              "memory of the inputs' size")

@@ -226,18 +226,14 @@ ON_ITS_CUT = "(a full Jacobian there): none of the known kinds"  # its line for 
 NOT_A_NAME = {"unexplained", "kink", "tolerance"}
 
 
-def name_on_the_cut(report, call, gradcheck):
-    """The float64 report's inputs that random projections left unnamed, checked again in full (by gradcheck, the
-    module's own) on the op cut along y's axes with its fixed tensors (cut_along_y): the cut's findings of those
-    inputs replace their line, each saying where it was found. Nothing changes where no cut fits, the op refuses
-    every cut, or the cut passes."""
-    unnamed = {d.input for d in report.diagnoses if d.kind == "unexplained" and d.message.startswith(AT_SIZE)}
-    # the C++ checker's own cut (the checked inputs' first rows) left unnamed: the module's cut traces the backward
-    # there too, so a slip of its formulas (a softmax along the wrong axis) may be named; only a name replaces it
-    on_its_cut = {d.input for d in report.diagnoses if d.kind == "unexplained" and ON_ITS_CUT in d.message} - unnamed
-    unnamed |= on_its_cut
-    if not unnamed:
-        return
+def name_on_the_cut(report, call, gradcheck, unnamed, on_its_cut):
+    """The float64 report's inputs that random projections left unnamed (unnamed), or the C++ checker's own cut (the
+    checked inputs' first rows) did (on_its_cut: the module's cut traces the backward there too, so a slip of its
+    formulas, a softmax along the wrong axis, may be named; only a name replaces that line), checked again in full
+    (by gradcheck, the module's own) on the op cut along y's axes with its fixed tensors (cut_along_y): the cut's
+    findings of those inputs replace their line, each saying where it was found. Nothing changes where no cut fits,
+    the op refuses every cut, or the cut passes."""
+    unnamed = unnamed | on_its_cut
     c = own_reference(call)
 
     def check_on(cut):
@@ -286,12 +282,9 @@ def _factors_per_row(found, first, last, at_last):
 
 
 def first_rows(call, limit):
-    """Past ON_A_CUT checked elements, the op of a gradcheck call (its own reference) cut to its first rows along y's
-    axes, as cut_along_y gives it: (the cut inputs, where); None below that size, where nothing is cut, or for a
-    scalar loss (whose cut's full Jacobian costs more than projections of the whole: name_on_the_cut cuts it where
-    they leave a slip unnamed)."""
-    if sum(call.inputs[s].numel() for s in call.slots) <= ON_A_CUT:
-        return None
+    """The op of a gradcheck call at size (its own reference) cut to its first rows along y's axes, as cut_along_y
+    gives it: (the cut inputs, where); None where nothing is cut, or for a scalar loss (whose cut's full Jacobian
+    costs more than projections of the whole: name_on_the_cut cuts it where they leave a slip unnamed)."""
     c = own_reference(call)
     with torch.no_grad():
         if _batch_of_terms(float_outputs(c.fn(*c.inputs, **c.kwargs)), c.inputs, c.slots) is not None:

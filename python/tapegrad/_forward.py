@@ -43,9 +43,9 @@ from ._forward_record import FIT, Inlined, _Forward, _run_forward, _term, _vjps,
 def name_from_forward(checked, failing):
     """[(kind, input, check, message)] for the inputs in `failing` (names) whose VJP error is one term of the
     forward of the Function checked.fn is the `apply` of; [] where it is no Function or nothing fits. checked:
-    gradcheck's call (fn, inputs, slots, names, arrays, options.seed)."""
-    from ._callables import _function_class_behind, _parameter_names
-    function_class = _function_class_behind(checked.fn)
+    gradcheck's call (fn, the Function behind it, inputs, slots, names, arrays, options.seed)."""
+    from ._callables import _parameter_names
+    function_class = checked.function_class
     if function_class is None or not failing:
         return []
     bare = getattr(checked.fn, "__self__", None) is function_class and not checked.kwargs
@@ -80,8 +80,8 @@ def _cut(checked):
     """(checked with the op cut to its first rows along y's axes, the report's words for where) at size, or None.
     A slip of a rule is in every row's formula, and each run of the search costs the size it runs at; where the slip
     does not show on the cut (its error there is rounding's), the search runs at the whole size."""
-    from ._cut import first_rows
-    cut = first_rows(checked, CUT_ENTRIES)
+    from ._cut import ON_A_CUT, first_rows
+    cut = first_rows(checked, CUT_ENTRIES) if sum(a.size for a in checked.arrays) > ON_A_CUT else None
     if cut is None:
         return None
     args, where = cut

@@ -4,10 +4,8 @@ import math
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from . import _tapegrad
-from ._callables import _Call, _function_class, _options, _torch_if_loaded, read_call
+from ._callables import _Call, _function_class, _options, _torch_if_loaded, read_call, require_full_jacobian_memory
 from ._numpy_op import NumpyOp
 
 
@@ -17,28 +15,6 @@ class GradcheckError(RuntimeError):
     def __init__(self, report):
         super().__init__("tapegrad.gradcheck failed:\n" + str(report))
         self.report = report
-
-
-# What a check with full Jacobians holds at its peak, measured as the growth of the process's peak resident memory
-# (Debian's torch 1.13, CPU): 75–132 bytes per Jacobian entry over 11 torch ops (sums, softmax, layer norm, matmul,
-# attention, conv1d, scans, a failing Function among them), 40 for numpy rules, and about 2.4 kB more per checked
-# input element. The VJP's and the differences' Jacobians, the forward's outputs at x ± εe_k, their copies on each
-# side of the boundary and the diagnosis's work on them: 16 float64 numbers per entry bounds every one measured.
-_FULL_CHECK_BYTES_PER_ENTRY = 16 * 8
-_FULL_CHECK_BYTES_PER_INPUT_ELEMENT = 2500
-
-
-def _require_full_jacobian_memory(impl, name, arrays):
-    """Full Jacobians (fast_mode=False): the check's peak, m·n entries (m the output's size, n the checked inputs')
-    at _FULL_CHECK_BYTES_PER_ENTRY each and n elements at _FULL_CHECK_BYTES_PER_INPUT_ELEMENT, is held against the
-    memory available (TAPEGRAD_MEMORY_LIMIT included) after one forward gives m, before anything of that size is
-    allocated."""
-    y, _ = impl.forward([a.copy() for a in arrays], False)
-    m, n = float(np.size(y)), float(sum(a.size for a in arrays))
-    _tapegrad._require_memory(_FULL_CHECK_BYTES_PER_ENTRY * m * n + _FULL_CHECK_BYTES_PER_INPUT_ELEMENT * n,
-                              f"gradcheck {name} with full Jacobians ({m:.4g} outputs × {n:.4g} input elements)",
-                              "leave fast_mode at None or pass True: random projections check the same rules in "
-                              "memory of the inputs' size")
 
 
 def _name_from_forward(report, call):
@@ -87,10 +63,10 @@ def _in_python_terms(report):
                               f" or pass fast_mode=False (a full Jacobian of {entries} entries)")
 
 
-def _zero_cotangent_rows(report, impl, arrays, checked_names):
-    """The rows "zero ȳ": the backward at ȳ = 0 must run and give x̄ = 0 (torch's check_undefined_grad)."""
+def _zero_cotangent_rows(report, result, checked_names):
+    """The rows "zero ȳ": the backward at ȳ = 0 must run and give x̄ = 0 (torch's check_undefined_grad); result:
+    TorchOp.zero_cotangent's."""
     from ._tapegrad import _add_check, _add_diagnosis
-    result = impl.zero_cotangent(arrays)
     if isinstance(result, tuple):
         error, case = result
         _add_check(report, dict(input="all", check="zero ȳ", mode="exact", passed=False, error=math.nan,
@@ -193,7 +169,7 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
             raise ValueError("gradcheck: kwargs= goes with a torch op; numpy rules take their inputs positionally")
         impl = NumpyOp(fn, inputs, slots, vjp, jvp, hvp)
         if fast_mode is not None and not fast_mode:
-            _require_full_jacobian_memory(impl, name, arrays)
+            require_full_jacobian_memory(impl, name, arrays)
         report = _tapegrad._check(impl, name, arrays, checked_names, call.order, options)
         _in_python_terms(report)
     else:
@@ -216,24 +192,11 @@ def gradcheck(fn, inputs, *, vjp=None, jvp=None, hvp=None, order=1, eps=1e-6, at
 
 
 def _check_torch(call):
-    """The checks of a torch op: one per output (and one of all outputs at once) where it has several."""
-    from ._torch_op import per_output
-    name, arrays, checked_names, options, fast_mode = call.name, call.arrays, call.names, call.options, call.fast_mode
-    impls = per_output(call)
-    count = 1 if len(impls) == 1 else len(impls) - 1
-    reports = []
-    for impl in impls:
-        output = impl.output
-        part_options = options
-        if output == "all" and fast_mode is None:
-            # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,
-            # which the checks above have made)
-            part_options = _options("gradcheck", {**call.keywords, "fast_mode": True})
-        if fast_mode is not None and not fast_mode:
-            _require_full_jacobian_memory(impl, name, arrays)
-        reports.append(_tapegrad._check(impl, name, arrays, checked_names, call.order, part_options))
-    report = reports[0] if count == 1 else _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], name)
-    after = _AfterTheCheck(call, report, impls, count)
+    """The checks of a torch op (one per output, and one of all outputs at once, where it has several), then the
+    steps that name and complete what they found."""
+    from ._torch_op import check_each_output
+    report, impls, count, at_zero = check_each_output(call)
+    after = _AfterTheCheck(call, report, impls, count, at_zero)
     for step in _AFTER_THE_CHECK:
         step(after)
     return after.report
@@ -242,11 +205,13 @@ def _check_torch(call):
 @dataclass
 class _AfterTheCheck:
     """What the steps after the C++ checker's run on a torch op read and amend: the call, its report, the TorchOp of
-    each output (of all outputs at once last), how many outputs, and what the steadiness step found."""
+    each output (of all outputs at once last), how many outputs, the backward at ȳ = 0 (first order:
+    TorchOp.zero_cotangent's result, run with the checks), and what the steadiness step found."""
     call: _Call
     report: object
     impls: list
     count: int
+    at_zero: object
     rounding_note: str = None
     refused: bool = False
 
@@ -271,17 +236,21 @@ def _terms_of_the_forward(after):
 
 
 def _named_on_the_cut(after):
-    """At size, an input random projections left unnamed: checked in full on the op cut along y's axes with its
-    fixed tensors too (tapegrad/_cut.py)."""
+    """At size, the inputs random projections left unnamed, or the C++ checker's own cut did: checked in full on the
+    op cut along y's axes with its fixed tensors too (tapegrad/_cut.py)."""
     if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
-        from ._cut import name_on_the_cut
-        name_on_the_cut(after.report, after.call, gradcheck)
+        from ._cut import AT_SIZE, ON_ITS_CUT, name_on_the_cut
+        unexplained = [d for d in after.report.diagnoses if d.kind == "unexplained"]
+        unnamed = {d.input for d in unexplained if d.message.startswith(AT_SIZE)}
+        on_its_cut = {d.input for d in unexplained if ON_ITS_CUT in d.message} - unnamed
+        if unnamed or on_its_cut:
+            name_on_the_cut(after.report, after.call, gradcheck, unnamed, on_its_cut)
 
 
 def _zero_cotangent(after):
     """First order: the rows "zero ȳ" (the backward at ȳ = 0 runs and gives 0)."""
     if after.call.order == 1:
-        _zero_cotangent_rows(after.report, after.impls[0], after.call.arrays, after.call.names)
+        _zero_cotangent_rows(after.report, after.at_zero, after.call.names)
 
 
 def _saved_intermediates(after):

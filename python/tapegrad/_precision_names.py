@@ -32,7 +32,7 @@ import torch
 
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
-from ._cut import CUT_LIMIT, cut_along_y, first_rows, full_jacobian_there
+from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, full_jacobian_there
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
@@ -280,7 +280,7 @@ def _name_from_float64(report, c, same):
     given (a slip of a rule is in every row's formula, and the cut's check costs those rows); at the whole size for
     the inputs whose slip does not show there."""
     named, rest = {}, list(same)
-    cut = first_rows(c, TWO_ROWS)
+    cut = first_rows(c, TWO_ROWS) if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT else None
     if cut is not None:
         named, shown = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
         rest = [i for i in rest if i not in named and i not in shown]

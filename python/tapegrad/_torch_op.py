@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from ._callables import _function_class_behind
+from . import _tapegrad
+from ._callables import _options, require_full_jacobian_memory
 
 
 def _unravel(k, shape):
@@ -61,6 +62,28 @@ def float_outputs(y):
     return [t for t in ys if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def check_each_output(call):
+    """The C++ checker's run on call's op (gradcheck's call): (its report, merged over the outputs where there are
+    several; the TorchOp of each check; how many outputs; at first order, the backward at ȳ = 0, zero_cotangent's
+    result, else None)."""
+    impls = per_output(call)
+    count = 1 if len(impls) == 1 else len(impls) - 1
+    reports = []
+    for impl in impls:
+        options = call.options
+        if impl.output == "all" and call.fast_mode is None:
+            # every output at once: random ȳ over all of them (a full Jacobian's rows seed one output at a time,
+            # which the checks above have made)
+            options = _options("gradcheck", {**call.keywords, "fast_mode": True})
+        if call.fast_mode is not None and not call.fast_mode:
+            require_full_jacobian_memory(impl, call.name, call.arrays)
+        reports.append(_tapegrad._check(impl, call.name, call.arrays, call.names, call.order, options))
+    at_zero = impls[0].zero_cotangent(call.arrays) if call.order == 1 else None
+    if count == 1:
+        return reports[0], impls, count, at_zero
+    return _tapegrad._merge(reports, [f"y{k}" for k in range(count)] + ["all"], call.name), impls, count, at_zero
+
+
 def per_output(call):
     """The TorchOp of each check of call's op (gradcheck's call): the op's own for an op of one output; for an op of
     several, one per output and one of all of them at once, sharing one set of runs at x ± εe_k."""
@@ -81,7 +104,7 @@ class TorchOp:
     def __init__(self, call, output=None, steps=None):
         """call: the gradcheck call (tapegrad/_callables.py's _Call): fn, its inputs, the checked slots, the name, the
         order (2: the rules' second order is checked too) and fn's keyword arguments."""
-        self.fn, self.name = call.fn, call.name
+        self.fn, self.name, self.function_class = call.fn, call.name, call.function_class
         self.slots = call.slots
         self.fixed = [x.detach().to(torch.float64) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                       for x in call.inputs]
@@ -151,7 +174,7 @@ class TorchOp:
 
     def vjp_formulas(self, arrays, gout, names):
         from ._trace import TracePoint, vjp_formulas, vjp_formulas_of_callable
-        function_class = _function_class_behind(self.fn)
+        function_class = self.function_class
         if self.output == "all":
             return None
         try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The peak memory of tapegrad.gradcheck(fast_mode=False) against the estimate it is held to before it starts
-(tapegrad/_gradcheck.py, _require_full_jacobian_memory), one op per process, as the growth of the process's peak
+(tapegrad/_callables.py, require_full_jacobian_memory), one op per process, as the growth of the process's peak
 resident memory over the check:
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/full_check_memory.py [OP A B]
