@@ -1,8 +1,9 @@
 // tapegrad in one include: #include <tapegrad/tapegrad.hpp> (installed under include/tapegrad/, and in a build
 // of these sources under <build>/include/tapegrad/). Every public header of engine/, ops/, inspect/, checker/ and
-// models/ is listed here; the test public_headers fails when one is missing. The headers include each other by
-// paths relative to themselves, so they resolve the same in the source tree and in an installed tree, and never
-// through a folder of the including project (a user's own ops/ or engine/ cannot shadow them).
+// models/ is listed here but a test framework's (checker/doctest.hpp); the test public_headers fails when one is
+// missing. The headers include each other by paths relative to themselves, so they resolve the same in the source
+// tree and in an installed tree, and never through a folder of the including project (a user's own ops/ or engine/
+// cannot shadow them).
 #pragma once
 
 // engine/: the core: tensors, the arena, the tape (reverse, forward and second-order mode), scratch, the thread pool
@@ -61,6 +62,7 @@
 #include "checker/jacobian.hpp"
 #include "checker/precision.hpp"
 #include "checker/second_order.hpp"
+#include "checker/testing.hpp"
 #include "checker/trace.hpp"
 
 // models/: modules and layers, optimizers, the training loop, the GPT, data, checkpoints

@@ -111,7 +111,10 @@ struct GradcheckReport {
   void conclude();
   bool has(Finding f, std::string_view input = "") const;  // a diagnosis of that kind (for that input)
   const Diagnosis* find(Finding f, std::string_view input = "") const;
-  std::string str() const;  // a table, one row per check, then the diagnosis
+  // The title ("op / case: FAILED"), a table of one row per check, then the diagnosis; diagnosis_first: the
+  // diagnosis before the table, as a failing test prints it (checker/testing.hpp).
+  enum class Order { table_first, diagnosis_first };
+  std::string str(Order order = Order::table_first) const;
 };
 std::ostream& operator<<(std::ostream& os, const GradcheckReport& r);
 

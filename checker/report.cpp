@@ -61,31 +61,32 @@ const Diagnosis* GradcheckReport::find(Finding f, std::string_view input) const 
 
 bool GradcheckReport::has(Finding f, std::string_view input) const { return find(f, input) != nullptr; }
 
-std::string GradcheckReport::str() const {
+std::string GradcheckReport::str(Order order) const {
   const auto [ok, why_not] = outcome_of(checks);
-  std::string s = fmt::format("{}: {}\n", report_title(op, case_name),
-                              ok                ? "passed"
-                              : why_not.empty() ? "FAILED"
-                                                : "NOT CHECKED: " + why_not);
-  s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode", "max_abs_err",
-                   "max_rel_err", "worst element", "result");
+  std::string title = fmt::format("{}: {}\n", report_title(op, case_name),
+                                  ok                ? "passed"
+                                  : why_not.empty() ? "FAILED"
+                                                    : "NOT CHECKED: " + why_not);
+  std::string diagnosis;
+  if (!diagnoses.empty()) {
+    diagnosis = "  diagnosis:\n";
+    for (const auto& d : diagnoses) diagnosis += fmt::format("    {}\n", d.str());
+  }
+  std::string table = fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", "input", "check", "mode",
+                                  "max_abs_err", "max_rel_err", "worst element", "result");
   for (const auto& c : checks) {
     if (c.skipped) {  // first order: no JVP; second order: the reason, in `worst`
-      s += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", c.input, c.check, c.mode, "", "", "",
-                       c.worst.empty() ? std::string("skipped (no JVP)") : "skipped: " + c.worst);
+      table += fmt::format("  {:<8} {:<10} {:<5} {:>11} {:>11}  {:<24} {}\n", c.input, c.check, c.mode, "", "", "",
+                           c.worst.empty() ? std::string("skipped (no JVP)") : "skipped: " + c.worst);
       continue;
     }
-    s += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode, c.max_abs_err,
-                     c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
+    table += fmt::format("  {:<8} {:<10} {:<5} {:>11.2e} {:>11.2e}  {:<24} {}", c.input, c.check, c.mode, c.max_abs_err,
+                         c.max_rel_err, c.worst, c.passed ? "ok" : "FAIL");
     if (!c.passed && c.compared > 0)
-      s += fmt::format("  ({} {:.6g}, {} {:.6g})", c.analytic_is, c.analytic, c.numeric_is, c.numeric);
-    s += "\n";
+      table += fmt::format("  ({} {:.6g}, {} {:.6g})", c.analytic_is, c.analytic, c.numeric_is, c.numeric);
+    table += "\n";
   }
-  if (!diagnoses.empty()) {
-    s += "  diagnosis:\n";
-    for (const auto& d : diagnoses) s += fmt::format("    {}\n", d.str());
-  }
-  return s;
+  return order == Order::diagnosis_first ? title + diagnosis + table : title + table + diagnosis;
 }
 
 std::ostream& operator<<(std::ostream& os, const GradcheckReport& r) { return os << r.str(); }

@@ -3,7 +3,8 @@
 #         -D CXX=<compiler> -D LIBDIR=<lib folder under the prefix> -P test_installed_example.cmake
 # Installs the build into WORK_DIR/prefix, configures examples/custom-op with only that prefix to search, checks
 # that find_package took the package from there, builds it, and runs its gradcheck: both ops pass, softsign (built
-# by pointwise) in forward mode too (exit 0); the claimed derivative is rejected (exit 1) with its diagnosis.
+# by pointwise) in forward mode too (exit 0); the claimed derivative is rejected (exit 1) with its diagnosis; its
+# doctest suite passes.
 include(${CMAKE_CURRENT_LIST_DIR}/installed_package.cmake)
 require_defined(test_installed_example BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX LIBDIR)
 
@@ -45,6 +46,16 @@ endif()
 run(COMMAND ${program} claims --op rms_norm_constant_rms EXPECT 1 OUTPUT rejected)
 if(NOT rejected MATCHES "\\[per-row term\\] x, vjp")
   message(FATAL_ERROR "custom_op: the claimed VJP should be rejected with a per-row-term diagnosis")
+endif()
+# Its test suite (doctest, <tapegrad/checker/doctest.hpp>): the ops' rules pass to second order, and the claim's
+# test case fails as it declares, its message the report with the diagnosis before the table.
+if(NOT EXISTS "${WORK_DIR}/build/custom_op_tests")
+  message(FATAL_ERROR "custom_op_tests was not built: the example finds doctest as tapegrad's tests do")
+endif()
+run(COMMAND "${WORK_DIR}/build/custom_op_tests" OUTPUT tested)
+if(NOT tested MATCHES "test cases: +2 \\| +2 passed \\| +0 failed"
+   OR NOT tested MATCHES "rms_norm_constant_rms / rows: FAILED\n  diagnosis:\n.*\\[per-row term\\] x, vjp.*\n  input +check")
+  message(FATAL_ERROR "custom_op_tests: the ops should pass and the claim's test fail, diagnosis first:\n${tested}")
 endif()
 
 # The pkg-config file gives the same include folder: the example built with its flags alone, and gradchecked.
