@@ -376,6 +376,15 @@ TEST_CASE("run names, --resume with --overwrite, compare's kinds, config lines w
   check_refused(train({"--config", "spaced.ini"}), "line 2: '= 5' has no key");
   spit(dir.file("short.ini"), "eval-iters = 2\n\nq\n");
   check_refused(train({"--config", "short.ini"}), "line 3: 'q' is not a key = value line");
+  // A list never closed: CLI11's reader took its first value alone ("[1," then "2" gave one layer).
+  spit(dir.file("open.ini"), "n-layer = [1,\n2\n");
+  check_refused(train({"--config", "open.ini"}),
+                "config file open.ini: line 1: the list of 'n-layer' opened with '[' is not closed with ']' before the "
+                "file ends");
+  spit(dir.file("open2.ini"), "n-layer = [1,\n2\neval-iters = 2\n");
+  check_refused(train({"--config", "open2.ini"}),
+                "line 1: the list of 'n-layer' opened with '[' is not closed with "
+                "']' before the key on line 3");
   CHECK_FALSE(fs::exists(dir.path / "r"));
   // TAPEGRAD_NUM_THREADS that is not a number of threads is named on stderr when the engine's pool is made (a
   // gradcheck makes it); the work goes on with the CPUs.

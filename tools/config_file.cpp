@@ -30,10 +30,17 @@ std::string_view trimmed(std::string_view s) {
 
 // CLI11's reader skips, without a word, a line shorter than 3 characters ("q", "=5") and a line whose key is empty
 // ("= 5"): each would be an option the user wrote and the program ignored. Refused here, by line number, as is a key
-// given twice. Lines that continue a multi-line array ("key = [1," then "2]") are the array's, not lines of their own.
+// given twice. Lines that continue a multi-line array ("key = [1," then "2]") are the array's, not lines of their own;
+// an array never closed (the file ends, or a key = value line comes, before its ']') is refused by its first line,
+// where CLI11's reader would take its first value alone ("n-layer = [1," then "2" gave one layer).
 void refuse_lines_without_key(const std::string& path, std::string_view text) {
-  size_t number = 0;
+  size_t number = 0, array_line = 0;
+  std::string array_key;
   bool in_array = false;
+  auto unclosed = [&](const std::string& before) {
+    fail("config file {}: line {}: the list of '{}' opened with '[' is not closed with ']' before {}", path, array_line,
+         array_key, before);
+  };
   std::string section;                 // "[train]" → "train.": a key is one key within its section
   std::map<std::string, size_t> keys;  // each key and its line
   for (size_t begin = 0; begin <= text.size();) {
@@ -43,6 +50,7 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
     begin = end + 1;
     ++number;
     if (in_array) {
+      if (line.find('=') != std::string_view::npos) unclosed(fmt::format("the key on line {}", number));
       in_array = line.empty() || line.back() != ']';
       continue;
     }
@@ -62,6 +70,7 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
       in_array = value.size() > 1 && value.front() == '[' && value.back() != ']';
       // CLI11's reader joins a key given twice into one list ("0.1,0.2"): refused here, by its two lines.
       const std::string key = section + std::string(trimmed(line.substr(0, eq)));
+      if (in_array) array_line = number, array_key = key;
       if (const auto [at, fresh] = keys.emplace(key, number); !fresh)
         fail(
             "config file {}: line {}: key '{}' is given again (first on line {}); give a key once, and several "
@@ -69,6 +78,7 @@ void refuse_lines_without_key(const std::string& path, std::string_view text) {
             path, number, key, at->second);
     }
   }
+  if (in_array) unclosed("the file ends");
 }
 }  // namespace
 
