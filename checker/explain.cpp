@@ -61,6 +61,23 @@ bool identifier_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
+// The heading ("2. Softmax's Jacobian ...") of the section of the learner's walk-through, learn.md beside the
+// derivations file, that runs `tapegrad explain OP`; "" where none does or the file cannot be read.
+std::string learn_section(const std::string& op, const std::string& derivations_path) {
+  if (derivations_path.empty()) return "";
+  std::ifstream in(std::filesystem::path(derivations_path).parent_path() / "learn.md");
+  const std::string command = "tapegrad explain " + op;
+  std::string heading;
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("## ")) heading = line.substr(3);
+    for (size_t at = line.find(command); at != std::string::npos; at = line.find(command, at + 1)) {
+      const size_t end = at + command.size();
+      if (!heading.empty() && (end == line.size() || !identifier_char(line[end]))) return heading;
+    }
+  }
+  return "";
+}
+
 // The source trees to look in: the one asked for, the one holding docs/derivations.md (the share folder's copy is
 // a link into the sources in a build tree), the one the library was built from.
 std::vector<std::filesystem::path> source_roots(const ExplainOptions& options) {
@@ -214,6 +231,9 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
                                                                          : std::string(kSecondOrderSection);
   e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
+  e.learn_section = learn_section(info->name, options.derivations_path);
+  if (!e.learn_section.empty())
+    e.learn_file = (std::filesystem::path(options.derivations_path).parent_path() / "learn.md").string();
   const std::vector<std::filesystem::path> roots = source_roots(options);
   for (const FormulaPlace& f : info->formulas_at)
     e.formulas_at.push_back({f.what, function_place(roots, f.file, f.function), f.function});
@@ -335,6 +355,7 @@ std::string format_explanation(const Explanation& e) {
   for (size_t i = 0; i < e.sections.size(); ++i)
     s += fmt::format("  {} {} § {}\n", i == 0 ? "derivation" : "          ", e.derivations_file, e.sections[i]);
   s += fmt::format("  2nd order  {} § {}\n", e.derivations_file, e.second_order_section);
+  if (!e.learn_section.empty()) s += fmt::format("  learn      {} § {}\n", e.learn_file, e.learn_section);
   std::string in;
   for (const auto& [name, shape] : e.inputs) in += fmt::format("{}{} {}", in.empty() ? "" : ", ", name, shape.str());
   s += fmt::format("\nat case '{}'{}: inputs {} → output {}\n", e.case_name,
@@ -398,6 +419,8 @@ nlohmann::json explanation_json(const Explanation& e) {
       {"derivation", e.sections},
       {"derived_in", e.derived_in},
       {"derivations_file", e.derivations_file},
+      {"learn_section", e.learn_section},
+      {"learn_file", e.learn_file},
       {"case", e.case_name},
       {"shapes_given", e.shapes_given},
       {"inputs", inputs},

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <string>
 
@@ -45,6 +46,26 @@ TEST_CASE("explain: every registered op has its forward, VJP and JVP, its node's
     CHECK(e.check.passed);
     CHECK(!format_explanation(e).empty());
     CHECK(explanation_json(e)["op"] == op.name);
+  }
+}
+
+TEST_CASE("explain points to the section of docs/learn.md that walks through the op, where one does") {
+  const std::map<std::string, std::string> walked = {
+      {"softmax", "2. "}, {"attention", "3. "}, {"layer_norm", "4. "}, {"row_normalize", "5. "}};
+  for (const OpSheet& op : builtin_registry().ops()) {
+    INFO("op: " << op.name);
+    const Explanation e = explain(builtin_registry(), op.name, with_docs());
+    const auto it = walked.find(op.name);
+    if (it == walked.end()) {
+      CHECK(e.learn_section.empty());
+      CHECK(format_explanation(e).find("  learn ") == std::string::npos);
+      continue;
+    }
+    CHECK(e.learn_section.starts_with(it->second));
+    CHECK(e.learn_file.ends_with("docs/learn.md"));
+    CHECK(format_explanation(e).find("  learn      " + e.learn_file + " § " + e.learn_section + "\n") !=
+          std::string::npos);
+    CHECK(explanation_json(e)["learn_section"] == e.learn_section);
   }
 }
 

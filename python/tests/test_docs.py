@@ -196,3 +196,17 @@ def test_learn_md_python_blocks_print_what_they_quote(tmp_path, monkeypatch):
             else:
                 assert line in printed_lines, f"docs/learn.md quotes {line!r}; the block printed:\n{printed_lines}"
     assert (tmp_path / "steps.svg").stat().st_size > 0
+
+
+def test_math_in_the_docs_has_no_escape_githubs_markdown_takes_first():
+    """GitHub's Markdown takes a backslash before ASCII punctuation as an escape before its math is drawn: `s\\,dS`
+    shows as "s,dS". No $…$ or $$…$$ in docs/ or README.md holds one (`\\ ` and `\\quad` space math instead)."""
+    paths = sorted((SOURCE_DIR / "docs").rglob("*.md")) + [SOURCE_DIR / "README.md"]
+    found = []
+    for path in paths:
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)  # code blocks are not drawn as math
+        text = re.sub(r"`[^`\n]*`", "", text)
+        for math in re.findall(r"\$\$.+?\$\$|\$[^$\n]+\$", text, flags=re.S):
+            found += [f"{path.name}: {escape} in {math[:60]!r}" for escape in re.findall(r"\\[!-/:-@\[-`{-~]", math)]
+    assert len(paths) > 10
+    assert not found, "\n".join(found)
