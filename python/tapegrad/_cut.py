@@ -44,7 +44,7 @@ def _batch_of_terms(ys, inputs, slots):
     return shape if len(shape) >= 2 else None  # one vector is no batch of rows: the loss may be of all of it
 
 
-def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, rows=None):
+def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, rows=None, loss_batch=True):
     """(the inputs cut to their first rows along y's leading axes, where: "on the first 2 of 8 along y's axis 0") so
     that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
@@ -60,11 +60,12 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, r
     from_end: the last rows, not the first. one_axis: an op whose y has one axis is cut along it too (the float64
     check's naming; at a low precision the rounding of two rows reads as a structure and is not cut). A scalar loss
     past WHOLE_LOSS elements has no axis of y: it is cut as if y had its largest checked input's shape (the batch of
-    its terms: the loss of some rows is a loss the op computes), to at most LOSS_CUT elements, and y stays 0-d."""
+    its terms: the loss of some rows is a loss the op computes), to at most LOSS_CUT elements, and y stays 0-d;
+    loss_batch=False leaves it as y has no axis."""
     fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
-    loss = _batch_of_terms(ys, inputs, slots)
+    loss = _batch_of_terms(ys, inputs, slots) if loss_batch else None
     if loss is not None:  # a scalar loss past WHOLE_LOSS: cut along its terms' axes, the largest input's, instead
         shape, along = loss, LOSS_AXIS
         limit = min(limit, LOSS_CUT) if rows is None else rows * int(np.prod(shape[1:]))  # rows given: those rows
@@ -285,11 +286,7 @@ def first_rows(call, limit):
     """The op of a gradcheck call at size (its own reference) cut to its first rows along y's axes, as cut_along_y
     gives it: (the cut inputs, where); None where nothing is cut, or for a scalar loss (whose cut's full Jacobian
     costs more than projections of the whole: name_on_the_cut cuts it where they leave a slip unnamed)."""
-    c = own_reference(call)
-    with torch.no_grad():
-        if _batch_of_terms(float_outputs(c.fn(*c.inputs, **c.kwargs)), c.inputs, c.slots) is not None:
-            return None  # a scalar loss: its check at the whole size takes a few runs (projections), its cut's many
-    cut = cut_along_y(c, limit, one_axis=True)
+    cut = cut_along_y(own_reference(call), limit, one_axis=True, loss_batch=False)
     return cut if cut is not None and cut[1] else None
 
 
