@@ -61,11 +61,10 @@ bool identifier_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
-// The heading ("2. Softmax's Jacobian ...") of the section of the learner's walk-through, learn.md beside the
-// derivations file, that runs `tapegrad explain OP`; "" where none does or the file cannot be read.
-std::string learn_section(const std::string& op, const std::string& derivations_path) {
-  if (derivations_path.empty()) return "";
-  std::ifstream in(std::filesystem::path(derivations_path).parent_path() / "learn.md");
+// The heading ("2. Softmax's Jacobian ...") of the section of the learner's walk-through (learn_path) that runs
+// `tapegrad explain OP`; "" where none does or the file cannot be read.
+std::string learn_section(const std::string& op, const std::string& learn_path) {
+  std::ifstream in(learn_path);
   const std::string command = "tapegrad explain " + op;
   std::string heading;
   for (std::string line; std::getline(in, line);) {
@@ -231,9 +230,11 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
                                                                          : std::string(kSecondOrderSection);
   e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
-  e.learn_section = learn_section(info->name, options.derivations_path);
-  if (!e.learn_section.empty())
-    e.learn_file = (std::filesystem::path(options.derivations_path).parent_path() / "learn.md").string();
+  if (!options.derivations_path.empty()) {  // learn.md beside derivations.md
+    const std::string learn = (std::filesystem::path(options.derivations_path).parent_path() / "learn.md").string();
+    e.learn_section = learn_section(info->name, learn);
+    if (!e.learn_section.empty()) e.learn_file = learn;
+  }
   const std::vector<std::filesystem::path> roots = source_roots(options);
   for (const FormulaPlace& f : info->formulas_at)
     e.formulas_at.push_back({f.what, function_place(roots, f.file, f.function), f.function});
