@@ -139,7 +139,12 @@ class Rounding(TorchDispatchMode):
         if generator is None:
             generator = torch.Generator(t.device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
             self.generators[t.device] = generator
-        return torch.rand(tuple(t.shape), generator=generator, dtype=t.dtype, device=t.device) * 2 - 1
+        return torch.empty(tuple(t.shape), dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
+
+    def _moved(self, t, u):
+        """t·(1 + OP_UNITS·u·ξ), rounded to the intermediate precision and kept in t's dtype (made in place in ξ's
+        buffer: a new tensor of t's size per op is most of the model's time)."""
+        return self._uniform(t).mul_(OP_UNITS * u).add_(1).mul_(t).to(self.intermediate).to(t.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -157,13 +162,13 @@ class Rounding(TorchDispatchMode):
             if sums is not None:
                 magnitude, n = sums
                 accumulator = UNIT_ROUNDOFF[torch.float64 if self.dtype == torch.float64 else torch.float32]
-                out = out + math.sqrt(n) * accumulator * magnitude * self._uniform(out)
-            return (out * (1 + OP_UNITS * u * self._uniform(out))).to(self.intermediate).to(out.dtype)
+                out = out + self._uniform(out).mul_(magnitude.mul_(math.sqrt(n) * accumulator))
+            return self._moved(out, u)
 
         def rounded(t):
             if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype in UNIT_ROUNDOFF
                     and UNIT_ROUNDOFF[t.dtype] < u):
-                return (t * (1 + OP_UNITS * u * self._uniform(t))).to(self.intermediate).to(t.dtype)
+                return self._moved(t, u)
             return t
         return tree_map(rounded, out)
 
