@@ -51,6 +51,8 @@
 // checker/: the gradchecker and its diagnoses, claims, the formula language and the edit search, explain
 #include "checker/claimed.hpp"
 #include "checker/cli.hpp"
+#include "checker/edges.hpp"
+#include "checker/edges_probe.hpp"
 #include "checker/explain.hpp"
 #include "checker/finding.hpp"
 #include "checker/finding_sheet.hpp"

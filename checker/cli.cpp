@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "checker/edges.hpp"
 #include "checker/explain.hpp"
 #include "checker/finding_sheet.hpp"
 #include "checker/precision.hpp"
@@ -32,11 +33,22 @@ void list_ops(const Registry& reg, std::FILE* out) {
 
 void print_diagnosis(const GradcheckReport& r, std::FILE* out) {
   for (const auto& d : r.diagnoses) fmt::print(out, "    {}\n", d.str());
+  for (const auto& note : r.notes) fmt::print(out, "    {}\n", note);
+}
+
+// The case's edge probes into its report: at the inputs its check ran at, the op's declared edges and the run's
+// skipped.
+void add_edge_probes(GradcheckReport& r, const OpSheet& op, const GradcheckCase& c, const GradcheckRun& a) {
+  const CaseInputs in = case_inputs(c, a.options);
+  UndefinedEdges undefined = parse_undefined_edges(op.undefined_edges);
+  for (const auto& [edge, what] : parse_undefined_edges(a.undefined_edges)) undefined[edge] = what;
+  probe_edges(r, c.build, in.values, in.names, in.options.seed, undefined);
 }
 
 constexpr const char* kUsage =
     "usage: {0} [gradcheck] [--op NAME]... [--list] [--kinds] [--json] [-v] [--order 1|2] [--precision f64|f32|bf16]\n"
-    "          [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N]\n"
+    "          [--edges] [--undefined-edge EDGE=nan]... [--atol X] [--rtol X] [--eps X] [--seed N]\n"
+    "          [--full-jacobian-limit N]\n"
     "Checks each registered op's VJP and JVP against central finite differences in float64; on a failure, says\n"
     "what the error looks like. Exit code 0 when every case passes, 1 when one fails, 2 on a usage error.\n"
     "  --op NAME                only this op (repeatable)\n"
@@ -47,6 +59,10 @@ constexpr const char* kUsage =
     "  --order 2                second order instead: Hessian-vector products against differences of the\n"
     "                           gradient, and the symmetry of the Hessian\n"
     "  --precision P            {1}\n"
+    "  --edges                  also run each case's forward and VJP at the edges of its domain (a masked, constant,\n"
+    "                           tied, zero, overflowing or tiny row) in float64: NaN or ∞ where the limit is finite,\n"
+    "                           x̄ not 0 at ȳ = 0, x̄ away from central differences, each with a line reproducing it\n"
+    "  --undefined-edge E=nan   an edge the op defines as undefined (nan, inf or undefined), not probed (repeatable)\n"
     "  --atol X, --rtol X       tolerances (default 1e-5, 1e-3): |analytic − numeric| ≤ atol + rtol·|numeric|\n"
     "  --eps X                  finite-difference step (default 1e-6)\n"
     "  --seed N                 seed of the random inputs and projections\n"
@@ -222,6 +238,7 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
   auto row = [&](std::string_view op, std::string_view c, std::string_view input, std::string_view check) {
     return fmt::format("{:<{}} {:<{}} {:<8} {:<10}", op, wo, c, wc, input, check);
   };
+  if (a.precision && a.edges) fail("gradcheck: --edges probes in float64; give it without --precision");
   if (a.precision) return run_at_precision(selected, a, row, out);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -234,6 +251,7 @@ int run_gradcheck(const Registry& reg, const GradcheckRun& a, std::FILE* out) {
     for (const auto& c : op->cases) {
       GradcheckReport r =
           a.order == 2 ? gradcheck_second_order(c, a.options, op->name) : gradcheck(c, a.options, op->name);
+      if (a.edges) add_edge_probes(r, *op, c, a);
       ++cases;
       const bool unchecked = !r.passed.not_checked.empty();  // every check skipped: neither passed nor failed
       failed += !r.passed && !unchecked;
@@ -340,6 +358,10 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
         if (run.order != 1 && run.order != 2) fail("--order must be 1 or 2, got {}", run.order);
       } else if (arg == "--precision") {
         run.precision = parse_check_precision(value());
+      } else if (arg == "--edges") {
+        run.edges = true;
+      } else if (arg == "--undefined-edge") {
+        run.undefined_edges.emplace_back(value());
       } else if (arg == "--seed") {
         run.options.seed = parse_number<uint64_t>(arg, value());
       } else if (arg == "--full-jacobian-limit") {
@@ -349,6 +371,7 @@ int gradcheck_main(const Registry& registry, int argc, const char* const* argv) 
       }
     }
     validate(run.options);
+    parse_undefined_edges(run.undefined_edges);
     if (const std::string why = precision_refusal(run); !why.empty()) {
       fmt::print(stderr, "{}: error: {}\n", program, why);
       return 1;

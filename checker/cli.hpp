@@ -29,6 +29,10 @@ struct GradcheckRun {
   // Set: each case's float64 check, then its rules in float32 tensors at these products against float64
   // (checker/precision.hpp). Unset: float64 alone.
   std::optional<ProductPrecision> precision;
+  // Each case also probed at the edges of its domain, in float64 (checker/edges.hpp), but for the edges given as
+  // EDGE=nan|inf|undefined in undefined_edges (the op's own declared ones are always skipped: OpSheet).
+  bool edges = false;
+  std::vector<std::string> undefined_edges;
   GradcheckOptions options;
 };
 
@@ -46,7 +50,7 @@ std::string precision_refusal(const GradcheckRun& run);
 int run_gradcheck(const Registry& registry, const GradcheckRun& run, std::FILE* out = stdout);
 
 // A main for a program of one's own ops: [gradcheck] [--op NAME]... [--list] [--json] [-v] [--order 1|2]
-// [--precision f64|f32|bf16] [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or
+// [--precision f64|f32|bf16] [--edges] [--undefined-edge EDGE=nan]... [--atol X] [--rtol X] [--eps X] [--seed N] [--full-jacobian-limit N] [--help], or
 // explain OP [--case NAME] [--shape NAME=D,...]... [--json] (checker/explain.hpp). Returns the exit code:
 // 0 passed, 1 a check failed (or --precision bf16 where bf16 products cannot run: one line on stderr saying why),
 // 2 a usage error (printed to stderr on one line).

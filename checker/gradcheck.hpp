@@ -105,6 +105,8 @@ struct GradcheckReport {
   std::string op, case_name;
   std::vector<CheckResult> checks;
   std::vector<Diagnosis> diagnoses;
+  // Lines under the title: what ran beside the checks and how (the edge probes, checker/edges.hpp).
+  std::vector<std::string> notes;
   Verdict passed;
 
   // Recomputes `passed` from the checks (gradcheck() calls it; call it after editing checks or diagnoses).

@@ -67,6 +67,7 @@ std::string GradcheckReport::str(Order order) const {
                                   ok                ? "passed"
                                   : why_not.empty() ? "FAILED"
                                                     : "NOT CHECKED: " + why_not);
+  for (const auto& note : notes) title += fmt::format("  {}\n", note);
   std::string diagnosis;
   if (!diagnoses.empty()) {
     diagnosis = "  diagnosis:\n";

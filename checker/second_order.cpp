@@ -196,7 +196,8 @@ GradcheckReport gradcheck_second_order(const Function& f, std::span<const Tensor
 
 GradcheckReport gradcheck_second_order(const GradcheckCase& c, const GradcheckOptions& opt, std::string_view op) {
   if (c.at_kink) {  // f′ jumps there: the differences of the gradient see a δ, not f″
-    GradcheckReport rep{.op = std::string(op), .case_name = c.name, .checks = {}, .diagnoses = {}, .passed = {}};
+    GradcheckReport rep{
+        .op = std::string(op), .case_name = c.name, .checks = {}, .diagnoses = {}, .notes = {}, .passed = {}};
     rep.checks.push_back({.input = "all",
                           .check = "hvp",
                           .mode = "none",

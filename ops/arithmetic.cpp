@@ -314,6 +314,9 @@ std::vector<OpSheet> arithmetic_ops() {
                      {"row broadcast", {{"a", {2, 3, 4}}, {"b", {4}, op.b_fill}}, bin(op.fn)},
                      {"both broadcast", {{"a", {2, 1, 4}}, {"b", {3, 1}, op.b_fill}}, bin(op.fn)},
                      {"scalar", {{"a", {2, 3}}, {"b", {}, op.b_fill}}, bin(op.fn)}},
+           // a/0 is ±∞, and at |b| = 1e-200 the derivative a/b² overflows float64: IEEE's values, as documented
+           .undefined_edges =
+               op.fn == div ? std::vector<std::string>{"zeros=inf", "tiny=inf"} : std::vector<std::string>{},
            .inputs = 2,
            .call = [fn = op.fn](std::span<const Var> x, const OpArgs&) { return fn(x[0], x[1]); }});
   }

@@ -194,6 +194,8 @@ std::vector<OpSheet> cross_entropy_ops() {
          .cases = {{"logits (5, 7)", {{"logits", {5, 7}}, {"targets", {5}, Fill::indices, 7}}, loss},
                    {"logits (2, 3, 4)", {{"logits", {2, 3, 4}}, {"targets", {2, 3}, Fill::indices, 4}}, loss},
                    {"one row: logits (6)", {{"logits", {6}}, {"targets", {}, Fill::indices, 6}}, loss}},
+         // A row of logits all −∞ puts probability on no class: log Σ exp = −∞, and L = −∞ + ∞.
+         .undefined_edges = {"masked_rows=nan"},
          .inputs = 2,
          .call = [](std::span<const Var> x, const OpArgs&) { return cross_entropy(x[0], x[1]); },
          // L = −(1/N)·Σ log_softmax(x) ⊙ E, the pick of x_r[t_r] a product with the one-hot rows E of the targets.

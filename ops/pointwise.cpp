@@ -132,6 +132,7 @@ std::vector<OpSheet> pointwise_ops() {
        .second_order = "ẋ̄ += y·ẋ·ȳ",
        .second_order_derivation = d,
        .cases = matrix(exp),
+       .undefined_edges = {"large=inf"},  // exp(710) overflows float64: y = ∞, and ȳ = 0 there meets y·ȳ = ∞·0
        .inputs = 1,
        .call = by_name(exp)},
       {.name = "log",
@@ -142,6 +143,7 @@ std::vector<OpSheet> pointwise_ops() {
        .second_order = "ẋ̄ −= ẋ·ȳ/x²",
        .second_order_derivation = d,
        .cases = matrix(log, Fill::positive),
+       .undefined_edges = {"zeros=inf"},  // log 0 = −∞, where ȳ = 0 meets ȳ/x = 0/0
        .inputs = 1,
        .call = by_name(log)},
       {.name = "tanh",
@@ -221,6 +223,7 @@ std::vector<OpSheet> pointwise_ops() {
        .cases = {with_p("p = 3", Fill::normal, 3), with_p("p = 0.5", Fill::positive, 0.5),
                  with_p("p = -1.5", Fill::positive, -1.5), with_p("p = -2", Fill::away_from_zero, -2),
                  with_p("p = 0", Fill::normal, 0)},
+       .undefined_edges = {"tiny=inf"},  // (1e-200)ᵖ overflows float64 for p < 0 (and 0 is refused there)
        .inputs = 1,
        .call = [](std::span<const Var> x, const OpArgs& a) { return pow(x[0], a.number("p", 2.0)); }},
       {.name = "elu",

@@ -164,6 +164,9 @@ struct OpSheet {
   std::vector<FormulaPlace> formulas_at{};  // the kernels that compute its formulas
   CostFunction cost{};                      // ops with matrix products (and a few row maps); empty: not counted
   std::vector<GradcheckCase> cases{};       // at least one: the suite fails for an op without a case
+  // Edges of the domain where the op's value is defined as undefined, "EDGE=nan" (a fully masked row of a softmax:
+  // masked_rows=nan); `gradcheck --edges` does not probe them and says so (checker/edges.hpp names the edges).
+  std::vector<std::string> undefined_edges{};
   SourcePlace registered_at{};  // where OpSheets::add or Registry::add was called; unknown (line 0): tapegrad
                                 // explain finds the op's name in its family's file
   // How to call it by name (Registry::call; Tape.op from Python): the inputs it takes and a function of them and of

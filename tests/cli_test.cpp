@@ -126,6 +126,35 @@ TEST_CASE("a gradcheck that fails exits 1") {
   CHECK(r.out.find("FAIL") != std::string::npos);
 }
 
+TEST_CASE("gradcheck --edges probes every op at its edges, and says what it skipped and why") {
+  Run r = run("gradcheck --edges");
+  CHECK(r.code == 0);
+  r = run("gradcheck --edges --op exp -v");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("x        edges") != std::string::npos);
+  CHECK(r.out.find("not probed, declared undefined: large (inf)") != std::string::npos);
+  r = run("gradcheck --edges --op pow -v");  // pow refuses 0 for p < 0: a refusal in words, not a finding
+  CHECK(r.code == 0);
+  CHECK(r.out.find("the op refuses it: pow: element") != std::string::npos);
+  CHECK(run("gradcheck --edges --undefined-edge masked=nan").code == 2);
+  CHECK(run("gradcheck --edges --precision f32").code == 2);
+}
+
+TEST_CASE("claim --edges finds a claim's forward broken at an edge, with a line that reproduces it") {
+  // y = x/‖x‖ with its VJP (g − y⟨y, g⟩)/‖x‖: right at a random point, 0/0 at a zero row and at tiny values
+  const std::string l2 =
+      "claim --input x:3,5 --forward \"x / norm(x, -1)\" --vjp \"(g - y * sum(y * g, -1)) / norm(x, -1)\" --edges";
+  Run r = run(l2);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("[at an edge] x, edges: a zero row gives NaN in y") != std::string::npos);
+  CHECK(r.out.find("reproduce: x[1, :] = 0") != std::string::npos);
+  CHECK(run(l2 + " --undefined-edge zeros=nan --undefined-edge tiny=nan").code == 0);
+  // y = x/(1 + ‖x‖²) is smooth everywhere
+  CHECK(run("claim --input x:3,5 --let \"s=sum(x * x, -1)\" --forward \"x / (1 + s)\" --vjp \"g / (1 + s) - 2 * x * "
+            "sum(x * g, -1) / ((1 + s) * (1 + s))\" --edges")
+            .code == 0);
+}
+
 TEST_CASE("integers are read as decimal, as people write them; other forms are refused naming the option") {
   Run r =
       run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out /tmp/tapegrad_cli_decimal "

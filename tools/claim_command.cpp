@@ -20,7 +20,8 @@ constexpr size_t kMaxClaimFileBytes = size_t{16} << 20;  // a file of claims is 
 struct ClaimArgs {
   std::vector<std::string> inputs, lets, vjps, hvps, files;
   std::string name = "claim", forward, jvp;
-  bool json = false;
+  bool json = false, edges = false;
+  std::vector<std::string> undefined_edges;
   GradcheckOptions options;
 };
 
@@ -69,7 +70,8 @@ nlohmann::json report_json(const ClaimText& c, const GradcheckReport& r) {
   for (const auto& d : r.diagnoses)
     diagnoses.push_back(
         {{"kind", finding_name(d.kind)}, {"input", d.input}, {"check", d.check}, {"message", d.message}});
-  return {{"claim", c.name}, {"where", c.where}, {"passed", r.passed.ok}, {"checks", checks}, {"diagnoses", diagnoses}};
+  return {{"claim", c.name},  {"where", c.where},       {"passed", r.passed.ok},
+          {"checks", checks}, {"diagnoses", diagnoses}, {"notes", r.notes}};
 }
 
 int run_claims(const ClaimArgs& a) {
@@ -85,7 +87,8 @@ int run_claims(const ClaimArgs& a) {
   // Every formula parsed and shape-checked before the first check runs.
   for (const auto& c : claims) validate_claim(c);
   std::vector<GradcheckReport> reports;
-  for (const auto& c : claims) reports.push_back(check_claim(c, a.options));
+  const UndefinedEdges undefined = parse_undefined_edges(a.undefined_edges);
+  for (const auto& c : claims) reports.push_back(check_claim(c, a.options, a.edges ? &undefined : nullptr));
   int wrong = 0;
   nlohmann::json all = nlohmann::json::array();
   for (size_t i = 0; i < claims.size(); ++i) {
@@ -130,7 +133,12 @@ void add_claim_command(CLI::App& app) {
                   "t_NAME; checked to second order (repeatable; FORMULA alone with one input)");
   cmd->add_option("--name", args->name, "The claim's name in the report")->capture_default_str();
   cmd->add_option("--file", args->files, "A file of claims, one block each (repeatable; docs/claims/README.md)");
-  cmd->add_flag("--json", args->json, "Print a JSON list of {claim, where, passed, checks, diagnoses}");
+  cmd->add_flag("--json", args->json, "Print a JSON list of {claim, where, passed, checks, diagnoses, notes}");
+  cmd->add_flag("--edges", args->edges,
+                "Also run the forward and the claimed VJP in float64 at the edges of the inputs' domain (a masked, "
+                "constant, tied, zero, overflowing or tiny row), each finding with a line that reproduces it");
+  cmd->add_option("--undefined-edge", args->undefined_edges,
+                  "EDGE=nan|inf|undefined: an edge the forward defines as undefined, not probed (repeatable)");
   cmd->add_option("--atol", args->options.atol, "Absolute tolerance")->capture_default_str()->check(positive());
   cmd->add_option("--rtol", args->options.rtol, "Relative tolerance")->capture_default_str()->check(non_negative());
   cmd->add_option("--eps", args->options.eps, "Finite-difference step")->capture_default_str()->check(positive());

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "checker/cli.hpp"
+#include "checker/edges.hpp"
 #include "ops/ops.hpp"
 #include "tools/commands.hpp"
 
@@ -31,6 +32,20 @@ void add_gradcheck_command(CLI::App& app) {
          precision_option_help())
       ->check(CLI::IsMember({"f64", "f32", "bf16"}))
       ->default_str("f64");
+  cmd->add_flag("--edges", args->edges,
+                "Also run each case's forward and VJP in float64 at the edges of its domain (a masked, constant, tied, "
+                "zero, overflowing or tiny row): NaN or ∞ where the limit is finite, x̄ not 0 at ȳ = 0, x̄ away from "
+                "central differences; each finding with a line that reproduces it");
+  cmd->add_option("--undefined-edge", args->undefined_edges,
+                  "EDGE=nan|inf|undefined: an edge the ops define as undefined, not probed (repeatable)")
+      ->check([](const std::string& entry) {
+        try {
+          parse_undefined_edges(std::vector<std::string>{entry});
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
   cmd->add_option("--atol", args->options.atol, "Absolute tolerance")->capture_default_str()->check(positive());
   cmd->add_option("--rtol", args->options.rtol, "Relative tolerance")->capture_default_str()->check(non_negative());
   cmd->add_option("--eps", args->options.eps, "Finite-difference step")->capture_default_str()->check(positive());

@@ -282,7 +282,7 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
 
 void validate_claim(const ClaimText& claim) { check_shapes(parse_formulas(claim)); }
 
-GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) {
+GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt, const UndefinedEdges* edges) {
   auto p = std::make_shared<const Parsed>(parse_formulas(text));
   check_shapes(*p);
   auto bind_inputs = [p](std::span<const Var> x) {
@@ -365,6 +365,10 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt) 
     const std::vector<Tensor> x = make_inputs(c.inputs, DType::f64, opt.seed);
     diagnose_by_edits(report, {c.build, x, names, opt},
                       [&](std::span<const Tensor>, const Tensor&) { return std::optional(formulas); });
+  }
+  if (edges) {
+    const CaseInputs in = case_inputs(c, opt);
+    probe_edges(report, c.build, in.values, in.names, in.options.seed, *edges);
   }
   if (p->has_hvp()) {
     const GradcheckReport second = gradcheck_second_order(c, opt, text.name);

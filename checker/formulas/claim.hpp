@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../claimed.hpp"
+#include "../edges.hpp"
 #include "../gradcheck.hpp"
 
 namespace tapegrad {
@@ -64,7 +65,10 @@ void validate_claim(const ClaimText& claim);
 // Parses every formula, checks names and shapes (x̄ and (H·t)_x must have x's shape, ẏ y's), then gradchecks the
 // claim with inputs drawn from opt.seed: to first order, and to second order when it claims an hvp (one report,
 // the second-order checks after the first). Throws ExpressionError (with its caret) before evaluating anything.
-GradcheckReport check_claim(const ClaimText& claim, const GradcheckOptions& opt = {});
+// With edges, the forward and the claimed VJP also run at the edges of the inputs' domain (checker/edges.hpp), but
+// for the edges it names as undefined.
+GradcheckReport check_claim(const ClaimText& claim, const GradcheckOptions& opt = {},
+                            const UndefinedEdges* edges = nullptr);
 
 // What a claim's check holds, in float64 elements, from a walk of its formulas over shapes (before any value is
 // computed; checker/formulas/claim_memory.cpp): the inputs, what the forward records (its lets, each intermediate at

@@ -620,6 +620,8 @@ std::vector<OpSheet> linear_attention_ops() {
                    {"non-causal, T=1 Tk=4", inputs(1, 2, 1, 4, 3, 2), build(false)},
                    {"causal, T=70 (two chunks)", inputs(1, 1, 70, 70, 3, 2), build(true)},
                    {"causal, T=140 (three chunks)", inputs(1, 1, 140, 140, 3, 2), build(true)}},
+         // A query whose φ(q)ᵀz is 0 (φ(−∞) = 0: every feature of q, or of each key it sees, at −∞) is 0/0.
+         .undefined_edges = {"masked_rows=nan"},
          .inputs = 3,
          .call = [](std::span<const Var> x,
                     const OpArgs& a) { return linear_attention(x[0], x[1], x[2], a.flag("causal", false)); },
