@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <numeric>
@@ -113,6 +114,47 @@ bool Prober::masking_applies(size_t slot, const Row& r) const {
   return true;
 }
 
+// The inputs cut to a length of 1 along x's row axis: every input whose length at that axis, counted from the end,
+// is x's, cut to its first element there. None, with a note, where the op refuses its inputs cut so.
+std::optional<Probe> Prober::cut_to_one(size_t slot, const Row& r, std::vector<std::string>& notes) const {
+  const Shape& xs = xs_[slot].shape();
+  const int back = xs.rank() - r.axis;  // the axis counted from the end: 1 for the last
+  const int64_t n = xs[r.axis];
+  Probe p{"length_one", slot, copies(xs_), "", fmt::format("a length of 1 along {}'s axis -{}", name(slot), back),
+          {},           {}};
+  std::vector<std::string> cut, narrowed;
+  for (size_t s = 0; s < xs_.size(); ++s) {
+    const Shape& shape = xs_[s].shape();
+    const int axis = shape.rank() - back;
+    if (axis < 0 || shape[axis] != n) continue;
+    Shape one = shape;
+    one[axis] = 1;
+    int64_t inner = 1;
+    for (int a = axis + 1; a < shape.rank(); ++a) inner *= shape[a];
+    const auto bytes = static_cast<size_t>(inner) * dtype_size(xs_[s].dtype());
+    Tensor t = Tensor::empty(xs_[s].dtype(), one);
+    for (int64_t o = 0; o < one.numel() / std::max<int64_t>(inner, 1); ++o)  // each outer index's first slice
+      std::memcpy(static_cast<char*>(t.raw()) + static_cast<size_t>(o) * bytes,
+                  static_cast<const char*>(xs_[s].raw()) + static_cast<size_t>(o * n) * bytes, bytes);
+    p.inputs[s] = std::move(t);
+    cut.push_back(name(s));
+    narrowed.push_back(fmt::format("{}.narrow(-{}, 0, 1)", name(s), back));
+  }
+  if (!forward_or_none(p.inputs)) {
+    notes.push_back(fmt::format("{}: not probed at a length of 1 along axis -{}: the op refuses its inputs cut so",
+                                name(slot), back));
+    return std::nullopt;
+  }
+  p.line = fmt::format("{} = {}", fmt::join(cut, ", "), fmt::join(narrowed, ", "));
+  std::vector<int64_t> idx(static_cast<size_t>(xs.rank()), 0);  // the row's one element: the row's index, 0 on the axis
+  for (int a = 0; a < xs.rank(); ++a)
+    if (a != r.axis) idx[static_cast<size_t>(a)] = r.index[static_cast<size_t>(a)] == "1" ? 1 : 0;
+  Shape one = xs;
+  one[r.axis] = 1;
+  p.row = {ravel(one, idx)};
+  return p;
+}
+
 std::vector<Probe> Prober::probes_of(size_t slot, std::vector<std::string>& notes) {
   const std::string name = this->name(slot);
   const Tensor& x = xs_[slot];
@@ -190,6 +232,7 @@ std::vector<Probe> Prober::probes_of(size_t slot, std::vector<std::string>& note
       e[elements[hi0]] = e[elements[hi1]];
       if (n >= 4) e[elements[lo1]] = e[elements[lo0]];
     });
+    if (std::optional<Probe> cut = cut_to_one(slot, r, notes)) probes.push_back(std::move(*cut));
   }
   add("zeros", "a zero row", row + " = 0", fill(0), [&elements](double* v, const double*) {
     for (int64_t k : elements) v[k] *= kNearBack;

@@ -7,9 +7,11 @@
 //   constant_rows  the row constant;  ties: the row's two largest and two smallest made equal
 //   zeros          the row 0, and the whole input 0
 //   large          the row ±710, past float64's exp overflow;  tiny: ±1e-200, whose square underflows
+//   length_one     the axis cut to its first element in every input of that length there, counted from the end as
+//                  broadcasting aligns axes (a sample variance's n − 1); where the op refuses that, a note
 // What is held there, at a random ȳ (0 where y is not finite) and at ȳ = 0:
 //   - no NaN in y where the op is finite next to the edge (the row 10⁻³ of the way back to the checked one, −∞ made
-//     −10⁴): its limit is finite;
+//     −10⁴): its limit is finite; at a length of 1, no NaN in y at all (its inputs hold none);
 //   - x̄ exactly 0 at ȳ = 0 (an output that does not reach the loss sends back 0, not 0·∞), and no NaN in x̄;
 //   - no ∞ in x̄ where the derivative is finite (one-sided differences in float64 at two steps do not grow);
 //   - x̄ along the probed row against central differences of the forward (each group of equal elements moved
@@ -32,8 +34,8 @@
 
 namespace tapegrad {
 
-inline constexpr std::array<std::string_view, 7> kEdges = {"masked_rows", "one_left", "constant_rows", "ties",
-                                                           "zeros",       "large",    "tiny"};
+inline constexpr std::array<std::string_view, 8> kEdges = {"masked_rows", "one_left", "constant_rows", "ties",
+                                                           "zeros",       "large",    "tiny",          "length_one"};
 // Edges an op defines as undefined, and what it gives there ("nan", "inf" or "undefined"): not probed; the report
 // says so in a note.
 using UndefinedEdges = std::map<std::string, std::string>;

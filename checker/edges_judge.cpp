@@ -69,12 +69,21 @@ std::optional<EdgeFinding> Prober::judge(const Probe& p) {
   return std::nullopt;
 }
 
-// NaN in y where the op is finite next to the edge.
+// NaN in y where the op is finite next to the edge; at a length of 1 (inputs cut from finite ones), NaN in y.
 std::optional<EdgeFinding> Prober::output_finding(const Probe& p, const Run& r) const {
-  if (p.near.empty()) return std::nullopt;
   bool nan = false;
   for (int64_t j = 0; j < r.y.numel() && !nan; ++j) nan = std::isnan(r.y.item(j));
   if (!nan) return std::nullopt;
+  if (p.edge == "length_one")
+    for (int64_t j = 0; j < r.y.numel(); ++j)
+      if (std::isnan(r.y.item(j))) {
+        const std::string where = at("y", r.y.shape(), j);
+        return EdgeFinding{
+            name(p.slot),
+            fmt::format("{} NaN in y: {} is nan from inputs that hold no NaN; reproduce: {}", gives(p), where, p.line),
+            where, NAN, NAN};
+      }
+  if (p.near.empty()) return std::nullopt;
   const std::optional<Tensor> near_y = forward_or_none(p.near);
   if (!near_y) return std::nullopt;
   const Tensor& near = *near_y;
@@ -150,13 +159,15 @@ std::optional<EdgeFinding> Prober::infinite(const Probe& p, const Run& r, size_t
 }
 
 // The central difference of ⟨ȳ, f⟩ along t in the probed input, with its rounding noise, or none where it is not
-// resolved: a side not finite, one-sided differences that disagree (a kink), or a step ten times smaller that gives
-// another value.
-std::optional<Prober::Difference> Prober::difference(const Probe& p, const Tensor& t, const Tensor& ybar,
-                                                     double base) const {
+// resolved: a side not finite, one-sided differences that disagree (a kink), or (confirmed) a step ten times smaller
+// that gives another value. Unconfirmed, the difference at kStep alone: enough to accept an x̄ that agrees with it,
+// not to find one that does not.
+std::optional<Prober::Difference> Prober::difference(const Probe& p, const Tensor& t, const Tensor& ybar, double base,
+                                                     bool confirmed) const {
   double found[2][2];  // (value, noise) at each step
   int n = 0;
   for (double step : {kStep, kStep / 10}) {
+    if (n == 1 && !confirmed) return Difference{found[0][0], found[0][1]};
     double sides[2];
     for (int s = 0; s < 2; ++s) {
       std::vector<Tensor> moved = copies(p.inputs);
@@ -214,14 +225,16 @@ std::optional<EdgeFinding> Prober::disagreement(const Probe& p, const Run& r, si
   const Shape& s = g.shape();
   for (const auto& [elements, t] : directions) {
     if (std::any_of(elements.begin(), elements.end(), [&](int64_t k) { return !std::isfinite(g.item(k)); })) continue;
-    const std::optional<Difference> d = difference(p, t, r.ybar, base);
-    if (!d) continue;
-    const double* n = &d->value;
     double a = 0, magnitude = 0;
     for (int64_t k : elements) a += g.item(k) * t.item(k), magnitude += std::abs(g.item(k) * t.item(k));
-    if (std::abs(a - *n) <=
-        kRtol * std::max(std::abs(*n), std::abs(a)) * 0.5 + kRtol * 0.1 * magnitude + 10 * d->noise + 1e-10)
-      continue;
+    auto agrees = [&](const std::optional<Difference>& d) {
+      return !d || std::abs(a - d->value) <= kRtol * std::max(std::abs(d->value), std::abs(a)) * 0.5 +
+                                                 kRtol * 0.1 * magnitude + 10 * d->noise + 1e-10;
+    };
+    if (agrees(difference(p, t, r.ybar, base, false))) continue;               // unresolved, or agreeing at one step
+    const std::optional<Difference> d = difference(p, t, r.ybar, base, true);  // a disagreement confirmed first
+    if (agrees(d)) continue;
+    const double* n = &d->value;
     const bool tied = elements.size() > 1 && std::all_of(elements.begin(), elements.end(),
                                                          [&](int64_t k) { return t.item(k) == t.item(elements[0]); });
     std::string where, what;
@@ -238,7 +251,7 @@ std::optional<EdgeFinding> Prober::disagreement(const Probe& p, const Run& r, si
         const int64_t k = elements[e];
         Tensor unit = Tensor::zeros(DType::f64, g.shape());
         unit.data<double>()[k] = t.item(k);
-        const std::optional<Difference> nk = difference(p, unit, r.ybar, base);
+        const std::optional<Difference> nk = difference(p, unit, r.ybar, base, true);
         const double ak = g.item(k) * t.item(k);
         if (nk && std::abs(ak - nk->value) >
                       kRtol * std::max(std::abs(nk->value), std::abs(ak)) * 0.5 + 10 * nk->noise + 1e-10) {

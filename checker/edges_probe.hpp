@@ -81,6 +81,7 @@ class Prober {
   int row_axis(size_t slot);
   Row row_of(size_t slot, int axis) const;
   bool masking_applies(size_t slot, const Row& r) const;
+  std::optional<Probe> cut_to_one(size_t slot, const Row& r, std::vector<std::string>& notes) const;
   std::optional<EdgeFinding> output_finding(const Probe& p, const Run& r) const;
   std::optional<EdgeFinding> gradient_finding(const Probe& p, const Run& r, size_t i) const;
   std::optional<EdgeFinding> infinite(const Probe& p, const Run& r, size_t i, int64_t k) const;
@@ -89,7 +90,8 @@ class Prober {
   struct Difference {
     double value, noise;
   };
-  std::optional<Difference> difference(const Probe& p, const Tensor& t, const Tensor& ybar, double base) const;
+  std::optional<Difference> difference(const Probe& p, const Tensor& t, const Tensor& ybar, double base,
+                                       bool confirmed) const;
   std::optional<EdgeFinding> disagreement(const Probe& p, const Run& r, size_t i);
 
   const Function& f_;

@@ -18,6 +18,13 @@ Var ones_like(Tape& tape, const Var& x, double value = 1.0) {
 }
 Var row_of(const Var& x) { return slice(x, -1, 0, 1); }
 
+// Σ(x − μ)²/m along the last axis, m = n − 1 (the sample variance) or n: the sample's is 0/0 at n = 1.
+Var variance(Tape& tape, const Var& x, bool sample) {
+  const Var squares = sum(square(sub(x, mean(x, -1, true))), -1, true);
+  const auto n = static_cast<double>(x.shape().back());
+  return div(squares, ones_like(tape, squares, sample ? n - 1 : n));
+}
+
 struct Pair {
   std::string name;
   std::vector<std::string> edges;  // the edges its bug breaks at (the words a finding starts with)
@@ -57,6 +64,10 @@ std::vector<Pair> pairs() {
          const Var squares = sum(square(x[0]), -1);
          return sqrt(add(squares, ones_like(tape, squares, 1e-12)));
        }},
+      {"the sample variance",
+       {"a length of 1"},
+       [](Tape& tape, std::span<const Var> x) { return variance(tape, x[0], true); },
+       [](Tape& tape, std::span<const Var> x) { return variance(tape, x[0], false); }},
       {"RMS normalization without eps",
        {"a zero row", "tiny values"},
        [](Tape&, std::span<const Var> x) { return div(x[0], sqrt(mean(square(x[0]), -1, true))); },
@@ -87,7 +98,7 @@ TEST_CASE("a function with an edge bug fails at its edge, the finding names it w
     REQUIRE(d);
     CHECK(
         std::any_of(p.edges.begin(), p.edges.end(), [&](const std::string& e) { return d->message.rfind(e, 0) == 0; }));
-    CHECK(d->message.find("reproduce: x[") != std::string::npos);
+    CHECK(d->message.find("reproduce: x") != std::string::npos);  // x[1, :] = 0, x = x.narrow(-1, 0, 1)
     CHECK(r.str().find("edges: ") != std::string::npos);  // the note of what was probed
   }
 }

@@ -9,6 +9,8 @@ elements share an output, found by moving one element at a time; the last axis w
     zeros          one row 0, and the whole input 0
     large          one row ±L, L the dtype's exp overflow (float16 12, bfloat16 and float32 90, float64 710)
     tiny           one row ±t, t so small that t² underflows (float16 1e-4, 1e-30, float64 1e-200)
+    length_one     the axis cut to its first element, in every input of that length there (counted from the end, as
+                   broadcasting aligns axes): a sample variance's n − 1, a mean over n − 1 steps
 and each input that is a mask (bool, or floats all in {0, 1} or {0, −∞}) and not checked gets one row set all to each
 of its two values and its first element flipped (mask_rows: a query with no key, a row with no weight).
 
@@ -33,7 +35,7 @@ import torch
 
 from ._edges_judge import NAMES, _as64, _forward, _judge, _name, _report
 
-EDGES = ("masked_rows", "one_left", "constant_rows", "ties", "zeros", "large", "tiny", "mask_rows")
+EDGES = ("masked_rows", "one_left", "constant_rows", "ties", "zeros", "large", "tiny", "length_one", "mask_rows")
 UNDEFINED = ("nan", "inf", "undefined")
 LARGE = {torch.float16: 12.0, torch.bfloat16: 90.0, torch.float32: 90.0, torch.float64: 710.0}
 TINY = {torch.float16: 1e-4, torch.bfloat16: 1e-30, torch.float32: 1e-30, torch.float64: 1e-200}
@@ -213,6 +215,10 @@ def _input_probes(ctx, slot, name, notes):
             if n >= 4:
                 e[r][lo[1]] = e[r][lo[0]]
         add("ties", "an exact tie (a row's two largest, and two smallest, made equal)", line, tie)
+        cut = _cut_to_one(ctx, slot, axis, name, notes)
+        if cut is not None:
+            probes.append(Probe("length_one", slot, cut[0], cut[1], f"a length of 1 along {name}'s axis {axis - x.dim()}",
+                                r))
     add("zeros", "a zero row", f"{row} = 0", lambda e: e[r].zero_(), near=lambda v, e: v[r].mul_(1e-3))
     if x.dim() > 1 and x.numel() > n:
         add("zeros", "an all-zero input", f"{name}.zero_()", lambda e: e.zero_(), near=lambda v, e: v.mul_(1e-3),
@@ -229,6 +235,27 @@ def _input_probes(ctx, slot, name, notes):
             f"{tail('::2')} = {tiny:g}; {tail('1::2')} = -{tiny:g}", lambda e: _alternate(e[r], tiny),
             near=lambda v, e: _alternate(v[r], tiny * 1e100 if dt == torch.float64 else 1e-3))
     return probes
+
+
+def _cut_to_one(ctx, slot, axis, name, notes):
+    """(inputs, line): every tensor input whose length at x's row axis, counted from the end, is x's, cut to its first
+    element there; None, with a note, where fn (or the reference) does not take its inputs cut so."""
+    x = ctx.call.inputs[slot]
+    back, n = axis - x.dim(), x.shape[axis]
+    inputs, cut = list(ctx.call.inputs), []
+    for s, v in enumerate(inputs):
+        if isinstance(v, torch.Tensor) and v.dim() >= -back and v.shape[back] == n:
+            inputs[s] = v.detach().narrow(back, 0, 1).clone()
+            cut.append(_name(ctx, s))
+    try:
+        _forward(ctx, inputs)
+        if ctx.call.reference is not None:
+            _forward(ctx, _as64(inputs), ctx.call.reference)
+    except Exception as error:  # noqa: BLE001 - shapes that no longer fit: the op takes no such length
+        notes.append(f"{name}: not probed at a length of 1 along axis {back}: fn raises on its inputs cut so "
+                     f"({type(error).__name__})")
+        return None
+    return inputs, f"{', '.join(cut)} = {', '.join(f'{c}.narrow({back}, 0, 1)' for c in cut)}"
 
 
 def _alternate(row, value):

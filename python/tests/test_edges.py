@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import edge_heldout
+import edge_length_one
 import edge_set
 import tapegrad
 from tapegrad.testing import cases
@@ -66,6 +67,42 @@ def test_the_held_out_rate_is_at_least_its_frozen_expectation():
     rate = found / len(edge_heldout.CASES)
     print(f"held-out: {found} of {len(edge_heldout.CASES)} found and named ({rate:.0%})")
     assert rate >= edge_heldout.EXPECTED_RATE
+
+
+# Length-1 fixed versions that break at another edge (a true finding there, not at the length the set fixes).
+LENGTH_ONE_FIXED_BREAK_ELSEWHERE = {
+    "softmax at temperature n - 1": "a softmax of a fully masked row is 0/0, as torch.softmax's",
+}
+
+
+@pytest.mark.parametrize("case", edge_length_one.BUILD, ids=lambda c: c.name)
+def test_each_length_one_build_bug_is_found_and_named_with_its_reproduction(case):
+    report = _check(case, case.buggy)
+    assert not report.passed
+    assert _named(case, report), str(report)
+
+
+@pytest.mark.parametrize("case", edge_length_one.BUILD + edge_length_one.HELDOUT, ids=lambda c: c.name)
+def test_each_length_one_fixed_version_has_no_finding_at_a_length_of_1(case):
+    findings = [d.message for d in _check(case, case.fixed).diagnoses if d.kind == "edge"]
+    if case.name in LENGTH_ONE_FIXED_BREAK_ELSEWHERE:
+        assert findings and not any("a length of 1" in f for f in findings), findings
+    else:
+        assert findings == []
+
+
+def test_the_length_one_held_out_rate_is_at_least_its_frozen_expectation():
+    found = sum(bool(_named(c, _check(c, c.buggy))) for c in edge_length_one.HELDOUT)
+    print(f"length 1, held out: {found} of {len(edge_length_one.HELDOUT)} found and named")
+    assert found / len(edge_length_one.HELDOUT) >= edge_length_one.HELDOUT_EXPECTED_RATE
+
+
+def test_a_length_of_1_the_op_cannot_take_is_a_note_not_a_finding():
+    """A matmul's inner length cut in its first input alone no longer fits its second: not probed, and said so."""
+    w = _x(5, 2, seed=4)
+    report = tapegrad.gradcheck(lambda x: x @ w, (_x(3, 5),), edges=True)
+    assert report.passed, str(report)
+    assert "not probed at a length of 1 along axis -1" in str(report)
 
 
 def _softmax(x):
