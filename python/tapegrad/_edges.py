@@ -217,8 +217,8 @@ def _input_probes(ctx, slot, name, notes):
         add("ties", "an exact tie (a row's two largest, and two smallest, made equal)", line, tie)
         cut = _cut_to_one(ctx, slot, axis, name, notes)
         if cut is not None:
-            probes.append(Probe("length_one", slot, cut[0], cut[1], f"a length of 1 along {name}'s axis {axis - x.dim()}",
-                                r))
+            words = f"a length of 1 along {name}'s axis {axis - x.dim()}"
+            probes.append(Probe("length_one", slot, cut[0], cut[1], words, r))
     add("zeros", "a zero row", f"{row} = 0", lambda e: e[r].zero_(), near=lambda v, e: v[r].mul_(1e-3))
     if x.dim() > 1 and x.numel() > n:
         add("zeros", "an all-zero input", f"{name}.zero_()", lambda e: e.zero_(), near=lambda v, e: v.mul_(1e-3),
