@@ -99,7 +99,7 @@ TEST_CASE("a function with an edge bug fails at its edge, the finding names it w
     CHECK(
         std::any_of(p.edges.begin(), p.edges.end(), [&](const std::string& e) { return d->message.rfind(e, 0) == 0; }));
     CHECK(d->message.find("reproduce: x") != std::string::npos);  // x[1, :] = 0, x = x.narrow(-1, 0, 1)
-    CHECK(r.str().find("edges: ") != std::string::npos);  // the note of what was probed
+    CHECK(r.str().find("edges: ") != std::string::npos);          // the note of what was probed
   }
 }
 
