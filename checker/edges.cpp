@@ -36,10 +36,10 @@ int Prober::row_axis(size_t slot) {
   // the outputs that move when element `flat` moves up or down (a max moves with one element only one way)
   auto moved = [&](int64_t flat) {
     std::vector<char> changed(static_cast<size_t>(base.numel()), 0);
-    for (double sign : {1.0, -1.0}) {
+    for (double by : {0.5, -0.5, 10.0, -10.0}) {  // a max moves with one element one way, and only far enough
       std::vector<Tensor> in = copies(xs_);
       double& v = in[slot].data<double>()[flat];
-      v += sign * 0.5 * (1 + std::abs(v));
+      v += by * (1 + std::abs(v));
       const std::optional<Tensor> y = forward_or_none(in);
       if (!y) continue;  // a point outside the op's domain (a square root below 0) moves nothing it says
       for (int64_t j = 0; j < y->numel(); ++j)

@@ -1,7 +1,8 @@
 // Edge probes of an op written in C++ or of a claim (`tapegrad gradcheck --edges`, `tapegrad claim --edges`): where
 // backwards break though the check at a random point passes. The op's forward and VJP run in float64 at inputs built
 // from the checked ones, along the axis the op reduces over (the last axis whose elements share an output, found by
-// moving one element at a time; the last axis where none does), in one row of each differentiable input:
+// moving one element at a time, a little and far, up and down: a max moves with an element only once it is the max;
+// the last axis where none does), in one row of each differentiable input:
 //   masked_rows    the row all −∞ (where one −∞ is in the op's domain: y stays finite), and one_left: all but its
 //                  first element
 //   constant_rows  the row constant;  ties: the row's two largest and two smallest made equal

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import edge_heldout
 import edge_length_one
+import edge_other_axes
 import edge_set
 import tapegrad
 from tapegrad.testing import cases
@@ -95,6 +96,16 @@ def test_the_length_one_held_out_rate_is_at_least_its_frozen_expectation():
     found = sum(bool(_named(c, _check(c, c.buggy))) for c in edge_length_one.HELDOUT)
     print(f"length 1, held out: {found} of {len(edge_length_one.HELDOUT)} found and named")
     assert found / len(edge_length_one.HELDOUT) >= edge_length_one.HELDOUT_EXPECTED_RATE
+
+
+def test_ops_reducing_over_another_axis_are_probed_along_it_at_their_frozen_rate():
+    """A max over the batch or over time moves with one element only when that element becomes the max: the axis is
+    found by moving elements far too."""
+    found = sum(bool(_named(c, _check(c, c.buggy))) for c in edge_other_axes.CASES)
+    print(f"other axes: {found} of {len(edge_other_axes.CASES)} found and named")
+    assert found / len(edge_other_axes.CASES) >= edge_other_axes.EXPECTED_RATE
+    for case in edge_other_axes.CASES:
+        assert [d.message for d in _check(case, case.fixed).diagnoses if d.kind == "edge"] == [], case.name
 
 
 def test_a_length_of_1_the_op_cannot_take_is_a_note_not_a_finding():
