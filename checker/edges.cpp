@@ -33,10 +33,11 @@ int Prober::row_axis(size_t slot) {
   const Tensor& x = xs_[slot];
   if (x.rank() == 0) return -1;
   const Tensor base = forward(xs_);
-  // the outputs that move when element `flat` moves up or down (a max moves with one element only one way)
+  // the outputs that move when element `flat` moves
   auto moved = [&](int64_t flat) {
     std::vector<char> changed(static_cast<size_t>(base.numel()), 0);
-    for (double by : {0.5, -0.5, 10.0, -10.0}) {  // a max moves with one element one way, and only far enough
+    for (double by : {0.5, -0.5, 10.0, -10.0}) {  // up and down, a little and far: a max moves with one element
+                                                  // one way, once it is the max
       std::vector<Tensor> in = copies(xs_);
       double& v = in[slot].data<double>()[flat];
       v += by * (1 + std::abs(v));
