@@ -58,6 +58,7 @@
 #include "checker/finding_sheet.hpp"
 #include "checker/formulas/claim.hpp"
 #include "checker/formulas/edits.hpp"
+#include "checker/formulas/exercise.hpp"
 #include "checker/formulas/expression.hpp"
 #include "checker/formulas/expression_tree.hpp"
 #include "checker/gradcheck.hpp"

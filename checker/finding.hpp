@@ -22,7 +22,8 @@ class Finding {
       transposed_output, transposed_term, term_sign, wrong_axis, masked_positions, diagonal, one_row, per_row_term,
       unexplained, radial, kink, tolerance, one_input, jvp_only, vjp_only, adjoint, consistent, overwrites, no_jvp,
       term_dropped, term_added, term_factor, wrong_value, ignores_cotangent, per_row_factor, elementwise, first_order,
-      hessian_block, asymmetric, saved_in_forward, precision_defect, not_a_function, rounds_inside, shifted, edge;
+      hessian_block, asymmetric, saved_in_forward, precision_defect, not_a_function, rounds_inside, shifted, edge,
+      against_the_answer;
 
  private:
   std::string_view key_;
@@ -70,5 +71,6 @@ inline constexpr Finding Finding::not_a_function{"not_a_function"};
 inline constexpr Finding Finding::rounds_inside{"rounds_inside"};
 inline constexpr Finding Finding::shifted{"shifted"};
 inline constexpr Finding Finding::edge{"edge"};
+inline constexpr Finding Finding::against_the_answer{"against_the_answer"};
 
 }  // namespace tapegrad

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -153,6 +154,36 @@ TEST_CASE("claim --edges finds a claim's forward broken at an edge, with a line 
   CHECK(run("claim --input x:3,5 --let \"s=sum(x * x, -1)\" --forward \"x / (1 + s)\" --vjp \"g / (1 + s) - 2 * x * "
             "sum(x * g, -1) / ((1 + s) * (1 + s))\" --edges")
             .code == 0);
+}
+
+TEST_CASE("tapegrad exercise lists, shows, checks with a hint, and gives the solution when asked") {
+  Run r = run("exercise");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("1. Reverse mode from one scalar") != std::string::npos);
+  r = run("exercise softmax");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("Write --vjp \"x = ...\"") != std::string::npos);
+  r = run("exercise softmax --vjp \"x = y * g\"");
+  CHECK(r.code == 1);
+  CHECK(r.out.find("softmax: not yet.") != std::string::npos);
+  CHECK(r.out.find("[per-row term]") != std::string::npos);
+  CHECK(r.out.find("[against the answer] x, vjp: the slip is in `g`") != std::string::npos);
+  r = run("exercise softmax --vjp \"x = y * (g - sum(y * g, -1))\"");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("softmax: right.") != std::string::npos);
+  r = run("exercise softmax --solution");
+  CHECK(r.code == 0);
+  CHECK(r.out == "vjp x = y * (g - sum(y * g, -1))\n");
+  // docs/learn.md quotes a hint as the command prints it
+  r = run("exercise sigmoid-attention --vjp \"s = a * matmul(g, transpose(v, 0, 1))\"", false);
+  CHECK(r.code == 1);
+  std::ifstream learn(std::string(tapegrad::testing::kSourceDir) + "/docs/learn.md");
+  const std::string page((std::istreambuf_iterator<char>(learn)), std::istreambuf_iterator<char>());
+  const std::string quoted = r.out.substr(0, r.out.find("  input "));  // the title and the diagnosis
+  CHECK_MESSAGE(page.find(quoted) != std::string::npos, quoted);
+  CHECK(run("exercise no-such-one").code == 2);
+  CHECK(run("exercise softmax --vjp \"x = y * (g\"").code == 2);  // a formula error, with its caret
+  CHECK(run("exercise softmax --vjp \"z = g\"").code == 2);       // no input z
 }
 
 TEST_CASE("integers are read as decimal, as people write them; other forms are refused naming the option") {

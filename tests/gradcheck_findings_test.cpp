@@ -56,7 +56,8 @@ TEST_CASE("findings: every built-in handle has a sheet, in a file of checker/fin
                              Finding::not_a_function,
                              Finding::rounds_inside,
                              Finding::shifted,
-                             Finding::edge};
+                             Finding::edge,
+                             Finding::against_the_answer};
   for (const Finding f : handles) {
     CAPTURE(f.key());
     CHECK(finding_sheet(f) != nullptr);

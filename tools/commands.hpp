@@ -8,6 +8,7 @@ namespace tapegrad::cli {
 void add_gradcheck_command(CLI::App& app);
 void add_explain_command(CLI::App& app);
 void add_claim_command(CLI::App& app);
+void add_exercise_command(CLI::App& app);
 void add_training_commands(CLI::App& app);  // train, sample
 void add_compare_command(CLI::App& app);
 void add_evaluate_command(CLI::App& app);

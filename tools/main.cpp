@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   tapegrad::cli::add_gradcheck_command(app);
   tapegrad::cli::add_explain_command(app);
   tapegrad::cli::add_claim_command(app);
+  tapegrad::cli::add_exercise_command(app);
   tapegrad::cli::add_training_commands(app);
   tapegrad::cli::add_compare_command(app);
   tapegrad::cli::add_evaluate_command(app);
