@@ -276,13 +276,40 @@ def _rounding(after):
         after.report._notes = getattr(after.report, "_notes", []) + [after.rounding_note]
 
 
+def _summed_down(after):
+    """First order, fn a Function's bare apply: an input whose x̄, as the backward returns it, has another shape than
+    the input's. Torch sums it down to the input's shape (or broadcasts it up) before anyone sees it, so the check
+    passed on that sum; a claim of the same rule is refused for the shape. One line under the title says so."""
+    call = after.call
+    cls = call.function_class
+    if call.order != 1 or after.count != 1 or cls is None or call.fn != getattr(cls, "apply", None):
+        return
+    import torch
+    try:
+        args = [a.detach().clone().requires_grad_() if k in call.slots else a for k, a in enumerate(call.inputs)]
+        with torch.enable_grad():
+            y = call.fn(*args, **(call.kwargs or {}))
+            raw = y.grad_fn.apply(torch.ones_like(y))  # the backward's own outputs, before torch reshapes them
+    except Exception:  # noqa: BLE001 - an op this cannot run again says nothing here
+        return
+    raw = raw if isinstance(raw, tuple) else (raw,)
+    for k, name in zip(call.slots, call.names):
+        r = raw[k] if k < len(raw) else None
+        if isinstance(r, torch.Tensor) and tuple(r.shape) != tuple(args[k].shape):
+            after.report._notes = getattr(after.report, "_notes", []) + [
+                f"{name}: the backward returns x̄ of shape {tuple(r.shape)} for an input of shape "
+                f"{tuple(args[k].shape)}; torch sums it down to that shape before the check sees it, so the check "
+                f"is of that sum (written as a claim, the rule must sum over the axes {name} is broadcast along "
+                f"itself)"]
+
+
 def _python_terms(after):
     _in_python_terms(after.report)
 
 
 # What a torch op's check does after the C++ checker's run, in order.
 _AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero_cotangent, _saved_intermediates,
-                    _forward_mode, _rounding, _python_terms)
+                    _forward_mode, _rounding, _summed_down, _python_terms)
 
 
 def _check_at_precision(call):

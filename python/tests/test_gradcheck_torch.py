@@ -234,3 +234,33 @@ def test_at_size_a_point_on_a_kink_is_named_a_kink():
     assert not report.passed
     kink = next(d for d in report.diagnoses if d.kind == "kink")
     assert "crosses a kink" in kink.message and "says nothing of the rule" in kink.message, report
+
+
+class _Temperature(torch.autograd.Function):
+    """softmax(x/τ) for a 0-d τ, its backward returning dτ per element of x (summed: `summed=True`)."""
+
+    @staticmethod
+    def forward(ctx, x, tau, summed):
+        ctx.save_for_backward(x, tau)
+        ctx.summed = summed
+        return torch.softmax(x / tau, -1)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, tau = ctx.saved_tensors
+        y = torch.softmax(x / tau, -1)
+        dz = y * (g - (y * g).sum(-1, keepdim=True))
+        dtau = -dz * x / tau ** 2
+        return dz / tau, dtau.sum() if ctx.summed else dtau, None
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_a_gradient_torch_sums_down_to_its_input_s_shape_is_noted(summed):
+    """torch sums a dτ of x's shape down to τ's shape before the check sees it: the check passes on that sum, and one
+    line says that the backward left the sum to torch."""
+    x = torch.randn(2, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    tau = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    report = tapegrad.gradcheck(_Temperature.apply, (x, tau, summed))
+    assert report.passed, report
+    note = "tau: the backward returns x̄ of shape (2, 4, 5) for an input of shape (); torch sums it down"
+    assert (note in str(report)) == (not summed), report
