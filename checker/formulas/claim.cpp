@@ -13,13 +13,30 @@
 
 namespace tapegrad {
 
-namespace {
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
 }
+
+std::vector<FileLine> joined_lines(std::string_view text) {
+  std::vector<FileLine> lines;
+  int number = 0;
+  while (!text.empty()) {
+    const auto nl = text.find('\n');
+    std::string_view raw = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    ++number;
+    const std::string_view t = trim(raw);
+    if (t.empty() || t.front() == '#') continue;
+    const bool continued = std::isspace(static_cast<unsigned char>(raw.front()));
+    if (continued && !lines.empty()) lines.back().text += fmt::format(" {}", t);
+    else lines.push_back({number, std::string(t)});
+  }
+  return lines;
+}
+
+namespace {
 
 bool is_identifier(std::string_view s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -208,24 +225,7 @@ std::optional<std::pair<std::string, std::string>> split_named_formula(std::stri
 }
 
 std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path) {
-  // Lines, with indented lines joined to the line above (a long formula over several lines).
-  struct Line {
-    int number;
-    std::string text;
-  };
-  std::vector<Line> lines;
-  int number = 0;
-  while (!text.empty()) {
-    const auto nl = text.find('\n');
-    std::string_view raw = text.substr(0, nl);
-    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
-    ++number;
-    const std::string_view t = trim(raw);
-    if (t.empty() || t.front() == '#') continue;
-    const bool continued = std::isspace(static_cast<unsigned char>(raw.front()));
-    if (continued && !lines.empty()) lines.back().text += fmt::format(" {}", t);
-    else lines.push_back({number, std::string(t)});
-  }
+  const std::vector<FileLine> lines = joined_lines(text);
   std::vector<ClaimText> claims;
   auto current = [&](int line) -> ClaimText& {
     if (claims.empty()) {
@@ -234,7 +234,7 @@ std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path
     }
     return claims.back();
   };
-  for (const Line& numbered : lines) {
+  for (const FileLine& numbered : lines) {
     const int line = numbered.number;
     const std::string& t = numbered.text;
     const auto space = t.find_first_of(" \t");

@@ -59,6 +59,16 @@ std::optional<std::pair<std::string, std::string>> split_named_formula(std::stri
 // line for a malformed block (ExpressionError for a formula that does not parse).
 std::vector<ClaimText> parse_claims(std::string_view text, std::string_view path);
 
+// A file of claims (or of exercises, checker/formulas/exercise.hpp) as its lines: blank lines and comments (#)
+// dropped, an indented line joined to the one above (a long formula over several lines), each with its number.
+struct FileLine {
+  int number;
+  std::string text;
+};
+std::vector<FileLine> joined_lines(std::string_view text);
+// s without the white space around it.
+std::string_view trim(std::string_view s);
+
 // Parses every formula and checks its names and shapes; throws Error, or ExpressionError with its caret.
 void validate_claim(const ClaimText& claim);
 

@@ -13,21 +13,15 @@ namespace tapegrad {
 
 namespace {
 
-std::string_view trimmed(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
-}
-
 // "vjp x = F" → ("vjp", "x", "F"); "jvp F" → ("jvp", "", "F"); none for anything else.
 struct Rule {
   std::string kind, input, formula;
 };
 std::optional<Rule> read_rule(std::string_view line) {
-  line = trimmed(line);
+  line = trim(line);
   const auto space = line.find_first_of(" \t");
   if (space == std::string_view::npos) return std::nullopt;
-  const std::string_view key = line.substr(0, space), rest = trimmed(line.substr(space));
+  const std::string_view key = line.substr(0, space), rest = trim(line.substr(space));
   if (key == "jvp") return Rule{"jvp", "", std::string(rest)};
   if (key != "vjp") return std::nullopt;
   const auto named = split_named_formula(rest);
@@ -147,28 +141,13 @@ std::optional<Diagnosis> against_the_answer(const Exercise& e, std::span<const s
 }  // namespace
 
 std::vector<Exercise> parse_exercises(std::string_view text, std::string_view path) {
-  struct Line {
-    int number;
-    std::string text;
-  };
-  std::vector<Line> lines;
-  int number = 0;
-  while (!text.empty()) {  // indented lines continue the line above
-    const auto nl = text.find('\n');
-    const std::string_view raw = text.substr(0, nl);
-    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
-    ++number;
-    const std::string_view t = trimmed(raw);
-    if (t.empty() || t.front() == '#') continue;
-    if ((raw.front() == ' ' || raw.front() == '\t') && !lines.empty()) lines.back().text += fmt::format(" {}", t);
-    else lines.push_back({number, std::string(t)});
-  }
+  const std::vector<FileLine> lines = joined_lines(text);
   std::vector<Exercise> out;
-  for (const Line& l : lines) {
+  for (const FileLine& l : lines) {
     const std::string where = fmt::format("{}:{}", path, l.number);
     const auto space = l.text.find_first_of(" \t");
     const std::string key = l.text.substr(0, space);
-    const std::string rest(space == std::string::npos ? std::string_view{} : trimmed(l.text.substr(space)));
+    const std::string rest(space == std::string::npos ? std::string_view{} : trim(l.text.substr(space)));
     if (key == "exercise") {
       out.emplace_back();
       out.back().name = rest, out.back().where = where;
@@ -198,7 +177,7 @@ std::vector<Exercise> parse_exercises(std::string_view text, std::string_view pa
       const auto colon = rest.find(':');
       if (colon == std::string::npos || !read_rule(rest.substr(colon + 1)))
         fail("{}: expected 'slip KIND: vjp NAME = FORMULA' or 'slip KIND: jvp FORMULA'", where);
-      e.slips.push_back({std::string(trimmed(rest.substr(0, colon))), std::string(trimmed(rest.substr(colon + 1)))});
+      e.slips.push_back({std::string(trim(rest.substr(0, colon))), std::string(trim(rest.substr(colon + 1)))});
     } else {
       fail("{}: unknown line '{}' (exercise, chapter, task, input, let, forward, answer, slip)", where, key);
     }

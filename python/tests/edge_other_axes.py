@@ -16,19 +16,20 @@ def _randn(*shape, seed=400):
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).requires_grad_()
 
 
-class _MaxTimeAllTies(torch.autograd.Function):
-    """A max-pool over time, (B, T, C) → (B, C), whose backward sends ȳ to every position equal to the max."""
+class _MaxAllTies(torch.autograd.Function):
+    """A max along `dim` whose backward sends ȳ to every position equal to the max, not to one of them."""
 
     @staticmethod
-    def forward(ctx, x):
-        y = x.amax(1)
+    def forward(ctx, x, dim):
+        y = x.amax(dim)
         ctx.save_for_backward(x, y)
+        ctx.dim = dim
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        return g.unsqueeze(1) * (x == y.unsqueeze(1)).to(x.dtype)
+        return g.unsqueeze(ctx.dim) * (x == y.unsqueeze(ctx.dim)).to(x.dtype), None
 
 
 class _MaxTimeFirst(torch.autograd.Function):
@@ -45,21 +46,6 @@ class _MaxTimeFirst(torch.autograd.Function):
     def backward(ctx, g):
         i, = ctx.saved_tensors
         return torch.zeros(ctx.shape, dtype=g.dtype).scatter(1, i.unsqueeze(1), g.unsqueeze(1))
-
-
-class _MaxBatchAllTies(torch.autograd.Function):
-    """A max over the batch, (N, D) → (D,), whose backward splits nothing: ȳ to every row equal to the max."""
-
-    @staticmethod
-    def forward(ctx, x):
-        y = x.amax(0)
-        ctx.save_for_backward(x, y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        x, y = ctx.saved_tensors
-        return g * (x == y).to(x.dtype)
 
 
 def max_batch_split(x):
@@ -84,9 +70,9 @@ def softmax_over_time(x):
 
 
 CASES = [
-    EdgeCase("max-pool over time, ties all", _MaxTimeAllTies.apply, _MaxTimeFirst.apply,
+    EdgeCase("max-pool over time, ties all", lambda x: _MaxAllTies.apply(x, 1), _MaxTimeFirst.apply,
              lambda: (_randn(2, 5, 3, seed=401),), "an exact tie", ("tie",), "x["),
-    EdgeCase("max over the batch, ties all", _MaxBatchAllTies.apply, max_batch_split,
+    EdgeCase("max over the batch, ties all", lambda x: _MaxAllTies.apply(x, 0), max_batch_split,
              lambda: (_randn(6, 4, seed=402),), "an exact tie", ("tie",), "x["),
     EdgeCase("columns to unit norm", normalize_columns_naive, normalize_columns_safe,
              lambda: (_randn(5, 3, seed=403),), "a zero row", ("zero",), "x["),
