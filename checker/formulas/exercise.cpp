@@ -125,9 +125,9 @@ std::optional<Diagnosis> against_the_answer(const Exercise& e, std::span<const s
   const auto [ab, ae] = span_of(answer.formula, *d->answer);
   const std::string part = mine.formula.substr(mb, me - mb);
   std::string mended = mine.formula;
-  mended.replace(mb, me - mb, "(" + answer.formula.substr(ab, ae - ab) + ")");
+  mended.replace(mb, me - mb, fmt::format("({})", std::string_view(answer.formula).substr(ab, ae - ab)));
   std::vector<std::string> tried(rules.begin(), rules.end());
-  tried[which] = mine.kind == "jvp" ? "jvp " + mended : fmt::format("vjp {} = {}", mine.input, mended);
+  tried[which] = mine.kind == "jvp" ? fmt::format("jvp {}", mended) : fmt::format("vjp {} = {}", mine.input, mended);
   GradcheckOptions quiet = opt;
   quiet.diagnose = false;
   if (!check_claim(exercise_claim(e, tried), quiet).passed) return std::nullopt;
