@@ -100,7 +100,7 @@ std::optional<EdgeFinding> Prober::output_finding(const Probe& p, const Run& r) 
   return std::nullopt;
 }
 
-std::optional<EdgeFinding> Prober::gradient_finding(const Probe& p, const Run& r, size_t i) const {
+std::optional<EdgeFinding> Prober::gradient_finding(const Probe& p, const Run& r, size_t i) {
   const Tensor &g = r.grads[i], &g0 = r.grads0[i];
   const std::string bar = name(i) + "̄";
   const Shape& s = g.shape();
@@ -130,7 +130,7 @@ std::optional<EdgeFinding> Prober::gradient_finding(const Probe& p, const Run& r
       if (auto found = infinite(p, r, i, k)) return found;
       break;
     }
-  if (p.slot == i) return const_cast<Prober*>(this)->disagreement(p, r, i);
+  if (p.slot == i) return disagreement(p, r, i);
   return std::nullopt;
 }
 
@@ -234,11 +234,10 @@ std::optional<EdgeFinding> Prober::disagreement(const Probe& p, const Run& r, si
     if (agrees(difference(p, t, r.ybar, base, false))) continue;               // unresolved, or agreeing at one step
     const std::optional<Difference> d = difference(p, t, r.ybar, base, true);  // a disagreement confirmed first
     if (agrees(d)) continue;
-    const double* n = &d->value;
     const bool tied = elements.size() > 1 && std::all_of(elements.begin(), elements.end(),
                                                          [&](int64_t k) { return t.item(k) == t.item(elements[0]); });
     std::string where, what;
-    double value = a, reference = *n;
+    double value = a, reference = d->value;
     if (tied) {
       std::vector<std::string> parts;
       for (int64_t k : elements) parts.push_back(at(bar, s, k));

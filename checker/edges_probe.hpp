@@ -83,7 +83,7 @@ class Prober {
   bool masking_applies(size_t slot, const Row& r) const;
   std::optional<Probe> cut_to_one(size_t slot, const Row& r, std::vector<std::string>& notes) const;
   std::optional<EdgeFinding> output_finding(const Probe& p, const Run& r) const;
-  std::optional<EdgeFinding> gradient_finding(const Probe& p, const Run& r, size_t i) const;
+  std::optional<EdgeFinding> gradient_finding(const Probe& p, const Run& r, size_t i);  // draws directions
   std::optional<EdgeFinding> infinite(const Probe& p, const Run& r, size_t i, int64_t k) const;
   // a central difference and its rounding noise (1e-13 of the loss's size over the step): a derivative below it is
   // not resolved, and is held to that much more

@@ -68,9 +68,7 @@ int run_exercise(const ExerciseArgs& a) {
     print_task(*e);
     return 0;
   }
-  const ClaimText claim = exercise_claim(*e, rules);
-  require_claim_memory(claim);
-  validate_claim(claim);
+  require_claim_memory(exercise_claim(*e, rules));  // check_exercise parses and shape-checks before any value
   const GradcheckReport r = check_exercise(*e, rules, a.options);
   if (r.passed) {
     fmt::print("{}: right. Your rule agrees with finite differences of the forward.\n{}", e->name, r.str());
