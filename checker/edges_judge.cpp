@@ -223,7 +223,9 @@ std::optional<EdgeFinding> Prober::disagreement(const Probe& p, const Run& r, si
   }
   const std::string bar = name(i) + "̄";
   const Shape& s = g.shape();
-  for (const auto& [elements, t] : directions) {
+  for (const auto& direction : directions) {
+    const std::vector<int64_t>& elements = direction.first;  // named, not bound: a lambda below captures them
+    const Tensor& t = direction.second;
     if (std::any_of(elements.begin(), elements.end(), [&](int64_t k) { return !std::isfinite(g.item(k)); })) continue;
     double a = 0, magnitude = 0;
     for (int64_t k : elements) a += g.item(k) * t.item(k), magnitude += std::abs(g.item(k) * t.item(k));

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <ranges>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -197,9 +196,10 @@ ClaimText exercise_claim(const Exercise& e, std::span<const std::string> rules) 
       c.jvp = ClaimText::Line{"", r->formula, "your jvp"};
       continue;
     }
-    if (std::none_of(c.inputs.begin(), c.inputs.end(), [&](const InputSpec& in) { return in.name == r->input; }))
-      fail("exercise {}: it has no input '{}' (its inputs: {})", e.name, r->input,
-           fmt::join(c.inputs | std::views::transform([](const InputSpec& in) { return in.name; }), ", "));
+    std::vector<std::string> names;
+    for (const InputSpec& in : c.inputs) names.push_back(in.name);
+    if (std::find(names.begin(), names.end(), r->input) == names.end())
+      fail("exercise {}: it has no input '{}' (its inputs: {})", e.name, r->input, fmt::join(names, ", "));
     c.vjp.push_back({r->input, r->formula, fmt::format("your vjp {}", r->input)});
   }
   return c;
