@@ -181,6 +181,13 @@ TEST_CASE("tapegrad exercise lists, shows, checks with a hint, and gives the sol
   const std::string page((std::istreambuf_iterator<char>(learn)), std::istreambuf_iterator<char>());
   const std::string quoted = r.out.substr(0, r.out.find("  input "));  // the title and the diagnosis
   CHECK_MESSAGE(page.find(quoted) != std::string::npos, quoted);
+  // and docs/reverse-mode.md §7 the matmul exercise's transpose slip
+  r = run("exercise matmul --vjp \"x = matmul(g, w)\" --vjp \"w = matmul(transpose(x, 0, 1), g)\"", false);
+  CHECK(r.code == 1);
+  std::ifstream first(std::string(tapegrad::testing::kSourceDir) + "/docs/reverse-mode.md");
+  const std::string chapter((std::istreambuf_iterator<char>(first)), std::istreambuf_iterator<char>());
+  const std::string diagnosis = r.out.substr(0, r.out.find("  input "));
+  CHECK_MESSAGE(chapter.find(diagnosis) != std::string::npos, diagnosis);
   CHECK(run("exercise no-such-one").code == 2);
   CHECK(run("exercise softmax --vjp \"x = y * (g\"").code == 2);  // a formula error, with its caret
   CHECK(run("exercise softmax --vjp \"z = g\"").code == 2);       // no input z

@@ -198,6 +198,28 @@ def test_learn_md_python_blocks_print_what_they_quote(tmp_path, monkeypatch):
     assert (tmp_path / "steps.svg").stat().st_size > 0
 
 
+def test_reverse_mode_md_runs_in_order_and_prints_what_it_quotes(tmp_path, monkeypatch):
+    """docs/reverse-mode.md's Python blocks, run in order in one namespace as a reader runs them, print exactly the
+    lines each block's quoted output shows; the drawing it makes is written."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not on PATH: the chapter's drawing cannot be made")
+    monkeypatch.chdir(tmp_path)
+    blocks = fenced_blocks("docs/reverse-mode.md", "python")
+    assert len(blocks) == 7
+    namespace = {}
+    for code, quoted in blocks:
+        assert quoted, "each Python block of docs/reverse-mode.md is followed by the output it prints"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "<docs/reverse-mode.md>", "exec"), namespace)
+        assert out.getvalue().splitlines() == quoted.splitlines()
+    assert (tmp_path / "scalar.svg").stat().st_size > 0
+
+
 def test_math_in_the_docs_has_no_escape_githubs_markdown_takes_first():
     """GitHub's Markdown takes a backslash before ASCII punctuation as an escape before its math is drawn: `s\\,dS`
     shows as "s,dS". No $…$ or $$…$$ in docs/ or README.md holds one (`\\ ` and `\\quad` space math instead)."""
