@@ -177,6 +177,28 @@ int64_t Explanation::alignment_padding() const {
   return bytes_kept - listed;
 }
 
+std::vector<InputSpec> inputs_at_shapes(const GradcheckCase& c, std::string_view op,
+                                        std::span<const std::pair<std::string, Shape>> shapes, int64_t max_elements,
+                                        std::string_view command) {
+  std::vector<InputSpec> specs = c.inputs;
+  for (const auto& entry : shapes) {
+    const std::string& name = entry.first;  // not a structured binding: Clang 14 cannot capture one in a lambda
+    const Shape& shape = entry.second;
+    auto it = std::find_if(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == name; });
+    if (it == specs.end()) {
+      std::vector<std::string> names;
+      for (const auto& s : specs) names.push_back(s.name);
+      fail("{}: case '{}' of '{}' has no input '{}'; its inputs are {}", command, c.name, op, name,
+           fmt::join(names, ", "));
+    }
+    if (shape.numel() > max_elements)
+      fail("{}: input '{}' of shape {} has {} elements; at most {} for {}", command, name, shape, shape.numel(),
+           max_elements, command);
+    it->shape = shape;
+  }
+  return specs;
+}
+
 Explanation explain(const Registry& registry, std::string_view op, const ExplainOptions& options) {
   const OpSheet* info = registry.find(op);
   if (!info) {
@@ -196,24 +218,8 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
     }
     c = &*it;
   }
-  std::vector<InputSpec> specs = c->inputs;
-  for (const auto& entry : options.shapes) {
-    const std::string& name = entry.first;  // not a structured binding: Clang 14 cannot capture one in a lambda
-    const Shape& shape = entry.second;
-    auto it = std::find_if(specs.begin(), specs.end(), [&](const InputSpec& s) { return s.name == name; });
-    if (it == specs.end()) {
-      std::vector<std::string> names;
-      for (const auto& s : specs) names.push_back(s.name);
-      fail("explain: case '{}' of '{}' has no input '{}'; its inputs are {}", c->name, op, name,
-           fmt::join(names, ", "));
-    }
-    // explain runs the case in float64 with finite differences per element: keep it to a screenful of work
-    constexpr int64_t kMaxElements = int64_t{1} << 20;
-    if (shape.numel() > kMaxElements)
-      fail("explain: input '{}' of shape {} has {} elements; at most {} for explain", name, shape, shape.numel(),
-           kMaxElements);
-    it->shape = shape;
-  }
+  // explain runs the case in float64 with finite differences per element: keep it to a screenful of work
+  const std::vector<InputSpec> specs = inputs_at_shapes(*c, info->name, options.shapes, int64_t{1} << 20, "explain");
 
   Explanation e;
   e.op = info->name;

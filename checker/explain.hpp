@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -76,6 +77,12 @@ int line_of_function(const std::string& path, const std::string& function);
 // sections of docs/derivations.md that derive them, from its sheet. `tapegrad explain --index-markdown` prints it:
 // the index by op is made from the sheets when asked for, and no doc keeps a copy that an added op would make stale.
 std::string index_markdown(const Registry& registry);
+
+// The inputs of case `c` of `op` with the shapes named in `shapes` in place of the case's. Throws an Error, its
+// message begun with `command`, for a name the case does not have or a shape of more than `max_elements`.
+std::vector<InputSpec> inputs_at_shapes(const GradcheckCase& c, std::string_view op,
+                                        std::span<const std::pair<std::string, Shape>> shapes, int64_t max_elements,
+                                        std::string_view command);
 
 // "x=4,6" → {"x", (4, 6)}; "x=" is a scalar. Throws an Error naming `option` for anything else.
 std::pair<std::string, Shape> parse_named_shape(std::string_view option, std::string_view text);

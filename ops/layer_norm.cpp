@@ -317,11 +317,17 @@ OpTrace layer_norm_trace() {
             t.show("y = w ⊙ x̂ + b", add(mul(x[1], xhat), x[2]));
             t.part("VJP (ȳ given)");
             const Var gw = t.show("ĝ = w ⊙ ȳ", mul(x[1], g));
+            const Var own = t.show("ĝ/σ, x̄ without the row terms", div(gw, sigma));
+            const Var mean_term = t.show("mean(ĝ)/σ, the row term of the mean", div(mean(gw, -1, true), sigma));
+            const Var var_term = t.show("x̂ ⊙ mean(ĝ ⊙ x̂)/σ, the row term of the variance",
+                                        div(mul(xhat, mean(mul(gw, xhat), -1, true)), sigma));
             const Var xbar =
-                t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row",
-                       div(sub(sub(gw, mean(gw, -1, true)), mul(xhat, mean(mul(gw, xhat), -1, true))), sigma));
-            const Var wbar = t.show("w̄ = Σ over the rows of ȳ ⊙ x̂", sum(mul(g, xhat), 0));
-            const Var bbar = t.show("b̄ = Σ over the rows of ȳ", sum(g, 0));
+                t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row", sub(sub(own, mean_term), var_term));
+            // w and b are read by every row: their gradients sum over all of x's leading axes
+            const int64_t width = x[0].shape()[x[0].rank() - 1];
+            auto over_rows = [&](const Var& v) { return sum(reshape(v, Shape{v.shape().numel() / width, width}), 0); };
+            const Var wbar = t.show("w̄ = Σ over the rows of ȳ ⊙ x̂", over_rows(mul(g, xhat)));
+            const Var bbar = t.show("b̄ = Σ over the rows of ȳ", over_rows(g));
             return {xbar, wbar, bbar};
           }};
 }

@@ -62,9 +62,11 @@ OpTrace row_normalize_trace() {
         const Var r = t.show("r = ‖x‖, per row", sqrt(sum(square(x[0]), -1, true)));
         const Var c = t.show("c = 1/(1 + r)", div(one, add(one, r)));
         const Var y = t.show("y = β(x) = c·x", mul(c, x[0]));
-        t.part("VJP (ȳ given)");
+        t.part("VJP (ȳ given): x̄ = Jᵀȳ with J = c·I − y yᵀ/r per row (c·I alone is x̄ without the row term)");
+        const Var own = t.show("c·ȳ, x̄ without the row term", mul(c, g));
         const Var k = t.show("k = ⟨y, ȳ⟩/r, per row", div(sum(mul(y, g), -1, true), r));
-        return {t.show("x̄ = c·ȳ − k·y", sub(mul(c, g), mul(k, y)))};
+        const Var row = t.show("k·y, the row term (y yᵀ·ȳ/r)", mul(k, y));
+        return {t.show("x̄ = c·ȳ − k·y", sub(own, row))};
       }};
 }
 

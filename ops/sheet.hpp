@@ -48,6 +48,9 @@ struct GradcheckCase {
   Function build;                        // the op (or a small map around it) applied to the inputs
   std::optional<double> atol{}, rtol{};  // only where an op needs other tolerances than the checker's
   bool at_kink = false;  // the point is a kink (abs at 0): first order is checked there, second order is not
+  // This case's map written with the primitive ops the fused op replaces, at the case's own options (a causal
+  // mask, a scale), for `tapegrad graph --unfused`; empty: the op's OpSheet::unfused, where that is this map.
+  Function unfused{};
 };
 
 // Floating-point operations of one node: 2 per multiply-add of its matrix products.
@@ -175,8 +178,8 @@ struct OpSheet {
   OpCall call{};
   // A fused op's map written with the primitive ops it replaces (attention: matmul, scale, add, softmax, matmul),
   // on the inputs of its first gradcheck case and at that case's options, for `tapegrad graph --unfused` to draw
-  // its steps; a test checks that its value and gradient are the op's on that case. Empty: a primitive, or an op
-  // with no such form.
+  // its steps (a case at other options gives its own, GradcheckCase::unfused); a test checks that its value and
+  // gradient are the op's on every case it is the map of. Empty: a primitive, or an op with no such form.
   Function unfused{};
   // A worked example of its forward and VJP, line by line with their values (`tapegrad explain OP --trace`).
   std::optional<OpTrace> trace{};

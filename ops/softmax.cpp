@@ -120,9 +120,11 @@ OpTrace softmax_trace() {
           .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
             const Var e = t.show("e = exp(x)", exp(x[0]));
             const Var y = t.show("y = e / rowsum(e)", div(e, sum(e, -1, true)));
-            t.part("VJP (ȳ given)");
-            const Var d = t.show("D = rowsum(y ⊙ ȳ), the row term ⟨y, ȳ⟩", sum(mul(y, g), -1, true));
-            return {t.show("x̄ = y ⊙ (ȳ − D)", mul(y, sub(g, d)))};
+            t.part("VJP (ȳ given): x̄ = Jᵀȳ with J = diag(y) − y yᵀ per row");
+            const Var own = t.show("y ⊙ ȳ, x̄ without the row term (diag(y)·ȳ alone)", mul(y, g));
+            const Var d = t.show("D = rowsum(y ⊙ ȳ) = ⟨y, ȳ⟩, per row", sum(own, -1, true));
+            const Var row = t.show("y ⊙ D, the row term (y yᵀ·ȳ)", mul(y, d));
+            return {t.show("x̄ = y ⊙ ȳ − y ⊙ D = y ⊙ (ȳ − D)", sub(own, row))};
           }};
 }
 

@@ -361,19 +361,22 @@ void bind_engine(py::module_& m) {
   // explain(op, trace=True): `tapegrad explain OP --trace --json` parsed by Python's json module, and its text.
   m.def(
       "_trace_json",
-      [](const std::string& op, uint64_t seed) {
+      [](const std::string& op, uint64_t seed, const std::vector<std::pair<std::string, std::vector<int64_t>>>& at) {
         GradcheckOptions o;
         o.seed = seed;
+        std::vector<std::pair<std::string, Shape>> shapes;
+        for (const auto& [name, dims] : at) shapes.emplace_back(name, Shape(dims));
         OpTraceRun run;
         {
           py::gil_scoped_release nogil;
-          run = trace_op(builtin_registry(), op, o);
+          run = trace_op(builtin_registry(), op, o, shapes);
         }
         nlohmann::json j = trace_json(run);
         j["text"] = format_trace(run);
         return j.dump();
       },
-      py::arg("op"), py::arg("seed") = GradcheckOptions{}.seed);
+      py::arg("op"), py::arg("seed") = GradcheckOptions{}.seed,
+      py::arg("shapes") = std::vector<std::pair<std::string, std::vector<int64_t>>>{});
 }
 
 }  // namespace tapegrad::python

@@ -37,12 +37,14 @@ void add_explain_command(CLI::App& app) {
   cmd->add_option("op", args->op, "The op, as gradcheck --list names it");
   cmd->add_option("--case", args->options.case_name, "The gradcheck case to explain (default: the op's first)");
   cmd->add_option("--shape", args->shapes,
-                  "An input's shape in place of the case's, NAME=D,D,... (repeatable; NAME= for a scalar)");
+                  "An input's shape in place of the case's (or, with --trace, the worked example's), NAME=D,D,... "
+                  "(repeatable; NAME= for a scalar)");
   cmd->add_flag("--json", args->json, "Print the same as one JSON object");
   cmd->add_flag("--trace", args->trace,
-                "The op's worked example: each formula of its forward and VJP with the matrix it produces on a tiny "
-                "seeded input, the gradients it ends with against the node's own VJP, and the node's gradcheck there "
-                "(softmax, attention, layer_norm, row_normalize; exit 1 if they disagree)");
+                "The op's worked example: each formula of its forward and VJP with its shape and the matrix it "
+                "produces on a tiny seeded input (--shape for another), the node's Jacobian where it is small with "
+                "x̄ = Jᵀȳ, the gradients against the node's own VJP, and the node's gradcheck there (softmax, "
+                "attention, layer_norm, row_normalize; exit 1 if they disagree)");
   cmd->add_option("--seed", args->options.gradcheck.seed, "With --trace: the seed of the example's inputs and ȳ")
       ->capture_default_str();
   cmd->add_flag("--index-markdown", args->index_markdown,
@@ -59,16 +61,16 @@ void add_explain_command(CLI::App& app) {
       run_gradcheck(builtin_registry(), list);
       return;
     }
+    for (const std::string& s : args->shapes) args->options.shapes.push_back(parse_named_shape("--shape", s));
     if (args->trace) {
-      if (!args->shapes.empty() || !args->options.case_name.empty())
-        throw CLI::ValidationError("--trace", "runs the op's own worked example: --case and --shape do not apply");
-      const OpTraceRun run = trace_op(builtin_registry(), args->op, args->options.gradcheck);
+      if (!args->options.case_name.empty())
+        throw CLI::ValidationError("--trace", "runs the op's own worked example: --case does not apply");
+      const OpTraceRun run = trace_op(builtin_registry(), args->op, args->options.gradcheck, args->options.shapes);
       if (args->json) fmt::print("{}\n", trace_json(run).dump(2));
       else fmt::print("{}", format_trace(run));
       if (!run.passed) set_exit_code(1);
       return;
     }
-    for (const std::string& s : args->shapes) args->options.shapes.push_back(parse_named_shape("--shape", s));
     try {  // without it, explain names the sections by number only
       args->options.derivations_path = shared_file("docs/derivations.md");
     } catch (const Error& missing) {

@@ -78,8 +78,8 @@ std::pair<const OpSheet*, const GradcheckCase*> find_case(const Registry& regist
   return found;
 }
 
-// With --unfused: the op's map as the primitive ops it replaces (OpSheet::unfused), checked here to be the case's
-// map at its inputs, since the form is written at the first case's options (a causal case's mask is not in it).
+// With --unfused: the case's map as the primitive ops it replaces, its own (GradcheckCase::unfused) or the op's
+// (OpSheet::unfused, written at the first case's options), checked here to be the case's map at its inputs.
 Function unfused_form(const OpSheet& op, const GradcheckCase& c, const std::vector<Tensor>& xs) {
   if (!op.unfused) {
     std::string names;
@@ -87,22 +87,23 @@ Function unfused_form(const OpSheet& op, const GradcheckCase& c, const std::vect
       if (o.unfused) names += (names.empty() ? "" : ", ") + o.name;
     fail("graph: op '{}' has no unfused form; --unfused draws one of {}", op.name, names);
   }
+  const Function& form = c.unfused ? c.unfused : op.unfused;
   auto value = [&](const Function& f) {
     Tape t;
     std::vector<Var> vars;
     for (size_t i = 0; i < xs.size(); ++i) vars.push_back(t.constant(xs[i]));
     return f(t, vars).value().clone();
   };
-  const Tensor fused = value(c.build), steps = value(op.unfused);
+  const Tensor fused = value(c.build), steps = value(form);
   double worst = fused.shape() == steps.shape() ? 0 : 1;
   for (int64_t i = 0; worst == 0 && i < fused.numel(); ++i)
     worst = std::max(worst, std::abs(fused.item(i) - steps.item(i)) / (1 + std::abs(fused.item(i))));
   if (!(worst <= 1e-12))
     fail(
-        "graph: {} case '{}' is not the map of its unfused form, which is written at the first case's options "
-        "('{}'): draw that case, or another at the same options",
+        "graph: {} case '{}' has no unfused form of its own, and the op's, written at the first case's options "
+        "('{}'), is not its map: draw that case, or another at the same options",
         op.name, c.name, op.cases.front().name);
-  return op.unfused;
+  return form;
 }
 
 // The case's inputs as leaves (float64, named as the case names them) and its output; backward from the output

@@ -135,11 +135,12 @@ inline OpCost attention_cost(std::span<const Shape> in, const Shape&) {
   return {forward, 2 * forward, 2 * forward};
 }
 
-// The options of an attention node called by name (its sheet's .call): scale= (0: 1/√d) and causal=.
-// The map softmax attention computes, as taped ops (softmax.cpp): the `unfused` picture of attention and of
+// The map softmax attention computes at `opt`, as taped ops (softmax.cpp): S = s·QKᵀ (+ bias) (+ M, a constant −∞
+// above the diagonal when causal), A = softmax(S), O = AV. The `unfused` picture of each case of attention and of
 // tiled_attention, which computes the same map.
-Var unfused_attention(Tape&, std::span<const Var> x);
+Function unfused_attention_at(const AttentionOptions& opt);
 
+// The options of an attention node called by name (its sheet's .call): scale= (0: 1/√d) and causal=.
 inline AttentionOptions attention_options(const OpArgs& a) { return {a.number("scale", 0.0), a.flag("causal", false)}; }
 
 // The bias. An additive bias on the attention scores S (B, h, T, Tk), taken by softmax.cpp and tiled.cpp.

@@ -328,12 +328,22 @@ void each_packed_slice(Tape& tape, const AttentionDims& dims, const ScratchNeed&
 
 }  // namespace
 
-// S = s·QKᵀ (+ B), A = softmax(S), O = AV, with s = 1/√d; causal cases add M, which this does not.
-Var unfused_attention(Tape&, std::span<const Var> x) {
-  const double d = static_cast<double>(x[0].shape()[x[0].shape().rank() - 1]);
-  Var s = scale(matmul(x[0], transpose(x[1])), 1 / std::sqrt(d));
-  if (x.size() > 3) s = add(s, x[3]);
-  return matmul(softmax(s), x[2]);
+Function unfused_attention_at(const AttentionOptions& opt) {
+  return [opt](Tape& tape, std::span<const Var> x) {
+    const Var &q = x[0], &k = x[1];
+    const int64_t T = q.shape()[q.rank() - 2], Tk = k.shape()[k.rank() - 2];
+    const double s = opt.scale != 0 ? opt.scale : 1 / std::sqrt(static_cast<double>(q.shape()[q.rank() - 1]));
+    Var scores = scale(matmul(q, transpose(k)), s);
+    if (x.size() > 3) scores = add(scores, x[3]);
+    if (opt.causal) {  // M: −∞ where key j is not visible to query i (j > i)
+      std::vector<double> m(static_cast<size_t>(T * Tk), 0.0);
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = i + 1; j < Tk; ++j)
+          m[static_cast<size_t>(i * Tk + j)] = -std::numeric_limits<double>::infinity();
+      scores = add(scores, tape.constant(Tensor::from<double>(Shape{T, Tk}, m).to(q.dtype())));
+    }
+    return matmul(softmax(scores), x[2]);
+  };
 }
 
 Var attention_qkv(Var qkv, int64_t heads, const AttentionOptions& opt) {
@@ -451,29 +461,40 @@ OpTrace attention_trace() {
                       [](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], {}, x[3]); }},
           .lines = [](TraceLines& t, std::span<const Var> x, const Var& g) -> std::vector<Var> {
             const Var &q = x[0], &k = x[1], &v = x[2], &bias = x[3];
-            const double s = 1 / std::sqrt(2.0);  // 1/√d
+            const double s = 1 / std::sqrt(static_cast<double>(q.shape()[q.rank() - 1]));  // 1/√d
             const Var scores = t.show("S = s·Q·Kᵀ + bias   (s = 1/√d)", add(scale(matmul(q, transpose(k)), s), bias));
             const Var a = t.show("A = softmax(S), per row", softmax(scores));
-            t.show("O = A·V", matmul(a, v));
+            const Var o = t.show("O = A·V", matmul(a, v));
             t.part("VJP (G = Ō given)");
             const Var dv = t.show("dV = Aᵀ·G", matmul(transpose(a), g));
             const Var da = t.show("dA = G·Vᵀ", matmul(g, transpose(v)));
-            const Var d = t.show("D = rowsum(A ⊙ dA)", sum(mul(a, da), -1, true));
+            // softmax's row term, as attention_vjp computes it: from G and O, without dA
+            const Var d = t.show("D = rowsum(G ⊙ O), one number per query row, as the code computes it",
+                                 sum(mul(g, o), -1, true));
+            t.show("rowsum(A ⊙ dA), softmax's ⟨y, ȳ⟩: the same D, as Σ_j A_ij (G_i·V_j) = G_i·(Σ_j A_ij V_j) = G_i·O_i",
+                   sum(mul(a, da), -1, true));
             const Var ds = t.show("dS = A ⊙ (dA − D·1ᵀ)", mul(a, sub(da, d)));
             const Var dq = t.show("dQ = s·dS·K", scale(matmul(ds, k), s));
             const Var dk = t.show("dK = s·dSᵀ·Q", scale(matmul(transpose(ds), q), s));
-            const Var db = t.show("d(bias) = Σ over the batch and heads of dS", sum(sum(ds, 0), 0));
+            // the bias is read by every batch element and head it is broadcast over: dS summed over those axes
+            Var db = ds;
+            while (db.rank() > bias.rank()) db = sum(db, 0);
+            for (int axis = 0; axis < bias.rank(); ++axis)
+              if (bias.shape()[axis] == 1 && db.shape()[axis] != 1) db = sum(db, axis, true);
+            db = t.show("d(bias) = dS summed over the axes the bias is broadcast along (batch, heads)", db);
             return {dq, dk, dv, db};
           }};
 }
 
 std::vector<OpSheet> attention_ops() {
   OpSheets r;
-  auto qkv = [](AttentionOptions opt) {
-    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt); };
-  };
-  auto qkv_bias = [](AttentionOptions opt) {
-    return [opt](Tape&, std::span<const Var> x) { return attention(x[0], x[1], x[2], opt, x[3]); };
+  // A case at `opt`: Q, K, V and, where a fourth input is given, the bias; with its unfused form at `opt`.
+  auto qkv = [](std::string name, std::vector<InputSpec> inputs, AttentionOptions opt) {
+    GradcheckCase c{std::move(name), std::move(inputs), [opt](Tape&, std::span<const Var> x) {
+                      return attention(x[0], x[1], x[2], opt, x.size() > 3 ? x[3] : Var{});
+                    }};
+    c.unfused = unfused_attention_at(opt);
+    return c;
   };
   const AttentionOptions plain{}, causal{0, true};
   // Where both nodes' formulas are: the kernels of this file, `more`, and the second-order rule.
@@ -488,48 +509,43 @@ std::vector<OpSheet> attention_ops() {
   // One case per bias layout; B=2, h=3, T=4, Tk=4 (causal) or 5.
   auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
     const int64_t tk = causal_mask ? 4 : 5;
-    return GradcheckCase{name,
-                         {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", bias}},
-                         qkv_bias(AttentionOptions{0, causal_mask})};
+    return qkv(name, {{"q", {2, 3, 4, 3}}, {"k", {2, 3, tk, 3}}, {"v", {2, 3, tk, 2}}, {"bias", bias}},
+               AttentionOptions{0, causal_mask});
   };
-  r.add({.name = "attention",
-         .family = "attention/softmax",
-         .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + bias + M (M: −∞ above the diagonal when causal)",
-         .vjp = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; d(bias) += Σ_bcast dS",
-         .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + ḃias",
-         .second_order = attention_second_order_rule,
-         .derivation = "2.1, 1.1, 5.3, 5.4",
-         .second_order_derivation = "6.9",
-         .formulas_at = kernels_and({{"softmax rows", "ops/row_maps.hpp", "softmax_row"},
-                                     {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"}}),
-         .cost = attention_cost,
-         // Its gradcheck cases, each checked to first and second order by the suite:
-         .cases =
-             {{"B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, qkv(plain)},
-              {"causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, qkv(causal)},
-              {"T=3 Tk=5 dv=2 s=0.7",
-               {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
-               qkv(AttentionOptions{0.7, false})},
-              {"T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, qkv(plain)},
-              {"causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, qkv(causal)},
-              // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the
-              // bias shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
-              {"causal T=70 bias (T,Tk)",
-               {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}},
-               qkv_bias(causal)},
-              bias_case("bias (B,h,T,Tk)", {2, 3, 4, 5}, false),
-              bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
-              bias_case("bias (T,Tk)", {4, 5}, false),
-              bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
-              bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
-         // Q, K, V and an optional bias.
-         .inputs = {3, 4},
-         .call =
-             [](std::span<const Var> x, const OpArgs& a) {
-               return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
-             },
-         .unfused = unfused_attention,
-         .trace = attention_trace()});
+  r.add(
+      {.name = "attention",
+       .family = "attention/softmax",
+       .forward = "O = AV, A = softmax(S) per row, S = s·QKᵀ + bias + M (M: −∞ above the diagonal when causal)",
+       .vjp = "dV += AᵀG; dS = A ⊙ (GVᵀ − rowsum(G ⊙ O)1ᵀ); dQ += s·dS·K; dK += s·dSᵀ·Q; d(bias) += Σ_bcast dS",
+       .jvp = "Ȯ = (A ⊙ Ż)V − rowsum(A ⊙ Ż) ⊙ O + AV̇ with Ż = s(Q̇Kᵀ + QK̇ᵀ) + ḃias",
+       .second_order = attention_second_order_rule,
+       .derivation = "2.1, 1.1, 5.3, 5.4",
+       .second_order_derivation = "6.9",
+       .formulas_at = kernels_and({{"softmax rows", "ops/row_maps.hpp", "softmax_row"},
+                                   {"their VJP and JVP", "ops/row_maps.hpp", "softmax_row_derivative"}}),
+       .cost = attention_cost,
+       // Its gradcheck cases, each checked to first and second order by the suite:
+       .cases = {qkv("B=2 h=2 T=4 d=3", {{"q", {2, 2, 4, 3}}, {"k", {2, 2, 4, 3}}, {"v", {2, 2, 4, 3}}}, plain),
+                 qkv("causal B=1 h=2 T=7 d=5", {{"q", {1, 2, 7, 5}}, {"k", {1, 2, 7, 5}}, {"v", {1, 2, 7, 5}}}, causal),
+                 qkv("T=3 Tk=5 dv=2 s=0.7", {{"q", {2, 1, 3, 4}}, {"k", {2, 1, 5, 4}}, {"v", {2, 1, 5, 2}}},
+                     AttentionOptions{0.7, false}),
+                 qkv("T=1 Tk=4", {{"q", {1, 2, 1, 3}}, {"k", {1, 2, 4, 3}}, {"v", {1, 2, 4, 3}}}, plain),
+                 qkv("causal T=1", {{"q", {2, 1, 1, 3}}, {"k", {2, 1, 1, 3}}, {"v", {2, 1, 1, 2}}}, causal),
+                 // Causal with T above kQueryBlock: three query blocks, each one's products cut at its last key; the
+                 // bias shared by the four heads sums into dB from two threads' partial copies (two slices per thread).
+                 qkv("causal T=70 bias (T,Tk)",
+                     {{"q", {1, 4, 70, 3}}, {"k", {1, 4, 70, 3}}, {"v", {1, 4, 70, 2}}, {"bias", {70, 70}}}, causal),
+                 bias_case("bias (B,h,T,Tk)", {2, 3, 4, 5}, false), bias_case("bias (h,T,Tk) causal", {3, 4, 4}, true),
+                 bias_case("bias (T,Tk)", {4, 5}, false), bias_case("bias (B,1,T,Tk) causal", {2, 1, 4, 4}, true),
+                 bias_case("bias (B,1,1,Tk)", {2, 1, 1, 5}, false)},
+       // Q, K, V and an optional bias.
+       .inputs = {3, 4},
+       .call =
+           [](std::span<const Var> x, const OpArgs& a) {
+             return attention(x[0], x[1], x[2], attention_options(a), x.size() > 3 ? x[3] : Var{});
+           },
+       .unfused = unfused_attention_at(plain),
+       .trace = attention_trace()});
   auto packed = [](int64_t heads, AttentionOptions opt) {
     return [heads, opt](Tape&, std::span<const Var> x) { return attention_qkv(x[0], heads, opt); };
   };

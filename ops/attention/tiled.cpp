@@ -367,11 +367,14 @@ Var tiled_attention(Var q, Var k, Var v, const AttentionOptions& opt, Var bias, 
 
 std::vector<OpSheet> tiled_attention_ops() {
   OpSheets r;
-  auto qkv = [](AttentionOptions opt, int64_t block) {
-    return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, {}, block); };
-  };
-  auto qkv_bias = [](AttentionOptions opt, int64_t block) {
-    return [opt, block](Tape&, std::span<const Var> x) { return tiled_attention(x[0], x[1], x[2], opt, x[3], block); };
+  // A case at `opt` in tiles of `block`: Q, K, V and, where a fourth input is given, the bias; with its unfused form
+  // at `opt` (the tiles are how the map is computed, not what it is).
+  auto qkv = [](std::string name, std::vector<InputSpec> inputs, AttentionOptions opt, int64_t block) {
+    GradcheckCase c{std::move(name), std::move(inputs), [opt, block](Tape&, std::span<const Var> x) {
+                      return tiled_attention(x[0], x[1], x[2], opt, x.size() > 3 ? x[3] : Var{}, block);
+                    }};
+    c.unfused = unfused_attention_at(opt);
+    return c;
   };
   auto qkv_inputs = [](int64_t B, int64_t h, int64_t T, int64_t Tk, int64_t d, int64_t dv) {
     return std::vector<InputSpec>{{"q", {B, h, T, d}}, {"k", {B, h, Tk, d}}, {"v", {B, h, Tk, dv}}};
@@ -384,8 +387,7 @@ std::vector<OpSheet> tiled_attention_ops() {
   // One case per bias layout; B=2, h=2, T=7, Tk=7 (causal) or 5, block=3.
   auto bias_case = [&](const char* name, Shape bias, bool causal_mask) {
     const int64_t tk = causal_mask ? 7 : 5;
-    return GradcheckCase{name, with_bias(qkv_inputs(2, 2, 7, tk, 3, 2), bias),
-                         qkv_bias(AttentionOptions{0, causal_mask}, 3)};
+    return qkv(name, with_bias(qkv_inputs(2, 2, 7, tk, 3, 2), bias), AttentionOptions{0, causal_mask}, 3);
   };
   r.add(
       {.name = kOp,
@@ -403,24 +405,24 @@ std::vector<OpSheet> tiled_attention_ops() {
                        {"second order", "ops/attention/kernels.hpp", "attention_second_order"}},
        .cost = attention_cost,
        // Its gradcheck cases, each checked to first and second order by the suite:
-       .cases = {{"T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(plain, 3)},
-                 {"causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), qkv(causal, 3)},
-                 {"causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), qkv(causal, 2)},
-                 {"T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), qkv(AttentionOptions{0.7, false}, 3)},
-                 {"causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), qkv(causal, 64)},
-                 {"causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), qkv(causal, 3)},
+       .cases = {qkv("T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), plain, 3),
+                 qkv("causal T=7 d=5 dv=3 block=3", qkv_inputs(2, 2, 7, 7, 5, 3), causal, 3),
+                 qkv("causal T=7 block=2", qkv_inputs(1, 2, 7, 7, 3, 2), causal, 2),
+                 qkv("T=5 Tk=8 block=3 s=0.7", qkv_inputs(2, 1, 5, 8, 4, 2), AttentionOptions{0.7, false}, 3),
+                 qkv("causal T=7 one tile (block=64)", qkv_inputs(1, 2, 7, 7, 4, 3), causal, 64),
+                 qkv("causal T=1", qkv_inputs(2, 1, 1, 1, 3, 2), causal, 3),
                  // Diagonal tiles of more than kSubRows rows go in sub-blocks: 45 = 32 + 13 rows in one tile; at T=70
                  // the second query tile [48, 70) has one full key tile and a diagonal one of 22 rows.
-                 {"causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), qkv(causal, 48)},
-                 {"causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), qkv(causal, 48)},
+                 qkv("causal T=45 block=48 (sub-blocks)", qkv_inputs(1, 2, 45, 45, 3, 2), causal, 48),
+                 qkv("causal T=70 block=48 (sub-blocks)", qkv_inputs(1, 1, 70, 70, 3, 2), causal, 48),
                  bias_case("bias (B,h,T,Tk) block=3", {2, 2, 7, 5}, false),
                  bias_case("bias (B,h,T,Tk) causal block=3", {2, 2, 7, 7}, true),
                  bias_case("bias (h,T,Tk) causal block=3", {2, 7, 7}, true),
                  bias_case("bias (T,Tk) block=3", {7, 5}, false),
                  bias_case("bias (B,1,T,Tk) causal block=3", {2, 1, 7, 7}, true),
                  bias_case("bias (B,1,1,Tk) block=3", {2, 1, 1, 5}, false),
-                 {"bias (T,Tk) causal T=40 block=40 (sub-blocks)", with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}),
-                  qkv_bias(causal, 40)}},
+                 qkv("bias (T,Tk) causal T=40 block=40 (sub-blocks)",
+                     with_bias(qkv_inputs(1, 1, 40, 40, 3, 2), {40, 40}), causal, 40)},
        // Q, K, V and an optional bias.
        .inputs = {3, 4},
        .call =
@@ -429,7 +431,7 @@ std::vector<OpSheet> tiled_attention_ops() {
                                     a.integer("block", 64));
            },
        // The map attention's is; the tiles and the online softmax are how it is computed, not what.
-       .unfused = unfused_attention});
+       .unfused = unfused_attention_at(plain)});
   return r.ops;
 }
 

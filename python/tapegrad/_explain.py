@@ -31,20 +31,28 @@ def _array(value):
     return np.array(value["values"], dtype=np.float64).reshape(value["shape"])
 
 
-def explain(op, trace=False, seed=None):
+def explain(op, trace=False, seed=None, shapes=None):
     """One op on one screen as a dict: its forward, VJP, JVP and second-order rule, where they are written, the
     sections of docs/derivations.md that derive them, what its node keeps (bytes), its FLOPs, its gradchecks.
 
     With trace=True, the op's worked example instead (softmax, attention, layer_norm, row_normalize): each formula of
     its forward and VJP with the matrix it produces on a tiny input drawn from `seed` (None: the checker's
-    default seed), as numpy arrays:
-    {"op", "case", "seed", "inputs": {name: array}, "ybar": array, "lines": [(part, formula, array)],
-    "gradients": [{"input", "max_abs_diff", "scale", "agrees"}], "gradcheck_passed", "passed", "text"}, where
-    "gradients" compares what the lines end with against the node's own VJP and "text" is what the command prints."""
+    default seed), at the example's shapes or those of `shapes` ({"x": (2, 4)}, as --shape), as numpy arrays:
+    {"op", "case", "seed", "shapes_given", "inputs": {name: array}, "ybar": array, "lines": [(part, formula, array)],
+    "jacobians": [{"input", "rows", "cols", "value" (an array, where it has at most 64 entries), "max_abs_diff",
+    "agrees"}], "gradients": [{"input", "max_abs_diff", "scale", "agrees"}], "gradcheck_passed", "passed", "text"},
+    where "jacobians" is the node's J built by forward mode with Jᵀȳ against the lines' x̄, "gradients" compares
+    what the lines end with against the node's own VJP and "text" is what the command prints."""
     if not trace:
+        if seed is not None or shapes is not None:
+            raise ValueError("explain: seed= and shapes= are for the worked example (trace=True)")
         return json.loads(_tapegrad._explain_json(op, _derivations_path()))
-    run = json.loads(_tapegrad._trace_json(op) if seed is None else _tapegrad._trace_json(op, seed))
+    at = [(name, [int(d) for d in shape]) for name, shape in (shapes or {}).items()]
+    run = json.loads(_tapegrad._trace_json(op, shapes=at) if seed is None else _tapegrad._trace_json(op, seed, at))
     run["inputs"] = {i["name"]: _array(i["value"]) for i in run["inputs"]}
     run["ybar"] = _array(run["ybar"])
     run["lines"] = [(line["part"], line["formula"], _array(line["value"])) for line in run["lines"]]
+    for jac in run["jacobians"]:
+        if "value" in jac:
+            jac["value"] = _array(jac["value"])
     return run

@@ -63,8 +63,19 @@ def test_explain_trace_gives_each_line_with_its_value_as_numpy():
     y = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(values["y = e / rowsum(e)"], y, rtol=1e-14)
     d = (y * run["ybar"]).sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(values["x̄ = y ⊙ (ȳ − D)"], y * (run["ybar"] - d), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(values["x̄ = y ⊙ ȳ − y ⊙ D = y ⊙ (ȳ − D)"], y * (run["ybar"] - d), rtol=1e-12,
+                               atol=1e-15)
     assert "the same" in run["text"]
+    # At other shapes: the Jacobian, built by forward mode, is diag(y) − y yᵀ in each row's block.
+    wide = tapegrad.explain("softmax", trace=True, shapes={"x": (2, 4)})
+    assert wide["passed"] and wide["shapes_given"] and wide["inputs"]["x"].shape == (2, 4)
+    y = dict((formula, value) for _, formula, value in wide["lines"])["y = e / rowsum(e)"]
+    blocks = np.zeros((8, 8))
+    for r in range(2):
+        blocks[4 * r:4 * r + 4, 4 * r:4 * r + 4] = np.diag(y[r]) - np.outer(y[r], y[r])
+    jac, = wide["jacobians"]
+    assert jac["agrees"]
+    np.testing.assert_allclose(jac["value"], blocks, rtol=1e-12, atol=1e-15)
     # Another seed, other numbers; an op without a worked example is refused.
     assert not np.array_equal(tapegrad.explain("softmax", trace=True, seed=1)["inputs"]["x"], x)
     with pytest.raises(tapegrad.Error, match="the ops that have one"):
