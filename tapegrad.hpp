@@ -57,6 +57,7 @@
 #include "checker/finding.hpp"
 #include "checker/finding_sheet.hpp"
 #include "checker/formulas/claim.hpp"
+#include "checker/formulas/derivative_edits.hpp"
 #include "checker/formulas/edits.hpp"
 #include "checker/formulas/exercise.hpp"
 #include "checker/formulas/expression.hpp"

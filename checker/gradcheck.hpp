@@ -85,6 +85,9 @@ struct Diagnosis {
   bool unnamed = false;
   // The constant c of A = c·N where the finding is one (a scale), so that a program need not read it from the message.
   std::optional<double> factor = std::nullopt;
+  // Where an edit of the rule's formulas named the slip, the part of the message that shows the rule put right
+  // (": FORMULA → EDITED"); an exercise's hint, which must not give the answer, leaves it out.
+  std::string fix{};
   std::string str() const;  // "[kind] input, check: message"
 };
 // The first diagnosis of that kind (for that input, when one is named) among these, or nullptr.

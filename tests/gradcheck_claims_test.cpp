@@ -178,6 +178,56 @@ TEST_CASE("tests/claims/axis_heldout.txt: every reduction along the wrong axis i
   CHECK(wrong_axis >= 19);
 }
 
+namespace {
+
+// The claims of a set with the kind each one's "# expect: KIND" line freezes (right: the claim holds), each checked:
+// {expected kind, the report}.
+std::vector<std::pair<std::string, GradcheckReport>> expected_and_checked(const std::string& relative) {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + relative);
+  REQUIRE_MESSAGE(in, "cannot read " << relative);
+  std::map<std::string, std::string> expect;
+  std::string line, kind;
+  while (std::getline(in, line)) {
+    if (line.rfind("# expect: ", 0) == 0) kind = line.substr(10);
+    else if (line.rfind("claim ", 0) == 0) expect[line.substr(6)] = kind;
+  }
+  std::vector<std::pair<std::string, GradcheckReport>> out;
+  for (const ClaimText& c : claims_in(relative)) out.emplace_back(expect.at(c.name), check_claim(c));
+  REQUIRE(out.size() == expect.size());
+  return out;
+}
+
+}  // namespace
+
+// An element-wise derivative written wrong inside a composite (σ′ as σ, tanh′ as tanh, log′ left out), named a term
+// with a wrong factor by the edit search's derivative edits. tests/claims/derivative_build.txt is the set they were
+// built on: every expectation holds. tests/claims/derivative_heldout.txt was written apart and frozen before them:
+// every right claim holds and every slip fails; 4 of its 5 derivative slips are named so (before: 0), and its
+// transposed term is named since a product's span keeps its parentheses (before: no known kind). The fifth, σ′
+// written σ in σ(‖x‖), is a factor of each row's own, which the Jacobian names a per-row factor before any edit runs.
+TEST_CASE("tests/claims/derivative_*.txt: an element-wise derivative slip inside a composite is named") {
+  for (const auto& checked : expected_and_checked("tests/claims/derivative_build.txt")) {
+    const std::string& expected = checked.first;  // named, not bound: CAPTURE is a lambda Clang 14 refuses them in
+    const GradcheckReport& report = checked.second;
+    CAPTURE(report.str());
+    CHECK(report.passed() == (expected == "right"));
+    if (expected != "right") CHECK(report.has(Finding(expected.c_str())));
+  }
+  int slips = 0, named = 0;
+  for (const auto& checked : expected_and_checked("tests/claims/derivative_heldout.txt")) {
+    const std::string& expected = checked.first;
+    const GradcheckReport& report = checked.second;
+    CAPTURE(report.str());
+    CHECK(report.passed() == (expected == "right"));
+    if (expected == "right") continue;
+    ++slips;
+    named += report.has(Finding(expected.c_str())) ? 1 : 0;
+    CHECK_FALSE(report.has(Finding::unexplained));
+  }
+  CHECK(slips == 6);
+  CHECK(named >= 5);
+}
+
 // The learner's chapter (docs/learn.md §4): layer norm's VJP as formulas holds; without its last term, the one
 // through ρ, it is a per-row term of x's VJP, and w and b stay right.
 TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term through ρ is a per-row term") {
@@ -212,7 +262,8 @@ TEST_CASE("docs/claims/layer-norm.txt: the VJP holds, the one without its term t
 // search names the flipped sign at every shape, whether ρ carries layer norm's ε or σ is written without it.
 TEST_CASE("layer norm's flipped row term is a sign of a term at every shape") {
   const std::pair<int, int> shapes[] = {{3, 5}, {4, 6}, {2, 4}, {5, 3}, {6, 8}, {3, 7}};
-  for (const auto& [n, c] : shapes) {
+  for (const auto& shape : shapes) {
+    const int n = shape.first, c = shape.second;  // named, not bound: CAPTURE is a lambda
     const std::string head = fmt::format(
         "input x: {0}, {1}\ninput w: {1}\ninput b: {1}\nlet gh = w * g\n"
         "forward layer_norm(x, w, b)\nlet xc = x - mean(x, -1)\n",
@@ -391,8 +442,9 @@ TEST_CASE("each diagnosis kind names slips of its kind in other ops") {
   CHECK(
       dk.find(Finding::transposed_term, "k")->message.find("once `Omega` (2, 4, 4), made at tests/claims/slips.txt:") !=
       std::string::npos);
-  CHECK(dk.find(Finding::transposed_term, "k")->message.find("matmul(Omega, q) → matmul(transpose(Omega), q);") !=
-        std::string::npos);
+  CHECK(
+      dk.find(Finding::transposed_term, "k")->message.find("matmul(Omega, q) → matmul(transpose(Omega), q) (1 other") !=
+      std::string::npos);
   const GradcheckReport gram = check_named(slips, "transposed_term_gram");
   CHECK(gram.find(Finding::transposed_term, "x")->message.find("(1 other edit of this kind does too)") !=
         std::string::npos);
@@ -596,16 +648,22 @@ TEST_CASE("claims check their shapes and names before anything runs") {
   CHECK(check_claim(joined[0]).passed());
 }
 
-TEST_CASE("docs/gradchecking.md quotes the diagnoses of tests/claims/slips.txt word for word") {
+TEST_CASE("docs/gradchecking.md quotes the diagnoses of tests/claims/*.txt word for word") {
   std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/docs/gradchecking.md");
   REQUIRE(in);
-  std::vector<std::string> quoted;
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("    [") && line.find("tests/claims/slips.txt:") != std::string::npos) quoted.push_back(line);
-  REQUIRE(!quoted.empty());
-  std::set<std::string> printed;
-  for (const ClaimText& c : claims_in("tests/claims/slips.txt"))
-    for (const Diagnosis& d : check_claim(c).diagnoses) printed.insert("    " + d.str());
-  for (const std::string& line : quoted)
-    CHECK_MESSAGE(printed.count(line) == 1, "docs/gradchecking.md quotes " << line);
+  std::map<std::string, std::vector<std::string>> quoted;  // the claims file a line names -> the lines
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("tests/claims/");
+    if (line.starts_with("    [") && at != std::string::npos)
+      quoted[line.substr(at, line.find(".txt:", at) + 4 - at)].push_back(line);
+  }
+  REQUIRE(quoted.count("tests/claims/slips.txt") == 1);
+  REQUIRE(quoted.count("tests/claims/derivative_build.txt") == 1);
+  for (const auto& [file, lines] : quoted) {
+    std::set<std::string> printed;
+    for (const ClaimText& c : claims_in(file))
+      for (const Diagnosis& d : check_claim(c).diagnoses) printed.insert("    " + d.str());
+    for (const std::string& line : lines)
+      CHECK_MESSAGE(printed.count(line) == 1, "docs/gradchecking.md quotes " << line);
+  }
 }

@@ -75,6 +75,8 @@ TEST_CASE("every planted wrong answer fails, named with its kind, and never with
       REQUIRE_MESSAGE(kind, "no kind of finding has the key " << s.kind);
       CHECK_MESSAGE(r.has(*kind), r.str());
       CHECK_FALSE_MESSAGE(r.has(Finding::unexplained), r.str());
+      for (const Diagnosis& d : r.diagnoses)  // an edit's rule put right is the answer: the hint leaves it out
+        CHECK_MESSAGE((d.fix.empty() || d.message.find(d.fix) == std::string::npos), d.str());
     }
 }
 
@@ -90,6 +92,12 @@ TEST_CASE("a wrong answer is pointed at where it departs from the answer, withou
   REQUIRE(d);
   CHECK(d->message.find("the slip is in `a` (column 1 of your vjp s): a factor is missing there") != std::string::npos);
   CHECK(d->message.find("1 - a") == std::string::npos);
+  // the checker names the slip by itself too, by an edit of the rule, and the hint does not show the rule edited
+  const Diagnosis* edit = r.find(Finding::term_factor, "s");
+  REQUIRE_MESSAGE(edit, r.str());
+  CHECK(edit->message.find("the derivative of `sigmoid(s)` (let a) is written `a`") != std::string::npos);
+  CHECK(edit->message.find(" → ") == std::string::npos);
+  CHECK(edit->message.find("1 - a") == std::string::npos);
   // a rule written otherwise than the answer but right holds, and is not compared with it
   const std::vector<std::string> other{"vjp s = matmul(g, transpose(v, 0, 1)) * (a - a * a)"};
   CHECK(check_exercise(*sigmoid, other).passed);

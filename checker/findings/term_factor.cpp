@@ -11,7 +11,8 @@ FindingSheet term_factor_finding() {
       .meaning = "e = α·(one edge's term), α ≠ 0, ±1: that term carries a wrong factor (1 + α)",
       .found_by =
           "`python/tapegrad/_forward.py`: the error e = x̄ − x̄_true fitted as α times the term of one edge "
-          "of a Function's forward",
+          "of a Function's forward; for formulas, `checker/formulas/derivative_edits.hpp`: an element-wise "
+          "call's derivative edited into the rule",
       .section =
           "docs/gradchecking.md#dropped-term-term-counted-twice-term-with-a-wrong-factor-term-from-the-wrong-value",
   };

@@ -356,7 +356,7 @@ GradcheckReport check_claim(const ClaimText& text, const GradcheckOptions& opt, 
   if (opt.diagnose && !report.passed) {  // a slip inside the formulas: try editing them (checker/formulas/edits.hpp)
     std::vector<std::string> names;
     for (const auto& in : text.inputs) names.push_back(in.name);
-    VjpFormulas formulas{text.lets, {}, {}};
+    VjpFormulas formulas{text.lets, {}, {}, text.forward};
     for (const auto& in : text.inputs) {
       auto line =
           std::find_if(text.vjp.begin(), text.vjp.end(), [&](const ClaimText::Line& l) { return l.name == in.name; });

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "engine/rng.hpp"
+#include "checker/formulas/derivative_edits.hpp"
 #include "checker/formulas/expression.hpp"
 
 namespace tapegrad {
@@ -18,6 +19,7 @@ namespace {
 struct Rule {
   std::vector<std::pair<std::string, Formula>> lets;
   std::vector<std::optional<Formula>> vjp;
+  std::optional<Formula> forward;  // read for its element-wise calls, never edited
 };
 
 Rule parse_rule(const VjpFormulas& text) {
@@ -25,6 +27,7 @@ Rule parse_rule(const VjpFormulas& text) {
   for (const auto& l : text.lets) r.lets.emplace_back(l.name, Formula::parse(l.formula, l.label));
   for (const auto& v : text.vjp)
     r.vjp.push_back(v ? std::optional(Formula::parse(v->formula, v->label)) : std::nullopt);
+  if (text.forward) r.forward = Formula::parse(text.forward->formula, text.forward->label);
   return r;
 }
 
@@ -154,10 +157,11 @@ Agreement agreement(const Tensor& a, const Tensor& n, double atol, double rtol) 
 }
 
 struct Edit {
-  size_t line;         // index into lets, then vjp (lets.size() + i)
-  Finding kind;        // transposed_term, term_sign, wrong_axis
-  std::string edited;  // the formula after the edit
-  std::string what;    // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
+  size_t line;          // index into lets, then vjp (lets.size() + i)
+  Finding kind;         // transposed_term, term_sign, wrong_axis, term_factor
+  std::string edited;   // the formula after the edit
+  std::string what;     // "`Omega` (5, 5) is transposed where ... reads it", "the sign of `b` is flipped at ..."
+  size_t replaced = 0;  // the length of the part of the formula it edits
 };
 
 // A central difference of ⟨ȳ, f⟩ along a random direction t of one input: what an edited x̄ must give along t.
@@ -176,6 +180,7 @@ class EditSearch {
   void run(const VjpFormulasAt& formulas) {
     if (!set_up(formulas)) return;
     read_shapes();
+    find_calls();
     for (size_t line = 0; line < rule_.lets.size() + rule_.vjp.size(); ++line)
       if (const Formula* formula = formula_at(line)) try_edits_of(line, *formula);
     if (!found_.empty()) name_the_edit();
@@ -313,7 +318,9 @@ class EditSearch {
       sign_edit(line, formula.text(), part, candidates);
       axis_edits(line, formula.text(), part, candidates);
       softmax_axis_edits(line, formula.text(), part, candidates);
+      if (backward_[line]) derivative_edits(line, formula.text(), part, candidates);
       for (Edit& edit : candidates) {
+        edit.replaced = part.end - part.begin;
         Rule edited = rule_;
         try {
           if (line < rule_.lets.size()) edited.lets[line].second = Formula::parse(edit.edited, formula.label());
@@ -410,6 +417,47 @@ class EditSearch {
     }
   }
 
+  // The element-wise calls the formulas make, and which lines are the backward's: the x̄ formulas, and each let
+  // that reads g or a let that does (a let of the forward is no place for a derivative).
+  void find_calls() {
+    std::vector<const Formula*> formulas;
+    for (const auto& v : rule_.vjp)
+      if (v) formulas.push_back(&*v);
+    if (rule_.forward) formulas.push_back(&*rule_.forward);
+    calls_ = edits_detail::elementwise_calls(rule_.lets, formulas);
+    std::vector<std::string> reading_g{"g"};
+    backward_.assign(rule_.lets.size() + rule_.vjp.size(), true);
+    for (size_t l = 0; l < rule_.lets.size(); ++l) {
+      const std::vector<std::string> read = rule_.lets[l].second.names();
+      backward_[l] = std::any_of(read.begin(), read.end(), [&](const std::string& n) {
+        return std::find(reading_g.begin(), reading_g.end(), n) != reading_g.end();
+      });
+      if (backward_[l]) reading_g.push_back(rule_.lets[l].first);
+    }
+  }
+  // The value of an element-wise call → its derivative (f′ written f); a part of the call's shape → that part times
+  // the derivative (f′ left out).
+  void derivative_edits(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    const std::string inside = t.substr(part.begin, part.end - part.begin);
+    const std::optional<Shape> shape = shape_of(inside);
+    for (const edits_detail::ElementwiseCall& c : calls_) {
+      const std::string derivative = edits_detail::derivative_formula(c);
+      const std::string named =
+          c.value == c.call ? fmt::format("`{}`", c.call) : fmt::format("`{}` (let {})", c.call, c.value);
+      if (inside == c.value) {
+        out.push_back({line, Finding::term_factor,
+                       t.substr(0, part.begin) + "(" + derivative + ")" + t.substr(part.end),
+                       fmt::format("the derivative of {} is written `{}` at {} where {} belongs", named, inside,
+                                   where_written(line), edits_detail::derivative_words(c))});
+      } else if (shape && shape == shape_of(c.value)) {
+        out.push_back({line, Finding::term_factor,
+                       t.substr(0, part.begin) + "(" + inside + ") * (" + derivative + ")" + t.substr(part.end),
+                       fmt::format("`{}` at {} is multiplied by the derivative of {}, {}, which it leaves out", inside,
+                                   where_written(line), named, edits_detail::derivative_words(c))});
+      }
+    }
+  }
+
   // An axis first, when one puts the rule right (a sum over the wrong axis of a square value is also that value
   // transposed, but one written number is the smaller edit), then a transpose; the other edits of the same kind
   // are counted. The named edit takes the place of each failing input's unexplained diagnosis.
@@ -418,26 +466,35 @@ class EditSearch {
       return std::any_of(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == k; });
     };
     const Finding kind = any_of_kind(Finding::wrong_axis)        ? Finding::wrong_axis
+                         : any_of_kind(Finding::term_factor)     ? Finding::term_factor
                          : any_of_kind(Finding::transposed_term) ? Finding::transposed_term
                                                                  : Finding::term_sign;
-    const size_t chosen = static_cast<size_t>(
-        std::find_if(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == kind; }) - found_.begin());
+    // Of that kind, the edit of the smallest part, the first of those: `Omega` transposed where a line reads it
+    // says more than the whole formula of the let Omega transposed, which puts the rule right as well.
+    size_t chosen = found_.size();
+    for (size_t e = 0; e < found_.size(); ++e)
+      if (found_[e].kind == kind && (chosen == found_.size() || found_[e].replaced < found_[chosen].replaced))
+        chosen = e;
     const Edit& first = found_[chosen];
     const auto same = std::count_if(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == kind; });
     const std::string others = same == 2  ? " (1 other edit of this kind does too)"
                                : same > 2 ? fmt::format(" ({} other edits of this kind do too)", same - 1)
                                           : std::string();
     const char* meaning =
-        kind == Finding::wrong_axis        ? "a reduction or broadcast of the rule is taken along the wrong axis"
+        kind == Finding::wrong_axis ? "a reduction or broadcast of the rule is taken along the wrong axis"
+        : kind == Finding::term_factor
+            ? "a term of the chain rule carries a wrong factor: an element-wise function's derivative written as "
+              "another function of it, or left out"
         : kind == Finding::transposed_term ? "a square value of the rule is used where its transpose belongs"
                                            : "a term of the rule has the wrong sign";
     for (size_t i : failing_) {
       const double before = agreement(unedited_[i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
       const double after = agreement(fixed_[chosen][i], numeric_[i], at_.opt.atol, at_.opt.rtol).worst;
+      const std::string fix = fmt::format(": {} → {}", text_at(first.line).formula, first.edited);
       Diagnosis d{kind, at_.names[i], "vjp",
-                  fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}: {} → {}{}; "
-                              "{}",
-                              after, before, first.what, text_at(first.line).formula, first.edited, others, meaning)};
+                  fmt::format("x̄ agrees with the finite differences (max error {:.3g}, was {:.3g}) once {}{}{}; {}",
+                              after, before, first.what, fix, others, meaning)};
+      d.fix = fix;
       *unexplained_vjp(i) = std::move(d);  // failing_ holds only inputs with that diagnosis, and none is removed
     }
   }
@@ -455,8 +512,10 @@ class EditSearch {
   std::vector<std::vector<Probe>> probes_;
   std::vector<Tensor> numeric_;  // central differences of x̄, element by element, made when first needed
   std::map<std::string, Shape> shapes_;
-  std::vector<Edit> found_;                 // every edit that puts the rule right,
-  std::vector<std::vector<Tensor>> fixed_;  // and the x̄ it then gives
+  std::vector<edits_detail::ElementwiseCall> calls_;  // the element-wise calls whose derivative an edit writes
+  std::vector<bool> backward_;                        // per line (lets, then x̄): a line of the backward
+  std::vector<Edit> found_;                           // every edit that puts the rule right,
+  std::vector<std::vector<Tensor>> fixed_;            // and the x̄ it then gives
 };
 
 }  // namespace

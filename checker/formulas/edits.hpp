@@ -9,7 +9,10 @@
 //   sign        a + b ↔ a − b, or −u → u                                       → Finding::term_sign
 //   axis        the axis of sum(e, a) or mean(e, a) → another axis of e of the same size, the axis of
 //               unsqueeze(e, a) → another place: a reduction or broadcast along the wrong axis → Finding::wrong_axis
-// Where edits of several kinds put the rule right, the report names an axis, then a transpose.
+//   derivative  in a line of the backward, the value of an element-wise call (sigmoid, tanh, log) → its derivative,
+//               or a part of the call's shape → that part times the derivative: f′ written f, or left out
+//               (checker/formulas/derivative_edits.hpp)                        → Finding::term_factor
+// Where edits of several kinds put the rule right, the report names an axis, then a derivative, then a transpose.
 //
 // An edit is named only when every x̄ the formulas give then agrees, for one cotangent ȳ drawn from opt.seed, with
 // the central differences (⟨ȳ, f(x + εe_k)⟩ − ⟨ȳ, f(x − εe_k)⟩)/2ε to the report's tolerance.
@@ -32,6 +35,7 @@ struct VjpFormulas {
   std::vector<ClaimText::Line> lets;                // name, formula, label (where it was written)
   std::vector<std::optional<ClaimText::Line>> vjp;  // one per input (name: the input); absent: no formula
   std::map<std::string, Tensor> constants;          // float64 values the formulas read besides x, y and g
+  std::optional<ClaimText::Line> forward{};         // the forward as a formula, where it is one (a claim's)
 };
 // The rule's formulas at x for the cotangent g, or nothing when they cannot be had (then no edit is tried).
 using VjpFormulasAt = std::function<std::optional<VjpFormulas>(std::span<const Tensor> x, const Tensor& g)>;

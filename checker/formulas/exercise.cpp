@@ -208,6 +208,9 @@ ClaimText exercise_claim(const Exercise& e, std::span<const std::string> rules) 
 GradcheckReport check_exercise(const Exercise& e, std::span<const std::string> rules, const GradcheckOptions& opt) {
   GradcheckReport report = check_claim(exercise_claim(e, rules), opt);
   if (report.passed || !opt.diagnose) return report;
+  for (Diagnosis& d : report.diagnoses)  // a hint, not the answer: the rule as an edit puts it right is left out
+    if (const size_t at = d.fix.empty() ? std::string::npos : d.message.find(d.fix); at != std::string::npos)
+      d.message.erase(at, d.fix.size());
   for (size_t i = 0; i < rules.size(); ++i) {
     const Rule mine = *read_rule(rules[i]);
     // only a rule whose own check failed is held against the answer (a right one may be written otherwise)

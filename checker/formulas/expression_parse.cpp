@@ -192,7 +192,12 @@ class Parser {
       if (!accept(')'))
         error(pos_, fmt::format("expected ')' to close the '(' at column {}, found {}", column_of(text_, at) + 1,
                                 quoted_token()));
-      return e;
+      // The parentheses belong to the expression's span: a product (a) * (b + c) spans both, so that an edit that
+      // puts it inside a call, or cuts it out, keeps the text whole.
+      auto spanned = std::make_shared<ExpressionNode>(*e);
+      spanned->begin = at;
+      spanned->end = pos_;
+      return spanned;
     }
     if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') return number();
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return name_or_call();
