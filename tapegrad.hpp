@@ -43,6 +43,7 @@
 #include "inspect/allocation_log.hpp"
 #include "inspect/anomaly.hpp"
 #include "inspect/graphviz.hpp"
+#include "inspect/heat_map.hpp"
 #include "inspect/process_memory.hpp"
 #include "inspect/profile.hpp"
 #include "inspect/scope_names.hpp"

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "inspect/heat_map.hpp"
 #include "ops/registry.hpp"
 
 namespace tapegrad {
@@ -393,12 +394,31 @@ class Drawer {
                   : fmt::format("<font point-size=\"9\">{}</font>", text);
   }
 
+  // Whether t is drawn as a heat map: too many elements to print, few enough rows and columns, all finite.
+  bool heat_mapped(const Tensor& t, const Summary& s) const {
+    if (t.numel() <= opt_.full_values || t.rank() == 0 || s.ints || s.bad()) return false;
+    const int64_t cols = t.shape()[t.rank() - 1], rows = t.rank() >= 2 ? t.shape()[t.rank() - 2] : 1;
+    if (cols == 0 || rows == 0) return false;
+    const int64_t slices = t.numel() / (rows * cols);
+    return rows <= opt_.heat_map_side && slices * cols + slices - 1 <= 2 * opt_.heat_map_side;
+  }
+
   // The lines of a value or gradient t: of at most DotOptions::full_values elements, its norm then its rows (a
-  // single number alone); of more, its norm, min and max.
+  // single number alone); of more, its norm, min and max, and a heat map where one is drawn (a line that is a
+  // <TABLE>, which attributes() puts in a row of its own).
   void tensor_lines(std::string_view what, const Tensor& t, const Summary& s, const char* colour,
                     std::vector<std::string>& lines) const {
     if (t.numel() == 0 || t.numel() > opt_.full_values) {
+      const std::optional<HeatMap> map = heat_mapped(t, s) ? heat_map(t, opt_.heat_map_side) : std::nullopt;
       lines.push_back(small(html(summary_text(what, s)), colour));
+      if (map) {
+        lines.push_back(
+            small(html(map->slices == 1 ? fmt::format("heat map ±{}", number(map->scale))
+                                        : fmt::format("heat map ±{}: {} matrices of {} × {}", number(map->scale),
+                                                      map->slices, map->rows, map->cols)),
+                  colour));
+        lines.push_back(map->table);
+      }
       return;
     }
     std::vector<std::string> rows = rows_text(t);
@@ -437,7 +457,27 @@ class Drawer {
   static std::string attributes(const Style& style, bool bad, bool loss, const std::vector<std::string>& lines,
                                 const std::string& tooltip) {
     std::string label;
-    for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
+    const bool tables =
+        std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.starts_with("<TABLE"); });
+    if (!tables) {
+      for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
+    } else {  // a heat map is a table, which Graphviz takes only in a cell: the label is a table of rows
+      std::string text;
+      auto flush = [&] {
+        if (!text.empty()) label += fmt::format("<TR><TD>{}</TD></TR>", text);
+        text.clear();
+      };
+      for (const std::string& l : lines) {
+        if (l.starts_with("<TABLE")) {
+          flush();
+          label += fmt::format("<TR><TD>{}</TD></TR>", l);
+        } else {
+          text += (text.empty() ? "" : "<br/>") + l;
+        }
+      }
+      flush();
+      label = "<TABLE BORDER=\"0\" CELLBORDER=\"0\" CELLSPACING=\"2\" CELLPADDING=\"0\">" + label + "</TABLE>";
+    }
     return fmt::format("shape={}, fillcolor=\"{}\", color=\"{}\"{}{}, label=<{}>, tooltip={}", style.shape,
                        bad ? kBadStyle.fill : style.fill, bad ? kBadStyle.border : style.border,
                        bad ? ", penwidth=2" : "", loss ? ", peripheries=2" : "", label, quoted(tooltip));
@@ -629,6 +669,32 @@ class Drawer {
                           "red: a NaN or an infinity; hover for {}",
                           opt_.formulas && opt_.registry ? " with their VJPs" : "",
                           opt_.formulas && opt_.registry ? "the JVP and the source line" : "formulas")));
+    // The symbols of the VJPs drawn that their own line does not define: Σ_bcast, and an op's indices (matmul's
+    // α, β, γ), which its forward defines.
+    if (opt_.formulas && opt_.registry) {
+      std::set<std::string> indexed;
+      bool broadcast = false;
+      for (size_t k = 0; k < tape_.num_nodes(); ++k)
+        if (const OpSheet* op = info(tape_.node(k))) {
+          broadcast = broadcast || op->vjp.find("Σ_bcast") != std::string::npos;
+          for (const char* index : {"_α", "_β", "_γ"})
+            if (op->vjp.find(index) != std::string::npos) indexed.insert(op->name);
+        }
+      if (broadcast)
+        lines.push_back(small(html("Σ_bcast: the sum over the axes along which an input was broadcast to the output")));
+      for (const std::string& name : indexed)
+        for (const std::string& line : wrap(fmt::format("{}: {}", name, opt_.registry->find(name)->forward), 120))
+          lines.push_back(small(html(line)));
+    }
+    bool maps = false;
+    for (uint32_t id = 0; id < static_cast<uint32_t>(tape_.num_values()) && !maps; ++id)
+      maps = heat_mapped(tape_.value_at(id), summaries_[id].first) ||
+             (loss_ && tape_.grad_at(id).defined() && heat_mapped(tape_.grad_at(id), summaries_[id].second));
+    if (maps)
+      lines.push_back(small(html(fmt::format(
+          "heat maps: one cell per element, each matrix of the last two axes, those of the leading axes side by side; "
+          "{} at −m, white at 0, {} at +m, m the largest |x| (its ±m)",
+          "blue", "red"))));
     std::string label;
     for (size_t i = 0; i < lines.size(); ++i) label += (i ? "<br/>" : "") + lines[i];
     return label;

@@ -52,6 +52,9 @@ struct DotOptions {
   // A value or gradient of at most this many elements is drawn in full, one line per row of its last axis (a row
   // of more than 8 numbers wraps); a larger one as its norm, min and max. 0: every tensor as norm, min and max.
   int64_t full_values = 16;
+  // A larger one, all finite, whose matrices (its last two axes) have at most this many rows and side by side make
+  // at most twice as many columns, is drawn as a heat map below its norm, min and max (inspect/heat_map.hpp); 0: none.
+  int64_t heat_map_side = 64;
   // Each op's VJP from its sheet as lines of its label (wrapped near 48 characters), so that a PNG keeps it as the
   // SVG's tooltip does; false: in the tooltip only. A folded scope's box lists its ops' formulas in the tooltip only.
   bool formulas = true;

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "inspect/heat_map.hpp"
 #include "inspect/tape_dot.hpp"
 #include "models/gpt.hpp"
 #include "ops/attention/attention.hpp"
@@ -265,6 +266,56 @@ TEST_CASE("tape_to_dot: a tensor of at most full_values elements is drawn in ful
   const Drawing summarized = parse(tape_to_dot(tape, opt));
   CHECK(testing::contains(summarized.nodes.at(vname(x.id())).label, "value: norm 9.54, min 1, max 6"));
   CHECK(testing::contains(summarized.nodes.at(vname(total.id())).label, "value: norm 106, min 106, max 106"));
+}
+
+TEST_CASE("tape_to_dot: a larger tensor of few enough rows is a heat map too, its matrices side by side") {
+  CHECK(heat_colour(-2, 2) == "#2166ac");
+  CHECK(heat_colour(0, 2) == "#ffffff");
+  CHECK(heat_colour(2, 2) == "#b2182b");
+  CHECK(heat_colour(1, 2) == "#d98c95");  // halfway to red
+  CHECK(heat_colour(5, 0) == "#ffffff");  // an all-zero tensor is white
+  Tape tape;
+  Var scores = tape.leaf(Tensor::randn(DType::f64, {2, 3, 4, 5}, 7));
+  Var wide = tape.leaf(Tensor::randn(DType::f64, {65, 2}, 8));  // 65 rows: more than heat_map_side
+  Tensor with_nan = Tensor::randn(DType::f64, {4, 5}, 9);
+  with_nan.data<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+  Var bad = tape.leaf(with_nan);
+  Var total = sum(scores) + sum(wide) + sum(bad);
+  tape.backward(total);
+  const std::string dot = tape_to_dot(tape, with_registry());
+  const Drawing d = parse(dot);
+  const std::string& sl = d.nodes.at(vname(scores.id())).label;
+  CAPTURE(sl);
+  CHECK(testing::contains(sl, "heat map ±"));
+  CHECK(testing::contains(sl, ": 6 matrices of 4 × 5"));
+  const std::optional<HeatMap> map = heat_map(scores.value(), 64);
+  REQUIRE(map);
+  CHECK(map->slices == 6);
+  CHECK(map->rows == 4);
+  CHECK(map->cols == 5);
+  size_t coloured = 0;  // one coloured cell per element, a blank cell between two matrices on each row
+  for (size_t at = map->table.find("BGCOLOR"); at != std::string::npos; at = map->table.find("BGCOLOR", at + 1))
+    ++coloured;
+  CHECK(coloured == 120);
+  CHECK(testing::contains(dot, map->table));
+  // too many rows, or a NaN: its norm, min and max alone
+  CHECK_FALSE(testing::contains(d.nodes.at(vname(wide.id())).label, "heat map"));
+  const std::string& nan_label = d.nodes.at(vname(bad.id())).label;  // its gradient, all ones, has one
+  CHECK(nan_label.find("heat map ±") == nan_label.rfind("heat map ±"));
+  CHECK(nan_label.find("heat map ±") > nan_label.find("grad: "));
+  CHECK_FALSE(heat_map(wide.value(), 64));
+  CHECK_FALSE(heat_map(bad.value(), 64));
+  // the legend says how to read them, and what Σ_bcast and matmul's indices are
+  CHECK(testing::contains(d.caption, "heat maps: one cell per element"));
+  DotOptions none = with_registry();
+  none.heat_map_side = 0;
+  CHECK_FALSE(testing::contains(tape_to_dot(tape, none), "heat map"));
+  Tape products;
+  Var a = products.leaf(Tensor::randn(DType::f64, {3, 4}, 1)), b = products.leaf(Tensor::randn(DType::f64, {4, 2}, 2));
+  const Drawing m =
+      parse(tape_to_dot((matmul(a, b) + products.leaf(Tensor::randn(DType::f64, {2}, 3)), products), with_registry()));
+  CHECK(testing::contains(m.caption, "Σ_bcast: the sum over the axes along which an input was broadcast"));
+  CHECK(testing::contains(m.caption, "matmul: y_β = a_α·b_γ"));
 }
 
 namespace {
