@@ -311,18 +311,19 @@ OpTrace layer_norm_trace() {
             const Var eps = x[0].tape().constant(Tensor::from<double>(Shape{}, {1e-5}));
             const Var mu = t.show("μ = mean(x), per row", mean(x[0], -1, true));
             const Var centred = sub(x[0], mu);
-            const Var sigma = t.show("σ = √(mean((x − μ)²) + ε), per row   (ε = 1e-5)",
-                                     sqrt(add(mean(square(centred), -1, true), eps)));
-            const Var xhat = t.show("x̂ = (x − μ)/σ", div(centred, sigma));
+            const Var one = x[0].tape().constant(Tensor::from<double>(Shape{}, {1.0}));
+            const Var rho = t.show("ρ = 1/√(mean((x − μ)²) + ε), per row   (ε = 1e-5)",
+                                   div(one, sqrt(add(mean(square(centred), -1, true), eps))));
+            const Var xhat = t.show("x̂ = (x − μ)·ρ", mul(centred, rho));
             t.show("y = w ⊙ x̂ + b", add(mul(x[1], xhat), x[2]));
             t.part("VJP (ȳ given)");
             const Var gw = t.show("ĝ = w ⊙ ȳ", mul(x[1], g));
-            const Var own = t.show("ĝ/σ, x̄ without the row terms", div(gw, sigma));
-            const Var mean_term = t.show("mean(ĝ)/σ, the row term of the mean", div(mean(gw, -1, true), sigma));
-            const Var var_term = t.show("x̂ ⊙ mean(ĝ ⊙ x̂)/σ, the row term of the variance",
-                                        div(mul(xhat, mean(mul(gw, xhat), -1, true)), sigma));
+            const Var own = t.show("ρ·ĝ, x̄ without the row terms", mul(rho, gw));
+            const Var mean_term = t.show("ρ·mean(ĝ), the row term of the mean", mul(rho, mean(gw, -1, true)));
+            const Var var_term = t.show("ρ·x̂ ⊙ mean(ĝ ⊙ x̂), the row term of the variance",
+                                        mul(rho, mul(xhat, mean(mul(gw, xhat), -1, true))));
             const Var xbar =
-                t.show("x̄ = (ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)) / σ, means per row", sub(sub(own, mean_term), var_term));
+                t.show("x̄ = ρ·(ĝ − mean(ĝ) − x̂ ⊙ mean(ĝ ⊙ x̂)), means per row", sub(sub(own, mean_term), var_term));
             // w and b are read by every row: their gradients sum over all of x's leading axes
             const int64_t width = x[0].shape()[x[0].rank() - 1];
             auto over_rows = [&](const Var& v) { return sum(reshape(v, Shape{v.shape().numel() / width, width}), 0); };

@@ -221,6 +221,34 @@ def test_reverse_mode_md_runs_in_order_and_prints_what_it_quotes(tmp_path, monke
     assert (tmp_path / "scalar.svg").stat().st_size > 0
 
 
+def test_the_learners_pages_give_each_symbol_one_meaning():
+    """docs/learn.md §1's table of symbols is the notation of the learner's pages (reverse-mode.md, learn.md): each
+    symbol is in one row, and their math keeps to those meanings where a symbol had two. σ is the sigmoid (not a
+    standard deviation: layer norm is written with ρ; not softmax, which is A or softmax); d before a name is a
+    cotangent's name (dA, dS), never a differential (a tangent is ẋ, μ̇, ρ̇); M is the additive causal mask, never a
+    0/1 factor; P is not a symbol of these pages (other write-ups' name for A)."""
+    learn = (SOURCE_DIR / "docs/learn.md").read_text()
+    table = learn[learn.index("## 1. Notation"):learn.index("## 2.")]
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    symbols = []
+    for cell in rows[1:]:  # after the header
+        symbols += [m.strip() for math in re.findall(r"\$([^$]+)\$", cell) for m in math.split(",")]
+    assert len(symbols) >= 25
+    twice = sorted({s for s in symbols if symbols.count(s) > 1})
+    assert not twice, f"symbols in two rows of learn.md's notation table: {twice}"
+    rules = [(r"\\sigma(?![($])", "σ is the sigmoid: σ(x), never a standard deviation or softmax"),
+             (r"(?<![A-Za-z\\])d(\\mu|\\rho|\\beta|\\hat|x\b|r\b)", "a tangent is written with a dot, not d"),
+             (r"M\s*\\odot", "M is the additive mask (0 or −∞), not a factor"),
+             (r"(?<![A-Za-z\\_])P(?![A-Za-z_])", "P is no symbol of these pages")]
+    broken = []
+    for path in ("docs/reverse-mode.md", "docs/learn.md"):
+        text = (SOURCE_DIR / path).read_text()
+        text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # code and output, not math
+        for math in re.findall(r"\$\$.+?\$\$|\$[^$\n]+\$", text, flags=re.S):
+            broken += [f"{path}: {why}: {math[:70]!r}" for pattern, why in rules if re.search(pattern, math)]
+    assert not broken, "\n".join(broken)
+
+
 def test_math_in_the_docs_has_no_escape_githubs_markdown_takes_first():
     """GitHub's Markdown takes a backslash before ASCII punctuation as an escape before its math is drawn: `s\\,dS`
     shows as "s,dS". No $…$ or $$…$$ in docs/ or README.md holds one (`\\ ` and `\\quad` space math instead)."""
