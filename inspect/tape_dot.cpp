@@ -670,14 +670,14 @@ class Drawer {
                           opt_.formulas && opt_.registry ? " with their VJPs" : "",
                           opt_.formulas && opt_.registry ? "the JVP and the source line" : "formulas")));
     // The symbols of the VJPs drawn that their own line does not define: Σ_bcast, and an op's indices (matmul's
-    // α, β, γ), which its forward defines.
+    // α, β, γ, sum's x̄[o,j,i]), which its forward defines.
     if (opt_.formulas && opt_.registry) {
       std::set<std::string> indexed;
       bool broadcast = false;
       for (size_t k = 0; k < tape_.num_nodes(); ++k)
         if (const OpSheet* op = info(tape_.node(k))) {
           broadcast = broadcast || op->vjp.find("Σ_bcast") != std::string::npos;
-          for (const char* index : {"_α", "_β", "_γ"})
+          for (const char* index : {"_α", "_β", "_γ", "[", "_i", "_j", "_k"})
             if (op->vjp.find(index) != std::string::npos) indexed.insert(op->name);
         }
       if (broadcast)

@@ -312,10 +312,11 @@ TEST_CASE("tape_to_dot: a larger tensor of few enough rows is a heat map too, it
   CHECK_FALSE(testing::contains(tape_to_dot(tape, none), "heat map"));
   Tape products;
   Var a = products.leaf(Tensor::randn(DType::f64, {3, 4}, 1)), b = products.leaf(Tensor::randn(DType::f64, {4, 2}, 2));
-  const Drawing m =
-      parse(tape_to_dot((matmul(a, b) + products.leaf(Tensor::randn(DType::f64, {2}, 3)), products), with_registry()));
+  const Drawing m = parse(tape_to_dot(
+      (sum(matmul(a, b) + products.leaf(Tensor::randn(DType::f64, {2}, 3)), 0), products), with_registry()));
   CHECK(testing::contains(m.caption, "Σ_bcast: the sum over the axes along which an input was broadcast"));
   CHECK(testing::contains(m.caption, "matmul: y_β = a_α·b_γ"));
+  CHECK(testing::contains(m.caption, "sum: y[o,i] = Σ_j x[o,j,i]"));
 }
 
 namespace {
