@@ -197,6 +197,23 @@ std::vector<std::pair<std::string, GradcheckReport>> expected_and_checked(const 
   return out;
 }
 
+// A held-out set checked: every right claim holds, every slip fails and none is "no known kind". Returns how many
+// slips it has and how many are named with the kind frozen for them.
+std::pair<int, int> slips_and_named(const std::string& relative) {
+  int slips = 0, named = 0;
+  for (const auto& checked : expected_and_checked(relative)) {
+    const std::string& expected = checked.first;  // named, not bound: CAPTURE is a lambda Clang 14 refuses them in
+    const GradcheckReport& report = checked.second;
+    CAPTURE(report.str());
+    CHECK(report.passed() == (expected == "right"));
+    if (expected == "right") continue;
+    ++slips;
+    named += report.has(Finding(expected.c_str())) ? 1 : 0;
+    CHECK_FALSE(report.has(Finding::unexplained));
+  }
+  return {slips, named};
+}
+
 }  // namespace
 
 // An element-wise derivative written wrong inside a composite (σ′ as σ, tanh′ as tanh, log′ left out), named a term
@@ -207,23 +224,13 @@ std::vector<std::pair<std::string, GradcheckReport>> expected_and_checked(const 
 // written σ in σ(‖x‖), is a factor of each row's own, which the Jacobian names a per-row factor before any edit runs.
 TEST_CASE("tests/claims/derivative_*.txt: an element-wise derivative slip inside a composite is named") {
   for (const auto& checked : expected_and_checked("tests/claims/derivative_build.txt")) {
-    const std::string& expected = checked.first;  // named, not bound: CAPTURE is a lambda Clang 14 refuses them in
+    const std::string& expected = checked.first;
     const GradcheckReport& report = checked.second;
     CAPTURE(report.str());
     CHECK(report.passed() == (expected == "right"));
     if (expected != "right") CHECK(report.has(Finding(expected.c_str())));
   }
-  int slips = 0, named = 0;
-  for (const auto& checked : expected_and_checked("tests/claims/derivative_heldout.txt")) {
-    const std::string& expected = checked.first;
-    const GradcheckReport& report = checked.second;
-    CAPTURE(report.str());
-    CHECK(report.passed() == (expected == "right"));
-    if (expected == "right") continue;
-    ++slips;
-    named += report.has(Finding(expected.c_str())) ? 1 : 0;
-    CHECK_FALSE(report.has(Finding::unexplained));
-  }
+  const auto [slips, named] = slips_and_named("tests/claims/derivative_heldout.txt");
   CHECK(slips == 6);
   CHECK(named >= 5);
 }
@@ -232,17 +239,7 @@ TEST_CASE("tests/claims/derivative_*.txt: an element-wise derivative slip inside
 // part that begins or ends with a parenthesised operand. Before that change the transposed inline dS was no known
 // kind; now 2 of its 3 slips are named as frozen, the third a transposed Jacobian (the Jacobian names it first).
 TEST_CASE("tests/claims/parenthesised_heldout.txt: an edit wraps a part with parentheses whole") {
-  int slips = 0, named = 0;
-  for (const auto& checked : expected_and_checked("tests/claims/parenthesised_heldout.txt")) {
-    const std::string& expected = checked.first;
-    const GradcheckReport& report = checked.second;
-    CAPTURE(report.str());
-    CHECK(report.passed() == (expected == "right"));
-    if (expected == "right") continue;
-    ++slips;
-    named += report.has(Finding(expected.c_str())) ? 1 : 0;
-    CHECK_FALSE(report.has(Finding::unexplained));
-  }
+  const auto [slips, named] = slips_and_named("tests/claims/parenthesised_heldout.txt");
   CHECK(slips == 3);
   CHECK(named >= 2);
 }
