@@ -425,6 +425,7 @@ class EditSearch {
       if (v) formulas.push_back(&*v);
     if (rule_.forward) formulas.push_back(&*rule_.forward);
     calls_ = edits_detail::elementwise_calls(rule_.lets, formulas);
+    for (const edits_detail::ElementwiseCall& c : calls_) call_shapes_.push_back(shape_of(c.value));
     std::vector<std::string> reading_g{"g"};
     backward_.assign(rule_.lets.size() + rule_.vjp.size(), true);
     for (size_t l = 0; l < rule_.lets.size(); ++l) {
@@ -438,9 +439,11 @@ class EditSearch {
   // The value of an element-wise call → its derivative (f′ written f); a part of the call's shape → that part times
   // the derivative (f′ left out).
   void derivative_edits(size_t line, const std::string& t, const Formula::Part& part, std::vector<Edit>& out) const {
+    if (calls_.empty()) return;
     const std::string inside = t.substr(part.begin, part.end - part.begin);
     const std::optional<Shape> shape = shape_of(inside);
-    for (const edits_detail::ElementwiseCall& c : calls_) {
+    for (size_t k = 0; k < calls_.size(); ++k) {
+      const edits_detail::ElementwiseCall& c = calls_[k];
       const std::string derivative = edits_detail::derivative_formula(c);
       const std::string named =
           c.value == c.call ? fmt::format("`{}`", c.call) : fmt::format("`{}` (let {})", c.call, c.value);
@@ -449,7 +452,7 @@ class EditSearch {
                        t.substr(0, part.begin) + "(" + derivative + ")" + t.substr(part.end),
                        fmt::format("the derivative of {} is written `{}` at {} where {} belongs", named, inside,
                                    where_written(line), edits_detail::derivative_words(c))});
-      } else if (shape && shape == shape_of(c.value)) {
+      } else if (shape && shape == call_shapes_[k]) {
         out.push_back({line, Finding::term_factor,
                        t.substr(0, part.begin) + "(" + inside + ") * (" + derivative + ")" + t.substr(part.end),
                        fmt::format("`{}` at {} is multiplied by the derivative of {}, {}, which it leaves out", inside,
@@ -459,8 +462,8 @@ class EditSearch {
   }
 
   // An axis first, when one puts the rule right (a sum over the wrong axis of a square value is also that value
-  // transposed, but one written number is the smaller edit), then a transpose; the other edits of the same kind
-  // are counted. The named edit takes the place of each failing input's unexplained diagnosis.
+  // transposed, but one written number is the smaller edit), then a derivative, then a transpose; the other edits
+  // of the same kind are counted. The named edit takes the place of each failing input's unexplained diagnosis.
   void name_the_edit() {
     auto any_of_kind = [&](Finding k) {
       return std::any_of(found_.begin(), found_.end(), [&](const Edit& e) { return e.kind == k; });
@@ -512,7 +515,8 @@ class EditSearch {
   std::vector<std::vector<Probe>> probes_;
   std::vector<Tensor> numeric_;  // central differences of x̄, element by element, made when first needed
   std::map<std::string, Shape> shapes_;
-  std::vector<edits_detail::ElementwiseCall> calls_;  // the element-wise calls whose derivative an edit writes
+  std::vector<edits_detail::ElementwiseCall> calls_;  // the element-wise calls whose derivative an edit writes,
+  std::vector<std::optional<Shape>> call_shapes_;     // and the shapes of their values
   std::vector<bool> backward_;                        // per line (lets, then x̄): a line of the backward
   std::vector<Edit> found_;                           // every edit that puts the rule right,
   std::vector<std::vector<Tensor>> fixed_;            // and the x̄ it then gives
