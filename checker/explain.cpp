@@ -236,11 +236,14 @@ Explanation explain(const Registry& registry, std::string_view op, const Explain
                                                                          : std::string(kSecondOrderSection);
   e.second_order_section = derivation_sections(section, options.derivations_path, read).front();
   if (read) e.derivations_file = options.derivations_path;
-  if (!options.derivations_path.empty()) {  // learn.md beside derivations.md
-    const std::string learn = (std::filesystem::path(options.derivations_path).parent_path() / "learn.md").string();
-    e.learn_section = learn_section(info->name, learn);
-    if (!e.learn_section.empty()) e.learn_file = learn;
-  }
+  if (!options.derivations_path.empty())  // the learner's pages beside derivations.md: the first that walks it
+    for (const char* page : {"learn.md", "reverse-mode.md"}) {
+      const std::string learn = (std::filesystem::path(options.derivations_path).parent_path() / page).string();
+      e.learn_section = learn_section(info->name, learn);
+      if (e.learn_section.empty()) continue;
+      e.learn_file = learn;
+      break;
+    }
   const std::vector<std::filesystem::path> roots = source_roots(options);
   for (const FormulaPlace& f : info->formulas_at)
     e.formulas_at.push_back({f.what, function_place(roots, f.file, f.function), f.function});

@@ -41,8 +41,10 @@ struct Explanation {
   std::vector<std::string> sections;  // of docs/derivations.md: "1.2 β(x) = ..." (the number alone if not found)
   std::string derived_in;             // OpSheet::derived_in: a file whose opening comment derives the rules
   std::string derivations_file = "docs/derivations.md";  // where they are: ExplainOptions::derivations_path if read
-  std::string learn_section;  // the heading of learn.md (beside it) whose walk-through runs this op; "" if none
-  std::string learn_file;     // that learn.md, where a section was found
+  // The heading of the learner's page beside it (learn.md, else reverse-mode.md) whose walk-through runs this op
+  // ("tapegrad explain OP" in that section); "" if none.
+  std::string learn_section;
+  std::string learn_file;  // that page, where a section was found
   std::string recorded_at;    // file:line of the node's tape.record call: its forward, VJP and JVP
   std::string registered_at;  // file:line of its sheet (or its registration)
   std::string case_name;
