@@ -44,7 +44,7 @@ struct Explanation {
   // The heading of the learner's page beside it (learn.md, else reverse-mode.md) whose walk-through runs this op
   // ("tapegrad explain OP" in that section); "" if none.
   std::string learn_section;
-  std::string learn_file;  // that page, where a section was found
+  std::string learn_file;     // that page, where a section was found
   std::string recorded_at;    // file:line of the node's tape.record call: its forward, VJP and JVP
   std::string registered_at;  // file:line of its sheet (or its registration)
   std::string case_name;
