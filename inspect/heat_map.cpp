@@ -16,26 +16,43 @@ std::string heat_colour(double x, double m) {
   return fmt::format("#{:02x}{:02x}{:02x}", rgb[0], rgb[1], rgb[2]);
 }
 
-std::optional<HeatMap> heat_map(const Tensor& t, int64_t max_side) {
-  if (!t.defined() || t.dtype() == DType::i32 || t.numel() == 0 || t.rank() == 0) return std::nullopt;
+namespace {
+
+// The matrices of a shape: rows and columns of one (its last two axes), and how many side by side.
+HeatMap layout(const Shape& s) {
   HeatMap h;
-  h.cols = t.shape()[t.rank() - 1];
-  h.rows = t.rank() >= 2 ? t.shape()[t.rank() - 2] : 1;
-  h.slices = t.numel() / (h.rows * h.cols);
-  const int64_t width = h.slices * h.cols + h.slices - 1;  // the slices side by side, one blank cell apart
-  if (h.rows > max_side || width > 2 * max_side) return std::nullopt;
+  h.cols = s[s.rank() - 1];
+  h.rows = s.rank() >= 2 ? s[s.rank() - 2] : 1;
+  h.slices = h.rows * h.cols == 0 ? 0 : s.numel() / (h.rows * h.cols);
+  return h;
+}
+
+// The slices side by side, one blank cell apart.
+int64_t width(const HeatMap& h) { return h.slices * h.cols + h.slices - 1; }
+
+}  // namespace
+
+bool heat_map_fits(const Shape& shape, int64_t max_side) {
+  if (shape.rank() == 0 || shape.numel() == 0) return false;
+  const HeatMap h = layout(shape);
+  return h.rows <= max_side && width(h) <= 2 * max_side;
+}
+
+std::optional<HeatMap> heat_map(const Tensor& t, int64_t max_side) {
+  if (!t.defined() || t.dtype() == DType::i32 || !heat_map_fits(t.shape(), max_side)) return std::nullopt;
+  HeatMap h = layout(t.shape());
   const std::vector<double> x = t.to_vector();
   for (const double v : x) {
     if (!std::isfinite(v)) return std::nullopt;
     h.scale = std::max(h.scale, std::abs(v));
   }
   // Cells of 6 points, 4 where the map is long: a 64 × 128 map stays 512 points wide.
-  const int cell = std::max(h.rows, width) > 32 ? 4 : 6;
+  const int cell = std::max(h.rows, width(h)) > 32 ? 4 : 6;
   const std::string size = fmt::format("WIDTH=\"{0}\" HEIGHT=\"{0}\" FIXEDSIZE=\"TRUE\"", cell);
   h.table = fmt::format(
       "<TABLE BORDER=\"0\" CELLBORDER=\"0\" CELLSPACING=\"0\" CELLPADDING=\"0\" FIXEDSIZE=\"TRUE\" WIDTH=\"{}\" "
       "HEIGHT=\"{}\">",
-      width * cell, h.rows * cell);
+      width(h) * cell, h.rows * cell);
   for (int64_t r = 0; r < h.rows; ++r) {
     h.table += "<TR>";
     for (int64_t s = 0; s < h.slices; ++s) {

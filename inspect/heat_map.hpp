@@ -19,6 +19,10 @@ struct HeatMap {
   double scale = 0;            // m: the largest |x|, the end of the colour scale
 };
 
+// Whether a tensor of this shape fits a heat map: its matrices (the last two axes; a vector is one row) have at
+// most `max_side` rows and, side by side one blank cell apart, make at most 2·max_side cells.
+bool heat_map_fits(const Shape& shape, int64_t max_side);
+
 // The heat map of a float tensor whose matrices have at most `max_side` rows, side by side at most 2·max_side cells
 // wide, and whose elements are all finite; nothing otherwise (a NaN or ±∞ has no colour; a larger one, too many
 // cells for a label).

@@ -396,11 +396,7 @@ class Drawer {
 
   // Whether t is drawn as a heat map: too many elements to print, few enough rows and columns, all finite.
   bool heat_mapped(const Tensor& t, const Summary& s) const {
-    if (t.numel() <= opt_.full_values || t.rank() == 0 || s.ints || s.bad()) return false;
-    const int64_t cols = t.shape()[t.rank() - 1], rows = t.rank() >= 2 ? t.shape()[t.rank() - 2] : 1;
-    if (cols == 0 || rows == 0) return false;
-    const int64_t slices = t.numel() / (rows * cols);
-    return rows <= opt_.heat_map_side && slices * cols + slices - 1 <= 2 * opt_.heat_map_side;
+    return t.numel() > opt_.full_values && !s.ints && !s.bad() && heat_map_fits(t.shape(), opt_.heat_map_side);
   }
 
   // The lines of a value or gradient t: of at most DotOptions::full_values elements, its norm then its rows (a
