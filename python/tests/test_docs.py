@@ -17,9 +17,10 @@ def fenced_blocks(path, language):
             for i, (lang, body) in enumerate(blocks) if lang == language]
 
 
-def run(code):
+def run(code, namespace=None):
+    """What the code prints, and the namespace it ran in: a fresh one, or the one given (blocks run in order)."""
     out = io.StringIO()
-    namespace = {}
+    namespace = {} if namespace is None else namespace
     with contextlib.redirect_stdout(out):
         exec(compile(code, "<docs>", "exec"), namespace)
     return out.getvalue(), namespace
@@ -214,10 +215,8 @@ def test_reverse_mode_md_runs_in_order_and_prints_what_it_quotes(tmp_path, monke
     namespace = {}
     for code, quoted in blocks:
         assert quoted, "each Python block of docs/reverse-mode.md is followed by the output it prints"
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, "<docs/reverse-mode.md>", "exec"), namespace)
-        assert out.getvalue().splitlines() == quoted.splitlines()
+        printed, namespace = run(code, namespace)
+        assert printed.splitlines() == quoted.splitlines()
     assert (tmp_path / "scalar.svg").stat().st_size > 0
 
 
