@@ -69,6 +69,40 @@ void check_errors(const std::vector<ErrorCase>& cases, const std::map<std::strin
   }
 }
 
+// The claims of a set with the kind each one's "# expect: KIND" line freezes (right: the claim holds), each checked:
+// {expected kind, the report}.
+std::vector<std::pair<std::string, GradcheckReport>> expected_and_checked(const std::string& relative) {
+  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + relative);
+  REQUIRE_MESSAGE(in, "cannot read " << relative);
+  std::map<std::string, std::string> expect;
+  std::string line, kind;
+  while (std::getline(in, line)) {
+    if (line.rfind("# expect: ", 0) == 0) kind = line.substr(10);
+    else if (line.rfind("claim ", 0) == 0) expect[line.substr(6)] = kind;
+  }
+  std::vector<std::pair<std::string, GradcheckReport>> out;
+  for (const ClaimText& c : claims_in(relative)) out.emplace_back(expect.at(c.name), check_claim(c));
+  REQUIRE(out.size() == expect.size());
+  return out;
+}
+
+// A held-out set checked: every right claim holds, every slip fails and none is "no known kind". Returns how many
+// slips it has and how many are named with the kind frozen for them.
+std::pair<int, int> slips_and_named(const std::string& relative) {
+  int slips = 0, named = 0;
+  for (const auto& checked : expected_and_checked(relative)) {
+    const std::string& expected = checked.first;  // named, not bound: CAPTURE is a lambda Clang 14 refuses them in
+    const GradcheckReport& report = checked.second;
+    CAPTURE(report.str());
+    CHECK(report.passed() == (expected == "right"));
+    if (expected == "right") continue;
+    ++slips;
+    named += report.has(Finding(expected.c_str())) ? 1 : 0;
+    CHECK_FALSE(report.has(Finding::unexplained));
+  }
+  return {slips, named};
+}
+
 }  // namespace
 
 TEST_CASE("the posts' claims in docs/claims: the two wrong ones fail with their diagnosis, the right ones hold") {
@@ -153,22 +187,10 @@ TEST_CASE("a softmax taken along the wrong axis inside a rule is a wrong axis") 
 // the last, each with its right VJP and slips marked "# expect: KIND". Every right one holds, every slip fails, and
 // every reduction moved to another axis (of another size) is named a wrong axis.
 TEST_CASE("tests/claims/axis_heldout.txt: every reduction along the wrong axis is named") {
-  const std::string path = std::string(TAPEGRAD_SOURCE_DIR) + "/tests/claims/axis_heldout.txt";
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in, "cannot read " << path);
-  std::map<std::string, std::string> expect;  // claim -> the kind its comment says
-  std::string line, kind;
-  while (std::getline(in, line)) {
-    if (line.rfind("# expect: ", 0) == 0) kind = line.substr(10);
-    else if (line.rfind("claim ", 0) == 0) expect[line.substr(6)] = kind;
-  }
-  const auto claims = claims_in("tests/claims/axis_heldout.txt");
-  REQUIRE(claims.size() == expect.size());
   int wrong_axis = 0;
-  for (const ClaimText& c : claims) {
-    CAPTURE(c.name);
-    const std::string& e = expect.at(c.name);
-    const GradcheckReport r = check_claim(c);
+  for (const auto& checked : expected_and_checked("tests/claims/axis_heldout.txt")) {
+    const std::string& e = checked.first;
+    const GradcheckReport& r = checked.second;
     CHECK_MESSAGE(r.passed() == (e == "right"), r.str());
     if (e == "wrong_axis") {
       CHECK_MESSAGE(r.has(Finding::wrong_axis), r.str());
@@ -177,44 +199,6 @@ TEST_CASE("tests/claims/axis_heldout.txt: every reduction along the wrong axis i
   }
   CHECK(wrong_axis >= 19);
 }
-
-namespace {
-
-// The claims of a set with the kind each one's "# expect: KIND" line freezes (right: the claim holds), each checked:
-// {expected kind, the report}.
-std::vector<std::pair<std::string, GradcheckReport>> expected_and_checked(const std::string& relative) {
-  std::ifstream in(std::string(TAPEGRAD_SOURCE_DIR) + "/" + relative);
-  REQUIRE_MESSAGE(in, "cannot read " << relative);
-  std::map<std::string, std::string> expect;
-  std::string line, kind;
-  while (std::getline(in, line)) {
-    if (line.rfind("# expect: ", 0) == 0) kind = line.substr(10);
-    else if (line.rfind("claim ", 0) == 0) expect[line.substr(6)] = kind;
-  }
-  std::vector<std::pair<std::string, GradcheckReport>> out;
-  for (const ClaimText& c : claims_in(relative)) out.emplace_back(expect.at(c.name), check_claim(c));
-  REQUIRE(out.size() == expect.size());
-  return out;
-}
-
-// A held-out set checked: every right claim holds, every slip fails and none is "no known kind". Returns how many
-// slips it has and how many are named with the kind frozen for them.
-std::pair<int, int> slips_and_named(const std::string& relative) {
-  int slips = 0, named = 0;
-  for (const auto& checked : expected_and_checked(relative)) {
-    const std::string& expected = checked.first;  // named, not bound: CAPTURE is a lambda Clang 14 refuses them in
-    const GradcheckReport& report = checked.second;
-    CAPTURE(report.str());
-    CHECK(report.passed() == (expected == "right"));
-    if (expected == "right") continue;
-    ++slips;
-    named += report.has(Finding(expected.c_str())) ? 1 : 0;
-    CHECK_FALSE(report.has(Finding::unexplained));
-  }
-  return {slips, named};
-}
-
-}  // namespace
 
 // An element-wise derivative written wrong inside a composite (σ′ as σ, tanh′ as tanh, log′ left out), named a term
 // with a wrong factor by the edit search's derivative edits. tests/claims/derivative_build.txt is the set they were
