@@ -1,6 +1,6 @@
-// tapegrad exercise: the exercises of docs/reverse-mode.md and docs/learn.md (docs/exercises.txt, checker/formulas/exercise.hpp). Without a
-// name, the list by chapter; with one, its task; with --vjp or --jvp, the learner's rule checked, its diagnosis the
-// hint. Exit 0 when the rule holds (or nothing was checked), 1 when it is wrong, 2 for a usage or formula error.
+// tapegrad exercise: the exercises of docs/reverse-mode.md and docs/learn.md (docs/exercises.txt,
+// checker/formulas/exercise.hpp). Without a name, the list by chapter; with one, its task; with --vjp or --jvp, the
+// learner's rule checked, its diagnosis the hint. Exit 0 when the rule holds (or nothing was checked), 1 when it is wrong, 2 for a usage or formula error.
 #include <memory>
 
 #include <fmt/format.h>
@@ -85,8 +85,8 @@ void add_exercise_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "exercise",
       "The exercises of docs/reverse-mode.md and docs/learn.md: derive a rule (a VJP or JVP, as formulas) for a "
-      "forward that is given, and "
-      "have it checked against finite differences, the diagnosis as the hint (exit 1 when it is wrong)");
+      "forward that is given, and have it checked against finite differences, the diagnosis as the hint (exit 1 "
+      "when it is wrong)");
   cmd->add_option("name", args->name, "The exercise (none: the list, by chapter)");
   cmd->add_option("--vjp", args->vjps, "NAME=FORMULA: your x̄ of input NAME, from the inputs, y and g (repeatable)");
   cmd->add_option("--jvp", args->jvp, "FORMULA: your ẏ, from the inputs, y and the tangents t_NAME");
