@@ -2,10 +2,11 @@
 """tapegrad's check at low precision on a set of fused kernels: false failures of right kernels, false passes of
 slips that matter at that precision, and whether a caught slip is named with its kind.
 
-    PYTHONPATH=build/python /usr/bin/python3 python/tools/precision_table.py --set heldout|build|triton [--seeds 3]
-        [--sizes small,large] [--dtypes bf16,float32] [--json FILE] [--only NAME]
+    PYTHONPATH=build/python /usr/bin/python3 python/tools/precision_table.py --set heldout|heldout3|build|triton
+        [--seeds 3] [--sizes small,large] [--dtypes bf16,float32] [--json FILE] [--only NAME]
 
---set heldout reads python/tests/precision_heldout.py, --set build python/tests/precision_build.py, --set triton
+--set heldout reads python/tests/precision_heldout.py, --set heldout3 precision_heldout3.py (a third set, written
+apart from the first two), --set build python/tests/precision_build.py, --set triton
 python/tests/precision_triton.py (the held-out ops as Triton kernels: a CUDA device and Triton needed); each exposes
 CASES, a list of cases (name, make(variant) -> Function.apply, reference, f_reference, inputs(size, dtype, seed),
 slips: name -> (kind, "low" | "all"), fp16_ok). --dtypes takes bf16, fp16 (cases with fp16_ok only) and float32.
@@ -67,7 +68,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests")
-SETS = {"heldout": "precision_heldout", "build": "precision_build", "triton": "precision_triton"}
+SETS = {"heldout": "precision_heldout", "heldout3": "precision_heldout3", "build": "precision_build",
+        "triton": "precision_triton"}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "float32": torch.float32}
 LOW = (torch.bfloat16, torch.float16)
 
