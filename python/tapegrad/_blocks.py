@@ -21,9 +21,9 @@ at the precision has too, in the same block. For each ȳ drawn, a block fails wh
 σ_b the largest of the composite's, the fused model's, the result's own rounding's (u/√3 relative, per element) and
 that of the kernel's own error once its share is taken out, d − r_b·e (so that a slipped block's own error does not
 widen its bound). Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ has a large share of rounding
-there, and a slip's share is the same at every ȳ. As for the bound of the whole tensor, an op that rounds in no torch
-op at p (a fused kernel) has the composite's figures held to HELD times the tight ones (the fused model's, the
-result's rounding, the kernel's own rest); an op in torch ops at p rounds as its own formula does, and each of its
+there, and a slip's share is the same at every ȳ. An op that rounds in no torch op at p (a fused kernel) has the
+composite's figures held to HELD times the tight ones (the fused model's, the result's rounding, the kernel's own
+rest); an op in torch ops at p rounds as its own formula does, and each of its
 blocks is allowed POOLED times the composite's largest share over all the blocks as well.
 """
 

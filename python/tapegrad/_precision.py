@@ -29,7 +29,7 @@ import torch
 from . import _tapegrad
 from ._blocks import FLOOR
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, HELD, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt, _Run,
+from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt, _Run,
                         compare, within)
 
 
@@ -64,7 +64,7 @@ def _figures(comparison, i, dtype):
             "fused": "a fused kernel's (float32 between products)",
             "sums": f"a float32 sum of {f['terms']:.0f} terms",
             "storage": f"the result's rounding to {p}",
-            "cap": f"{HELD:g} × a fused kernel's or the result's rounding"}
+            "cap": "a fused kernel's own error (its result's rounding, products' operands and float32 sums, added)"}
     shown = [k for k in FIGURES if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
     value = f["cap"] if judge == "cap" else f[judge]
