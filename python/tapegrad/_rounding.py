@@ -60,6 +60,7 @@ HELD = 2           # an op rounding in no torch op at p: a block's composite sha
 MOVED_32 = 3       # points moved by an ulp the composite is run at, at float32 (one at bf16 and fp16)
 SIGMAS = 5         # r, the error's share along x̄, past this many σ of independent errors is of one piece
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
+POOL = 1 << 16     # Rounding: the least number of uniform draws its pool of ξ holds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
 
 
@@ -106,6 +107,12 @@ class SumLengths(TorchDispatchMode):
         return out
 
 
+# torch ops whose results only place their inputs' values, or zeros and ones, computing nothing: a select's or a
+# slice's backward (a tensor of zeros with the gradient placed in it; a scan's backward in a Python loop makes one of
+# the whole input's size per step) and the tensors made of constants. Neither rounding model moves their results.
+_PLACES = frozenset(("select_backward", "slice_backward", "zeros", "zeros_like", "new_zeros", "ones", "ones_like",
+                     "new_ones", "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"))
+
 # The matrix products, and which of their arguments are the two operands.
 _PRODUCTS = {"mm": (0, 1), "bmm": (0, 1), "mv": (0, 1), "dot": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
 
@@ -122,34 +129,41 @@ class Rounding(TorchDispatchMode):
     matrix product rounded to dtype (what its tensor cores read), every other value kept at float32 (at dtype where
     that is float32). Each floating-point result r of a torch op is computed as it is, moved to r·(1 + k·u·ξ), then
     rounded to float32 (and kept in its own dtype): an op errs by its result's rounding and, being a library's
-    function (exp, erf), by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], drawn afresh for every element
-    of every result. A matrix product's or a sum's result first moves by what summing its n terms in float32 errs
-    by: √n·u₃₂·Σ|terms|·ξ. Views and in-place results are left as they are (a copy would cut them from what they
-    alias)."""
+    function (exp, erf), by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], one per element of every result
+    (_uniform). A matrix product's or a sum's result first moves by what summing its n terms in float32 errs by:
+    √n·u₃₂·Σ|terms|·ξ. Views and in-place results are left as they are (a copy would cut them from what they alias),
+    and so are results that only place values (_PLACES)."""
 
     def __init__(self, dtype, generator):
         super().__init__()
         self.dtype = dtype
         self.intermediate = torch.float32 if float32_between(dtype) else dtype
         self.generator = generator
-        self.generators = {}
+        self.pools = {}
 
     def _uniform(self, t):
-        """ξ uniform in [−1, 1], one per element of t, drawn on t's device (a generator per device, seeded from the
-        check's)."""
-        generator = self.generators.get(t.device)
-        if generator is None:
+        """ξ uniform in [−1, 1], one per element of t: a window of t's size at a random offset into a pool of at
+        least twice its size, drawn once per device and dtype (from a generator seeded from the check's). Two
+        results' windows start at different offsets, so an element's ξ differs from op to op; drawing afresh for
+        every element of every result was most of the model's time (a scan's backward in a Python loop adds a
+        gradient of the whole input's size at every step)."""
+        n, key = t.numel(), (t.device, t.dtype)
+        pool = self.pools.get(key)
+        if pool is None or pool.numel() < 2 * n:
             generator = torch.Generator(t.device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
-            self.generators[t.device] = generator
-        return torch.empty(tuple(t.shape), dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
+            pool = torch.empty(max(2 * n, POOL), dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
+            self.pools[key] = pool
+        offset = int(torch.randint(pool.numel() - n + 1, (), generator=self.generator))
+        return pool[offset:offset + n].view(tuple(t.shape))
 
     def _moved(self, t, u):
-        """t·(1 + OP_UNITS·u·ξ), rounded to the intermediate precision and kept in t's dtype (made in place in ξ's
-        buffer: a new tensor of t's size per op is most of the model's time)."""
-        return self._uniform(t).mul_(OP_UNITS * u).add_(1).mul_(t).to(self.intermediate).to(t.dtype)
+        """t·(1 + OP_UNITS·u·ξ), rounded to the intermediate precision and kept in t's dtype."""
+        return (self._uniform(t) * (OP_UNITS * u)).add_(1).mul_(t).to(self.intermediate).to(t.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in _PLACES:
+            return func(*args, **kwargs)
         operands = _PRODUCTS.get(func.overloadpacket.__name__)
         if operands is not None:
             args = tuple(_rounded_to(a, self.dtype) if k in operands else a for k, a in enumerate(args))
@@ -164,7 +178,7 @@ class Rounding(TorchDispatchMode):
             if sums is not None:
                 magnitude, n = sums
                 accumulator = UNIT_ROUNDOFF[torch.float64 if self.dtype == torch.float64 else torch.float32]
-                out = out + self._uniform(out).mul_(magnitude.mul_(math.sqrt(n) * accumulator))
+                out = out + self._uniform(out) * magnitude.mul_(math.sqrt(n) * accumulator)
             return self._moved(out, u)
 
         def rounded(t):
@@ -223,7 +237,7 @@ class AtPrecision(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(r.alias_info is not None for r in func._schema.returns):
+        if any(r.alias_info is not None for r in func._schema.returns) or func.overloadpacket.__name__ in _PLACES:
             return func(*args, **kwargs)
 
         if not any(_float64(t) for t in tree_flatten((args, kwargs))[0]):

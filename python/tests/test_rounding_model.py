@@ -1,0 +1,42 @@
+"""The two models of rounding that the low-precision check measures a reference under (tapegrad/_rounding.py):
+AtPrecision (each torch op at the dtype) and Rounding (a fused kernel's arithmetic, Monte Carlo)."""
+
+import torch
+
+from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, Rounding
+
+
+def _at_bf16(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=g).to(torch.bfloat16).to(torch.float64)
+
+
+def test_results_that_only_place_values_are_left_as_they_are():
+    """A select's or a slice's backward places the gradient in a tensor of zeros; a scan's backward in a Python loop
+    makes one of the whole input's size per step. Neither model moves such a result, nor a tensor of zeros or ones."""
+    g = _at_bf16(4, 5)
+    expected_select = torch.zeros(4, 6, 5, dtype=torch.float64)
+    expected_select[:, 2] = g
+    expected_slice = torch.zeros(4, 6, 5, dtype=torch.float64)
+    expected_slice[:, 1:2] = g[:, None]
+    for mode in (lambda: AtPrecision(torch.bfloat16), lambda: Rounding(torch.bfloat16, torch.Generator())):
+        with mode():
+            placed = torch.ops.aten.select_backward(g, [4, 6, 5], 1, 2)
+            sliced = torch.ops.aten.slice_backward(g[:, None], [4, 6, 5], 1, 1, 2, 1)
+            ones = torch.ones_like(g)
+        assert placed.dtype == torch.float64 and torch.equal(placed, expected_select)
+        assert torch.equal(sliced, expected_slice)
+        assert torch.equal(ones, torch.ones_like(g))
+
+
+def test_the_fused_model_moves_each_result_by_its_own_draws():
+    """Each result r is moved to r·(1 + OP_UNITS·u·ξ) and rounded to float32, ξ uniform in [−1, 1] per element: two
+    results of the same op on the same values differ, and neither moves past OP_UNITS + 1 units of float32."""
+    t = _at_bf16(64, 32).abs() + 1
+    with Rounding(torch.bfloat16, torch.Generator().manual_seed(1)):
+        first, second = t * 1.0, t * 1.0
+    u = UNIT_ROUNDOFF[torch.float32]
+    for moved in (first, second):
+        assert float(((moved - t).abs() / t.abs()).max()) <= (OP_UNITS + 1) * u
+        assert float((moved != t).double().mean()) > 0.5
+    assert float((first != second).double().mean()) > 0.5
