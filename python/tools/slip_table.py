@@ -2,10 +2,12 @@
 """Both checkers on researcher-style ops: which slips each catches, what tapegrad names them, and how long each takes.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/slip_table.py [--size small|large|both] [--only OP]
-                                                                  [--repeat 3] [--json FILE]
+                                                                  [--repeat 3] [--json FILE] [--set FILE]
 
 The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
-each with its right version and slips annotated with the kind of slip they are. For every (op, version) and size:
+each with its right version and slips annotated with the kind of slip they are; --set FILE reads another module
+with the same names (OPS, make, inputs, KINDS, GENERIC, EXPECTED), a set of ops kept apart from the one the checker
+was built on. For every (op, version) and size:
 
   torch      torch.autograd.gradcheck, and gradgradcheck where the second order is checked; an exception from
              either is "caught" (torch says only that it failed, and where)
@@ -198,13 +200,27 @@ def summary(rows, size):
               f"{', '.join(unmapped)}")
 
 
+def _use_set(path):
+    """Measures the ops of the module at path instead of researcher_ops.py."""
+    global R, GENERIC, EXPECTED
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    R, GENERIC, EXPECTED = module, module.GENERIC, module.EXPECTED
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "large", "both"], default="both")
     parser.add_argument("--only", action="append", metavar="OP", help=f"one op (repeatable): {', '.join(R.OPS)}")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each check; the median time is kept")
     parser.add_argument("--json", metavar="FILE", help="write every row as JSON")
+    parser.add_argument("--set", metavar="FILE", help="a module of ops with researcher_ops.py's names to measure")
     args = parser.parse_args()
+    if args.set:
+        _use_set(args.set)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     for op in args.only or []:
