@@ -132,7 +132,8 @@ class Rounding(TorchDispatchMode):
     function (exp, erf), by up to k = OP_UNITS units more; ξ is uniform in [−1, 1], one per element of every result
     (_uniform). A matrix product's or a sum's result first moves by what summing its n terms in float32 errs by:
     √n·u₃₂·Σ|terms|·ξ. Views and in-place results are left as they are (a copy would cut them from what they alias),
-    and so are results that only place values (_PLACES)."""
+    and so are results that only place, select or copy values (_PLACES, _EXACT_OPS), which a kernel computes
+    exactly: a row's maximum moved would equal no element of its row, and amax's backward divides by how many do."""
 
     def __init__(self, dtype, generator):
         super().__init__()
@@ -162,7 +163,7 @@ class Rounding(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket.__name__ in _PLACES:
+        if func.overloadpacket.__name__ in _PLACES or func.overloadpacket.__name__ in _EXACT_OPS:
             return func(*args, **kwargs)
         operands = _PRODUCTS.get(func.overloadpacket.__name__)
         if operands is not None:
@@ -498,7 +499,10 @@ class _Comparison:
         """Input i's VJP at one ȳ: the kernel's (got) against float64's (exact), beside the composite's at p and the
         fused model's (models: their (VJP, float64's at its point) pairs), into the figures; seen: what the bounds
         after the draws read (_Seen)."""
-        at_p, at_fused = models
+        # a model's sample that is not finite (a value overflowing at p, a division its rounding made 0/0) measures
+        # nothing: left out, so that it neither loosens a bound to inf nor leaves a NaN in one
+        at_p, at_fused = ([(m, e) for m, e in pairs if np.all(np.isfinite(m[i]))] for pairs in models)
+        models = at_p, at_fused
         diff = np.abs(got - exact)
         if seen.working:  # each element's own rounding, held against its error once the other figures are known
             seen.elements[i].append((diff, half_ulps(exact, seen.dtype), exact))

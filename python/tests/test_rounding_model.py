@@ -40,3 +40,34 @@ def test_the_fused_model_moves_each_result_by_its_own_draws():
         assert float(((moved - t).abs() / t.abs()).max()) <= (OP_UNITS + 1) * u
         assert float((moved != t).double().mean()) > 0.5
     assert float((first != second).double().mean()) > 0.5
+
+
+def test_a_reference_through_a_row_maximum_passes_a_right_fused_kernel():
+    """A softmax reference written x − max(x) without detaching the maximum: its backward divides the maximum's
+    gradient by how many elements equal it. The fused model moved the maximum off every element, so that count
+    was 0, the model's x̄ was NaN, and a block bound of NaN failed the right kernel."""
+    import tapegrad
+
+    class Softmax(torch.autograd.Function):  # a fused kernel: float32 inside, stored at the input's dtype
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.softmax(x.float(), dim=-1)
+            ctx.save_for_backward(y)
+            return y.to(x.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            gy = g.float() * y
+            return (gy - y * gy.sum(-1, keepdim=True)).to(g.dtype)
+
+    def reference(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    for seed in range(3):
+        x = (2 * torch.randn(8, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
+        report = tapegrad.gradcheck(Softmax.apply, (x.to(torch.bfloat16).requires_grad_(),), reference=reference,
+                                    seed=seed)
+        assert report.passed, report
+        assert "nan" not in str(report).lower(), report
