@@ -2,7 +2,7 @@
 """Both checkers on researcher-style ops: which slips each catches, what tapegrad names them, and how long each takes.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/slip_table.py [--size small|large|both] [--only OP]
-                                                                  [--repeat 3] [--json FILE] [--set FILE]
+                                                  [--repeat 3] [--json FILE] [--set FILE] [--first-order]
 
 The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
 each with its right version and slips annotated with the kind of slip they are; --set FILE reads another module
@@ -45,6 +45,7 @@ import tapegrad  # noqa: E402
 GENERIC, EXPECTED = R.GENERIC, R.EXPECTED  # what counts as a name, kept with the set they measure
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
+SECOND_ORDER = True  # --first-order: a set whose backwards are not written to be differentiated again
 
 
 def _first_line(error):
@@ -88,7 +89,7 @@ def _tapegrad_check(fn, xs, order):
 def run_version(op, version, size, repeat):
     spec = R.OPS[op]
     expected = "right" if version == "right" else spec.slips[version].kind
-    orders = [1, 2] if version == "right" or expected == "second_order_only" else [1]
+    orders = [1, 2] if (version == "right" or expected == "second_order_only") and SECOND_ORDER else [1]
     fn = R.make(op, version).apply
     fast = size == "large"
     row = {"op": op, "version": version, "size": size, "expected": expected,
@@ -218,9 +219,13 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="runs of each check; the median time is kept")
     parser.add_argument("--json", metavar="FILE", help="write every row as JSON")
     parser.add_argument("--set", metavar="FILE", help="a module of ops with researcher_ops.py's names to measure")
+    parser.add_argument("--first-order", action="store_true", help="check the first order only")
     args = parser.parse_args()
     if args.set:
         _use_set(args.set)
+    if args.first_order:
+        global SECOND_ORDER
+        SECOND_ORDER = False
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     for op in args.only or []:
