@@ -37,19 +37,22 @@ import torch
 
 from ._forward_fits import named_otherwise
 from ._forward_rewrite import Search
-from ._forward_record import FIT, Inlined, _Forward, _run_forward, _term, _vjps, best_finding, record
+from ._forward_record import (FIT, Inlined, _Budget, _Forward, _run_forward, _term, _vjps, best_finding, record,
+                              search_budget)
 
 
-def name_from_forward(checked, failing):
+def name_from_forward(checked, failing, notes=None):
     """[(kind, input, check, message)] for the inputs in `failing` (names) whose VJP error is one term of the
     forward of the Function checked.fn is the `apply` of; [] where it is no Function or nothing fits. checked:
-    gradcheck's call (fn, the Function behind it, inputs, slots, names, arrays, options.seed)."""
+    gradcheck's call (fn, the Function behind it, inputs, slots, names, arrays, options.seed). A search that spends
+    its budget (SEARCH_CALLS) says so in notes."""
     from ._callables import _parameter_names
     function_class = checked.function_class
     if function_class is None or not failing:
         return []
     bare = getattr(checked.fn, "__self__", None) is function_class and not checked.kwargs
     forward = function_class if bare else Inlined(checked.fn, function_class, checked.kwargs)
+    _Budget.spent = None
     try:
         parameters = _parameter_names(checked.fn, len(checked.inputs))
         cut = _cut(checked)
@@ -60,6 +63,9 @@ def name_from_forward(checked, failing):
         return _name_all(function_class, forward, checked, failing, parameters)[0]
     except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
         return []
+    finally:
+        if _Budget.spent is not None and notes is not None:
+            notes.append(_Budget.spent)
 
 
 def _name_all(function_class, forward, checked, failing, parameters):
@@ -98,12 +104,19 @@ def _name(function_class, forward, checked, failing, parameters, parts=False):
     """(the findings; whether the forward makes a call of _PARTS: then a second search, over the parts written out,
     may name what the calls as written do not; whether the error shows: past SHOWS of x̄ for some failing input).
     forward: what _run_forward runs, function_class itself where the check was given its bare apply, else the
-    wrapper with the apply inlined."""
-    slots, names, arrays = checked.slots, checked.names, checked.arrays
+    wrapper with the apply inlined. Its runs of the forward after the first are held to SEARCH_CALLS torch calls in
+    all (a run past them raises SearchSpent)."""
     fixed = _fixed(checked.inputs)
     run = record(checked, function_class, forward, fixed, parts)
     if run.true is None:
         return [], run.recorder.has_parts, False
+    with search_budget(len(run.recorder.calls)):
+        return _search(forward, checked, failing, parameters, parts, fixed, run)
+
+
+def _search(forward, checked, failing, parameters, parts, fixed, run):
+    """_name's search once the forward is recorded (run: record's)."""
+    slots, names, arrays = checked.slots, checked.names, checked.arrays
     recorder, xs, cotangents, true, user = run.recorder, run.xs, run.cotangents, run.true, run.user
     operand, (candidates, tried, total, capped) = run.operand, run.candidates
     values = _named_values(recorder.calls, fixed, parameters, xs, names)

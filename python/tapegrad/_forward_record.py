@@ -3,6 +3,7 @@ of _forward_fits.py): each torch call a _Call with the user's line and sub-expre
 (which can cut one operand's edge, run a call straight through, or write a call out in its parts), the VJPs of the
 run at stacked cotangents, and each edge's term named in the forward's own words."""
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -22,6 +23,13 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 MAX_EDGES = 64      # edges of the forward tried, in the order the forward makes them
+# Each run of the forward in a search over its terms (one a candidate edge, substitution or rewrite) makes as many
+# torch calls as the forward does. A search stops once its runs have made SEARCH_CALLS calls in all: a forward of a
+# few dozen calls is searched in full, and a long one (a scan written as a Python loop makes a thousand calls a run)
+# as far as that allows, the report saying so, where its search cost fifty times the check (a gated scan of 256
+# steps at bf16: 78 s of a 97 s check).
+SEARCH_CALLS = 1 << 18
+SEARCH_SPENT = "the search over the forward's terms stopped"  # how the report's note of it begins
 COTANGENTS = 3      # random ȳ the error is fitted at, stacked
 FIT = 1e-6          # a fit's residual at most this fraction of ‖e‖: the rest is rounding
 _ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*=(?!=)\s*(.*?)\s*(#.*)?$")
@@ -191,9 +199,41 @@ def _plain_forward(function_class, args):
     return function_class.forward(_Context(len(args)), *args)
 
 
+class SearchSpent(Exception):
+    """A search over the forward's terms has spent its SEARCH_CALLS (search_budget)."""
+
+
+class _Budget:
+    """The torch calls a run of the forward makes, and the runs made, in the search under way (calls 0: none); spent:
+    what a search said when its budget ran out, kept for its caller (a search catches its candidates' exceptions,
+    SearchSpent among them, and goes on to the next, each refused at once)."""
+    calls = 0
+    runs = 0
+    spent = None
+
+
+@contextlib.contextmanager
+def search_budget(calls):
+    """Counts the runs of a forward of `calls` torch calls that _run_forward makes inside: past SEARCH_CALLS calls in
+    all, the next run raises SearchSpent."""
+    saved = _Budget.calls, _Budget.runs
+    _Budget.calls, _Budget.runs = max(1, calls), 0
+    try:
+        yield
+    finally:
+        _Budget.calls, _Budget.runs = saved
+
+
 def _run_forward(function_class, args, slots, arrays, mode):
     """The forward of function_class (a Function, or an Inlined wrapper) as plain torch code at arrays (in the checked
-    slots), under mode: (xs, y)."""
+    slots), under mode: (xs, y). Inside search_budget, a run past its budget raises SearchSpent instead."""
+    if _Budget.calls:
+        if (_Budget.runs + 1) * _Budget.calls > SEARCH_CALLS:
+            _Budget.spent = (f"{SEARCH_SPENT} after {_Budget.runs} runs of the forward ({_Budget.calls} torch calls "
+                             f"each, {SEARCH_CALLS} in all): a forward this long is searched no further, and the "
+                             "check's findings stand as they are")
+            raise SearchSpent(_Budget.spent)
+        _Budget.runs += 1
     args = list(args)
     xs = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
     for slot, x in zip(slots, xs):

@@ -34,8 +34,11 @@ def _name_from_forward(report, call):
     if not failing:
         return
     from ._forward import name_from_forward
-    for kind, input_name, check, message in name_from_forward(call, failing):
+    notes = []
+    for kind, input_name, check, message in name_from_forward(call, failing, notes):
         _tapegrad._add_diagnosis(report, kind, input_name, check, message)
+    if notes:
+        report._notes = getattr(report, "_notes", []) + notes
 
 
 def claim(text, *, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=None, projections=4, seed=20240809, diagnose=True):

@@ -33,6 +33,7 @@ import torch
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
 from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, full_jacobian_there
+from ._forward_record import SEARCH_SPENT
 from ._torch_op import float_outputs
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
@@ -306,6 +307,10 @@ def _float64_names(report, c, same, float64_report, where):
                                          f"as in float64 (fn's float64 path errs as its {check.split()[-1]} one "
                                          f"does, to rounding; its float64 check{where} reads): {d.message}")
                 named.setdefault(i, []).append(d.kind)
+    # a search over the forward's terms that gave up there says so here (tapegrad/_forward_record.py)
+    spent = [note for note in getattr(report64, "_notes", []) if note.startswith(SEARCH_SPENT)]
+    if spent:
+        report._notes = getattr(report, "_notes", []) + [f"its float64 check{where}: {note}" for note in spent]
     return named, shown
 
 

@@ -101,3 +101,19 @@ def test_a_term_left_out_at_every_step_of_a_loop_that_carries_nothing():
 
     report = check(RowScale, inputs((4, 3), (3,)))
     assert not report.passed and not report.has("wrong_value", "w"), str(report)
+
+
+def test_a_long_forward_is_searched_within_its_budget_and_the_report_says_so(monkeypatch):
+    """Each run of the search over the forward's terms makes as many torch calls as the forward does; past
+    SEARCH_CALLS calls in all the search stops, its findings so far kept, and a note says where it stopped. A
+    forward of a few dozen calls is searched in full under the budget as it is."""
+    import tapegrad._forward_record as record
+    x, d, b = leaky_inputs()
+    full = check(leaky_sum("one_step_late"), (x, d, b))
+    assert not any("search over the forward's terms stopped" in line for line in str(full).splitlines()), full
+    calls = 3 * x.shape[0] + 4  # about what one run of LeakySum.forward makes
+    monkeypatch.setattr(record, "SEARCH_CALLS", 3 * calls)
+    stopped = check(leaky_sum("one_step_late"), (x, d, b))
+    assert not stopped.passed
+    note = next(line for line in str(stopped).splitlines() if "search over the forward's terms stopped" in line)
+    assert "runs of the forward" in note and "torch calls each" in note, stopped
