@@ -25,9 +25,11 @@ axis (at most 32), and a loop's step.
 
 It runs only on a failed VJP that no structural kind of the Jacobian explains (gradcheck's caller decides; a per-row
 term, which gives the error's shape in each row and not its term, is not one), and costs one forward and backward
-per candidate, at most 64 edges: VJPs only, so at any size. Past ON_A_CUT elements it runs on the op cut to its first
-two rows along y's axes first (each run then costs those rows), and at the whole size only where the error does not
-show there; what it finds on the cut says where.
+per candidate, at most 64 edges: VJPs only, so at any size. Its runs of the forward after the first make at most
+SEARCH_CALLS torch calls in all (_forward_record.py): a long forward, a scan written as a Python loop, is searched
+as far as that allows, and the report says where the search stopped. Past ON_A_CUT elements it runs on the op cut to
+its first two rows along y's axes first (each run then costs those rows), and at the whole size only where the error
+does not show there; what it finds on the cut says where.
 """
 
 from dataclasses import replace
