@@ -339,19 +339,29 @@ def _name_block(report, c, i, besides):
                              f"{seen}: {what}")
 
 
+def _along(comparison, i, name):
+    """(r, how the report says it): input i's error's share r along x̄ itself, against what rounding explains."""
+    r = comparison.along[i]
+    times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
+    return r, f"its error is {r:+.2g} of {name}̄ itself, {times:.1f}× the share rounding's independent errors explain"
+
+
+def _scale_of_one_piece(report, c, i, seen):
+    """Names input i's error a scale of 1 + r, its share along x̄ (seen: the report's words for it)."""
+    r, name = c.comparison.along[i], c.names[i]
+    _tapegrad._add_diagnosis(report, "scale", name, c.check,
+                             f"{name}̄ is {1 + r:.6g} × the reference's ({seen}; the rest of the error is rounding's "
+                             "size): a constant factor in the rule, such as n/(n − 1) for n")
+
+
 def _a_factor_near_one(report, c, i):
     """Names input i's error a scale where it is past the bound at some element and of one piece along x̄ with
     rounding's size left, d = r·x̄₆₄ + rounding: a factor a few units of roundoff from 1, which rounding moves from ȳ
     to ȳ by more than constant_factor's 1e-6 (a slip in fn's float64 path too is named by the float64 check)."""
-    comparison, name = c.comparison, c.names[i]
+    comparison = c.comparison
     if comparison.along_passed(i) or comparison.along_rest[i] > SCALE_REST * comparison.rounding_rms[i]:
         return False
-    r = comparison.along[i]
-    times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
-    _tapegrad._add_diagnosis(report, "scale", name, c.check,
-                             f"{name}̄ is {1 + r:.6g} × the reference's (its error is {r:+.2g} of {name}̄ itself, "
-                             f"{times:.1f}× the share rounding's independent errors explain, and the rest of the "
-                             "error is rounding's size): a constant factor in the rule, such as n/(n − 1) for n")
+    _scale_of_one_piece(report, c, i, _along(comparison, i, c.names[i])[1])
     return True
 
 
@@ -365,15 +375,11 @@ def name_precision_failures(report, c, failing):
     # of it, d − r·x̄, is rounding's size (SCALE_REST times its rms at most)
     along_only = [i for i in failing if comparison.error_within(i) and not comparison.along_passed(i)]
     for i in along_only:
-        r, name = comparison.along[i], names[i]
-        times = abs(r) / comparison.along_bound[i] if comparison.along_bound[i] > 0 else math.inf
-        seen = (f"its error is {r:+.2g} of {name}̄ itself, {times:.1f}× the share rounding's independent errors "
-                f"explain; at each element it is within rounding, so only its sum over the {comparison.sizes[i]} "
-                "elements shows it")
+        name = names[i]
+        seen = (f"{_along(comparison, i, name)[1]}; at each element it is within rounding, so only its sum over the "
+                f"{comparison.sizes[i]} elements shows it")
         if comparison.along_rest[i] <= SCALE_REST * comparison.rounding_rms[i]:
-            _tapegrad._add_diagnosis(report, "scale", name, check,
-                                     f"{name}̄ is {1 + r:.6g} × the reference's ({seen}; the rest of the error is "
-                                     "rounding's size): a constant factor in the rule, such as n/(n − 1) for n")
+            _scale_of_one_piece(report, c, i, seen)
         else:
             _tapegrad._add_diagnosis(report, "unexplained", name, check,
                                      f"{seen}; the rest is "
