@@ -1,6 +1,7 @@
 // tapegrad exercise: the exercises of docs/reverse-mode.md and docs/learn.md (docs/exercises.txt,
 // checker/formulas/exercise.hpp). Without a name, the list by chapter; with one, its task; with --vjp or --jvp, the
-// learner's rule checked, its diagnosis the hint. Exit 0 when the rule holds (or nothing was checked), 1 when it is wrong, 2 for a usage or formula error.
+// learner's rule checked, its diagnosis the hint. Exit 0 when the rule holds (or nothing was checked), 1 when it is
+// wrong, 2 for a usage or formula error.
 #include <memory>
 
 #include <fmt/format.h>
