@@ -39,8 +39,8 @@ import torch
 
 from ._forward_fits import named_otherwise
 from ._forward_rewrite import Search
-from ._forward_record import (FIT, Inlined, _Budget, _Forward, _run_forward, _term, _vjps, best_finding, record,
-                              search_budget)
+from ._forward_record import (FIT, Inlined, _Forward, _run_forward, _term, _vjps, best_finding, record, search_budget,
+                              spent_into)
 
 
 def name_from_forward(checked, failing, notes=None):
@@ -54,20 +54,17 @@ def name_from_forward(checked, failing, notes=None):
         return []
     bare = getattr(checked.fn, "__self__", None) is function_class and not checked.kwargs
     forward = function_class if bare else Inlined(checked.fn, function_class, checked.kwargs)
-    _Budget.spent = None
-    try:
-        parameters = _parameter_names(checked.fn, len(checked.inputs))
-        cut = _cut(checked)
-        if cut is not None:  # at size, the op cut to its first rows first: each of the runs below costs their size
-            found, shown = _name_all(function_class, forward, cut[0], failing, parameters)
-            if shown:
-                return [(kind, name, check, cut[1] + message) for kind, name, check, message in found]
-        return _name_all(function_class, forward, checked, failing, parameters)[0]
-    except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
-        return []
-    finally:
-        if _Budget.spent is not None and notes is not None:
-            notes.append(_Budget.spent)
+    with spent_into(notes):
+        try:
+            parameters = _parameter_names(checked.fn, len(checked.inputs))
+            cut = _cut(checked)
+            if cut is not None:  # at size, the op cut to its first rows first: each run below costs their size
+                found, shown = _name_all(function_class, forward, cut[0], failing, parameters)
+                if shown:
+                    return [(kind, name, check, cut[1] + message) for kind, name, check, message in found]
+            return _name_all(function_class, forward, checked, failing, parameters)[0]
+        except Exception:  # a forward that cannot run as plain torch code: the report stands as it is
+            return []
 
 
 def _name_all(function_class, forward, checked, failing, parameters):

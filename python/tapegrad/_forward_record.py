@@ -224,6 +224,17 @@ def search_budget(calls):
         _Budget.calls, _Budget.runs = saved
 
 
+@contextlib.contextmanager
+def spent_into(notes):
+    """Adds to notes what a search inside said when its budget ran out (nothing where none ran out)."""
+    _Budget.spent = None
+    try:
+        yield
+    finally:
+        if _Budget.spent is not None and notes is not None:
+            notes.append(_Budget.spent)
+
+
 def _run_forward(function_class, args, slots, arrays, mode):
     """The forward of function_class (a Function, or an Inlined wrapper) as plain torch code at arrays (in the checked
     slots), under mode: (xs, y). Inside search_budget, a run past its budget raises SearchSpent instead."""
