@@ -162,10 +162,10 @@ class Rounding(TorchDispatchMode):
         return (self._uniform(t) * (OP_UNITS * u)).add_(1).mul_(t).to(self.intermediate).to(t.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.overloadpacket.__name__ in _PLACES or func.overloadpacket.__name__ in _EXACT_OPS:
+        kwargs, name = kwargs or {}, func.overloadpacket.__name__
+        if name in _PLACES or name in _EXACT_OPS:
             return func(*args, **kwargs)
-        operands = _PRODUCTS.get(func.overloadpacket.__name__)
+        operands = _PRODUCTS.get(name)
         if operands is not None:
             args = tuple(_rounded_to(a, self.dtype) if k in operands else a for k, a in enumerate(args))
         out = func(*args, **kwargs)
