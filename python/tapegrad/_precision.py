@@ -27,10 +27,10 @@ and does not add up in ȳ, as a long sum accumulated at p makes it; else unexpla
 import torch
 
 from . import _tapegrad
-from ._blocks import FLOOR
+from ._blocks import FLOOR, OWN
 from ._precision_names import PrecisionCheck, name_precision_failures
-from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt, _Run,
-                        compare, within)
+from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, OWN_CAP, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt,
+                        _Run, compare, within)
 
 
 def _precision_of(inputs, slots):
@@ -64,8 +64,9 @@ def _figures(comparison, i, dtype):
             "fused": "a fused kernel's (float32 between products)",
             "sums": f"a float32 sum of {f['terms']:.0f} terms",
             "storage": f"the result's rounding to {p}",
+            "own": f"how far the op's own ops at {p} move it with their roundings falling otherwise",
             "cap": "a fused kernel's own error (its result's rounding, products' operands and float32 sums, added)"}
-    shown = [k for k in FIGURES if not (k == "fused" and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
+    shown = [k for k in FIGURES if not (k in ("fused", "own") and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
     value = f["cap"] if judge == "cap" else f[judge]
     others = "".join(f"; {said[k]} {f[k]:.2g}" for k in shown if k != judge)
@@ -122,7 +123,10 @@ def check_at_precision(call, float64_report):
                  "compare it with itself)")
     notes = [head, f"rounding: {MARGIN:g} × the largest of: how far {ref_name} moves with each of its ops computed at "
              f"{DTYPE_NAMES[dtype]} (on x and on x moved by an ulp), a fused kernel's model, a float32 sum over the "
-             f"length of x̄'s sums, the result's own rounding; over {DRAWS} random ȳ"]
+             f"length of x̄'s sums, the result's own rounding"
+             + (f", how far {name}'s own ops at {DTYPE_NAMES[dtype]} move it with their roundings falling otherwise "
+                f"(up to {OWN_CAP:g} × the reference's figure)" if comparison.own_sampled else "")
+             + f"; over {DRAWS} random ȳ"]
     check = f"vjp {DTYPE_NAMES[dtype]}"
     for i, input_name in enumerate(names):
         ok = comparison.passed(i)
@@ -151,8 +155,9 @@ def check_at_precision(call, float64_report):
             notes.append(f"{input_name}: in {input_name}̄{place} ({words}) its error is of one piece along "
                          f"{input_name}̄ there, {input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·"
                          f"{input_name}̄₆₄ + the rest; rounding explains a share up to {bound:.2g} in that block "
-                         f"(the largest of {MARGIN:g} × the composite's there, {SIGMAS:g} σ of independent errors, and "
-                         f"{FLOOR} units of {DTYPE_NAMES[dtype]}'s roundoff)")
+                         f"(the largest of {MARGIN:g} × the composite's there, {SIGMAS:g} σ of independent errors, "
+                         + (f"{OWN:g} × the op's own roundings' there, " if comparison.own_sampled else "")
+                         + f"and {FLOOR} units of {DTYPE_NAMES[dtype]}'s roundoff)")
     forward_ok = comparison.forward_passed()
     _tapegrad._add_check(report, dict(input="y", check=f"forward {DTYPE_NAMES[dtype]}", mode="exact",
                                       passed=forward_ok, error=comparison.forward_error, worst="",

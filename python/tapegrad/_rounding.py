@@ -28,12 +28,18 @@ operands at p (the fused model's figure) and the float32 sums (their allowance),
 values at p between ops and on some devices sum at p, excuse only an op that computes with them; and each element is
 held to MARGIN times the larger of its own ½ulp and the other figures (_Comparison.element_excess), not to the largest
 element's ½ulp.
+An op that rounds in torch ops at p rounds as its own formula does, which need not be as the reference's: a softmax's
+backward written as y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops erred up to 1.8 times the composite's figure, a gated scan's 2.5
+times. Such an op is run OWN_RUNS times more with its own roundings falling otherwise (OwnRounding), and how far
+that moves x̄ is a figure too, up to OWN_CAP times the composite's, so that its bound stays within 3.5 times the
+composite's figure; a slip does not move with the roundings, and stays out of it.
 
 At bf16 and fp16 a slip can err by less than an ulp at every element (a scale of 1.004) and pass B. Its error is of
 one piece, though, where rounding's errors are nearly independent from element to element; so the share of x̄
 itself in the error, r = ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩/⟨x̄₆₄, x̄₆₄⟩, is held to MARGIN times the composite's and the fused
-model's own r, or SIGMAS times the σ that independent errors of their size (and of the kernel's, and of the
-result's rounding) give it. A slip's r grows past that σ with the number of elements.
+model's own r (and, for an op in torch ops at p, that of its own roundings falling otherwise), or SIGMAS times
+the σ that independent errors of their size (and of the kernel's, and of the result's rounding) give it. A slip's r
+grows past that σ with the number of elements.
 The same share is read block by block (a row, a column, a batch element: tapegrad/_blocks.py), where a slip of one
 block hides under both the bound of the largest rows and the share of the whole.
 """
@@ -62,6 +68,8 @@ SIGMAS = 5         # r, the error's share along x̄, past this many σ of indepe
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
 POOL = 1 << 16     # Rounding: the least number of uniform draws its pool of ξ holds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
+OWN_RUNS = 4       # OwnRounding: runs of an op in torch ops at p with its own roundings falling otherwise
+OWN_CAP = 2        # an op in torch ops at p: how far its own roundings move x̄ counts up to this × the composite's
 
 
 def _sum_length(func, args, result):
@@ -266,6 +274,43 @@ class AtPrecision(TorchDispatchMode):
         return tree_map(home, out)
 
 
+class OwnRounding(Rounding):
+    """An op that computes in torch ops at dtype, run with its own roundings falling otherwise: each
+    result r that a torch op of it computes at dtype (a product, an exp, a sum, a cast down to dtype) moved by about
+    as much as its rounding moved it, r + ξ·(u·|r| + e), and rounded to dtype again, ξ uniform in [−1, 1] (_uniform).
+    e is how far a product's or a sum's result at dtype is from the same op on its operands in float32, measured
+    (a matrix product at bf16 on some CPUs keeps its partial sums at bf16 and errs 14 times the rounding of its
+    result over 512 terms). A sample of how the op's own formula errs at dtype, a
+    little wider than its own error, which the op's formula sets and not the reference's (a softmax's
+    y ⊙ (ȳ − ⟨ȳ, y⟩) along a row where the difference cancels errs far more than the reference there). Results that
+    alias, place or select values are left as they are, as Rounding leaves them."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs, name = kwargs or {}, func.overloadpacket.__name__
+        out = func(*args, **kwargs)
+        if name in _PLACES or (name in _EXACT_OPS and name != "_to_copy") or \
+                any(r.alias_info is not None for r in func._schema.returns):
+            return out
+        u = UNIT_ROUNDOFF[self.dtype]
+        wide = None
+        if (name in _PRODUCTS or name in ("sum", "mean")) and isinstance(out, torch.Tensor):
+            at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
+            wide = func(*tree_map(at_32, args), **kwargs)
+
+        def moved(t):
+            if not (isinstance(t, torch.Tensor) and t.dtype == self.dtype):
+                return t
+            if name == "_to_copy" and not any(isinstance(a, torch.Tensor) and a.is_floating_point()
+                                              and UNIT_ROUNDOFF.get(a.dtype, 1) < u for a in args):
+                return t  # a cast that rounds nothing
+            r = t.to(torch.float32)
+            spread = r.abs().mul_(u)
+            if wide is not None and wide.shape == r.shape:
+                spread.add_((r - wide).abs_())
+            return r.add_(self._uniform(r) * spread).to(self.dtype)
+        return tree_map(moved, out)
+
+
 # torch ops that move, cast, make or select values without rounding them
 _EXACT_OPS = frozenset((
     "_to_copy", "copy_", "clone", "detach", "lift_fresh", "lift_fresh_copy", "empty", "empty_like", "empty_strided",
@@ -315,7 +360,7 @@ class _Run:
             raise RuntimeError(f"gradcheck: {who} raised {type(error).__name__}: {error}") from error
         if not self.ys:
             raise TypeError(f"gradcheck: {who} returned no floating-point tensor")
-        self.who = who
+        self.fn, self.who = fn, who
 
     def vjp(self, cotangents):
         """x̄ᵢ = Σ_k J_kᵢᵀ ȳ_k as float64 numpy arrays (zeros where an input does not reach the outputs)."""
@@ -363,7 +408,7 @@ def _largest(arrays):
 
 
 # The figures a bound is the largest of, as the report names them.
-FIGURES = ("composite", "fused", "sums", "storage")
+FIGURES = ("composite", "fused", "sums", "storage", "own")
 
 
 def _held(figures):
@@ -427,6 +472,7 @@ class _Comparison:
             fused = [(reference_at(lambda: Rounding(dtype, generator), move=k), exact) for k, exact in points]
         count = len(kernel.xs)
         self.error = [0.0] * count
+        self.own = [0.0] * count  # how far the kernel's x̄ moves with its own roundings falling otherwise, the largest
         self.along = [0.0] * count      # the kernel's share r of x̄₆₄ in its error, the largest |r| over the ȳ drawn
         along_rounding = [[0.0, 0.0] for _ in range(count)]  # [the composite's and fused model's |r|, the noise σ]
         self.along_rest = [0.0] * count   # the rms of the rest of that error, d − r·x̄₆₄
@@ -443,6 +489,10 @@ class _Comparison:
         # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones
         held = working and kernel.rounds_in_torch is False
+        # an op computing in torch ops at p rounds as its own formula does, which the composite's figures need not
+        # show: it is run again with its own roundings falling otherwise (OwnRounding), a figure of its own
+        own = _own_runs(kernel, dtype, generator) if kernel.rounds_in_torch else []
+        self.own_sampled = bool(own)
         seen = _Seen(dtype, working, [[] for _ in range(count)], along_rounding,
                      [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs])
         elements, blocks = seen.elements, seen.blocks
@@ -456,8 +506,9 @@ class _Comparison:
             got = kernel.vjp(g)
             at_p = [(s.vjp(g), exact_at[id(e)]) for s, e in composite]
             at_fused = [(s.vjp(g), exact_at[id(e)]) for s, e in fused]
+            at_own = [s.vjp(g) for s in own]
             for i in range(count):
-                self._take_draw(i, got[i], exact[i], (at_p, at_fused), seen)
+                self._take_draw(i, got[i], exact[i], (at_p, at_fused), seen, [o[i] - got[i] for o in at_own])
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
             # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
@@ -470,10 +521,16 @@ class _Comparison:
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
             self._sums_and_storage(i, n, terms[i], dtype, held)
+            # an op computing in torch ops at p errs as its own formula does: how far its own roundings, falling
+            # otherwise, move x̄ counts as a figure, up to OWN_CAP times the composite's (a softmax's backward written
+            # as y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops erred up to 1.8 times the composite's figure, and a gated scan's 2.5)
+            self.figures[i]["own"] = min(self.own[i], OWN_CAP * self.figures[i]["composite"])
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
         # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
         # (a kernel held to a fused kernel's arithmetic is judged by bound, and its slip named through its noise)
-        self.noise_bound = [MARGIN * max(f[k] for k in FIGURES) for f in self.figures]
+        # (the op's own roundings left out: a running sum kept at bf16 moves with them, and reads as a scale of 0.99
+        # in their noise)
+        self.noise_bound = [MARGIN * max(f[k] for k in FIGURES if k != "own") for f in self.figures]
         # At bf16 and fp16 the result's rounding moves each element by half an ulp of its own: an element's error is
         # held to MARGIN times the larger of that and the other figures, not to the largest element's half ulp. The
         # worst element past it: (its index, its error, x̄₆₄ there, MARGIN × its own rounding, MARGIN × the others).
@@ -495,9 +552,10 @@ class _Comparison:
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
-    def _take_draw(self, i, got, exact, models, seen):
+    def _take_draw(self, i, got, exact, models, seen, own=()):
         """Input i's VJP at one ȳ: the kernel's (got) against float64's (exact), beside the composite's at p and the
-        fused model's (models: their (VJP, float64's at its point) pairs), into the figures; seen: what the bounds
+        fused model's (models: their (VJP, float64's at its point) pairs), into the figures; own: how far the
+        kernel's VJP moves with its own roundings falling otherwise (an op in torch ops at p); seen: what the bounds
         after the draws read (_Seen)."""
         # a model's sample that is not finite (a value overflowing at p, a division its rounding made 0/0) measures
         # nothing: left out, so that it neither loosens a bound to inf nor leaves a NaN in one
@@ -517,6 +575,8 @@ class _Comparison:
         self.scale[i] = max(self.scale[i], _largest([exact]))
         r, sigma = along(got - exact, exact)
         self.factor[i].append((1 + r, _largest([got - (1 + r) * exact])))
+        own = [d for d in own if np.all(np.isfinite(d))]
+        self.own[i] = max([self.own[i]] + [_largest([d]) for d in own])
         if not seen.working:
             return
         u = UNIT_ROUNDOFF[seen.dtype]
@@ -531,8 +591,11 @@ class _Comparison:
             r_m, sigma_m = along(m[i] - e[i], e[i])
             rounding[0], rounding[1] = max(rounding[0], abs(r_m)), max(rounding[1], sigma_m)
             self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
+        for d in own:  # its own roundings, falling otherwise, move x̄ along itself too (a row's rounded statistic)
+            r_o, sigma_o = along(d, exact)
+            rounding[0], rounding[1] = max(rounding[0], abs(r_o)), max(rounding[1], sigma_o)
         if seen.blocks[i] is not None:
-            _block_draw(seen.blocks[i], got - exact, exact, models, i, u)
+            _block_draw(seen.blocks[i], got - exact, exact, models, i, u, own)
 
     def _sums_and_storage(self, i, n, terms, dtype, held):
         """Input i's figures for a float32 sum of n terms (terms: the 2-norm of what its elements sum) and for the
@@ -597,15 +660,17 @@ class _Comparison:
         return within(self.forward_error, self.forward_bound)
 
 
-def _block_draw(blocks, d, exact, models, i, u):
+def _block_draw(blocks, d, exact, models, i, u, own):
     """One ȳ's block shares of input i: the kernel's error d where x̄₆₄ is exact, the composite's and the fused
-    model's errors at their points (models: their (VJP, float64's at its point) pairs), and the result's rounding
-    (u/√3 rms, relative to each element)."""
+    model's errors at their points (models: their (VJP, float64's at its point) pairs), how far the kernel's own
+    roundings falling otherwise move it (own), and the result's rounding (u/√3 rms, relative to each element)."""
     at_p, at_fused = models
     for m, e in at_p:
         blocks.add_rounding(m[i] - e[i], e[i], composite=True)
     for m, e in at_fused:
         blocks.add_rounding(m[i] - e[i], e[i], composite=False)
+    for moved in own:
+        blocks.add_own(moved, exact)
     blocks.add_kernel(d, exact)
     blocks.add_storage(exact, u)
     blocks.draw(MARGIN, SIGMAS)
@@ -673,6 +738,17 @@ def _cotangents(run, generator):
     """DRAWS random ȳ in float64 for the run's outputs (rounded to each output's dtype by the VJPs that use them)."""
     return [[torch.randn(tuple(y.shape), generator=generator, dtype=torch.float64).to(y.dtype).to(torch.float64)
              for y in run.ys] for _ in range(DRAWS)]
+
+
+def _own_runs(kernel, dtype, generator):
+    """OWN_RUNS runs of the kernel with its own roundings at dtype falling otherwise (OwnRounding), at its inputs;
+    none where one raises (its blocks are then held as before: tapegrad/_blocks.py)."""
+    mode = OwnRounding(dtype, generator)
+    try:
+        return [_Run(kernel.fn, kernel.args, kernel.slots, kernel.kwargs, kernel.who, lambda: mode)
+                for _ in range(OWN_RUNS)]
+    except (RuntimeError, TypeError):
+        return []
 
 
 def compare(kernel, ref_fn, dtype, generator, label, composed=False):

@@ -1,9 +1,10 @@
-"""The two models of rounding that the low-precision check measures a reference under (tapegrad/_rounding.py):
-AtPrecision (each torch op at the dtype) and Rounding (a fused kernel's arithmetic, Monte Carlo)."""
+"""The models of rounding that the low-precision check measures under (tapegrad/_rounding.py): AtPrecision (each
+torch op of the reference at the dtype), Rounding (a fused kernel's arithmetic, Monte Carlo) and OwnRounding (an op
+in torch ops at the dtype, its own roundings falling otherwise)."""
 
 import torch
 
-from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, Rounding
+from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, OwnRounding, Rounding
 
 
 def _at_bf16(*shape, seed=0):
@@ -71,3 +72,35 @@ def test_a_reference_through_a_row_maximum_passes_a_right_fused_kernel():
                                     seed=seed)
         assert report.passed, report
         assert "nan" not in str(report).lower(), report
+
+
+def test_an_ops_own_roundings_fall_otherwise_by_about_a_rounding_and_a_products_by_what_it_erred():
+    """OwnRounding moves each result an op computes at bf16 by up to u·|r| (and rounds it again), a product's by what
+    it erred past its rounding too (measured against the product in float32), and leaves casts that round nothing,
+    selections and tensors of constants as they are. Its draws are its own: the pool it draws from is not changed by
+    a draw."""
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+    a = _at_bf16(64, 512, seed=1).to(torch.bfloat16)
+    b = _at_bf16(512, 24, seed=2).to(torch.bfloat16)
+    exact = a.double() @ b.double()
+    product_error = ((a @ b).double() - exact).abs()
+    mode = OwnRounding(torch.bfloat16, torch.Generator().manual_seed(3))
+    with mode:
+        moved = [a * 1.5 for _ in range(2)]
+        products = [a @ b for _ in range(2)]
+        same = [a.to(torch.bfloat16), a[:, 3], torch.zeros_like(a)]
+    plain = (a * 1.5).double()
+    for m in moved:
+        assert not torch.equal(m.double(), plain)
+        # moved by up to u·|r|, then rounded again: at most a unit of u·|r| more
+        assert float(((m.double() - plain).abs() / plain.abs().clamp_min(1e-30)).max()) <= 2 * u + 1e-12
+    assert not torch.equal(moved[0], moved[1])
+    for p in products:  # each within its measured error, its rounding and a rounding again of what it erred
+        spread = product_error + u * exact.abs()
+        assert bool(((p.double() - (a @ b).double()).abs() <= 2 * spread + u * p.double().abs()).all())
+    assert float((products[0].double() - products[1].double()).abs().max()) > float(u * exact.abs().max())
+    assert torch.equal(same[0], a) and torch.equal(same[1], a[:, 3]) and torch.equal(same[2], torch.zeros_like(a))
+    pool = mode.pools[(a.device, torch.float32)].clone()
+    with mode:
+        a * 1.5
+    assert torch.equal(pool, mode.pools[(a.device, torch.float32)])
