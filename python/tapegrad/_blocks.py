@@ -41,9 +41,10 @@ POOLED = 5
 FLOOR = 2
 # An op in torch ops at p, where its own roundings were sampled (tapegrad/_rounding.py's OwnRounding: OWN_RUNS runs,
 # each a little wider than its own rounding): each block is allowed OWN times the largest share they give it, in
-# place of the pooled allowance, and at most OWN_MOST times that. A layer norm in bf16 ops with a row 2% off passed
-# under the pool (its softmax's row that cancels set it for every row); over 448 right checks of such kernels, one
-# block erred past 4 times its own samples (6 times: a column of an RMSNorm's x̄).
+# place of the pooled allowance, and at most OWN_MOST times that. A linear + GELU kernel whose products round at bf16
+# passed with a row or a column of x̄ 2% off under the pool, which the blocks where the composite rounds most set
+# for every block. Over 448 right checks of kernels in torch ops at bf16, one block erred past OWN times its own
+# samples (a column of an RMSNorm's x̄, 6 times).
 OWN = 4
 OWN_MOST = 2
 
