@@ -422,8 +422,8 @@ def _held(figures):
 class _Seen:
     """What _Comparison's draws gather for the bounds read after them: the dtype p, whether a 16-bit kernel computes
     in float32 between its values (working), per input and ȳ the element-wise errors (|x̄ₚ − x̄₆₄|, ½ulp of each
-    element of x̄₆₄, x̄₆₄), per input [the composite's and fused model's largest |r| along x̄, the noise σ of r]
-    (along_rounding), and per input its blocks' shares (BlockShares, or None)."""
+    element of x̄₆₄, x̄₆₄), per input [the composite's and fused model's largest |r| along x̄, the noise σ of r, the
+    same two of the op's own roundings] (along_rounding), and per input its blocks' shares (BlockShares, or None)."""
     dtype: object
     working: bool
     elements: list
@@ -474,7 +474,8 @@ class _Comparison:
         self.error = [0.0] * count
         self.own = [0.0] * count  # how far the kernel's x̄ moves with its own roundings falling otherwise, the largest
         self.along = [0.0] * count      # the kernel's share r of x̄₆₄ in its error, the largest |r| over the ȳ drawn
-        along_rounding = [[0.0, 0.0] for _ in range(count)]  # [the composite's and fused model's |r|, the noise σ]
+        # [the composite's and fused model's |r|, the noise σ; the op's own roundings' |r| and σ]
+        along_rounding = [[0.0, 0.0, 0.0, 0.0] for _ in range(count)]
         self.along_rest = [0.0] * count   # the rms of the rest of that error, d − r·x̄₆₄
         self.rounding_rms = [0.0] * count  # the rms of rounding's error: the composite's, the fused model's, storage's
         self.sizes = [x.numel() for x in kernel.xs]
@@ -537,8 +538,11 @@ class _Comparison:
         self.element_excess = [_element_excess(self.figures[i], elements[i]) for i in range(count)]
         # |r| rounding explains (bf16, fp16): MARGIN times the composite's or the fused model's own, or SIGMAS times
         # the noise σ its independent errors give r (the composite's, the fused model's, the kernel's own, and the
-        # result's rounding: u/√3 rms relative to each element)
-        self.along_bound = [max(MARGIN * r, SIGMAS * sigma) if working else math.inf for r, sigma in along_rounding]
+        # result's rounding: u/√3 rms relative to each element); the op's own roundings' r and σ count up to OWN_CAP
+        # times those
+        self.along_bound = [max(MARGIN * max(r, min(r_own, OWN_CAP * r)),
+                                SIGMAS * max(sigma, min(sigma_own, OWN_CAP * sigma))) if working else math.inf
+                            for r, sigma, r_own, sigma_own in along_rounding]
         # the same share block by block (a row, a column, a batch element): (x̄[…], in words, r_b, its bound) of the
         # block most past its bound, or None
         self.block_excess = [None if b is None else b.excess() for b in blocks]
@@ -593,7 +597,7 @@ class _Comparison:
             self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
         for d in own:  # its own roundings, falling otherwise, move x̄ along itself too (a row's rounded statistic)
             r_o, sigma_o = along(d, exact)
-            rounding[0], rounding[1] = max(rounding[0], abs(r_o)), max(rounding[1], sigma_o)
+            rounding[2], rounding[3] = max(rounding[2], abs(r_o)), max(rounding[3], sigma_o)
         if seen.blocks[i] is not None:
             _block_draw(seen.blocks[i], got - exact, exact, models, i, u, own)
 
