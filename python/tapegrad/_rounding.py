@@ -491,9 +491,12 @@ class _Comparison:
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones
         held = working and kernel.rounds_in_torch is False
         # an op computing in torch ops at p rounds as its own formula does, which the composite's figures need not
-        # show: it is run again with its own roundings falling otherwise (OwnRounding), a figure of its own
-        own = _own_runs(kernel, dtype, generator) if kernel.rounds_in_torch else []
-        self.own_sampled = bool(own)
+        # show: it is run again with its own roundings falling otherwise (OwnRounding), a figure of its own. At bf16
+        # and fp16 always (its blocks are held to them); at float32, where that figure can only widen the bound, only
+        # where the op errs past the bound without it (below): a scan in a Python loop is run four times less
+        own = _own_runs(kernel, dtype, generator) if kernel.rounds_in_torch and working else []
+        later = bool(kernel.rounds_in_torch and not working)
+        gots = []  # the op's VJPs per ȳ, kept for those runs
         seen = _Seen(dtype, working, [[] for _ in range(count)], along_rounding,
                      [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs])
         elements, blocks = seen.elements, seen.blocks
@@ -505,6 +508,8 @@ class _Comparison:
                     exact_at[id(e)] = e.vjp(g)
             exact = exact_at[id(reference64)]
             got = kernel.vjp(g)
+            if later:
+                gots.append(got)
             at_p = [(s.vjp(g), exact_at[id(e)]) for s, e in composite]
             at_fused = [(s.vjp(g), exact_at[id(e)]) for s, e in fused]
             at_own = [s.vjp(g) for s in own]
@@ -522,10 +527,19 @@ class _Comparison:
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
             self._sums_and_storage(i, n, terms[i], dtype, held)
+        if later and not all(within(e, MARGIN * max(v for _, v in _held(f))) for e, f in zip(self.error, self.figures)):
+            own = _own_runs(kernel, dtype, generator)
+            for g, got in zip(cotangents_64, gots):
+                for moved in (s.vjp(g) for s in own):
+                    for i in range(count):
+                        if np.all(np.isfinite(moved[i])):
+                            self.own[i] = max(self.own[i], _largest([moved[i] - got[i]]))
+        self.own_sampled = bool(own)
+        for f, moved in zip(self.figures, self.own):
             # an op computing in torch ops at p errs as its own formula does: how far its own roundings, falling
             # otherwise, move x̄ counts as a figure, up to OWN_CAP times the composite's (a softmax's backward written
             # as y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops erred up to 1.8 times the composite's figure, and a gated scan's 2.5)
-            self.figures[i]["own"] = min(self.own[i], OWN_CAP * self.figures[i]["composite"])
+            f["own"] = min(moved, OWN_CAP * f["composite"])
         self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
         # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
         # (a kernel held to a fused kernel's arithmetic is judged by bound, and its slip named through its noise)
