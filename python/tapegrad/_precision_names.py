@@ -346,6 +346,12 @@ def _along(comparison, i, name):
     return r, f"its error is {r:+.2g} of {name}̄ itself, {times:.1f}× the share rounding's independent errors explain"
 
 
+def _rest_is_rounding(comparison, i):
+    """Whether what is left of input i's error once its share along x̄ is taken out, d − r·x̄₆₄, is rounding's size:
+    SCALE_REST times its rms at most."""
+    return comparison.along_rest[i] <= SCALE_REST * comparison.rounding_rms[i]
+
+
 def _scale_of_one_piece(report, c, i, seen):
     """Names input i's error a scale of 1 + r, its share along x̄ (seen: the report's words for it)."""
     r, name = c.comparison.along[i], c.names[i]
@@ -359,7 +365,7 @@ def _a_factor_near_one(report, c, i):
     rounding's size left, d = r·x̄₆₄ + rounding: a factor a few units of roundoff from 1, which rounding moves from ȳ
     to ȳ by more than constant_factor's 1e-6 (a slip in fn's float64 path too is named by the float64 check)."""
     comparison = c.comparison
-    if comparison.along_passed(i) or comparison.along_rest[i] > SCALE_REST * comparison.rounding_rms[i]:
+    if comparison.along_passed(i) or not _rest_is_rounding(comparison, i):
         return False
     _scale_of_one_piece(report, c, i, _along(comparison, i, c.names[i])[1])
     return True
@@ -378,7 +384,7 @@ def name_precision_failures(report, c, failing):
         name = names[i]
         seen = (f"{_along(comparison, i, name)[1]}; at each element it is within rounding, so only its sum over the "
                 f"{comparison.sizes[i]} elements shows it")
-        if comparison.along_rest[i] <= SCALE_REST * comparison.rounding_rms[i]:
+        if _rest_is_rounding(comparison, i):
             _scale_of_one_piece(report, c, i, seen)
         else:
             _tapegrad._add_diagnosis(report, "unexplained", name, check,

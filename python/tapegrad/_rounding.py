@@ -412,6 +412,11 @@ def _largest(arrays):
 FIGURES = ("composite", "fused", "sums", "storage", "own")
 
 
+def _bound(figures):
+    """B: MARGIN times the largest of the figures, the composite's held where it is (_held)."""
+    return MARGIN * max(v for _, v in _held(figures))
+
+
 def _held(figures):
     """The figures a bound is the largest of, the composite's held to figures["cap"] where that is set: (name, value)
     pairs, "cap" in the composite's place where it holds."""
@@ -528,20 +533,19 @@ class _Comparison:
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
             self._sums_and_storage(i, n, terms[i], dtype, held)
-        if later and not all(within(e, MARGIN * max(v for _, v in _held(f))) for e, f in zip(self.error, self.figures)):
+        if later and not all(within(e, _bound(f)) for e, f in zip(self.error, self.figures)):
             own = _own_runs(kernel, dtype, generator)
             for g, got in zip(cotangents_64, gots):
-                for moved in (s.vjp(g) for s in own):
-                    for i in range(count):
-                        if np.all(np.isfinite(moved[i])):
-                            self.own[i] = max(self.own[i], _largest([moved[i] - got[i]]))
+                at_own = [s.vjp(g) for s in own]
+                for i in range(count):
+                    self._own_moves(i, [o[i] - got[i] for o in at_own])
         self.own_sampled = bool(own)
         for f, moved in zip(self.figures, self.own):
             # an op computing in torch ops at p errs as its own formula does: how far its own roundings, falling
             # otherwise, move x̄ counts as a figure, up to OWN_CAP times the composite's (a softmax's backward written
             # as y ⊙ (ȳ − ⟨ȳ, y⟩) in bf16 ops erred up to 1.8 times the composite's figure, a gated linear unit's 2.5)
             f["own"] = min(moved, OWN_CAP * f["composite"])
-        self.bound = [MARGIN * max(v for _, v in _held(f)) for f in self.figures]
+        self.bound = [_bound(f) for f in self.figures]
         # what rounding may move a VJP at p by, the composite's figure unheld: the noise a structural kind's fit allows
         # (a kernel held to a fused kernel's arithmetic is judged by bound, and its slip named through its noise)
         # (the op's own roundings left out: a running sum kept at bf16 moves with them, and reads as a scale of 0.99
@@ -571,7 +575,7 @@ class _Comparison:
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
-    def _take_draw(self, i, got, exact, models, seen, own=()):
+    def _take_draw(self, i, got, exact, models, seen, own):
         """Input i's VJP at one ȳ: the kernel's (got) against float64's (exact), beside the composite's at p and the
         fused model's (models: their (VJP, float64's at its point) pairs), into the figures; own: how far the
         kernel's VJP moves with its own roundings falling otherwise (an op in torch ops at p); seen: what the bounds
@@ -594,8 +598,7 @@ class _Comparison:
         self.scale[i] = max(self.scale[i], _largest([exact]))
         r, sigma = along(got - exact, exact)
         self.factor[i].append((1 + r, _largest([got - (1 + r) * exact])))
-        own = [d for d in own if np.all(np.isfinite(d))]
-        self.own[i] = max([self.own[i]] + [_largest([d]) for d in own])
+        own = self._own_moves(i, own)
         if not seen.working:
             return
         u = UNIT_ROUNDOFF[seen.dtype]
@@ -615,6 +618,13 @@ class _Comparison:
             rounding[2], rounding[3] = max(rounding[2], abs(r_o)), max(rounding[3], sigma_o)
         if seen.blocks[i] is not None:
             _block_draw(seen.blocks[i], got - exact, exact, models, i, u, own)
+
+    def _own_moves(self, i, moves):
+        """How far input i's VJP moved in the op's runs with its own roundings falling otherwise (moves, at one ȳ)
+        into self.own[i], the largest; the finite ones, which alone measure anything, returned."""
+        moves = [d for d in moves if np.all(np.isfinite(d))]
+        self.own[i] = max([self.own[i]] + [_largest([d]) for d in moves])
+        return moves
 
     def _sums_and_storage(self, i, n, terms, dtype, held):
         """Input i's figures for a float32 sum of n terms (terms: the 2-norm of what its elements sum) and for the
