@@ -75,8 +75,8 @@ def test_a_reference_through_a_row_maximum_passes_a_right_fused_kernel():
 
 
 def test_an_ops_own_roundings_fall_otherwise_by_about_a_rounding_and_a_products_by_what_it_erred():
-    """OwnRounding moves each result an op computes at bf16 by up to u·|r| (and rounds it again), a product's by what
-    it erred past its rounding too (measured against the product in float32), and leaves casts that round nothing,
+    """OwnRounding moves each result an op computes at bf16 by up to u·|r| (and rounds it again), a product's by its
+    distance from the same product in float32 too (measured), and leaves casts that round nothing,
     selections and tensors of constants as they are. Its draws are its own: the pool it draws from is not changed by
     a draw."""
     u = UNIT_ROUNDOFF[torch.bfloat16]
