@@ -3,16 +3,17 @@
 off, on the 16-bit or float32 path only (the float64 path right), in the right kernels of a precision set.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/partial_table.py
-        --set build|heldout|triton|ops|ops_heldout [--seeds 2] [--sizes small,large] [--dtypes bf16,fp16,float32]
-        [--factors 1.02,1.05] [--only NAME] [--json FILE]
+        --set build|heldout|triton|ops|ops_heldout|ops_heldout2 [--seeds 2] [--sizes small,large]
+        [--dtypes bf16,fp16,float32] [--factors 1.02,1.05] [--only NAME] [--json FILE]
 
 --set build and heldout are the fused kernels of python/tests/precision_build.py and precision_heldout.py (float32
 inside), triton the held-out ones as Triton kernels (python/tests/precision_triton.py: a CUDA device); ops and
 ops_heldout the kernels in torch ops at their dtype of python/tests/precision_ops16.py (BUILD and HELDOUT; sizes
-small, large and 3d). Each case's right kernel is wrapped (block_slips.one_block_off): its forward runs as it is,
-and its backward's gradient of the first checked input has one block multiplied by a factor: "row" x̄[..., 1, :]
-(the row's index 1 along the second-to-last axis, every leading index), "column" x̄[..., 1], and "batch" x̄[1] where
-x̄ has 3 or more axes. The slip is made only at the checked dtype, so fn in float64 is right and only the comparison
+small, large and 3d), and ops_heldout2 those of python/tests/precision_ops16c.py (CASES, held out again; the same
+sizes). Each case's right kernel is wrapped (block_slips.one_block_off): its forward runs as it is, and its
+backward's gradient of the first checked input has one block multiplied by a factor: "row" x̄[..., 1, :] (the row's
+index 1 along the second-to-last axis, every leading index), "column" x̄[..., 1], and "batch" x̄[1] where x̄ has 3
+or more axes. The slip is made only at the checked dtype, so fn in float64 is right and only the comparison
 at the dtype can see it.
 
 For each check the runner measures, independently of tapegrad, with one cotangent drawn in float64 and rounded to
@@ -65,7 +66,8 @@ def block_errors(case, fn, xs, dtype, seed, slot, block):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", default="build", choices=["build", "heldout", "triton", "ops", "ops_heldout"])
+    p.add_argument("--set", default="build",
+                   choices=["build", "heldout", "triton", "ops", "ops_heldout", "ops_heldout2"])
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--sizes", default="small,large")
     p.add_argument("--dtypes", default="bf16,fp16,float32")
@@ -78,6 +80,9 @@ def main():
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
         import precision_ops16
         cases = precision_ops16.HELDOUT if a.set == "ops_heldout" else precision_ops16.BUILD
+        if a.set == "ops_heldout2":  # held out again: python/tests/precision_ops16c.py
+            import precision_ops16c
+            cases = precision_ops16c.CASES
     else:
         cases = load_set(a.set)
     dtypes = [DTYPES[d] for d in a.dtypes.split(",")]
