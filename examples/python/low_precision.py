@@ -19,6 +19,13 @@ backward in float32 inside, its inputs and outputs at their dtype:
 - "unbiased_backward" (a slip in every precision): the backward recomputes σ with torch.var's default, which divides
   by n − 1 where the forward divides by n, so w̄ is √((n − 1)/n) times what it should be: 0.9961 at 128 features,
   less than half an ulp of bf16 at every element, and of one piece over all of them.
+- "last_row_16bit" (a slip of the 16-bit path alone): the last row of x̄ 2% off.
+
+make_layer_norm_in_ops(variant) is the same layer norm written in torch ops at its inputs' dtype, nothing in float32
+inside, as an op is first written: at bf16 every one of its ops rounds, and its own roundings move a row of x̄ along
+itself by a unit or two of roundoff from one rounding to the next.
+- "right": the same formulas.
+- "second_row_16bit" (a slip of the 16-bit path alone): the second row of x̄ 2% off.
 
 tapegrad.gradcheck runs each at the inputs' precision and compares its VJP with a float64 reference (the composite
 x * g + b, REFERENCE below) on the same rounded inputs, against what rounding at bf16 is measured to explain: how far
@@ -101,6 +108,36 @@ def make_layer_norm(variant="right"):
     return LayerNorm
 
 
+LAYER_NORM_IN_OPS_VARIANTS = ("right", "second_row_16bit")
+
+
+def make_layer_norm_in_ops(variant="right"):
+    if variant not in LAYER_NORM_IN_OPS_VARIANTS:
+        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(LAYER_NORM_IN_OPS_VARIANTS)}")
+
+    class LayerNormInOps(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            mean = x.mean(-1, keepdim=True)
+            rstd = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+            xhat = (x - mean) * rstd
+            ctx.save_for_backward(xhat, w, rstd)
+            return xhat * w + b
+
+        @staticmethod
+        def backward(ctx, grad):
+            xhat, w, rstd = ctx.saved_tensors
+            projected = grad * w
+            gx = rstd * (projected - projected.mean(-1, keepdim=True)
+                         - xhat * (projected * xhat).mean(-1, keepdim=True))
+            if variant == "second_row_16bit" and gx.dtype in (torch.bfloat16, torch.float16):
+                gx[1] *= 1.02
+            return gx, (grad * xhat).sum(0), grad.sum(0)
+
+    LayerNormInOps.__name__ = "layer_norm_in_ops" if variant == "right" else f"layer_norm_in_ops[{variant}]"
+    return LayerNormInOps
+
+
 def LAYER_NORM_REFERENCE(x, w, b):
     mean = x.mean(-1, keepdim=True)
     return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * w + b
@@ -121,6 +158,8 @@ def main():
                for v in VARIANTS]
     reports += [(tapegrad.gradcheck(make_layer_norm(v).apply, layer_norm_inputs(), reference=LAYER_NORM_REFERENCE),
                  v == "right") for v in LAYER_NORM_VARIANTS]
+    reports += [(tapegrad.gradcheck(make_layer_norm_in_ops(v).apply, layer_norm_inputs(),
+                                    reference=LAYER_NORM_REFERENCE), v == "right") for v in LAYER_NORM_IN_OPS_VARIANTS]
     for report, _ in reports:
         print(report)
     return 0 if all(report.passed == right for report, right in reports) else 1

@@ -29,6 +29,8 @@ OWN_MOST times POOLED times the composite's largest share over all the blocks (P
 sampled).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 # An op computing in torch ops at p rounds as its own formula does, not as the composite's: the right backward of
@@ -47,6 +49,16 @@ FLOOR = 2
 # samples (a column of an RMSNorm's x̄, 6 times).
 OWN = 4
 OWN_MOST = 2
+
+
+class Block(NamedTuple):
+    """A block past its bound: where (x̄[…]), in words ("one row"), its share r_b, the bound, and the runs its share
+    was averaged over (tapegrad/_averaged.py; None: one run's)."""
+    place: str
+    words: str
+    r: float
+    bound: float
+    runs: object = None
 
 
 def partitions(shape):
@@ -125,6 +137,10 @@ class BlockShares:
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
         self.alone = [None] * len(self.parts)  # per partition, the one block ever past its bound (False: several)
+        # (partition, block) of the blocks that passed only by the allowance of an op in torch ops at p (the pooled
+        # one, or OWN times its own roundings'): read again with its roundings averaged out (tapegrad/_averaged.py)
+        self.adapted = set()
+        self.averaged_past = 0  # how many of them are past their bound with the op's roundings averaged out
         self._start()
 
     def _start(self):
@@ -179,31 +195,50 @@ class BlockShares:
                                           sigmas * np.maximum(composite_sigma, self.tight_sigma[k])),
                                np.maximum(pooled, self.floor))
             ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
-            j = int(np.argmax(ratio))
-            if ratio[j] <= 1:
-                continue
-            place, words = describe(part, j, self.shape)
-            found = (float(ratio[j]), place, words, float(self.kernel[k][j]), float(bound[j]), k, j)
-            if self.worst is None or found[0] > self.worst[0]:
-                self.worst = found
-            past = int(np.count_nonzero(ratio > 1))
-            if past > 1 or (self.alone[k] and self.alone[k][1] != place):
-                self.alone[k] = False  # more than one block past its bound: not a slip of one block
-            elif self.alone[k] is not False and (self.alone[k] is None or found[0] > self.alone[k][0]):
-                self.alone[k] = found
+            if np.any(pooled > 0):  # an op in torch ops at p: the blocks past the composite's own share there, which
+                # only an allowance for noise (σ) or for the op's own roundings passed
+                measured = np.maximum(margin * np.maximum(composite, self.tight[k]), self.floor)
+                passed_so = (ratio <= 1) & (np.abs(self.kernel[k]) > measured)
+                self.adapted.update((k, int(j)) for j in np.flatnonzero(passed_so))
+            self._past(k, ratio, self.kernel[k], bound)
         self._start()
 
+    def _past(self, k, ratio, r, bound, runs=None):
+        """Partition k's block most past its bound (ratio: |r_b| over it), if any, kept as the worst so far and as
+        the one block past its bound along that axis, unless another is (runs: the averaged runs that judged it)."""
+        j = int(np.argmax(ratio))
+        if ratio[j] <= 1:
+            return
+        place, words = describe(self.parts[k], j, self.shape)
+        found = (float(ratio[j]), place, words, float(r[j]), float(bound[j]), k, j, runs)
+        if self.worst is None or found[0] > self.worst[0]:
+            self.worst = found
+        past = int(np.count_nonzero(ratio > 1))
+        if past > 1 or (self.alone[k] and self.alone[k][1] != place):
+            self.alone[k] = False  # more than one block past its bound: not a slip of one block
+        elif self.alone[k] is not False and (self.alone[k] is None or found[0] > self.alone[k][0]):
+            self.alone[k] = found
+
+    def judge_averaged(self, k, mean, bound, runs):
+        """Partition k's adapted blocks against their shares averaged over runs (tapegrad/_averaged.py): mean r̄_b
+        and its bound per block of the partition; only the adapted blocks are judged."""
+        adapted = np.zeros(len(mean), dtype=bool)
+        adapted[[j for kk, j in self.adapted if kk == k]] = True
+        ratio = np.where(adapted, np.abs(mean) / np.maximum(bound, 1e-300), 0.0)
+        self.averaged_past += int(np.count_nonzero(ratio > 1))
+        self._past(k, ratio, mean, bound, runs)
+
     def excess(self):
-        """The block most past its bound over the ȳ drawn, as (x̄[…], in words, r_b, the bound), or None."""
-        return None if self.worst is None else self.worst[1:5]
+        """The block most past its bound over the ȳ drawn, as a Block, or None."""
+        return None if self.worst is None else Block(*self.worst[1:5], self.worst[7])
 
     def alone_past(self, errors, bound):
         """The block past its bound where no other block along its axis is, at any ȳ drawn, and outside which every
         error (errors: |x̄ₚ − x̄₆₄| per ȳ) is within bound: a slip of that block, not a slip of the whole that many
-        blocks show. (x̄[…], in words, r_b, its bound), or None."""
-        for found in sorted((a for a in self.alone if a), reverse=True):
-            k, j = found[5:]
+        blocks show. A Block, or None."""
+        for found in sorted((a for a in self.alone if a), key=lambda a: a[0], reverse=True):
+            k, j = found[5:7]
             if all(float(np.max(np.delete(_blocks(np.asarray(d), self.parts[k]), j, axis=0), initial=0.0)) <= bound
                    for d in errors):
-                return found[1:5]
+                return Block(*found[1:5], found[7])
         return None

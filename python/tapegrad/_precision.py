@@ -27,6 +27,7 @@ and does not add up in ȳ, as a long sum accumulated at p makes it; else unexpla
 import torch
 
 from . import _tapegrad
+from ._averaged import AVERAGED_SE, AVERAGED_UNITS, judge_averaged
 from ._blocks import FLOOR, OWN
 from ._precision_names import PrecisionCheck, name_precision_failures
 from ._rounding import (DRAWS, DTYPE_NAMES, FIGURES, LOOSE, MARGIN, OWN_CAP, SIGMAS, UNIT_ROUNDOFF, ArithmeticAt,
@@ -107,6 +108,7 @@ def check_at_precision(call, float64_report):
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}", mode=ArithmeticAt(dtype))
     comparison = compare(kernel, ref_fn, dtype, generator, f"the reference {ref_name} in float64",
                          composed=reference is not None)
+    judge_averaged(comparison, dtype, seed)  # blocks only an op's own allowance passed, its roundings averaged out
 
     report = float64_report() if reference is None else _tapegrad._merge([], [], name)
     if reference is None:
@@ -150,11 +152,29 @@ def check_at_precision(call, float64_report):
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
         block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.only_a_block_fails(i) else None)
-        if block is not None:  # the block that alone fails the row, or the one block past its bound
-            place, words, r, bound = block
-            notes.append(f"{input_name}: in {input_name}̄{place} ({words}) its error is of one piece along "
+        if block is not None and block.runs:  # a block one run passed by the allowances, past them averaged
+            notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), which one run passed only by "
+                         f"the allowances for noise and for {name}'s own roundings, its share along {input_name}̄ "
+                         "there averaged "
+                         f"over {block.runs} runs × {DRAWS} ȳ with each of its roundings at {DTYPE_NAMES[dtype]} made "
+                         f"stochastic is {block.r:+.2g} ({abs(block.r) / UNIT_ROUNDOFF[dtype]:.1f} units of "
+                         f"{DTYPE_NAMES[dtype]}'s roundoff): rounding averaged out explains up to {block.bound:.2g} "
+                         f"there ({AVERAGED_UNITS} units, or {AVERAGED_SE} standard errors of that mean), so the "
+                         "formula itself is off in that block")
+        elif comparison.averaged_runs and comparison.blocks[i] is not None and comparison.blocks[i].adapted and \
+                not comparison.blocks[i].averaged_past:
+            count = len(comparison.blocks[i].adapted)
+            notes.append(f"{input_name}: {count} block{'s' if count > 1 else ''} of {input_name}̄ past {MARGIN:g} × "
+                         f"the composite's share there, which one run passed only by the allowances for noise and for "
+                         f"{name}'s own roundings, "
+                         f"{'are' if count > 1 else 'is'} within rounding with those roundings averaged out "
+                         f"({comparison.averaged_runs} runs × {DRAWS} ȳ, each rounding at {DTYPE_NAMES[dtype]} made "
+                         f"stochastic; up to {AVERAGED_UNITS} units or {AVERAGED_SE} standard errors of the mean)")
+        if block is not None and not block.runs:  # the block alone failing the row, or the one block past its bound
+            place, r = block.place, block.r
+            notes.append(f"{input_name}: in {input_name}̄{place} ({block.words}) its error is of one piece along "
                          f"{input_name}̄ there, {input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·"
-                         f"{input_name}̄₆₄ + the rest; rounding explains a share up to {bound:.2g} in that block "
+                         f"{input_name}̄₆₄ + the rest; rounding explains a share up to {block.bound:.2g} in that block "
                          f"(the largest of {MARGIN:g} × the composite's there, {SIGMAS:g} σ of independent errors, "
                          + (f"{OWN:g} × the op's own roundings' there, " if comparison.own_sampled else "")
                          + f"and {FLOOR} units of {DTYPE_NAMES[dtype]}'s roundoff)")

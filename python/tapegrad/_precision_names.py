@@ -323,12 +323,15 @@ def _name_block(report, c, i, besides):
     dtype's roundoff alone is also what a row's statistic kept at that dtype leaves (a dot product, a norm): where the
     error shrinks with the precision as rounding's does, it is named a precision defect."""
     alone = c.comparison.block_alone[i]
-    place, words, r, bound = alone or c.comparison.block_excess[i]
+    place, words, r, bound, runs = alone or c.comparison.block_excess[i]
     name, units = c.names[i], abs(r) / UNIT_ROUNDOFF[c.dtype]
+    # averaged over runs with its roundings stochastic (tapegrad/_averaged.py), a value kept at the dtype averages out
+    # as its rounding does: what is left is no precision defect
+    averaged = f" with the op's roundings averaged out over {runs} runs" if runs else ""
     seen = (f"in {name}̄{place} ({words}) the error is {r:+.2g} of {name}̄ there ({units:.1f} units of "
             f"{DTYPE_NAMES[c.dtype]}'s roundoff), {abs(r) / bound:.1f}× the share rounding explains in that block"
-            f"{besides}")
-    if units < BLOCK_UNITS:
+            f"{averaged}{besides}")
+    if units < BLOCK_UNITS and not runs:
         defect = _defects(c, [i])
         if i in defect:
             _tapegrad._add_diagnosis(report, "precision_defect", name, c.check, f"{seen}; {defect[i]}")

@@ -507,12 +507,17 @@ class _Comparison:
                      [BlockShares(x.shape, u, HELD if held else None) if working else None for x in kernel.xs])
         elements, blocks = seen.elements, seen.blocks
         outputs = sum(y.numel() for y in kernel.ys)
+        # the ȳ drawn and x̄₆₄ at each, the blocks and the elements' errors: kept for the blocks' averaged reading
+        # (tapegrad/_averaged.py), which closes the blocks again
+        self.cotangents, self.exact, self.blocks, self._elements = cotangents_64, [], blocks, elements
+        self.averaged_runs = 0  # set by tapegrad/_averaged.py where it reads blocks again
         for g in cotangents_64:
             exact_at = {id(reference64): reference64.vjp(g)}  # float64's VJP at each point, once
             for _, e in points:
                 if id(e) not in exact_at:
                     exact_at[id(e)] = e.vjp(g)
             exact = exact_at[id(reference64)]
+            self.exact.append(exact)
             got = kernel.vjp(g)
             if later:
                 gots.append(got)
@@ -562,18 +567,22 @@ class _Comparison:
         self.along_bound = [max(MARGIN * max(r, min(r_own, OWN_CAP * r)),
                                 SIGMAS * max(sigma, min(sigma_own, OWN_CAP * sigma))) if working else math.inf
                             for r, sigma, r_own, sigma_own in along_rounding]
-        # the same share block by block (a row, a column, a batch element): (x̄[…], in words, r_b, its bound) of the
-        # block most past its bound, or None
-        self.block_excess = [None if b is None else b.excess() for b in blocks]
-        # the one block past its bound, x̄ within its bound outside it: a slip of that block
-        self.block_alone = [None if b is None else b.alone_past([diff for diff, _, _ in elements[i]], self.bound[i])
-                            for i, b in enumerate(blocks)]
+        self.close_blocks()
         y64, yk = reference64.values(), kernel.values()
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))
         # y's own rounding as u·‖y₆₄‖∞, up to a whole ulp: a right forward may round an intermediate (a product's
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
+
+    def close_blocks(self):
+        """The blocks' verdicts: per input the block most past its bound (block_excess), and the one block past its
+        bound with x̄ within its bound outside it, a slip of that block (block_alone); Blocks (tapegrad/_blocks.py),
+        or None."""
+        self.block_excess = [None if b is None else b.excess() for b in self.blocks]
+        self.block_alone = [None if b is None else b.alone_past([diff for diff, _, _ in self._elements[i]],
+                                                                self.bound[i])
+                            for i, b in enumerate(self.blocks)]
 
     def _take_draw(self, i, got, exact, models, seen, own):
         """Input i's VJP at one ȳ: the kernel's (got) against float64's (exact), beside the composite's at p and the

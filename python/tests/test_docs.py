@@ -119,7 +119,7 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
     import numpy as np
     import torch
     from low_precision import (LAYER_NORM_REFERENCE, REFERENCE, inputs, layer_norm_inputs, make_affine,
-                               make_layer_norm)
+                               make_layer_norm, make_layer_norm_in_ops)
 
     def softmax_in_float32(x):
         return torch.softmax(x.float(), dim=-1).double()
@@ -150,6 +150,8 @@ def test_python_md_low_precision_lines_are_what_the_checks_print():
                for v in ("right", "unscaled", "accumulate_low")]
     reports += [tapegrad.gradcheck(make_layer_norm(v).apply, layer_norm_inputs(), reference=LAYER_NORM_REFERENCE)
                 for v in ("no_mean_16bit", "unbiased_backward", "last_row_16bit")]
+    reports.append(tapegrad.gradcheck(make_layer_norm_in_ops("second_row_16bit").apply, layer_norm_inputs(),
+                                      reference=LAYER_NORM_REFERENCE))
     reports += [tapegrad.gradcheck(f, (x,)) for f in (softmax_in_float32, Dropoutish.apply, RoundedExp.apply)]
 
     def masked(line):

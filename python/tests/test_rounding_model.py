@@ -1,9 +1,11 @@
 """The models of rounding that the low-precision check measures under (tapegrad/_rounding.py): AtPrecision (each
-torch op of the reference at the dtype), Rounding (a fused kernel's arithmetic, Monte Carlo) and OwnRounding (an op
-in torch ops at the dtype, its own roundings falling otherwise)."""
+torch op of the reference at the dtype), Rounding (a fused kernel's arithmetic, Monte Carlo), OwnRounding (an op
+in torch ops at the dtype, its own roundings falling otherwise) and StochasticRounding (its roundings made stochastic,
+tapegrad/_averaged.py)."""
 
 import torch
 
+from tapegrad._averaged import StochasticRounding, stochastically_rounded
 from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, OwnRounding, Rounding
 
 
@@ -104,3 +106,47 @@ def test_an_ops_own_roundings_fall_otherwise_by_about_a_rounding_and_a_products_
     with mode:
         a * 1.5
     assert torch.equal(pool, mode.pools[(a.device, torch.float32)])
+
+
+def test_stochastic_rounding_keeps_the_mean_and_the_values_it_can_hold():
+    """stochastically_rounded rounds to one of the two neighbours at the dtype, so that the mean over many draws is
+    the value itself (to within its standard error, about an ulp over √draws), where rounding to nearest is off by up
+    to half an ulp; values the dtype holds (1, 0.5, −4, 3) come back unchanged, at bf16 and at fp16, subnormals too."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, dtype=torch.float64, generator=g).float() * 3
+    held = torch.tensor([1.0, 0.5, 2.0, -4.0, 3.0])
+    for dtype in (torch.bfloat16, torch.float16):
+        u = UNIT_ROUNDOFF[dtype]
+        draws = torch.stack([stochastically_rounded(x, dtype, g).double() for _ in range(2000)])
+        below, above = x.double() * (1 - 2 * u), x.double() * (1 + 2 * u)
+        assert bool(((draws >= torch.minimum(below, above)) & (draws <= torch.maximum(below, above))).all())
+        relative = ((draws.mean(0) - x.double()).abs() / x.double().abs()).max()
+        nearest = ((x.to(dtype).double() - x.double()).abs() / x.double().abs()).max()
+        assert float(relative) < 0.1 * float(nearest)
+        for _ in range(20):
+            assert torch.equal(stochastically_rounded(held, dtype, g).float(), held)
+    tiny = torch.tensor([3e-7] * 4000)  # fp16's subnormals: spacing 2⁻²⁴
+    assert abs(float(stochastically_rounded(tiny, torch.float16, g).double().mean()) - 3e-7) < 1e-9
+
+
+def test_an_op_in_bf16_ops_averaged_over_stochastic_roundings_is_its_formula_in_float32():
+    """Under StochasticRounding each result an op computes at bf16 is recomputed in float32 and rounded
+    stochastically, in place too: one run errs by its roundings (a sum of products kept at bf16 by torch's CPU
+    matmul errs many ulps), the mean over runs approaches the same formula in float32."""
+    a = _at_bf16(16, 512, seed=1).to(torch.bfloat16)
+    b = _at_bf16(512, 8, seed=2).to(torch.bfloat16)
+    exact = a.double() @ b.double()
+
+    def formula():
+        c = a @ b
+        c.mul_(0.75)
+        return torch.exp(c / 8)
+    reference = torch.exp(exact * 0.75 / 8)
+    runs = []
+    for k in range(64):
+        with StochasticRounding(torch.bfloat16, torch.Generator().manual_seed(k)):
+            runs.append(formula().double())
+    one = float(((runs[0] - reference).abs() / reference).max())
+    mean = float(((torch.stack(runs).mean(0) - reference).abs() / reference).max())
+    assert not torch.equal(runs[0], runs[1])
+    assert mean < one / 3, (mean, one)
