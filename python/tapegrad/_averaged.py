@@ -7,11 +7,12 @@ ops whose rows move by a unit or two of roundoff from one rounding to the next p
 One run cannot tell the two apart; many can. Rounding each of the op's results stochastically, to the value below or
 above with the odds that make its mean the exact one, leaves the op's formula unchanged on average: its share along
 a block, averaged over runs, is then the formula's own (a slip's, which is the same at every run and every ȳ) plus
-a mean of independent roundings, which shrinks as 1/√runs. So where a block of such an op passes only by its own
-allowance (past MARGIN times the composite's share, SIGMAS σ and FLOOR units; BlockShares.adapted), the op is run
-AVERAGED_RUNS times more under StochasticRounding, at the same ȳ, and in each such block
+a mean of independent roundings, which shrinks as 1/√runs. So where one run puts a block of such an op past MARGIN
+times the composite's share there and FLOOR units, and only the allowances for noise (SIGMAS σ) and for the op's own
+roundings keep it within the bound (BlockShares.adapted), the op is run AVERAGED_RUNS times more under
+StochasticRounding, at the same ȳ, and in each such block
 
-        r̄_b = the mean over runs and ȳ of ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩/⟨x̄₆₄, x̄₆₄⟩ over the block,   s_b its standard error
+        r̄_b = Σ ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ / Σ ⟨x̄₆₄, x̄₆₄⟩ over the block, summed over runs and ȳ,   s_b its standard error
 
 fails where |r̄_b| > max(AVERAGED_UNITS · u, AVERAGED_SE · s_b). Over the 72 right checks at bf16 of the kernels in
 bf16 ops of python/tests/precision_ops16.py's BUILD set (seeds 1–2), the largest |r̄_b| was 2.3 units, and its
@@ -28,9 +29,9 @@ import math
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
-from ._blocks import shares
+from ._blocks import moments
 from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn
@@ -62,10 +63,12 @@ def _finer(t, dtype):
 
 
 class StochasticRounding(TorchDispatchMode):
-    """An op computing in torch ops at dtype, each of its roundings to dtype made stochastic: a result of dtype that
-    a torch op computes (a product, a sum, an exp; in place too) is computed again on its operands in float32 and
-    rounded stochastically (stochastically_rounded); a cast down to dtype rounds its source so. Results that alias,
-    place or select values are left as they are, and so are those of an op with no float32 kernel."""
+    """An op computing in torch ops at dtype, each of its roundings to dtype made stochastic: a torch op whose
+    floating-point tensors are all at dtype (a product, a sum, an exp; in place too) is computed on them in float32
+    instead and its result rounded to dtype stochastically (stochastically_rounded), so that dtype's own kernel, which
+    on a CPU without bf16 instructions is the slower, never runs; a cast down to dtype rounds its source so. Ops that
+    alias, place or select values run as they are, and so do ops with a dtype= of their own, ops of several results
+    and ops with no float32 kernel."""
 
     def __init__(self, dtype, generator):
         super().__init__()
@@ -81,35 +84,47 @@ class StochasticRounding(TorchDispatchMode):
                 rounded = stochastically_rounded(source, self.dtype, self.generator)
                 args = (rounded,) + tuple(args[1:]) if name == "_to_copy" else (args[0], rounded) + tuple(args[2:])
             return func(*args, **kwargs)
-        if name in _PLACES or name in _EXACT_OPS or \
-                any(r.alias_info is not None and not w for r, w in zip(func._schema.returns, writes)):
+        floats = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if name in _PLACES or name in _EXACT_OPS or "dtype" in kwargs or \
+                any(r.alias_info is not None and not w for r, w in zip(func._schema.returns, writes)) or \
+                not floats or any(t.dtype != self.dtype for t in floats):
             return func(*args, **kwargs)
         at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
-        in_place = any(writes)
-        wide_args = tree_map(at_32, args)
-        if in_place:  # the float32 copy of the tensor written takes the write
-            wide_args = (args[0].to(torch.float32),) + tuple(wide_args[1:])
-        out = func(*args, **kwargs)
-        if not (isinstance(out, torch.Tensor) and out.dtype == self.dtype):
-            return out
         try:
-            wide = func(*wide_args, **tree_map(at_32, kwargs))
+            wide = func(*tree_map(at_32, args), **tree_map(at_32, kwargs))  # in place: on a float32 copy
         except (RuntimeError, TypeError, NotImplementedError):
-            return out
-        if not (isinstance(wide, torch.Tensor) and wide.shape == out.shape and wide.is_floating_point()):
-            return out
+            return func(*args, **kwargs)
+        if not isinstance(wide, torch.Tensor):  # several results
+            return func(*args, **kwargs)
+        if wide.dtype != torch.float32:  # a comparison's booleans, an index
+            return wide
         rounded = stochastically_rounded(wide, self.dtype, self.generator)
-        if in_place:
+        if any(writes):
             with torch.no_grad():
-                out.copy_(rounded)
-            return out
+                args[0].copy_(rounded)
+            return args[0]
         return rounded
 
 
+def weighted_mean(products, weights):
+    """Per block, the share pooled over samples, r̄ = Σ ⟨d, e⟩ / Σ ⟨e, e⟩ (each sample weighed by its ⟨e, e⟩: a ȳ at
+    which the block's x̄₆₄ nearly vanishes has a share of rounding alone, and counts as little), and its standard
+    error, √(Σ w²·(r − r̄)² · S/(S − 1)) / Σ w over the S samples' shares r = ⟨d, e⟩/⟨e, e⟩. 0 where Σ w is 0."""
+    p, w = np.array(products, dtype=np.float64), np.array(weights, dtype=np.float64)
+    total = w.sum(axis=0)
+    safe = np.where(total > 0, total, 1.0)
+    mean = np.where(total > 0, p.sum(axis=0) / safe, 0.0)
+    r = np.where(w > 0, p / np.where(w > 0, w, 1.0), mean)
+    count = len(p)
+    spread = (w * w * (r - mean) ** 2).sum(axis=0) * count / max(1, count - 1)
+    return mean, np.where(total > 0, np.sqrt(spread) / safe, 0.0)
+
+
 def judge_averaged(comparison, dtype, seed):
-    """Where a block of an op in torch ops at dtype passed only by its own allowance (BlockShares.adapted), the op's
-    share along that block with its roundings averaged out (the module's text), judged in that block; the comparison's
-    blocks closed again. Returns the number of runs made (0 where no block needed them)."""
+    """Where a block of an op in torch ops at dtype passed only by the allowances for noise and for its own roundings
+    (BlockShares.adapted), the op's share along that block with its roundings averaged out (the module's text), judged
+    in that block; the comparison's blocks closed again. Returns the number of runs made (0 where no block needed
+    them)."""
     blocks = comparison.blocks
     comparison.averaged_runs = 0
     wanted = [i for i, b in enumerate(blocks) if b is not None and b.adapted]
@@ -118,6 +133,7 @@ def judge_averaged(comparison, dtype, seed):
     kernel, u = comparison.kernel, UNIT_ROUNDOFF[dtype]
     generator = torch.Generator().manual_seed(int(seed) * 7919 + 17)
     mode = StochasticRounding(dtype, generator)
+    # per input and partition, per sample (a run at a ȳ): each block's ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ and ⟨x̄₆₄, x̄₆₄⟩
     samples = {i: {k: [] for k in {k for k, _ in blocks[i].adapted}} for i in wanted}
     try:
         for _ in range(AVERAGED_RUNS):
@@ -126,18 +142,15 @@ def judge_averaged(comparison, dtype, seed):
                 got = run.vjp(g)
                 for i in wanted:
                     for k in samples[i]:
-                        samples[i][k].append(shares(got[i] - exact[i], exact[i], [blocks[i].parts[k]])[0][0])
+                        samples[i][k].append(moments(got[i] - exact[i], exact[i], blocks[i].parts[k]))
     except (RuntimeError, TypeError):  # an op that cannot run so is judged as before
         return 0
     for i in wanted:
-        for k, rows in samples[i].items():
-            r = np.array(rows)
-            if not np.all(np.isfinite(r)):
+        for k, pairs in samples[i].items():
+            mean, error = weighted_mean([p for p, _ in pairs], [w for _, w in pairs])
+            if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):
                 continue
-            mean = r.mean(axis=0)
-            error = r.std(axis=0, ddof=1) / math.sqrt(len(r))
-            bound = np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error)
-            blocks[i].judge_averaged(k, mean, bound, AVERAGED_RUNS)
+            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), AVERAGED_RUNS)
     comparison.averaged_runs = AVERAGED_RUNS
     comparison.close_blocks()
     return AVERAGED_RUNS

@@ -91,6 +91,12 @@ def _sums(a, part):
     return a.sum(axis=tuple(i for i in range(a.ndim) if i != axis))
 
 
+def moments(d, e, part):
+    """(⟨d, e⟩, ⟨e, e⟩) over each block of a partition."""
+    d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
+    return _sums(d * e, part), _sums(e * e, part)
+
+
 def shares(d, e, parts, rest=False):
     """(r, σ) per block of each partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0; with
     rest, σ_b of d − r_b·e instead, Σ (d − r_b·e)²e² = Σ d²e² − 2·r_b·Σ d·e³ + r_b²·Σ e⁴."""
