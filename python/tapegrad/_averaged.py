@@ -1,27 +1,29 @@
-"""A block that passes only because the op rounds in torch ops at p, read again with the op's roundings averaged out.
+"""A block of an op in torch ops at p, judged with the op's roundings averaged out.
 
-An op computing in torch ops at bf16 or fp16 rounds as its own formula does, and each block of its x̄ (a row, a
-column, a batch element: tapegrad/_blocks.py) is allowed as much as its own roundings, falling otherwise, move it
-(OWN times). Where those roundings are large, a block a few percent off hides in that allowance: a layer norm in bf16
-ops whose rows move by a unit or two of roundoff from one rounding to the next passed with a row 2% off (5 units).
-One run cannot tell the two apart; many can. Rounding each of the op's results stochastically, to the value below or
-above with the odds that make its mean the exact one, leaves the op's formula unchanged on average: its share along
-a block, averaged over runs, is then the formula's own (a slip's, which is the same at every run and every ȳ) plus
-a mean of independent roundings, which shrinks as 1/√runs. So where one run puts a block of such an op past MARGIN
-times the composite's share there and FLOOR units, and only the allowances for noise (SIGMAS σ) and for the op's own
-roundings keep it within the bound (BlockShares.adapted), the op is run AVERAGED_RUNS times more under
-StochasticRounding, at the same ȳ, and in each such block
+An op computing in torch ops at bf16 or fp16 rounds as its own formula does, and one run's share along a block of its
+x̄ (a row, a column, a batch element: tapegrad/_blocks.py) moves by as much as its own roundings move it. Where those
+are large, one run cannot tell a block a few percent off from a rounding that moves it as far: a layer norm in bf16 ops
+whose rows move by a unit or two of roundoff from one rounding to the next passed with a row 2% off (5 units) within
+the allowances for noise and for its own roundings; a causal attention's second row, whose x̄ is one scalar times
+k₀ − k₁, erred 22 units along itself in one run of a right kernel and failed. Many runs can. Rounding each of the op's
+results stochastically, to the value below or above with the odds that make its mean the exact one, leaves the op's
+formula unchanged on average: its share along a block, averaged over runs, is then the formula's own (a slip's, which
+is the same at every run and every ȳ) plus a mean of independent roundings, which shrinks as 1/√runs.
 
-        r̄_b = Σ ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ / Σ ⟨x̄₆₄, x̄₆₄⟩ over the block, summed over runs and ȳ,   s_b its standard error
+So where one run puts a block of such an op past MARGIN times the composite's share there and FLOOR units
+(BlockShares.to_average), the op is run AVERAGED_RUNS times more under StochasticRounding, at the same ȳ, and the
+block is judged by
 
-fails where |r̄_b| > max(AVERAGED_UNITS · u, AVERAGED_SE · s_b). Over the 72 right checks at bf16 of the kernels in
-bf16 ops of python/tests/precision_ops16.py's BUILD set (seeds 1–2), the largest |r̄_b| was 2.3 units, and its
-t = |r̄_b|/s_b then 2.3; each block 2% off there averaged 4.4 to 6.1 units, at t of 6.7 or more.
+        r̄_b = Σ ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ / Σ ⟨x̄₆₄, x̄₆₄⟩ over the block and over the runs and ȳ,   s_b its standard error
+
+alone, in place of its one run's share and the allowances for noise (SIGMAS σ) and for the op's own roundings (OWN
+times theirs): it fails where |r̄_b| > max(AVERAGED_UNITS · u, AVERAGED_SE · s_b). Each sample counts by its
+⟨x̄₆₄, x̄₆₄⟩ there: at a ȳ where the block's x̄₆₄ nearly vanishes its share is rounding's alone.
 
 What stays in r̄_b besides the formula: constants the op makes at p (a 1/√d stored at bf16, under a unit), results of
 ops that cannot be recomputed in float32 (kept as they are), and at fp16 a small bias where a value within an ulp of
 a power of two rounds across it. A value the op keeps at p (a running sum, a row statistic) averages out as its
-rounding does: what is left is not a precision defect.
+rounding does: a block that fails so is not a precision defect, and one that a value kept at p alone moves passes.
 """
 
 import math
@@ -35,7 +37,7 @@ from ._blocks import moments
 from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn
-AVERAGED_UNITS = 3   # a block's averaged share past this many units of p's roundoff (2% at bf16 is 5.1) ...
+AVERAGED_UNITS = 2   # a block's averaged share past this many units of p's roundoff (2% at bf16 is 5.1) ...
 AVERAGED_SE = 5      # ... and past this many standard errors of its mean is the formula's, not rounding's
 
 
@@ -121,20 +123,20 @@ def weighted_mean(products, weights):
 
 
 def judge_averaged(comparison, dtype, seed):
-    """Where a block of an op in torch ops at dtype passed only by the allowances for noise and for its own roundings
-    (BlockShares.adapted), the op's share along that block with its roundings averaged out (the module's text), judged
-    in that block; the comparison's blocks closed again. Returns the number of runs made (0 where no block needed
-    them)."""
+    """Where one run put a block of an op in torch ops at dtype past the composite's own share there
+    (BlockShares.to_average), the op's share along that block with its roundings averaged out judges it (the module's
+    text); the comparison's blocks closed again. Returns the number of runs made (0 where no block needed them, or
+    where the op could not run so: its blocks are then judged by their one run)."""
     blocks = comparison.blocks
     comparison.averaged_runs = 0
-    wanted = [i for i, b in enumerate(blocks) if b is not None and b.adapted]
+    wanted = [i for i, b in enumerate(blocks) if b is not None and b.to_average]
     if not wanted:
         return 0
     kernel, u = comparison.kernel, UNIT_ROUNDOFF[dtype]
     generator = torch.Generator().manual_seed(int(seed) * 7919 + 17)
     mode = StochasticRounding(dtype, generator)
     # per input and partition, per sample (a run at a ȳ): each block's ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ and ⟨x̄₆₄, x̄₆₄⟩
-    samples = {i: {k: [] for k in {k for k, _ in blocks[i].adapted}} for i in wanted}
+    samples = {i: {k: [] for k in {k for k, _ in blocks[i].to_average}} for i in wanted}
     try:
         for _ in range(AVERAGED_RUNS):
             run = _Run(kernel.fn, kernel.args, kernel.slots, kernel.kwargs, kernel.who, lambda: mode)
@@ -143,12 +145,16 @@ def judge_averaged(comparison, dtype, seed):
                 for i in wanted:
                     for k in samples[i]:
                         samples[i][k].append(moments(got[i] - exact[i], exact[i], blocks[i].parts[k]))
-    except (RuntimeError, TypeError):  # an op that cannot run so is judged as before
+    except (RuntimeError, TypeError):  # an op that cannot run so: its blocks judged by their one run
+        for i in wanted:
+            blocks[i].undefer()
+        comparison.close_blocks()
         return 0
     for i in wanted:
         for k, pairs in samples[i].items():
             mean, error = weighted_mean([p for p, _ in pairs], [w for _, w in pairs])
-            if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):
+            if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):  # a run overflowed: one run's verdicts
+                blocks[i].undefer(k)
                 continue
             blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), AVERAGED_RUNS)
     comparison.averaged_runs = AVERAGED_RUNS

@@ -143,9 +143,9 @@ class BlockShares:
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
         self.alone = [None] * len(self.parts)  # per partition, the one block ever past its bound (False: several)
-        # (partition, block) of the blocks that passed only by the allowance of an op in torch ops at p (the pooled
-        # one, or OWN times its own roundings'): read again with its roundings averaged out (tapegrad/_averaged.py)
-        self.adapted = set()
+        # (partition, block) of the blocks of an op in torch ops at p past the composite's own share there at some ȳ:
+        # read again with its roundings averaged out (tapegrad/_averaged.py); their one run's verdicts, deferred
+        self.to_average, self.deferred = set(), []
         self.averaged_past = 0  # how many of them are past their bound with the op's roundings averaged out
         self._start()
 
@@ -201,11 +201,15 @@ class BlockShares:
                                           sigmas * np.maximum(composite_sigma, self.tight_sigma[k])),
                                np.maximum(pooled, self.floor))
             ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
-            if np.any(pooled > 0):  # an op in torch ops at p: the blocks past the composite's own share there, which
-                # only an allowance for noise (σ) or for the op's own roundings passed
+            if np.any(pooled > 0):  # an op in torch ops at p: a block past the composite's own share there is judged
+                # by its share with the op's roundings averaged out (tapegrad/_averaged.py); its one run's verdict is
+                # kept only for where that reading cannot be made
                 measured = np.maximum(margin * np.maximum(composite, self.tight[k]), self.floor)
-                passed_so = (ratio <= 1) & (np.abs(self.kernel[k]) > measured)
-                self.adapted.update((k, int(j)) for j in np.flatnonzero(passed_so))
+                averaged = np.abs(self.kernel[k]) > measured
+                if np.any(averaged):
+                    self.to_average.update((k, int(j)) for j in np.flatnonzero(averaged))
+                    self.deferred.append((k, np.where(averaged, ratio, 0.0), self.kernel[k], bound))
+                    ratio = np.where(averaged, 0.0, ratio)
             self._past(k, ratio, self.kernel[k], bound)
         self._start()
 
@@ -226,13 +230,21 @@ class BlockShares:
             self.alone[k] = found
 
     def judge_averaged(self, k, mean, bound, runs):
-        """Partition k's adapted blocks against their shares averaged over runs (tapegrad/_averaged.py): mean r̄_b
-        and its bound per block of the partition; only the adapted blocks are judged."""
-        adapted = np.zeros(len(mean), dtype=bool)
-        adapted[[j for kk, j in self.adapted if kk == k]] = True
-        ratio = np.where(adapted, np.abs(mean) / np.maximum(bound, 1e-300), 0.0)
+        """Partition k's blocks to average against their shares averaged over runs (tapegrad/_averaged.py): mean
+        r̄_b and its bound per block of the partition; only the blocks to average are judged."""
+        wanted = np.zeros(len(mean), dtype=bool)
+        wanted[[j for kk, j in self.to_average if kk == k]] = True
+        ratio = np.where(wanted, np.abs(mean) / np.maximum(bound, 1e-300), 0.0)
         self.averaged_past += int(np.count_nonzero(ratio > 1))
         self._past(k, ratio, mean, bound, runs)
+
+    def undefer(self, part=None):
+        """The blocks to average (of partition part, or all) judged by their one run, where the averaged reading
+        could not be made."""
+        for k, ratio, r, bound in self.deferred:
+            if part is None or k == part:
+                self._past(k, ratio, r, bound)
+        self.deferred = [d for d in self.deferred if part is not None and d[0] != part]
 
     def excess(self):
         """The block most past its bound over the ȳ drawn, as a Block, or None."""

@@ -152,24 +152,22 @@ def check_at_precision(call, float64_report):
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
         block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.only_a_block_fails(i) else None)
-        if block is not None and block.runs:  # a block one run passed by the allowances, past them averaged
-            notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), which one run passed only by "
-                         f"the allowances for noise and for {name}'s own roundings, its share along {input_name}̄ "
-                         "there averaged "
-                         f"over {block.runs} runs × {DRAWS} ȳ with each of its roundings at {DTYPE_NAMES[dtype]} made "
+        if block is not None and block.runs:  # a block past the composite's share, past rounding averaged out too
+            notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), past {MARGIN:g} × the "
+                         f"composite's share there in one run, its share along {input_name}̄ there averaged over "
+                         f"{block.runs} runs × {DRAWS} ȳ with each of {name}'s roundings at {DTYPE_NAMES[dtype]} made "
                          f"stochastic is {block.r:+.2g} ({abs(block.r) / UNIT_ROUNDOFF[dtype]:.1f} units of "
                          f"{DTYPE_NAMES[dtype]}'s roundoff): rounding averaged out explains up to {block.bound:.2g} "
                          f"there ({AVERAGED_UNITS} units, or {AVERAGED_SE} standard errors of that mean), so the "
                          "formula itself is off in that block")
-        elif comparison.averaged_runs and comparison.blocks[i] is not None and comparison.blocks[i].adapted and \
+        elif comparison.averaged_runs and comparison.blocks[i] is not None and comparison.blocks[i].to_average and \
                 not comparison.blocks[i].averaged_past:
-            count = len(comparison.blocks[i].adapted)
+            count = len(comparison.blocks[i].to_average)
             notes.append(f"{input_name}: {count} block{'s' if count > 1 else ''} of {input_name}̄ past {MARGIN:g} × "
-                         f"the composite's share there, which one run passed only by the allowances for noise and for "
-                         f"{name}'s own roundings, "
-                         f"{'are' if count > 1 else 'is'} within rounding with those roundings averaged out "
-                         f"({comparison.averaged_runs} runs × {DRAWS} ȳ, each rounding at {DTYPE_NAMES[dtype]} made "
-                         f"stochastic; up to {AVERAGED_UNITS} units or {AVERAGED_SE} standard errors of the mean)")
+                         f"the composite's share there in one run {'are' if count > 1 else 'is'} within rounding with "
+                         f"{name}'s roundings averaged out ({comparison.averaged_runs} runs × {DRAWS} ȳ, each rounding "
+                         f"at {DTYPE_NAMES[dtype]} made stochastic; up to {AVERAGED_UNITS} units or {AVERAGED_SE} "
+                         "standard errors of the mean)")
         if block is not None and not block.runs:  # the block alone failing the row, or the one block past its bound
             place, r = block.place, block.r
             notes.append(f"{input_name}: in {input_name}̄{place} ({block.words}) its error is of one piece along "
