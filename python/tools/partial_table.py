@@ -4,7 +4,7 @@ off, on the 16-bit or float32 path only (the float64 path right), in the right k
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/partial_table.py
         --set build|heldout|triton|ops|ops_heldout|ops_heldout2 [--seeds 2] [--sizes small,large]
-        [--dtypes bf16,fp16,float32] [--factors 1.02,1.05] [--only NAME] [--json FILE]
+        [--dtypes bf16,fp16,float32] [--factors 1.02,1.05] [--only NAME] [--device cuda] [--json FILE]
 
 --set build and heldout are the fused kernels of python/tests/precision_build.py and precision_heldout.py (float32
 inside), triton the held-out ones as Triton kernels (python/tests/precision_triton.py: a CUDA device); ops and
@@ -64,6 +64,14 @@ def block_errors(case, fn, xs, dtype, seed, slot, block):
     return e_k, e_c
 
 
+def _on(xs, device):
+    """The inputs on device, the checked ones still leaves that require grad."""
+    if device == "cpu":
+        return xs
+    return tuple(x.detach().to(device).requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+                 for x in xs)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--set", default="build",
@@ -73,6 +81,7 @@ def main():
     p.add_argument("--dtypes", default="bf16,fp16,float32")
     p.add_argument("--factors", default="1.02,1.05")
     p.add_argument("--only", help="the case of this name alone")
+    p.add_argument("--device", default="cpu", help="the device the inputs are moved to (the ops sets: cuda)")
     p.add_argument("--json")
     a = p.parse_args()
     import tapegrad
@@ -91,10 +100,10 @@ def main():
     for case in [c for c in cases if a.only in (None, c.name)]:
         for size in a.sizes.split(","):
             for dtype in dtypes:
-                if dtype == torch.float16 and not case.fp16_ok:
+                if dtype == torch.float16 and not case.fp16_ok and a.device == "cpu":  # fp16_ok: on a CPU
                     continue
                 for seed in range(1, a.seeds + 1):
-                    xs = case.inputs(size, dtype, seed)
+                    xs = _on(case.inputs(size, dtype, seed), a.device)
                     slot = next(i for i, x in enumerate(xs) if isinstance(x, torch.Tensor) and x.requires_grad)
                     variants = [("right", None, 1.0)] + [(b, ix, f) for b, ix in blocks(tuple(xs[slot].shape)).items()
                                                          for f in factors]
