@@ -11,8 +11,9 @@ formula unchanged on average: its share along a block, averaged over runs, is th
 is the same at every run and every ȳ) plus a mean of independent roundings, which shrinks as 1/√runs.
 
 So where one run puts a block of such an op past MARGIN times the composite's share there and FLOOR units
-(BlockShares.to_average), the op is run AVERAGED_RUNS times more under StochasticRounding, at the same ȳ, and the
-block is judged by
+(BlockShares.to_average), the op is run again under StochasticRounding, at the same ȳ: AVERAGED_FIRST times, and up to
+AVERAGED_RUNS where a block is not settled by then (within or past rounding by SETTLED standard errors to spare), and
+the block is judged by
 
         r̄_b = Σ ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ / Σ ⟨x̄₆₄, x̄₆₄⟩ over the block and over the runs and ȳ,   s_b its standard error
 
@@ -36,7 +37,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ._blocks import moments
 from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, _Run
 
-AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn
+AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn, at most ...
+AVERAGED_FIRST = 8   # ... and after this many, none more where every block is settled (_settled)
+SETTLED = 4          # standard errors a settled block's share has to spare
 AVERAGED_UNITS = 2   # a block's averaged share past this many units of p's roundoff (2% at bf16 is 5.1) ...
 AVERAGED_SE = 5      # ... and past this many standard errors of its mean is the formula's, not rounding's
 
@@ -137,14 +140,16 @@ def judge_averaged(comparison, dtype, seed):
     mode = StochasticRounding(dtype, generator)
     # per input and partition, per sample (a run at a ȳ): each block's ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ and ⟨x̄₆₄, x̄₆₄⟩
     samples = {i: {k: [] for k in {k for k, _ in blocks[i].to_average}} for i in wanted}
+    runs = 0
     try:
-        for _ in range(AVERAGED_RUNS):
+        while runs < AVERAGED_RUNS and not (runs == AVERAGED_FIRST and _settled(blocks, samples, u)):
             run = _Run(kernel.fn, kernel.args, kernel.slots, kernel.kwargs, kernel.who, lambda: mode)
             for g, exact in zip(comparison.cotangents, comparison.exact):
                 got = run.vjp(g)
                 for i in wanted:
                     for k in samples[i]:
                         samples[i][k].append(moments(got[i] - exact[i], exact[i], blocks[i].parts[k]))
+            runs += 1
     except (RuntimeError, TypeError):  # an op that cannot run so: its blocks judged by their one run
         for i in wanted:
             blocks[i].undefer()
@@ -156,7 +161,22 @@ def judge_averaged(comparison, dtype, seed):
             if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):  # a run overflowed: one run's verdicts
                 blocks[i].undefer(k)
                 continue
-            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), AVERAGED_RUNS)
-    comparison.averaged_runs = AVERAGED_RUNS
+            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), runs)
+    comparison.averaged_runs = runs
     comparison.close_blocks()
-    return AVERAGED_RUNS
+    return runs
+
+
+def _settled(blocks, samples, u):
+    """Whether, after the runs so far, every block to average is settled: within rounding by SETTLED standard
+    errors to spare (|r̄| + SETTLED·s ≤ AVERAGED_UNITS·u), or past it so (|r̄| − SETTLED·s > AVERAGED_UNITS·u and
+    |r̄| > 2·AVERAGED_SE·s); the verdict more runs would give is then the same."""
+    for i, parts in samples.items():
+        for k, pairs in parts.items():
+            mean, error = weighted_mean([p for p, _ in pairs], [w for _, w in pairs])
+            at = [j for kk, j in blocks[i].to_average if kk == k]
+            r, s = np.abs(mean[at]), error[at]
+            limit = AVERAGED_UNITS * u
+            if not np.all((r + SETTLED * s <= limit) | ((r - SETTLED * s > limit) & (r > 2 * AVERAGED_SE * s))):
+                return False
+    return True

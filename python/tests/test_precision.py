@@ -680,20 +680,20 @@ def test_a_kernel_in_torch_ops_at_its_dtype_is_held_to_its_own_arithmetic(name, 
 def test_a_block_two_percent_off_fails_with_the_ops_roundings_averaged_out(name, size, seed, where):
     """Kernels in bf16 torch ops whose own roundings move a block of x̄ by a unit or two of roundoff from one rounding
     to the next: one row or column 2% off (5 units) passed within the allowances for noise and for those roundings.
-    Read again with each of the op's roundings made stochastic, its share there averaged over 16 runs is the slip's,
-    and it fails, said so; the right kernel passes, its blocks within rounding so averaged, said so too."""
+    Read again with each of the op's roundings made stochastic, its share there averaged over 8 runs (16 where 8 leave
+    it unsettled) is the slip's, and it fails, said so; the right kernel passes, its blocks within rounding so averaged, said so too."""
     from block_slips import blocks, one_block_off
     from precision_ops16 import BUILD, HELDOUT
     case = next(c for c in BUILD + HELDOUT if c.name == name)
     xs = case.inputs(size, torch.bfloat16, seed)
     right = tapegrad.gradcheck(case.make("right"), xs, reference=case.reference, seed=seed)
     assert right.passed, right
-    assert "roundings averaged out (16 runs × 2 ȳ" in str(right), right
+    assert re.search(r"roundings averaged out \((8|16) runs × 2 ȳ", str(right)), right
     slip = one_block_off(case.make("right"), 0, blocks(tuple(xs[0].shape))[where], 1.02, torch.bfloat16)
     report = tapegrad.gradcheck(slip, xs, reference=case.reference, seed=seed)
     assert not report.passed, report
-    assert "averaged over 16 runs × 2 ȳ with each of OneBlockOff's roundings at bf16 made stochastic is +0.0" in \
-        str(report), report
+    assert re.search(r"averaged over (8|16) runs × 2 ȳ with each of OneBlockOff's roundings at bf16 made stochastic "
+                     r"is \+0\.0", str(report)), report
     assert "so the formula itself is off in that block" in str(report), report
 
 
