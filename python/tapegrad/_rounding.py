@@ -789,13 +789,14 @@ def _own_runs(kernel, dtype, generator):
         return []
 
 
-def compare(kernel, ref_fn, dtype, generator, label, composed=False):
+def compare(kernel, ref_fn, dtype, generator, label, composed=False, averaged=None):
     """kernel (a _Run of the op at dtype) against ref_fn on the same values (kernel.args, with kernel.kwargs, on their
-    device): ref_fn
-    in float64, and with its ops at dtype (and in the fused kernel's model, at bf16 and fp16) on those args and on
-    them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the reference f in
-    float64"). composed: ref_fn is a reference given for another op, whose fused torch ops are measured at dtype as
-    their composites (AtPrecision); where the op is its own reference, its fused kernels are what is checked."""
+    device): ref_fn in float64, and with its ops at dtype (and in the fused kernel's model, at bf16 and fp16) on those
+    args and on them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the
+    reference f in float64"). composed: ref_fn is a reference given for another op, whose fused torch ops are measured
+    at dtype as their composites (AtPrecision); where the op is its own reference, its fused kernels are what is
+    checked. averaged: what judges the blocks an op in torch ops at dtype put past the composite's share there
+    (tapegrad/_averaged.py's judge_averaged, given the comparison); without it, their one run's verdicts hold."""
     args, slots, kwargs, device = kernel.args, kernel.slots, kernel.kwargs, kernel.xs[0].device
     moved = {}
 
@@ -805,4 +806,12 @@ def compare(kernel, ref_fn, dtype, generator, label, composed=False):
             moved[move] = _nudged(args, slots, dtype, generator)
         who = label if mode is None else f"{label}, with its ops at {DTYPE_NAMES[dtype]}"
         return _Run(ref_fn, _cast(moved[move] if move else args, torch.float64, device), slots, kwargs, who, mode)
-    return _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator, composed)
+    comparison = _Comparison(kernel, reference_at, dtype, _cotangents(kernel, generator), generator, composed)
+    if averaged is not None:
+        averaged(comparison)
+    else:
+        for blocks in comparison.blocks:
+            if blocks is not None:
+                blocks.undefer()
+        comparison.close_blocks()
+    return comparison
