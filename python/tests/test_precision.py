@@ -681,7 +681,8 @@ def test_a_block_two_percent_off_fails_with_the_ops_roundings_averaged_out(name,
     """Kernels in bf16 torch ops whose own roundings move a block of x̄ by a unit or two of roundoff from one rounding
     to the next: one row or column 2% off (5 units) passed within the allowances for noise and for those roundings.
     Read again with each of the op's roundings made stochastic, its share there averaged over 8 runs (16 where 8 leave
-    it unsettled) is the slip's, and it fails, said so; the right kernel passes, its blocks within rounding so averaged, said so too."""
+    it unsettled) is the slip's, and it fails, said so; the right kernel passes, its blocks within rounding so
+    averaged, said so too."""
     from block_slips import blocks, one_block_off
     from precision_ops16 import BUILD, HELDOUT
     case = next(c for c in BUILD + HELDOUT if c.name == name)
