@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ._blocks import moments
-from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, _Run
+from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn, at most ...
 AVERAGED_FIRST = 8   # ... and after this many, none more where every block is settled (_settled)
@@ -44,21 +44,25 @@ AVERAGED_UNITS = 2   # a block's averaged share past this many units of p's roun
 AVERAGED_SE = 5      # ... and past this many standard errors of its mean is the formula's, not rounding's
 
 
-def stochastically_rounded(wide, dtype, generator):
+def stochastically_rounded(wide, dtype, draws):
     """wide's values rounded to dtype stochastically: to the neighbour above with probability (x − below)/(above −
     below), so that the mean is x. bf16 is float32's upper half: add a uniform 16-bit integer to float32's bits and
     cut the lower half off. fp16: x + (U − ½)·ulp rounded to nearest, the ulp of x's binade (a value within an ulp
-    above a power of two may round into the binade below, a bias of a fraction of an ulp there)."""
+    above a power of two may round into the binade below, a bias of a fraction of an ulp there). draws: a Draws (its
+    pools' windows, tapegrad/_rounding.py)."""
     w = wide.detach().to(torch.float32).contiguous()
+    shape, device = tuple(w.shape), w.device
     if dtype == torch.bfloat16:
-        noise = torch.randint(0, 1 << 16, tuple(w.shape), generator=generator, dtype=torch.int32).to(w.device)
+        noise = draws.window(shape, device, "16 bits", lambda n, gen: torch.randint(
+            0, 1 << 16, (n,), generator=gen, dtype=torch.int32, device=device))
         return ((w.view(torch.int32) + noise) & -65536).view(torch.float32).to(dtype)
     exact = w.to(dtype)
     _, exponent = torch.frexp(w.double())
     ulp = torch.ldexp(torch.ones_like(w, dtype=torch.float64),
                       torch.clamp(exponent, min=math.frexp(torch.finfo(dtype).tiny)[1])) * UNIT_ROUNDOFF[dtype]
-    noise = (torch.rand(tuple(w.shape), generator=generator, dtype=torch.float64).to(w.device) - 0.5) * ulp
-    return torch.where(exact.to(torch.float64) == w.double(), exact, (w.double() + noise).to(dtype))
+    unit = draws.window(shape, device, "[0, 1)", lambda n, gen: torch.rand(
+        n, generator=gen, dtype=torch.float64, device=device))
+    return torch.where(exact.to(torch.float64) == w.double(), exact, (w.double() + (unit - 0.5) * ulp).to(dtype))
 
 
 def _finer(t, dtype):
@@ -77,7 +81,7 @@ class StochasticRounding(TorchDispatchMode):
 
     def __init__(self, dtype, generator):
         super().__init__()
-        self.dtype, self.generator = dtype, generator
+        self.dtype, self.draws = dtype, Draws(generator)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs, name = kwargs or {}, func.overloadpacket.__name__
@@ -86,7 +90,7 @@ class StochasticRounding(TorchDispatchMode):
             source = args[0] if name == "_to_copy" else args[1]
             if kwargs.get("dtype", args[0].dtype if name == "copy_" else None) == self.dtype and \
                     _finer(source, self.dtype):
-                rounded = stochastically_rounded(source, self.dtype, self.generator)
+                rounded = stochastically_rounded(source, self.dtype, self.draws)
                 args = (rounded,) + tuple(args[1:]) if name == "_to_copy" else (args[0], rounded) + tuple(args[2:])
             return func(*args, **kwargs)
         floats = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -103,7 +107,7 @@ class StochasticRounding(TorchDispatchMode):
             return func(*args, **kwargs)
         if wide.dtype != torch.float32:  # a comparison's booleans, an index
             return wide
-        rounded = stochastically_rounded(wide, self.dtype, self.generator)
+        rounded = stochastically_rounded(wide, self.dtype, self.draws)
         if any(writes):
             with torch.no_grad():
                 args[0].copy_(rounded)

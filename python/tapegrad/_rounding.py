@@ -67,7 +67,7 @@ HELD = 2           # an op rounding in no torch op at p: a block's composite sha
 MOVED_32 = 3       # points moved by an ulp the composite is run at, at float32 (one at bf16 and fp16)
 SIGMAS = 5         # r, the error's share along x̄, past this many σ of independent errors is of one piece
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
-POOL = 1 << 16     # Rounding: the least number of uniform draws its pool of ξ holds
+POOL = 1 << 16     # Draws: the least number of draws a pool holds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
 OWN_RUNS = 4       # OwnRounding: runs of an op in torch ops at p with its own roundings falling otherwise
 OWN_CAP = 2        # an op in torch ops at p: how far its own roundings move x̄ counts up to this × the composite's
@@ -133,6 +133,30 @@ def _rounded_to(t, dtype):
     return t
 
 
+class Draws:
+    """Random draws for a model of rounding: a window of the size wanted at a random offset into a pool of at least
+    twice that size, drawn once per device and kind (from a generator seeded from the check's). Two results' windows
+    start at different offsets, so an element's draw differs from op to op; drawing afresh for every element of every
+    result was most of a model's time (a scan's backward in a Python loop adds a gradient of the whole input's size at
+    every step; a layer norm at 4096 × 256 averaged over stochastic roundings spent 0.64 s of 2.2 in torch.randint)."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.pools = {}
+
+    def window(self, shape, device, kind, fill):
+        """A view of shape into the pool of (device, kind), fill(n, generator) making a pool of n draws where there is
+        none of at least twice the size."""
+        n, key = math.prod(shape), (device, kind)
+        pool = self.pools.get(key)
+        if pool is None or pool.numel() < 2 * n:
+            generator = torch.Generator(device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+            pool = fill(max(2 * n, POOL), generator)
+            self.pools[key] = pool
+        offset = int(torch.randint(pool.numel() - n + 1, (), generator=self.generator))
+        return pool[offset:offset + n].view(shape)
+
+
 class Rounding(TorchDispatchMode):
     """A float64 computation that errs as a fused kernel at dtype does (Monte Carlo arithmetic): the operands of each
     matrix product rounded to dtype (what its tensor cores read), every other value kept at float32 (at dtype where
@@ -148,23 +172,13 @@ class Rounding(TorchDispatchMode):
         super().__init__()
         self.dtype = dtype
         self.intermediate = torch.float32 if float32_between(dtype) else dtype
-        self.generator = generator
-        self.pools = {}
+        self.draws = Draws(generator)
 
     def _uniform(self, t):
-        """ξ uniform in [−1, 1], one per element of t: a window of t's size at a random offset into a pool of at
-        least twice its size, drawn once per device and dtype (from a generator seeded from the check's). Two
-        results' windows start at different offsets, so an element's ξ differs from op to op; drawing afresh for
-        every element of every result was most of the model's time (a scan's backward in a Python loop adds a
-        gradient of the whole input's size at every step)."""
-        n, key = t.numel(), (t.device, t.dtype)
-        pool = self.pools.get(key)
-        if pool is None or pool.numel() < 2 * n:
-            generator = torch.Generator(t.device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
-            pool = torch.empty(max(2 * n, POOL), dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
-            self.pools[key] = pool
-        offset = int(torch.randint(pool.numel() - n + 1, (), generator=self.generator))
-        return pool[offset:offset + n].view(tuple(t.shape))
+        """ξ uniform in [−1, 1], one per element of t, of t's dtype (Draws)."""
+        def fill(n, generator):
+            return torch.empty(n, dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
+        return self.draws.window(tuple(t.shape), t.device, t.dtype, fill)
 
     def _moved(self, t, u):
         """t·(1 + OP_UNITS·u·ξ), rounded to the intermediate precision and kept in t's dtype."""

@@ -6,7 +6,7 @@ tapegrad/_averaged.py)."""
 import torch
 
 from tapegrad._averaged import StochasticRounding, stochastically_rounded
-from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, OwnRounding, Rounding
+from tapegrad._rounding import OP_UNITS, UNIT_ROUNDOFF, AtPrecision, Draws, OwnRounding, Rounding
 
 
 def _at_bf16(*shape, seed=0):
@@ -102,10 +102,10 @@ def test_an_ops_own_roundings_fall_otherwise_by_about_a_rounding_and_a_products_
         assert bool(((p.double() - (a @ b).double()).abs() <= 2 * spread + u * p.double().abs()).all())
     assert float((products[0].double() - products[1].double()).abs().max()) > float(u * exact.abs().max())
     assert torch.equal(same[0], a) and torch.equal(same[1], a[:, 3]) and torch.equal(same[2], torch.zeros_like(a))
-    pool = mode.pools[(a.device, torch.float32)].clone()
+    pool = mode.draws.pools[(a.device, torch.float32)].clone()
     with mode:
         a * 1.5
-    assert torch.equal(pool, mode.pools[(a.device, torch.float32)])
+    assert torch.equal(pool, mode.draws.pools[(a.device, torch.float32)])
 
 
 def test_stochastic_rounding_keeps_the_mean_and_the_values_it_can_hold():
@@ -114,6 +114,7 @@ def test_stochastic_rounding_keeps_the_mean_and_the_values_it_can_hold():
     to half an ulp; values the dtype holds (1, 0.5, −4, 3) come back unchanged, at bf16 and at fp16, subnormals too."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(500, dtype=torch.float64, generator=g).float() * 3
+    g = Draws(g)
     held = torch.tensor([1.0, 0.5, 2.0, -4.0, 3.0])
     for dtype in (torch.bfloat16, torch.float16):
         u = UNIT_ROUNDOFF[dtype]
