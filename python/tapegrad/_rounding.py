@@ -217,6 +217,43 @@ def _float64(t):
     return isinstance(t, torch.Tensor) and t.dtype == torch.float64
 
 
+_ALIASING = {}
+
+
+def _aliases(func):
+    """Whether a result of the aten op func aliases an input (a view, an in-place op's), kept per op: read from its
+    schema at every call, it was a good part of a model's time on a scan's thousands of small ops."""
+    found = _ALIASING.get(func)
+    if found is None:
+        found = _ALIASING[func] = any(r.alias_info is not None for r in func._schema.returns)
+    return found
+
+
+def _leaves(tree):
+    """The leaves of an aten op's arguments or results (tuples, lists and dicts of tensors and scalars)."""
+    if type(tree) in (tuple, list):
+        for t in tree:
+            yield from _leaves(t)
+    elif type(tree) is dict:
+        for t in tree.values():
+            yield from _leaves(t)
+    else:
+        yield tree
+
+
+def _mapped(f, tree):
+    """f applied to each leaf of an aten op's arguments or results, the tuples, lists and dicts kept (another
+    container, a named tuple of results, through torch's tree_map)."""
+    kind = type(tree)
+    if kind in (tuple, list):
+        return kind(_mapped(f, t) for t in tree)
+    if kind is dict:
+        return {k: _mapped(f, t) for k, t in tree.items()}
+    if isinstance(tree, (tuple, list, dict)):
+        return tree_map(f, tree)
+    return f(tree)
+
+
 def _aten_ops(*names):
     """The aten overloads named "op.overload" that this torch has, and has a decomposition for."""
     try:
@@ -261,16 +298,16 @@ class AtPrecision(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(r.alias_info is not None for r in func._schema.returns) or func.overloadpacket.__name__ in _PLACES:
+        if _aliases(func) or func.overloadpacket.__name__ in _PLACES:
             return func(*args, **kwargs)
 
-        if not any(_float64(t) for t in tree_flatten((args, kwargs))[0]):
+        if not any(_float64(t) for t in _leaves((args, kwargs))):
             return func(*args, **kwargs)
 
         def run_at(dtype):
             # float64 tensors, and float64 named as a dtype (softmax's backward takes its input's), at dtype
             cast = lambda t: t.to(dtype) if _float64(t) else dtype if t is torch.float64 else t
-            at_dtype = tree_map(cast, args), tree_map(cast, kwargs)
+            at_dtype = _mapped(cast, args), _mapped(cast, kwargs)
             composite = _COMPOSED.get(func) if self.composed else None
             if composite is not None:
                 try:
@@ -286,7 +323,7 @@ class AtPrecision(TorchDispatchMode):
             out, computed = run_at(torch.float32), torch.float32
         home = lambda t: (t.to(self.dtype).to(torch.float64)
                           if isinstance(t, torch.Tensor) and t.dtype in (computed, torch.float64) else t)
-        return tree_map(home, out)
+        return _mapped(home, out)
 
 
 class OwnRounding(Rounding):
