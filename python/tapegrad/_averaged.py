@@ -32,10 +32,9 @@ import math
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ._blocks import moments
-from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _Run
+from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _leaves, _mapped, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn, at most ...
 AVERAGED_FIRST = 8   # ... and after this many, none more where every block is settled (_settled)
@@ -84,23 +83,23 @@ class StochasticRounding(TorchDispatchMode):
         self.dtype, self.draws = dtype, Draws(generator)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs, name = kwargs or {}, func.overloadpacket.__name__
-        writes = [r.alias_info is not None and r.alias_info.is_write for r in func._schema.returns]
-        if name in ("_to_copy", "copy_"):  # a cast: the source rounded stochastically where it is finer than dtype
+        kwargs = kwargs or {}
+        name, how = _kind(func)
+        if how == "cast":  # the source rounded stochastically where it is finer than dtype
             source = args[0] if name == "_to_copy" else args[1]
             if kwargs.get("dtype", args[0].dtype if name == "copy_" else None) == self.dtype and \
                     _finer(source, self.dtype):
                 rounded = stochastically_rounded(source, self.dtype, self.draws)
                 args = (rounded,) + tuple(args[1:]) if name == "_to_copy" else (args[0], rounded) + tuple(args[2:])
             return func(*args, **kwargs)
-        floats = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if name in _PLACES or name in _EXACT_OPS or "dtype" in kwargs or \
-                any(r.alias_info is not None and not w for r, w in zip(func._schema.returns, writes)) or \
-                not floats or any(t.dtype != self.dtype for t in floats):
+        if how == "as is" or "dtype" in kwargs:
+            return func(*args, **kwargs)
+        floats = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not floats or any(t.dtype != self.dtype for t in floats):
             return func(*args, **kwargs)
         at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
         try:
-            wide = func(*tree_map(at_32, args), **tree_map(at_32, kwargs))  # in place: on a float32 copy
+            wide = func(*_mapped(at_32, args), **_mapped(at_32, kwargs))  # in place: on a float32 copy
         except (RuntimeError, TypeError, NotImplementedError):
             return func(*args, **kwargs)
         if not isinstance(wide, torch.Tensor):  # several results
@@ -108,11 +107,33 @@ class StochasticRounding(TorchDispatchMode):
         if wide.dtype != torch.float32:  # a comparison's booleans, an index
             return wide
         rounded = stochastically_rounded(wide, self.dtype, self.draws)
-        if any(writes):
+        if how == "in place":
             with torch.no_grad():
                 args[0].copy_(rounded)
             return args[0]
         return rounded
+
+
+_KINDS = {}
+
+
+def _kind(func):
+    """(name, how StochasticRounding takes the aten op func): "cast" (_to_copy, copy_), "as is" (it places, selects
+    or aliases values without writing them), "in place" (it writes its first argument) or "computed"; kept per op."""
+    found = _KINDS.get(func)
+    if found is None:
+        name = func.overloadpacket.__name__
+        returns = func._schema.returns
+        writes = any(r.alias_info is not None and r.alias_info.is_write for r in returns)
+        if name in ("_to_copy", "copy_"):
+            how = "cast"
+        elif name in _PLACES or name in _EXACT_OPS or \
+                any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            how = "as is"
+        else:
+            how = "in place" if writes else "computed"
+        found = _KINDS[func] = (name, how)
+    return found
 
 
 def weighted_mean(products, weights):
