@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ._blocks import BlockShares
 from ._torch_op import float_outputs
@@ -192,7 +192,7 @@ class Rounding(TorchDispatchMode):
         if operands is not None:
             args = tuple(_rounded_to(a, self.dtype) if k in operands else a for k, a in enumerate(args))
         out = func(*args, **kwargs)
-        if any(r.alias_info is not None for r in func._schema.returns):
+        if _aliases(func):
             return out
         u = UNIT_ROUNDOFF[self.intermediate]
         if isinstance(out, torch.Tensor):
@@ -210,7 +210,7 @@ class Rounding(TorchDispatchMode):
                     and UNIT_ROUNDOFF[t.dtype] < u):
                 return self._moved(t, u)
             return t
-        return tree_map(rounded, out)
+        return _mapped(rounded, out)
 
 
 def _float64(t):
@@ -231,10 +231,10 @@ def _aliases(func):
 
 def _leaves(tree):
     """The leaves of an aten op's arguments or results (tuples, lists and dicts of tensors and scalars)."""
-    if type(tree) in (tuple, list):
+    if isinstance(tree, (tuple, list)):
         for t in tree:
             yield from _leaves(t)
-    elif type(tree) is dict:
+    elif isinstance(tree, dict):
         for t in tree.values():
             yield from _leaves(t)
     else:
@@ -341,13 +341,13 @@ class OwnRounding(Rounding):
         kwargs, name = kwargs or {}, func.overloadpacket.__name__
         out = func(*args, **kwargs)
         if name in _PLACES or (name in _EXACT_OPS and name != "_to_copy") or \
-                any(r.alias_info is not None for r in func._schema.returns):
+                _aliases(func):
             return out
         u = UNIT_ROUNDOFF[self.dtype]
         wide = None
         if (name in _PRODUCTS or name in ("sum", "mean")) and isinstance(out, torch.Tensor):
             at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
-            wide = func(*tree_map(at_32, args), **kwargs)
+            wide = func(*_mapped(at_32, args), **kwargs)
 
         def moved(t):
             if not (isinstance(t, torch.Tensor) and t.dtype == self.dtype):
@@ -360,7 +360,7 @@ class OwnRounding(Rounding):
             if wide is not None and wide.shape == r.shape:
                 spread.add_((r - wide).abs_())
             return r.add_(self._uniform(r) * spread).to(self.dtype)
-        return tree_map(moved, out)
+        return _mapped(moved, out)
 
 
 # torch ops that move, cast, make or select values without rounding them
@@ -386,9 +386,9 @@ class ArithmeticAt(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.seen and func.overloadpacket.__name__ not in _EXACT_OPS and \
-                not any(r.alias_info is not None for r in func._schema.returns):
+                not _aliases(func):
             at = lambda t: isinstance(t, torch.Tensor) and t.dtype == self.dtype
-            self.seen = any(map(at, tree_flatten((args, kwargs))[0])) and any(map(at, tree_flatten(out)[0]))
+            self.seen = any(map(at, _leaves((args, kwargs)))) and any(map(at, _leaves(out)))
         return out
 
 
