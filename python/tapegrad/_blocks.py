@@ -23,10 +23,12 @@ that of the kernel's own error once its share is taken out, d − r_b·e (so tha
 widen its bound). Each ȳ is judged on its own: a block whose x̄ nearly cancels at one ȳ has a large share of rounding
 there, and a slip's share is the same at every ȳ. An op that rounds in no torch op at p (a fused kernel) has the
 composite's figures held to HELD times the tight ones (the fused model's, the result's rounding, the kernel's own
-rest); an op in torch ops at p rounds as its own formula does, not as the composite: each of its blocks is allowed
-OWN times the share its own roundings, falling otherwise, give that block (tapegrad/_rounding.py's OwnRounding), up to
-OWN_MOST times POOLED times the composite's largest share over all the blocks (POOLED times that where they were not
-sampled).
+rest); an op in torch ops at p rounds as its own formula does, not as the composite, and one run of it cannot tell
+a block's rounding from a slip of the same size: a block of it past MARGIN times the composite's share there (and
+FLOOR units) is judged by its share with the op's roundings averaged out over many runs (tapegrad/_averaged.py).
+Only where the op cannot be run so is such a block allowed OWN times the share its own roundings, falling otherwise,
+give it (tapegrad/_rounding.py's OwnRounding), up to OWN_MOST times POOLED times the composite's largest share over
+all the blocks (POOLED times that where they were not sampled).
 """
 
 from typing import NamedTuple
