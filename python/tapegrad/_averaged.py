@@ -10,10 +10,10 @@ results stochastically, to the value below or above with the odds that make its 
 formula unchanged on average: its share along a block, averaged over runs, is then the formula's own (a slip's, which
 is the same at every run and every ȳ) plus a mean of independent roundings, which shrinks as 1/√runs.
 
-So where one run puts a block of such an op past MARGIN times the composite's share there and FLOOR units
-(BlockShares.to_average), the op is run again under StochasticRounding, at the same ȳ: AVERAGED_FIRST times, and up to
-AVERAGED_RUNS where a block is not settled by then (within or past rounding by SETTLED standard errors to spare), and
-the block is judged by
+So where one run puts a block of such an op FLOOR units (_blocks.py) or more along itself, whatever the composite errs
+there (BlockShares.to_average), the op is run again under StochasticRounding, at the same ȳ: AVERAGED_FIRST times,
+and up to AVERAGED_RUNS where a block is not settled by then (within or past rounding by SETTLED standard errors to
+spare), and the block is judged by
 
         r̄_b = Σ ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ / Σ ⟨x̄₆₄, x̄₆₄⟩ over the block and over the runs and ȳ,   s_b its standard error
 
@@ -64,6 +64,12 @@ def stochastically_rounded(wide, dtype, draws):
     return torch.where(exact.to(torch.float64) == w.double(), exact, (w.double() + (unit - 0.5) * ulp).to(dtype))
 
 
+def _stochastic(result, wide, dtype):
+    """Whether a result at dtype has its float32 twin, wide, to be rounded stochastically in its place."""
+    return isinstance(result, torch.Tensor) and result.dtype == dtype and isinstance(wide, torch.Tensor) and \
+        wide.dtype == torch.float32 and wide.shape == result.shape
+
+
 def _finer(t, dtype):
     """Whether t is a floating-point tensor of a finer precision than dtype."""
     return isinstance(t, torch.Tensor) and t.is_floating_point() and \
@@ -102,8 +108,15 @@ class StochasticRounding(TorchDispatchMode):
             wide = func(*_mapped(at_32, args), **_mapped(at_32, kwargs))  # in place: on a float32 copy
         except (RuntimeError, TypeError, NotImplementedError):
             return func(*args, **kwargs)
-        if not isinstance(wide, torch.Tensor):  # several results
-            return func(*args, **kwargs)
+        if not isinstance(wide, torch.Tensor):  # several results (a fused norm's): those of dtype rounded so
+            out = func(*args, **kwargs)
+            if how == "in place" or type(out) not in (tuple, list) or type(wide) not in (tuple, list) or \
+                    len(out) != len(wide):
+                return out
+            return type(out)(
+                stochastically_rounded(w, self.dtype, self.draws) if _stochastic(o, w, self.dtype)
+                else w.to(o.dtype) if isinstance(o, torch.Tensor) and isinstance(w, torch.Tensor) else o
+                for o, w in zip(out, wide))
         if wide.dtype != torch.float32:  # a comparison's booleans, an index
             return wide
         rounded = stochastically_rounded(wide, self.dtype, self.draws)
@@ -151,7 +164,7 @@ def weighted_mean(products, weights):
 
 
 def judge_averaged(comparison, dtype, seed):
-    """Where one run put a block of an op in torch ops at dtype past the composite's own share there
+    """Where one run put a block of an op in torch ops at dtype FLOOR units or more along itself
     (BlockShares.to_average), the op's share along that block with its roundings averaged out judges it (the module's
     text); the comparison's blocks closed again. Returns the number of runs made (0 where no block needed them, or
     where the op could not run so: its blocks are then judged by their one run)."""
@@ -186,7 +199,11 @@ def judge_averaged(comparison, dtype, seed):
             if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):  # a run overflowed: one run's verdicts
                 blocks[i].undefer(k)
                 continue
-            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), runs)
+            # a block whose share did not move from run to run was not rounded otherwise (its op ran as it is, a
+            # kernel with no float32 twin): the runs say nothing of it, and its one run's verdict holds
+            still = error == 0
+            blocks[i].undefer(k, still)
+            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), runs, ~still)
     comparison.averaged_runs = runs
     comparison.close_blocks()
     return runs

@@ -24,8 +24,8 @@ widen its bound). Each ȳ is judged on its own: a block whose x̄ nearly cancels
 there, and a slip's share is the same at every ȳ. An op that rounds in no torch op at p (a fused kernel) has the
 composite's figures held to HELD times the tight ones (the fused model's, the result's rounding, the kernel's own
 rest); an op in torch ops at p rounds as its own formula does, not as the composite, and one run of it cannot tell
-a block's rounding from a slip of the same size: a block of it past MARGIN times the composite's share there (and
-FLOOR units) is judged by its share with the op's roundings averaged out over many runs (tapegrad/_averaged.py).
+a block's rounding from a slip of the same size: a block of it FLOOR units or more along itself is judged by its
+share with the op's roundings averaged out over many runs (tapegrad/_averaged.py), whatever the composite errs there.
 Only where the op cannot be run so is such a block allowed OWN times the share its own roundings, falling otherwise,
 give it (tapegrad/_rounding.py's OwnRounding), up to OWN_MOST times POOLED times the composite's largest share over
 all the blocks (POOLED times that where they were not sampled).
@@ -145,7 +145,7 @@ class BlockShares:
         self.held = held  # an op rounding in no torch op at p: the composite's figures held to this × the tight ones
         self.worst = None  # (|r_b| / bound, x̄[…], in words, r_b, bound)
         self.alone = [None] * len(self.parts)  # per partition, the one block ever past its bound (False: several)
-        # (partition, block) of the blocks of an op in torch ops at p past the composite's own share there at some ȳ:
+        # (partition, block) of the blocks of an op in torch ops at p FLOOR units or more along themselves at some ȳ:
         # read again with its roundings averaged out (tapegrad/_averaged.py); their one run's verdicts, deferred
         self.to_average, self.deferred = set(), []
         self.averaged_past = 0  # how many of them are past their bound with the op's roundings averaged out
@@ -203,11 +203,10 @@ class BlockShares:
                                           sigmas * np.maximum(composite_sigma, self.tight_sigma[k])),
                                np.maximum(pooled, self.floor))
             ratio = np.abs(self.kernel[k]) / np.maximum(bound, 1e-300)
-            if np.any(pooled > 0):  # an op in torch ops at p: a block past the composite's own share there is judged
-                # by its share with the op's roundings averaged out (tapegrad/_averaged.py); its one run's verdict is
-                # kept only for where that reading cannot be made
-                measured = np.maximum(margin * np.maximum(composite, self.tight[k]), self.floor)
-                averaged = np.abs(self.kernel[k]) > measured
+            if np.any(pooled > 0):  # an op in torch ops at p: a block past FLOOR units in one run is judged by its
+                # share with the op's roundings averaged out (tapegrad/_averaged.py), whatever the composite errs
+                # there; its one run's verdict is kept only for where that reading cannot be made
+                averaged = np.abs(self.kernel[k]) > self.floor
                 if np.any(averaged):
                     self.to_average.update((k, int(j)) for j in np.flatnonzero(averaged))
                     self.deferred.append((k, np.where(averaged, ratio, 0.0), self.kernel[k], bound))
@@ -231,21 +230,22 @@ class BlockShares:
         elif self.alone[k] is not False and (self.alone[k] is None or found[0] > self.alone[k][0]):
             self.alone[k] = found
 
-    def judge_averaged(self, k, mean, bound, runs):
+    def judge_averaged(self, k, mean, bound, runs, judged=True):
         """Partition k's blocks to average against their shares averaged over runs (tapegrad/_averaged.py): mean
-        r̄_b and its bound per block of the partition; only the blocks to average are judged."""
+        r̄_b and its bound per block of the partition; only the blocks to average (and judged: a mask) are judged."""
         wanted = np.zeros(len(mean), dtype=bool)
         wanted[[j for kk, j in self.to_average if kk == k]] = True
+        wanted &= judged
         ratio = np.where(wanted, np.abs(mean) / np.maximum(bound, 1e-300), 0.0)
         self.averaged_past += int(np.count_nonzero(ratio > 1))
         self._past(k, ratio, mean, bound, runs)
 
-    def undefer(self, part=None):
-        """The blocks to average (of partition part, or all) judged by their one run, where the averaged reading
-        could not be made."""
+    def undefer(self, part=None, only=True):
+        """The blocks to average (of partition part, or all; those of the mask only) judged by their one run, where
+        the averaged reading could not be made."""
         for k, ratio, r, bound in self.deferred:
             if part is None or k == part:
-                self._past(k, ratio, r, bound)
+                self._past(k, np.where(only, ratio, 0.0), r, bound)
         self.deferred = [d for d in self.deferred if part is not None and d[0] != part]
 
     def excess(self):

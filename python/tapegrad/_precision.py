@@ -153,8 +153,9 @@ def check_at_precision(call, float64_report):
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
         block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.only_a_block_fails(i) else None)
         if block is not None and block.runs:  # a block past the composite's share, past rounding averaged out too
-            notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), past {MARGIN:g} × the "
-                         f"composite's share there in one run, its share along {input_name}̄ there averaged over "
+            notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), {FLOOR} units of "
+                         f"{DTYPE_NAMES[dtype]}'s roundoff or more along itself in one run, its share along "
+                         f"{input_name}̄ there averaged over "
                          f"{block.runs} runs × {DRAWS} ȳ with each of {name}'s roundings at {DTYPE_NAMES[dtype]} made "
                          f"stochastic is {block.r:+.2g} ({abs(block.r) / UNIT_ROUNDOFF[dtype]:.1f} units of "
                          f"{DTYPE_NAMES[dtype]}'s roundoff): rounding averaged out explains up to {block.bound:.2g} "
@@ -163,8 +164,9 @@ def check_at_precision(call, float64_report):
         elif comparison.averaged_runs and comparison.blocks[i] is not None and comparison.blocks[i].to_average and \
                 not comparison.blocks[i].averaged_past:
             count = len(comparison.blocks[i].to_average)
-            notes.append(f"{input_name}: {count} block{'s' if count > 1 else ''} of {input_name}̄ past {MARGIN:g} × "
-                         f"the composite's share there in one run {'are' if count > 1 else 'is'} within rounding with "
+            notes.append(f"{input_name}: {count} block{'s' if count > 1 else ''} of {input_name}̄ {FLOOR} units of "
+                         f"{DTYPE_NAMES[dtype]}'s roundoff or more along {'themselves' if count > 1 else 'itself'} in "
+                         f"one run {'are' if count > 1 else 'is'} within rounding with "
                          f"{name}'s roundings averaged out ({comparison.averaged_runs} runs × {DRAWS} ȳ, each rounding "
                          f"at {DTYPE_NAMES[dtype]} made stochastic; up to {AVERAGED_UNITS} units or {AVERAGED_SE} "
                          "standard errors of the mean)")
