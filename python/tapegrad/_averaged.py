@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._blocks import moments
-from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _leaves, _mapped, _Run
+from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _at_float32, _finer, _leaves, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn, at most ...
 AVERAGED_FIRST = 8   # ... and after this many, none more where every block is settled (_settled)
@@ -70,12 +70,6 @@ def _stochastic(result, wide, dtype):
         wide.dtype == torch.float32 and wide.shape == result.shape
 
 
-def _finer(t, dtype):
-    """Whether t is a floating-point tensor of a finer precision than dtype."""
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and \
-        UNIT_ROUNDOFF.get(t.dtype, 1) < UNIT_ROUNDOFF[dtype]
-
-
 class StochasticRounding(TorchDispatchMode):
     """An op computing in torch ops at dtype, each of its roundings to dtype made stochastic: a torch op whose
     floating-point tensors are all at dtype (a product, a sum, an exp; in place too) is computed on them in float32
@@ -103,9 +97,8 @@ class StochasticRounding(TorchDispatchMode):
         floats = [t for t in _leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if not floats or any(t.dtype != self.dtype for t in floats):
             return func(*args, **kwargs)
-        at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
         try:
-            wide = func(*_mapped(at_32, args), **_mapped(at_32, kwargs))  # in place: on a float32 copy
+            wide = func(*_at_float32(args, self.dtype), **_at_float32(kwargs, self.dtype))  # in place: on a copy
         except (RuntimeError, TypeError, NotImplementedError):
             return func(*args, **kwargs)
         if not isinstance(wide, torch.Tensor):  # several results (a fused norm's): those of dtype rounded so

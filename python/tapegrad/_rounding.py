@@ -126,9 +126,21 @@ _PLACES = frozenset(("select_backward", "slice_backward", "zeros", "zeros_like",
 _PRODUCTS = {"mm": (0, 1), "bmm": (0, 1), "mv": (0, 1), "dot": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
 
 
+def _finer(t, dtype):
+    """Whether t is a floating-point tensor of a finer precision than dtype."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and \
+        UNIT_ROUNDOFF.get(t.dtype, 1) < UNIT_ROUNDOFF[dtype]
+
+
+def _at_float32(tree, dtype):
+    """An aten op's arguments with each tensor of dtype cast to float32: the op's float32 twin (a copy, where it
+    writes in place)."""
+    return _mapped(lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == dtype else t, tree)
+
+
 def _rounded_to(t, dtype):
     """t's values rounded to dtype, kept in t's own dtype (t itself where it is no finer)."""
-    if isinstance(t, torch.Tensor) and t.is_floating_point() and UNIT_ROUNDOFF.get(t.dtype, 1) < UNIT_ROUNDOFF[dtype]:
+    if _finer(t, dtype):
         return t.to(dtype).to(t.dtype)
     return t
 
@@ -346,14 +358,12 @@ class OwnRounding(Rounding):
         u = UNIT_ROUNDOFF[self.dtype]
         wide = None
         if (name in _PRODUCTS or name in ("sum", "mean")) and isinstance(out, torch.Tensor):
-            at_32 = lambda t: t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == self.dtype else t
-            wide = func(*_mapped(at_32, args), **kwargs)
+            wide = func(*_at_float32(args, self.dtype), **kwargs)
 
         def moved(t):
             if not (isinstance(t, torch.Tensor) and t.dtype == self.dtype):
                 return t
-            if name == "_to_copy" and not any(isinstance(a, torch.Tensor) and a.is_floating_point()
-                                              and UNIT_ROUNDOFF.get(a.dtype, 1) < u for a in args):
+            if name == "_to_copy" and not any(_finer(a, self.dtype) for a in args):
                 return t  # a cast that rounds nothing
             r = t.to(torch.float32)
             spread = r.abs().mul_(u)
