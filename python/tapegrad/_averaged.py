@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._blocks import moments
+from ._blocks import products
 from ._rounding import _EXACT_OPS, _PLACES, UNIT_ROUNDOFF, Draws, _at_float32, _finer, _leaves, _Run
 
 AVERAGED_RUNS = 16   # runs of the op under StochasticRounding, each VJP'd at every ȳ drawn, at most ...
@@ -169,49 +169,57 @@ def judge_averaged(comparison, dtype, seed):
     kernel, u = comparison.kernel, UNIT_ROUNDOFF[dtype]
     generator = torch.Generator().manual_seed(int(seed) * 7919 + 17)
     mode = StochasticRounding(dtype, generator)
-    # per input and partition, per sample (a run at a ȳ): each block's ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩ and ⟨x̄₆₄, x̄₆₄⟩
-    samples = {i: {k: [] for k in {k for k, _ in blocks[i].to_average}} for i in wanted}
-    runs = 0
+    parts = {i: sorted({k for k, _ in blocks[i].to_average}) for i in wanted}
+    # each block's ⟨x̄₆₄, x̄₆₄⟩ at each ȳ (the same at every run), and per sample (a run at a ȳ) its ⟨x̄ₚ − x̄₆₄, x̄₆₄⟩
+    weights = {(i, k): [products(exact[i], exact[i], blocks[i].parts[k]) for exact in comparison.exact]
+               for i in wanted for k in parts[i]}
+    samples = {key: [] for key in weights}
+    runs, readings = 0, None
     try:
-        while runs < AVERAGED_RUNS and not (runs == AVERAGED_FIRST and _settled(blocks, samples, u)):
+        while runs < AVERAGED_RUNS:
+            if runs == AVERAGED_FIRST:
+                readings = _readings(samples, weights)
+                if _settled(blocks, readings, u):
+                    break
+                readings = None
             run = _Run(kernel.fn, kernel.args, kernel.slots, kernel.kwargs, kernel.who, lambda: mode)
             for g, exact in zip(comparison.cotangents, comparison.exact):
                 got = run.vjp(g)
-                for i in wanted:
-                    for k in samples[i]:
-                        samples[i][k].append(moments(got[i] - exact[i], exact[i], blocks[i].parts[k]))
+                for i, k in samples:
+                    samples[i, k].append(products(got[i] - exact[i], exact[i], blocks[i].parts[k]))
             runs += 1
     except (RuntimeError, TypeError):  # an op that cannot run so: its blocks judged by their one run
-        for i in wanted:
-            blocks[i].undefer()
-        comparison.close_blocks()
+        comparison.one_run_verdicts()
         return 0
-    for i in wanted:
-        for k, pairs in samples[i].items():
-            mean, error = weighted_mean([p for p, _ in pairs], [w for _, w in pairs])
-            if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):  # a run overflowed: one run's verdicts
-                blocks[i].undefer(k)
-                continue
-            # a block whose share did not move from run to run was not rounded otherwise (its op ran as it is, a
-            # kernel with no float32 twin): the runs say nothing of it, and its one run's verdict holds
-            still = error == 0
-            blocks[i].undefer(k, still)
-            blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), runs, ~still)
+    for (i, k), (mean, error) in (readings or _readings(samples, weights)).items():
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(error))):  # a run overflowed: one run's verdicts
+            blocks[i].undefer(k)
+            continue
+        # a block whose share did not move from run to run was not rounded otherwise (its op ran as it is, a kernel
+        # with no float32 twin): the runs say nothing of it, and its one run's verdict holds
+        still = error == 0
+        blocks[i].undefer(k, still)
+        blocks[i].judge_averaged(k, mean, np.maximum(AVERAGED_UNITS * u, AVERAGED_SE * error), runs, ~still)
     comparison.averaged_runs = runs
     comparison.close_blocks()
     return runs
 
 
-def _settled(blocks, samples, u):
+def _readings(samples, weights):
+    """Per (input, partition), each block's (r̄, s) over the samples so far (weighted_mean): the runs VJP at each ȳ in
+    turn, so sample n is at ȳ number n mod DRAWS, whose ⟨x̄₆₄, x̄₆₄⟩ weighs it."""
+    return {key: weighted_mean(found, [weights[key][n % len(weights[key])] for n in range(len(found))])
+            for key, found in samples.items()}
+
+
+def _settled(blocks, readings, u):
     """Whether, after the runs so far, every block to average is settled: within rounding by SETTLED standard
     errors to spare (|r̄| + SETTLED·s ≤ AVERAGED_UNITS·u), or past it so (|r̄| − SETTLED·s > AVERAGED_UNITS·u and
     |r̄| > 2·AVERAGED_SE·s); the verdict more runs would give is then the same."""
-    for i, parts in samples.items():
-        for k, pairs in parts.items():
-            mean, error = weighted_mean([p for p, _ in pairs], [w for _, w in pairs])
-            at = [j for kk, j in blocks[i].to_average if kk == k]
-            r, s = np.abs(mean[at]), error[at]
-            limit = AVERAGED_UNITS * u
-            if not np.all((r + SETTLED * s <= limit) | ((r - SETTLED * s > limit) & (r > 2 * AVERAGED_SE * s))):
-                return False
+    limit = AVERAGED_UNITS * u
+    for (i, k), (mean, error) in readings.items():
+        at = [j for kk, j in blocks[i].to_average if kk == k]
+        r, s = np.abs(mean[at]), error[at]
+        if not np.all((r + SETTLED * s <= limit) | ((r - SETTLED * s > limit) & (r > 2 * AVERAGED_SE * s))):
+            return False
     return True

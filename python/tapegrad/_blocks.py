@@ -93,10 +93,9 @@ def _sums(a, part):
     return a.sum(axis=tuple(i for i in range(a.ndim) if i != axis))
 
 
-def moments(d, e, part):
-    """(⟨d, e⟩, ⟨e, e⟩) over each block of a partition."""
-    d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
-    return _sums(d * e, part), _sums(e * e, part)
+def products(a, b, part):
+    """⟨a, b⟩ over each block of a partition."""
+    return _sums(np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64), part)
 
 
 def shares(d, e, parts, rest=False):

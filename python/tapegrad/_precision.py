@@ -106,7 +106,7 @@ def check_at_precision(call, float64_report):
     ref_name = name if reference is None else (getattr(reference, "__name__", None) or type(reference).__name__)
 
     kernel = _Run(fn, list(inputs), slots, kwargs, f"{name} at {where}", mode=ArithmeticAt(dtype))
-    # blocks an op in torch ops at dtype puts past the composite's share, judged with its roundings averaged out
+    # blocks an op in torch ops at dtype puts FLOOR units along themselves, judged with its roundings averaged out
     comparison = compare(kernel, ref_fn, dtype, generator, f"the reference {ref_name} in float64",
                          composed=reference is not None, averaged=lambda c: judge_averaged(c, dtype, seed))
 
@@ -152,7 +152,7 @@ def check_at_precision(call, float64_report):
                          f"{input_name}̄ₚ ≈ (1 {'−' if r < 0 else '+'} {abs(r):.2g})·{input_name}̄₆₄ + the rest; "
                          f"rounding's independent errors explain a share up to {comparison.along_bound[i]:.2g} here")
         block = comparison.block_alone[i] or (comparison.block_excess[i] if comparison.only_a_block_fails(i) else None)
-        if block is not None and block.runs:  # a block past the composite's share, past rounding averaged out too
+        if block is not None and block.runs:  # a block past rounding with the op's roundings averaged out
             notes.append(f"{input_name}: in {input_name}̄{block.place} ({block.words}), {FLOOR} units of "
                          f"{DTYPE_NAMES[dtype]}'s roundoff or more along itself in one run, its share along "
                          f"{input_name}̄ there averaged over "

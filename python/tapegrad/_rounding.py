@@ -636,6 +636,13 @@ class _Comparison:
         # result) at p and then its output, two roundings where x̄'s figure above allows one
         self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
 
+    def one_run_verdicts(self):
+        """The blocks set aside for the averaged reading judged by their one run instead, and closed."""
+        for blocks in self.blocks:
+            if blocks is not None:
+                blocks.undefer()
+        self.close_blocks()
+
     def close_blocks(self):
         """The blocks' verdicts: per input the block most past its bound (block_excess), and the one block past its
         bound with x̄ within its bound outside it, a slip of that block (block_alone); Blocks (tapegrad/_blocks.py),
@@ -856,8 +863,9 @@ def compare(kernel, ref_fn, dtype, generator, label, composed=False, averaged=No
     args and on them moved by an ulp, at DRAWS random ȳ drawn from generator. label: how errors name ref_fn ("the
     reference f in float64"). composed: ref_fn is a reference given for another op, whose fused torch ops are measured
     at dtype as their composites (AtPrecision); where the op is its own reference, its fused kernels are what is
-    checked. averaged: what judges the blocks an op in torch ops at dtype put past the composite's share there
-    (tapegrad/_averaged.py's judge_averaged, given the comparison); without it, their one run's verdicts hold."""
+    checked. averaged: what judges the blocks of an op in torch ops at dtype that one run put FLOOR units or more
+    along themselves (tapegrad/_averaged.py's judge_averaged, given the comparison); without it, their one run's
+    verdicts hold."""
     args, slots, kwargs, device = kernel.args, kernel.slots, kernel.kwargs, kernel.xs[0].device
     moved = {}
 
@@ -871,8 +879,5 @@ def compare(kernel, ref_fn, dtype, generator, label, composed=False, averaged=No
     if averaged is not None:
         averaged(comparison)
     else:
-        for blocks in comparison.blocks:
-            if blocks is not None:
-                blocks.undefer()
-        comparison.close_blocks()
+        comparison.one_run_verdicts()
     return comparison
