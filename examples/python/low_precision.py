@@ -42,9 +42,14 @@ VARIANTS = ("right", "unscaled", "accumulate_low")
 GRADIENT_SCALE = 1024.0
 
 
+def _known(variant, variants):
+    """Refuses a variant the op does not have, naming those it has."""
+    if variant not in variants:
+        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(variants)}")
+
+
 def make_affine(variant="right"):
-    if variant not in VARIANTS:
-        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(VARIANTS)}")
+    _known(variant, VARIANTS)
 
     class Affine(torch.autograd.Function):
         @staticmethod
@@ -77,8 +82,7 @@ LAYER_NORM_VARIANTS = ("right", "no_mean_16bit", "unbiased_backward", "last_row_
 
 
 def make_layer_norm(variant="right"):
-    if variant not in LAYER_NORM_VARIANTS:
-        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(LAYER_NORM_VARIANTS)}")
+    _known(variant, LAYER_NORM_VARIANTS)
 
     class LayerNorm(torch.autograd.Function):
         @staticmethod
@@ -112,8 +116,7 @@ LAYER_NORM_IN_OPS_VARIANTS = ("right", "second_row_16bit")
 
 
 def make_layer_norm_in_ops(variant="right"):
-    if variant not in LAYER_NORM_IN_OPS_VARIANTS:
-        raise ValueError(f"no variant {variant!r}; the variants: {', '.join(LAYER_NORM_IN_OPS_VARIANTS)}")
+    _known(variant, LAYER_NORM_IN_OPS_VARIANTS)
 
     class LayerNormInOps(torch.autograd.Function):
         @staticmethod
