@@ -3,6 +3,7 @@
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/slip_table.py [--size small|large|both] [--only OP]
                                                   [--repeat 3] [--json FILE] [--set FILE] [--first-order]
+                                                  [--no-torch]
 
 The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
 each with its right version and slips annotated with the kind of slip they are; --set FILE reads another module
@@ -46,6 +47,7 @@ GENERIC, EXPECTED = R.GENERIC, R.EXPECTED  # what counts as a name, kept with th
 
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 SECOND_ORDER = True  # --first-order: a set whose backwards are not written to be differentiated again
+WITH_TORCH = True    # --no-torch: tapegrad's verdicts and names alone (torch's columns then read "skipped")
 
 
 def _first_line(error):
@@ -96,15 +98,18 @@ def run_version(op, version, size, repeat):
            "description": "" if version == "right" else spec.slips[version].description,
            "torch": {}, "tapegrad": {}, "time_torch": 0.0, "time_tapegrad": 0.0}
     for order in orders:
-        xs = R.inputs(op, size)
-        result, seconds = _timed(lambda: _torch_check(fn, xs, order, fast), repeat)
-        row["torch"][order] = result
-        row["time_torch"] += seconds
+        if WITH_TORCH:
+            xs = R.inputs(op, size)
+            result, seconds = _timed(lambda: _torch_check(fn, xs, order, fast), repeat)
+            row["torch"][order] = result
+            row["time_torch"] += seconds
+        else:
+            row["torch"][order] = {"status": "skipped"}
         xs = R.inputs(op, size)
         result, seconds = _timed(lambda: _tapegrad_check(fn, xs, order), repeat)
         row["tapegrad"][order] = result
         row["time_tapegrad"] += seconds
-    row["torch_caught"] = any(r["status"] != "pass" for r in row["torch"].values())
+    row["torch_caught"] = any(r["status"] not in ("pass", "skipped") for r in row["torch"].values())
     row["tapegrad_caught"] = any(r["status"] == "FAIL" for r in row["tapegrad"].values())
     row["tapegrad_error"] = any(r["status"] == "error" for r in row["tapegrad"].values())
     kinds = sorted({k for r in row["tapegrad"].values() if r["status"] == "FAIL" for k in r["kinds"]})
@@ -220,12 +225,12 @@ def main():
     parser.add_argument("--json", metavar="FILE", help="write every row as JSON")
     parser.add_argument("--set", metavar="FILE", help="a module of ops with researcher_ops.py's names to measure")
     parser.add_argument("--first-order", action="store_true", help="check the first order only")
+    parser.add_argument("--no-torch", action="store_true", help="run tapegrad alone (its names, not the comparison)")
     args = parser.parse_args()
     if args.set:
         _use_set(args.set)
-    if args.first_order:
-        global SECOND_ORDER
-        SECOND_ORDER = False
+    global SECOND_ORDER, WITH_TORCH
+    SECOND_ORDER, WITH_TORCH = not args.first_order, not args.no_torch
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     for op in args.only or []:
