@@ -138,7 +138,7 @@ def _wrong_derivative_inside(search):
                 return found
             runs += 1
 
-            def derivative_written(out, args, kwargs, run, form=form):
+            def derivative_written(out, func, args, kwargs, run, form=form):
                 u = operands_of(args, kwargs)[0]
                 return out.detach() + (u - u.detach()) * form(out.detach())
 

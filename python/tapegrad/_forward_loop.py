@@ -10,15 +10,16 @@ Two such slips keep the rule's shape, each fitted as x̄_user = the VJP of the f
                              where Σ dh_t·h_{t−1} belongs): wrong_value, the output's gradient read for the
                              accumulated one. Where the operand is no earlier output of the line, every step's term
                              through it is left out: term_dropped.
-  a step's other value       in a product p·q run at every step, the term through p read with q taken from another
-                             line's output at the same step (h_t, the step's update, where h_{t−1} belongs): the
-                             product's output at step t gets (p − detach(p))·(q′_t − q_t) added, q′_t the other line's
-                             value at that step; x̄_p = Σ dh_t·q′_t: wrong_value.
+  a step's other value       in a product f(p, q) run at every step (p·q, or p @ q), the term through p read with q
+                             taken from another line's output at the same step (h_t, the step's update, where h_{t−1}
+                             belongs): the product's output at step t gets f(p − detach(p), q′_t − q_t) added, q′_t
+                             the other line's value at that step (zero in value; in p, the product's derivative at
+                             q′_t − q_t); x̄_p = Σ dh_t·q′_t: wrong_value.
 """
 
 import torch
 
-from ._forward_record import _ELEMENTWISE_PRODUCT
+from ._forward_record import _ELEMENTWISE_PRODUCT, _MATMUL
 from ._forward_rewrite import operands_of, replace_operand
 
 
@@ -69,7 +70,7 @@ def _other_step_value(search):
     found = {}
     loops = _loops(search.calls)
     for group in loops:
-        if group[0].name not in _ELEMENTWISE_PRODUCT:
+        if group[0].name not in _ELEMENTWISE_PRODUCT | _MATMUL:  # products: f(p, q) linear in each
             continue
         last = group[-1]
         if len(last.operands) != 2:
@@ -87,13 +88,15 @@ def _other_step_value(search):
                 late = all(group[t + 1].operands[1 - p] is partner[t].out for t in range(len(group) - 1)
                            if len(group[t + 1].operands) == 2)
 
-                def other(out, args, kwargs, run, p=p, values=values):
+                def other(out, func, args, kwargs, run, p=p, values=values):
                     tensors = [a for a in args if isinstance(a, torch.Tensor)]
                     if len(tensors) != 2 or not tensors[p].requires_grad:
                         return out
                     step = values[run.count - 1]  # this call's index: the run has counted it
-                    factor = tensors[p]
-                    return out + (factor - factor.detach()) * (step - tensors[1 - p]).detach()
+                    factor, read = tensors[p], tensors[1 - p]
+                    args, kwargs = replace_operand(args, kwargs, factor, factor - factor.detach())
+                    args, kwargs = replace_operand(args, kwargs, read, (step - read).detach())
+                    return out + func(*args, **kwargs)
 
                 search.add_named(found, lambda i, partner=partner, late=late: (
                     "wrong_value", search.names[i], "vjp",

@@ -69,9 +69,10 @@ def _user_place():
 class _Call:
     """One torch call of the forward whose output depends on the inputs."""
 
-    def __init__(self, index, name, place, operands, numbers, out):
+    def __init__(self, index, name, place, operands, numbers, out, tensors=()):
         self.index, self.name, self.place = index, name, place
         self.operands = operands  # the tensors it reads that require grad, in argument order
+        self.tensors = tensors    # every tensor it reads, in argument order (operands among them)
         self.numbers = numbers    # the Python numbers among its arguments (a power's exponent, a scale)
         self.out = out
         self.assigned = None      # the name a line `name = <this call's expression>` gives its value
@@ -186,7 +187,8 @@ class _Forward(TorchFunctionMode):
             name = getattr(func, "__name__", str(func))
             numbers = [v for v in _flat(list(args) + list(kwargs.values()))
                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            self.calls.append(_Call(k, name, _user_place(), operands, numbers, out))
+            tensors = [v for v in _flat(list(args) + list(kwargs.values())) if isinstance(v, torch.Tensor)]
+            self.calls.append(_Call(k, name, _user_place(), operands, numbers, out, tensors))
             self.calls[-1].inside = self.inside
         return out
 
@@ -252,9 +254,19 @@ def _run_forward(function_class, args, slots, arrays, mode):
     mode.inputs = xs
     with torch.enable_grad(), mode:
         y = _plain_forward(function_class, args)
-    if isinstance(y, (tuple, list)) and len(y) == 1:
-        y = y[0]
-    return xs, y
+    return xs, one_output(y)
+
+
+def one_output(y):
+    """The forward's output as one tensor: a Function with several outputs (a scan's states and its last one) gives
+    its floating-point ones flattened and joined, so that a cotangent of the joined vector is one ȳ of each."""
+    if isinstance(y, (tuple, list)):
+        tensors = [t for t in y if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if len(tensors) == 1:
+            return tensors[0]
+        if tensors:
+            return torch.cat([t.reshape(-1) for t in tensors])
+    return y
 
 
 class Inlined:
@@ -347,9 +359,7 @@ def record(checked, function_class, forward, fixed, parts):
         args[slot] = x
     with torch.enable_grad():
         user_y = fn(*args, **(checked.kwargs or {}))
-    if isinstance(user_y, (tuple, list)) and len(user_y) == 1:
-        user_y = user_y[0]
-    user = _vjps(user_xs, user_y, cotangents)
+    user = _vjps(user_xs, one_output(user_y), cotangents)
 
     for call in recorder.calls:
         frame_file = call.place[0]

@@ -14,8 +14,8 @@ from ._forward_record import FIT, _flat, _Forward, _run_forward, _vjps
 class Rewritten(_Forward):
     """Runs the forward with the calls of `rewrites` (index → rewrite, the calls counted as _Forward counts those
     that read a tensor requiring grad) made with the arguments rewrite(func, args, kwargs, run) returns, and the
-    output of the calls of `after` (index → after) replaced by after(out, args, kwargs, run); run is this mode,
-    whose `inputs` and `outputs` hold the run's values so far."""
+    output of the calls of `after` (index → after) replaced by after(out, func, args, kwargs, run); run is this
+    mode, whose `inputs` and `outputs` hold the run's values so far."""
 
     def __init__(self, rewrites, after=None):
         super().__init__()
@@ -29,7 +29,7 @@ class Rewritten(_Forward):
             args, kwargs = self.rewrites[k](func, args, kwargs, self)
         out = super().__torch_function__(func, types, args, kwargs)
         if reads and k in self.after:
-            out = self.after[k](out, args, kwargs, self)
+            out = self.after[k](out, func, args, kwargs, self)
         return out
 
 

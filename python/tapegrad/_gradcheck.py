@@ -24,19 +24,22 @@ def _name_from_forward(report, call):
     # failure none of them explains is fitted against the terms of the forward (tapegrad/_forward.py). A per-row term
     # and masked positions are not among them: they say what shape the error has in each row or where it lies, not
     # which term of the rule makes it, and the term the forward names is put before them.
+    # A Function with several outputs is checked per output ("x→y0", "x→all"); the forward is searched per input.
     explaining = set(_tapegrad._explaining_kinds())
-    for d in report.diagnoses:
-        if d.kind in explaining:
-            if d.input:
-                failing.discard(d.input)
-            else:
-                failing.clear()
-    if not failing:
+    explained = {d.input for d in report.diagnoses if d.kind in explaining}
+    if "" in explained:
+        return
+    base = lambda name: name.split("→")[0]
+    failing_checks = {name for name in failing if name not in explained and base(name) not in explained}
+    if not failing_checks:
         return
     from ._forward import name_from_forward
     notes = []
-    for kind, input_name, check, message in name_from_forward(call, failing, notes):
-        _tapegrad._add_diagnosis(report, kind, input_name, check, message)
+    for kind, input_name, check, message in name_from_forward(call, {base(n) for n in failing_checks}, notes):
+        # said at each output's check of that input that fails unexplained, where the op has several outputs
+        at = sorted(n for n in failing_checks if base(n) == input_name and n != input_name)
+        for name in at or [input_name]:
+            _tapegrad._add_diagnosis(report, kind, name, check, message)
     if notes:
         report._notes = getattr(report, "_notes", []) + notes
 
@@ -233,8 +236,9 @@ def _steadiness(after):
 
 
 def _terms_of_the_forward(after):
-    """A failing VJP that no kind explains, named as one term of a Function's forward (tapegrad/_forward.py)."""
-    if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
+    """A failing VJP that no kind explains, named as one term of a Function's forward (tapegrad/_forward.py); a
+    Function with several outputs is searched with them joined (_forward_record.one_output)."""
+    if after.call.order == 1 and after.call.options.diagnose and not after.report.passed and not after.refused:
         _name_from_forward(after.report, after.call)
 
 
