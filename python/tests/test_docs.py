@@ -82,26 +82,29 @@ def test_python_md_names_only_what_exists():
 
 def test_the_slips_named_from_the_forward_are_quoted_word_for_word():
     """docs/python.md's and docs/gradchecking.md's lines of the kinds named from the forward, and of a wrong axis,
-    are printed by the Functions of python/tests/test_forward.py, test_forward_axis.py, test_forward_loop.py and
-    derivative_build.py."""
+    are printed by the Functions of python/tests/test_forward.py, test_forward_axis.py, test_forward_loop.py,
+    test_forward_term.py and derivative_build.py."""
     import derivative_build
     import test_forward as f
     import test_forward_axis as a
     import test_forward_loop as loop
+    import test_forward_term as term
     cases = [(f.silu("dropped"), f.inputs((4, 5))), (f.silu("twice"), f.inputs((4, 5))),
              (f.softmax("no_row_sum"), f.inputs((4, 5))), (f.softmax("row_sum_added"), f.inputs((4, 5))),
              (f.swish("no_beta"), (f.inputs((4, 5))[0], 1.7)), (f.cubic("exponent"), f.inputs((4, 5))),
              (f.attention("dP_for_dS"), f.inputs((4, 3), (4, 3), (4, 3)))]
-    cases += [(make(slip), args()) for make, slip, args, _, _ in a.CASES + loop.CASES]
+    cases += [(make(slip), args()) for make, slip, args, _, _ in a.CASES + loop.CASES + term.CASES]
     printed = set()
     for fn, args in cases:
         printed.update(str(f.check(fn, args)).splitlines())
     for op, (make, slips) in derivative_build.OPS.items():
         printed.update(line for slip in slips for line in str(tapegrad.gradcheck(*make(slip, 0))).splitlines())
-    kinds = r"dropped term|term counted twice|term with a wrong factor|term from the wrong value|wrong axis"
+    kinds = (r"dropped term|term counted twice|term with a wrong factor|term from the wrong value|wrong axis|"
+             r"transposed term")
     quoted = [line for path in ("docs/python.md", "docs/gradchecking.md")
               for line in (SOURCE_DIR / path).read_text().splitlines()
-              if re.match(rf"    \[({kinds})\] ", line) and "tests/claims/" not in line]  # a claim's: checked in C++
+              if re.match(rf"    \[({kinds})\] ", line) and "tests/claims/" not in line  # a claim's: checked in C++
+              and ("[transposed term]" not in line or "the forward's rule" in line)]  # else the edits' (examples)
     # python.md's lines of a sign of a term and of a per-row term are printed by them too (gradchecking.md's come
     # from the claims' edit search and the Jacobian, checked in C++)
     text = (SOURCE_DIR / "docs/python.md").read_text()
