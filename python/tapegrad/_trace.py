@@ -227,14 +227,16 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         # id(tensor) → ("leaf", name) | ("const", name) | ("node", index) | ("bad", why): a value no formula writes
         self.value_of = {}
-        self.alive = []      # every tensor seen, kept so that no id is reused during the trace
+        self.alive = []      # every tensor seen, once, kept so that no id is reused during the trace
         self.nodes = []
         self.constants = {}
+        self.leaves = set()  # the leaves' names, which no constant takes
         self._writing = None  # the in-place op being recorded, for the message of the views it invalidates
 
     def leaf(self, tensor, name):
         self.alive.append(tensor)
         self.value_of[id(tensor)] = ("leaf", name)
+        self.leaves.add(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -252,22 +254,28 @@ class _Recorder(TorchDispatchMode):
                     if wrote:  # only a write changes what its aliases hold; a view an op made is no write
                         self._writing = name
                         self._forget_aliases(t)
-                    self.alive.append(t)
+                    self._seen(t)
                     self.value_of[id(t)] = ("bad", said)
         return out
+
+    def _seen(self, t):
+        """Keeps t alive for the trace, once (an in-place write returns the tensor it wrote, seen before)."""
+        if id(t) not in self.value_of:
+            self.alive.append(t)
 
     def _is_traced(self, t):
         return isinstance(t, torch.Tensor) and self.value_of.get(id(t), ("const",))[0] != "const"
 
     def _constant(self, t):
-        """A constant with t's values now, named afresh (a tensor written in place has new values)."""
-        leaves = {name for kind, name in self.value_of.values() if kind == "leaf"}
+        """A constant with t's values now, named afresh (a tensor written in place has new values). A tensor read
+        again is in `alive` already: appended once, each write walks it once (appended at every write, a buffer
+        written row by row doubled the walk at each row)."""
         n = len(self.constants)
-        while f"c{n}" in leaves or f"c{n}" in self.constants:
+        while f"c{n}" in self.leaves or f"c{n}" in self.constants:
             n += 1
         name = f"c{n}"
         self.constants[name] = t.detach().to(torch.float64).numpy().copy()
-        self.alive.append(t)
+        self._seen(t)
         self.value_of[id(t)] = ("const", name)
         return self.value_of[id(t)]
 
@@ -286,7 +294,7 @@ class _Recorder(TorchDispatchMode):
         storage = _memory(written)
         if storage is None:
             return
-        for t in list(self.alive):  # a constant read again is appended to alive: each tensor seen once here
+        for t in list(self.alive):  # the tensors seen before this write, each once
             if t is written or id(t) not in self.value_of or _memory(t) != storage:
                 continue
             if (t.shape, t.stride(), t.storage_offset()) == (written.shape, written.stride(),
@@ -301,7 +309,7 @@ class _Recorder(TorchDispatchMode):
 
     def _bind(self, out, template, reads, infix=False):
         refs = [self._operand(r) for r in reads]
-        self.alive.append(out)
+        self._seen(out)
         bad = [ref for ref in refs if ref[0] == "bad"]
         if bad:
             self.value_of[id(out)] = bad[0]

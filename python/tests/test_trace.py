@@ -245,6 +245,23 @@ def test_rows_written_into_a_constant_buffer_end_the_trace():
     assert isinstance(traced, (dict, str)), traced
 
 
+def test_a_buffer_written_row_by_row_keeps_its_constants_linear_in_the_rows():
+    """Each write reads the buffer's other views again as constants; a view read again is kept once, so 64 rows make
+    a few constants per row (each view kept again at every write doubled them: 131,088 at 16 rows, then no memory)."""
+    def body(x, g):
+        out = torch.zeros_like(g)
+        for t in range(g.shape[0]):
+            out[t] = g[t] * 2.0
+        return out @ x
+    counts = {}
+    for rows in (16, 64):
+        x = torch.randn(rows, 3, dtype=torch.float64)
+        traced = vjp_formulas(gram_with(body), TracePoint((x,), [0], ["x"], [x.numpy()]), np.ones((rows, rows)))
+        assert isinstance(traced, dict), traced
+        counts[rows] = len(traced["constants"])
+    assert counts[64] <= 4 * 64 and counts[64] < 5 * counts[16], counts
+
+
 def test_a_full_slice_is_the_value_itself():
     def body(x, g):
         return g[:, :] @ x * 2.0
