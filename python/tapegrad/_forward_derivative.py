@@ -117,20 +117,61 @@ def _wrong_point(search):
     return found
 
 
+def _at_own_value(call):
+    """f′ taken at the call's own value y where its operand u belongs (σ′(σ(u)) for σ′(u), 1 − tanh(h)² for 1 − h²),
+    as a function of y, for a call of one tensor and nothing else that torch has as torch.<name>; else None."""
+    f = getattr(torch, _short(call), None)
+    if not callable(f) or len(call.tensors) != 1 or call.numbers:
+        return None
+
+    def form(y):
+        with torch.enable_grad():
+            t = y.detach().clone().requires_grad_()
+            slope, = torch.autograd.grad(f(t), t, torch.ones_like(t))
+        return slope
+    try:
+        form(call.out[:1])
+    except Exception:  # not a function of its one tensor alone
+        return None
+    return form
+
+
+def _lines_of(calls):
+    """The calls grouped by their line and function: a line run in a loop is one group of all its runs."""
+    groups = {}
+    for call in calls:
+        groups.setdefault((call.place, call.name), []).append(call)
+    return list(groups.values())
+
+
 def _wrong_derivative_inside(search):
     """The wrong derivative of an element-wise call whose output is no unnamed input's shape (inside a composite: σ
     of attention's scores, tanh of a hidden layer), where x̄ cannot be screened element by element: the forward run
     with the call's output y made y + (u − detach(u))·V(y), its value kept and its derivative V, for each form V of
-    _forms; x̄_user equal to that run's VJP names the form (term_factor)."""
+    _forms (term_factor), and for f′ taken at y itself (wrong_value: the derivative at the call's output where its
+    operand belongs); x̄_user equal to that run's VJP names the form. A line run in a loop is rewritten at every
+    run."""
     found, runs = {}, 0
-    for call in search.calls:
-        if len(found) == len(search.errors) or not is_elementwise(call):
+    for group in _lines_of(search.calls):
+        call = group[-1]
+        if len(found) == len(search.errors) or call.inside is not None or not is_elementwise(call):
             continue
         if all(tuple(call.out.shape) == tuple(search.xs[i].shape) for i in search.errors):
             continue  # _wrong_derivative screens these
         right, = torch.autograd.grad(call.out, call.operands[0], torch.ones_like(call.out), retain_graph=True)
         f = _short(call)
-        for written, form in _form_functions(call):
+        own = _DERIVATIVE.get(f, f + '′')
+        where = f"`{call.text}` at {call.where}" + (f" (at every one of its {len(group)} runs)" if len(group) > 1
+                                                    else "")
+        forms = [(form, "term_factor", f"x̄ has the derivative of {where} written {written} where {f}′ = {own} "
+                  f"belongs (to rounding): the backward multiplies by {written.strip('`')} where it differentiates "
+                  f"that call") for written, form in _form_functions(call)]
+        at_own = _at_own_value(call)
+        if at_own is not None:
+            forms.append((at_own, "wrong_value", f"x̄ has the derivative of {where} taken at the call's own value, "
+                          f"{f}′({f}(u)) where {f}′(u) belongs (to rounding): the backward differentiates the call at "
+                          f"its output where its operand belongs"))
+        for form, kind, said in forms:
             with torch.no_grad():
                 if torch.allclose(form(call.out), right, rtol=1e-9, atol=0):
                     continue  # the derivative itself
@@ -142,11 +183,8 @@ def _wrong_derivative_inside(search):
                 u = operands_of(args, kwargs)[0]
                 return out.detach() + (u - u.detach()) * form(out.detach())
 
-            said = (f"x̄ has the derivative of `{call.text}` at {call.where} written {written} where "
-                    f"{f}′ = {_DERIVATIVE.get(f, f + '′')} belongs (to rounding): the backward multiplies by "
-                    f"{written.strip('`')} where it differentiates that call")
-            search.add_named(found, lambda i, said=said: ("term_factor", search.names[i], "vjp", said), {},
-                             after={call.index: derivative_written})
+            search.add_named(found, lambda i, kind=kind, said=said: (kind, search.names[i], "vjp", said), {},
+                             after={c.index: derivative_written for c in group})
     return found
 
 

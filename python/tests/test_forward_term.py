@@ -1,7 +1,8 @@
 """One term of one call written with a value's entries moved (tapegrad/_forward_term.py): ȳ of a gather read
 transposed, a recurrence's weight transposed in the gradient it carries, a convolution's kernel not reversed, and a
-layout op's permutation left out or moved back along the wrong axes; the Functions the report can only name from
-their forward (no trace of their backward into formulas follows index_add_, loops or views)."""
+layout op's permutation left out or moved back along the wrong axes; and a recurrence's tanh′ taken at its output
+at every step (tapegrad/_forward_derivative.py). The Functions the report can only name from their forward (no
+trace of their backward into formulas follows index_add_, loops or views)."""
 
 import pytest
 import torch
@@ -68,7 +69,9 @@ def elman(slip=None):
             gx, gw = torch.zeros_like(states), torch.zeros_like(w)
             for t in reversed(range(states.shape[1])):
                 h = states[:, t]
-                dz = (g_states[:, t] + carried) * (1 - h * h)
+                # tanh′(z) = 1 − tanh(z)² = 1 − h², at the step's pre-activation z (h its value)
+                slope = 1 - torch.tanh(h) ** 2 if slip == "slope_at_state" else 1 - h * h
+                dz = (g_states[:, t] + carried) * slope
                 gx[:, t] = dz
                 before = states[:, t - 1] if t > 0 else torch.zeros_like(h)
                 gw += before.T @ dz
@@ -144,6 +147,7 @@ def space_inputs():
 # (the Function's maker, the slip, its inputs, the input it names, the kind)
 CASES = [(relative_scores, "table_from_transposed", relative_inputs, "table", "transposed_term"),
          (elman, "carried_through_w", elman_inputs, "x→y0", "transposed_term"),
+         (elman, "slope_at_state", elman_inputs, "w→y1", "wrong_value"),
          (shifted_conv, "kernel_unreversed", conv_inputs, "x", "transposed_term"),
          (space_to_depth, "bare_reshape", space_inputs, "x", "wrong_axis"),
          (space_to_depth, "subpixels_exchanged", space_inputs, "x", "wrong_axis")]
@@ -170,6 +174,8 @@ def test_what_the_report_says_of_each():
     assert "transposed (its axes 0 and 1 exchanged)" in said["table_from_transposed"]
     assert "`w` transposed" in said["carried_through_w"] and "at every one of its 5 runs" in said["carried_through_w"]
     assert "at `w` reversed along its axis 1" in said["kernel_unreversed"]
+    assert "taken at the call's own value, tanh′(tanh(u)) where tanh′(u) belongs" in said["slope_at_state"]
+    assert "(at every one of its 5 runs)" in said["slope_at_state"]
     assert "left out, its operand passed on reshaped" in said["bare_reshape"]
     assert "with its axes 3 and 5 exchanged" in said["subpixels_exchanged"]
 
