@@ -18,7 +18,7 @@ through it is d = (what reaches f's output) ⊙ f′(u) ⊙ (u's derivative), an
 import numpy as np
 import torch
 
-from ._forward_record import _term, is_elementwise
+from ._forward_record import _term, is_elementwise, lines
 from ._forward_rewrite import operands_of, replace_operand
 
 MAX_POINT_RUNS = 48  # forwards with an operand's value or a call's derivative replaced, at most, per fit
@@ -136,14 +136,6 @@ def _at_own_value(call):
     return form
 
 
-def _lines_of(calls):
-    """The calls grouped by their line and function: a line run in a loop is one group of all its runs."""
-    groups = {}
-    for call in calls:
-        groups.setdefault((call.place, call.name), []).append(call)
-    return list(groups.values())
-
-
 def _wrong_derivative_inside(search):
     """The wrong derivative of an element-wise call whose output is no unnamed input's shape (inside a composite: σ
     of attention's scores, tanh of a hidden layer), where x̄ cannot be screened element by element: the forward run
@@ -152,9 +144,9 @@ def _wrong_derivative_inside(search):
     operand belongs); x̄_user equal to that run's VJP names the form. A line run in a loop is rewritten at every
     run."""
     found, runs = {}, 0
-    for group in _lines_of(search.calls):
+    for group in lines(search.calls):
         call = group[-1]
-        if len(found) == len(search.errors) or call.inside is not None or not is_elementwise(call):
+        if len(found) == len(search.errors) or not is_elementwise(call):
             continue
         if all(tuple(call.out.shape) == tuple(search.xs[i].shape) for i in search.errors):
             continue  # _wrong_derivative screens these

@@ -19,16 +19,13 @@ Two such slips keep the rule's shape, each fitted as x̄_user = the VJP of the f
 
 import torch
 
-from ._forward_record import _ELEMENTWISE_PRODUCT, _MATMUL
+from ._forward_record import _ELEMENTWISE_PRODUCT, _MATMUL, lines
 from ._forward_rewrite import operands_of, replace_operand
 
 
 def _loops(calls):
     """The calls of each line made more than once, in order, by (place, name)."""
-    groups = {}
-    for call in calls:
-        groups.setdefault((call.place, call.name), []).append(call)
-    return [group for group in groups.values() if len(group) > 1 and group[0].inside is None]
+    return [group for group in lines(calls) if len(group) > 1]
 
 
 def _not_carried(search):

@@ -88,6 +88,16 @@ class _Call:
         return expression if len(expression) <= 70 else expression[:67] + "..."
 
 
+def lines(calls):
+    """The calls grouped by their line and function (a call written out in parts left out): a line run in a loop is
+    one group of all its runs, in order."""
+    groups = {}
+    for call in calls:
+        if call.inside is None:
+            groups.setdefault((call.place, call.name), []).append(call)
+    return list(groups.values())
+
+
 def _flat(values):
     for v in values:
         if isinstance(v, (list, tuple)):

@@ -27,7 +27,7 @@ import itertools
 import numpy as np
 import torch
 
-from ._forward_record import _MATMUL, _flat, _Forward, _run_forward, _vjps
+from ._forward_record import _MATMUL, _flat, _Forward, _run_forward, _vjps, lines
 from ._forward_rewrite import replace_operand
 
 MAX_TERM_RUNS = 64  # forwards with one term moved, at most
@@ -40,15 +40,6 @@ _RESHAPE = {"reshape", "view", "flatten", "unflatten", "view_as", "reshape_as"}
 
 def _short(call):
     return call.name.strip("_")
-
-
-def _lines(calls):
-    """The calls grouped by their line and function: a line run in a loop is one group of all its runs."""
-    groups = {}
-    for call in calls:
-        if call.inside is None:
-            groups.setdefault((call.place, call.name), []).append(call)
-    return list(groups.values())
 
 
 def _moves(shape, reversals=True):
@@ -119,7 +110,7 @@ def _candidates(search):
     """(group, after, kind, what the report says) for each term to try, in order: ȳ transposed and another operand
     transposed, then reversals, then layout calls left out."""
     first, later = [], []
-    for group in _lines(search.calls):
+    for group in lines(search.calls):
         call = max(group, key=lambda c: len(c.operands))
         if not isinstance(call.out, torch.Tensor) or not call.tensors:
             continue
