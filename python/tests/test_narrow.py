@@ -108,3 +108,37 @@ def test_the_cpp_cut_to_one_row_tells_a_factor_of_each_row_from_a_scale():
     (d,) = [d for d in report.diagnoses if d.kind == "per_row_factor"]
     first, last = (float(c) for c in re.search(r"c = ([0-9.]+) and ([0-9.]+)", d.message).groups())
     assert first == pytest.approx(w[0, 0].item(), rel=1e-4) and last == pytest.approx(w[-1, 0].item(), rel=1e-4)
+
+
+def test_a_backward_that_breaks_on_the_cut_leaves_the_report_as_it_is():
+    """A strided transposed convolution, y[b, o, s·t + j] += Σ_c x[b, c, t]·w[c, o, j], as many channels in as out,
+    whose backward reads ȳ without the stride. The cut of y's channel axis cuts x's too (its size is y's); the
+    product broadcasts there and the backward's in-place sum into x̄ does not, so the check on that cut raises. The
+    report at size stands, the slip caught, and no exception reaches the caller."""
+
+    class StridedUp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            steps, taps = x.shape[-1], w.shape[-1]
+            y = x.new_zeros(x.shape[0], w.shape[1], 3 * (steps - 1) + taps)
+            for j in range(taps):
+                y[..., j:j + 3 * (steps - 1) + 1:3] += torch.einsum("bct,co->bot", x, w[..., j])
+            ctx.save_for_backward(x, w)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            steps, taps = x.shape[-1], w.shape[-1]
+            gx = torch.zeros_like(x)
+            for j in range(taps):
+                gx += torch.einsum("bot,co->bct", g[..., j:j + steps], w[..., j])  # slip: the stride 3 left out
+            gw = torch.stack([torch.einsum("bct,bot->co", x, g[..., j:j + 3 * (steps - 1) + 1:3])
+                              for j in range(taps)], -1)
+            return gx, gw
+
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 8, 24, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(8, 8, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+    report = tapegrad.gradcheck(StridedUp.apply, (x, w))
+    assert not report.passed and any(c.mode == "fast" for c in report.checks if c.check == "vjp"), report
