@@ -269,6 +269,51 @@ def name_on_the_cut(report, call, gradcheck, unnamed, on_its_cut):
         return
 
 
+CHEAP_ENTRIES = 1 << 20  # Jacobian entries, all checked inputs together, a full check takes to name a slip (8 MB)
+CHEAP_ELEMENTS = 1 << 13  # checked elements it may difference (two forwards each)
+CHEAP_CALLS = 1 << 19  # torch calls its forwards may make in all (a scan written as a loop makes thousands a run)
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls a run makes."""
+    count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def name_in_full(report, call, gradcheck, unnamed):
+    """The inputs random projections left unnamed (unnamed: the report's lines of them begin with AT_SIZE) where the
+    cuts named nothing either (a scalar loss, an op whose inputs share no axis with y, a cut its forward refuses),
+    checked again with full Jacobians where those cost little: at most CHEAP_ENTRIES entries and CHEAP_ELEMENTS checked
+    elements in all (the projections' limit, 40000 entries, passed a few times: 64 outputs of a 1024-element input),
+    and CHEAP_CALLS torch calls in the forwards that differencing makes (counted, not timed, so that a report does not
+    depend on the machine). Its findings of those inputs replace their lines, each saying so. Nothing changes where
+    the full check costs more, raises, or passes."""
+    calls = _Calls()
+    try:
+        with torch.no_grad(), calls:
+            ys = float_outputs(call.fn(*call.inputs, **(call.kwargs or {})))
+    except Exception:
+        return
+    outputs = sum(int(y.numel()) for y in ys)
+    elements = sum(int(np.asarray(a).size) for a in call.arrays)
+    if elements > CHEAP_ELEMENTS or outputs * elements > CHEAP_ENTRIES or 2 * elements * calls.count > CHEAP_CALLS:
+        return
+    try:
+        again = gradcheck(call.fn, call.inputs, inputs_to_check=call.slots, names=call.names, name=call.name,
+                          kwargs=call.kwargs, **{**call.keywords, "fast_mode": False})
+    except Exception:
+        return
+    if again.passed:
+        return
+    said = f"in full ({outputs * elements} Jacobian entries, taken to name the slip): "
+    for d in again.diagnoses:  # "no known kind" too: the full Jacobian's says where the error lies, and asks nothing
+        if d.input in unnamed and d.check and d.kind not in NOT_A_NAME - {"unexplained"}:
+            _tapegrad._add_diagnosis(report, d.kind, d.input, d.check, said + d.message, d.factor)
+
+
 def _factors_per_row(found, first, last, at_last):
     """found's scale of an input (found on the rows first says), where the check on the last rows (at_last: its
     report, last: where it says) finds another factor or none: one finding of a factor per row instead, with both

@@ -254,6 +254,16 @@ def _named_on_the_cut(after):
             name_on_the_cut(after.report, after.call, gradcheck, unnamed, on_its_cut)
 
 
+def _named_in_full(after):
+    """At size, the inputs neither random projections nor a cut named, checked in full where that costs little
+    (tapegrad/_cut.py, name_in_full)."""
+    if after.one_output_first_order and after.call.options.diagnose and not after.report.passed and not after.refused:
+        from ._cut import AT_SIZE, name_in_full
+        unnamed = {d.input for d in after.report.diagnoses if d.kind == "unexplained" and d.message.startswith(AT_SIZE)}
+        if unnamed and after.call.fast_mode is None:  # fast_mode=True: projections asked for, and kept
+            name_in_full(after.report, after.call, gradcheck, unnamed)
+
+
 def _zero_cotangent(after):
     """First order: the rows "zero ȳ" (the backward at ȳ = 0 runs and gives 0)."""
     if after.call.order == 1:
@@ -315,8 +325,8 @@ def _python_terms(after):
 
 
 # What a torch op's check does after the C++ checker's run, in order.
-_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _zero_cotangent, _saved_intermediates,
-                    _forward_mode, _rounding, _summed_down, _python_terms)
+_AFTER_THE_CHECK = (_steadiness, _terms_of_the_forward, _named_on_the_cut, _named_in_full, _zero_cotangent,
+                    _saved_intermediates, _forward_mode, _rounding, _summed_down, _python_terms)
 
 
 def _check_at_precision(call):

@@ -52,8 +52,9 @@ def test_a_target_of_the_batch_is_cut_with_the_logits():
 
 def test_a_scan_is_cut_along_its_batch_before_its_steps():
     report = check("heldout", "masked_cumsum", "first_batch")
-    assert report.diagnoses and all("along y's axis 0" in d.message for d in report.diagnoses
-                                    if d.kind != "unexplained"), report
+    # what a cut names, it names along the batch; what it leaves, the full check names where that costs little
+    assert report.diagnoses and all("along y's axis 0" in d.message or d.message.startswith("in full (")
+                                    for d in report.diagnoses if d.kind != "unexplained"), report
 
 
 @pytest.mark.parametrize("set_name", SETS)
@@ -142,3 +143,35 @@ def test_a_backward_that_breaks_on_the_cut_leaves_the_report_as_it_is():
     w = torch.randn(8, 8, 2, dtype=torch.float64, generator=gen, requires_grad=True)
     report = tapegrad.gradcheck(StridedUp.apply, (x, w))
     assert not report.passed and any(c.mode == "fast" for c in report.checks if c.check == "vjp"), report
+
+
+def batch_gram(slip=None):
+    """y = xᵀ·x / B over a batch of rows, (B, D) → (D, D): y shares no axis with x that a cut could narrow."""
+
+    class BatchGram(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.T @ x / x.shape[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            gx = x @ (g + g.T) / x.shape[0]
+            return torch.cat([2 * gx[:4], gx[4:]]) if slip == "first_rows_twice" else gx
+
+    return BatchGram
+
+
+def test_a_slip_no_cut_can_name_is_named_in_full_where_that_costs_little():
+    """128 × 16 in, 16 × 16 out: 524,288 Jacobian entries, past the projections' limit, and no cut of y narrows x.
+    The full check names the first rows' factor; asked for projections (fast_mode=True), the report keeps them."""
+    x = torch.randn(128, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    assert tapegrad.gradcheck(batch_gram().apply, (x,))
+    report = tapegrad.gradcheck(batch_gram("first_rows_twice").apply, (x,))
+    (d,) = [d for d in report.diagnoses if d.input == "x"]
+    assert d.kind == "per_row_factor" and d.message.startswith(
+        "in full (524288 Jacobian entries, taken to name the slip): "), report
+    assert any(c.mode == "fast" for c in report.checks if c.check == "vjp"), report  # the check itself: projections
+    asked = tapegrad.gradcheck(batch_gram("first_rows_twice").apply, (x,), fast_mode=True)
+    assert not asked.passed and not any("in full (" in d.message for d in asked.diagnoses), asked
