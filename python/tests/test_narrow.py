@@ -172,6 +172,8 @@ def test_a_slip_no_cut_can_name_is_named_in_full_where_that_costs_little():
     (d,) = [d for d in report.diagnoses if d.input == "x"]
     assert d.kind == "per_row_factor" and d.message.startswith(
         "in full (524288 Jacobian entries, taken to name the slip): "), report
+    line = next(line for line in str(report).splitlines() if line.startswith("    [per-row factor] x"))
+    assert line in (SOURCE_DIR / "docs/python.md").read_text().splitlines(), line  # the line docs/python.md quotes
     assert any(c.mode == "fast" for c in report.checks if c.check == "vjp"), report  # the check itself: projections
     asked = tapegrad.gradcheck(batch_gram("first_rows_twice").apply, (x,), fast_mode=True)
     assert not asked.passed and not any("in full (" in d.message for d in asked.diagnoses), asked
