@@ -140,6 +140,72 @@ def _fit_broadcast(search, call, j, operand, shape, broadcast):
                             f"x̄ is the forward's rule with the gradient of `{text}` — broadcast to {shape} by "
                             f"`{call.text}` at {call.where} — {how} (to rounding): the backward must sum that "
                             f"gradient over the axes the forward broadcasts along ({', '.join(map(str, broadcast))})")
+    for i, finding in _summed_over_another_size(search, call, j, operand, shape, broadcast, grads).items():
+        found.setdefault(i, finding)
+    return found
+
+
+def _own_factor(call, j, operand, shape):
+    """c, the factor of the call's derivative in operand j that depends on that operand alone: the derivative of the
+    call with every other operand made ones (−1/r² for n / r, 1 for n·r, ±1 for a sum), of the operand's shape; a
+    backward writes it outside its sum over the broadcast axis (−Σ_d ȳ·n / r², not −Σ_d ȳ·n/r²). None where the call
+    is none of those."""
+    if call.name not in _ELEMENTWISE_PRODUCT | _QUOTIENT | _SUM or len(call.operands) != 2:
+        return None
+    r = operand.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        ones = torch.ones(shape, dtype=r.dtype)
+        pair = (ones, r) if j == 1 else (r, ones)
+        out = {"mul": torch.mul, "div": torch.div, "add": torch.add, "sub": torch.sub}[
+            "mul" if call.name in _ELEMENTWISE_PRODUCT else "div" if call.name in _QUOTIENT
+            else "sub" if "sub" in call.name else "add"](*pair)
+        c, = torch.autograd.grad(out, r, torch.ones_like(out))
+    return c * (r.numel() / out.numel())  # the sum over the broadcast axes, undone: one element's derivative
+
+
+def _summed_over_another_size(search, call, j, operand, shape, broadcast, grads):
+    """The broadcast operand's gradient summed over an axis b of another size than the broadcast axis a (a row's
+    projection Σ_d ȳ·x taken down the batch, a mean over the features where the batch's belongs). The backward then
+    carries a gradient whose axis b is reduced and a full, a shape the chain to the inputs cannot take, element by
+    element: where the operand is made from an input of the broadcast shape row by row (its value at an entry depends
+    on that entry's row alone), that chain is c ⊙ V for a gradient c of the operand's shape, V the chain's VJP at
+    ones. With G the gradient of the operand expanded to the broadcast shape, H = G or G / c_own (the factor the
+    operand's own value puts in it, written outside the sum: _own_factor), and a sum or a mean (× |a| / |b|):
+    x̄_user = x̄_true + (H summed over b − H summed over the broadcast axes) · c_own ⊙ V."""
+    found = {}
+    inputs = [i for i in search.errors if tuple(search.xs[i].shape) == shape]
+    if not inputs or not operand.requires_grad or operand.dim() != len(shape) or not operand.grad_fn:
+        return found
+    try:
+        parts = torch.autograd.grad(operand, [search.xs[i] for i in inputs], torch.ones_like(operand),
+                                    retain_graph=True, allow_unused=True)
+        own = _own_factor(call, j, operand, shape)
+    except RuntimeError:
+        return found
+    text, _ = search.operand(operand)
+    forms = [("", torch.ones_like(operand))]
+    if own is not None and bool(torch.all(own != 0)) and not bool(torch.all(own == 1)):
+        forms.append((f", the factor `{text}` itself puts in it kept outside the sum", own))
+    for a in broadcast:
+        for b in range(len(shape)):
+            if b in broadcast or shape[b] in (1, shape[a]):
+                continue
+            for mean, scale in (("summed", 1.0), ("averaged", shape[a] / shape[b])):
+                for outside, c in forms:
+                    moved = [((G / c).sum(b, keepdim=True) * scale - (G / c).sum_to_size(operand.shape)) * c
+                             for G in grads]
+                    for i, part in zip(inputs, parts):
+                        if part is None or i in found:
+                            continue
+                        changed = np.concatenate([(m * part).reshape(-1).numpy() for m in moved])
+                        if not search.matches(i, search.true[i] + changed):
+                            continue
+                        found[i] = ("wrong_axis", search.names[i], "vjp",
+                                    f"x̄ is the forward's rule with the gradient of `{text}` — broadcast to {shape} "
+                                    f"by `{call.text}` at {call.where} — {mean} over axis {b} where the broadcast "
+                                    f"axis {a} belongs{outside}, and carried on element by element (to rounding): "
+                                    f"the backward must sum that gradient over the axes the forward broadcasts along "
+                                    f"({', '.join(map(str, broadcast))})")
     return found
 
 
