@@ -99,34 +99,10 @@ def x_sin(slip=None):
     return elementwise("XSin", lambda x: x * torch.sin(x), lambda x: torch.sin(x) + x * inner(x))
 
 
-def row_normalize(slip=None):
-    """β(x) = x / (1 + ‖x‖) along each row; x̄ = ȳ/(1 + n) − x·⟨ȳ, x⟩/(n·(1 + n)²), n = ‖x‖ of the row. Its
-    projections ⟨ȳ_b, x_b⟩ are the diagonal of ȳ·xᵀ (a call the traced formulas lack: named from the forward)."""
-
-    class RowNormalize(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            n = x.norm(dim=-1, keepdim=True)
-            ctx.save_for_backward(x, n)
-            return x / (1 + n)
-
-        @staticmethod
-        def backward(ctx, g):
-            x, n = ctx.saved_tensors
-            if slip == "projection_down_the_batch":  # ⟨ȳ_:d, x_:d⟩ over the batch, a row (1, D)
-                projection = torch.diagonal(g.T @ x)[None, :]
-            else:
-                projection = torch.diagonal(g @ x.T)[:, None]
-            return g / (1 + n) - x * projection / (n * (1 + n) ** 2)
-
-    return RowNormalize
-
-
 CASES = [
     (channel_scale, "dw_over_columns", lambda: inputs((4, 4), (4,)), "w", "wrong_axis"),
     (row_cumsum, "down_the_columns", lambda: inputs((5, 5)), "x", "wrong_axis"),
     (batch_scale, "first_row", lambda: inputs((3, 4), (4,)), "w", "wrong_axis"),
-    (row_normalize, "projection_down_the_batch", lambda: inputs((5, 3)), "x", "wrong_axis"),
     (steep_sigmoid, "prime_as_value", lambda: inputs((4, 5)), "x", "term_factor"),
     (half_tanh, "tanh_of_x", lambda: inputs((4, 5)), "x", "wrong_value"),
     (x_sin, "no_cos", lambda: inputs((4, 5)), "x", "term_factor"),
@@ -162,14 +138,6 @@ def test_a_broadcast_operand_whose_gradient_keeps_one_entry():
     text = message(check(batch_scale("first_row"), inputs((3, 4), (4,))), "wrong_axis", "w")
     assert "the gradient of `w` — broadcast to (3, 4) by `torch.tanh(a) * w`" in text, text
     assert "not summed over the broadcast axis 0: its first entry is kept" in text, text
-
-
-def test_a_row_term_summed_over_an_axis_of_another_size():
-    """β(x) on (5, 3) whose ⟨ȳ, x⟩ sums down the batch: a (1, 3) projection where each row's (5, 1) belongs, carried
-    on element by element, with the factor −1/(1 + n)² of the division written outside the sum."""
-    text = message(check(row_normalize("projection_down_the_batch"), inputs((5, 3))), "wrong_axis", "x")
-    assert "the gradient of `1 + n` — broadcast to (5, 3) by `x / (1 + n)`" in text, text
-    assert "summed over axis 0 where the broadcast axis 1 belongs, the factor `1 + n` itself puts in it" in text, text
 
 
 def test_a_broadcast_along_an_axis_of_another_size_is_no_axis_slip():
