@@ -157,8 +157,8 @@ def summary(rows, size):
     print(f"\n## Summary ({size}: {'full Jacobians' if size == 'small' else 'tapegrad chooses; torch fast_mode'})\n")
     right_torch = [r for r in rights if not r["torch_caught"]]
     right_tape = [r for r in rights if not r["tapegrad_caught"] and not r["tapegrad_error"]]
-    print(f"- right versions passing: torch {_percent(len(right_torch), len(rights))}, "
-          f"tapegrad {_percent(len(right_tape), len(rights))}")
+    torch_said = _percent(len(right_torch), len(rights)) if WITH_TORCH else "not run"
+    print(f"- right versions passing: torch {torch_said}, tapegrad {_percent(len(right_tape), len(rights))}")
     for r in rights:
         if r not in right_tape:
             what = [v.get("message", "") or ", ".join(v["kinds"]) for v in r["tapegrad"].values()
@@ -167,7 +167,8 @@ def summary(rows, size):
         if r not in right_torch:
             what = [v["message"] for v in r["torch"].values() if v["status"] != "pass"]
             print(f"  - torch fails right {r['op']}: {'; '.join(dict.fromkeys(what))}")
-    print(f"- slips caught: torch {_percent(sum(r['torch_caught'] for r in slips), len(slips))}, "
+    caught_by_torch = _percent(sum(r['torch_caught'] for r in slips), len(slips)) if WITH_TORCH else "not run"
+    print(f"- slips caught: torch {caught_by_torch}, "
           f"tapegrad {_percent(sum(r['tapegrad_caught'] for r in slips), len(slips))}")
     missed = [r for r in slips if r["torch_caught"] and not r["tapegrad_caught"]]
     print(f"- slips torch catches that tapegrad misses: {len(missed)}")
