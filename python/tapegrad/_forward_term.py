@@ -31,6 +31,7 @@ from ._forward_record import _MATMUL, _flat, _Forward, _run_forward, _vjps, line
 from ._forward_rewrite import replace_operand
 
 MAX_TERM_RUNS = 64  # forwards with one term moved, at most
+MAX_OPERANDS = 8    # a call of more tensors than this (a cat of many) has no operand moved in another's term
 # Calls that only move their operand's entries (their adjoint moves them back)
 _LAYOUT = {"permute", "transpose", "t", "T", "mT", "flip", "fliplr", "flipud", "roll", "movedim", "moveaxis",
            "swapaxes", "swapdims", "rot90"}
@@ -133,7 +134,7 @@ def _candidates(search):
                             f"gradient as it is belongs")
                 first.append((group, _term_changed(j, None, move), "wrong_axis" if layout else "transposed_term",
                               said))
-            if layout:
+            if layout or len(call.tensors) > MAX_OPERANDS:
                 continue
             for k, held in enumerate(call.tensors):
                 if k == j or held is live or held.dim() == 0:
