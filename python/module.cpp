@@ -2,6 +2,7 @@
 // gradchecker on a Python op (python/python_function.hpp), its report as Python objects, and the engine
 // (python/engine_bindings.cpp). tapegrad::Error becomes tapegrad.Error, a ValueError, with the C++ message.
 #include <algorithm>
+#include <optional>
 
 #include <pybind11/stl.h>
 
@@ -122,9 +123,10 @@ void add_check(GradcheckReport& r, const py::dict& row) {
   r.conclude();
 }
 
-void drop_diagnoses(GradcheckReport& r, std::string_view kind) {
+// The diagnoses of one kind, of one input where `input` is given.
+void drop_diagnoses(GradcheckReport& r, std::string_view kind, const std::optional<std::string>& input) {
   const Finding f = finding_or_fail(kind);
-  std::erase_if(r.diagnoses, [f](const Diagnosis& d) { return d.kind == f; });
+  std::erase_if(r.diagnoses, [&](const Diagnosis& d) { return d.kind == f && (!input || d.input == *input); });
   r.conclude();
 }
 
@@ -221,7 +223,7 @@ void bind_report(py::module_& m) {
   m.def("_add_check", &add_check, py::arg("report"), py::arg("row"));
   m.def("_add_diagnosis", &add_diagnosis, py::arg("report"), py::arg("kind"), py::arg("input"), py::arg("check"),
         py::arg("message"), py::arg("factor") = py::none());
-  m.def("_drop_diagnoses", &drop_diagnoses, py::arg("report"), py::arg("kind"));
+  m.def("_drop_diagnoses", &drop_diagnoses, py::arg("report"), py::arg("kind"), py::arg("input") = py::none());
   m.def("_reword", &reword, py::arg("report"), py::arg("old"), py::arg("new"));
   m.def("_merge", &merged, py::arg("reports"), py::arg("outputs"), py::arg("op"));
   m.def("finding_kinds", [] {

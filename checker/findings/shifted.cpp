@@ -13,10 +13,10 @@ namespace {
 using namespace gradcheck_detail;
 
 // Whether A = N moved by d places along axis `axis` of x (on_x: columns k) or of y (rows j): the entry at index i of
-// that axis holds N's entry at i − d, and 0 where i − d falls outside the axis; and N is not itself the same moved
-// (a sum's Jacobian is constant along x's axis: a rule that drops the first element of each row matches it moved,
-// and is no shift).
-bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d) {
+// that axis holds N's entry at i − d, and 0 where i − d falls outside the axis (any value there where edge_free: a
+// rule that reads a padding where nothing moved in); and N is not itself the same moved (a sum's Jacobian is
+// constant along x's axis: a rule that drops the first element of each row matches it moved, and is no shift).
+bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d, bool edge_free = false) {
   const Shape& shape = on_x ? v.xshape : v.yshape;
   int64_t stride = 1;
   for (int a = shape.rank() - 1; a > axis; --a) stride *= shape[a];
@@ -32,6 +32,8 @@ bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d) {
         const int64_t src = on_x ? j * v.cols + (k - d * stride) : (j - d * stride) * v.cols + k;
         moved = v.n[static_cast<size_t>(src)];
         n_moves = n_moves || !v.tol.ok(v.n[at], moved);
+      } else if (edge_free) {
+        continue;
       }
       if (!v.tol.ok(v.a[at], moved)) return false;
     }
@@ -68,6 +70,35 @@ bool moved_one_place(JacobianSearch& s) {
   return false;
 }
 
+// The same, where the entries nothing moved into are left free (a rule that cuts its gradient from a padded buffer
+// one place off reads the padding's gradient there): tried last, for a failure no other pass named, and only along
+// an axis of 4 places or more, where the moved entries are most of it.
+bool moved_one_place_but_the_edge(JacobianSearch& s) {
+  const JacobianView& v = s.v;
+  for (const bool on_x : {true, false}) {
+    const Shape& shape = on_x ? v.xshape : v.yshape;
+    const std::string& name = on_x ? v.input : v.y_name;
+    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
+      if (shape[axis] < 4) continue;
+      for (const int64_t d : {1, -1}) {
+        if (!moved_by(v, on_x, axis, d, true)) continue;
+        const bool vjp = v.check == "vjp";
+        const char* what = on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
+                                : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
+        s.found.push_back(
+            {Finding::shifted, v.input, v.check,
+             fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d}, at every element but those at "
+                         "the edge nothing moved into (the rule reads something else there: a padding): the {} {} "
+                         "one place {} along that axis (an index off by one: a window, a scan, a convolution's "
+                         "offset or padding)",
+                         axis, name, shape, d, rule_name(v.check), what, d > 0 ? "later" : "earlier")});
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 FindingSheet shifted_finding() {
@@ -75,9 +106,9 @@ FindingSheet shifted_finding() {
       .kind = Finding::shifted,
       .title = "shifted",
       .meaning = "A = N with one axis of x or of y moved by one place: each element written (or read) one place over",
-      .found_by = "its pass over a failing full Jacobian, in this file",
+      .found_by = "its passes over a failing full Jacobian, in this file",
       .section = "docs/gradchecking.md#shifted",
-      .passes = {{55, moved_one_place}},
+      .passes = {{55, moved_one_place}, {130, moved_one_place_but_the_edge}},
       .explains = true,
   };
 }

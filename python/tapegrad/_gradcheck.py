@@ -17,6 +17,9 @@ class GradcheckError(RuntimeError):
         self.report = report
 
 
+EDGE_LEFT_FREE = "at every element but those at the edge nothing moved into"  # checker/findings/shifted.cpp's words
+
+
 def _name_from_forward(report, call):
     """Adds to the report the slip of each failing, unexplained VJP that is one term of a Function's forward."""
     failing = {c.input for c in report.checks if c.check == "vjp" and not c.passed and not c.skipped}
@@ -25,8 +28,11 @@ def _name_from_forward(report, call):
     # and masked positions are not among them: they say what shape the error has in each row or where it lies, not
     # which term of the rule makes it, and the term the forward names is put before them.
     # A Function with several outputs is checked per output ("x→y0", "x→all"); the forward is searched per input.
+    # A shift with its edge left free (the last pass of checker/findings/shifted.cpp) is the weakest name the
+    # Jacobian gives: the forward's terms are searched past it, and a term they name takes its place.
     explaining = set(_tapegrad._explaining_kinds())
-    explained = {d.input for d in report.diagnoses if d.kind in explaining}
+    edge_shifted = {d.input for d in report.diagnoses if d.kind == "shifted" and EDGE_LEFT_FREE in d.message}
+    explained = {d.input for d in report.diagnoses if d.kind in explaining and d.input not in edge_shifted}
     if "" in explained:
         return
     base = lambda name: name.split("→")[0]
@@ -39,6 +45,8 @@ def _name_from_forward(report, call):
         # said at each output's check of that input that fails unexplained, where the op has several outputs
         at = sorted(n for n in failing_checks if base(n) == input_name and n != input_name)
         for name in at or [input_name]:
+            if name in edge_shifted:
+                _tapegrad._drop_diagnoses(report, "shifted", name)
             _tapegrad._add_diagnosis(report, kind, name, check, message)
     if notes:
         report._notes = getattr(report, "_notes", []) + notes

@@ -264,3 +264,52 @@ def test_a_gradient_torch_sums_down_to_its_input_s_shape_is_noted(summed):
     assert report.passed, report
     note = "tau: the backward returns x̄ of shape (2, 4, 5) for an input of shape (); torch sums it down"
     assert (note in str(report)) == (not summed), report
+
+
+def causal_conv(slip=None):
+    """y[b, t] = Σ_u w[u]·x[b, t − u], x padded with k − 1 zeros on the left (a causal convolution)."""
+
+    class CausalConv(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            taps, steps = w.shape[0], x.shape[-1]
+            padded = torch.nn.functional.pad(x, (taps - 1, 0))
+            ctx.save_for_backward(padded, w)
+            return sum(w[u] * padded[:, taps - 1 - u:taps - 1 - u + steps] for u in range(taps))
+
+        @staticmethod
+        def backward(ctx, g):
+            padded, w = ctx.saved_tensors
+            taps, steps = w.shape[0], g.shape[-1]
+            gp = torch.zeros_like(padded)  # the gradient of the padded input, then cut to x's steps
+            for u in range(taps):
+                gp[:, taps - 1 - u:taps - 1 - u + steps] += w[u] * g
+            start = taps - 2 if slip == "cut_one_early" else taps - 1
+            gw = torch.stack([(g * padded[:, taps - 1 - u:taps - 1 - u + steps]).sum() for u in range(taps)])
+            return gp[:, start:start + steps], gw
+
+    return CausalConv
+
+
+def test_a_gradient_cut_from_its_padded_buffer_one_place_off_is_a_shift():
+    """x̄ moved by one step along x's axis, the first step reading the padding's gradient: named a shift (the
+    element nothing moved into left free), where the strict shift (0 there) does not fit."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 7, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(3, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert tapegrad.gradcheck(causal_conv().apply, (x, w))
+    report = tapegrad.gradcheck(causal_conv("cut_one_early").apply, (x, w))
+    assert report.has("shifted", "x") and not report.has("unexplained", "x"), report
+    message = next(d.message for d in report.diagnoses if d.kind == "shifted")
+    assert "axis 1 of x (2, 7) moved by +1, at every element but those at the edge nothing moved into" in message
+    from tapegrad._gradcheck import EDGE_LEFT_FREE
+    assert EDGE_LEFT_FREE in message  # the words by which the Python side knows this pass's finding
+
+
+def test_a_term_the_forward_names_takes_the_place_of_a_shift_with_its_edge_left_free():
+    """A scan whose decay's gradient reads h_t where h_(t−1) belongs is also x̄ moved one step with its edge free; the
+    forward's terms name which value it reads, and that name alone is given."""
+    import researcher_ops
+    report = tapegrad.gradcheck(researcher_ops.make("ema_scan", "da_uses_h_t").apply,
+                                researcher_ops.inputs("ema_scan", "small"))
+    assert report.has("wrong_value") and not report.has("shifted"), report
