@@ -1,6 +1,9 @@
 // The kind of finding "shifted": A = N with one axis of x (or of y) moved by one place, and 0 where nothing moved
 // in: the rule writes each element of x̄ one place over (or reads ȳ one place over), an index off by one in a
 // window, a scan, a convolution's offset or a kernel's pointer arithmetic.
+#include <optional>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "checker/finding_sheet.hpp"
@@ -40,6 +43,40 @@ bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d, bool edge_f
   return n_moves;
 }
 
+// An axis of x, then of y (the last axis first), of min_length places or more, along which A = N moved by one
+// place (moved_by), and which way.
+struct OnePlace {
+  bool on_x;
+  int axis;
+  int64_t d;
+};
+
+std::optional<OnePlace> moved_along(const JacobianView& v, int64_t min_length, bool edge_free) {
+  for (const bool on_x : {true, false}) {
+    const Shape& shape = on_x ? v.xshape : v.yshape;
+    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
+      if (shape[axis] < min_length) continue;
+      for (const int64_t d : {1, -1})
+        if (moved_by(v, on_x, axis, d, edge_free)) return OnePlace{on_x, axis, d};
+    }
+  }
+  return std::nullopt;
+}
+
+// The start of a shift's finding, "analytic = numeric with axis 1 of x (3, 5) moved by +1", and what the rule does,
+// "the VJP writes each element of the gradient one place later along that axis".
+std::string moved_axis(const JacobianView& v, const OnePlace& m) {
+  return fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d}", m.axis, m.on_x ? v.input : v.y_name,
+                     m.on_x ? v.xshape : v.yshape, m.d);
+}
+
+std::string moved_rule(const JacobianView& v, const OnePlace& m) {
+  const bool vjp = v.check == "vjp";
+  const char* what = m.on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
+                            : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
+  return fmt::format("the {} {} one place {} along that axis", rule_name(v.check), what, m.d > 0 ? "later" : "earlier");
+}
+
 // The whole Jacobian moved by one place along one axis of x or of y. The search ends. Not when every failing
 // element is where the rule gives 0, or where N is 0: a mask's edge (an exclusive cumulative sum where the
 // inclusive one belongs is also its Jacobian moved by one) is told better by the masked positions, which say which
@@ -47,27 +84,13 @@ bool moved_by(const JacobianView& v, bool on_x, int axis, int64_t d, bool edge_f
 bool moved_one_place(JacobianSearch& s) {
   const JacobianView& v = s.v;
   if (s.failing_where_a_is_zero() || s.failing_where_n_is_zero()) return false;
-  for (const bool on_x : {true, false}) {
-    const Shape& shape = on_x ? v.xshape : v.yshape;
-    const std::string& name = on_x ? v.input : v.y_name;
-    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
-      if (shape[axis] < 2) continue;
-      for (const int64_t d : {1, -1}) {
-        if (!moved_by(v, on_x, axis, d)) continue;
-        const bool vjp = v.check == "vjp";
-        const char* what = on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
-                                : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
-        s.found.push_back(
-            {Finding::shifted, v.input, v.check,
-             fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d} (0 where nothing "
-                         "moved in), at every one of {} elements: the {} {} one place {} along that "
-                         "axis (an index off by one: a window, a scan, a convolution's offset)",
-                         axis, name, shape, d, v.a.size(), rule_name(v.check), what, d > 0 ? "later" : "earlier")});
-        return true;
-      }
-    }
-  }
-  return false;
+  const std::optional<OnePlace> m = moved_along(v, 2, false);
+  if (!m) return false;
+  s.found.push_back({Finding::shifted, v.input, v.check,
+                     fmt::format("{} (0 where nothing moved in), at every one of {} elements: {} (an index off by "
+                                 "one: a window, a scan, a convolution's offset)",
+                                 moved_axis(v, *m), v.a.size(), moved_rule(v, *m))});
+  return true;
 }
 
 // The same, where the entries nothing moved into are left free (a rule that cuts its gradient from a padded buffer
@@ -75,28 +98,14 @@ bool moved_one_place(JacobianSearch& s) {
 // an axis of 4 places or more, where the moved entries are most of it.
 bool moved_one_place_but_the_edge(JacobianSearch& s) {
   const JacobianView& v = s.v;
-  for (const bool on_x : {true, false}) {
-    const Shape& shape = on_x ? v.xshape : v.yshape;
-    const std::string& name = on_x ? v.input : v.y_name;
-    for (int axis = shape.rank() - 1; axis >= 0; --axis) {
-      if (shape[axis] < 4) continue;
-      for (const int64_t d : {1, -1}) {
-        if (!moved_by(v, on_x, axis, d, true)) continue;
-        const bool vjp = v.check == "vjp";
-        const char* what = on_x ? (vjp ? "writes each element of the gradient" : "reads each element of the tangent")
-                                : (vjp ? "reads each element of ȳ" : "writes each element of ẏ");
-        s.found.push_back(
-            {Finding::shifted, v.input, v.check,
-             fmt::format("analytic = numeric with axis {} of {} {} moved by {:+d}, at every element but those at "
-                         "the edge nothing moved into (the rule reads something else there: a padding): the {} {} "
-                         "one place {} along that axis (an index off by one: a window, a scan, a convolution's "
-                         "offset or padding)",
-                         axis, name, shape, d, rule_name(v.check), what, d > 0 ? "later" : "earlier")});
-        return true;
-      }
-    }
-  }
-  return false;
+  const std::optional<OnePlace> m = moved_along(v, 4, true);
+  if (!m) return false;
+  s.found.push_back({Finding::shifted, v.input, v.check,
+                     fmt::format("{}, at every element but those at the edge nothing moved into (the rule reads "
+                                 "something else there: a padding): {} (an index off by one: a window, a scan, a "
+                                 "convolution's offset or padding)",
+                                 moved_axis(v, *m), moved_rule(v, *m))});
+  return true;
 }
 
 }  // namespace
