@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_paths.hpp"
+#include "training_test_util.hpp"
 
 namespace {
 
@@ -194,16 +195,16 @@ TEST_CASE("tapegrad exercise lists, shows, checks with a hint, and gives the sol
 }
 
 TEST_CASE("integers are read as decimal, as people write them; other forms are refused naming the option") {
-  Run r =
-      run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out /tmp/tapegrad_cli_decimal "
-          "--overwrite");
+  const tapegrad::testing::ScratchDir scratch;  // its own: a run holds its output directory while it writes
+  const std::string out = scratch.file("decimal");
+  Run r = run("train --n-layer 010 --batch-size 08 --max-iters 1 --eval-interval 1 --out " + out + " --overwrite");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("10 layers") != std::string::npos);  // not 8: 010 is not octal
   CHECK(r.out.find("batch 8") != std::string::npos);
   for (const char* value : {"--seed 0x10", "--seed=-0x1", "--max-iters 1e3", "--n-layer 0b1"}) {
     CAPTURE(value);
-    Run bad = run(std::string("train ") + value + " --out /tmp/tapegrad_cli_decimal --overwrite");
+    Run bad = run(std::string("train ") + value + " --out " + out + " --overwrite");
     CHECK(bad.code == 2);
     CHECK(bad.out.find("is not a decimal integer") != std::string::npos);
   }
@@ -250,8 +251,8 @@ TEST_CASE("an option that takes one value, given twice, is refused in every comm
 }
 
 TEST_CASE("a config file's key given twice is refused; the command line overrides a key given once") {
-  const std::string dir = "/tmp/tapegrad_cli_repeated_key";
-  std::filesystem::create_directories(dir);
+  const tapegrad::testing::ScratchDir scratch;
+  const std::string dir = scratch.path.string();
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir + "/" + name) << text;
     return dir + "/" + name;
