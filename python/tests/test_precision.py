@@ -681,15 +681,15 @@ def test_a_block_two_percent_off_fails_with_the_ops_roundings_averaged_out(name,
     """Kernels in bf16 torch ops whose own roundings move a block of x̄ by a unit or two of roundoff from one rounding
     to the next: one row or column 2% off (5 units) passed within the allowances for noise and for those roundings.
     Read again with each of the op's roundings made stochastic, its share there averaged over 8 runs (16 where 8 leave
-    it unsettled) is the slip's, and it fails, said so; the right kernel passes, its blocks within rounding so
-    averaged, said so too."""
+    it unsettled) is the slip's, and it fails, said so; the right kernel passes. (Whether the right kernel's own
+    blocks need that reading depends on the CPU: where its bf16 products keep their sums in float32 and round once,
+    as with AVX512_BF16, no block of it moves 2 units in one run; where they keep them at bf16, some do.)"""
     from block_slips import blocks, one_block_off
     from precision_ops16 import BUILD, HELDOUT
     case = next(c for c in BUILD + HELDOUT if c.name == name)
     xs = case.inputs(size, torch.bfloat16, seed)
     right = tapegrad.gradcheck(case.make("right"), xs, reference=case.reference, seed=seed)
     assert right.passed, right
-    assert re.search(r"roundings averaged out \((8|16) runs × 2 ȳ", str(right)), right
     slip = one_block_off(case.make("right"), 0, blocks(tuple(xs[0].shape))[where], 1.02, torch.bfloat16)
     report = tapegrad.gradcheck(slip, xs, reference=case.reference, seed=seed)
     assert not report.passed, report
