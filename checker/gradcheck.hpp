@@ -146,9 +146,11 @@ GradcheckReport gradcheck(const Function& f, std::span<const Tensor> inputs, std
 class RuleBlocks {
  public:
   virtual ~RuleBlocks() = default;
-  // rows[j][i] = J_iᵀ e_j for every unit cotangent e_j of y (of yshape), zeros where the VJP gives none: every row
-  // of every Jacobian.
-  virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) = 0;
+  // rows[j][i] = J_iᵀ e_j for every unit cotangent e_j of y (of yshape), zeros where the VJP gives none, for each
+  // input i that wanted[i] asks for (the rows of the Jacobians checked in full); undefined for the others, whose rows
+  // (m of an input's size each) are not kept.
+  virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape,
+                                                    const std::vector<bool>& wanted) = 0;
   // f at x with x_i[k] moved by +ε (plus) and by −ε (minus), for every k: row k of each holds y's m elements. The
   // point is x + ε·e_k as the checker forms it, elementwise: x_i + (±ε)·e_k.
   virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,

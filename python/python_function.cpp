@@ -43,16 +43,20 @@ class PythonBlocks final : public RuleBlocks {
  public:
   PythonBlocks(const char* name, py::object impl) : name_(name), impl_(std::move(impl)) {}
 
-  std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape) override {
+  std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape,
+                                            const std::vector<bool>& wanted) override {
     py::tuple dims(yshape.rank());
     for (int d = 0; d < yshape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(yshape[d]);
-    const py::object got = impl_.attr("vjp_rows")(copies(x), dims);
+    py::list wants;
+    for (const bool w : wanted) wants.append(py::bool_(w));
+    const py::object got = impl_.attr("vjp_rows")(copies(x), dims, wants);
     if (!py::isinstance<py::sequence>(got) || py::len(got) != static_cast<size_t>(yshape.numel()))
       fail("{}: vjp_rows must return a list of {} rows (one per element of y)", name_, yshape.numel());
     std::vector<std::vector<Tensor>> rows;
     for (const py::handle row : got) {
-      std::vector<Tensor> grads;  // zeros, into which x̄ is added as the tape's backward adds it
-      for (const Tensor& xi : x) grads.push_back(Tensor::zeros(DType::f64, xi.shape()));
+      std::vector<Tensor> grads;  // zeros, into which x̄ is added as the tape's backward adds it; none where not wanted
+      for (size_t i = 0; i < x.size(); ++i)
+        grads.push_back(wanted[i] ? Tensor::zeros(DType::f64, x[i].shape()) : Tensor{});
       add_per_input(py::reinterpret_borrow<py::object>(row), grads, name_, "VJP");
       rows.push_back(std::move(grads));
     }

@@ -12,7 +12,8 @@
 //                                                 reports as the reason its hvp rows are skipped
 // and, optionally, the checker's full Jacobians in blocks (checker/gradcheck.hpp RuleBlocks), one call
 // for what would be one call per row or per column:
-//   vjp_rows(xs, yshape)        → [[x̄ᵢ or None] for each j]  x̄ᵢ = J_iᵀ e_j for every unit ȳ = e_j of y, in order
+//   vjp_rows(xs, yshape, wanted) → [[x̄ᵢ or None] for each j]  x̄ᵢ = J_iᵀ e_j for every unit ȳ = e_j of y, in
+//                                  order, for each input i with wanted[i] (None, or left out, for the others)
 //   unit_steps(xs, i, ε)        → (plus, minus)   f(x with x_i[k] moved by ±ε), row k for each k, y flattened
 // A Python exception raised by any of them crosses the C++ code as pybind11::error_already_set (the tape and the
 // checker hold everything by RAII and catch only tapegrad's own errors) and comes out as the same exception.

@@ -293,15 +293,15 @@ class TorchOp:
             self._recorded = (key, result)
         return result
 
-    def vjp_rows(self, arrays, yshape):
-        """x̄ for every unit ȳ = e_j, j over y's elements in order (the rows of the full Jacobians), from one recorded
-        forward whose graph each backward keeps."""
+    def vjp_rows(self, arrays, yshape, wanted):
+        """x̄ of the inputs wanted names (None for the others) for every unit ȳ = e_j, j over y's elements in order
+        (the rows of the full Jacobians), from one recorded forward whose graph each backward keeps."""
         _, state = self.forward(arrays, True)
         rows = []
         for j in range(int(np.prod(yshape))):
             unit = np.zeros(yshape)
             unit.flat[j] = 1.0
-            rows.append(self.vjp(state, unit))
+            rows.append([g if want else None for g, want in zip(self.vjp(state, unit), wanted)])
         return rows
 
     def unit_steps(self, arrays, i, eps):

@@ -54,3 +54,20 @@ def test_two_thousand_gradchecks_keep_refcounts_and_memory():
     gc.collect()
     assert (sys.getrefcount(x), sys.getrefcount(a)) == start
     assert rss_kib() - before < 16 * 1024, "resident memory grew by more than 16 MiB over 2,000 gradchecks"
+
+
+def test_an_input_checked_in_full_beside_a_large_one_keeps_only_its_own_rows():
+    """softmax(x / τ) with x of 8 × 512 and a scalar τ: τ's Jacobian (4096 × 1) is checked in full, x's by projections.
+    The 4096 rows of the full check keep τ̄ alone; keeping x̄ too (4096 elements a row) took 360 MiB, and 8 GB at
+    512 × 256 on a cut of 128 rows. Run in a process of its own, whose peak resident memory is its own."""
+    import subprocess
+    code = """if True:
+        import resource, torch, tapegrad
+        x = torch.randn(8, 512, dtype=torch.float64)
+        tau = torch.tensor([1.3], dtype=torch.float64)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        report = tapegrad.gradcheck(lambda x, tau: (x / tau).softmax(-1), (x, tau), seed=0)
+        assert report.passed, report
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)"""
+    grew = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert grew < 64, f"the check's peak resident memory grew by {grew} MiB"
