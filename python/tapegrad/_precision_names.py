@@ -16,8 +16,9 @@ also vanishes at float32, errs by a part of |x̄| itself); and its errors do not
 e(ȳ₁ + ȳ₂) − e(ȳ₁) − e(ȳ₂) is at least ADDS_UP of e's size. A wrong rule's error is linear in ȳ, as the rule is;
 rounding's is not. A slip of the 16-bit path too small to tell from rounding this way is called neither.
 
-Slip: the C++ checker runs on an op whose forward is the reference in float64 (its Jacobian from finite
-differences, as in every float64 check) and whose VJP is the kernel's at p, one failing input at a time, so that
+Slip: the C++ checker runs on an op whose forward is the reference in float64 (its Jacobian from its backward where
+a reference is given, else from finite differences: tapegrad/_kernel_against_reference.py) and whose VJP is the
+kernel's at p, one failing input at a time, so that
 scale, sign, transposed, per-row and the other structural kinds are read from the kernel's error: on the inputs cut
 along y's leading axes where the Jacobians are large (full Jacobians, with the measured rounding as the tolerance),
 else on the whole inputs' random projections (with B). The structural kinds come first: a slip of the 16-bit path
@@ -34,7 +35,7 @@ from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
 from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, full_jacobian_there
 from ._forward_record import SEARCH_SPENT
-from ._torch_op import float_outputs
+from ._kernel_against_reference import kernel_against_reference
 
 SHRINK = 2.0**-8       # float32's error at most this part of p's: it shrank with the precision
 DEFECT_UNITS = 32      # a precision defect's error is at most this many units of p's roundoff relative to |x̄₆₄|
@@ -131,43 +132,6 @@ def _defects(c, failing):
     return found
 
 
-class _KernelAgainstReference:
-    """The interface of python/python_function.hpp: forward is the reference in float64 (finite differences of it
-    give the reference's Jacobian), and the VJP at the point is the kernel's at its precision."""
-
-    def __init__(self, c, inputs, slot):
-        self.fn, self.ref_fn, self.slots, self.kwargs = c.fn, c.ref_fn, [slot], c.kwargs
-        self.dtype, self.device = c.dtype, c.device
-        self.fixed64 = _cast(list(inputs), torch.float64, c.device)
-        self.fixed = list(inputs)
-        self.no_forward_mode = "the kernel's forward mode is not compared at its precision"
-
-    def _args(self, fixed, arrays, dtype):
-        args = list(fixed)
-        for slot, a in zip(self.slots, arrays):
-            args[slot] = torch.from_numpy(np.array(a, dtype=np.float64)).to(device=self.device, dtype=dtype)
-        return args
-
-    def forward(self, arrays, keep):
-        with torch.no_grad():
-            ys = float_outputs(self.ref_fn(*self._args(self.fixed64, arrays, torch.float64), **self.kwargs))
-        y = torch.cat([t.reshape(-1) for t in ys]).cpu().numpy() if len(ys) > 1 else ys[0].cpu().numpy()
-        if not keep:
-            return y, None
-        kernel = _Run(self.fn, self._args(self.fixed, arrays, self.dtype), self.slots, self.kwargs, "the kernel")
-        return y, kernel
-
-    def vjp(self, kernel, gout):
-        flat, cotangents = torch.from_numpy(np.array(gout, dtype=np.float64)).reshape(-1), []
-        for y in kernel.ys:
-            cotangents.append(flat[:y.numel()].reshape(y.shape))
-            flat = flat[y.numel():]
-        return kernel.vjp(cotangents)
-
-    def jvp(self, state, tangents):
-        return None
-
-
 def _name_slips(report, c, slips):
     """{input index: the kinds named} for the failing inputs the structural kinds name (its diagnosis added to the
     report), and {input index: the C++ checker's reason} for those none names. Each failing input is checked alone,
@@ -201,7 +165,7 @@ def _name_slips(report, c, slips):
                 options.full_jacobian_limit = default_limit
                 options.rtol = comparison.noise_bound[i] / comparison.scale[i] if comparison.scale[i] > 0 else 0.0
                 options.atol = max(comparison.noise_bound[i], 1e-300)
-            impl = _KernelAgainstReference(c, args, slots[i])
+            impl = kernel_against_reference(c, args, slots[i])
             array = args[slots[i]].detach().to(torch.float64).cpu().numpy()
             structural = _tapegrad._check(impl, "kernel", [array], [names[i]], 1, options)
             if cut_first and structural.passed:
