@@ -22,7 +22,8 @@ import torch
 from ._rounding import _cast, _Run
 from ._torch_op import float_outputs
 
-ROWS_AT_ONCE = 1 << 22  # Jacobian entries one batched backward of the reference computes
+ROWS_AT_ONCE = 1 << 22  # elements of the largest tensor the reference takes or gives, times the rows of one batched
+#                        backward (whose every value is held once per row of the batch): 32 MB of float64 each
 
 
 class KernelAgainstReference:
@@ -89,14 +90,16 @@ class KernelAgainstGivenReference(KernelAgainstReference):
 
 
 def _jacobian(run, m):
-    """J (m × n) of run's one checked input: row j the VJP of ȳ = e_j over run's outputs flattened and joined, in
-    batches of ROWS_AT_ONCE entries through torch's batched backward, one VJP at a time where that cannot run."""
+    """J (m × n) of run's one checked input: row j the VJP of ȳ = e_j over run's outputs flattened and joined, through
+    torch's batched backward in batches of rows that hold ROWS_AT_ONCE elements of the largest tensor the reference
+    takes or gives, one VJP at a time where that cannot run."""
     x = run.xs[0]
     n = x.numel()
     jac = np.zeros((m, n))
     outputs = [(k, y) for k, y in enumerate(run.ys) if y.requires_grad]
     offsets = np.cumsum([0] + [y.numel() for y in run.ys])
-    batch = max(1, ROWS_AT_ONCE // max(n, 1))
+    largest = max([n, 1] + [y.numel() for y in run.ys] + [a.numel() for a in run.args if isinstance(a, torch.Tensor)])
+    batch = max(1, ROWS_AT_ONCE // largest)
     for start in range(0, m, batch):
         rows = range(start, min(m, start + batch))
         units = [torch.zeros((len(rows),) + tuple(y.shape), dtype=y.dtype, device=y.device) for _, y in outputs]
