@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ._rounding import _cast, _Run
-from ._torch_op import float_outputs
+from ._torch_op import float_outputs, unit_vjp_rows
 
 ROWS_AT_ONCE = 1 << 22  # elements of the largest tensor the reference takes or gives, times the rows of one batched
 #                        backward (whose every value is held once per row of the batch): 32 MB of float64 each
@@ -70,13 +70,8 @@ class KernelAgainstGivenReference(KernelAgainstReference):
     def vjp_rows(self, arrays, yshape, wanted):
         """The kernel's x̄ at p for every unit ȳ = e_j, j over y's elements in order, from one run of it (wanted: the
         one input is checked in full, since the checker asks)."""
-        kernel, m = self._kernel(arrays), int(np.prod(yshape))
-        rows = []
-        for j in range(m):
-            unit = np.zeros(m)
-            unit[j] = 1.0
-            rows.append(self.vjp(kernel, unit))
-        return rows
+        kernel = self._kernel(arrays)
+        return list(unit_vjp_rows(lambda unit: self.vjp(kernel, unit), yshape))
 
     def unit_steps(self, arrays, i, eps):
         """(plus, minus), row k holding y flattened at the point with element k moved by +ε and by −ε, to first order:

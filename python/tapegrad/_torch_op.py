@@ -62,6 +62,14 @@ def float_outputs(y):
     return [t for t in ys if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def unit_vjp_rows(vjp, yshape):
+    """vjp(e_j) for every unit ȳ = e_j of yshape, j over its elements in order: the rows of the full Jacobians."""
+    for j in range(int(np.prod(yshape))):
+        unit = np.zeros(yshape)
+        unit.flat[j] = 1.0
+        yield vjp(unit)
+
+
 def check_each_output(call):
     """The C++ checker's run on call's op (gradcheck's call): (its report, merged over the outputs where there are
     several; the TorchOp of each check; how many outputs; at first order, the backward at ȳ = 0, zero_cotangent's
@@ -297,12 +305,8 @@ class TorchOp:
         """x̄ of the inputs wanted names (None for the others) for every unit ȳ = e_j, j over y's elements in order
         (the rows of the full Jacobians), from one recorded forward whose graph each backward keeps."""
         _, state = self.forward(arrays, True)
-        rows = []
-        for j in range(int(np.prod(yshape))):
-            unit = np.zeros(yshape)
-            unit.flat[j] = 1.0
-            rows.append([g if want else None for g, want in zip(self.vjp(state, unit), wanted)])
-        return rows
+        return [[g if want else None for g, want in zip(row, wanted)]
+                for row in unit_vjp_rows(lambda unit: self.vjp(state, unit), yshape)]
 
     def unit_steps(self, arrays, i, eps):
         """f at the arrays with element k of input i moved by +eps and by −eps, for every k: (plus, minus), row k
