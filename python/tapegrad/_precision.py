@@ -58,15 +58,31 @@ def _explained(what, error, bound, ok, dtype):
             f"up to {bound:.2g} here")
 
 
-def _figures(comparison, i, dtype):
-    """Which figure judged input i, and the others: "(1.75 × the reference's own error with its ops at bf16, ...)"."""
-    f, p = comparison.figures[i], DTYPE_NAMES[dtype]
-    said = {"composite": f"the reference's own error with its ops at {p}",
+def _said(p, terms):
+    """How a report names each figure of rounding at p (terms: the length of the float32 sum)."""
+    return {"composite": f"the reference's own error with its ops at {p}",
             "fused": "a fused kernel's (float32 between products)",
-            "sums": f"a float32 sum of {f['terms']:.0f} terms",
+            "sums": f"a float32 sum of {terms:.0f} terms",
             "storage": f"the result's rounding to {p}",
             "own": f"how far the op's own ops at {p} move it with their roundings falling otherwise",
             "cap": "a fused kernel's own error (its result's rounding, products' operands and float32 sums, added)"}
+
+
+def _forward_figures(comparison, dtype):
+    """Which figure judged y's bound, and the others: " (1.75 × a float32 sum of 64 terms, 9e-06; ...)"."""
+    f = comparison.forward_figures
+    said = _said(DTYPE_NAMES[dtype], f["terms"])
+    said["storage"] = f"an ulp of y at {DTYPE_NAMES[dtype]}"
+    shown = [k for k in ("composite", "sums", "storage") if k != "sums" or f["sums"] > 0]
+    judge = max(shown, key=lambda k: f[k])
+    return f" ({MARGIN:g} × {said[judge]}, {f[judge]:.2g}" + "".join(
+        f"; {said[k]} {f[k]:.2g}" for k in shown if k != judge) + ")"
+
+
+def _figures(comparison, i, dtype):
+    """Which figure judged input i, and the others: "(1.75 × the reference's own error with its ops at bf16, ...)"."""
+    f, p = comparison.figures[i], DTYPE_NAMES[dtype]
+    said = _said(p, f["terms"])
     shown = [k for k in FIGURES if not (k in ("fused", "own") and f[k] == 0) and not (k == "sums" and f["terms"] <= 1)]
     judge = comparison.judged_by(i)
     value = f["cap"] if judge == "cap" else f[judge]
@@ -183,7 +199,8 @@ def check_at_precision(call, float64_report):
                                       passed=forward_ok, error=comparison.forward_error, worst="",
                                       analytic=comparison.forward_error, numeric=comparison.forward_bound,
                                       sides=("error", "bound")))
-    notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype))
+    notes.append(_explained("y", comparison.forward_error, comparison.forward_bound, forward_ok, dtype)
+                 + _forward_figures(comparison, dtype))
     failing = [i for i in range(len(names)) if not comparison.passed(i)]
     if failing:
         context = PrecisionCheck(fn, ref_fn, inputs, slots, names, kwargs, dtype, device, seed, check,

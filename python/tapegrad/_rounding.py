@@ -100,20 +100,57 @@ def _sums(func, args, kwargs):
     return magnitude, _sum_length(func, args, magnitude)
 
 
+def _terms_squares(func, args, kwargs):
+    """Σ terms² of each result element of a matrix product or a sum (‖terms‖₂²); None for other ops."""
+    name = func.overloadpacket.__name__
+    if name in ("mm", "bmm", "mv", "dot"):
+        return func(args[0] * args[0], args[1] * args[1])
+    if name in ("addmm", "baddbmm"):
+        c, a, b = args[0], args[1], args[2]
+        return c * c + func(torch.zeros_like(c), a * a, b * b)
+    if name == "sum" and args[0].is_floating_point():
+        return func(args[0] * args[0], *args[1:], **kwargs)
+    return None
+
+
 class SumLengths(TorchDispatchMode):
     """Records the computation's long sums: lengths[k] = the most terms that an element adds, over the matrix products
-    and sums whose results have k elements."""
+    and sums whose results have k elements; with walks, also walks[k] = the largest float32 walk figure of those
+    results' elements (_walk: its length, ‖terms‖₂ and the result) and the largest |result|."""
 
-    def __init__(self):
+    def __init__(self, walks=False):
         super().__init__()
         self.lengths = {}
+        self.walks = {} if walks else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         n = _sum_length(func, args, out)
         if n is not None:
-            self.lengths[out.numel()] = max(self.lengths.get(out.numel(), 1), n)
+            k = out.numel()
+            self.lengths[k] = max(self.lengths.get(k, 1), n)
+            if self.walks is not None and n > 1 and k:
+                squares = _terms_squares(func, args, kwargs)
+                walk = float(torch.max(_walk(n, squares, out.detach().abs())))
+                largest = float(torch.max(out.detach().abs()))
+                old_walk, old_largest = self.walks.get(k, (0.0, 0.0))
+                self.walks[k] = (max(old_walk, walk), max(old_largest, largest))
         return out
+
+
+def _walk(n, terms_squared, result):
+    """The rms of a float32 sum of n terms added one after the other, in units of u₃₂, for terms whose ‖terms‖₂² is
+    terms_squared and whose sum is result (numbers or tensors alike). It is Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ
+    uniform in ±u₃₂. Terms tₖ = μ + eₖ make Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at
+    most u₃₂·√n·√(‖terms‖₂²/6 + result²/9), result = nμ (terms of one sign, a column of positive values or ȳ
+    correlated with x̂, err about √n times more than terms of random signs); one term has no mean to wander with."""
+    return (n * (terms_squared / 6 + (result * result / 9 if n > 1 else 0 * result))) ** 0.5
+
+
+def _largest_of(m):
+    """About how many times its rms the largest of m independent roundings' errors is: √(2·ln(2m))."""
+    return math.sqrt(2 * math.log(2 * max(1, m)))
 
 
 # torch ops whose results only place their inputs' values, or zeros and ones, computing nothing: a select's or a
@@ -524,7 +561,8 @@ class _Comparison:
         # the moved point's figures are against float64 at x and carry x̄'s sensitivity to the input; a 16-bit kernel
         # computes in float32 between exact 16-bit inputs and its stored values, which the composite at p rounds
         # already, so there the moved point is a second sample of how rounding falls, against float64 at its own point.
-        with SumLengths() as forward_sums:  # a backward may sum again what the forward sums (a row's or a column's)
+        with SumLengths(walks=True) as forward_sums:  # a backward may sum again what the forward sums (a row's or a
+            # column's); and the forward's own sums are a figure of y's
             reference64 = reference_at(None)
         self.kernel, self.reference64 = kernel, reference64  # kept: the naming compares with them again
         u = UNIT_ROUNDOFF[dtype]
@@ -590,12 +628,7 @@ class _Comparison:
         for i in range(count):
             # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
             # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
-            # longer: a weight's gradient sums over the rows, or sums again a column the forward sums), added one
-            # after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ uniform in ±u₃₂. Terms tₖ = μ + eₖ make
-            # Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at most
-            # u₃₂·√n·√(‖terms‖₂²/6 + x̄ⱼ²/9), x̄ⱼ = nμ (terms of one sign, a column of positive values or ȳ correlated
-            # with x̂, err about √n times more than terms of random signs); the largest of the m·DRAWS elements compared
-            # is up to √(2·ln(2·m·DRAWS)) times that
+            # longer: a weight's gradient sums over the rows, or sums again a column the forward sums)
             size = kernel.xs[i].numel()
             n = max(1.0, outputs / max(1, size), sums.lengths.get(size, 1), forward_sums.lengths.get(size, 1))
             self._sums_and_storage(i, n, terms[i], dtype, held)
@@ -633,8 +666,19 @@ class _Comparison:
         self.forward_error = max((_largest([a - b]) if a.shape == b.shape else math.inf) for a, b in zip(yk, y64))
         forward_rounding = max(_largest([a - b]) for s, e in composite + fused for a, b in zip(s.values(), e.values()))
         # y's own rounding as u·‖y₆₄‖∞, up to a whole ulp: a right forward may round an intermediate (a product's
-        # result) at p and then its output, two roundings where x̄'s figure above allows one
-        self.forward_bound = MARGIN * max(forward_rounding, u * _largest(y64))
+        # result) at p and then its output, two roundings where x̄'s figure above allows one. And a fused kernel's
+        # float32 sums, as x̄'s: the walk of the forward's longest product or sum whose result is y's size (its
+        # largest element's), carried to y in proportion to their magnitudes where y is the smaller (a product
+        # scaled by 1/√d), never enlarged
+        self.forward_figures = {"composite": forward_rounding, "storage": u * _largest(y64), "sums": 0.0, "terms": 1}
+        for y in y64:
+            walk, largest = forward_sums.walks.get(y.size, (0.0, 0.0))
+            if walk > 0:
+                carried = min(1.0, _largest([y]) / largest) if largest > 0 else 1.0
+                figure = UNIT_ROUNDOFF[torch.float32] * walk * _largest_of(y.size) * carried
+                if figure > self.forward_figures["sums"]:
+                    self.forward_figures.update(sums=figure, terms=forward_sums.lengths[y.size])
+        self.forward_bound = MARGIN * max(self.forward_figures[k] for k in ("composite", "storage", "sums"))
 
     def one_run_verdicts(self):
         """The blocks set aside for the averaged reading judged by their one run instead, and closed."""
@@ -706,18 +750,10 @@ class _Comparison:
     def _sums_and_storage(self, i, n, terms, dtype, held):
         """Input i's figures for a float32 sum of n terms (terms: the 2-norm of what its elements sum) and for the
         result's own rounding; the composite's held to their sum and the fused model's where held."""
-        # a float32 sum of n terms, n the outputs each element of x̄ gathers from (at least one; or the length of
-        # the reference's longest product or sum, forward or backward, whose result is the size of x̄, where
-        # longer: a weight's gradient sums over the rows, or sums again a column the forward sums), added one
-        # after the other: Σₖ δₖ·Sₖ over the partial sums Sₖ, δₖ uniform in ±u₃₂. Terms tₖ = μ + eₖ make
-        # Sₖ = kμ + (a walk of the eₖ), Σₖ Sₖ² ≈ μ²n³/3 + σ²n²/2, so the rms is at most
-        # u₃₂·√n·√(‖terms‖₂²/6 + x̄ⱼ²/9), x̄ⱼ = nμ (terms of one sign, a column of positive values or ȳ correlated
-        # with x̂, err about √n times more than terms of random signs); the largest of the m·DRAWS elements compared
-        # is up to √(2·ln(2·m·DRAWS)) times that
-        size = self.sizes[i]
-        largest_of = math.sqrt(2 * math.log(2 * max(1, size) * DRAWS))
-        walk = math.sqrt(n * (terms ** 2 / 6 + (self.scale[i] ** 2 / 9 if n > 1 else 0.0)))  # one term: no sum
-        self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * walk * largest_of
+        # the walk of n float32 additions (_walk), x̄ⱼ up to ‖x̄₆₄‖∞; the largest of the m·DRAWS elements compared is
+        # about _largest_of(m·DRAWS) times its rms
+        walk = _walk(n, terms ** 2, self.scale[i])
+        self.figures[i]["sums"] = UNIT_ROUNDOFF[torch.float32] * walk * _largest_of(self.sizes[i] * DRAWS)
         self.figures[i]["terms"] = n
         self.figures[i]["storage"] = half_ulp(self.scale[i], dtype)
         # torch's own ops at p (which keep values at p between ops, and on some devices sum at p) excuse only an

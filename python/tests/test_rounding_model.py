@@ -151,3 +151,35 @@ def test_an_op_in_bf16_ops_averaged_over_stochastic_roundings_is_its_formula_in_
     mean = float(((torch.stack(runs).mean(0) - reference).abs() / reference).max())
     assert not torch.equal(runs[0], runs[1])
     assert mean < one / 3, (mean, one)
+
+
+def test_a_forward_summing_in_float32_one_term_after_another_is_allowed_its_sums_length():
+    """y = x·w, its 2,048 terms of random signs added one after the other in float32 (a running sum, as a kernel's
+    loop over k keeps it): a right forward erring past what torch's blocked product errs and an ulp of y, by about
+    what such a walk does. y's bound names the float32 sum of that length; a forward 0.1% off still fails."""
+    import tapegrad
+
+    def make(off=1.0):
+        class RunningSumProduct(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w):
+                ctx.save_for_backward(x, w)
+                terms = x.float()[:, :, None] * w.float()[None]            # (n, k, m)
+                running = torch.zeros_like(terms[:, 0])
+                for k in range(terms.shape[1]):  # (torch's cumsum on a CPU adds float32 in float64)
+                    running = running + terms[:, k]
+                return (off * running).to(x.dtype)
+
+            @staticmethod
+            def backward(ctx, g):
+                x, w = ctx.saved_tensors
+                return (g.float() @ w.float().T).to(x.dtype), (x.float().T @ g.float()).to(w.dtype)
+        return RunningSumProduct.apply
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 2048, dtype=torch.float64, generator=g).float().requires_grad_()
+    w = torch.randn(2048, 3, dtype=torch.float64, generator=g).float().requires_grad_()
+    report = tapegrad.gradcheck(make(), (x, w), reference=lambda x, w: x @ w, seed=0)
+    assert report.passed, report
+    assert "y: max error" in str(report) and "a float32 sum of 2048 terms" in str(report).split("y: max error")[1]
+    assert not tapegrad.gradcheck(make(1.001), (x, w), reference=lambda x, w: x @ w, seed=0).passed
