@@ -4,6 +4,10 @@ checker's structural diagnoses. In the order tried:
 A scale under an ulp: an error within the bound at every element that fails by its share along x̄ (r, _rounding.py)
 is a constant factor where what is left of it is rounding's size.
 
+A sign: x̄ₚ = −x̄₆₄ at every element for every ȳ drawn, what is left within the bound, read from the compared
+vectors alone, before any check that runs fn again. (Another such constant factor c is a scale, named last, where
+nothing else says more: how it grows with a batch's length, the forward's term it is in.)
+
 A slip of every precision: with a reference, where fn run in float64 on the same values errs against it as it does
 at p (to within the bound) and by more than the bound, fn's own float64 check names it, reading it at full precision
 and from the forward's terms.
@@ -186,6 +190,25 @@ def _name_slips(report, c, slips):
     return named, why
 
 
+SIGN_FIT = 1e-3  # a constant factor within this of −1 is a sign
+
+
+def _constant_factor(report, c, i, factor, in_float64):
+    """Input i's VJP is factor × the reference's at every element (_Comparison.constant_factor): a sign where the
+    factor is −1, else a scale."""
+    name = c.names[i]
+    said = f"{name}̄ = c × the reference's at every element, for every ȳ drawn, c = "
+    after = (" (what is left is within |c| × rounding's bound"
+             + ("; fn's float64 path errs the same" if in_float64 else "") + ")")
+    if abs(factor + 1) <= SIGN_FIT:
+        _tapegrad._add_diagnosis(report, "sign", name, c.check,
+                                 f"{said}−1{after}: the VJP has the wrong sign (a sign slip)", factor)
+    else:
+        _tapegrad._add_diagnosis(report, "scale", name, c.check,
+                                 f"{said}{_tapegrad._describe_factor(factor)}{after}: the VJP is off by a constant "
+                                 "factor", factor)
+
+
 def _largest_entry(c, args, slot, rows=8):
     """max |J_kj| over the reference's Jacobian along args[slot], estimated from rows rows of it (the VJPs of unit ȳ
     at random outputs k)."""
@@ -365,11 +388,16 @@ def name_precision_failures(report, c, failing):
     for i in block_only:
         _name_block(report, c, i, f"; at each element, and over the whole of {names[i]}̄, it is within rounding")
     failing = [i for i in failing if i not in along_only and i not in block_only]
-    named64, same = {}, []
-    if c.float64_report is not None:
-        same = _same_in_float64(c, failing)
-        if same:
-            named64 = _name_from_float64(report, c, same)
+    same = _same_in_float64(c, failing) if c.float64_report is not None else []
+    # a whole VJP −1 times the reference's, read from the compared vectors themselves, is a sign: named before any
+    # check that runs fn again (a scalar loss's float64 check differences it once per element, seconds on a GPU). A
+    # factor other than −1 is left to the checks below, which can tell how it grows with a batch's length.
+    for i in list(failing):
+        factor = comparison.constant_factor(i)
+        if factor is not None and abs(factor + 1) <= SIGN_FIT:
+            _constant_factor(report, c, i, factor, i in same)
+            failing.remove(i)
+    named64 = _name_from_float64(report, c, [i for i in same if i in failing]) if same else {}
     failing = [i for i in failing if i not in named64]
     # one block alone past its bound, everything outside it within the bound, where fn's float64 path is right (a
     # slip at p only): the block names it. The structural kinds' fit allows rounding's noise at p unheld (the
@@ -379,15 +407,12 @@ def name_precision_failures(report, c, failing):
         failing.remove(i)
     named, why = _name_slips(report, c, failing)
     unnamed = [i for i in failing if i not in named]
-    # a whole VJP c times the reference's, read from the compared vectors themselves where the structural kinds had
-    # only projections (large inputs no cut reaches) and their own rounding hid the common factor
+    # a whole VJP c times the reference's, where the structural kinds had only projections (large inputs no cut
+    # reaches) and their own rounding hid the common factor
     for i in list(unnamed):
         factor = comparison.constant_factor(i)
         if factor is not None:
-            _tapegrad._add_diagnosis(report, "scale", names[i], check,
-                                     f"{names[i]}̄ = c × the reference's at every element, for every ȳ drawn, c = "
-                                     f"{_tapegrad._describe_factor(factor)} (what is left is within |c| × rounding's "
-                                     "bound): the VJP is off by a constant factor", factor)
+            _constant_factor(report, c, i, factor, i in same)
             unnamed.remove(i)
     # an error of one piece in one block alone (a row, a column) is a slip there, or, a few units of roundoff that
     # shrink with the precision, a statistic of that block kept at the dtype (_name_block)

@@ -768,13 +768,14 @@ class _Comparison:
 
     def constant_factor(self, i):
         """c where input i's VJP is c times the reference's at every element, for every ȳ drawn: what is left,
-        x̄ₚ − c·x̄₆₄, within max(1, |c|)·B (a computation scaled by c scales its rounding too), and c the same to
-        1e-6 over the ȳ; None otherwise, or where c is 1 to within B."""
+        x̄ₚ − c·x̄₆₄, within max(1, |c|)·B (a computation scaled by c scales its rounding too), c the mean of the
+        least-squares factors cₖ of the ȳ drawn; what is left at the k-th is at most |cₖ − c|·‖x̄₆₄‖∞ + its rest with
+        cₖ (rounding moves each cₖ a little). None otherwise, or where c is 1 to within B."""
         fits = self.factor[i]
         if not fits or not self.scale[i] > 0:
             return None
-        c = fits[0][0]
-        if all(abs(ci - c) <= 1e-6 * abs(c) and within(rest, max(1.0, abs(ci)) * self.bound[i]) for ci, rest in fits) \
+        c = sum(ci for ci, _ in fits) / len(fits)
+        if all(within(abs(ci - c) * self.scale[i] + rest, max(1.0, abs(c)) * self.bound[i]) for ci, rest in fits) \
                 and abs(c - 1) * self.scale[i] > self.bound[i]:
             return c
         return None

@@ -3,7 +3,7 @@
 slips that matter at that precision, and whether a caught slip is named with its kind.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/precision_table.py --set heldout|heldout3|build|triton
-        [--seeds 3] [--sizes small,large] [--dtypes bf16,float32] [--json FILE] [--only NAME]
+        [--seeds 3] [--first-seed 0] [--sizes small,large] [--dtypes bf16,float32] [--json FILE] [--only NAME]
 
 --set heldout reads python/tests/precision_heldout.py, --set heldout3 precision_heldout3.py (a third set, written
 apart from the first two), --set build python/tests/precision_build.py, --set triton
@@ -374,7 +374,8 @@ def print_slips(records, float64, dtypes):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--set", choices=sorted(SETS), required=True)
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (from --first-seed)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--sizes", default="small,large")
     parser.add_argument("--dtypes", default="bf16,float32")
     parser.add_argument("--json", help="write every record here")
@@ -391,7 +392,7 @@ def main():
             return 0
     sizes = [s for s in args.sizes.split(",") if s]
     dtypes = {d: DTYPES[d] for d in args.dtypes.split(",") if d}
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
 
     def log(line):
         if not args.quiet:
