@@ -3,7 +3,8 @@
 //
 // Blocks are mapped from the kernel (mmap), not taken from malloc: unmapping a block gives its pages back at
 // once, so the blocks a merge replaces and the arena of a destroyed tape leave the resident set (glibc keeps
-// freed heap blocks it cannot trim, and after a large free serves even megabyte blocks from that heap).
+// freed heap blocks it cannot trim, and after a large free serves even megabyte blocks from that heap) — all but
+// 8 MiB of them in the whole process, kept for the next arena (arena.cpp: a tape made per evaluation of an op).
 // Pages are resident only once touched: the unused tail of a block costs address space, not memory.
 #pragma once
 

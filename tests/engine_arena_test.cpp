@@ -1,5 +1,5 @@
 // The arena: a bump allocator of 64-byte aligned pieces, rewound by reset() without giving its memory back,
-// the blocks of a step that outgrew it merged into one.
+// the blocks of a step that outgrew it merged into one; a destroyed arena's block serves the next arena of its size.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -50,4 +50,22 @@ TEST_CASE("two arenas never share memory") {
   std::memset(q, 4, 100);
   CHECK(p[99] == 3);
   CHECK(q[99] == 4);
+}
+
+TEST_CASE("a destroyed arena's block serves the next arena of about its size, and no much smaller one") {
+  char* p = nullptr;
+  {
+    Arena one(1 << 20);
+    p = static_cast<char*>(one.allocate(100));
+    std::memset(p, 5, 100);
+  }
+  Arena two(1 << 20);
+  CHECK(static_cast<char*>(two.allocate(100)) == p);  // kept, not unmapped and mapped again
+  char* q = nullptr;
+  {
+    Arena big(1 << 22);
+    q = static_cast<char*>(big.allocate(100));
+  }
+  Arena small(1 << 16);
+  CHECK(static_cast<char*>(small.allocate(100)) != q);
 }
