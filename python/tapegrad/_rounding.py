@@ -85,32 +85,24 @@ def _sum_length(func, args, result):
     return None
 
 
-def _sums(func, args, kwargs):
-    """(Σ|terms| of each result element, the number of terms) for a matrix product or a sum; None for other ops."""
+def _summed_terms(func, args, kwargs, each):
+    """Σ each(term) of each result element of a matrix product or a sum, each(t) multiplicative (|t|, t²): the
+    product run on each(operand); None for other ops."""
     name = func.overloadpacket.__name__
     if name in ("mm", "bmm", "mv", "dot"):
-        magnitude = func(args[0].abs(), args[1].abs())
-    elif name in ("addmm", "baddbmm"):
-        c, a, b = args[0], args[1], args[2]
-        magnitude = c.abs() + func(torch.zeros_like(c), a.abs(), b.abs())
-    elif name == "sum" and args[0].is_floating_point():
-        magnitude = func(args[0].abs(), *args[1:], **kwargs)
-    else:
-        return None
-    return magnitude, _sum_length(func, args, magnitude)
-
-
-def _terms_squares(func, args, kwargs):
-    """Σ terms² of each result element of a matrix product or a sum (‖terms‖₂²); None for other ops."""
-    name = func.overloadpacket.__name__
-    if name in ("mm", "bmm", "mv", "dot"):
-        return func(args[0] * args[0], args[1] * args[1])
+        return func(each(args[0]), each(args[1]))
     if name in ("addmm", "baddbmm"):
         c, a, b = args[0], args[1], args[2]
-        return c * c + func(torch.zeros_like(c), a * a, b * b)
+        return each(c) + func(torch.zeros_like(c), each(a), each(b))
     if name == "sum" and args[0].is_floating_point():
-        return func(args[0] * args[0], *args[1:], **kwargs)
+        return func(each(args[0]), *args[1:], **kwargs)
     return None
+
+
+def _sums(func, args, kwargs):
+    """(Σ|terms| of each result element, the number of terms) for a matrix product or a sum; None for other ops."""
+    magnitude = _summed_terms(func, args, kwargs, torch.abs)
+    return None if magnitude is None else (magnitude, _sum_length(func, args, magnitude))
 
 
 class SumLengths(TorchDispatchMode):
@@ -131,9 +123,9 @@ class SumLengths(TorchDispatchMode):
             k = out.numel()
             self.lengths[k] = max(self.lengths.get(k, 1), n)
             if self.walks is not None and n > 1 and k:
-                squares = _terms_squares(func, args, kwargs)
-                walk = float(torch.max(_walk(n, squares, out.detach().abs())))
-                largest = float(torch.max(out.detach().abs()))
+                squares = _summed_terms(func, args, kwargs, torch.square)
+                result = out.detach().abs()
+                walk, largest = float(torch.max(_walk(n, squares, result))), float(torch.max(result))
                 old_walk, old_largest = self.walks.get(k, (0.0, 0.0))
                 self.walks[k] = (max(old_walk, walk), max(old_largest, largest))
         return out
