@@ -131,6 +131,7 @@ Function python_function(const PythonOp& op) {
     auto jvp = [name, impl, state, yshape](std::span<const Tensor> tin, Tensor& tout) {
       const py::object t = impl.attr("jvp")(state, copies(tin));
       if (t.is_none()) throw NoJvp(name);
+      if (py::isinstance<py::str>(t)) fail("{}", std::string(py::str(t)));  // why it cannot be had (a reason)
       const auto a = float64_result(t, yshape, name, "JVP");
       tout.accumulate(Tensor(DType::f64, yshape, const_cast<double*>(a.data())));
     };

@@ -6,7 +6,8 @@
 //   forward(xs, keep)           → (y, state)     xs float64 arrays; keep: the node is recorded, so keep what the
 //                                                 rules need (the torch graph) in state
 //   vjp(state, ȳ)               → [x̄ᵢ or None]   x̄ᵢ = J_iᵀ ȳ (None: zero)
-//   jvp(state, [ẋᵢ or None])    → ẏ or None      ẏ = Σᵢ J_i ẋᵢ; None: the op has no JVP (NoJvp, a "no JVP" note)
+//   jvp(state, [ẋᵢ or None])    → ẏ, None or str ẏ = Σᵢ J_i ẋᵢ; None: the op has no JVP (NoJvp, a "no JVP" note);
+//                                                 a str: why it cannot be had (as vjp_tangent's str)
 //   vjp_tangent(state, ȳ, [ẋⱼ]) → [ẋ̄ᵢ] or str   ẋ̄ᵢ = Σⱼ ∂ⱼ(J_iᵀȳ)[ẋⱼ]; a str: why the op has no second
 //                                                 order (its backward is not differentiable), which the checker
 //                                                 reports as the reason its hvp rows are skipped

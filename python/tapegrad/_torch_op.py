@@ -372,12 +372,15 @@ class TorchOp:
     def _jvp_by_double_backward(self, state, tangents):
         xs, y = state
         u = torch.zeros_like(y, requires_grad=True)
-        with torch.enable_grad():
-            grads = torch.autograd.grad(y, xs, u, create_graph=True, allow_unused=True)
-            s = _inner_product(grads, tangents, y)
-            if not s.requires_grad:
-                return _numpy(torch.zeros_like(y))
-            (jt,) = torch.autograd.grad(s, u, allow_unused=True)
+        try:
+            with torch.enable_grad():
+                grads = torch.autograd.grad(y, xs, u, create_graph=True, allow_unused=True)
+                s = _inner_product(grads, tangents, y)
+                if not s.requires_grad:
+                    return _numpy(torch.zeros_like(y))
+                (jt,) = torch.autograd.grad(s, u, allow_unused=True)
+        except RuntimeError as error:
+            return self._why_not_twice(error)
         return _numpy(torch.zeros_like(y) if jt is None else jt)
 
     def vjp_tangent(self, state, gout, tangents):
@@ -402,10 +405,20 @@ class TorchOp:
                     return [None] * len(xs)
                 second = torch.autograd.grad(s, xs, allow_unused=True)
         except RuntimeError as error:
-            if "once_differentiable" in str(error):
-                return _ONCE_DIFFERENTIABLE.format(self.name)
-            if "differentiable" in str(error) or "does not require grad" in str(error):
-                return (f"op '{self.name}': its backward is not differentiable ({error}), so its second order cannot "
-                        "be checked")
-            raise
+            return self._why_not_twice(error)
         return [None if g is None else _numpy(g) for g in second]
+
+    def _why_not_twice(self, error):
+        """The reason torch's error while differentiating the backward says the second order cannot be checked (the
+        str the checker reports, the check then skipped, not failed); an error of another kind is raised again."""
+        text = str(error)
+        if "once_differentiable" in text:
+            return _ONCE_DIFFERENTIABLE.format(self.name)
+        if "differentiable" in text or "does not require grad" in text:
+            return (f"op '{self.name}': its backward is not differentiable ({text}), so its second order cannot be "
+                    "checked")
+        if "modified by an inplace operation" in text:
+            return (f"op '{self.name}': its backward writes in place into a tensor its own graph needs, so torch "
+                    f"cannot differentiate it and its second order cannot be checked ({text.splitlines()[0]}); build "
+                    "the steps' results as a list and torch.stack them, or mark the backward once_differentiable")
+        raise error

@@ -76,6 +76,41 @@ def test_a_backward_that_is_not_differentiable_is_said_so():
     assert "not differentiable" in str(report)
 
 
+class DecayScan(torch.autograd.Function):
+    """y[t] = x[t] + γ·y[t−1], its backward written into a buffer row by row, reading the row it wrote last: right,
+    and not differentiable again by torch (each write moves the version of a tensor the graph saved)."""
+
+    @staticmethod
+    def forward(ctx, x, gamma):
+        ys, prev = [], torch.zeros_like(x[0])
+        for t in range(x.shape[0]):
+            prev = x[t] + gamma * prev
+            ys.append(prev)
+        y = torch.stack(ys)
+        ctx.save_for_backward(gamma, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        gamma, y = ctx.saved_tensors
+        lam = torch.empty_like(g)
+        lam[-1] = g[-1]
+        for t in range(g.shape[0] - 2, -1, -1):
+            lam[t] = g[t] + gamma * lam[t + 1]
+        return lam, (lam[1:] * y[:-1]).sum().reshape(gamma.shape)
+
+
+def test_a_backward_that_writes_in_place_is_said_so_at_order_2_not_raised():
+    xs = (torch.randn(5, 3, dtype=torch.float64, requires_grad=True),
+          torch.tensor([0.5], dtype=torch.float64, requires_grad=True))
+    assert tapegrad.gradcheck(DecayScan.apply, xs), "first order is checked as usual"
+    report = tapegrad.gradcheck(DecayScan.apply, xs, order=2)
+    assert not report.passed
+    hvp = [c for c in report.checks if c.check == "hvp"]
+    assert hvp and all(c.skipped for c in hvp), report
+    assert "writes in place" in str(report) and "second order cannot be checked" in str(report), report
+
+
 def test_numpy_rules_to_second_order():
     x = np.random.default_rng(1).standard_normal(5)
     report = tapegrad.gradcheck(np.sin, (x,), vjp=lambda g, x: g * np.cos(x), jvp=lambda t, x: t[0] * np.cos(x),
