@@ -147,13 +147,23 @@ class Checker {
   // Rows of every Jacobian small enough to check in full: rows[j][i] = J_iᵀ e_j, undefined for the inputs checked by
   // projections (their m rows of x_i's size each would cost m·|x_i|: a cut's 32768 rows of a 32768-element x beside
   // a scalar checked in full are 8 GB).
+  // Sets full_: which inputs are checked in full.
   std::vector<std::vector<Tensor>> full_rows() {
-    std::vector<bool> full(xs_.size());
+    std::vector<bool>& full = full_;
+    full.assign(xs_.size(), false);
     for (size_t i = 0; i < xs_.size(); ++i)
       full[i] = xs_[i].dtype() == DType::f64 && m_ * xs_[i].numel() <= opt_.full_jacobian_limit;
     std::vector<std::vector<Tensor>> rows;
     if (std::none_of(full.begin(), full.end(), [](bool b) { return b; })) return rows;
-    if (blocks_) return blocks_->vjp_rows(xs_, yshape(), full);
+    if (blocks_) {
+      // A limit other than the default asks for full Jacobians whatever their rows cost (fast_mode=False, a check
+      // made to name a failure); under the default the blocks say which rows are worth reading.
+      if (opt_.full_jacobian_limit == GradcheckOptions{}.full_jacobian_limit)
+        full = blocks_->full_worth_its_cost(xs_, yshape(), full);
+      if (full.size() != xs_.size()) fail("gradcheck: full_worth_its_cost must say yes or no for each input");
+      if (std::none_of(full.begin(), full.end(), [](bool b) { return b; })) return rows;
+      return blocks_->vjp_rows(xs_, yshape(), full);
+    }
     for (int64_t j = 0; j < m_; ++j) {
       Tensor e = Tensor::zeros(DType::f64, yshape());
       e.data<double>()[j] = 1;
@@ -168,7 +178,7 @@ class Checker {
   void check_input(size_t i) {
     // Forward mode on a random tangent: also tells whether the op has a JVP at all. At size, where several inputs
     // are checked, u is the one they share (shared_cotangents).
-    const bool full = m_ * xs_[i].numel() <= opt_.full_jacobian_limit, own = full || !shares_cotangents();
+    const bool full = full_[i], own = full || !shares_cotangents();
     Tensor t = random_like(xs_[i], rng_), u = own ? random_like(y0_, rng_) : shared_cotangents().u;
     Tensor jt;
     try {
@@ -640,6 +650,7 @@ class Checker {
   Tensor y0_;
   int64_t m_ = 0;
   std::vector<std::vector<Tensor>> rows_;
+  std::vector<bool> full_;  // input i is checked in full (full_rows), else by projections
   std::vector<CheckResult> checks_;
   std::vector<InputOutcome> outcomes_;
   std::vector<Diagnosis> details_;  // per input; the report-level findings go before them

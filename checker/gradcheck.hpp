@@ -151,6 +151,15 @@ class RuleBlocks {
   // (m of an input's size each) are not kept.
   virtual std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape,
                                                     const std::vector<bool>& wanted) = 0;
+  // Of the inputs whose Jacobians fit the default limit (wanted), those the blocks check in full at a cost in
+  // proportion to the rest of the check; the others are checked by projections, as an input above the limit is (a
+  // Python backward called once per element of a large y, for a bias beside it, or a Python loss run twice per
+  // element of a large weight costs hundreds of times torch's check). Not asked under any other limit: that asks
+  // for full Jacobians.
+  virtual std::vector<bool> full_worth_its_cost(std::span<const Tensor> /*x*/, const Shape& /*yshape*/,
+                                                const std::vector<bool>& wanted) {
+    return wanted;
+  }
   // f at x with x_i[k] moved by +ε (plus) and by −ε (minus), for every k: row k of each holds y's m elements. The
   // point is x + ε·e_k as the checker forms it, elementwise: x_i + (±ε)·e_k.
   virtual void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,

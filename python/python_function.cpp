@@ -63,6 +63,21 @@ class PythonBlocks final : public RuleBlocks {
     return rows;
   }
 
+  std::vector<bool> full_worth_its_cost(std::span<const Tensor> x, const Shape& yshape,
+                                        const std::vector<bool>& wanted) override {
+    if (!py::hasattr(impl_, "full_worth_its_cost")) return wanted;
+    py::tuple dims(yshape.rank());
+    for (int d = 0; d < yshape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(yshape[d]);
+    py::list wants;
+    for (const bool w : wanted) wants.append(py::bool_(w));
+    const py::object got = impl_.attr("full_worth_its_cost")(copies(x), dims, wants);
+    if (!py::isinstance<py::sequence>(got) || py::len(got) != wanted.size())
+      fail("{}: full_worth_its_cost must return a list of {} bools (one per input)", name_, wanted.size());
+    std::vector<bool> worth;
+    for (size_t i = 0; i < wanted.size(); ++i) worth.push_back(wanted[i] && py::cast<bool>(got[py::int_(i)]));
+    return worth;
+  }
+
   // Kept per input with the point and step they were taken at: the edit search (checker/formulas/edits.hpp) asks
   // for the checker's differences again, and gets them without evaluating f again.
   void unit_steps(std::span<const Tensor> x, size_t i, double eps, const Shape& yshape, std::span<double> plus,

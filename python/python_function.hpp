@@ -16,6 +16,8 @@
 //   vjp_rows(xs, yshape, wanted) → [[x̄ᵢ or None] for each j]  x̄ᵢ = J_iᵀ e_j for every unit ȳ = e_j of y, in
 //                                  order, for each input i with wanted[i] (None, or left out, for the others)
 //   unit_steps(xs, i, ε)        → (plus, minus)   f(x with x_i[k] moved by ±ε), row k for each k, y flattened
+//   full_worth_its_cost(xs, yshape, wanted) → [bool]  optional: which wanted inputs to check in full under the
+//                                  default limit (the others by projections; checker/gradcheck.hpp RuleBlocks)
 // A Python exception raised by any of them crosses the C++ code as pybind11::error_already_set (the tape and the
 // checker hold everything by RAII and catch only tapegrad's own errors) and comes out as the same exception.
 // The GIL is held throughout: every step of such a check calls Python.

@@ -70,6 +70,59 @@ def unit_vjp_rows(vjp, yshape):
         yield vjp(unit)
 
 
+# gradcheck's default checks an input in full where that costs in proportion to the rest of the check (about 8
+# forwards and 4 backwards an input): its 2n forwards, the differences, for at most ELEMENTS_AT_MOST elements, and its
+# rows, one backward per element of y, for a y of at most ROWS_AT_MOST elements or where they are read by columns
+# (rows_by_columns); an input past either is checked by projections, as one above the limit of entries is.
+ELEMENTS_AT_MOST = 512
+ROWS_AT_MOST = 256
+# Reading J_i by columns costs a backward through the backward per element of x_i, about twice a backward each;
+# by rows, one backward per element of y.
+COLUMN_COST = 3
+
+
+def rows_by_columns(state, yshape, wanted, seed=0x5eed):
+    """The rows vjp_rows gives, J_iᵀ e_j for every j, read from the columns of J_i instead, where the wanted inputs'
+    elements (times COLUMN_COST) are fewer than y's: x̄ = J_iᵀȳ is linear in ȳ, so its derivative in ȳ_j is row j,
+    and one backward of x̄_ik through the backward's own graph gives column k, ∂x̄_ik/∂ȳ, at once for every j. That
+    holds only where the backward's graph is all of it: where x̄ is not linear in ȳ (a slip such as ȳ² or ȳ + c) or
+    part of it is computed outside torch's graph (detached, numpy, a kernel), the columns do not sum back to x̄ by
+    Euler's identity Σ_j ȳ_j ∂x̄/∂ȳ_j = x̄ at a random ȳ; there, and where the backward cannot be differentiated, None:
+    the unit rows are read, one backward each, as they always can be."""
+    xs, y = state
+    m = int(np.prod(yshape))
+    wanted_elements = sum(x.numel() for x, want in zip(xs, wanted) if want)
+    if not y.requires_grad or COLUMN_COST * wanted_elements + 2 > m:
+        return None
+    u = torch.from_numpy(np.random.default_rng(seed).standard_normal(tuple(yshape))).to(y.dtype).requires_grad_()
+    columns = [None] * len(xs)
+    try:
+        with torch.enable_grad():
+            grads = torch.autograd.grad(y, xs, u, retain_graph=True, create_graph=True, allow_unused=True)
+            for i, (g, want) in enumerate(zip(grads, wanted)):
+                if not want or g is None:
+                    continue
+                if g.grad_fn is None or _is_once_differentiable(g):
+                    return None
+                flat = g.reshape(-1)
+                unit = torch.zeros_like(flat)
+                by_column = []
+                for k in range(flat.numel()):
+                    unit[k] = 1.0
+                    (column,) = torch.autograd.grad(flat, u, unit, retain_graph=True, allow_unused=True)
+                    unit[k] = 0.0
+                    by_column.append(torch.zeros(m, dtype=y.dtype) if column is None else column.reshape(-1))
+                jacobian = torch.stack(by_column, 1).detach()  # m × |x_i|
+                summed = jacobian.T @ u.detach().reshape(-1)
+                scale = jacobian.abs().T @ u.detach().abs().reshape(-1)
+                if not bool(((summed - flat.detach()).abs() <= 1e-9 * scale + 1e-300).all()):
+                    return None
+                columns[i] = _numpy(jacobian)
+    except RuntimeError:
+        return None
+    return [[None if c is None else c[j].reshape(xs[i].shape) for i, c in enumerate(columns)] for j in range(m)]
+
+
 def check_each_output(call):
     """The C++ checker's run on call's op (gradcheck's call): (its report, merged over the outputs where there are
     several; the TorchOp of each check; how many outputs; at first order, the backward at ȳ = 0, zero_cotangent's
@@ -121,6 +174,7 @@ class TorchOp:
         self.output = output
         self.no_forward_mode = None  # why forward mode failed, once it has
         self._recorded = None        # (the inputs' shapes and bytes, forward's result) of the last recording
+        self._columns = None         # (the point, rows_by_columns' rows there) for vjp_rows, from full_worth_its_cost
         # unit_steps' runs of fn, every output of each, by point and step: a dict shared by the checks of one op's
         # outputs, which evaluate fn at the same points
         self.steps = {} if steps is None else steps
@@ -303,10 +357,29 @@ class TorchOp:
 
     def vjp_rows(self, arrays, yshape, wanted):
         """x̄ of the inputs wanted names (None for the others) for every unit ȳ = e_j, j over y's elements in order
-        (the rows of the full Jacobians), from one recorded forward whose graph each backward keeps."""
+        (the rows of the full Jacobians), from one recorded forward whose graph each backward keeps: one backward per
+        element of y, or, where the wanted inputs are few beside y (a scale, a bias, a kernel beside a large output),
+        the same rows read by columns (rows_by_columns)."""
         _, state = self.forward(arrays, True)
+        key = (tuple(yshape), tuple(wanted), [(a.shape, a.tobytes()) for a in arrays])
+        columns = self._columns[1] if self._columns is not None and self._columns[0] == key else \
+            rows_by_columns(state, yshape, wanted)
+        self._columns = None
+        if columns is not None:
+            return columns
         return [[g if want else None for g, want in zip(row, wanted)]
                 for row in unit_vjp_rows(lambda unit: self.vjp(state, unit), yshape)]
+
+    def full_worth_its_cost(self, arrays, yshape, wanted):
+        """Of the wanted inputs (gradcheck's default limit), those whose full Jacobian costs in proportion to the
+        check (ELEMENTS_AT_MOST, ROWS_AT_MOST); the rows read by columns are kept for vjp_rows."""
+        worth = [want and a.size <= ELEMENTS_AT_MOST for want, a in zip(wanted, arrays)]
+        if int(np.prod(yshape)) <= ROWS_AT_MOST or not any(worth):
+            return worth
+        _, state = self.forward(arrays, True)
+        columns = rows_by_columns(state, yshape, worth)
+        self._columns = ((tuple(yshape), tuple(worth), [(a.shape, a.tobytes()) for a in arrays]), columns)
+        return worth if columns is not None else [False] * len(worth)
 
     def unit_steps(self, arrays, i, eps):
         """f at the arrays with element k of input i moved by +eps and by −eps, for every k: (plus, minus), row k
