@@ -11,6 +11,7 @@
 #             trainer and the checker stand side by side)
 #   tools/    the tapegrad program: every room above but python/
 #   python/   the Python module: every room; nothing includes it
+#   web/      the workbook's pages in WebAssembly: engine/, ops/, inspect/, checker/ (not the trainer)
 # So the core includes nothing but the core, and no op kernel or node includes the checker, the profile or the
 # drawing: an op describes itself in its sheet, plain data (ops/sheet.hpp), which the tooling reads.
 # Includes are resolved from the source tree's root ("ops/ops.hpp") or relative to the including file
@@ -21,7 +22,7 @@ if(NOT DEFINED SOURCE_DIR)
   message(FATAL_ERROR "check_include_floors: -D SOURCE_DIR=... is missing")
 endif()
 
-set(rooms engine ops inspect checker models tools python)
+set(rooms engine ops inspect checker models tools python web)
 set(may_engine engine)
 set(may_ops engine ops)
 set(may_inspect engine ops inspect)
@@ -29,6 +30,7 @@ set(may_checker engine ops inspect checker)
 set(may_models engine ops inspect models)
 set(may_tools engine ops inspect checker models tools)
 set(may_python engine ops inspect checker models tools python)
+set(may_web engine ops inspect checker web)
 
 function(room_of path out)
   set(${out} "" PARENT_SCOPE)  # outside the rooms (tapegrad.hpp, tests, fuzz, examples)

@@ -10,6 +10,8 @@
 #                                it (tools/package_check.sh); --install also installs it with apt-get, uses it, removes it
 #   bash tools/dev.sh lint       flake8 over the Python files (.flake8), clang-format's check of the C++ files
 #                                (.clang-format) (CI runs it; `clang-format -i FILE` lays a C++ file out)
+#   bash tools/dev.sh web        the workbook's pages (docs/web.md): engine and checker in WebAssembly (emscripten),
+#                                the pages in build-web/site/, then their test in headless Chromium (build-web/browser-test/)
 #   bash tools/dev.sh deps [PACKAGE...] | build
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,5 +82,18 @@ case "${1:-}" in
   valgrind)
     deps valgrind; build build
     bash tools/valgrind.sh ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  web)  # Debian's emscripten, its optimizer's acorn, KaTeX and Chromium; the program the test compares with is
+         # build/tapegrad (TAPEGRAD_CLI= another), built here only where it is missing
+    deps emscripten node-acorn libjs-katex chromium
+    export NODE_PATH=/usr/share/nodejs${NODE_PATH:+:$NODE_PATH}  # Debian's acorn, ahead of another Node.js's modules
+    emcmake cmake -S web -B build-web/module -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+    nice -n 10 ninja -C build-web/module -j "$JOBS"
+    /usr/bin/python3 web/generate_pages.py --module build-web/module/tapegrad.js --out build-web/site
+    cli=${TAPEGRAD_CLI:-build/tapegrad}
+    if [ ! -x "$cli" ]; then
+      cmake -S . -B build -G Ninja -DTAPEGRAD_WERROR="${TAPEGRAD_WERROR:-OFF}" >/dev/null
+      ninja -C build -j "$JOBS" tapegrad_cli
+    fi
+    /usr/bin/python3 web/browser_test.py --site build-web/site --cli "$cli" --out build-web/browser-test ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
