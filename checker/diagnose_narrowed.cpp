@@ -78,12 +78,24 @@ std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape
   std::vector<Diagnosis> out;
   const int64_t m = yshape.numel();
   auto how_to_name = [&](const std::string& why) {
-    for (size_t i : failing)
+    for (size_t i : failing) {
+      const int64_t entries = m * x[i].numel();
+      // within the limit, an input is checked by projections only where its blocks judged a full check too costly
+      // (RuleBlocks::full_worth_its_cost); any other limit checks it in full
+      const std::string limit =
+          entries > opt.full_jacobian_limit
+              ? fmt::format("above full_jacobian_limit = {}", opt.full_jacobian_limit)
+              : fmt::format("within full_jacobian_limit = {}, checked so for what a full check costs here",
+                            opt.full_jacobian_limit);
+      const std::string advice = entries > opt.full_jacobian_limit
+                                     ? fmt::format("raise full_jacobian_limit to {}", entries)
+                                     : fmt::format("set full_jacobian_limit to {}, which checks in full at any cost",
+                                                   std::max(entries, GradcheckOptions{}.full_jacobian_limit + 1));
       out.push_back({Finding::unexplained, names[i], "",
-                     fmt::format("random projections ({} × {} Jacobian entries, above full_jacobian_limit = {}) show "
-                                 "only a scale or a sign, and {}; for a full diagnosis check smaller inputs or raise "
-                                 "full_jacobian_limit to {}",
-                                 m, x[i].numel(), opt.full_jacobian_limit, why, m * x[i].numel())});
+                     fmt::format("random projections ({} × {} Jacobian entries, {}) show only a scale or a sign, and "
+                                 "{}; for a full diagnosis check smaller inputs or {}",
+                                 m, x[i].numel(), limit, why, advice)});
+    }
     return out;
   };
   const int64_t rows = yshape.rank() >= 1 ? yshape[0] : 0;

@@ -75,6 +75,15 @@ def _in_python_terms(report):
         for entries in set(re.findall(r" or raise full_jacobian_limit to (\d+)", d.message)):
             _tapegrad._reword(report, f" or raise full_jacobian_limit to {entries}",
                               f" or pass fast_mode=False (a full Jacobian of {entries} entries)")
+        for limit in set(re.findall(r"within full_jacobian_limit = (\d+), checked so", d.message)):
+            _tapegrad._reword(report, f"within full_jacobian_limit = {limit}, checked so for what a full check costs "
+                              "here", f"fewer than the {limit} that gradcheck takes in full by default, checked so "
+                              "for what a full check costs here: two runs of the op per element, or a backward per "
+                              "element of y")
+        for entries in set(re.findall(r" or set full_jacobian_limit to (\d+), which checks in full at any cost",
+                                      d.message)):
+            _tapegrad._reword(report, f" or set full_jacobian_limit to {entries}, which checks in full at any cost",
+                              " or pass fast_mode=False, which checks in full at any cost")
 
 
 def _zero_cotangent_rows(report, result, checked_names):

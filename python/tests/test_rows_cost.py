@@ -10,8 +10,8 @@ import tapegrad
 
 
 def _counted(slip=None):
-    """y[t] = tanh(x[t] + b) + γ·y[t−1] as a Function, its backward a loop from the last step down written into a
-    buffer row by row (as a scan's backward is), counting its calls. slip: "db_twice" (b̄ doubled) or "db_squared"
+    """y[t] = tanh(x[t] + b) + γ·y[t−1] as a Function, its backward a loop from the last step down whose steps are
+    stacked (torch can differentiate it), counting its calls. slip: "db_twice" (b̄ doubled) or "db_squared"
     (b̄ from ȳ², not linear in ȳ)."""
     calls = {"backward": 0}
 
@@ -148,3 +148,25 @@ def test_a_large_weight_beside_one_output_is_checked_by_projections_unless_full_
     slip = tapegrad.gradcheck(_weighted_loss("dw_five_percent").apply, xs)
     assert not slip.passed and slip.has("scale", input="w"), slip
     assert [d.factor for d in slip.diagnoses if d.kind == "scale"] == [pytest.approx(1.05, rel=1e-6)], slip
+
+
+def test_an_input_checked_by_projections_for_its_cost_is_told_so_where_nothing_names_its_slip():
+    class Loss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return (w * x * x).mean(1).sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            dw = g * x * x / x.shape[1]
+            return g * 2 * w * x / x.shape[1], dw + 0.3 * torch.roll(dw, 7, 0) * torch.cos(3 * x)  # no kind fits
+
+    gen = torch.Generator().manual_seed(1)
+    xs = tuple(torch.randn(100, 100, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(2))
+    report = tapegrad.gradcheck(Loss.apply, xs)  # 10,000 entries of w: within the limit, 20,000 runs of the loss
+    assert not report.passed and _modes(report)["w"] == "fast", report
+    line = next(d.message for d in report.diagnoses if d.kind == "unexplained" and d.input == "w")
+    assert "fewer than the 40000 that gradcheck takes in full by default" in line and "above" not in line, line
+    assert "pass fast_mode=False" in line and "full_jacobian_limit" not in line, line
