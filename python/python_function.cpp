@@ -24,6 +24,18 @@ py::list copies(std::span<const Tensor> ts) {
   return out;
 }
 
+// yshape as a Python tuple of ints, and the checker's per-input yes or no as a list of bools: the blocks' arguments.
+py::tuple dims_of(const Shape& shape) {
+  py::tuple dims(shape.rank());
+  for (int d = 0; d < shape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(shape[d]);
+  return dims;
+}
+py::list bools(const std::vector<bool>& flags) {
+  py::list out;
+  for (const bool f : flags) out.append(py::bool_(f));
+  return out;
+}
+
 // What a rule of the Python op returned for each input, added into the tape's buffers (undefined: not wanted).
 void add_per_input(const py::object& result, std::span<Tensor> into, const char* op, const char* what) {
   if (!py::isinstance<py::sequence>(result) || py::len(result) != into.size())
@@ -45,11 +57,7 @@ class PythonBlocks final : public RuleBlocks {
 
   std::vector<std::vector<Tensor>> vjp_rows(std::span<const Tensor> x, const Shape& yshape,
                                             const std::vector<bool>& wanted) override {
-    py::tuple dims(yshape.rank());
-    for (int d = 0; d < yshape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(yshape[d]);
-    py::list wants;
-    for (const bool w : wanted) wants.append(py::bool_(w));
-    const py::object got = impl_.attr("vjp_rows")(copies(x), dims, wants);
+    const py::object got = impl_.attr("vjp_rows")(copies(x), dims_of(yshape), bools(wanted));
     if (!py::isinstance<py::sequence>(got) || py::len(got) != static_cast<size_t>(yshape.numel()))
       fail("{}: vjp_rows must return a list of {} rows (one per element of y)", name_, yshape.numel());
     std::vector<std::vector<Tensor>> rows;
@@ -66,11 +74,7 @@ class PythonBlocks final : public RuleBlocks {
   std::vector<bool> full_worth_its_cost(std::span<const Tensor> x, const Shape& yshape,
                                         const std::vector<bool>& wanted) override {
     if (!py::hasattr(impl_, "full_worth_its_cost")) return wanted;
-    py::tuple dims(yshape.rank());
-    for (int d = 0; d < yshape.rank(); ++d) dims[static_cast<size_t>(d)] = py::int_(yshape[d]);
-    py::list wants;
-    for (const bool w : wanted) wants.append(py::bool_(w));
-    const py::object got = impl_.attr("full_worth_its_cost")(copies(x), dims, wants);
+    const py::object got = impl_.attr("full_worth_its_cost")(copies(x), dims_of(yshape), bools(wanted));
     if (!py::isinstance<py::sequence>(got) || py::len(got) != wanted.size())
       fail("{}: full_worth_its_cost must return a list of {} bools (one per input)", name_, wanted.size());
     std::vector<bool> worth;
