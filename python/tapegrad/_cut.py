@@ -44,7 +44,8 @@ def _batch_of_terms(ys, inputs, slots):
     return shape if len(shape) >= 2 else None  # one vector is no batch of rows: the loss may be of all of it
 
 
-def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, rows=None, loss_batch=True):
+def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, rows=None, loss_batch=True,
+                judged=None):
     """(the inputs cut to their first rows along y's leading axes, where: "on the first 2 of 8 along y's axis 0") so
     that every checked input's full
     Jacobian has at most limit entries (the inputs as they are and "" where they fit), or None where no cut fits or the
@@ -61,8 +62,10 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, r
     check's naming; at a low precision the rounding of two rows reads as a structure and is not cut). A scalar loss
     past WHOLE_LOSS elements has no axis of y: it is cut as if y had its largest checked input's shape (the batch of
     its terms: the loss of some rows is a loss the op computes), to at most LOSS_CUT elements, and y stays 0-d;
-    loss_batch=False leaves it as y has no axis."""
+    loss_batch=False leaves it as y has no axis. judged: the checked inputs whose full Jacobians must fit (all of
+    them where not given); the cut is made along every tensor argument with the axis all the same."""
     fn, ref_fn, inputs, slots, kwargs = c.fn, c.ref_fn, c.inputs, c.slots, c.kwargs
+    judged = slots if judged is None else judged
     with torch.no_grad():
         ys = float_outputs(fn(*inputs, **kwargs))
     loss = _batch_of_terms(ys, inputs, slots) if loss_batch else None
@@ -71,12 +74,12 @@ def cut_along_y(c, limit, leading_first=False, from_end=False, one_axis=False, r
         limit = min(limit, LOSS_CUT) if rows is None else rows * int(np.prod(shape[1:]))  # rows given: those rows
     elif len(ys) != 1 or ys[0].dim() < (1 if one_axis else 2):  # no axis to cut: the inputs as they are, where they fit
         outputs = sum(y.numel() for y in ys)
-        return (list(inputs), "") if max(outputs * inputs[i].numel() for i in slots) <= limit else None
+        return (list(inputs), "") if max(outputs * inputs[i].numel() for i in judged) <= limit else None
     else:
         shape, along = tuple(ys[0].shape), "y's axis"
 
     def entries(args, y_numel):
-        return max((1 if loss else y_numel) * args[i].numel() for i in slots)
+        return max((1 if loss else y_numel) * args[i].numel() for i in judged)
 
     def cut(args, a, s, length):
         out = list(args)
@@ -333,12 +336,28 @@ def _factors_per_row(found, first, last, at_last):
     return out
 
 
-def first_rows(call, limit):
+def first_rows(call, limit, apart=False):
     """The op of a gradcheck call at size (its own reference) cut to its first rows along y's axes, as cut_along_y
     gives it: (the cut inputs, where); None where nothing is cut, or for a scalar loss (whose cut's full Jacobian
-    costs more than projections of the whole: name_on_the_cut cuts it where they leave a slip unnamed)."""
-    cut = cut_along_y(own_reference(call), limit, one_axis=True, loss_batch=False)
+    costs more than projections of the whole: name_on_the_cut cuts it where they leave a slip unnamed). apart: where
+    no cut fits every checked input, the cut that fits those some cut fits (fitting_cut)."""
+    c = own_reference(call)
+    cut = fitting_cut(c, limit, one_axis=True, loss_batch=False) if apart else \
+        cut_along_y(c, limit, one_axis=True, loss_batch=False)
     return cut if cut is not None and cut[1] else None
+
+
+def fitting_cut(c, limit, slot=None, **options):
+    """cut_along_y's cut where every checked input (or the one at slot) fits it; else, where no cut fits them all, the
+    cut at which those fit that some cut fits alone: an input with none of y's axes (a weight of a product) has a
+    Jacobian that grows with y's rows however few are kept, and stays whole on the cut, checked there by projections
+    as at size (each input is named alone, the others held fixed, so one input's size need not keep another from its
+    cut). None where no input fits any cut."""
+    cut = cut_along_y(c, limit, judged=None if slot is None else [slot], **options)
+    if cut is not None or slot is not None or len(c.slots) < 2:
+        return cut
+    fitting = [s for s in c.slots if cut_along_y(c, limit, judged=[s], **options) is not None]
+    return cut_along_y(c, limit, judged=fitting, **options) if fitting else None
 
 
 def own_reference(call):

@@ -70,8 +70,7 @@ def _in_python_terms(report):
     _tapegrad._reword(report, *_KINK_ADVICE)
     for d in report.diagnoses:
         for limit in set(re.findall(r"above full_jacobian_limit = (\d+)\)", d.message)):
-            _tapegrad._reword(report, f", above full_jacobian_limit = {limit})",
-                              f", above the {limit} that gradcheck takes in full by default)" if limit != "0" else ")")
+            _tapegrad._reword(report, f", above full_jacobian_limit = {limit})", above_the_limit(limit))
         for entries in set(re.findall(r" or raise full_jacobian_limit to (\d+)", d.message)):
             _tapegrad._reword(report, f" or raise full_jacobian_limit to {entries}",
                               f" or pass fast_mode=False (a full Jacobian of {entries} entries)")
@@ -84,6 +83,11 @@ def _in_python_terms(report):
                                       d.message)):
             _tapegrad._reword(report, f" or set full_jacobian_limit to {entries}, which checks in full at any cost",
                               " or pass fast_mode=False, which checks in full at any cost")
+
+
+def above_the_limit(limit):
+    """The C++ checker's ", above full_jacobian_limit = N)" said in gradcheck's terms (N: the limit, as written)."""
+    return f", above the {limit} that gradcheck takes in full by default)" if limit != "0" else ")"
 
 
 def _zero_cotangent_rows(report, result, checked_names):

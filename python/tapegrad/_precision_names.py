@@ -30,6 +30,7 @@ alone also shrinks with the precision.
 """
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +38,7 @@ import torch
 
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
-from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, full_jacobian_there
+from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, fitting_cut, full_jacobian_there
 from ._forward_record import SEARCH_SPENT
 from ._kernel_against_reference import kernel_against_reference
 
@@ -108,16 +109,18 @@ def _defects(c, failing):
     """{input index: message} for the failing inputs whose error shrinks with the precision."""
     if not failing or not float32_between(c.dtype):
         return {}
+    comparison, names = c.comparison, c.names
+    u, p = UNIT_ROUNDOFF[c.dtype], DTYPE_NAMES[c.dtype]
+    units = {i: comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
+             for i in failing}
+    if not any(units[i] <= DEFECT_UNITS for i in failing):  # too large to be a value kept at p: nothing to run
+        return {}
     try:
         at32 = _once(c, _float32_comparison)
     except Exception:
         return {}
     if at32 is None:
         return {}
-    comparison, names = c.comparison, c.names
-    u, p = UNIT_ROUNDOFF[c.dtype], DTYPE_NAMES[c.dtype]
-    units = {i: comparison.error[i] / (u * comparison.scale[i]) if comparison.scale[i] > 0 else np.inf
-             for i in failing}
     shrinking = [i for i in failing if at32.error[i] <= SHRINK * comparison.error[i] and units[i] <= DEFECT_UNITS]
     if not shrinking:
         return {}
@@ -140,17 +143,19 @@ def _name_slips(report, c, slips):
     """{input index: the kinds named} for the failing inputs the structural kinds name (its diagnosis added to the
     report), and {input index: the C++ checker's reason} for those none names. Each failing input is checked alone,
     the others held fixed. At sizes whose Jacobians exceed the full-Jacobian limit, the check is made on the inputs
-    cut along y's leading axes (cut_along_y), where every kind can be named; the whole inputs' projections are used
-    where no cut can be made or the slip does not show on the cut."""
+    cut along y's leading axes (cut_along_y), where every kind can be named (where no cut fits every input, the cut
+    that fits the one named: fitting_cut); the whole inputs' projections are used where no cut can be made or the
+    slip does not show on the cut."""
     # (inputs, where, full Jacobians up to CUT_LIMIT entries): the cut first, the whole inputs as the float64 check
     # takes them last
-    tries = [(list(c.inputs), "", False)]
-    cut = cut_along_y(c, CUT_LIMIT)
+    whole = (list(c.inputs), "", False)
+    together = cut_along_y(c, CUT_LIMIT)
     comparison, slots, names = c.comparison, c.slots, c.names
-    if cut is not None:
-        tries.insert(0, (cut[0], full_jacobian_there(cut[1]), True))
     named, why = {}, {}
     for i in slips:
+        # the cut every input fits, or, where there is none, the cut this one fits (the others held fixed on it)
+        cut = together if together is not None or len(slots) < 2 else fitting_cut(c, CUT_LIMIT, slot=slots[i])
+        tries = [whole] if cut is None else [(cut[0], full_jacobian_there(cut[1]), True), whole]
         options = _tapegrad._Options()
         options.seed = int(c.seed)
         default_limit = options.full_jacobian_limit
@@ -229,9 +234,12 @@ def _largest_entry(c, args, slot, rows=8):
 
 
 def _python_advice(message):
-    """The C++ checker's advice without its C++ option (a Python caller narrows by checking smaller inputs)."""
+    """The C++ checker's advice without its C++ option (a Python caller narrows by checking smaller inputs), the
+    limit it names said in gradcheck's terms."""
+    from ._gradcheck import above_the_limit
     cut = message.find(" or raise full_jacobian_limit")
-    return message if cut < 0 else message[:cut]
+    message = message if cut < 0 else message[:cut]
+    return re.sub(r", above full_jacobian_limit = (\d+)\)", lambda m: above_the_limit(m.group(1)), message)
 
 
 def _same_in_float64(c, failing):
@@ -265,10 +273,11 @@ TWO_ROWS = 1 << 18  # (outputs × an input's elements) of the float64 check's cu
 def _name_from_float64(report, c, same):
     """{input index: kinds} named by the float64 check of fn for the inputs whose error is its float64 path's. Past
     ON_A_CUT checked elements that check runs first on the op cut to its first rows along y's axes, with the options
-    given (a slip of a rule is in every row's formula, and the cut's check costs those rows); at the whole size for
-    the inputs whose slip does not show there."""
+    given (a slip of a rule is in every row's formula, and the cut's check costs those rows; where no cut fits every
+    input, the cut that fits those some cut fits, an input with none of y's axes kept whole there: fitting_cut); at
+    the whole size for the inputs whose slip does not show there."""
     named, rest = {}, list(same)
-    cut = first_rows(c, TWO_ROWS) if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT else None
+    cut = first_rows(c, TWO_ROWS, apart=True) if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT else None
     if cut is not None:
         named, shown = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
         rest = [i for i in rest if i not in named and i not in shown]
