@@ -187,7 +187,8 @@ std::vector<std::string> rows_text(const Tensor& t) {
   for (size_t r = 0; r + row <= numbers.size() && row > 0; r += row)
     for (size_t i = 0; i < row; i += kRowNumbers) {
       std::string line = i == 0 ? "[" : " ";
-      for (size_t j = i; j < std::min(row, i + kRowNumbers); ++j) line += numbers[r + j] + (j + 1 == row ? "]" : ", ");
+      for (size_t j = i; j < std::min(row, i + static_cast<size_t>(kRowNumbers)); ++j)
+        line += numbers[r + j] + (j + 1 == row ? "]" : ", ");
       lines.push_back(std::move(line));
     }
   return lines;
@@ -244,6 +245,20 @@ class Drawer {
       const Tensor g = tape.grad_at(id);
       if (loss_ && g.defined()) summaries_[id].second = summarize(g);
     }
+  }
+
+  // The boxes and arrows dot() writes, as records: a bad box's colours are kBadStyle's, as attributes() gives them.
+  TapeGraph graph() const {
+    TapeGraph g;
+    for (size_t b = 0; b < boxes_.size(); ++b) {
+      Drawn d = drawn(b);
+      g.nodes.push_back({std::move(d.name), d.style.shape, d.bad ? kBadStyle.fill : d.style.fill,
+                         d.bad ? kBadStyle.border : d.style.border, d.bad, d.loss, std::move(d.lines),
+                         std::move(d.tip)});
+    }
+    g.edges = arrows();
+    g.caption = caption();
+    return g;
   }
 
   std::string dot() const {
@@ -366,9 +381,23 @@ class Drawer {
     return b.folded ? fmt::format("s{}", index) : fmt::format("v{}", b.values.front());
   }
 
-  std::string node(size_t b) const {
+  // What a box is drawn as: its name, its style, its label's lines and its tooltip.
+  struct Drawn {
+    std::string name;  // "v3" (a value), "s2" (a folded scope)
+    Style style;
+    bool bad = false, loss = false;
+    std::vector<std::string> lines;
+    std::string tip;
+  };
+
+  Drawn drawn(size_t b) const {
     const Box& box = boxes_[b];
     return box.folded ? scope_node(b) : value_node(box.values.front());
+  }
+
+  std::string node(size_t b) const {
+    const Drawn d = drawn(b);
+    return fmt::format("{} [{}];", d.name, attributes(d.style, d.bad, d.loss, d.lines, d.tip));
   }
 
   // An op's OpSheet, or nullptr.
@@ -479,7 +508,7 @@ class Drawer {
                        bad ? ", penwidth=2" : "", loss ? ", peripheries=2" : "", label, quoted(tooltip));
   }
 
-  std::string value_node(uint32_t id) const {
+  Drawn value_node(uint32_t id) const {
     const Tensor& v = tape_.value_at(id);
     const std::string name = name_of(id), scope(scope_of(id));
     const bool loss = loss_ && *loss_ == id;
@@ -527,11 +556,11 @@ class Drawer {
     }
     const bool bad = numbers(id, lines);
     if (loss) lines.push_back("<b>loss: backward starts here</b>");
-    return fmt::format("v{} [{}];", id, attributes(style, bad, loss, lines, tip));
+    return {fmt::format("v{}", id), style, bad, loss, std::move(lines), std::move(tip)};
   }
 
   // A folded scope: its ops, the leaves that went with it, what it keeps, its FLOPs, and its output's numbers.
-  std::string scope_node(size_t b) const {
+  Drawn scope_node(size_t b) const {
     const Box& box = boxes_[b];
     std::vector<std::pair<std::string, int>> ops;  // in order of first appearance, with counts
     int params = 0, constants = 0, leaves = 0;
@@ -609,13 +638,14 @@ class Drawer {
     numbers(shown, lines);
     if (bad) lines.push_back(small(html(fmt::format("a NaN or an infinity inside, first in {}", first_bad))));
     if (loss) lines.push_back("<b>loss: backward starts here</b>");
-    return fmt::format("s{} [{}];", b, attributes(kScopeStyle, bad, loss, lines, tip));
+    return {fmt::format("s{}", b), kScopeStyle, bad, loss, std::move(lines), std::move(tip)};
   }
 
   // ---- edges and caption ----
 
   // Ungrouped, one edge per input of each node; grouped, one per value and box it flows into.
-  void edges(std::string& out) const {
+  std::vector<TapeGraph::Edge> arrows() const {
+    std::vector<TapeGraph::Edge> out;
     std::set<std::pair<uint32_t, int64_t>> drawn;
     for (size_t k = 0; k < tape_.num_nodes(); ++k) {
       const Node& nd = tape_.node(k);
@@ -625,13 +655,18 @@ class Drawer {
         const int64_t from = box_of_[in];
         if (opt_.group && (from == to || !drawn.emplace(in, to).second)) continue;
         const Tensor& v = tape_.value_at(in);
-        out += fmt::format("  {} -> {} [label={}, tooltip={}];\n",
-                           node_name(boxes_[static_cast<size_t>(from)], static_cast<size_t>(from)),
-                           node_name(boxes_[static_cast<size_t>(to)], static_cast<size_t>(to)),
-                           quoted(fmt::format("{}", v.shape())),
-                           quoted(fmt::format("#{} {} → input {} of #{} {}", in, shape_text(v), i, nd.out, nd.op)));
+        out.push_back({node_name(boxes_[static_cast<size_t>(from)], static_cast<size_t>(from)),
+                       node_name(boxes_[static_cast<size_t>(to)], static_cast<size_t>(to)),
+                       fmt::format("{}", v.shape()),
+                       fmt::format("#{} {} → input {} of #{} {}", in, shape_text(v), i, nd.out, nd.op)});
       }
     }
+    return out;
+  }
+
+  void edges(std::string& out) const {
+    for (const TapeGraph::Edge& e : arrows())
+      out += fmt::format("  {} -> {} [label={}, tooltip={}];\n", e.from, e.to, quoted(e.label), quoted(e.tooltip));
   }
 
   std::string caption() const {
@@ -709,5 +744,7 @@ class Drawer {
 }  // namespace
 
 std::string tape_to_dot(const Tape& tape, const DotOptions& options) { return Drawer(tape, options).dot(); }
+
+TapeGraph tape_graph(const Tape& tape, const DotOptions& options) { return Drawer(tape, options).graph(); }
 
 }  // namespace tapegrad

@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "allocation_log.hpp"
 #include "graphviz.hpp"
@@ -66,5 +67,29 @@ struct DotOptions {
 
 // The DOT text of everything recorded on `tape` since its last clear().
 std::string tape_to_dot(const Tape& tape, const DotOptions& options = {});
+
+// The same drawing as records, for a caller that lays it out itself: each box tape_to_dot writes, in its order,
+// with its DOT name, shape, colours, label lines and tooltip, and each edge. Grouped, the clusters are not listed.
+struct TapeGraph {
+  struct Node {
+    std::string name;                // "v3" (a value), "s2" (a folded scope)
+    std::string shape;               // "box" (an op), "ellipse" (a leaf), "box3d" (a folded scope)
+    std::string fill, border;        // colours, "#rrggbb"; a NaN or ±∞ makes them red
+    bool bad = false;                // a NaN or ±∞ in its value or gradient
+    bool loss = false;               // the value backward was called on
+    std::vector<std::string> lines;  // its label, one line each, in Graphviz's HTML-like text (<b>, <font>, <i>; a
+                                     // heat map is a line that is a <TABLE>)
+    std::string tooltip;
+  };
+  struct Edge {
+    std::string from, to;  // node names
+    std::string label;     // the shape of the value that flows
+    std::string tooltip;
+  };
+  std::vector<Node> nodes;
+  std::vector<Edge> edges;
+  std::string caption;  // HTML-like, lines split by <br/>
+};
+TapeGraph tape_graph(const Tape& tape, const DotOptions& options = {});
 
 }  // namespace tapegrad

@@ -60,4 +60,9 @@ class Registry {
 // Inputs for a case, drawn from a seeded generator in the given float dtype.
 std::vector<Tensor> make_inputs(std::span<const InputSpec> specs, DType dtype, uint64_t seed);
 
+// A case's map written with the primitive ops it replaces (`tapegrad graph --unfused`): the case's own form, else the
+// op's, where its value at xs is the case's to 1e-12 relative (the op's form is written at its first case's
+// options); empty where the op and the case have none, or where it is not the case's map at xs.
+Function unfused_form_at(const OpSheet& op, const GradcheckCase& c, std::span<const Tensor> xs);
+
 }  // namespace tapegrad

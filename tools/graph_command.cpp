@@ -1,7 +1,5 @@
 // tapegrad graph: the tape of a computation drawn by Graphviz (inspect/tape_dot.hpp): an op's gradcheck case, or
 // one training step of a small GPT, with the gradients after backward.
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -79,26 +77,16 @@ std::pair<const OpSheet*, const GradcheckCase*> find_case(const Registry& regist
 }
 
 // With --unfused: the case's map as the primitive ops it replaces, its own (GradcheckCase::unfused) or the op's
-// (OpSheet::unfused, written at the first case's options), checked here to be the case's map at its inputs.
+// (OpSheet::unfused, written at the first case's options), checked to be the case's map at its inputs.
 Function unfused_form(const OpSheet& op, const GradcheckCase& c, const std::vector<Tensor>& xs) {
-  if (!op.unfused) {
+  if (!op.unfused && !c.unfused) {
     std::string names;
     for (const OpSheet& o : builtin_registry().ops())
       if (o.unfused) names += (names.empty() ? "" : ", ") + o.name;
     fail("graph: op '{}' has no unfused form; --unfused draws one of {}", op.name, names);
   }
-  const Function& form = c.unfused ? c.unfused : op.unfused;
-  auto value = [&](const Function& f) {
-    Tape t;
-    std::vector<Var> vars;
-    for (size_t i = 0; i < xs.size(); ++i) vars.push_back(t.constant(xs[i]));
-    return f(t, vars).value().clone();
-  };
-  const Tensor fused = value(c.build), steps = value(form);
-  double worst = fused.shape() == steps.shape() ? 0 : 1;
-  for (int64_t i = 0; worst == 0 && i < fused.numel(); ++i)
-    worst = std::max(worst, std::abs(fused.item(i) - steps.item(i)) / (1 + std::abs(fused.item(i))));
-  if (!(worst <= 1e-12))
+  Function form = unfused_form_at(op, c, xs);
+  if (!form)
     fail(
         "graph: {} case '{}' has no unfused form of its own, and the op's, written at the first case's options "
         "('{}'), is not its map: draw that case, or another at the same options",
