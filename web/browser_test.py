@@ -7,9 +7,11 @@ to load and no formula KaTeX cannot lay out, and a page with the module says it 
 exercise's answer (docs/exercises.txt) is typed into its boxes and must be accepted, and each planted slip (`slip
 KIND:` lines, typed with the answer's other rules) must be named with the kind the file gives it and with the same
 kinds, inputs and checks as `tapegrad exercise NAME --vjp ...` names them. On the trace page, each op's worked
-example, at two seeds and a shape, has the numbers of `tapegrad explain OP --trace --json` and the same text. On the
+example, at two seeds and a shape, has the numbers of `tapegrad explain OP --trace --json` and the same text, and the
+op's tape drawn there has the boxes and edges of `tapegrad graph` (web/browser_test_views.py), none overlapping. On the
 claim page, each file of docs/claims/ gets the terminal's verdicts and kinds. The chapter pages are compared with
-their Markdown: the page's source hash, headings and code blocks. The page set must be under 3 MB, and the median
+their Markdown: the page's source hash, headings and code blocks; their panels of numbers at two seeds have the
+numbers of `tapegrad explain OP --trace --json`. The page set must be under 3 MB, and the median
 exercise check, timed at real time (web/browser_pipe.py), within 200 ms in the page. Screenshots of every page go
 to OUT/screenshots; OUT/report.json has every result. Exit 0 when all hold, 1 when one does not (each failure
 printed), 2 when it cannot run.
@@ -27,6 +29,8 @@ import subprocess
 import sys
 
 import browser_pipe
+import browser_test_views
+import formula_panels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -152,17 +156,21 @@ def driven_copy(site, out, page, cases):
     return path
 
 
-def run_page(site, out, page, cases, failures):
-    """The page driven in Chromium (its DOM read back), then a screenshot of it driven again."""
+def run_page(site, out, page, cases, failures, shot=None, window="1280,2200"):
+    """The page driven in Chromium (its DOM read back), then a screenshot of it driven again (OUT/screenshots/shot,
+    by default the page's name with .png)."""
     path = driven_copy(site, out, page, cases)
-    dom, log = browser("file://" + path, "--dump-dom")
-    parsed = PageText()
-    parsed.feed(dom)
+    for _ in range(2):  # a headless run on a loaded machine now and then dumps the page before its driver is done
+        dom, log = browser("file://" + path, "--dump-dom")
+        parsed = PageText()
+        parsed.feed(dom)
+        if parsed.results is not None:
+            break
     if parsed.results is None:
-        failures.append(f"{page}: the driver did not finish (stderr: {log[-800:]})")
+        failures.append(f"{page}: the driver did not finish, twice (stderr: {log[-800:]})")
         return parsed, {}
-    shot = os.path.abspath(os.path.join(out, "screenshots", page.replace(".html", ".png")))
-    browser("file://" + path, f"--screenshot={shot}", "--window-size=1280,2200")
+    shot = os.path.abspath(os.path.join(out, "screenshots", shot or page.replace(".html", ".png")))
+    browser("file://" + path, f"--screenshot={shot}", f"--window-size={window}")
     if not os.path.exists(shot):
         failures.append(f"{page}: no screenshot was written")
     r = parsed.results
@@ -289,6 +297,7 @@ def check_traces(args, results, failures):
         if not page_json["passed"]:
             failures.append(f"{where}: the trace does not pass in the page")
     results["trace_cases"] = len(r.get("traces", []))
+    results["trace_page"] = r  # its drawings of the worked examples, for browser_test_views.check_graphs
     results["trace_numbers_compared"] = compared
 
 
@@ -309,13 +318,25 @@ def check_claims(args, results, failures):
         if page != term:
             failures.append(f"claim.html {case['label']}: the page gives {page}, the terminal {term}")
     results["claim_files"] = len(r.get("claims", []))
+    # each file's check at real time, as the exercises' (the dump above runs under virtual time), and a claim's: a
+    # file's time over its claims
+    timed = real_time(args, "claim.html", failures).get("claims", [])
+    files = [got.get("wallMs", 0) for got in timed]
+    claims = [got.get("wallMs", 0) / max(1, len(got.get("claims") or [])) for got in timed]
+    results["claim_file_ms"] = browser_test_views.timing(files, "the median claims file's check", failures)
+    results["claim_ms"] = browser_test_views.timing(claims, "the median claim's check", failures)
+    results["claim_ms"][f"over_{MAX_CHECK_MS}"] = sum(1 for t in claims if t > MAX_CHECK_MS)
+    results["claim_ms"]["claims"] = sum(len(got.get("claims") or []) for got in timed)
 
 
 def check_chapters(args, results, failures):
     for md, page in (("reverse-mode.md", "reverse-mode.html"), ("learn.md", "learn.html")):
         with open(os.path.join(ROOT, "docs", md), encoding="utf-8") as f:
             text = f.read()
-        parsed, _ = run_page(args.site, args.out, page, {}, failures)
+        if any(p[0] == md for p in formula_panels.PANELS):  # its panels of numbers, against the terminal's
+            parsed, _ = browser_test_views.check_panels(args, page, md, results, failures, run_page, real_time)
+        else:
+            parsed, _ = run_page(args.site, args.out, page, {}, failures)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         if parsed.meta.get("tapegrad-source") != f"docs/{md} sha256:{digest}":
             failures.append(f"{page} was made from another docs/{md} (run bash tools/dev.sh web again)")
@@ -339,6 +360,16 @@ def check_chapters(args, results, failures):
                 break
         results[f"{page}_headings"] = len(headings)
         results[f"{page}_code_blocks"] = len(blocks)
+
+
+def real_time(args, page, failures):
+    """The driven copy of page run again at real time (web/browser_pipe.py): the driver's results, or {}."""
+    try:
+        return browser_pipe.results_at_real_time(chromium(), "file://" + os.path.abspath(
+            os.path.join(args.out, "pages", page)))
+    except browser_pipe.PipeError as e:
+        failures.append(f"{page}: the run at real time failed: {e}")
+        return {}
 
 
 def check_other_pages(args, failures):
@@ -372,6 +403,7 @@ def main():
     check_other_pages(args, failures)
     check_exercises(args, results, failures, report)
     check_traces(args, results, failures)
+    browser_test_views.check_graphs(args, results, failures, run_page, real_time)
     check_claims(args, results, failures)
     results["screenshots"] = sorted(os.listdir(os.path.join(args.out, "screenshots")))
     results["failures"] = failures

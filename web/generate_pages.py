@@ -1,7 +1,8 @@
-"""Writes the workbook's page set (docs/web.md): the chapters of docs/ as pages with their math, one page of
-exercises per chapter of docs/exercises.txt with an answer box checked in the page, the worked examples of
-`tapegrad explain OP --trace`, and a page to check a claim; with the WebAssembly module (web/CMakeLists.txt), the
-page script and style, and KaTeX from Debian's libjs-katex (with its copyright file).
+"""Writes the workbook's page set (docs/web.md): the chapters of docs/ as pages with their math and, beside the
+formulas of the ops with a worked example, panels of their numbers (web/formula_panels.py); one page of exercises
+per chapter of docs/exercises.txt with an answer box checked in the page; the worked examples of `tapegrad explain
+OP --trace` with the op's tape drawn; and a page to check a claim; with the WebAssembly module (web/CMakeLists.txt),
+the page scripts and style, and KaTeX from Debian's libjs-katex (with its copyright file).
 
     python3 web/generate_pages.py --module build-web/module/tapegrad.js --out build-web/site
 
@@ -15,11 +16,13 @@ import hashlib
 import html
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+import formula_panels
 import markdown_html
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +34,12 @@ TRACED_OPS = ["softmax", "attention", "layer_norm", "row_normalize"]
 # KaTeX's files the pages use: the script, its style, and the woff2 fonts its style names first (every browser that
 # runs the module reads woff2).
 KATEX_FILES = ["katex.min.js", "katex.min.css"]
+# KaTeX's alphabets the chapters do not use, left out of the set for its size, with the TeX that would use each: a
+# chapter that has any of it is refused (a browser fetches a font only for text set in it; web/browser_test.py fails
+# a page with a font that does not load).
+KATEX_FONTS_LEFT_OUT = {"Caligraphic": ["\\mathcal", "\\cal"], "Fraktur": ["\\mathfrak", "\\frak"],
+                        "SansSerif": ["\\mathsf", "\\textsf", "\\sf"], "Script": ["\\mathscr"],
+                        "Typewriter": ["\\mathtt", "\\texttt", "\\tt"]}
 
 
 class PageError(Exception):
@@ -131,7 +140,19 @@ shapes as <code>--shape</code> does (<code>x=2,4</code>, several with spaces), a
 </form>
 <p class="trace-command"></p>
 <div class="trace-lines"></div>
-<details><summary>As the terminal prints it</summary><pre class="trace-text"></pre></details>"""
+<details><summary>As the terminal prints it</summary><pre class="trace-text"></pre></details>
+<section class="graph-panel">
+<h2>The tape, drawn</h2>
+<p>The op's tape as <code>tapegrad graph --op OP --unfused</code> draws it with Graphviz, laid out in the page: a fused
+op (attention, layer_norm) as the primitive ops it replaces, a primitive (softmax, row_normalize) as its one node. Each
+box shows its op, its dtype and shape, the bytes it keeps for backward, its VJP and its value; leaves are ellipses
+(yellow: an input with a gradient). Hover over a box or an edge for the rest. The worked example is drawn at the seed
+and shapes above; a gradcheck case of the op at the seed, as the command shown draws it.</p>
+<label>draw <select class="graph-case"><option value="">the worked example</option></select></label>
+<p class="graph-command"></p>
+<div class="graph"></div>
+<div class="graph-caption"></div>
+</section>"""
 
 
 def claim_body():
@@ -193,26 +214,38 @@ def write_site(out, module, katex, docs):
         for md, target in CHAPTERS:
             with open(os.path.join(docs, md), encoding="utf-8") as f:
                 text = f.read()
-            body, headings = markdown_html.convert(text, md)
+            for font, commands in KATEX_FONTS_LEFT_OUT.items():
+                for command in commands:
+                    if re.search(re.escape(command) + r"(?![A-Za-z])", text):
+                        raise PageError(f"docs/{md} uses {command}, whose font KaTeX_{font} the page set leaves out "
+                                        "(web/generate_pages.py, KATEX_FONTS_LEFT_OUT)")
+            placer = formula_panels.Placer(md)
+            body, headings = markdown_html.convert(text, md, after_block=placer)
+            placer.check()
             digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-            files[target] = page(headings[0][1] if headings else md, body, source=f"docs/{md} sha256:{digest}")
+            scripts = ()
+            if placer.wanted:  # the panels run the module's traces
+                body = '<p class="module-status">The checker is loading…</p>\n' + body
+                scripts = ("tapegrad.js", "graph_layout.js")
+            files[target] = page(headings[0][1] if headings else md, body, scripts=scripts,
+                                 source=f"docs/{md} sha256:{digest}")
         pages = exercise_pages(exercises)
         for target, (title, body) in pages.items():
             files[target] = page(f"Exercises: {title}", body, scripts=("tapegrad.js",))
-        files["trace.html"] = page("Traces", trace_body(), scripts=("tapegrad.js",))
+        files["trace.html"] = page("Traces", trace_body(), scripts=("tapegrad.js", "graph_layout.js"))
         files["claim.html"] = page("Claims", claim_body(), scripts=("tapegrad.js",))
         files["index.html"] = page("Contents", index_body([(p, t) for p, (t, _) in pages.items()]))
         for name, text in files.items():
             with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
                 f.write(text)
         shutil.copyfile(module, os.path.join(staging, "tapegrad.js"))
-        for name in ("workbook.js", "workbook.css"):
+        for name in ("workbook.js", "graph_layout.js", "workbook.css"):
             shutil.copyfile(os.path.join(HERE, name), os.path.join(staging, name))
         os.makedirs(os.path.join(staging, "katex", "fonts"))
         for name in KATEX_FILES:
             shutil.copyfile(os.path.join(katex, name), os.path.join(staging, "katex", name))
         for name in sorted(os.listdir(os.path.join(katex, "fonts"))):
-            if name.endswith(".woff2"):
+            if name.endswith(".woff2") and name.split("-")[0][len("KaTeX_"):] not in KATEX_FONTS_LEFT_OUT:
                 shutil.copyfile(os.path.join(katex, "fonts", name), os.path.join(staging, "katex", "fonts", name))
         shutil.copyfile(copyright_file, os.path.join(staging, "katex", "COPYRIGHT"))
         shutil.copyfile(fonts_copyright_file, os.path.join(staging, "katex", "fonts", "COPYRIGHT"))
@@ -241,7 +274,7 @@ def main():
     args = parser.parse_args()
     try:
         count = write_site(args.out, args.module, args.katex, args.docs)
-    except (PageError, markdown_html.MarkdownError, OSError, ValueError) as e:
+    except (PageError, markdown_html.MarkdownError, formula_panels.PanelError, OSError, ValueError) as e:
         print(f"generate_pages: error: {e}", file=sys.stderr)
         return 2
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.out) for f in fs)

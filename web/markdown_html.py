@@ -95,13 +95,17 @@ def table(rows, source_url, where):
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def convert(text, name, source_url="../../docs/"):
-    """The chapter `text` (file `name`, for errors) as HTML, and its headings as (level, text, anchor)."""
+def convert(text, name, source_url="../../docs/", after_block=None):
+    """The chapter `text` (file `name`, for errors) as HTML, and its headings as (level, text, anchor).
+    after_block(anchor, markdown), where given, is called with each block's Markdown and the anchor of the section it
+    is in ("" before the first heading); the HTML it returns is put after the block's."""
     lines = text.split("\n")
     out, headings, i = [], [], 0
+    section = ""
     while i < len(lines):
         line = lines[i]
         where = f"docs/{name}:{i + 1}"
+        start, blocks = i, len(out)
         if not line.strip():
             i += 1
         elif line.startswith("```"):
@@ -153,6 +157,10 @@ def convert(text, name, source_url="../../docs/"):
                 end += 1
             out.append("<p>" + inline(" ".join(p.strip() for p in lines[i:end]), source_url) + "</p>")
             i = end
+        if headings:
+            section = headings[-1][2]
+        if after_block and len(out) > blocks and (extra := after_block(section, "\n".join(lines[start:i]))):
+            out.append(extra)
     return "\n".join(out), headings
 
 
