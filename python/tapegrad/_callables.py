@@ -224,6 +224,12 @@ def _number(who, option, value, expected, ok):
     return x
 
 
+def above_the_limit(limit):
+    """The C++ checker's ", above full_jacobian_limit = N)" said in gradcheck's terms (N: the limit, as written):
+    Python's gradcheck takes fast_mode, not full_jacobian_limit."""
+    return f", above the {limit} that gradcheck takes in full by default)" if limit != "0" else ")"
+
+
 def _options(who, keywords):
     """The checker's options from gradcheck's or claim's keyword options (eps, atol, rtol, fast_mode, projections,
     seed, diagnose), each refused as `tapegrad gradcheck` and `tapegrad claim` refuse it: a step or a tolerance that

@@ -5,7 +5,8 @@ import re
 from dataclasses import dataclass
 
 from . import _tapegrad
-from ._callables import _Call, _function_class, _options, _torch_if_loaded, read_call, require_full_jacobian_memory
+from ._callables import (_Call, _function_class, _options, _torch_if_loaded, above_the_limit, read_call,
+                         require_full_jacobian_memory)
 from ._numpy_op import NumpyOp
 
 
@@ -83,11 +84,6 @@ def _in_python_terms(report):
                                       d.message)):
             _tapegrad._reword(report, f" or set full_jacobian_limit to {entries}, which checks in full at any cost",
                               " or pass fast_mode=False, which checks in full at any cost")
-
-
-def above_the_limit(limit):
-    """The C++ checker's ", above full_jacobian_limit = N)" said in gradcheck's terms (N: the limit, as written)."""
-    return f", above the {limit} that gradcheck takes in full by default)" if limit != "0" else ")"
 
 
 def _zero_cotangent_rows(report, result, checked_names):

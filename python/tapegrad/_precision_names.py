@@ -38,6 +38,7 @@ import torch
 
 from . import _tapegrad
 from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
+from ._callables import above_the_limit
 from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, fitting_cut, full_jacobian_there
 from ._forward_record import SEARCH_SPENT
 from ._kernel_against_reference import kernel_against_reference
@@ -236,7 +237,6 @@ def _largest_entry(c, args, slot, rows=8):
 def _python_advice(message):
     """The C++ checker's advice without its C++ option (a Python caller narrows by checking smaller inputs), the
     limit it names said in gradcheck's terms."""
-    from ._gradcheck import above_the_limit
     cut = message.find(" or raise full_jacobian_limit")
     message = message if cut < 0 else message[:cut]
     return re.sub(r", above full_jacobian_limit = (\d+)\)", lambda m: above_the_limit(m.group(1)), message)
