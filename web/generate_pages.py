@@ -226,7 +226,7 @@ def write_site(out, module, katex, docs):
             scripts = ()
             if placer.wanted:  # the panels run the module's traces
                 body = '<p class="module-status">The checker is loading…</p>\n' + body
-                scripts = ("tapegrad.js", "graph_layout.js")
+                scripts = ("tapegrad.js",)
             files[target] = page(headings[0][1] if headings else md, body, scripts=scripts,
                                  source=f"docs/{md} sha256:{digest}")
         pages = exercise_pages(exercises)

@@ -123,18 +123,27 @@
     parent.append(div);
   }
 
-  // The module's trace of op at the seed and shapes of form (a trace page's or a panel's): {result, command}.
-  async function traceOf(op, form) {
+  // A call into the module with a form's seed and shapes after its other arguments, as the terminal's --seed and
+  // --shape take them; an error (a seed that is not a whole number, shapes it cannot read) as {error}.
+  async function callAt(name, form, ...args) {
     const seed = form.seed.value.trim();
-    let result;
     try {
       if (!/^\d+$/.test(seed)) throw new Error(`--seed: '${seed}' is not a whole number`);
-      result = await call("traceExample", op, Number(seed), JSON.stringify(parseShapes(form.shapes.value)));
+      return await call(name, ...args, Number(seed), JSON.stringify(parseShapes(form.shapes.value)));
     } catch (e) {
-      result = { error: e.message };
+      return { error: e.message };
     }
-    const shapes = form.shapes.value.trim().split(/\s+/).filter(Boolean).map((s) => ` --shape ${s}`).join("");
-    return { result, command: `tapegrad explain ${op} --trace --seed ${seed}${shapes}` };
+  }
+
+  // The shapes of a form as the terminal's options: " --shape x=2,4 --shape ...".
+  function shapeOptions(form) {
+    return form.shapes.value.trim().split(/\s+/).filter(Boolean).map((s) => ` --shape ${s}`).join("");
+  }
+
+  // The module's trace of op at the seed and shapes of form (a trace page's or a panel's): {result, command}.
+  async function traceOf(op, form) {
+    const result = await callAt("traceExample", form, op);
+    return { result, command: `tapegrad explain ${op} --trace --seed ${form.seed.value.trim()}${shapeOptions(form)}` };
   }
 
   async function runTrace(form) {
@@ -171,20 +180,14 @@
     const select = panel.querySelector("select.graph-case"), out = panel.querySelector(".graph");
     const op = form.op.value, seed = form.seed.value.trim();
     if (select.dataset.op !== op) select.value = "";
-    const caseName = select.value, shapeText = form.shapes.value.trim();
-    let result;
-    try {
-      if (!/^\d+$/.test(seed)) throw new Error(`--seed: '${seed}' is not a whole number`);
-      result = await call("opGraph", op, caseName, Number(seed), JSON.stringify(parseShapes(shapeText)));
-    } catch (e) {
-      result = { error: e.message };
-    }
+    const caseName = select.value;
+    const result = await callAt("opGraph", form, op, caseName);
     if (result.cases && select.dataset.op !== op) {
       select.length = 1;
       for (const name of result.cases) select.add(new Option(`case '${name}'`, name));
       select.dataset.op = op;
     }
-    const shapes = shapeText.split(/\s+/).filter(Boolean).map((s) => ` --shape ${s}`).join("");
+    const shapes = shapeOptions(form);
     panel.querySelector(".graph-command").textContent = caseName
       ? `tapegrad graph --op ${op} --case '${caseName}'${result.unfused ? " --unfused" : ""} --seed ${seed} --format dot` +
         (shapes ? `, at${shapes}` : "")
