@@ -21,6 +21,7 @@
 #include "checker/trace.hpp"
 #include "engine/tensor.hpp"
 #include "ops/ops.hpp"
+#include "web/page_calls.hpp"
 
 namespace tapegrad::web {
 
@@ -70,16 +71,6 @@ Json diagnoses_json(const GradcheckReport& r) {
 
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Runs f, turning what the terminal would print as "tapegrad: error: ..." into {"error": ...}.
-template <class F>
-std::string answer(F&& f) {
-  try {
-    return f().dump();
-  } catch (const std::exception& e) {  // Error, ExpressionError (with its caret lines), a bad_alloc
-    return Json{{"error", e.what()}}.dump();
-  }
 }
 
 // The exercises as the pages show them: [{name, chapter, task, where, inputs: [{name, shape}], lets: [{name,
@@ -169,19 +160,9 @@ std::string check_claims_text(const std::string& text) {
 // prints and explain's --json object, or {error}. shapes_json: [["x", [2, 4]], ...] (empty: the example's own).
 std::string trace_example(const std::string& op, double seed, const std::string& shapes_json) {
   return answer([&] {
-    if (!(seed >= 0) || seed > 9007199254740991.0 || seed != static_cast<double>(static_cast<uint64_t>(seed)))
-      throw Error(fmt::format("--seed: '{}' is not a whole number from 0 to 2^53 - 1", seed));
     GradcheckOptions options;
-    options.seed = static_cast<uint64_t>(seed);
-    std::vector<std::pair<std::string, Shape>> shapes;
-    for (const Json& s : Json::parse(shapes_json)) {
-      std::vector<int64_t> dims = s.at(1).get<std::vector<int64_t>>();
-      for (int64_t d : dims)
-        if (d < 1 || d > 256)
-          throw Error(fmt::format("--shape {}: each size must be from 1 to 256", s.at(0).get<std::string>()));
-      shapes.emplace_back(s.at(0).get<std::string>(), Shape(dims));
-    }
-    const OpTraceRun run = trace_op(builtin_registry(), op, options, shapes);
+    options.seed = seed_from_page(seed);
+    const OpTraceRun run = trace_op(builtin_registry(), op, options, shapes_from_page(shapes_json, 256));
     return Json{{"text", format_trace(run)}, {"json", trace_json(run)}, {"passed", run.passed}};
   });
 }

@@ -15,8 +15,10 @@
   const GAP_X = 24, GAP_Y = 44, PAD_X = 10, PAD_Y = 6, MARGIN = 12, LINE = 14, SMALL_LINE = 13;
   let drawings = 0;  // each drawing's arrow marker gets an id of its own
 
-  function unescapeHtml(s) {
-    return s.replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&quot;/g, '"').replace(/&amp;/g, "&");
+  // A line of HTML-like markup as its plain text.
+  function plainText(line) {
+    return line.replace(/<[^>]*>/g, "").replace(/&lt;/g, "<").replace(/&gt;/g, ">").replace(/&quot;/g, '"')
+      .replace(/&amp;/g, "&");
   }
 
   // A line of a Graphviz HTML-like label as {text, bold, small, italic, colour}, or a heat map (a <TABLE> of cells,
@@ -30,7 +32,7 @@
     }
     const colour = /color="(#[0-9a-fA-F]{6})"/.exec(line);
     return {
-      text: unescapeHtml(line.replace(/<[^>]*>/g, "")),
+      text: plainText(line),
       bold: line.includes("<b>"),
       small: line.includes('point-size="9"'),
       italic: line.includes("<i>"),
@@ -56,14 +58,15 @@
       const textWidth = Math.max(...lines.map(width), 10);
       const textHeight = lines.reduce((h, l) => h + lineHeight(l), 0);
       const ellipse = n.shape === "ellipse";
-      // An ellipse around a text box of w × h holds it when its axes are √2 times the box's.
+      // An ellipse with axes 1.3 times the text box's (with its padding): √2 times would hold the box's corners too,
+      // which a label's first and last lines, seldom its widest, do not reach.
       const w = (textWidth + 2 * PAD_X) * (ellipse ? 1.3 : 1), h = (textHeight + 2 * PAD_Y) * (ellipse ? 1.3 : 1);
       return { ...n, index, lines, w, h, textHeight, dummy: false, inputs: [], outputs: [] };
     });
   }
 
   // Layers by the longest path from the nodes without inputs (Kahn's order: a node after all of its inputs).
-  function assignLayers(nodes, edges) {
+  function assignLayers(nodes) {
     const indegree = nodes.map((n) => n.inputs.length);
     const queue = nodes.filter((n, i) => indegree[i] === 0);
     for (const n of queue) n.layer = 0;
@@ -75,7 +78,6 @@
       }
     }
     if (queue.length !== nodes.length) throw new Error("graph: the tape's edges make a cycle");
-    return edges;
   }
 
   // Each edge split into edges of one layer each, through a dummy node per layer it crosses.
@@ -243,7 +245,7 @@
       return edge;
     });
     const real = nodes.length;
-    assignLayers(nodes, edges);
+    assignLayers(nodes);
     const short = splitLongEdges(nodes, edges);
     const layers = [];
     for (const n of nodes) (layers[n.layer] = layers[n.layer] || []).push(n);
@@ -269,7 +271,7 @@
 
   // A caption's HTML-like lines (split at <br/>) as plain text lines.
   function captionLines(caption) {
-    return caption.split("<br/>").map((l) => unescapeHtml(l.replace(/<[^>]*>/g, "")));
+    return caption.split("<br/>").map(plainText);
   }
 
   window.tapegradGraph = { drawGraph, captionLines };

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +18,7 @@
 #include "inspect/scope_names.hpp"
 #include "inspect/tape_dot.hpp"
 #include "ops/ops.hpp"
+#include "web/page_calls.hpp"
 
 namespace tapegrad::web {
 
@@ -44,17 +44,13 @@ GradcheckCase case_to_draw(const OpSheet& op, const std::string& case_name) {
 // caption, title, unfused, cases} (tape_graph's records; cases: the names of the op's gradcheck cases), or {error}.
 std::string op_graph(const std::string& name, const std::string& case_name, double seed,
                      const std::string& shapes_json) {
-  try {
-    if (!(seed >= 0) || seed > 9007199254740991.0 || seed != static_cast<double>(static_cast<uint64_t>(seed)))
-      throw Error(fmt::format("--seed: '{}' is not a whole number from 0 to 2^53 - 1", seed));
+  return answer([&] {
+    const uint64_t drawn_seed = seed_from_page(seed);
     const OpSheet* op = builtin_registry().find(name);
     if (!op) throw Error(fmt::format("graph: unknown op '{}'", name));
     GradcheckCase c = case_to_draw(*op, case_name);
-    std::vector<std::pair<std::string, Shape>> shapes;
-    for (const Json& s : Json::parse(shapes_json))
-      shapes.emplace_back(s.at(0).get<std::string>(), Shape(s.at(1).get<std::vector<int64_t>>()));
-    c.inputs = inputs_at_shapes(c, op->name, shapes, kTraceMaxInputElements, "graph");
-    const std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, static_cast<uint64_t>(seed));
+    c.inputs = inputs_at_shapes(c, op->name, shapes_from_page(shapes_json), kTraceMaxInputElements, "graph");
+    const std::vector<Tensor> xs = make_inputs(c.inputs, DType::f64, drawn_seed);
     const Function form = unfused_form_at(*op, c, xs);
     const bool unfused = static_cast<bool>(form);
     const Function build = unfused ? form : c.build;
@@ -78,8 +74,7 @@ std::string op_graph(const std::string& name, const std::string& case_name, doub
       steps += fmt::format("{}{}", k ? ", " : "", tape.node(k).op);
     opt.title = fmt::format("{}{}, {}: float64 inputs drawn with seed {}; forward only", op->name,
                             unfused ? fmt::format(" unfused ({})", steps) : "",
-                            case_name.empty() ? "its worked example" : fmt::format("case '{}'", c.name),
-                            static_cast<uint64_t>(seed));
+                            case_name.empty() ? "its worked example" : fmt::format("case '{}'", c.name), drawn_seed);
     const TapeGraph g = tape_graph(tape, opt);
 
     Json nodes = Json::array(), edges = Json::array(), cases = Json::array();
@@ -96,11 +91,8 @@ std::string op_graph(const std::string& name, const std::string& case_name, doub
       edges.push_back({{"from", e.from}, {"to", e.to}, {"label", e.label}, {"tooltip", e.tooltip}});
     for (const GradcheckCase& k : op->cases) cases.push_back(k.name);
     return Json{{"nodes", nodes},     {"edges", edges},     {"caption", g.caption},
-                {"title", opt.title}, {"unfused", unfused}, {"cases", cases}}
-        .dump();
-  } catch (const std::exception& e) {  // Error, a JSON error, a bad_alloc
-    return Json{{"error", e.what()}}.dump();
-  }
+                {"title", opt.title}, {"unfused", unfused}, {"cases", cases}};
+  });
 }
 
 }  // namespace
