@@ -3,7 +3,7 @@
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/slip_table.py [--size small|large|both] [--only OP]
                                                   [--repeat 3] [--json FILE] [--set FILE] [--first-order]
-                                                  [--no-torch]
+                                                  [--no-torch] [--torch-full] [--right-only]
 
 The ops and their slips are python/tests/researcher_ops.py: torch.autograd.Functions with a hand-written backward,
 each with its right version and slips annotated with the kind of slip they are; --set FILE reads another module
@@ -20,7 +20,9 @@ and for the slips of kind second_order_only. Both checkers use the same step and
 rtol 1e-3). At the small size both use full Jacobians; at the large one tapegrad picks random projections itself
 (every op has an input whose Jacobian has more than 40,000 entries) and torch is run with fast_mode=True, its own
 projections, as one would at that size (on a failure torch's fast mode computes the full Jacobians again for its
-message, so its large times on caught slips are those of a full check).
+message, so its large times on caught slips are those of a full check). --torch-full runs torch in full mode at the
+large size too: the mode that catches what tapegrad's check catches there, and the peer for a right version's time.
+--right-only measures the right versions alone (their verdicts and times).
 
 Per slip the kinds tapegrad named are those of its report's diagnoses (Report.diagnoses[i].kind, the keys that
 tapegrad.finding_kinds() lists). A kind is "specific" unless it is in GENERIC; it is "expected" when it is in
@@ -48,6 +50,7 @@ GENERIC, EXPECTED = R.GENERIC, R.EXPECTED  # what counts as a name, kept with th
 EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 SECOND_ORDER = True  # --first-order: a set whose backwards are not written to be differentiated again
 WITH_TORCH = True    # --no-torch: tapegrad's verdicts and names alone (torch's columns then read "skipped")
+TORCH_FULL = False   # --torch-full: torch in full mode at the large size too
 
 
 def _first_line(error):
@@ -72,7 +75,11 @@ def _torch_check(fn, xs, order, fast):
             warnings.simplefilter("ignore")
             check(fn, xs, eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=fast)
         return {"status": "pass"}
+    except MemoryError as error:  # torch's Jacobians past the memory there is (full mode at the large size)
+        return {"status": "out of memory", "message": _first_line(error)}
     except Exception as error:  # gradcheck's GradcheckError, or the op failing under its calls: both are catches
+        if "DefaultCPUAllocator" in str(error) or "not enough memory" in str(error):
+            return {"status": "out of memory", "message": _first_line(error)}
         return {"status": "caught", "message": _first_line(error)}
 
 
@@ -93,7 +100,7 @@ def run_version(op, version, size, repeat):
     expected = "right" if version == "right" else spec.slips[version].kind
     orders = [1, 2] if (version == "right" or expected == "second_order_only") and SECOND_ORDER else [1]
     fn = R.make(op, version).apply
-    fast = size == "large"
+    fast = size == "large" and not TORCH_FULL
     row = {"op": op, "version": version, "size": size, "expected": expected,
            "description": "" if version == "right" else spec.slips[version].description,
            "torch": {}, "tapegrad": {}, "time_torch": 0.0, "time_tapegrad": 0.0}
@@ -109,7 +116,8 @@ def run_version(op, version, size, repeat):
         result, seconds = _timed(lambda: _tapegrad_check(fn, xs, order), repeat)
         row["tapegrad"][order] = result
         row["time_tapegrad"] += seconds
-    row["torch_caught"] = any(r["status"] not in ("pass", "skipped") for r in row["torch"].values())
+    row["torch_caught"] = any(r["status"] not in ("pass", "skipped", "out of memory") for r in row["torch"].values())
+    row["torch_out_of_memory"] = any(r["status"] == "out of memory" for r in row["torch"].values())
     row["tapegrad_caught"] = any(r["status"] == "FAIL" for r in row["tapegrad"].values())
     row["tapegrad_error"] = any(r["status"] == "error" for r in row["tapegrad"].values())
     kinds = sorted({k for r in row["tapegrad"].values() if r["status"] == "FAIL" for k in r["kinds"]})
@@ -154,7 +162,8 @@ def summary(rows, size):
         return
     rights = [r for r in rows if r["version"] == "right"]
     slips = [r for r in rows if r["version"] != "right"]
-    print(f"\n## Summary ({size}: {'full Jacobians' if size == 'small' else 'tapegrad chooses; torch fast_mode'})\n")
+    torch_mode = "torch full mode" if TORCH_FULL else "torch fast_mode"
+    print(f"\n## Summary ({size}: {'full Jacobians' if size == 'small' else 'tapegrad chooses; ' + torch_mode})\n")
     right_torch = [r for r in rights if not r["torch_caught"]]
     right_tape = [r for r in rights if not r["tapegrad_caught"] and not r["tapegrad_error"]]
     torch_said = _percent(len(right_torch), len(rights)) if WITH_TORCH else "not run"
@@ -180,7 +189,12 @@ def summary(rows, size):
           + ("".join(f"\n  - {r['op']}/{r['version']}" for r in extra)))
     print(f"- named with a specific kind: {_percent(sum(r['specific'] for r in slips), len(slips))}")
     print(f"- named with the expected kind: {_percent(sum(bool(r['expected_named']) for r in slips), len(slips))}")
-    ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows if r["time_torch"] > 0]
+    ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows if r["time_torch"] > 0
+              and not r.get("torch_out_of_memory")]
+    out_of_memory = [r for r in rows if r.get("torch_out_of_memory")]
+    if out_of_memory:
+        print(f"- torch ran out of memory on {len(out_of_memory)} (their times left out of the ratio): "
+              + ", ".join(f"{r['op']}/{r['version']}" for r in out_of_memory))
     if ratios:
         print(f"- time tapegrad/torch per version: median {statistics.median(ratios):.2f}× "
               f"(min {min(ratios):.2f}×, max {max(ratios):.2f}×); "
@@ -227,11 +241,13 @@ def main():
     parser.add_argument("--set", metavar="FILE", help="a module of ops with researcher_ops.py's names to measure")
     parser.add_argument("--first-order", action="store_true", help="check the first order only")
     parser.add_argument("--no-torch", action="store_true", help="run tapegrad alone (its names, not the comparison)")
+    parser.add_argument("--torch-full", action="store_true", help="torch in full mode at the large size too")
+    parser.add_argument("--right-only", action="store_true", help="the right versions alone")
     args = parser.parse_args()
     if args.set:
         _use_set(args.set)
-    global SECOND_ORDER, WITH_TORCH
-    SECOND_ORDER, WITH_TORCH = not args.first_order, not args.no_torch
+    global SECOND_ORDER, WITH_TORCH, TORCH_FULL
+    SECOND_ORDER, WITH_TORCH, TORCH_FULL = not args.first_order, not args.no_torch, args.torch_full
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     for op in args.only or []:
@@ -244,7 +260,8 @@ def main():
     rows = []
     for size in sizes:
         for op in ops:
-            op_rows = [run_version(op, version, size, args.repeat) for version in R.OPS[op].versions]
+            versions = ["right"] if args.right_only else R.OPS[op].versions
+            op_rows = [run_version(op, version, size, args.repeat) for version in versions]
             print_op_table(op, op_rows)
             sys.stdout.flush()
             rows += op_rows
