@@ -66,10 +66,44 @@ bool told_from_a_factor_per_row(Diagnosis& d, const GradcheckReport& first, cons
   return true;
 }
 
+// A scale found on the first s of y's rows with another factor than the projections found at all of them: a factor
+// that follows the rows kept, which the projections' line (at) then says with both factors, in one line. Where
+// c·rows is the same at both (within kSameFactorAcrossRows) the rule divides by the count of y's rows (a mean where
+// the forward sums), where c/rows is, it multiplies by it; else the factor depends on the rows otherwise. Whether it
+// was told so.
+bool told_with_the_factor_at_size(const Diagnosis& d, std::span<Diagnosis> at_size, int64_t s, int64_t rows) {
+  auto at = std::find_if(at_size.begin(), at_size.end(), [&](const Diagnosis& e) {
+    return e.kind == Finding::scale && e.input == d.input && e.check == d.check && e.factor;
+  });
+  if (at == at_size.end() || !d.factor) return false;
+  const double c_all = *at->factor, c_cut = *d.factor;
+  auto same = [](double a, double b) { return std::abs(a - b) <= kSameFactorAcrossRows * std::abs(b); };
+  if (same(c_all, c_cut)) return false;
+  const auto n = static_cast<double>(rows), k = static_cast<double>(s);
+  std::string what;
+  if (same(c_all * n, c_cut * k))
+    what = fmt::format("c × (y's rows) = {:.6g} at both: the rule divides by the count of y's rows along axis 0 (a "
+                       "mean over them where the forward sums){}",
+                       c_all * n, same(c_all * n, 1.0) ? "" : ", and is off by that constant besides");
+  else if (same(c_all / n, c_cut / k))
+    what = fmt::format("c ÷ (y's rows) = {:.6g} at both: the rule multiplies by the count of y's rows along axis 0 "
+                       "(a sum over them where the forward takes the mean){}",
+                       c_all / n, same(c_all / n, 1.0) ? "" : ", and is off by that constant besides");
+  else
+    what = "the factor depends on the rows kept (a count, a sum or a norm over y's rows is missing, applied twice, or "
+           "the wrong one)";
+  at->message = fmt::format(
+      "analytic = c × numeric, c = {} over random projections at all {} of y's rows and c = {} on the first {} (a "
+      "full Jacobian there): {}",
+      describe_factor(c_all), rows, describe_factor(c_cut), s, what);
+  return true;
+}
+
 }  // namespace
 
 std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape& yshape,
-                                          std::span<const size_t> failing, const CheckInFull& check_in_full) {
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full,
+                                          std::span<Diagnosis> at_size) {
   // named references, not a structured binding: the lambdas below capture them (clang 14 refuses a binding)
   const Function& f = point.f;
   const std::span<const Tensor> x = point.x;
@@ -148,8 +182,9 @@ std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape
         if (std::none_of(failing.begin(), failing.end(), [&](size_t i) { return names[i] == d.input; })) continue;
         const std::string first_rows = fmt::format("on the first {} of {} rows{} (a full Jacobian there): ", s, rows,
                                                    all ? "" : fmt::format(" of {}", d.input));
-        if (!(last && d.kind == Finding::scale && told_from_a_factor_per_row(d, r, *last, rows)))
-          d.message = first_rows + d.message;
+        const bool per_row = last && d.kind == Finding::scale && told_from_a_factor_per_row(d, r, *last, rows);
+        if (!per_row && d.kind == Finding::scale && told_with_the_factor_at_size(d, at_size, s, rows)) continue;
+        if (!per_row) d.message = first_rows + d.message;
         out.push_back(std::move(d));
       }
       return out;

@@ -630,7 +630,8 @@ class Checker {
     auto in_full = [this](std::span<const Tensor> xs, const GradcheckOptions& o) {
       return Checker(f_, xs, names_, o, /*may_narrow=*/false).run();
     };
-    for (Diagnosis& d : narrowed_diagnoses({f_, xs_, input_names, opt_}, yshape(), failed_by_projections_, in_full)) {
+    for (Diagnosis& d :
+         narrowed_diagnoses({f_, xs_, input_names, opt_}, yshape(), failed_by_projections_, in_full, details_)) {
       // One report says one thing of an input: where the projections named it (a scale, a sign, zero, a kink:
       // diagnose_values), the line that says how to get a name is not added.
       const bool named = std::any_of(details_.begin(), details_.end(), [&](const Diagnosis& e) {

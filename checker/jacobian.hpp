@@ -147,10 +147,13 @@ std::string and_a_factor(double c);
 std::optional<std::string> structured_set(const JacobianView& v, const Elements& bad, double zero_tol);
 // The findings for the inputs `failing` (indices into x), whose checks by random projections failed: the same check
 // in full (check_in_full) on the first rows of the leading axis y (of shape yshape) and the inputs share, or one
-// line per input saying how to get a name (diagnose_narrowed.cpp).
+// line per input saying how to get a name (diagnose_narrowed.cpp). at_size: the projections' own findings; where
+// they found a scale and the cut finds one with another factor, the projections' line says both, and the cut's is
+// not returned (one report says one thing of an input).
 using CheckInFull = std::function<GradcheckReport(std::span<const Tensor>, const GradcheckOptions&)>;
 std::vector<Diagnosis> narrowed_diagnoses(const CheckedPoint& point, const Shape& yshape,
-                                          std::span<const size_t> failing, const CheckInFull& check_in_full);
+                                          std::span<const size_t> failing, const CheckInFull& check_in_full,
+                                          std::span<Diagnosis> at_size = {});
 // None of the kinds fits: where the error concentrates (rows of y, rows and columns of x, the largest entries).
 Diagnosis unexplained(const JacobianView& v, const Elements& bad);
 

@@ -884,3 +884,37 @@ TEST_CASE("diagnosis: an element-wise op's derivative read along the diagonal, a
     CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
   }
 }
+
+TEST_CASE("diagnosis: a weight's gradient averaged over y's rows is one scale, its factor the count of rows") {
+  // y = x·W, W̄ = xᵀȳ. The slip takes the mean over y's rows where the forward sums (W̄/N), or sums where it would
+  // average (W̄·N). Random projections at all N = 256 rows read c = 1/256 (256) and the full Jacobian on the first s
+  // rows c = 1/s (s): one line says both, and why.
+  for (bool divided : {true, false}) {
+    CAPTURE(divided);
+    ClaimedVjp slipped = [divided](const ClaimPoint& at, const Tensor& g, std::span<Tensor> gin) {
+      const Tensor &x = at.inputs[0], &w = at.inputs[1];
+      const int64_t n = x.shape()[0], d = x.shape()[1], k = w.shape()[1];
+      const double count = divided ? 1.0 / static_cast<double>(n) : static_cast<double>(n);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < d; ++j)
+          for (int64_t c = 0; c < k; ++c) {
+            data(gin[0])[i * d + j] += data(g)[i * k + c] * data(w)[j * k + c];
+            data(gin[1])[j * k + c] += data(x)[i * d + j] * data(g)[i * k + c] * count;
+          }
+    };
+    Function f = claimed(
+        {"xw_counted", [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); }, slipped, {}});
+    GradcheckReport r = gradcheck(f, {random_tensor({256, 16}, 3), random_tensor({16, 16}, 4)}, {"x", "w"});
+    CHECK_FALSE(r.passed);
+    int scales = 0;
+    for (const Diagnosis& d : r.diagnoses) scales += d.kind == Finding::scale && d.input == "w";
+    CHECK_MESSAGE(scales == 1, r.str());
+    const Diagnosis* d = r.find(Finding::scale, "w");
+    REQUIRE_MESSAGE(d, r.str());
+    const std::string said = divided ? "c × (y's rows) = 1 at both: the rule divides by the count of y's rows"
+                                     : "c ÷ (y's rows) = 1 at both: the rule multiplies by the count of y's rows";
+    CHECK_MESSAGE(d->message.find(said) != std::string::npos, d->message);
+    if (divided) CHECK_MESSAGE(quoted_in_doc("gradchecking.md", d->str()), d->str());
+    CHECK_FALSE(r.has(Finding::unexplained));
+  }
+}
