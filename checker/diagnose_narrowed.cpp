@@ -82,16 +82,19 @@ bool told_with_the_factor_at_size(const Diagnosis& d, std::span<Diagnosis> at_si
   const auto n = static_cast<double>(rows), k = static_cast<double>(s);
   std::string what;
   if (same(c_all * n, c_cut * k))
-    what = fmt::format("c × (y's rows) = {:.6g} at both: the rule divides by the count of y's rows along axis 0 (a "
-                       "mean over them where the forward sums){}",
-                       c_all * n, same(c_all * n, 1.0) ? "" : ", and is off by that constant besides");
+    what = fmt::format(
+        "c × (y's rows) = {:.6g} at both: the rule divides by the count of y's rows along axis 0 (a "
+        "mean over them where the forward sums){}",
+        c_all * n, same(c_all * n, 1.0) ? "" : ", and is off by that constant besides");
   else if (same(c_all / n, c_cut / k))
-    what = fmt::format("c ÷ (y's rows) = {:.6g} at both: the rule multiplies by the count of y's rows along axis 0 "
-                       "(a sum over them where the forward takes the mean){}",
-                       c_all / n, same(c_all / n, 1.0) ? "" : ", and is off by that constant besides");
+    what = fmt::format(
+        "c ÷ (y's rows) = {:.6g} at both: the rule multiplies by the count of y's rows along axis 0 "
+        "(a sum over them where the forward takes the mean){}",
+        c_all / n, same(c_all / n, 1.0) ? "" : ", and is off by that constant besides");
   else
-    what = "the factor depends on the rows kept (a count, a sum or a norm over y's rows is missing, applied twice, or "
-           "the wrong one)";
+    what =
+        "the factor depends on the rows kept (a count, a sum or a norm over y's rows is missing, applied twice, or "
+        "the wrong one)";
   at->message = fmt::format(
       "analytic = c × numeric, c = {} over random projections at all {} of y's rows and c = {} on the first {} (a "
       "full Jacobian there): {}",

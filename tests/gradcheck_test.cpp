@@ -902,8 +902,7 @@ TEST_CASE("diagnosis: a weight's gradient averaged over y's rows is one scale, i
             data(gin[1])[j * k + c] += data(x)[i * d + j] * data(g)[i * k + c] * count;
           }
     };
-    Function f = claimed(
-        {"xw_counted", [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); }, slipped, {}});
+    Function f = claimed({"xw_counted", [](Tape&, std::span<const Var> x) { return matmul(x[0], x[1]); }, slipped, {}});
     GradcheckReport r = gradcheck(f, {random_tensor({256, 16}, 3), random_tensor({16, 16}, 4)}, {"x", "w"});
     CHECK_FALSE(r.passed);
     int scales = 0;
