@@ -21,7 +21,7 @@ rtol 1e-3). At the small size both use full Jacobians; at the large one tapegrad
 (every op has an input whose Jacobian has more than 40,000 entries) and torch is run with fast_mode=True, its own
 projections, as one would at that size (on a failure torch's fast mode computes the full Jacobians again for its
 message, so its large times on caught slips are those of a full check). --torch-full runs torch in full mode at the
-large size too: the mode that catches what tapegrad's check catches there, and the peer for a right version's time.
+large size too: its default, which compares every Jacobian entry, and the peer for a right version's time.
 --right-only measures the right versions alone (their verdicts and times).
 
 Per slip the kinds tapegrad named are those of its report's diagnoses (Report.diagnoses[i].kind, the keys that
