@@ -20,6 +20,11 @@ namespace {
 // digits, and a difference of a count or a norm between rows is far above it).
 constexpr double kSameFactorAcrossRows = 1e-3;
 
+// Whether factor c agrees with the reference factor to kSameFactorAcrossRows of the reference.
+bool same_factor(double reference, double c) {
+  return std::abs(reference - c) <= kSameFactorAcrossRows * std::abs(reference);
+}
+
 // s rows from row `from` of the inputs that share y's leading axis (all of them, or only the failing ones).
 std::vector<Tensor> rows_of(std::span<const Tensor> x, const std::vector<bool>& cut, int64_t from, int64_t s) {
   std::vector<Tensor> xs;
@@ -56,7 +61,7 @@ std::optional<double> scale_factor(const GradcheckReport& r, const Diagnosis& d)
 // finding is a per-row factor with both factors, which says where it was found (true).
 bool told_from_a_factor_per_row(Diagnosis& d, const GradcheckReport& first, const GradcheckReport& last, int64_t rows) {
   const std::optional<double> c_first = scale_factor(first, d), c_last = scale_factor(last, d);
-  if (!c_first || !c_last || std::abs(*c_first - *c_last) <= kSameFactorAcrossRows * std::abs(*c_first)) return false;
+  if (!c_first || !c_last || same_factor(*c_first, *c_last)) return false;
   d.kind = Finding::per_row_factor;
   d.message = fmt::format(
       "on the first and on the last of {} rows (full Jacobians there): analytic = c × numeric in "
@@ -68,7 +73,7 @@ bool told_from_a_factor_per_row(Diagnosis& d, const GradcheckReport& first, cons
 
 // A scale found on the first s of y's rows with another factor than the projections found at all of them: a factor
 // that follows the rows kept, which the projections' line (at) then says with both factors, in one line. Where
-// c·rows is the same at both (within kSameFactorAcrossRows) the rule divides by the count of y's rows (a mean where
+// c·rows is the same at both (same_factor) the rule divides by the count of y's rows (a mean where
 // the forward sums), where c/rows is, it multiplies by it; else the factor depends on the rows otherwise. Whether it
 // was told so.
 bool told_with_the_factor_at_size(const Diagnosis& d, std::span<Diagnosis> at_size, int64_t s, int64_t rows) {
@@ -77,20 +82,19 @@ bool told_with_the_factor_at_size(const Diagnosis& d, std::span<Diagnosis> at_si
   });
   if (at == at_size.end() || !d.factor) return false;
   const double c_all = *at->factor, c_cut = *d.factor;
-  auto same = [](double a, double b) { return std::abs(a - b) <= kSameFactorAcrossRows * std::abs(b); };
-  if (same(c_all, c_cut)) return false;
+  if (same_factor(c_cut, c_all)) return false;
   const auto n = static_cast<double>(rows), k = static_cast<double>(s);
   std::string what;
-  if (same(c_all * n, c_cut * k))
+  if (same_factor(c_cut * k, c_all * n))
     what = fmt::format(
         "c × (y's rows) = {:.6g} at both: the rule divides by the count of y's rows along axis 0 (a "
         "mean over them where the forward sums){}",
-        c_all * n, same(c_all * n, 1.0) ? "" : ", and is off by that constant besides");
-  else if (same(c_all / n, c_cut / k))
+        c_all * n, same_factor(1.0, c_all * n) ? "" : ", and is off by that constant besides");
+  else if (same_factor(c_cut / k, c_all / n))
     what = fmt::format(
         "c ÷ (y's rows) = {:.6g} at both: the rule multiplies by the count of y's rows along axis 0 "
         "(a sum over them where the forward takes the mean){}",
-        c_all / n, same(c_all / n, 1.0) ? "" : ", and is off by that constant besides");
+        c_all / n, same_factor(1.0, c_all / n) ? "" : ", and is off by that constant besides");
   else
     what =
         "the factor depends on the rows kept (a count, a sum or a norm over y's rows is missing, applied twice, or "

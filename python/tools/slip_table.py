@@ -51,6 +51,7 @@ EPS, ATOL, RTOL = 1e-6, 1e-5, 1e-3
 SECOND_ORDER = True  # --first-order: a set whose backwards are not written to be differentiated again
 WITH_TORCH = True    # --no-torch: tapegrad's verdicts and names alone (torch's columns then read "skipped")
 TORCH_FULL = False   # --torch-full: torch in full mode at the large size too
+OUT_OF_MEMORY = "out of memory"  # torch's status where its Jacobians do not fit: neither a catch nor a pass
 
 
 def _first_line(error):
@@ -76,10 +77,10 @@ def _torch_check(fn, xs, order, fast):
             check(fn, xs, eps=EPS, atol=ATOL, rtol=RTOL, fast_mode=fast)
         return {"status": "pass"}
     except MemoryError as error:  # torch's Jacobians past the memory there is (full mode at the large size)
-        return {"status": "out of memory", "message": _first_line(error)}
+        return {"status": OUT_OF_MEMORY, "message": _first_line(error)}
     except Exception as error:  # gradcheck's GradcheckError, or the op failing under its calls: both are catches
         if "DefaultCPUAllocator" in str(error) or "not enough memory" in str(error):
-            return {"status": "out of memory", "message": _first_line(error)}
+            return {"status": OUT_OF_MEMORY, "message": _first_line(error)}
         return {"status": "caught", "message": _first_line(error)}
 
 
@@ -116,8 +117,8 @@ def run_version(op, version, size, repeat):
         result, seconds = _timed(lambda: _tapegrad_check(fn, xs, order), repeat)
         row["tapegrad"][order] = result
         row["time_tapegrad"] += seconds
-    row["torch_caught"] = any(r["status"] not in ("pass", "skipped", "out of memory") for r in row["torch"].values())
-    row["torch_out_of_memory"] = any(r["status"] == "out of memory" for r in row["torch"].values())
+    row["torch_caught"] = any(r["status"] not in ("pass", "skipped", OUT_OF_MEMORY) for r in row["torch"].values())
+    row["torch_out_of_memory"] = any(r["status"] == OUT_OF_MEMORY for r in row["torch"].values())
     row["tapegrad_caught"] = any(r["status"] == "FAIL" for r in row["tapegrad"].values())
     row["tapegrad_error"] = any(r["status"] == "error" for r in row["tapegrad"].values())
     kinds = sorted({k for r in row["tapegrad"].values() if r["status"] == "FAIL" for k in r["kinds"]})
@@ -189,9 +190,9 @@ def summary(rows, size):
           + ("".join(f"\n  - {r['op']}/{r['version']}" for r in extra)))
     print(f"- named with a specific kind: {_percent(sum(r['specific'] for r in slips), len(slips))}")
     print(f"- named with the expected kind: {_percent(sum(bool(r['expected_named']) for r in slips), len(slips))}")
-    ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows if r["time_torch"] > 0
-              and not r.get("torch_out_of_memory")]
-    out_of_memory = [r for r in rows if r.get("torch_out_of_memory")]
+    ratios = [r["time_tapegrad"] / r["time_torch"] for r in rows
+              if r["time_torch"] > 0 and not r["torch_out_of_memory"]]
+    out_of_memory = [r for r in rows if r["torch_out_of_memory"]]
     if out_of_memory:
         print(f"- torch ran out of memory on {len(out_of_memory)} (their times left out of the ratio): "
               + ", ".join(f"{r['op']}/{r['version']}" for r in out_of_memory))
