@@ -270,27 +270,36 @@ def _aliases(func):
     return found
 
 
+_CONTAINERS = (tuple, list, dict)
+
+
 def _leaves(tree):
-    """The leaves of an aten op's arguments or results (tuples, lists and dicts of tensors and scalars)."""
-    if isinstance(tree, (tuple, list)):
-        for t in tree:
-            yield from _leaves(t)
-    elif isinstance(tree, dict):
-        for t in tree.values():
-            yield from _leaves(t)
-    else:
-        yield tree
+    """The leaves of an aten op's arguments or results (tuples, lists and dicts of tensors and scalars), in order: a
+    list, built without generators (this runs at every torch op a model of rounding watches)."""
+    if not isinstance(tree, _CONTAINERS):
+        return [tree]
+    found = []
+    _gather_leaves(tree, found)
+    return found
+
+
+def _gather_leaves(tree, found):
+    for t in (tree.values() if isinstance(tree, dict) else tree):
+        if isinstance(t, _CONTAINERS):
+            _gather_leaves(t, found)
+        else:
+            found.append(t)
 
 
 def _mapped(f, tree):
     """f applied to each leaf of an aten op's arguments or results, the tuples, lists and dicts kept (another
     container, a named tuple of results, through torch's tree_map)."""
     kind = type(tree)
-    if kind in (tuple, list):
-        return kind(_mapped(f, t) for t in tree)
+    if kind is tuple or kind is list:
+        return kind([_mapped(f, t) if isinstance(t, _CONTAINERS) else f(t) for t in tree])
     if kind is dict:
-        return {k: _mapped(f, t) for k, t in tree.items()}
-    if isinstance(tree, (tuple, list, dict)):
+        return {k: _mapped(f, t) if isinstance(t, _CONTAINERS) else f(t) for k, t in tree.items()}
+    if isinstance(tree, _CONTAINERS):
         return tree_map(f, tree)
     return f(tree)
 
