@@ -6,11 +6,14 @@ each check said.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/check_time.py --set heldout|triton [--size 4096x256]
         [--cases layer_norm,rms_norm] [--dtypes bf16,float32] [--repeat 3] [--json FILE]
+    ... --set ops16|ops16c|heldout3|build --size small --cases all      (every case of a set, at a size it takes)
 
 A check at bf16, fp16 or float32 runs against the case's composite reference (the float64 comparison on the same
 rounded inputs); a float64 check runs the op against finite differences, as a float64 op is checked. The slip of a
-case is its first slip that exists at every dtype (its kind in the set). Each row says the device, the time, the
-verdict and the kinds named, and the ratio of the median to the float64 check's. Timings are measured, never tested.
+case is its first slip that exists at every dtype (its kind in the set); the kernels written in bf16 torch ops
+(precision_ops16.py, precision_ops16c.py) have their right versions only. Each row says the device, the time, the
+verdict and the kinds named, and the ratio of the median to the float64 check's; the last lines, the median and the
+largest ratio per dtype and version. Timings are measured, never tested.
 Exit status 0 after printing, 2 on a bad argument.
 """
 
@@ -27,9 +30,26 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from precision_table import DTYPES, load_set  # noqa: E402
+from precision_table import DTYPES, TESTS, load_set  # noqa: E402
 
 ROW_WISE = ("rms_norm", "layer_norm", "cosine_similarity", "logsumexp", "residual_layer_norm", "swiglu")
+
+
+def cases_of(which):
+    """The cases of a set: precision_table.py's sets, or the kernels written in bf16 torch ops (ops16: its BUILD and
+    HELDOUT; ops16c)."""
+    if which in ("ops16", "ops16c"):
+        sys.path.insert(0, TESTS)
+        module = __import__("precision_" + which)
+        return module.BUILD + module.HELDOUT if which == "ops16" else module.CASES
+    return load_set(which)
+
+
+def float64_inputs(xs):
+    """A case's inputs at float64 (a set's inputs() may keep a dtype of its own): floating tensors cast, their
+    requires_grad kept."""
+    return tuple(x.detach().to(torch.float64).requires_grad_(x.requires_grad)
+                 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs)
 
 
 def timed(repeat, run):
@@ -68,20 +88,21 @@ def torch_check(fn, xs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", choices=("heldout", "triton"), default="heldout")
+    parser.add_argument("--set", choices=("heldout", "triton", "heldout3", "build", "ops16", "ops16c"),
+                        default="heldout")
     parser.add_argument("--size", default="4096x256")
     parser.add_argument("--cases", default=",".join(ROW_WISE[:2]))
     parser.add_argument("--dtypes", default="bf16,float32")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
-    cases = {c.name: c for c in load_set(args.set)}
-    names = args.cases.split(",")
-    unknown = [n for n in names if n not in cases or n not in ROW_WISE]
+    cases = {c.name: c for c in cases_of(args.set)}
+    names = list(cases) if args.cases == "all" else args.cases.split(",")
+    unknown = [n for n in names if n not in cases or (n not in ROW_WISE and args.cases != "all")]
     bad_dtypes = [d for d in args.dtypes.split(",") if d not in DTYPES]
     if unknown or bad_dtypes or args.repeat < 1:
         print(f"check_time: unknown row-wise case {unknown} or dtype {bad_dtypes} (row-wise cases: {ROW_WISE}; "
-              f"dtypes: {list(DTYPES)}), or --repeat below 1", file=sys.stderr)
+              f"dtypes: {list(DTYPES)}; or --cases all), or --repeat below 1", file=sys.stderr)
         return 2
     device = (torch.cuda.get_device_name() if args.set == "triton" else platform.processor() or platform.machine())
     print(f"device: {device}; torch {torch.__version__}, {torch.get_num_threads()} threads; size {args.size}; "
@@ -89,19 +110,20 @@ def main():
     rows = []
     for name in names:
         case = cases[name]
-        slip = next(s for s, (_, where) in case.slips.items() if where == "all")
-        for version in ("right", slip):
+        slips = getattr(case, "slips", None) or {}
+        slip = next((s for s, (_, where) in slips.items() if where == "all"), None)
+        for version in ("right",) + ((slip,) if slip else ()):
             fn = case.make(version)
-            xs64 = case.inputs(args.size, torch.float64, 0)
+            xs64 = float64_inputs(case.inputs(args.size, torch.float64, 0))
             tapegrad_check(fn, xs64, None, 0)  # warm: Triton compiles its kernels once per dtype
             t64, (said64, text64) = timed(args.repeat, lambda: tapegrad_check(fn, xs64, None, 0))
             row = {"case": name, "version": version, "dtype": "float64", "seconds": t64, "said": said64}
             peer = ""
             if version == "right":  # on a failure torch's fast mode computes the full Jacobians to report
                 row["torch_fast_seconds"], row["torch_said"] = timed(args.repeat, lambda: torch_check(fn, xs64))
-                peer = f"  | torch fast mode {row['torch_fast_seconds']:.2f} s {row['torch_said']}"
+                peer = f"  | torch fast mode {row['torch_fast_seconds'] * 1e3:.1f} ms {row['torch_said']}"
             rows.append(row)
-            print(f"{name:20} {version:24} float64 {t64:7.2f} s  {said64}{peer}")
+            print(f"{name:20} {version:24} float64 {t64 * 1e3:8.1f} ms  {said64}{peer}")
             show(version, said64, text64)
             for dname in args.dtypes.split(","):
                 xs = case.inputs(args.size, DTYPES[dname], 0)
@@ -109,8 +131,16 @@ def main():
                 t, (said, text) = timed(args.repeat, lambda: tapegrad_check(fn, xs, case.reference, 0))
                 rows.append({"case": name, "version": version, "dtype": dname, "seconds": t, "said": said,
                              "over_float64": t / t64})
-                print(f"{name:20} {version:24} {dname:7} {t:7.2f} s  {said}  ({t / t64:.2f}× float64's)", flush=True)
+                print(f"{name:20} {version:24} {dname:7} {t * 1e3:8.1f} ms  {said}  ({t / t64:.2f}× float64's)",
+                      flush=True)
                 show(version, said, text)
+    for dname in args.dtypes.split(","):
+        for version in ("right", "slip"):
+            ratios = [r["over_float64"] for r in rows if r["dtype"] == dname and (r["version"] == "right") ==
+                      (version == "right")]
+            if ratios:
+                print(f"{dname} {version} versions: {len(ratios)} checks, {statistics.median(ratios):.2f}× the float64 "
+                      f"check's time (median), at most {max(ratios):.2f}×")
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
