@@ -45,13 +45,6 @@ def cases_of(which):
     return load_set(which)
 
 
-def float64_inputs(xs):
-    """A case's inputs at float64 (a set's inputs() may keep a dtype of its own): floating tensors cast, their
-    requires_grad kept."""
-    return tuple(x.detach().to(torch.float64).requires_grad_(x.requires_grad)
-                 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs)
-
-
 def timed(repeat, run):
     times, result = [], None
     for _ in range(repeat):
@@ -114,7 +107,7 @@ def main():
         slip = next((s for s, (_, where) in slips.items() if where == "all"), None)
         for version in ("right",) + ((slip,) if slip else ()):
             fn = case.make(version)
-            xs64 = float64_inputs(case.inputs(args.size, torch.float64, 0))
+            xs64 = case.inputs(args.size, torch.float64, 0)
             tapegrad_check(fn, xs64, None, 0)  # warm: Triton compiles its kernels once per dtype
             t64, (said64, text64) = timed(args.repeat, lambda: tapegrad_check(fn, xs64, None, 0))
             row = {"case": name, "version": version, "dtype": "float64", "seconds": t64, "said": said64}
