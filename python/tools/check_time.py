@@ -6,7 +6,7 @@ each check said.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tools/check_time.py --set heldout|triton [--size 4096x256]
         [--cases layer_norm,rms_norm] [--dtypes bf16,float32] [--repeat 3] [--json FILE]
-    ... --set ops16|ops16c|heldout3|build --size small --cases all      (every case of a set, at a size it takes)
+    ... --set ops|ops_heldout|ops_heldout2|heldout3|build --size small --cases all   (every case of a set)
 
 A check at bf16, fp16 or float32 runs against the case's composite reference (the float64 comparison on the same
 rounded inputs); a float64 check runs the op against finite differences, as a float64 op is checked. The slip of a
@@ -30,19 +30,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from precision_table import DTYPES, TESTS, load_set  # noqa: E402
+from precision_table import DTYPES, OPS_SETS, load_ops_set, load_set  # noqa: E402
 
 ROW_WISE = ("rms_norm", "layer_norm", "cosine_similarity", "logsumexp", "residual_layer_norm", "swiglu")
-
-
-def cases_of(which):
-    """The cases of a set: precision_table.py's sets, or the kernels written in bf16 torch ops (ops16: its BUILD and
-    HELDOUT; ops16c)."""
-    if which in ("ops16", "ops16c"):
-        sys.path.insert(0, TESTS)
-        module = __import__("precision_" + which)
-        return module.BUILD + module.HELDOUT if which == "ops16" else module.CASES
-    return load_set(which)
 
 
 def timed(repeat, run):
@@ -81,15 +71,14 @@ def torch_check(fn, xs):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", choices=("heldout", "triton", "heldout3", "build", "ops16", "ops16c"),
-                        default="heldout")
+    parser.add_argument("--set", choices=("heldout", "triton", "heldout3", "build") + OPS_SETS, default="heldout")
     parser.add_argument("--size", default="4096x256")
     parser.add_argument("--cases", default=",".join(ROW_WISE[:2]))
     parser.add_argument("--dtypes", default="bf16,float32")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
-    cases = {c.name: c for c in cases_of(args.set)}
+    cases = {c.name: c for c in (load_ops_set(args.set) if args.set in OPS_SETS else load_set(args.set))}
     names = list(cases) if args.cases == "all" else args.cases.split(",")
     unknown = [n for n in names if n not in cases or (n not in ROW_WISE and args.cases != "all")]
     bad_dtypes = [d for d in args.dtypes.split(",") if d not in DTYPES]

@@ -37,7 +37,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from precision_table import DTYPES, TESTS, _leaves_like, load_set  # noqa: E402
+from precision_table import DTYPES, OPS_SETS, TESTS, _leaves_like, load_ops_set, load_set  # noqa: E402
 
 sys.path.insert(0, TESTS)
 from block_slips import blocks, one_block_off  # noqa: E402
@@ -85,15 +85,7 @@ def main():
     p.add_argument("--json")
     a = p.parse_args()
     import tapegrad
-    if a.set.startswith("ops"):  # kernels in torch ops at their dtype: python/tests/precision_ops16.py
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-        import precision_ops16
-        cases = precision_ops16.HELDOUT if a.set == "ops_heldout" else precision_ops16.BUILD
-        if a.set == "ops_heldout2":  # held out again: python/tests/precision_ops16c.py
-            import precision_ops16c
-            cases = precision_ops16c.CASES
-    else:
-        cases = load_set(a.set)
+    cases = load_ops_set(a.set) if a.set in OPS_SETS else load_set(a.set)
     dtypes = [DTYPES[d] for d in a.dtypes.split(",")]
     factors = [float(f) for f in a.factors.split(",")]
     recs = []

@@ -105,6 +105,19 @@ def load_set(which):
     return __import__(SETS[which]).CASES
 
 
+OPS_SETS = ("ops", "ops_heldout", "ops_heldout2")
+
+
+def load_ops_set(which):
+    """The kernels written in torch ops at their dtype: python/tests/precision_ops16.py's BUILD (ops) and HELDOUT
+    (ops_heldout), python/tests/precision_ops16c.py's CASES (ops_heldout2, held out again)."""
+    sys.path.insert(0, TESTS)
+    if which == "ops_heldout2":
+        return __import__("precision_ops16c").CASES
+    module = __import__("precision_ops16")
+    return module.HELDOUT if which == "ops_heldout" else module.BUILD
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The runner's own error measurement.
 
