@@ -442,19 +442,20 @@ class ArithmeticAt(TorchDispatchMode):
 
 class _Run:
     """One op run once: its outputs at the inputs, kept with the graph for its VJPs; with mode (a function making a
-    TorchDispatchMode: AtPrecision, Rounding), its forward and backward run under it; with mode an ArithmeticAt, they
-    are watched for torch ops that round at its dtype, and rounds_in_torch says whether one did."""
+    TorchDispatchMode: AtPrecision, Rounding), its forward and backward run under it; with mode an ArithmeticAt, its
+    forward is watched for torch ops that round at its dtype, and rounds_in_torch says whether one did (what the
+    comparison reads before any VJP: its backward runs unwatched)."""
 
     def __init__(self, fn, args, slots, kwargs, who, mode=None):
         self._watch = mode if isinstance(mode, ArithmeticAt) else None
-        self.mode = (lambda: self._watch) if self._watch is not None else mode or contextlib.nullcontext
+        self.mode = mode if mode is not None and self._watch is None else contextlib.nullcontext
         self.args, self.slots, self.kwargs = list(args), slots, kwargs  # as given: a reference runs on the same
         self.xs = [args[i].detach().requires_grad_() for i in slots]
         args = list(args)
         for i, x in zip(slots, self.xs):
             args[i] = x
         try:
-            with torch.enable_grad(), self.mode():
+            with torch.enable_grad(), (self.mode() if self._watch is None else self._watch):
                 self.ys = float_outputs(fn(*args, **kwargs))
         except Exception as error:
             raise RuntimeError(f"gradcheck: {who} raised {type(error).__name__}: {error}") from error
@@ -590,8 +591,8 @@ class _Comparison:
         self.values = [(math.nan, math.nan)] * count  # (the kernel's, the reference's) at the worst element
         self.scale = [0.0] * count       # ‖x̄₆₄‖∞, the largest over the ȳ drawn
         self.factor = [[] for _ in range(count)]  # per ȳ: (c, max |x̄ₚ − c·x̄₆₄|), c the least-squares factor
-        with SumLengths() as sums:  # the reference's backward, run here anyway: how many terms its sums add
-            terms = _terms_norms(reference64, cotangents_64[0], generator)
+        sums = SumLengths()  # the reference's backward, run here anyway: how many terms its sums add
+        terms = _terms_norms(reference64, cotangents_64[0], generator, sums)
         self.output_shapes = [tuple(y.shape) for y in kernel.ys]
         # the share along x̄ block by block (tapegrad/_blocks.py); an op rounding in no torch op at p (a fused kernel,
         # torch ops in float32) has the composite's figures there held to HELD times the tight ones
@@ -703,10 +704,12 @@ class _Comparison:
         kernel's VJP moves with its own roundings falling otherwise (an op in torch ops at p); seen: what the bounds
         after the draws read (_Seen)."""
         # a model's sample that is not finite (a value overflowing at p, a division its rounding made 0/0) measures
-        # nothing: left out, so that it neither loosens a bound to inf nor leaves a NaN in one
-        at_p, at_fused = ([(m, e) for m, e in pairs if np.all(np.isfinite(m[i]))] for pairs in models)
+        # nothing: left out, so that it neither loosens a bound to inf nor leaves a NaN in one. Each model as its
+        # error and float64's x̄ at its point, (m − e, e), each array made once (at 4096 × 256 a pass is milliseconds)
+        at_p, at_fused = ([(m[i] - e[i], e[i]) for m, e in pairs if np.all(np.isfinite(m[i]))] for pairs in models)
         models = at_p, at_fused
-        diff = np.abs(got - exact)
+        error = got - exact
+        diff = np.abs(error)
         if seen.working:  # each element's own rounding, held against its error once the other figures are known
             seen.elements[i].append((diff, half_ulps(exact, seen.dtype), exact))
         if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
@@ -715,10 +718,10 @@ class _Comparison:
             self.worst[i] = np.unravel_index(k, diff.shape)
             self.values[i] = (float(got.reshape(-1)[k]), float(exact.reshape(-1)[k]))
         figures = self.figures[i]
-        figures["composite"] = max([figures["composite"]] + [_largest([m[i] - e[i]]) for m, e in at_p])
-        figures["fused"] = max([figures["fused"]] + [_largest([m[i] - e[i]]) for m, e in at_fused])
+        figures["composite"] = max([figures["composite"]] + [_largest([d]) for d, _ in at_p])
+        figures["fused"] = max([figures["fused"]] + [_largest([d]) for d, _ in at_fused])
         self.scale[i] = max(self.scale[i], _largest([exact]))
-        r, sigma = along(got - exact, exact)
+        r, sigma = along(error, exact)
         self.factor[i].append((1 + r, _largest([got - (1 + r) * exact])))
         own = self._own_moves(i, own)
         if not seen.working:
@@ -731,15 +734,15 @@ class _Comparison:
         storage_rms = u / math.sqrt(3) * _rms(exact)  # rounding to p: δ uniform in ±u, relative
         rounding[1] = max(rounding[1], sigma, u / math.sqrt(3) * along(np.abs(exact), exact)[1])
         self.rounding_rms[i] = max(self.rounding_rms[i], storage_rms)
-        for m, e in at_p + at_fused:
-            r_m, sigma_m = along(m[i] - e[i], e[i])
+        for d, e in at_p + at_fused:
+            r_m, sigma_m = along(d, e)
             rounding[0], rounding[1] = max(rounding[0], abs(r_m)), max(rounding[1], sigma_m)
-            self.rounding_rms[i] = max(self.rounding_rms[i], _rms(m[i] - e[i]))
+            self.rounding_rms[i] = max(self.rounding_rms[i], _rms(d))
         for d in own:  # its own roundings, falling otherwise, move x̄ along itself too (a row's rounded statistic)
             r_o, sigma_o = along(d, exact)
             rounding[2], rounding[3] = max(rounding[2], abs(r_o)), max(rounding[3], sigma_o)
         if seen.blocks[i] is not None:
-            _block_draw(seen.blocks[i], got - exact, exact, models, i, u, own)
+            _block_draw(seen.blocks[i], error, exact, models, u, own)
 
     def _own_moves(self, i, moves):
         """How far input i's VJP moved in the op's runs with its own roundings falling otherwise (moves, at one ȳ)
@@ -804,15 +807,15 @@ class _Comparison:
         return within(self.forward_error, self.forward_bound)
 
 
-def _block_draw(blocks, d, exact, models, i, u, own):
-    """One ȳ's block shares of input i: the kernel's error d where x̄₆₄ is exact, the composite's and the fused
-    model's errors at their points (models: their (VJP, float64's at its point) pairs), how far the kernel's own
+def _block_draw(blocks, d, exact, models, u, own):
+    """One ȳ's block shares of an input: the kernel's error d where x̄₆₄ is exact, the composite's and the fused
+    model's errors at their points (models: their (error, float64's x̄ at its point) pairs), how far the kernel's own
     roundings falling otherwise move it (own), and the result's rounding (u/√3 rms, relative to each element)."""
     at_p, at_fused = models
-    for m, e in at_p:
-        blocks.add_rounding(m[i] - e[i], e[i], composite=True)
-    for m, e in at_fused:
-        blocks.add_rounding(m[i] - e[i], e[i], composite=False)
+    for error, e in at_p:
+        blocks.add_rounding(error, e, composite=True)
+    for error, e in at_fused:
+        blocks.add_rounding(error, e, composite=False)
     for moved in own:
         blocks.add_own(moved, exact)
     blocks.add_kernel(d, exact)
@@ -861,14 +864,16 @@ def float32_between(dtype):
     return UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[torch.float32]
 
 
-def _terms_norms(reference64, cotangents, generator):
+def _terms_norms(reference64, cotangents, generator, sums):
     """max over the elements of x̄ of ‖terms‖₂, the terms J_kj·ȳ_k whose sum is x̄_j, per input: the mean of
-    (Jᵀ(ȳ ⊙ s))_j² over random signs s is Σ_k (J_kj·ȳ_k)²."""
+    (Jᵀ(ȳ ⊙ s))_j² over random signs s is Σ_k (J_kj·ȳ_k)². The first backward runs under sums (a SumLengths: its
+    products and sums are the same at every s)."""
     squares = None
-    for _ in range(SIGNS):
+    for n in range(SIGNS):
         signed = [g * (torch.randint(0, 2, tuple(g.shape), generator=generator, dtype=torch.float64) * 2 - 1)
                   for g in cotangents]
-        grads = reference64.vjp(signed)
+        with sums if n == 0 else contextlib.nullcontext():
+            grads = reference64.vjp(signed)
         squares = [q ** 2 for q in grads] if squares is None else [a + q ** 2 for a, q in zip(squares, grads)]
     return [math.sqrt(_largest([q / SIGNS])) for q in squares]
 
