@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from . import _tapegrad
-from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _Run, compare, float32_between
+from ._rounding import DTYPE_NAMES, MARGIN, UNIT_ROUNDOFF, _cast, _cotangents, _Run, float32_between, largest_past
 from ._callables import above_the_limit
 from ._cut import CUT_LIMIT, ON_A_CUT, cut_along_y, first_rows, fitting_cut, full_jacobian_there
 from ._forward_record import SEARCH_SPENT
@@ -71,7 +71,7 @@ class PrecisionCheck:
 
 
 def _once(c, measure):
-    """measure(c), run once per check: the naming of each failing input asks for the same float32 comparison and
+    """measure(c), run once per check: the naming of each failing input asks for the same float32 errors and
     additivity (both drawn from the check's own seed), and a second run would give the same."""
     if measure.__name__ not in c.measured:
         c.measured[measure.__name__] = measure(c)
@@ -95,15 +95,26 @@ def _nonadditive(c):
     return ratios
 
 
-def _float32_comparison(c):
-    """The kernel at float32 on the same values against the reference, or None where it does not run at float32."""
+def _float32_errors(c):
+    """Per checked input, the kernel's largest error at float32 on the same values against the reference in float64,
+    over DRAWS random ȳ (drawn as a comparison at float32 draws them, from the check's seed); None where the kernel
+    does not run at float32. Only the errors: the figures of rounding at float32 judge nothing here."""
     args32 = _cast(list(c.inputs), torch.float32, c.device)
     try:
         kernel = _Run(c.fn, args32, c.slots, c.kwargs, "the op at float32")
     except Exception:  # a kernel written for 16-bit types alone: the precisions cannot be compared
         return None
     generator = torch.Generator().manual_seed(int(c.seed) + 1)
-    return compare(kernel, c.ref_fn, torch.float32, generator, "the reference", composed=c.ref_fn is not c.fn)
+    cotangents = _cotangents(kernel, generator)
+    reference = _Run(c.ref_fn, _cast(args32, torch.float64, kernel.xs[0].device), c.slots, c.kwargs, "the reference")
+    errors = [0.0] * len(kernel.xs)
+    for g in cotangents:
+        for i, (exact, got) in enumerate(zip(reference.vjp(g), kernel.vjp(g))):
+            diff = np.abs(got - exact)
+            k = largest_past(diff, errors[i])
+            if k is not None:
+                errors[i] = float(diff.reshape(-1)[k])
+    return errors
 
 
 def _defects(c, failing):
@@ -117,12 +128,12 @@ def _defects(c, failing):
     if not any(units[i] <= DEFECT_UNITS for i in failing):  # too large to be a value kept at p: nothing to run
         return {}
     try:
-        at32 = _once(c, _float32_comparison)
+        at32 = _once(c, _float32_errors)
     except Exception:
         return {}
     if at32 is None:
         return {}
-    shrinking = [i for i in failing if at32.error[i] <= SHRINK * comparison.error[i] and units[i] <= DEFECT_UNITS]
+    shrinking = [i for i in failing if at32[i] <= SHRINK * comparison.error[i] and units[i] <= DEFECT_UNITS]
     if not shrinking:
         return {}
     try:
@@ -133,7 +144,7 @@ def _defects(c, failing):
     for i in shrinking:
         if nonadditive[i] >= ADDS_UP:
             found[i] = (f"the error shrinks with the precision ({p}: {comparison.error[i]:.2g}, float32: "
-                        f"{at32.error[i]:.2g}) and is {units[i]:.0f} units of {p}'s roundoff relative to the largest "
+                        f"{at32[i]:.2g}) and is {units[i]:.0f} units of {p}'s roundoff relative to the largest "
                         f"|{names[i]}̄|: a value kept or summed at {p} where the reference keeps more bits (a long "
                         f"sum accumulated at {p}: its error grows with the sum's length); accumulate in float32 and "
                         "round once at the end. Not a slip of the rule")

@@ -712,8 +712,8 @@ class _Comparison:
         diff = np.abs(error)
         if seen.working:  # each element's own rounding, held against its error once the other figures are known
             seen.elements[i].append((diff, half_ulps(exact, seen.dtype), exact))
-        if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > self.error[i]):
-            k = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf)))
+        k = largest_past(diff, self.error[i])
+        if k is not None:
             self.error[i] = float(diff.reshape(-1)[k])
             self.worst[i] = np.unravel_index(k, diff.shape)
             self.values[i] = (float(got.reshape(-1)[k]), float(exact.reshape(-1)[k]))
@@ -876,6 +876,14 @@ def _terms_norms(reference64, cotangents, generator, sums):
             grads = reference64.vjp(signed)
         squares = [q ** 2 for q in grads] if squares is None else [a + q ** 2 for a, q in zip(squares, grads)]
     return [math.sqrt(_largest([q / SIGNS])) for q in squares]
+
+
+def largest_past(diff, error):
+    """The flat index of diff's largest element where that is past error, or where diff is not finite somewhere (a NaN
+    ranked as inf, its own index); None otherwise."""
+    if diff.size and (not np.all(np.isfinite(diff)) or float(np.max(diff)) > error):
+        return int(np.argmax(np.where(np.isfinite(diff), diff, np.inf)))
+    return None
 
 
 def within(error, bound):
