@@ -47,6 +47,7 @@ block hides under both the bound of the largest rows and the share of the whole.
 
 import contextlib
 import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +68,7 @@ HELD = 2           # an op rounding in no torch op at p: a block's composite sha
 MOVED_32 = 3       # points moved by an ulp the composite is run at, at float32 (one at bf16 and fp16)
 SIGMAS = 5         # r, the error's share along x̄, past this many σ of independent errors is of one piece
 OP_UNITS = 3       # Rounding: an op errs by up to this many units of its roundoff, and then rounds
-POOL = 1 << 16     # Draws: the least number of draws a pool holds
+POOL = 1 << 12     # Draws: the least number of draws a pool holds
 SIGNS = 4          # random sign patterns that measure ‖terms‖₂ of each element of x̄ (the long sums' allowance)
 OWN_RUNS = 4       # OwnRounding: runs of an op in torch ops at p with its own roundings falling otherwise
 OWN_CAP = 2        # an op in torch ops at p: how far its own roundings move x̄ counts up to this × the composite's
@@ -179,11 +180,15 @@ class Draws:
     twice that size, drawn once per device and kind (from a generator seeded from the check's). Two results' windows
     start at different offsets, so an element's draw differs from op to op; drawing afresh for every element of every
     result was most of a model's time (a scan's backward in a Python loop adds a gradient of the whole input's size at
-    every step; a layer norm at 4096 × 256 averaged over stochastic roundings spent 0.64 s of 2.2 in torch.randint)."""
+    every step; a layer norm at 4096 × 256 averaged over stochastic roundings spent 0.64 s of 2.2 in torch.randint).
+    A pool is no larger than that needs, POOL at least (each model's run fills its own: pools of 65,536 draws were a
+    sixth of a check at 64 × 32), and the offsets come from a Python generator seeded from the check's (a torch
+    draw per window was another twentieth)."""
 
     def __init__(self, generator):
         self.generator = generator
         self.pools = {}
+        self.offsets = random.Random(int(torch.randint(2**62, (), generator=generator)))  # the windows' offsets
 
     def window(self, shape, device, kind, fill):
         """A view of shape into the pool of (device, kind), fill(n, generator) making a pool of n draws where there is
@@ -194,7 +199,7 @@ class Draws:
             generator = torch.Generator(device).manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
             pool = fill(max(2 * n, POOL), generator)
             self.pools[key] = pool
-        offset = int(torch.randint(pool.numel() - n + 1, (), generator=self.generator))
+        offset = self.offsets.randrange(pool.numel() - n + 1)
         return pool[offset:offset + n].view(shape)
 
 
