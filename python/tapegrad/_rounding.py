@@ -188,11 +188,13 @@ class Draws:
     def __init__(self, generator):
         self.generator = generator
         self.pools = {}
+        self.derived = {}  # (device, kind, scale): 1 + scale·ξ over the pool of (device, kind), made once per pool
         self.offsets = random.Random(int(torch.randint(2**62, (), generator=generator)))  # the windows' offsets
 
-    def window(self, shape, device, kind, fill):
+    def window(self, shape, device, kind, fill, scale=None):
         """A view of shape into the pool of (device, kind), fill(n, generator) making a pool of n draws where there is
-        none of at least twice the size."""
+        none of at least twice the size; with scale, into 1 + scale·ξ over that pool instead, the same window (made
+        once per pool: a model moves every result of every op by such a factor)."""
         n, key = math.prod(shape), (device, kind)
         pool = self.pools.get(key)
         if pool is None or pool.numel() < 2 * n:
@@ -200,6 +202,12 @@ class Draws:
             pool = fill(max(2 * n, POOL), generator)
             self.pools[key] = pool
         offset = self.offsets.randrange(pool.numel() - n + 1)
+        if scale is not None:
+            factors = self.derived.get((device, kind, scale))
+            if factors is None or factors[0] is not pool:
+                factors = (pool, (pool * scale).add_(1))
+                self.derived[(device, kind, scale)] = factors
+            pool = factors[1]
         return pool[offset:offset + n].view(shape)
 
 
@@ -220,15 +228,15 @@ class Rounding(TorchDispatchMode):
         self.intermediate = torch.float32 if float32_between(dtype) else dtype
         self.draws = Draws(generator)
 
-    def _uniform(self, t):
-        """ξ uniform in [−1, 1], one per element of t, of t's dtype (Draws)."""
+    def _uniform(self, t, scale=None):
+        """ξ uniform in [−1, 1], one per element of t, of t's dtype (Draws); with scale, 1 + scale·ξ."""
         def fill(n, generator):
             return torch.empty(n, dtype=t.dtype, device=t.device).uniform_(-1, 1, generator=generator)
-        return self.draws.window(tuple(t.shape), t.device, t.dtype, fill)
+        return self.draws.window(tuple(t.shape), t.device, t.dtype, fill, scale)
 
     def _moved(self, t, u):
         """t·(1 + OP_UNITS·u·ξ), rounded to the intermediate precision and kept in t's dtype."""
-        return (self._uniform(t) * (OP_UNITS * u)).add_(1).mul_(t).to(self.intermediate).to(t.dtype)
+        return (self._uniform(t, OP_UNITS * u) * t).to(self.intermediate).to(t.dtype)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs, name = kwargs or {}, func.overloadpacket.__name__
