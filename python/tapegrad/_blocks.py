@@ -98,21 +98,33 @@ def products(a, b, part):
     return _sums(np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64), part)
 
 
-def shares(d, e, parts, rest=False):
-    """(r, σ) per block of each partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0; with
-    rest, σ_b of d − r_b·e instead, Σ (d − r_b·e)²e² = Σ d²e² − 2·r_b·Σ d·e³ + r_b²·Σ e⁴."""
-    d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
-    de, ee = d * e, e * e
-    squares, cubes, fourths = de * de, (de * ee if rest else None), (ee * ee if rest else None)
-    out = []
+def norms(e, parts):
+    """What shares reads of e alone: e², and per partition ⟨e, e⟩ over each block with it where positive (1 elsewhere)
+    and where it is."""
+    e = np.asarray(e, dtype=np.float64)
+    ee = e * e
+    per_part = []
     for part in parts:
         norm = _sums(ee, part)
-        safe = np.where(norm > 0, norm, 1.0)
-        r = np.where(norm > 0, _sums(de, part) / safe, 0.0)
+        per_part.append((norm, np.where(norm > 0, norm, 1.0), norm > 0))
+    return ee, per_part
+
+
+def shares(d, e, parts, rest=False, of_e=None):
+    """(r, σ) per block of each partition: r_b = ⟨d, e⟩/⟨e, e⟩ and σ_b = √(Σ d²e²)/⟨e, e⟩, 0 where e is 0; with
+    rest, σ_b of d − r_b·e instead, Σ (d − r_b·e)²e² = Σ d²e² − 2·r_b·Σ d·e³ + r_b²·Σ e⁴. of_e: norms(e, parts),
+    where made already (e is the same for several d)."""
+    d, e = np.asarray(d, dtype=np.float64), np.asarray(e, dtype=np.float64)
+    ee, per_part = of_e if of_e is not None else norms(e, parts)
+    de = d * e
+    squares, cubes, fourths = de * de, (de * ee if rest else None), (ee * ee if rest else None)
+    out = []
+    for part, (norm, safe, positive) in zip(parts, per_part):
+        r = np.where(positive, _sums(de, part) / safe, 0.0)
         square = _sums(squares, part)
         if rest:
             square = np.maximum(square - 2 * r * _sums(cubes, part) + r * r * _sums(fourths, part), 0.0)
-        out.append((r, np.where(norm > 0, np.sqrt(square) / safe, 0.0)))
+        out.append((r, np.where(positive, np.sqrt(square) / safe, 0.0)))
     return out
 
 
@@ -157,18 +169,28 @@ class BlockShares:
         self.kernel, self.composite, self.tight = list(zeros), list(zeros), list(zeros)
         self.composite_sigma, self.tight_sigma = list(zeros), list(zeros)
         self.own = None  # |r_b| of the kernel's own roundings falling otherwise, where it computes in torch ops at p
+        self._norms = []  # (e, norms(e)) of the x̄₆₄ this ȳ's shares are of: the kernel's, the storage's and the
+        #                   models' at x are of one e, the models' at the moved point of another
+
+    def _shares(self, d, e, rest=False):
+        """shares(d, e) over this input's partitions, e's own sums made once per ȳ."""
+        of_e = next((n for seen, n in self._norms if seen is e), None)
+        if of_e is None:
+            of_e = norms(e, self.parts)
+            self._norms.append((e, of_e))
+        return shares(d, e, self.parts, rest, of_e)
 
     def add_kernel(self, d, e):
         """The kernel's error d where x̄₆₄ is e: its r_b, and the σ_b of what is left of it, d − r_b·e (its own
         independent errors, a slip's share taken out: a block scaled by 1 + c has σ_b of d near c/√(its size))."""
-        for k, (r, sigma) in enumerate(shares(d, e, self.parts, rest=True)):
+        for k, (r, sigma) in enumerate(self._shares(d, e, rest=True)):
             self.kernel[k] = r
             self.tight_sigma[k] = np.maximum(self.tight_sigma[k], sigma)
 
     def add_rounding(self, d, e, composite):
         """A rounded computation's error d (the composite's at p, or the fused model's) at a point whose float64 x̄
         is e."""
-        for k, (r, sigma) in enumerate(shares(d, e, self.parts)):
+        for k, (r, sigma) in enumerate(self._shares(d, e)):
             if composite:
                 self.composite[k] = np.maximum(self.composite[k], np.abs(r))
                 self.composite_sigma[k] = np.maximum(self.composite_sigma[k], sigma)
@@ -178,12 +200,12 @@ class BlockShares:
 
     def add_own(self, d, e):
         """How far the kernel's x̄ₚ moves with its own roundings falling otherwise (d), where x̄₆₄ is e: its |r_b|."""
-        found = [np.abs(r) for r, _ in shares(d, e, self.parts)]
+        found = [np.abs(r) for r, _ in self._shares(d, e)]
         self.own = found if self.own is None else [np.maximum(a, b) for a, b in zip(self.own, found)]
 
     def add_storage(self, e, u):
         """The result's rounding at p: independent errors u/√3 rms relative to each element of e."""
-        for k, (_, sigma) in enumerate(shares(np.abs(e), e, self.parts)):
+        for k, (_, sigma) in enumerate(self._shares(np.abs(e), e)):
             self.tight_sigma[k] = np.maximum(self.tight_sigma[k], u / np.sqrt(3) * sigma)
 
     def draw(self, margin, sigmas):
