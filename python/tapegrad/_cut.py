@@ -239,12 +239,13 @@ def name_on_the_cut(report, call, gradcheck, unnamed, on_its_cut):
     the op refuses every cut, or the cut passes."""
     unnamed = unnamed | on_its_cut
     c = own_reference(call)
+    slots, names = _unnamed_only(call, unnamed)
 
     def check_on(cut):
         """The check on the cut, or None where the op's forward or backward raises there (a backward written for
         the whole shape, which a cut it was never run at breaks, is no finding: the report stands)."""
         try:
-            return gradcheck(call.fn, cut[0], inputs_to_check=call.slots, names=call.names, name=call.name,
+            return gradcheck(call.fn, cut[0], inputs_to_check=slots, names=names, name=call.name,
                              kwargs=call.kwargs, **{**call.keywords, "fast_mode": False})
         except Exception:
             return None
@@ -304,8 +305,9 @@ def name_in_full(report, call, gradcheck, unnamed):
     elements = sum(int(np.asarray(a).size) for a in call.arrays)
     if elements > CHEAP_ELEMENTS or outputs * elements > CHEAP_ENTRIES or 2 * elements * calls.count > CHEAP_CALLS:
         return
+    slots, names = _unnamed_only(call, unnamed)
     try:
-        again = gradcheck(call.fn, call.inputs, inputs_to_check=call.slots, names=call.names, name=call.name,
+        again = gradcheck(call.fn, call.inputs, inputs_to_check=slots, names=names, name=call.name,
                           kwargs=call.kwargs, **{**call.keywords, "fast_mode": False})
     except Exception:
         return
@@ -315,6 +317,14 @@ def name_in_full(report, call, gradcheck, unnamed):
     for d in again.diagnoses:  # "no known kind" too: the full Jacobian's says where the error lies, and asks nothing
         if d.input in unnamed and d.check and d.kind not in NOT_A_NAME - {"unexplained"}:
             _tapegrad._add_diagnosis(report, d.kind, d.input, d.check, said + d.message, d.factor)
+
+
+def _unnamed_only(call, unnamed):
+    """The checked slots and names of the inputs in unnamed: a check in full differences only those (two runs of the
+    op per element; an input the projections named, or found right, is not read again), each input's full Jacobian
+    judged on its own as before."""
+    kept = [(s, n) for s, n in zip(call.slots, call.names) if n in unnamed]
+    return [s for s, _ in kept], [n for _, n in kept]
 
 
 def _factors_per_row(found, first, last, at_last):
