@@ -360,16 +360,18 @@ def _check_at_precision(call):
                          "checked inputs are float64 on the CPU: pass them at the precision the op runs in")
     device = next(inputs[i].device for i in slots)
 
-    def float64_report(at=inputs):
-        """The float64 check of fn at the inputs `at` (the inputs as given, or the op's cut of them)."""
+    def float64_report(at=inputs, checked=None):
+        """The float64 check of fn at the inputs `at` (the inputs as given, or the op's cut of them), of the checked
+        inputs numbered in `checked` (positions in slots; every one where None)."""
         def moved(x):
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 return x.detach().to(device="cpu", dtype=torch.float64).requires_grad_(x.requires_grad)
             return x.cpu() if isinstance(x, torch.Tensor) else x
         inputs64 = tuple(moved(x) for x in at)
         fn64 = fn if device.type == "cpu" else _on_device(fn, device)
-        return gradcheck(fn64, inputs64, inputs_to_check=slots, names=call.names, name=call.name, kwargs=call.kwargs,
-                         **call.keywords)
+        which = range(len(slots)) if checked is None else checked
+        return gradcheck(fn64, inputs64, inputs_to_check=[slots[i] for i in which],
+                         names=[call.names[i] for i in which], name=call.name, kwargs=call.kwargs, **call.keywords)
     return check_at_precision(call, float64_report)
 
 

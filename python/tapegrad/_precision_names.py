@@ -290,8 +290,9 @@ def _name_from_float64(report, c, same):
     if cut is not None:
         named, shown = _float64_names(report, c, rest, lambda: c.float64_report(cut[0]), f" {cut[1]}")
         rest = [i for i in rest if i not in named and i not in shown]
-    if rest:
-        named.update(_float64_names(report, c, rest, c.float64_report, "")[0])
+    if rest:  # after a cut, the inputs its check did not show alone: at the whole size each costs its size in runs
+        checked = rest if cut is not None else None
+        named.update(_float64_names(report, c, rest, lambda: c.float64_report(checked=checked), "")[0])
     return named
 
 
