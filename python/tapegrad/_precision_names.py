@@ -284,7 +284,7 @@ def _name_from_float64(report, c, same):
     ON_A_CUT checked elements that check runs first on the op cut to its first rows along y's axes, with the options
     given (a slip of a rule is in every row's formula, and the cut's check costs those rows; where no cut fits every
     input, the cut that fits those some cut fits, an input with none of y's axes kept whole there: fitting_cut); at
-    the whole size for the inputs whose slip does not show there."""
+    the whole size for the inputs whose slip does not show there, those alone."""
     named, rest = {}, list(same)
     cut = first_rows(c, TWO_ROWS, apart=True) if sum(c.inputs[s].numel() for s in c.slots) > ON_A_CUT else None
     if cut is not None:
