@@ -587,9 +587,12 @@ class _Comparison:
         moves = range(1, 1 + (1 if working else MOVED_32))
         points = [(0, reference64)] + [(k, reference_at(None, move=k) if working else reference64) for k in moves]
         composite = [(reference_at(lambda: AtPrecision(dtype, composed), move=k), exact) for k, exact in points]
-        fused = []
-        if working:  # a fused kernel's float32 between products differs from the composite
-            fused = [(reference_at(lambda: Rounding(dtype, generator), move=k), exact) for k, exact in points]
+        # a fused kernel's float32 between products differs from the composite: its model, at x alone. The model
+        # draws its roundings afresh at every run, so at a moved point it was only another sample, as each ȳ is one,
+        # and about a sixth of a check at 64 × 32; without it the precision sets' verdicts and kinds were the same.
+        # (Not so the composite's moved point: without it a right causal attention in bf16 torch ops failed by its
+        # share along q̄, 1.1 times what rounding explained.)
+        fused = [(reference_at(lambda: Rounding(dtype, generator)), reference64)] if working else []
         count = len(kernel.xs)
         self.error = [0.0] * count
         self.own = [0.0] * count  # how far the kernel's x̄ moves with its own roundings falling otherwise, the largest
