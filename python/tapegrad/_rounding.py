@@ -589,9 +589,10 @@ class _Comparison:
         composite = [(reference_at(lambda: AtPrecision(dtype, composed), move=k), exact) for k, exact in points]
         # a fused kernel's float32 between products differs from the composite: its model, at x alone. The model
         # draws its roundings afresh at every run, so at a moved point it was only another sample, as each ȳ is one,
-        # and about a sixth of a check at 64 × 32; without it the precision sets' verdicts and kinds were the same.
-        # (Not so the composite's moved point: without it a right causal attention in bf16 torch ops failed by its
-        # share along q̄, 1.1 times what rounding explained.)
+        # and about a sixth of a check at 64 × 32; without it the precision sets' verdicts were the same, and so were
+        # the kinds named but for one slip of 1,332 in the partial tables. (Not so the composite's moved point: without
+        # it a right causal attention in bf16 torch ops failed by its share along q̄, 1.1 times what rounding
+        # explained.)
         fused = [(reference_at(lambda: Rounding(dtype, generator)), reference64)] if working else []
         count = len(kernel.xs)
         self.error = [0.0] * count
